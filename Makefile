@@ -1,0 +1,10 @@
+.PHONY: demo test lint
+
+demo:  ## set up everything, then run the demo pipeline through Airflow
+	bash scripts/dev.sh demo
+
+test:  ## set up everything, then run the whole test suite
+	bash scripts/dev.sh test
+
+lint:
+	bash scripts/bootstrap.sh && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy

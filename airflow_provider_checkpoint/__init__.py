@@ -1,0 +1,30 @@
+"""Exactly-once, stateful, incremental Spark pipelines on Apache Airflow, with Flink's checkpoints.
+
+Importing this package is cheap (no Spark, no Airflow): the Airflow-facing names are
+loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "CheckpointedPipeline": "airflow_provider_checkpoint.pipeline",
+    "FileSource": "airflow_provider_checkpoint.dataflow",
+    "KeyedAggregate": "airflow_provider_checkpoint.dataflow",
+    "KeyedStateFunction": "airflow_provider_checkpoint.dataflow",
+    "ParquetTableSink": "airflow_provider_checkpoint.dataflow",
+    "Transform": "airflow_provider_checkpoint.dataflow",
+}
+
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

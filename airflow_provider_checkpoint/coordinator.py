@@ -1,0 +1,269 @@
+"""The checkpoint coordinator: triggers checkpoints and completes or aborts them.
+
+It decides; the pending checkpoint counts acks, storage writes, sinks commit. It imports
+neither Airflow nor Spark, so the Airflow operators, the tests and the demo drive the
+same protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.job import JobRecord
+from airflow_provider_checkpoint.core.metadata import MetadataError
+from airflow_provider_checkpoint.core.model import (
+    Ack,
+    Barrier,
+    CheckpointPlan,
+    CheckpointType,
+    CompletedCheckpoint,
+    JsonDict,
+)
+from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
+from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
+from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Checkpointing options of a job (Flink's CheckpointConfig)."""
+
+    retained_checkpoints: int = 3
+    checkpoint_timeout_seconds: float = 3600.0
+    tolerable_failed_checkpoints: int = 3
+
+
+class JobNotRunning(RuntimeError):
+    """The job is FAILED or STOPPED: no checkpoint is triggered until a restore resets it."""
+
+
+class CheckpointCoordinator:
+    def __init__(self, storage: JobStorage, graph: PipelineGraph, settings: CheckpointSettings) -> None:
+        self.storage = storage
+        self.graph = graph
+        self.settings = settings
+
+    # -- trigger -----------------------------------------------------------------------
+    def trigger(
+        self, run_id: str, checkpoint_type: CheckpointType = CheckpointType.CHECKPOINT, now: float | None = None
+    ) -> CheckpointPlan:
+        """Recover, clean up, then plan checkpoint ``n+1`` and hold the job's lease for it."""
+        now = time.time() if now is None else now
+        job = self.storage.load_job()
+        if job.status is not JobStatus.RUNNING:
+            raise JobNotRunning(
+                f"job {job.job_id} is {job.status.value}: {job.status_reason or 'no reason recorded'}. "
+                "Restore it from a checkpoint or savepoint (restore_from_checkpoint DAG) to resume."
+            )
+        try:
+            self.storage.acquire_lease(run_id, self.settings.checkpoint_timeout_seconds, now)
+        except LeaseHeld as e:
+            raise CheckpointAborted(AbortReason.TOO_MANY_CONCURRENT, str(e)) from e
+        try:
+            latest = self.storage.latest_completed()
+            if latest is not None:
+                self.commit_sinks(latest)
+            self._abort_abandoned(job, now)
+            for existing in self.storage.checkpoint_ids():
+                job.observe_checkpoint_id(existing)
+            job.topology = self.graph.topology()
+            checkpoint_id = job.allocate_checkpoint_id()
+            positions: JsonDict = {}
+            for source in self.graph.sources:
+                previous = latest.source_positions.get(source.uid) if latest else None
+                positions[source.uid] = source.barrier_position(previous)
+            plan = CheckpointPlan(
+                job_id=self.storage.job_id,
+                run_id=run_id,
+                barrier=Barrier(checkpoint_id, now, checkpoint_type, positions),
+                steps=tuple(self.graph.steps),
+                timeout_seconds=self.settings.checkpoint_timeout_seconds,
+                restore_point=latest.to_restore_point(self.storage.metadata_path(latest.checkpoint_id))
+                if latest
+                else None,
+            )
+            self.storage.save_job(job)
+            self.storage.write_atomic(f"{self.storage.chk_dir(checkpoint_id)}/_plan.json", _json(plan.to_dict()))
+        except BaseException:
+            self.storage.release_lease(run_id)
+            raise
+        log.info("triggered checkpoint %d of job %s (run %s)", checkpoint_id, job.job_id, run_id)
+        return plan
+
+    def _abort_abandoned(self, job: JobRecord, now: float) -> None:
+        """Abort every ``chk-*`` without ``_metadata``: no checkpoint is in flight (we hold the lease)."""
+        for checkpoint_id in self.storage.checkpoint_ids():
+            if self.storage.is_completed(checkpoint_id):
+                continue
+            log.warning("aborting abandoned checkpoint %d of job %s", checkpoint_id, job.job_id)
+            self._discard(checkpoint_id)
+            self._count_failure(job, checkpoint_id, AbortReason.ABANDONED, "abandoned (run died)", now)
+
+    # -- finalize ----------------------------------------------------------------------
+    def finalize(
+        self, plan: CheckpointPlan, acks: Sequence[Ack | None], now: float | None = None
+    ) -> CompletedCheckpoint:
+        """Complete the checkpoint (commit ``_metadata``, then sinks) or abort it.
+
+        Idempotent: run again after a crash past ``_metadata``, it finishes the commit.
+        Raises :class:`CheckpointAborted` when the checkpoint cannot complete.
+        """
+        now = time.time() if now is None else now
+        checkpoint_id = plan.checkpoint_id
+        try:
+            if self.storage.is_completed(checkpoint_id):
+                completed = self.storage.load_completed(checkpoint_id)
+            else:
+                completed = self._complete(plan, acks, now)
+            fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
+            self.commit_sinks(completed)
+            job = self.storage.load_job()
+            job.failures.on_complete(checkpoint_id)
+            self.storage.save_job(job)
+            self._apply_retention()
+            self.storage.write_stats(
+                checkpoint_id, {**self._stats_base(plan), **completed.stats, "status": "COMPLETED"}
+            )
+        finally:
+            self.storage.release_lease(plan.run_id)
+        log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
+        return completed
+
+    def _complete(self, plan: CheckpointPlan, acks: Sequence[Ack | None], now: float) -> CompletedCheckpoint:
+        pending = PendingCheckpoint(plan)
+        for ack in acks:
+            if ack is None:
+                continue
+            outcome = pending.acknowledge(ack, now)
+            if outcome is not AckOutcome.ACCEPTED:
+                log.warning("ack of step %s attempt %d: %s", ack.step, ack.attempt, outcome.value)
+        try:
+            self._discard_unaccepted_attempts(pending)
+            completed = pending.complete(now, plan.restore_point.checkpoint_id if plan.restore_point else None)
+            for snapshot in completed.operators.values():
+                for handle in snapshot.handles:
+                    self.storage.verify(handle)
+            fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
+            self.storage.commit_metadata(completed)
+        except CheckpointAborted as e:
+            self.abort(plan, e.reason, e.message, now)
+            raise
+        except CheckpointStorageError as e:
+            self.abort(plan, AbortReason.CORRUPT_STATE, str(e), now)
+            raise CheckpointAborted(AbortReason.CORRUPT_STATE, str(e)) from e
+        except Exception as e:
+            if self.storage.is_completed(plan.checkpoint_id):
+                raise
+            self.abort(plan, AbortReason.FINALIZE_FAILURE, repr(e), now)
+            raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, repr(e)) from e
+        return completed
+
+    def _discard_unaccepted_attempts(self, pending: PendingCheckpoint) -> None:
+        keep = {ack.attempt_dir for ack in pending.acks.values()}
+        chk = self.storage.chk_dir(pending.checkpoint_id)
+        for step in pending.plan.steps:
+            step_dir = self.storage.path(f"{chk}/{step}")
+            if not self.storage.fs.exists(step_dir):
+                continue
+            for entry in self.storage.fs.ls(step_dir, detail=False):
+                rel = self.storage.relative(entry)
+                if rel not in keep:
+                    self.storage.delete(rel)
+
+    def abort(self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None) -> None:
+        """Discard everything of the checkpoint and account for the failure."""
+        now = time.time() if now is None else now
+        log.error("aborting checkpoint %d of job %s: %s", plan.checkpoint_id, plan.job_id, message)
+        self._discard(plan.checkpoint_id)
+        job = self.storage.load_job()
+        self._count_failure(job, plan.checkpoint_id, reason, message, now, self._stats_base(plan))
+
+    def _discard(self, checkpoint_id: int) -> None:
+        for sink in self.graph.sinks:
+            sink.abort(checkpoint_id)
+        self.storage.delete(self.storage.chk_dir(checkpoint_id))
+
+    def _count_failure(
+        self,
+        job: JobRecord,
+        checkpoint_id: int,
+        reason: AbortReason,
+        message: str,
+        now: float,
+        base: JsonDict | None = None,
+    ) -> None:
+        counted = job.failures.on_abort(checkpoint_id, reason)
+        if counted and job.failures.exceeds(self.settings.tolerable_failed_checkpoints):
+            job.status = JobStatus.FAILED
+            job.status_reason = (
+                f"{job.failures.count} failed checkpoints (ids {job.failures.failed_ids}) exceed "
+                f"tolerable_failed_checkpoints={self.settings.tolerable_failed_checkpoints}; last: {message}"
+            )
+        self.storage.save_job(job)
+        self.storage.write_stats(
+            checkpoint_id,
+            {
+                "checkpoint_id": checkpoint_id,
+                **(base or {}),
+                "status": "ABORTED",
+                "reason": reason.value,
+                "message": message,
+                "counted": counted,
+                "end_time": now,
+            },
+        )
+
+    @staticmethod
+    def _stats_base(plan: CheckpointPlan) -> JsonDict:
+        return {
+            "checkpoint_id": plan.checkpoint_id,
+            "run_id": plan.run_id,
+            "type": plan.barrier.type.value,
+            "trigger_time": plan.barrier.trigger_time,
+        }
+
+    # -- sinks and retention -----------------------------------------------------------
+    def commit_sinks(self, completed: CompletedCheckpoint) -> None:
+        """Commit every sink transaction of ``completed`` (idempotent, also for recovery)."""
+        sinks = {s.uid: s for s in self.graph.sinks}
+        for uid, committables in sorted(completed.sinks.items()):
+            if uid not in sinks:
+                raise RuntimeError(
+                    f"checkpoint {completed.checkpoint_id} has output for sink {uid!r}, which this pipeline "
+                    "no longer has; restore with allow_non_restored_state to drop it"
+                )
+            sinks[uid].commit(completed.checkpoint_id, committables)
+            fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
+
+    def _apply_retention(self) -> None:
+        completed = []
+        for checkpoint_id in self.storage.completed_ids():
+            try:
+                completed.append(self.storage.load_completed(checkpoint_id))
+            except (MetadataError, CheckpointStorageError) as e:
+                log.warning("retention skips unreadable checkpoint %d: %s", checkpoint_id, e)
+        discard = subsumed(completed, self.settings.retained_checkpoints)
+        if not discard:
+            return
+        kept = [c for c in completed if c not in discard]
+        self.storage.delete_paths(deletable_paths(discard, kept))
+        still_needed = set().union(*(c.referenced_paths() for c in kept))
+        for c in discard:
+            chk = self.storage.chk_dir(c.checkpoint_id)
+            if any(p.startswith(chk + "/") for p in still_needed):
+                self.storage.delete(self.storage.metadata_path(c.checkpoint_id))
+            else:
+                self.storage.delete(chk)
+
+
+def _json(d: JsonDict) -> bytes:
+    return json.dumps(d, indent=1, sort_keys=True).encode()

@@ -1,0 +1,29 @@
+"""Named fault points, switched on only by tests and demos; free when off.
+
+``CHECKPOINT_FAULTS`` holds comma-separated specs ``point[:key=value]...``, for example
+``step.before_ack:checkpoint=2:attempt=1,finalize.after_metadata:checkpoint=4``. A fault
+point raises :class:`InjectedFault` when its name and every given key match.
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "CHECKPOINT_FAULTS"
+
+
+class InjectedFault(RuntimeError):
+    """Raised at a fault point that a test switched on."""
+
+
+def fault_point(name: str, **where: object) -> None:
+    specs = os.environ.get(ENV)
+    if not specs:
+        return
+    for spec in specs.split(","):
+        point, *conditions = spec.strip().split(":")
+        if point != name:
+            continue
+        wanted = dict(c.split("=", 1) for c in conditions)
+        if all(str(where.get(k)) == v for k, v in wanted.items()):
+            raise InjectedFault(f"injected fault at {name} ({', '.join(f'{k}={v}' for k, v in where.items())})")

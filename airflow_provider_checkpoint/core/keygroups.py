@@ -1,0 +1,31 @@
+"""Key groups: the unit in which keyed state is stored and rescaled (as in Flink).
+
+A key hashes into one of ``max_parallelism`` key groups, fixed for the life of the
+state. Files hold contiguous key-group ranges, so state written with one number of
+partitions is read with any other.
+"""
+
+from __future__ import annotations
+
+
+def range_for_index(max_parallelism: int, parallelism: int, index: int) -> tuple[int, int]:
+    """The inclusive key-group range of partition ``index`` out of ``parallelism``."""
+    _check(max_parallelism, parallelism)
+    if not 0 <= index < parallelism:
+        raise ValueError(f"index {index} outside [0, {parallelism})")
+    start = (index * max_parallelism + parallelism - 1) // parallelism
+    end = ((index + 1) * max_parallelism + parallelism - 1) // parallelism - 1
+    return start, end
+
+
+def index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    """The partition that owns ``key_group``; consistent with :func:`range_for_index`."""
+    _check(max_parallelism, parallelism)
+    if not 0 <= key_group < max_parallelism:
+        raise ValueError(f"key group {key_group} outside [0, {max_parallelism})")
+    return key_group * parallelism // max_parallelism
+
+
+def _check(max_parallelism: int, parallelism: int) -> None:
+    if not 1 <= parallelism <= max_parallelism:
+        raise ValueError(f"parallelism {parallelism} must be in [1, max_parallelism={max_parallelism}]")

@@ -1,0 +1,128 @@
+"""The pending checkpoint: counts acks against the plan and decides complete or abort."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from airflow_provider_checkpoint.core.failures import AbortReason
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
+
+
+class AckOutcome(enum.StrEnum):
+    """What acknowledging did."""
+
+    ACCEPTED = "accepted"
+    """First valid ack of a step, or one of a newer attempt that replaces the older one."""
+    DUPLICATE = "duplicate"
+    """The same step and attempt acked again: changes nothing."""
+    STALE_ATTEMPT = "stale_attempt"
+    """An older attempt of a step whose newer attempt already acked: discarded."""
+    LATE = "late"
+    """An ack for an older checkpoint id: discarded."""
+    UNKNOWN = "unknown"
+    """An ack for a newer id, or for a step the plan does not have: discarded."""
+    OTHER_JOB = "other_job"
+    """An ack of another job: ignored (its files are not ours to discard)."""
+    EXPIRED = "expired"
+    """Arrived after the checkpoint timed out: the checkpoint expires."""
+
+
+class CheckpointAborted(Exception):
+    """A pending checkpoint cannot complete; ``reason`` says why."""
+
+    def __init__(self, reason: AbortReason, message: str) -> None:
+        super().__init__(f"checkpoint aborted ({reason.value}): {message}")
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class PendingCheckpoint:
+    """Acks received for one checkpoint attempt, judged against its plan.
+
+    Complete when every planned step has acked for this job and checkpoint id, with its
+    latest attempt, before ``trigger_time + timeout``. Acks that are not accepted are
+    collected in ``discarded`` so their files can be deleted.
+    """
+
+    plan: CheckpointPlan
+    acks: dict[str, Ack] = field(default_factory=dict)
+    discarded: list[Ack] = field(default_factory=list)
+    expired: bool = False
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.plan.checkpoint_id
+
+    @property
+    def deadline(self) -> float:
+        return self.plan.barrier.trigger_time + self.plan.timeout_seconds
+
+    @property
+    def missing_steps(self) -> list[str]:
+        return [s for s in self.plan.steps if s not in self.acks]
+
+    @property
+    def is_fully_acknowledged(self) -> bool:
+        return not self.missing_steps
+
+    def acknowledge(self, ack: Ack, now: float) -> AckOutcome:
+        if ack.job_id != self.plan.job_id:
+            return AckOutcome.OTHER_JOB
+        if ack.checkpoint_id < self.checkpoint_id:
+            self.discarded.append(ack)
+            return AckOutcome.LATE
+        if ack.checkpoint_id > self.checkpoint_id or ack.step not in self.plan.steps:
+            self.discarded.append(ack)
+            return AckOutcome.UNKNOWN
+        if now > self.deadline:
+            self.expired = True
+            self.discarded.append(ack)
+            return AckOutcome.EXPIRED
+        current = self.acks.get(ack.step)
+        if current is not None:
+            if ack.attempt == current.attempt:
+                return AckOutcome.DUPLICATE
+            if ack.attempt < current.attempt:
+                self.discarded.append(ack)
+                return AckOutcome.STALE_ATTEMPT
+            self.discarded.append(current)
+        self.acks[ack.step] = ack
+        return AckOutcome.ACCEPTED
+
+    def complete(self, completion_time: float, restored_from: int | None) -> CompletedCheckpoint:
+        """The completed checkpoint, or :class:`CheckpointAborted` with the reason."""
+        if self.expired or completion_time > self.deadline:
+            raise CheckpointAborted(
+                AbortReason.EXPIRED,
+                f"checkpoint {self.checkpoint_id} took longer than its {self.plan.timeout_seconds:.0f}s timeout",
+            )
+        if self.missing_steps:
+            raise CheckpointAborted(
+                AbortReason.DECLINED,
+                f"checkpoint {self.checkpoint_id}: no ack from step(s) {', '.join(self.missing_steps)}",
+            )
+        operators = {uid: s for ack in self.acks.values() for uid, s in ack.operators.items()}
+        sinks = {uid: c for ack in self.acks.values() for uid, c in ack.sinks.items()}
+        source_records: dict[str, int] = {}
+        for ack in self.acks.values():
+            source_records.update(ack.metrics.get("source_records", {}))
+        return CompletedCheckpoint(
+            job_id=self.plan.job_id,
+            checkpoint_id=self.checkpoint_id,
+            type=self.plan.barrier.type,
+            trigger_time=self.plan.barrier.trigger_time,
+            completion_time=completion_time,
+            restored_from=restored_from,
+            barrier=self.plan.barrier,
+            operators=operators,
+            sinks=sinks,
+            stats={
+                "run_id": self.plan.run_id,
+                "duration_seconds": round(completion_time - self.plan.barrier.trigger_time, 3),
+                "records_in": sum(source_records.values()),
+                "state_size": sum(s.size for s in operators.values()),
+                "steps": {s: a.metrics for s, a in sorted(self.acks.items())},
+            },
+        )

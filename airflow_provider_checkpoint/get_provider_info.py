@@ -1,0 +1,70 @@
+"""Provider metadata, registered through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-provider-checkpoint",
+        "name": "Checkpoint",
+        "description": "Exactly-once, stateful Spark pipelines with Apache Flink's checkpoint and "
+        "savepoint guarantees: every DAG run is a checkpoint.",
+        "versions": ["0.1.0"],
+        "integrations": [
+            {
+                "integration-name": "Checkpoint",
+                "external-doc-url": "https://pypi.org/project/airflow-provider-checkpoint/",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Checkpoint",
+                "python-modules": ["airflow_provider_checkpoint.operators.checkpoint"],
+            }
+        ],
+        "hooks": [],
+        "config": {
+            "checkpoint": {
+                "description": "Checkpoint storage and retention of checkpointed pipelines.",
+                "options": {
+                    "storage_root": {
+                        "description": "URL of the checkpoint storage root; every job keeps its files "
+                        "under <storage_root>/<job_id>/. Any fsspec / ObjectStoragePath URL. Empty means "
+                        "file://$AIRFLOW_HOME/checkpoints.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "s3://aws_default@bucket/checkpoints",
+                        "default": "",
+                    },
+                    "savepoint_roots": {
+                        "description": "Comma-separated URLs under which savepoints may be written and "
+                        "from which snapshots may be restored. Empty means "
+                        "file://$AIRFLOW_HOME/savepoints.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "file:///data/savepoints,s3://aws_default@bucket/savepoints",
+                        "default": "",
+                    },
+                    "inline_state_threshold": {
+                        "description": "State of an operator smaller than this many bytes travels "
+                        "inline in the ack and in _metadata instead of in files.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "20480",
+                        "default": "20480",
+                    },
+                    "retained_checkpoints": {
+                        "description": "Completed checkpoints kept per job (newest first) when a "
+                        "pipeline does not set its own; savepoints are never deleted.",
+                        "version_added": "0.1.0",
+                        "type": "integer",
+                        "example": "3",
+                        "default": "3",
+                    },
+                },
+            }
+        },
+    }

@@ -1,0 +1,56 @@
+"""A checkpointed job as the Airflow operators see it: graph, storage and settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
+from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.storage import JobStorage
+
+SECTION = "checkpoint"
+
+
+def config_value(key: str, fallback: str = "") -> str:
+    """A ``[checkpoint]`` option from Airflow's configuration (env ``AIRFLOW__CHECKPOINT__<KEY>``)."""
+    from airflow.sdk import conf
+
+    return str(conf.get(SECTION, key, fallback=fallback) or fallback)
+
+
+def default_storage_root() -> str:
+    """``[checkpoint] storage_root``, else ``$AIRFLOW_HOME/checkpoints``."""
+    configured = config_value("storage_root")
+    if configured:
+        return configured
+    home = os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow"))
+    return f"file://{os.path.abspath(home)}/checkpoints"
+
+
+@dataclass(frozen=True)
+class CheckpointJob:
+    """Everything needed to run the protocol for one job; built at DAG-parse time, cheaply."""
+
+    job_id: str
+    graph: PipelineGraph
+    storage_root: str | None = None
+    storage_conn_id: str | None = None
+    settings: CheckpointSettings | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def resolved_settings(self) -> CheckpointSettings:
+        if self.settings is not None:
+            return self.settings
+        return CheckpointSettings(retained_checkpoints=int(config_value("retained_checkpoints", "3")))
+
+    def storage(self) -> JobStorage:
+        from airflow.sdk import ObjectStoragePath
+
+        root = ObjectStoragePath(self.storage_root or default_storage_root(), conn_id=self.storage_conn_id)
+        path: Any = root.path
+        return JobStorage(root.fs, str(path).rstrip("/"), self.job_id)
+
+    def coordinator(self) -> CheckpointCoordinator:
+        return CheckpointCoordinator(self.storage(), self.graph, self.resolved_settings())

@@ -1,0 +1,115 @@
+"""The three operators of a checkpoint: trigger → Spark step(s) → finalize."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import Asset, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_provider_checkpoint.coordinator import JobNotRunning
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
+from airflow_provider_checkpoint.core.pending import CheckpointAborted
+from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
+from airflow_provider_checkpoint.job import CheckpointJob
+from airflow_provider_checkpoint.storage import CheckpointStorageError
+
+
+class CheckpointTriggerOperator(BaseOperator):
+    """Cuts the barrier: recovers and cleans the job's storage, allocates the id, pushes the plan.
+
+    Fails without retry when the job is FAILED or STOPPED, or another checkpoint of the
+    job is in flight.
+    """
+
+    ui_color = "#ffe7ba"
+
+    def __init__(self, *, job: CheckpointJob, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+
+    def execute(self, context: Any) -> JsonDict:
+        params = context.get("params") or {}
+        checkpoint_type = CheckpointType.SAVEPOINT if params.get("savepoint") else CheckpointType.CHECKPOINT
+        try:
+            plan = self.job.coordinator().trigger(context["run_id"], checkpoint_type)
+        except (JobNotRunning, CheckpointAborted) as e:
+            raise AirflowFailException(str(e)) from e
+        self.log.info(
+            "checkpoint %d of job %s: barrier cut, restoring from %s",
+            plan.checkpoint_id,
+            plan.job_id,
+            plan.restore_point.checkpoint_id if plan.restore_point else "nothing (first checkpoint)",
+        )
+        return plan.to_dict()
+
+
+class SparkCheckpointOperator(BaseOperator):
+    """One step: a Spark job that processes its input up to the barrier and acks.
+
+    Writes state snapshots and staged sink output under its own attempt directory, so
+    an Airflow retry never mixes files with an earlier attempt. Malformed input fails
+    without retry; everything else is retried by Airflow.
+    """
+
+    ui_color = "#d6f5e3"
+
+    def __init__(self, *, job: CheckpointJob, step: str, trigger_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.step = step
+        self.trigger_task_id = trigger_task_id
+
+    def execute(self, context: Any) -> JsonDict:
+        from airflow_provider_checkpoint.spark.runner import run_step
+        from airflow_provider_checkpoint.spark.session import get_spark
+
+        plan = CheckpointPlan.from_dict(context["ti"].xcom_pull(task_ids=self.trigger_task_id))
+        attempt = int(context["ti"].try_number)
+        spark = get_spark(conf=self.job.spark_conf)
+        try:
+            ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt)
+        except (MalformedInputError, CheckpointStorageError) as e:
+            raise AirflowFailException(str(e)) from e
+        self.log.info(
+            "step %s acked checkpoint %d (attempt %d): %s", self.step, plan.checkpoint_id, attempt, ack.metrics
+        )
+        return ack.to_dict()
+
+
+class CheckpointFinalizeOperator(BaseOperator):
+    """Judges the pending checkpoint; on success commits ``_metadata``, then the sinks.
+
+    Runs whatever the steps did (``trigger_rule=all_done``). On completion it emits an
+    Asset event for every sink; otherwise it aborts the checkpoint (discarding its files
+    and staged output) and fails the run without retry.
+    """
+
+    ui_color = "#cfe2ff"
+
+    def __init__(
+        self, *, job: CheckpointJob, trigger_task_id: str, step_task_ids: Sequence[str], **kwargs: Any
+    ) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        kwargs.setdefault("outlets", [Asset(uri) for s in job.graph.sinks if (uri := s.asset_uri())])
+        super().__init__(**kwargs)
+        self.job = job
+        self.trigger_task_id = trigger_task_id
+        self.step_task_ids = list(step_task_ids)
+
+    def execute(self, context: Any) -> JsonDict:
+        ti = context["ti"]
+        raw_plan = ti.xcom_pull(task_ids=self.trigger_task_id)
+        if raw_plan is None:
+            raise AirflowSkipException("no checkpoint was triggered in this run; nothing to finalize")
+        plan = CheckpointPlan.from_dict(raw_plan)
+        acks = [ti.xcom_pull(task_ids=t) for t in self.step_task_ids]
+        try:
+            completed = self.job.coordinator().finalize(plan, [Ack.from_dict(a) if a else None for a in acks])
+        except CheckpointAborted as e:
+            raise AirflowFailException(str(e)) from e
+        for asset in self.outlets:
+            if isinstance(asset, Asset):
+                context["outlet_events"][asset].extra = {"job_id": plan.job_id, "checkpoint_id": plan.checkpoint_id}
+        return {"checkpoint_id": completed.checkpoint_id, **completed.stats}

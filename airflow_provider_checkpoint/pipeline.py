@@ -1,0 +1,123 @@
+"""``CheckpointedPipeline``: declare sources, operators and sinks; get an ordinary Airflow DAG.
+
+::
+
+    with CheckpointedPipeline(dag_id="clickstream", schedule="*/10 * * * *") as pipeline:
+        events = FileSource(uid="events", path="/data/landing", format="json", schema=SCHEMA)
+        views = KeyedAggregate(uid="page_views", input=events, keys=["page"], aggs={"views": "count"})
+        ParquetTableSink(uid="page_views_table", input=views, path="/data/marts/page_views",
+                         mode="upsert", keys=["page"])
+
+builds ``trigger_checkpoint >> <one task per step> >> finalize_checkpoint`` with
+``max_active_runs=1``: one DAG run is one checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+from contextlib import ExitStack
+from typing import Any
+
+from airflow.sdk import DAG
+
+from airflow_provider_checkpoint.coordinator import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
+from airflow_provider_checkpoint.job import CheckpointJob
+from airflow_provider_checkpoint.operators.checkpoint import (
+    CheckpointFinalizeOperator,
+    CheckpointTriggerOperator,
+    SparkCheckpointOperator,
+)
+
+TRIGGER_TASK_ID = "trigger_checkpoint"
+FINALIZE_TASK_ID = "finalize_checkpoint"
+
+
+class CheckpointedPipeline:
+    """A DAG whose every run is one checkpoint of ``job_id`` (default: the ``dag_id``).
+
+    ``storage`` is the storage root URL (default ``[checkpoint] storage_root``);
+    ``step_retries`` Airflow retries protect each Spark step, ``finalize_retries`` the
+    finalize task (its commit is idempotent). Other keyword arguments go to ``DAG``.
+    """
+
+    def __init__(
+        self,
+        dag_id: str,
+        *,
+        job_id: str | None = None,
+        storage: str | None = None,
+        storage_conn_id: str | None = None,
+        retained_checkpoints: int = 3,
+        checkpoint_timeout: datetime.timedelta = datetime.timedelta(hours=1),
+        tolerable_failed_checkpoints: int = 3,
+        step_retries: int = 2,
+        finalize_retries: int = 1,
+        retry_delay: datetime.timedelta = datetime.timedelta(seconds=10),
+        spark_conf: dict[str, str] | None = None,
+        **dag_kwargs: Any,
+    ) -> None:
+        dag_kwargs.setdefault("start_date", datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+        dag_kwargs.setdefault("catchup", False)
+        dag_kwargs.setdefault("tags", ["checkpoint"])
+        dag_kwargs["max_active_runs"] = 1
+        self.dag = DAG(dag_id, **dag_kwargs)
+        self.job_id = job_id or dag_id
+        self.storage = storage
+        self.storage_conn_id = storage_conn_id
+        self.settings = CheckpointSettings(
+            retained_checkpoints=retained_checkpoints,
+            checkpoint_timeout_seconds=checkpoint_timeout.total_seconds(),
+            tolerable_failed_checkpoints=tolerable_failed_checkpoints,
+        )
+        self.step_retries = step_retries
+        self.finalize_retries = finalize_retries
+        self.retry_delay = retry_delay
+        self.spark_conf = dict(spark_conf or {})
+        self.job: CheckpointJob | None = None
+        self._stack = ExitStack()
+        self._nodes: list[Node] = []
+
+    def __enter__(self) -> CheckpointedPipeline:
+        self._stack.enter_context(self.dag)
+        self._nodes = self._stack.enter_context(collecting())
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                self._build()
+        finally:
+            self._stack.__exit__(exc_type, exc, tb)
+
+    def _build(self) -> None:
+        graph = PipelineGraph(self._nodes)
+        self.job = CheckpointJob(
+            job_id=self.job_id,
+            graph=graph,
+            storage_root=self.storage,
+            storage_conn_id=self.storage_conn_id,
+            settings=self.settings,
+            spark_conf=self.spark_conf,
+        )
+        trigger = CheckpointTriggerOperator(task_id=TRIGGER_TASK_ID, job=self.job, retries=0)
+        steps = [
+            SparkCheckpointOperator(
+                task_id=name,
+                job=self.job,
+                step=name,
+                trigger_task_id=TRIGGER_TASK_ID,
+                retries=self.step_retries,
+                retry_delay=self.retry_delay,
+            )
+            for name in graph.steps
+        ]
+        finalize = CheckpointFinalizeOperator(
+            task_id=FINALIZE_TASK_ID,
+            job=self.job,
+            trigger_task_id=TRIGGER_TASK_ID,
+            step_task_ids=[s.task_id for s in steps],
+            retries=self.finalize_retries,
+            retry_delay=self.retry_delay,
+        )
+        trigger >> steps >> finalize

@@ -1,0 +1,1 @@
+"""The Spark side: session, keyed state backend and the step runner."""

@@ -1,0 +1,45 @@
+"""What a running step knows: its Spark session, storage, plan and attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.core.model import CheckpointPlan, JsonDict
+from airflow_provider_checkpoint.storage import JobStorage
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class StepContext:
+    """One attempt of one step of one checkpoint.
+
+    Everything the attempt writes lies under ``attempt_dir`` (job-relative) or, for
+    sinks, under a staging path named after the same checkpoint, step and attempt, so a
+    retry never mixes files with an earlier attempt.
+    """
+
+    spark: SparkSession
+    storage: JobStorage
+    plan: CheckpointPlan
+    step: str
+    attempt: int
+    metrics: JsonDict = field(default_factory=dict)
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.plan.checkpoint_id
+
+    @property
+    def attempt_dir(self) -> str:
+        return self.storage.attempt_dir(self.checkpoint_id, self.step, self.attempt)
+
+    @property
+    def attempt_tag(self) -> str:
+        """Unique name of this attempt, for staging areas outside the job directory."""
+        return f"{self.storage.job_id}/{self.step}/attempt-{self.attempt}"
+
+    def add_metric(self, name: str, value: int) -> None:
+        self.metrics[name] = int(self.metrics.get(name, 0)) + value

@@ -1,0 +1,93 @@
+"""Runs one step of one checkpoint as a Spark job and returns its ack.
+
+Given the same plan (restore point and barrier), a step produces the same state and
+the same staged output on every attempt, so an Airflow retry is always safe.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict, OperatorSnapshot
+from airflow_provider_checkpoint.dataflow.graph import (
+    PipelineGraph,
+    Sink,
+    Source,
+    StatefulOperator,
+    Transform,
+)
+from airflow_provider_checkpoint.spark.context import StepContext
+from airflow_provider_checkpoint.spark.state import read_state, write_state
+from airflow_provider_checkpoint.storage import JobStorage
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def run_step(
+    spark: SparkSession,
+    storage: JobStorage,
+    graph: PipelineGraph,
+    step: str,
+    plan: CheckpointPlan,
+    attempt: int,
+) -> Ack:
+    if step not in graph.steps:
+        raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
+    started = time.monotonic()
+    ctx = StepContext(spark, storage, plan, step, attempt)
+    storage.delete(ctx.attempt_dir)
+    restore = plan.restore_point
+    outputs: dict[str, DataFrame] = {}
+    snapshots: dict[str, OperatorSnapshot] = {}
+    committables: dict[str, list[JsonDict]] = {}
+    try:
+        for node in graph.steps[step]:
+            if isinstance(node, Source):
+                previous = restore.source_positions.get(node.uid) if restore else None
+                df = node.read(ctx, previous, plan.barrier.positions[node.uid]).cache()
+                records = df.count()
+                ctx.add_metric("records_in", records)
+                ctx.metrics.setdefault("source_records", {})[node.uid] = records
+                outputs[node.uid] = df
+            elif isinstance(node, Transform):
+                outputs[node.uid] = node.apply(outputs[node.inputs[0].uid])
+            elif isinstance(node, StatefulOperator):
+                upstream = outputs[node.inputs[0].uid]
+                restored = restore.operators.get(node.uid) if restore else None
+                state = (
+                    read_state(spark, storage, restored)
+                    if restored is not None
+                    else node.initial_state(spark, upstream)
+                )
+                new_state, output = node.apply(upstream, state)
+                fault_point("step.before_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
+                snapshot = write_state(
+                    spark, storage, f"{ctx.attempt_dir}/state/{node.uid}", new_state, node.keys, node.max_parallelism
+                )
+                fault_point("step.after_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
+                snapshots[node.uid] = snapshot
+                ctx.add_metric("state_rows", snapshot.rows)
+                ctx.add_metric("state_bytes", snapshot.size)
+                ctx.add_metric("state_files", len(snapshot.handles))
+                outputs[node.uid] = output
+            elif isinstance(node, Sink):
+                committables[node.uid] = node.stage(ctx, outputs[node.inputs[0].uid])
+            else:
+                raise TypeError(f"{node!r}: unsupported node type")
+        fault_point("step.before_ack", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
+    finally:
+        spark.catalog.clearCache()
+    ctx.metrics["seconds"] = round(time.monotonic() - started, 3)
+    return Ack(
+        job_id=plan.job_id,
+        checkpoint_id=ctx.checkpoint_id,
+        step=step,
+        attempt=attempt,
+        operators=snapshots,
+        sinks=committables,
+        metrics=ctx.metrics,
+        attempt_dir=ctx.attempt_dir,
+    )

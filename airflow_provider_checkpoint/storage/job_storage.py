@@ -1,0 +1,261 @@
+"""The storage of one job: ``<storage_root>/<job_id>/`` on any fsspec filesystem.
+
+Layout::
+
+    _job.json               job record (id counter, status, failures)
+    _lease                  exclusive in-flight marker (run id, expiry)
+    chk-<id>/<step>/attempt-<n>/   files of one step attempt
+    chk-<id>/_metadata      the commit point of checkpoint <id>
+    _stats/<id>.json        stats of every attempted checkpoint
+
+Writes that others rely on are atomic: a temporary name renamed into place on local
+filesystems, a single PUT on object stores. The lease is created with create-if-absent
+semantics, so two triggers can never both hold it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.job import JobRecord
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, StateHandle
+
+METADATA = "_metadata"
+_CHK = re.compile(r"^chk-(\d+)$")
+_LOCAL_PROTOCOLS = {"file", "local"}
+
+
+class CheckpointStorageError(RuntimeError):
+    """A checkpoint file is missing, corrupt or unreadable; the message names it."""
+
+
+class LeaseHeld(RuntimeError):
+    """Another checkpoint of this job is in flight."""
+
+    def __init__(self, holder: JsonDict) -> None:
+        super().__init__(
+            f"another checkpoint of this job is in flight (run {holder.get('run_id')!r}, "
+            f"lease expires at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(holder.get('expires_at', 0)))})"
+        )
+        self.holder = holder
+
+
+def file_checksum(fs: AbstractFileSystem, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """Readers see the old content or the new, never a partial file."""
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    if _is_local(fs):
+        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
+        fs.pipe_file(tmp, data)
+        fs.mv(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
+    """Create ``path`` only if it does not exist; True if this call created it."""
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    try:
+        with fs.open(path, "xb") as f:
+            f.write(data)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _is_local(fs: AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return bool(_LOCAL_PROTOCOLS & set(protocols))
+
+
+@dataclass(frozen=True)
+class JobStorage:
+    """Paths and atomic operations under one job directory."""
+
+    fs: AbstractFileSystem
+    root: str
+    job_id: str
+
+    @classmethod
+    def from_url(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
+        fs, path = fsspec.core.url_to_fs(storage_root, **storage_options)
+        if _is_local(fs):
+            path = posixpath.abspath(path)
+        return cls(fs, path.rstrip("/"), job_id)
+
+    @property
+    def job_dir(self) -> str:
+        return f"{self.root}/{self.job_id}"
+
+    def path(self, relative: str) -> str:
+        return f"{self.job_dir}/{relative}"
+
+    def url(self, relative: str = "") -> str:
+        """A URL Spark and other engines can open (``file:///…`` for local storage)."""
+        full = self.path(relative) if relative else self.job_dir
+        protocol = "file" if _is_local(self.fs) else self.fs.protocol
+        if isinstance(protocol, tuple):
+            protocol = protocol[0]
+        return f"{protocol}://{full}"
+
+    def relative(self, url_or_path: str) -> str:
+        """The job-relative form of a path inside the job directory."""
+        path = self.fs._strip_protocol(url_or_path)
+        prefix = self.job_dir + "/"
+        if not path.startswith(prefix):
+            raise CheckpointStorageError(f"{url_or_path} is not inside the job directory {self.job_dir}")
+        return path[len(prefix) :]
+
+    # -- layout ------------------------------------------------------------------------
+    @staticmethod
+    def chk_dir(checkpoint_id: int) -> str:
+        return f"chk-{checkpoint_id}"
+
+    @classmethod
+    def metadata_path(cls, checkpoint_id: int) -> str:
+        return f"{cls.chk_dir(checkpoint_id)}/{METADATA}"
+
+    @classmethod
+    def attempt_dir(cls, checkpoint_id: int, step: str, attempt: int) -> str:
+        return f"{cls.chk_dir(checkpoint_id)}/{step}/attempt-{attempt}"
+
+    # -- plain files -------------------------------------------------------------------
+    def exists(self, relative: str) -> bool:
+        return bool(self.fs.exists(self.path(relative)))
+
+    def read_bytes(self, relative: str) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(self.path(relative)))
+        except FileNotFoundError as e:
+            raise CheckpointStorageError(f"missing file {self.url(relative)}") from e
+
+    def write_atomic(self, relative: str, data: bytes) -> None:
+        write_atomic(self.fs, self.path(relative), data)
+
+    def delete(self, relative: str) -> None:
+        if self.fs.exists(self.path(relative)):
+            self.fs.rm(self.path(relative), recursive=True)
+
+    def delete_paths(self, relatives: Iterable[str]) -> None:
+        for rel in sorted(relatives):
+            self.delete(rel)
+
+    def handle_for(self, relative: str, key_groups: tuple[int, int] | None = None) -> StateHandle:
+        full = self.path(relative)
+        return StateHandle(relative, int(self.fs.size(full)), file_checksum(self.fs, full), key_groups)
+
+    def verify(self, handle: StateHandle) -> None:
+        """Raise :class:`CheckpointStorageError` naming the file if it is missing or altered."""
+        full = self.path(handle.path)
+        if not self.fs.exists(full):
+            raise CheckpointStorageError(f"state file missing: {self.url(handle.path)}")
+        size = int(self.fs.size(full))
+        if size != handle.size:
+            raise CheckpointStorageError(
+                f"state file corrupt: {self.url(handle.path)} has {size} bytes, expected {handle.size}"
+            )
+        if file_checksum(self.fs, full) != handle.checksum:
+            raise CheckpointStorageError(f"state file corrupt: checksum mismatch for {self.url(handle.path)}")
+
+    # -- job record --------------------------------------------------------------------
+    def load_job(self) -> JobRecord:
+        if not self.exists("_job.json"):
+            return JobRecord(job_id=self.job_id)
+        return JobRecord.decode(self.read_bytes("_job.json"), self.url("_job.json"))
+
+    def save_job(self, record: JobRecord) -> None:
+        self.write_atomic("_job.json", record.encode())
+
+    # -- lease -------------------------------------------------------------------------
+    def acquire_lease(self, run_id: str, ttl_seconds: float, now: float | None = None) -> None:
+        """Hold the job's in-flight lease for ``run_id``; re-entrant for the same run.
+
+        An expired lease of another run is broken (its checkpoint is abandoned).
+        """
+        now = time.time() if now is None else now
+        body = json.dumps({"run_id": run_id, "acquired_at": now, "expires_at": now + ttl_seconds}).encode()
+        for _ in range(2):
+            if create_exclusive(self.fs, self.path("_lease"), body):
+                return
+            holder = self.lease_holder()
+            if holder is None:
+                continue
+            if holder.get("run_id") == run_id:
+                self.write_atomic("_lease", body)
+                return
+            if float(holder.get("expires_at", 0)) > now:
+                raise LeaseHeld(holder)
+            self.delete("_lease")
+        raise LeaseHeld(self.lease_holder() or {})
+
+    def lease_holder(self) -> JsonDict | None:
+        try:
+            return dict(json.loads(self.fs.cat_file(self.path("_lease"))))
+        except FileNotFoundError:
+            return None
+        except json.JSONDecodeError:
+            return {"run_id": "<unreadable lease>", "expires_at": 0}
+
+    def release_lease(self, run_id: str) -> None:
+        holder = self.lease_holder()
+        if holder is not None and holder.get("run_id") == run_id:
+            self.delete("_lease")
+
+    # -- checkpoints -------------------------------------------------------------------
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of every ``chk-*`` directory, completed or not, ascending."""
+        if not self.fs.exists(self.job_dir):
+            return []
+        ids = []
+        for entry in self.fs.ls(self.job_dir, detail=False):
+            m = _CHK.match(posixpath.basename(entry.rstrip("/")))
+            if m:
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def is_completed(self, checkpoint_id: int) -> bool:
+        return self.exists(self.metadata_path(checkpoint_id))
+
+    def completed_ids(self) -> list[int]:
+        return [i for i in self.checkpoint_ids() if self.is_completed(i)]
+
+    def load_completed(self, checkpoint_id: int) -> CompletedCheckpoint:
+        rel = self.metadata_path(checkpoint_id)
+        return metadata.decode(self.read_bytes(rel), self.url(rel))
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        ids = self.completed_ids()
+        return self.load_completed(ids[-1]) if ids else None
+
+    def commit_metadata(self, checkpoint: CompletedCheckpoint) -> None:
+        """Write ``_metadata``: the commit point of the checkpoint."""
+        self.write_atomic(self.metadata_path(checkpoint.checkpoint_id), metadata.encode(checkpoint))
+
+    def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
+        self.write_atomic(f"_stats/{checkpoint_id}.json", json.dumps(stats, indent=1, sort_keys=True).encode())
+
+    def read_stats(self) -> list[JsonDict]:
+        folder = self.path("_stats")
+        if not self.fs.exists(folder):
+            return []
+        out = [json.loads(self.fs.cat_file(p)) for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]
+        return sorted(out, key=lambda s: int(s["checkpoint_id"]))

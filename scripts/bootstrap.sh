@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: checks Python >= 3.11 and Java 17+, creates .venv,
+# installs the provider with pinned versions (constraints.txt). Prints what it does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null 2>&1 || ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "error: Python 3.11 or newer is required (found: $("$PY" --version 2>&1 || echo none)). Install it, or set PYTHON=/path/to/python3.11." >&2
+  exit 1
+fi
+if ! command -v java >/dev/null 2>&1; then
+  echo "error: Java 17 is required by Spark and 'java' is not on PATH. Install OpenJDK 17 (e.g. apt-get install openjdk-17-jre-headless) and set JAVA_HOME." >&2
+  exit 1
+fi
+JAVA_MAJOR=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+if [ -z "$JAVA_MAJOR" ] || [ "$JAVA_MAJOR" -lt 17 ]; then
+  echo "error: Java 17 or newer is required by Spark 4; 'java -version' says: $(java -version 2>&1 | head -1)" >&2
+  exit 1
+fi
+
+STAMP=.venv/.installed
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv"
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ constraints.txt -nt "$STAMP" ]; then
+  echo "installing airflow-provider-checkpoint and its pinned dependencies into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip uv
+  .venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e ".[test]"
+  touch "$STAMP"
+fi

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The two commands of the README: `demo` runs the example pipeline, `test` the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH"
+export SPARK_LOCAL_IP=127.0.0.1
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export PYTHONUNBUFFERED=1
+case "${1:-}" in
+  demo)
+    shift
+    exec python scripts/demo.py "$@"
+    ;;
+  test)
+    shift
+    exec python -m pytest "$@"
+    ;;
+  *)
+    echo "usage: scripts/dev.sh demo|test [args...]" >&2
+    exit 2
+    ;;
+esac
