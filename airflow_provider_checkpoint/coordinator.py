@@ -71,10 +71,11 @@ class CheckpointCoordinator:
         try:
             latest = self.storage.latest_completed()
             if latest is not None:
-                self.commit_sinks(latest)
-            self._abort_abandoned(job, now)
+                self._finish(latest)
+                job = self.storage.load_job()
             for existing in self.storage.checkpoint_ids():
                 job.observe_checkpoint_id(existing)
+            self._abort_abandoned(job, now)
             job.topology = self.graph.topology()
             checkpoint_id = job.allocate_checkpoint_id()
             positions: JsonDict = {}
@@ -100,9 +101,16 @@ class CheckpointCoordinator:
         return plan
 
     def _abort_abandoned(self, job: JobRecord, now: float) -> None:
-        """Abort every ``chk-*`` without ``_metadata``: no checkpoint is in flight (we hold the lease)."""
+        """Abort every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs.
+
+        We hold the lease, so no checkpoint is in flight. A directory that retention kept
+        for the shared files of a newer checkpoint is not abandoned.
+        """
+        completed = self._completed_checkpoints()
+        needed = set().union(*(c.referenced_paths() for c in completed))
         for checkpoint_id in self.storage.checkpoint_ids():
-            if self.storage.is_completed(checkpoint_id):
+            chk = self.storage.chk_dir(checkpoint_id) + "/"
+            if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk) for p in needed):
                 continue
             log.warning("aborting abandoned checkpoint %d of job %s", checkpoint_id, job.job_id)
             self._discard(checkpoint_id)
@@ -125,14 +133,7 @@ class CheckpointCoordinator:
             else:
                 completed = self._complete(plan, acks, now)
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
-            self.commit_sinks(completed)
-            job = self.storage.load_job()
-            job.failures.on_complete(checkpoint_id)
-            self.storage.save_job(job)
-            self._apply_retention()
-            self.storage.write_stats(
-                checkpoint_id, {**self._stats_base(plan), **completed.stats, "status": "COMPLETED"}
-            )
+            self._finish(completed)
         finally:
             self.storage.release_lease(plan.run_id)
         log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
@@ -231,7 +232,25 @@ class CheckpointCoordinator:
             "trigger_time": plan.barrier.trigger_time,
         }
 
-    # -- sinks and retention -----------------------------------------------------------
+    # -- after the commit point ------------------------------------------------------
+    def _finish(self, completed: CompletedCheckpoint) -> None:
+        """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
+        self.commit_sinks(completed)
+        job = self.storage.load_job()
+        job.failures.on_complete(completed.checkpoint_id)
+        self.storage.save_job(job)
+        self._apply_retention()
+        if not self.storage.exists(f"_stats/{completed.checkpoint_id}.json"):
+            stats = {
+                "checkpoint_id": completed.checkpoint_id,
+                "type": completed.type.value,
+                "trigger_time": completed.trigger_time,
+                **completed.stats,
+                "status": "COMPLETED",
+                "end_time": time.time(),
+            }
+            self.storage.write_stats(completed.checkpoint_id, stats)
+
     def commit_sinks(self, completed: CompletedCheckpoint) -> None:
         """Commit every sink transaction of ``completed`` (idempotent, also for recovery)."""
         sinks = {s.uid: s for s in self.graph.sinks}
@@ -244,13 +263,17 @@ class CheckpointCoordinator:
             sinks[uid].commit(completed.checkpoint_id, committables)
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
 
-    def _apply_retention(self) -> None:
+    def _completed_checkpoints(self) -> list[CompletedCheckpoint]:
         completed = []
         for checkpoint_id in self.storage.completed_ids():
             try:
                 completed.append(self.storage.load_completed(checkpoint_id))
             except (MetadataError, CheckpointStorageError) as e:
-                log.warning("retention skips unreadable checkpoint %d: %s", checkpoint_id, e)
+                log.warning("skipping unreadable checkpoint %d: %s", checkpoint_id, e)
+        return completed
+
+    def _apply_retention(self) -> None:
+        completed = self._completed_checkpoints()
         discard = subsumed(completed, self.settings.retained_checkpoints)
         if not discard:
             return
@@ -260,7 +283,7 @@ class CheckpointCoordinator:
         for c in discard:
             chk = self.storage.chk_dir(c.checkpoint_id)
             if any(p.startswith(chk + "/") for p in still_needed):
-                self.storage.delete(self.storage.metadata_path(c.checkpoint_id))
+                self.storage.delete_paths([self.storage.metadata_path(c.checkpoint_id), f"{chk}/_plan.json"])
             else:
                 self.storage.delete(chk)
 

@@ -214,6 +214,11 @@ class PipelineGraph:
         steps: dict[str, list[Node]] = {}
         for _, sinks in groups:
             name = "step_" + "__".join(s.uid for s in sinks).replace(".", "_").replace("-", "_")
+            if name in steps:
+                raise PipelineDefinitionError(
+                    f"sinks {', '.join(s.uid for s in sinks)} would run as step {name!r}, which another "
+                    "step already has; rename one of the sinks"
+                )
             ordered: dict[str, Node] = {}
             for sink in sinks:
                 ordered.update((n.uid, n) for n in self.upstream(sink))

@@ -30,11 +30,16 @@ def write_state(
     state: DataFrame,
     keys: tuple[str, ...],
     max_parallelism: int,
+    parallelism: int | None = None,
 ) -> OperatorSnapshot:
-    """Write ``state`` under ``directory`` (job-relative), one file per key-group range."""
+    """Write ``state`` under ``directory`` (job-relative), one file per key-group range.
+
+    ``parallelism`` (default: Spark's default parallelism) is the number of key-group
+    ranges; any later read may use any other parallelism.
+    """
     from pyspark.sql import functions as F
 
-    parallelism = max(1, min(max_parallelism, spark.sparkContext.defaultParallelism))
+    parallelism = max(1, min(max_parallelism, parallelism or spark.sparkContext.defaultParallelism))
     index = F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
     state = state.persist()
     rows = state.count()

@@ -1,0 +1,166 @@
+"""The Spark side against independent ground truth computed with pandas / pyarrow."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from airflow_provider_checkpoint.core.keygroups import range_for_index
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, MalformedInputError, ParquetTableSink
+from airflow_provider_checkpoint.spark.state import key_group, read_state, write_state
+from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
+from tests.spark.helpers import step_context
+
+pytestmark = pytest.mark.spark
+
+
+def _events(n: int, seed: int) -> pd.DataFrame:
+    import random
+
+    rng = random.Random(seed)
+    return pd.DataFrame(
+        {
+            "user": [f"u{rng.randint(0, 40)}" for _ in range(n)],
+            "page": [f"/p{rng.randint(0, 12)}" for _ in range(n)],
+            "ts": [seed * 10_000 + i for i in range(n)],
+        }
+    )
+
+
+def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    return df.sort_values(by).reset_index(drop=True)[sorted(df.columns)]
+
+
+def test_python_pyspark_matches_jvm(spark):
+    import pyspark
+
+    assert spark.version == pyspark.__version__
+    assert importlib.metadata.version("pyspark") == importlib.metadata.version("pyspark-client") == spark.version
+
+
+def test_state_round_trip_with_checksums(spark, tmp_path):
+    storage = JobStorage.from_url(str(tmp_path), "job")
+    truth = pd.DataFrame({"k": [f"key{i}" for i in range(500)], "v": list(range(500))})
+    snapshot = write_state(spark, storage, "chk-1/s/attempt-1/state/op", spark.createDataFrame(truth), ("k",), 128, 4)
+
+    assert snapshot.rows == 500
+    ranges = sorted(h.key_groups for h in snapshot.handles if h.key_groups)
+    covered = [kg for lo, hi in ranges for kg in range(lo, hi + 1)]
+    assert len(covered) == len(set(covered)) and set(covered) <= set(range(128))
+    assert {h.key_groups for h in snapshot.handles} <= {range_for_index(128, 4, i) for i in range(4)}
+    for h in snapshot.handles:
+        assert h.checksum.startswith("sha256:") and h.size > 0
+
+    back = read_state(spark, storage, snapshot).toPandas()
+    pd.testing.assert_frame_equal(_sorted(back, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+
+    # each file holds only keys of its key-group range
+    for h in snapshot.handles:
+        rows = spark.read.parquet(storage.url(h.path)).select(key_group(("k",), 128).alias("kg")).collect()
+        assert all(h.key_groups[0] <= r.kg <= h.key_groups[1] for r in rows)
+
+    victim = Path(storage.path(snapshot.handles[0].path))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CheckpointStorageError, match="checksum mismatch.*" + snapshot.handles[0].path.split("/")[-1]):
+        read_state(spark, storage, snapshot)
+
+
+@pytest.mark.parametrize(("write_parallelism", "read_partitions"), [(5, 3), (1, 7), (16, 2)])
+def test_rescaling_state_gives_same_result(spark, tmp_path, write_parallelism, read_partitions):
+    storage = JobStorage.from_url(str(tmp_path), "job")
+    first, second = _events(400, 1), _events(300, 2)
+    op = KeyedAggregate(
+        uid="views",
+        input=FileSource("src", str(tmp_path), "json", "x STRING"),
+        keys=["page"],
+        aggs={"views": "count", "first": "min(ts)", "last": "max(ts)"},
+    )
+    batch1 = spark.createDataFrame(first)
+    state1, _ = op.apply(batch1, op.initial_state(spark, batch1))
+    snapshot = write_state(spark, storage, "chk-1/s/attempt-1/state/views", state1, ("page",), 128, write_parallelism)
+
+    restored = read_state(spark, storage, snapshot).repartition(read_partitions)
+    assert restored.rdd.getNumPartitions() == read_partitions
+    state2, output = op.apply(spark.createDataFrame(second), restored)
+
+    both = pd.concat([first, second])
+    truth = both.groupby("page").agg(views=("ts", "size"), first=("ts", "min"), last=("ts", "max")).reset_index()
+    pd.testing.assert_frame_equal(_sorted(state2.toPandas(), ["page"]), _sorted(truth, ["page"]), check_dtype=False)
+    changed = truth[truth.page.isin(second.page)]
+    pd.testing.assert_frame_equal(_sorted(output.toPandas(), ["page"]), _sorted(changed, ["page"]), check_dtype=False)
+
+
+def _read_table(path) -> pd.DataFrame:
+    return ds.dataset(str(path), format="parquet").to_table().to_pandas()
+
+
+def test_upsert_sink_never_exposes_staged_data(spark, tmp_path):
+    storage = JobStorage.from_url(str(tmp_path / "chk"), "job")
+    table = tmp_path / "table"
+    sink = ParquetTableSink("t", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "upsert", ["k"], 4)
+    v1 = pd.DataFrame({"k": [f"k{i}" for i in range(50)], "v": [1] * 50})
+    committables = sink.stage(step_context(spark, storage, 1), spark.createDataFrame(v1))
+    assert not table.exists() or not [p for p in table.iterdir() if not p.name.startswith("_")]
+    sink.commit(1, committables)
+    pd.testing.assert_frame_equal(_sorted(_read_table(table), ["k"]), _sorted(v1, ["k"]), check_dtype=False)
+
+    v2 = pd.DataFrame({"k": [f"k{i}" for i in range(40, 60)], "v": [2] * 20})
+    committables2 = sink.stage(step_context(spark, storage, 2, attempt=3), spark.createDataFrame(v2))
+    assert (table / "_staging").exists()
+    for reader in (lambda: _read_table(table), lambda: spark.read.parquet(str(table)).toPandas()):
+        pd.testing.assert_frame_equal(_sorted(reader(), ["k"]), _sorted(v1, ["k"]), check_dtype=False)
+
+    sink.commit(2, committables2)
+    sink.commit(2, committables2)  # idempotent
+    truth = pd.concat([v1[~v1.k.isin(v2.k)], v2])
+    for reader in (lambda: _read_table(table), lambda: spark.read.parquet(str(table)).toPandas()):
+        got = reader()
+        assert got.k.is_unique
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+    assert not (table / "_staging" / "chk-2").exists()
+    assert json.loads((table / "_commits" / "0000000002.json").read_text())["checkpoint_id"] == 2
+
+
+def test_append_sink_abort_discards_and_commit_once(spark, tmp_path):
+    storage = JobStorage.from_url(str(tmp_path / "chk"), "job")
+    table = tmp_path / "events"
+    sink = ParquetTableSink("a", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "append")
+    rows = _events(100, 3)
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(rows)))
+    sink.stage(step_context(spark, storage, 2), spark.createDataFrame(_events(10, 4)))
+    sink.abort(2)
+    assert not (table / "_staging" / "chk-2").exists()
+    committed = sink.stage(step_context(spark, storage, 3), spark.createDataFrame(rows.head(7)))
+    sink.commit(3, committed)
+    sink.commit(3, committed)
+    got = _read_table(table)
+    truth = pd.concat([rows, rows.head(7)])
+    pd.testing.assert_frame_equal(_sorted(got, ["ts", "user"]), _sorted(truth, ["ts", "user"]), check_dtype=False)
+
+
+def test_malformed_json_names_file_and_line(spark, tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "good.json").write_text('{"user": "a", "page": "/x", "ts": 1}\n')
+    (landing / "bad.json").write_text(
+        '{"user": "a", "page": "/x", "ts": 1}\n{"user": "b", "page": "/y", "ts": 2}\n{"user": "c", "page": \n'
+    )
+    (landing / ".inflight.json").write_text("not json at all")
+    source = FileSource("events", str(landing), "json", "user STRING, page STRING, ts LONG")
+    barrier = source.barrier_position(None)
+    assert set(barrier["files"]) == {"good.json", "bad.json"}
+    storage = JobStorage.from_url(str(tmp_path / "chk"), "job")
+    with pytest.raises(MalformedInputError, match=r"bad\.json line 3"):
+        source.read(step_context(spark, storage, 1), None, barrier)
+
+    (landing / "typed.json").write_text('{"user": "d", "page": "/z", "ts": "yesterday"}\n')
+    only_typed = {"files": {"typed.json": (landing / "typed.json").stat().st_size}}
+    with pytest.raises(MalformedInputError, match=r"typed\.json line 1"):
+        source.read(step_context(spark, storage, 1), None, only_typed)

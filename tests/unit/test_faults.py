@@ -1,0 +1,59 @@
+"""Named fault points, switched on by CHECKPOINT_FAULTS."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_checkpoint.core.faults import ENV, InjectedFault, fault_point
+
+
+def test_env_name() -> None:
+    assert ENV == "CHECKPOINT_FAULTS"
+
+
+def test_off_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
+    fault_point("finalize.after_metadata", checkpoint=1)
+
+
+def test_off_with_empty_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "")
+    fault_point("finalize.after_metadata", checkpoint=1)
+
+
+def test_name_without_conditions_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack")
+    with pytest.raises(InjectedFault, match="step.before_ack"):
+        fault_point("step.before_ack", checkpoint=3, attempt=1)
+
+
+def test_other_name_does_not_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack")
+    fault_point("step.after_state_write", checkpoint=3, attempt=1)
+    fault_point("step.before_ack_extra", checkpoint=3, attempt=1)
+    fault_point("step", checkpoint=3, attempt=1)
+
+
+def test_all_conditions_must_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=2:attempt=1")
+    with pytest.raises(InjectedFault):
+        fault_point("step.before_ack", checkpoint=2, attempt=1, step="s")
+    fault_point("step.before_ack", checkpoint=2, attempt=2)
+    fault_point("step.before_ack", checkpoint=3, attempt=1)
+    fault_point("step.before_ack", checkpoint=2)  # attempt not given: condition unmet
+
+
+def test_any_of_several_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=2, finalize.after_metadata:checkpoint=4")
+    fault_point("finalize.after_metadata", checkpoint=3)
+    with pytest.raises(InjectedFault):
+        fault_point("finalize.after_metadata", checkpoint=4)
+    with pytest.raises(InjectedFault):
+        fault_point("step.before_ack", checkpoint=2)
+
+
+def test_value_containing_equals_sign(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "p:sink=a=b")
+    with pytest.raises(InjectedFault):
+        fault_point("p", sink="a=b")
+    fault_point("p", sink="a")

@@ -1,0 +1,200 @@
+"""PendingCheckpoint: how acks are judged against the plan, and complete-or-abort."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_checkpoint.core.failures import AbortReason
+from airflow_provider_checkpoint.core.model import (
+    Ack,
+    Barrier,
+    CheckpointPlan,
+    CheckpointType,
+    OperatorSnapshot,
+    StateHandle,
+)
+from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
+
+JOB = "job-a"
+CID = 5
+T0 = 1000.0
+TIMEOUT = 60.0
+STEPS = ("step_one", "step_two")
+
+
+def make_plan(steps: tuple[str, ...] = STEPS) -> CheckpointPlan:
+    return CheckpointPlan(
+        job_id=JOB,
+        run_id="run-1",
+        barrier=Barrier(CID, T0, CheckpointType.CHECKPOINT, {"src": {"files": {}}}),
+        steps=steps,
+        timeout_seconds=TIMEOUT,
+    )
+
+
+def make_ack(
+    step: str = "step_one",
+    attempt: int = 1,
+    checkpoint_id: int = CID,
+    job_id: str = JOB,
+    uid: str | None = None,
+    records: int = 0,
+) -> Ack:
+    uid = uid or f"op_{step}"
+    snapshot = OperatorSnapshot(
+        handles=(StateHandle(f"chk-{checkpoint_id}/{step}/attempt-{attempt}/state/{uid}/f", 10, "sha256:x"),),
+        schema="{}",
+        keys=("k",),
+        max_parallelism=128,
+    )
+    return Ack(
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+        step=step,
+        attempt=attempt,
+        operators={uid: snapshot},
+        sinks={f"sink_{step}": [{"checkpoint_id": checkpoint_id, "attempt": attempt}]},
+        metrics={"source_records": {f"src_{step}": records}},
+        attempt_dir=f"chk-{checkpoint_id}/{step}/attempt-{attempt}",
+    )
+
+
+NOW = T0 + 1
+
+
+def test_first_ack_of_a_planned_step_is_accepted() -> None:
+    pending = PendingCheckpoint(make_plan())
+    ack = make_ack("step_one")
+    assert pending.acknowledge(ack, NOW) is AckOutcome.ACCEPTED
+    assert pending.acks == {"step_one": ack}
+    assert pending.discarded == []
+    assert pending.missing_steps == ["step_two"]
+    assert not pending.is_fully_acknowledged
+
+
+def test_duplicate_ack_changes_nothing() -> None:
+    pending = PendingCheckpoint(make_plan())
+    first = make_ack("step_one", attempt=2, records=1)
+    pending.acknowledge(first, NOW)
+    # Same step and attempt, different content: still the same attempt, the first one stays.
+    again = make_ack("step_one", attempt=2, records=99)
+    assert pending.acknowledge(again, NOW) is AckOutcome.DUPLICATE
+    assert pending.acks["step_one"] is first
+    assert pending.discarded == []
+    assert not pending.expired
+
+
+def test_late_ack_of_an_older_checkpoint_is_discarded() -> None:
+    pending = PendingCheckpoint(make_plan())
+    late = make_ack("step_one", checkpoint_id=CID - 1)
+    assert pending.acknowledge(late, NOW) is AckOutcome.LATE
+    assert pending.acks == {}
+    assert pending.discarded == [late]
+
+
+def test_ack_of_a_newer_checkpoint_is_unknown_and_discarded() -> None:
+    pending = PendingCheckpoint(make_plan())
+    newer = make_ack("step_one", checkpoint_id=CID + 1)
+    assert pending.acknowledge(newer, NOW) is AckOutcome.UNKNOWN
+    assert pending.acks == {}
+    assert pending.discarded == [newer]
+
+
+def test_ack_of_a_step_not_in_the_plan_is_unknown_and_discarded() -> None:
+    pending = PendingCheckpoint(make_plan())
+    stranger = make_ack("step_three")
+    assert pending.acknowledge(stranger, NOW) is AckOutcome.UNKNOWN
+    assert pending.acks == {}
+    assert pending.discarded == [stranger]
+
+
+def test_ack_of_another_job_is_ignored_not_discarded() -> None:
+    pending = PendingCheckpoint(make_plan())
+    other = make_ack("step_one", job_id="job-b")
+    assert pending.acknowledge(other, NOW) is AckOutcome.OTHER_JOB
+    assert pending.acks == {}
+    assert pending.discarded == [], "files of another job must never be scheduled for deletion"
+
+
+def test_stale_attempt_is_discarded_and_newer_attempt_kept() -> None:
+    pending = PendingCheckpoint(make_plan())
+    newer = make_ack("step_one", attempt=3)
+    stale = make_ack("step_one", attempt=2)
+    pending.acknowledge(newer, NOW)
+    assert pending.acknowledge(stale, NOW) is AckOutcome.STALE_ATTEMPT
+    assert pending.acks["step_one"] is newer
+    assert pending.discarded == [stale]
+
+
+def test_newer_attempt_replaces_older_which_is_discarded() -> None:
+    pending = PendingCheckpoint(make_plan())
+    older = make_ack("step_one", attempt=1)
+    newer = make_ack("step_one", attempt=2)
+    pending.acknowledge(older, NOW)
+    assert pending.acknowledge(newer, NOW) is AckOutcome.ACCEPTED
+    assert pending.acks["step_one"] is newer
+    assert pending.discarded == [older]
+
+
+def test_ack_after_deadline_expires_the_checkpoint() -> None:
+    pending = PendingCheckpoint(make_plan())
+    pending.acknowledge(make_ack("step_one"), NOW)
+    too_late = make_ack("step_two")
+    assert pending.acknowledge(too_late, T0 + TIMEOUT + 0.5) is AckOutcome.EXPIRED
+    assert pending.expired
+    assert "step_two" not in pending.acks
+    assert too_late in pending.discarded
+    # Even when asked to complete within the deadline, an expired checkpoint aborts.
+    with pytest.raises(CheckpointAborted) as info:
+        pending.complete(NOW, None)
+    assert info.value.reason is AbortReason.EXPIRED
+
+
+def test_ack_exactly_at_deadline_is_still_in_time() -> None:
+    pending = PendingCheckpoint(make_plan())
+    assert pending.acknowledge(make_ack("step_one"), T0 + TIMEOUT) is AckOutcome.ACCEPTED
+    assert not pending.expired
+
+
+def test_complete_after_deadline_aborts_expired_even_if_all_acked() -> None:
+    pending = PendingCheckpoint(make_plan())
+    for step in STEPS:
+        pending.acknowledge(make_ack(step), NOW)
+    with pytest.raises(CheckpointAborted) as info:
+        pending.complete(T0 + TIMEOUT + 1, None)
+    assert info.value.reason is AbortReason.EXPIRED
+    assert str(CID) in str(info.value)
+
+
+def test_missing_step_declines_and_names_the_step() -> None:
+    pending = PendingCheckpoint(make_plan())
+    pending.acknowledge(make_ack("step_one"), NOW)
+    with pytest.raises(CheckpointAborted) as info:
+        pending.complete(NOW, None)
+    assert info.value.reason is AbortReason.DECLINED
+    assert "step_two" in info.value.message
+
+
+def test_complete_merges_every_accepted_ack() -> None:
+    plan = make_plan()
+    pending = PendingCheckpoint(plan)
+    a1 = make_ack("step_one", attempt=1, uid="counts", records=3)
+    a2 = make_ack("step_two", attempt=1, uid="totals", records=4)
+    old = make_ack("step_one", attempt=0, uid="stale_op", records=100)
+    for ack in (old, a1, a2):
+        pending.acknowledge(ack, NOW)
+    completed = pending.complete(T0 + 2.5, restored_from=4)
+    assert completed.job_id == JOB
+    assert completed.checkpoint_id == CID
+    assert completed.type is CheckpointType.CHECKPOINT
+    assert completed.trigger_time == T0
+    assert completed.completion_time == T0 + 2.5
+    assert completed.restored_from == 4
+    assert completed.barrier == plan.barrier
+    # The replaced attempt contributes nothing.
+    assert completed.operators == {"counts": a1.operators["counts"], "totals": a2.operators["totals"]}
+    assert completed.sinks == {**a1.sinks, **a2.sinks}
+    assert completed.stats["records_in"] == 7
+    assert completed.stats["duration_seconds"] == 2.5
+    assert completed.stats["state_size"] == 20
+    assert completed.source_positions == {"src": {"files": {}}}
