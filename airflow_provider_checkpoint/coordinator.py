@@ -24,11 +24,13 @@ from airflow_provider_checkpoint.core.model import (
     CheckpointType,
     CompletedCheckpoint,
     JsonDict,
+    RestorePoint,
 )
 from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld
+from airflow_provider_checkpoint.snapshots import check_compatible, open_snapshot, write_savepoint
+from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +47,41 @@ class CheckpointSettings:
 class JobNotRunning(RuntimeError):
     """The job is FAILED or STOPPED: no checkpoint is triggered until a restore resets it."""
 
+    def __init__(self, status: JobStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 class CheckpointCoordinator:
-    def __init__(self, storage: JobStorage, graph: PipelineGraph, settings: CheckpointSettings) -> None:
+    def __init__(
+        self, storage: JobStorage, graph: PipelineGraph, settings: CheckpointSettings, dag_id: str | None = None
+    ) -> None:
         self.storage = storage
         self.graph = graph
         self.settings = settings
+        self.dag_id = dag_id or storage.job_id
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
-        self, run_id: str, checkpoint_type: CheckpointType = CheckpointType.CHECKPOINT, now: float | None = None
+        self,
+        run_id: str,
+        checkpoint_type: CheckpointType = CheckpointType.CHECKPOINT,
+        now: float | None = None,
+        options: JsonDict | None = None,
     ) -> CheckpointPlan:
-        """Recover, clean up, then plan checkpoint ``n+1`` and hold the job's lease for it."""
+        """Recover, clean up, then plan checkpoint ``n+1`` and hold the job's lease for it.
+
+        The restore point is the pending restore request (``_restore.json``) if there is
+        one, else the latest completed checkpoint. ``options`` may carry
+        ``savepoint_target`` and ``stop_after_savepoint``.
+        """
         now = time.time() if now is None else now
         job = self.storage.load_job()
         if job.status is not JobStatus.RUNNING:
             raise JobNotRunning(
+                job.status,
                 f"job {job.job_id} is {job.status.value}: {job.status_reason or 'no reason recorded'}. "
-                "Restore it from a checkpoint or savepoint (restore_from_checkpoint DAG) to resume."
+                "Restore it from a checkpoint or savepoint (restore_from_checkpoint DAG) to resume.",
             )
         try:
             self.storage.acquire_lease(run_id, self.settings.checkpoint_timeout_seconds, now)
@@ -76,11 +95,13 @@ class CheckpointCoordinator:
             for existing in self.storage.checkpoint_ids():
                 job.observe_checkpoint_id(existing)
             self._abort_abandoned(job, now)
-            job.topology = self.graph.topology()
+            job.topology = {**self.graph.topology(), "dag_id": self.dag_id}
             checkpoint_id = job.allocate_checkpoint_id()
+            options = dict(options or {})
+            restore_point = self._restore_point(latest, options)
             positions: JsonDict = {}
             for source in self.graph.sources:
-                previous = latest.source_positions.get(source.uid) if latest else None
+                previous = restore_point.source_positions.get(source.uid) if restore_point else None
                 positions[source.uid] = source.barrier_position(previous)
             plan = CheckpointPlan(
                 job_id=self.storage.job_id,
@@ -88,9 +109,8 @@ class CheckpointCoordinator:
                 barrier=Barrier(checkpoint_id, now, checkpoint_type, positions),
                 steps=tuple(self.graph.steps),
                 timeout_seconds=self.settings.checkpoint_timeout_seconds,
-                restore_point=latest.to_restore_point(self.storage.metadata_path(latest.checkpoint_id))
-                if latest
-                else None,
+                restore_point=restore_point,
+                options=options,
             )
             self.storage.save_job(job)
             self.storage.write_atomic(f"{self.storage.chk_dir(checkpoint_id)}/_plan.json", _json(plan.to_dict()))
@@ -99,6 +119,33 @@ class CheckpointCoordinator:
             raise
         log.info("triggered checkpoint %d of job %s (run %s)", checkpoint_id, job.job_id, run_id)
         return plan
+
+    def _restore_point(self, latest: CompletedCheckpoint | None, options: JsonDict) -> RestorePoint | None:
+        """From the pending restore request (validated against this pipeline), else ``latest``."""
+        request = self.storage.load_restore_request()
+        if request is None:
+            if latest is None:
+                return None
+            return latest.to_restore_point(self.storage.url(self.storage.chk_dir(latest.checkpoint_id)))
+        snapshot = open_snapshot(request["location_url"])
+        snapshot.verify()
+        check_compatible(
+            snapshot, self.storage.job_id, self.graph.stateful_keys(), bool(request.get("allow_non_restored_state"))
+        )
+        restored = snapshot.checkpoint
+        for sink in self.graph.sinks:
+            sink.rollback(restored.checkpoint_id)
+            if sink.uid in restored.sinks:
+                sink.commit(restored.checkpoint_id, restored.sinks[sink.uid])
+        options["restore_request_id"] = request["request_id"]
+        log.info(
+            "restoring job %s from %s (checkpoint %d)",
+            self.storage.job_id,
+            request["location_url"],
+            restored.checkpoint_id,
+        )
+        point = snapshot.restore_point()
+        return point
 
     def _abort_abandoned(self, job: JobRecord, now: float) -> None:
         """Abort every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs.
@@ -236,9 +283,21 @@ class CheckpointCoordinator:
     def _finish(self, completed: CompletedCheckpoint) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
         self.commit_sinks(completed)
+        target = completed.options.get("savepoint_target")
+        if target:
+            write_savepoint(self.storage, completed, Location.from_url(target))
         job = self.storage.load_job()
         job.failures.on_complete(completed.checkpoint_id)
+        if target and all(sp["checkpoint_id"] != completed.checkpoint_id for sp in job.savepoints):
+            job.savepoints.append(
+                {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
+            )
+            if completed.options.get("stop_after_savepoint"):
+                job.status = JobStatus.STOPPED
+                job.status_reason = f"stopped with savepoint {target} (checkpoint {completed.checkpoint_id})"
         self.storage.save_job(job)
+        if "restore_request_id" in completed.options:
+            self.storage.clear_restore_request(completed.options["restore_request_id"])
         self._apply_retention()
         if not self.storage.exists(f"_stats/{completed.checkpoint_id}.json"):
             stats = {

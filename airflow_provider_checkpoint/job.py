@@ -29,6 +29,29 @@ def default_storage_root() -> str:
     return f"file://{os.path.abspath(home)}/checkpoints"
 
 
+def default_savepoint_roots() -> list[str]:
+    """``[checkpoint] savepoint_roots`` (comma-separated), else ``$AIRFLOW_HOME/savepoints``."""
+    configured = [r.strip() for r in config_value("savepoint_roots").split(",") if r.strip()]
+    if configured:
+        return configured
+    home = os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow"))
+    return [f"file://{os.path.abspath(home)}/savepoints"]
+
+
+def allowed_roots(storage_root: str | None = None) -> list[str]:
+    """Where UI-given savepoint and restore paths may point: the savepoint roots and the storage root."""
+    return [*default_savepoint_roots(), storage_root or default_storage_root()]
+
+
+def job_storage(job_id: str, storage_root: str | None = None, conn_id: str | None = None) -> JobStorage:
+    """The storage of ``job_id`` through Airflow's ObjectStoragePath (connections apply)."""
+    from airflow.sdk import ObjectStoragePath
+
+    root = ObjectStoragePath(storage_root or default_storage_root(), conn_id=conn_id)
+    path: Any = root.path
+    return JobStorage(root.fs, str(path).rstrip("/"), job_id)
+
+
 @dataclass(frozen=True)
 class CheckpointJob:
     """Everything needed to run the protocol for one job; built at DAG-parse time, cheaply."""
@@ -39,6 +62,7 @@ class CheckpointJob:
     storage_conn_id: str | None = None
     settings: CheckpointSettings | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
+    dag_id: str | None = None
 
     def resolved_settings(self) -> CheckpointSettings:
         if self.settings is not None:
@@ -46,11 +70,7 @@ class CheckpointJob:
         return CheckpointSettings(retained_checkpoints=int(config_value("retained_checkpoints", "3")))
 
     def storage(self) -> JobStorage:
-        from airflow.sdk import ObjectStoragePath
-
-        root = ObjectStoragePath(self.storage_root or default_storage_root(), conn_id=self.storage_conn_id)
-        path: Any = root.path
-        return JobStorage(root.fs, str(path).rstrip("/"), self.job_id)
+        return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
 
     def coordinator(self) -> CheckpointCoordinator:
-        return CheckpointCoordinator(self.storage(), self.graph, self.resolved_settings())
+        return CheckpointCoordinator(self.storage(), self.graph, self.resolved_settings(), self.dag_id)

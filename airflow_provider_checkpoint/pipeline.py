@@ -18,7 +18,7 @@ import datetime
 from contextlib import ExitStack
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 from airflow_provider_checkpoint.coordinator import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
@@ -31,6 +31,34 @@ from airflow_provider_checkpoint.operators.checkpoint import (
 
 TRIGGER_TASK_ID = "trigger_checkpoint"
 FINALIZE_TASK_ID = "finalize_checkpoint"
+
+
+def savepoint_params() -> dict[str, Param]:
+    """The savepoint fields of every pipeline's trigger form."""
+    return {
+        "savepoint": Param(
+            False,
+            type="boolean",
+            title="Take a savepoint",
+            description="Write a self-contained, relocatable savepoint of this checkpoint. "
+            "Savepoints are never deleted by retention.",
+        ),
+        "savepoint_dir": Param(
+            None,
+            type=["null", "string"],
+            title="Savepoint directory",
+            description="Where to write the savepoint (a new savepoint-* directory is created inside). "
+            "Must lie under [checkpoint] savepoint_roots or the storage root; empty means the first "
+            "savepoint root.",
+        ),
+        "stop_after_savepoint": Param(
+            False,
+            type="boolean",
+            title="Stop after the savepoint",
+            description="Set the job STOPPED once the savepoint is written: scheduled runs are skipped "
+            "until the job is restored (restore_from_checkpoint DAG).",
+        ),
+    }
 
 
 class CheckpointedPipeline:
@@ -61,6 +89,7 @@ class CheckpointedPipeline:
         dag_kwargs.setdefault("catchup", False)
         dag_kwargs.setdefault("tags", ["checkpoint"])
         dag_kwargs["max_active_runs"] = 1
+        dag_kwargs["params"] = {**savepoint_params(), **dag_kwargs.get("params", {})}
         self.dag = DAG(dag_id, **dag_kwargs)
         self.job_id = job_id or dag_id
         self.storage = storage
@@ -99,6 +128,7 @@ class CheckpointedPipeline:
             storage_conn_id=self.storage_conn_id,
             settings=self.settings,
             spark_conf=self.spark_conf,
+            dag_id=self.dag.dag_id,
         )
         trigger = CheckpointTriggerOperator(task_id=TRIGGER_TASK_ID, job=self.job, retries=0)
         steps = [

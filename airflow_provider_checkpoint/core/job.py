@@ -29,10 +29,17 @@ class JobRecord:
     status_reason: str = ""
     last_checkpoint_id: int = 0
     failures: FailureAccounting = field(default_factory=FailureAccounting)
+    savepoints: list[JsonDict] = field(default_factory=list)
 
     def allocate_checkpoint_id(self) -> int:
         self.last_checkpoint_id += 1
         return self.last_checkpoint_id
+
+    def resume(self) -> None:
+        """Back to RUNNING with a clean failure count (a restore does this)."""
+        self.status = JobStatus.RUNNING
+        self.status_reason = ""
+        self.failures = FailureAccounting(last_completed_id=self.failures.last_completed_id)
 
     def observe_checkpoint_id(self, checkpoint_id: int) -> None:
         """Never hand out an id at or below one that exists in storage."""
@@ -48,6 +55,7 @@ class JobRecord:
                 "status_reason": self.status_reason,
                 "last_checkpoint_id": self.last_checkpoint_id,
                 "failures": self.failures.to_dict(),
+                "savepoints": self.savepoints,
             },
             indent=1,
             sort_keys=True,
@@ -66,6 +74,7 @@ class JobRecord:
                 status_reason=str(d.get("status_reason", "")),
                 last_checkpoint_id=int(d.get("last_checkpoint_id", 0)),
                 failures=FailureAccounting.from_dict(d.get("failures", {})),
+                savepoints=list(d.get("savepoints", [])),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             if isinstance(e, JobRecordError):

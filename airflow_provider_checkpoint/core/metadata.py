@@ -33,6 +33,8 @@ def encode(checkpoint: CompletedCheckpoint) -> bytes:
         "operators": {uid: s.to_dict() for uid, s in sorted(checkpoint.operators.items())},
         "sinks": {uid: c for uid, c in sorted(checkpoint.sinks.items())},
         "stats": checkpoint.stats,
+        "options": checkpoint.options,
+        "relocatable": checkpoint.relocatable,
     }
     return json.dumps(doc, indent=1, sort_keys=True).encode()
 
@@ -63,6 +65,8 @@ def decode(data: bytes, source: str = "_metadata") -> CompletedCheckpoint:
             operators={u: OperatorSnapshot.from_dict(s) for u, s in doc["operators"].items()},
             sinks={u: list(c) for u, c in doc["sinks"].items()},
             stats=dict(doc.get("stats", {})),
+            options=dict(doc.get("options", {})),
+            relocatable=bool(doc.get("relocatable", False)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise MetadataError(f"{source}: malformed metadata ({e!r}); the checkpoint is corrupt") from e

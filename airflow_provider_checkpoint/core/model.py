@@ -122,17 +122,24 @@ class Barrier:
 
 @dataclass(frozen=True)
 class RestorePoint:
-    """The completed checkpoint (or savepoint) a new checkpoint starts from."""
+    """The completed checkpoint (or savepoint) a new checkpoint starts from.
+
+    ``location_url`` is the snapshot's directory; its state handles are relative to
+    ``base_url`` (the snapshot directory for a relocatable savepoint) or, when that is
+    ``None``, to the job directory.
+    """
 
     checkpoint_id: int
-    metadata_path: str
+    location_url: str
     source_positions: JsonDict
     operators: dict[str, OperatorSnapshot]
+    base_url: str | None = None
 
     def to_dict(self) -> JsonDict:
         return {
             "checkpoint_id": self.checkpoint_id,
-            "metadata_path": self.metadata_path,
+            "location_url": self.location_url,
+            "base_url": self.base_url,
             "source_positions": self.source_positions,
             "operators": {uid: s.to_dict() for uid, s in self.operators.items()},
         }
@@ -141,7 +148,8 @@ class RestorePoint:
     def from_dict(cls, d: JsonDict) -> RestorePoint:
         return cls(
             checkpoint_id=int(d["checkpoint_id"]),
-            metadata_path=str(d["metadata_path"]),
+            location_url=str(d["location_url"]),
+            base_url=d.get("base_url"),
             source_positions=dict(d["source_positions"]),
             operators={uid: OperatorSnapshot.from_dict(s) for uid, s in d["operators"].items()},
         )
@@ -157,6 +165,8 @@ class CheckpointPlan:
     steps: tuple[str, ...]
     timeout_seconds: float
     restore_point: RestorePoint | None = None
+    options: JsonDict = field(default_factory=dict)
+    """``savepoint_target`` (URL of the savepoint directory to write) and ``stop_after_savepoint``."""
 
     @property
     def checkpoint_id(self) -> int:
@@ -170,6 +180,7 @@ class CheckpointPlan:
             "steps": list(self.steps),
             "timeout_seconds": self.timeout_seconds,
             "restore_point": self.restore_point.to_dict() if self.restore_point else None,
+            "options": self.options,
         }
 
     @classmethod
@@ -182,6 +193,7 @@ class CheckpointPlan:
             steps=tuple(d["steps"]),
             timeout_seconds=float(d["timeout_seconds"]),
             restore_point=RestorePoint.from_dict(rp) if rp else None,
+            options=dict(d.get("options", {})),
         )
 
 
@@ -243,6 +255,9 @@ class CompletedCheckpoint:
     operators: dict[str, OperatorSnapshot]
     sinks: dict[str, list[JsonDict]]
     stats: JsonDict = field(default_factory=dict)
+    options: JsonDict = field(default_factory=dict)
+    relocatable: bool = False
+    """True for a savepoint: handle paths are relative to its own directory."""
 
     @property
     def source_positions(self) -> JsonDict:
@@ -257,10 +272,11 @@ class CompletedCheckpoint:
         """Every state file this checkpoint needs, relative to the job directory."""
         return {h.path for s in self.operators.values() for h in s.handles}
 
-    def to_restore_point(self, metadata_path: str) -> RestorePoint:
+    def to_restore_point(self, location_url: str, base_url: str | None = None) -> RestorePoint:
         return RestorePoint(
             checkpoint_id=self.checkpoint_id,
-            metadata_path=metadata_path,
+            location_url=location_url,
             source_positions=self.source_positions,
             operators=self.operators,
+            base_url=base_url,
         )

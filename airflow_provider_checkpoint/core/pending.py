@@ -118,6 +118,7 @@ class PendingCheckpoint:
             barrier=self.plan.barrier,
             operators=operators,
             sinks=sinks,
+            options=self.plan.options,
             stats={
                 "run_id": self.plan.run_id,
                 "duration_seconds": round(completion_time - self.plan.barrier.trigger_time, 3),

@@ -134,6 +134,12 @@ class Sink(Node):
     def abort(self, checkpoint_id: int) -> None:
         raise NotImplementedError
 
+    def rollback(self, checkpoint_id: int) -> None:
+        """Withdraw committed output of checkpoints newer than ``checkpoint_id`` (on restore).
+
+        The default keeps it: right for sinks whose replayed output overwrites (upserts).
+        """
+
     def asset_uri(self) -> str | None:
         """The Airflow Asset URI of what this sink writes, if any."""
         return None
@@ -231,5 +237,6 @@ class PipelineGraph:
             "steps": {name: [n.uid for n in nodes] for name, nodes in self.steps.items()},
         }
 
-    def stateful_uids(self) -> set[str]:
-        return {uid for uid, n in self.nodes.items() if isinstance(n, StatefulOperator)}
+    def stateful_keys(self) -> dict[str, tuple[str, ...]]:
+        """Stateful operator uid → its key columns."""
+        return {uid: n.keys for uid, n in self.nodes.items() if isinstance(n, StatefulOperator)}

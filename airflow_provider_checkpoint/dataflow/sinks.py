@@ -168,6 +168,23 @@ class ParquetTableSink(Sink):
         write_atomic(fs, f"{root}/{self._commit_log(checkpoint_id)}", json.dumps(log).encode())
         self.abort(checkpoint_id)
 
+    def rollback(self, checkpoint_id: int) -> None:
+        """Append mode: delete the files of checkpoints newer than ``checkpoint_id`` (they are replayed).
+
+        Upsert mode keeps the table: replaying from the restored state rewrites every key
+        the newer checkpoints touched.
+        """
+        fs, root = self._fs()
+        if self.mode != "append" or not fs.exists(f"{root}/_commits"):
+            return
+        for log_path in sorted(fs.glob(f"{root}/_commits/*.json")):
+            log = json.loads(fs.cat_file(log_path))
+            if int(log["checkpoint_id"]) > checkpoint_id:
+                for name in log["files"]:
+                    if fs.exists(f"{root}/{name}"):
+                        fs.rm(f"{root}/{name}")
+                fs.rm(log_path)
+
     def abort(self, checkpoint_id: int) -> None:
         fs, root = self._fs()
         staging = f"{root}/{self._staging(checkpoint_id)}"

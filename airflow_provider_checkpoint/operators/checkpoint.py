@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_checkpoint.coordinator import JobNotRunning
+from airflow_provider_checkpoint.core.failures import JobStatus
+from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
-from airflow_provider_checkpoint.job import CheckpointJob
+from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
+from airflow_provider_checkpoint.snapshots import RestoreError
 from airflow_provider_checkpoint.storage import CheckpointStorageError
+from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
 
 
 class CheckpointTriggerOperator(BaseOperator):
@@ -30,19 +35,41 @@ class CheckpointTriggerOperator(BaseOperator):
         self.job = job
 
     def execute(self, context: Any) -> JsonDict:
-        params = context.get("params") or {}
-        checkpoint_type = CheckpointType.SAVEPOINT if params.get("savepoint") else CheckpointType.CHECKPOINT
+        options = self._savepoint_options(context.get("params") or {})
+        checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
         try:
-            plan = self.job.coordinator().trigger(context["run_id"], checkpoint_type)
-        except (JobNotRunning, CheckpointAborted) as e:
+            plan = self.job.coordinator().trigger(context["run_id"], checkpoint_type, options=options)
+        except JobNotRunning as e:
+            if e.status is JobStatus.STOPPED:
+                raise AirflowSkipException(f"skipping: {e}") from e
+            raise AirflowFailException(str(e)) from e
+        except (CheckpointAborted, RestoreError, CheckpointStorageError, MetadataError) as e:
             raise AirflowFailException(str(e)) from e
         self.log.info(
             "checkpoint %d of job %s: barrier cut, restoring from %s",
             plan.checkpoint_id,
             plan.job_id,
-            plan.restore_point.checkpoint_id if plan.restore_point else "nothing (first checkpoint)",
+            plan.restore_point.location_url if plan.restore_point else "nothing (first checkpoint)",
         )
         return plan.to_dict()
+
+    def _savepoint_options(self, params: Mapping[str, Any]) -> JsonDict:
+        """Validate the trigger form's savepoint params before anything is written."""
+        if not params.get("savepoint"):
+            if params.get("stop_after_savepoint") or params.get("savepoint_dir"):
+                raise AirflowFailException("savepoint_dir and stop_after_savepoint need savepoint=true")
+            return {}
+        storage_root = self.job.storage_root
+        requested = params.get("savepoint_dir") or default_savepoint_roots()[0]
+        try:
+            directory = resolve_under_roots(str(requested), allowed_roots(storage_root))
+        except UnsafePathError as e:
+            raise AirflowFailException(f"savepoint_dir refused: {e}") from e
+        name = f"savepoint-{self.job.job_id[:6]}-{uuid.uuid4().hex[:12]}"
+        return {
+            "savepoint_target": f"{directory}/{name}",
+            "stop_after_savepoint": bool(params.get("stop_after_savepoint")),
+        }
 
 
 class SparkCheckpointOperator(BaseOperator):

@@ -20,7 +20,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
 )
 from airflow_provider_checkpoint.spark.context import StepContext
 from airflow_provider_checkpoint.spark.state import read_state, write_state
-from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage import JobStorage, Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,6 +40,7 @@ def run_step(
     ctx = StepContext(spark, storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
     restore = plan.restore_point
+    restore_base = Location.from_url(restore.base_url) if restore and restore.base_url else storage
     outputs: dict[str, DataFrame] = {}
     snapshots: dict[str, OperatorSnapshot] = {}
     committables: dict[str, list[JsonDict]] = {}
@@ -58,7 +59,7 @@ def run_step(
                 upstream = outputs[node.inputs[0].uid]
                 restored = restore.operators.get(node.uid) if restore else None
                 state = (
-                    read_state(spark, storage, restored)
+                    read_state(spark, restore_base, restored)
                     if restored is not None
                     else node.initial_state(spark, upstream)
                 )

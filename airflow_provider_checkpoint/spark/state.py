@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.model import OperatorSnapshot
-from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -25,7 +25,7 @@ def key_group(keys: tuple[str, ...], max_parallelism: int) -> Column:
 
 def write_state(
     spark: SparkSession,
-    storage: JobStorage,
+    storage: Location,
     directory: str,
     state: DataFrame,
     keys: tuple[str, ...],
@@ -65,7 +65,7 @@ def write_state(
     )
 
 
-def read_state(spark: SparkSession, storage: JobStorage, snapshot: OperatorSnapshot) -> DataFrame:
+def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapshot) -> DataFrame:
     """The state of ``snapshot``, after verifying every file's size and checksum."""
     from pyspark.sql.types import StructType
 

@@ -4,6 +4,7 @@ from airflow_provider_checkpoint.storage.job_storage import (
     CheckpointStorageError,
     JobStorage,
     LeaseHeld,
+    Location,
 )
 
-__all__ = ["CheckpointStorageError", "JobStorage", "LeaseHeld"]
+__all__ = ["CheckpointStorageError", "JobStorage", "LeaseHeld", "Location"]

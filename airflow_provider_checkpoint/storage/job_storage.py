@@ -33,6 +33,7 @@ from airflow_provider_checkpoint.core.job import JobRecord
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, StateHandle
 
 METADATA = "_metadata"
+RESTORE_REQUEST = "_restore.json"
 _CHK = re.compile(r"^chk-(\d+)$")
 _LOCAL_PROTOCOLS = {"file", "local"}
 
@@ -88,57 +89,37 @@ def _is_local(fs: AbstractFileSystem) -> bool:
 
 
 @dataclass(frozen=True)
-class JobStorage:
-    """Paths and atomic operations under one job directory."""
+class Location:
+    """A directory on an fsspec filesystem; paths given to it are relative to ``base``."""
 
     fs: AbstractFileSystem
-    root: str
-    job_id: str
+    base: str
 
     @classmethod
-    def from_url(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
-        fs, path = fsspec.core.url_to_fs(storage_root, **storage_options)
+    def from_url(cls, url: str, **storage_options: Any) -> Location:
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
         if _is_local(fs):
             path = posixpath.abspath(path)
-        return cls(fs, path.rstrip("/"), job_id)
-
-    @property
-    def job_dir(self) -> str:
-        return f"{self.root}/{self.job_id}"
+        return cls(fs, path.rstrip("/"))
 
     def path(self, relative: str) -> str:
-        return f"{self.job_dir}/{relative}"
+        return f"{self.base}/{relative}" if relative else self.base
 
     def url(self, relative: str = "") -> str:
         """A URL Spark and other engines can open (``file:///…`` for local storage)."""
-        full = self.path(relative) if relative else self.job_dir
         protocol = "file" if _is_local(self.fs) else self.fs.protocol
         if isinstance(protocol, tuple):
             protocol = protocol[0]
-        return f"{protocol}://{full}"
+        return f"{protocol}://{self.path(relative)}"
 
     def relative(self, url_or_path: str) -> str:
-        """The job-relative form of a path inside the job directory."""
+        """The relative form of a path inside this directory."""
         path = self.fs._strip_protocol(url_or_path)
-        prefix = self.job_dir + "/"
+        prefix = self.base + "/"
         if not path.startswith(prefix):
-            raise CheckpointStorageError(f"{url_or_path} is not inside the job directory {self.job_dir}")
+            raise CheckpointStorageError(f"{url_or_path} is not inside {self.base}")
         return path[len(prefix) :]
 
-    # -- layout ------------------------------------------------------------------------
-    @staticmethod
-    def chk_dir(checkpoint_id: int) -> str:
-        return f"chk-{checkpoint_id}"
-
-    @classmethod
-    def metadata_path(cls, checkpoint_id: int) -> str:
-        return f"{cls.chk_dir(checkpoint_id)}/{METADATA}"
-
-    @classmethod
-    def attempt_dir(cls, checkpoint_id: int, step: str, attempt: int) -> str:
-        return f"{cls.chk_dir(checkpoint_id)}/{step}/attempt-{attempt}"
-
-    # -- plain files -------------------------------------------------------------------
     def exists(self, relative: str) -> bool:
         return bool(self.fs.exists(self.path(relative)))
 
@@ -176,6 +157,47 @@ class JobStorage:
         if file_checksum(self.fs, full) != handle.checksum:
             raise CheckpointStorageError(f"state file corrupt: checksum mismatch for {self.url(handle.path)}")
 
+    def load_snapshot(self) -> CompletedCheckpoint:
+        """The checkpoint or savepoint whose ``_metadata`` lies in this directory."""
+        return metadata.decode(self.read_bytes(METADATA), self.url(METADATA))
+
+
+class JobStorage(Location):
+    """Paths and atomic operations under one job directory ``<root>/<job_id>``."""
+
+    def __init__(self, fs: AbstractFileSystem, root: str, job_id: str) -> None:
+        super().__init__(fs, f"{root.rstrip('/')}/{job_id}")
+        object.__setattr__(self, "root", root.rstrip("/"))
+        object.__setattr__(self, "job_id", job_id)
+
+    root: str
+    job_id: str
+
+    @classmethod
+    def for_job(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
+        location = Location.from_url(storage_root, **storage_options)
+        return cls(location.fs, location.base, job_id)
+
+    @property
+    def job_dir(self) -> str:
+        return self.base
+
+    def checkpoint_location(self, checkpoint_id: int) -> Location:
+        return Location(self.fs, self.path(self.chk_dir(checkpoint_id)))
+
+    # -- layout ------------------------------------------------------------------------
+    @staticmethod
+    def chk_dir(checkpoint_id: int) -> str:
+        return f"chk-{checkpoint_id}"
+
+    @classmethod
+    def metadata_path(cls, checkpoint_id: int) -> str:
+        return f"{cls.chk_dir(checkpoint_id)}/{METADATA}"
+
+    @classmethod
+    def attempt_dir(cls, checkpoint_id: int, step: str, attempt: int) -> str:
+        return f"{cls.chk_dir(checkpoint_id)}/{step}/attempt-{attempt}"
+
     # -- job record --------------------------------------------------------------------
     def load_job(self) -> JobRecord:
         if not self.exists("_job.json"):
@@ -184,6 +206,26 @@ class JobStorage:
 
     def save_job(self, record: JobRecord) -> None:
         self.write_atomic("_job.json", record.encode())
+
+    # -- restore request ---------------------------------------------------------------
+    def load_restore_request(self) -> JsonDict | None:
+        if not self.exists(RESTORE_REQUEST):
+            return None
+        try:
+            return dict(json.loads(self.read_bytes(RESTORE_REQUEST)))
+        except json.JSONDecodeError as e:
+            raise CheckpointStorageError(
+                f"{self.url(RESTORE_REQUEST)} is corrupt ({e}); run the restore DAG again"
+            ) from e
+
+    def write_restore_request(self, request: JsonDict) -> None:
+        self.write_atomic(RESTORE_REQUEST, json.dumps(request, indent=1, sort_keys=True).encode())
+
+    def clear_restore_request(self, request_id: str) -> None:
+        """Remove the pending restore request if it is still ``request_id``."""
+        current = self.load_restore_request()
+        if current is not None and current.get("request_id") == request_id:
+            self.delete(RESTORE_REQUEST)
 
     # -- lease -------------------------------------------------------------------------
     def acquire_lease(self, run_id: str, ttl_seconds: float, now: float | None = None) -> None:

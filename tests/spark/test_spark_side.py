@@ -44,7 +44,7 @@ def test_python_pyspark_matches_jvm(spark):
 
 
 def test_state_round_trip_with_checksums(spark, tmp_path):
-    storage = JobStorage.from_url(str(tmp_path), "job")
+    storage = JobStorage.for_job(str(tmp_path), "job")
     truth = pd.DataFrame({"k": [f"key{i}" for i in range(500)], "v": list(range(500))})
     snapshot = write_state(spark, storage, "chk-1/s/attempt-1/state/op", spark.createDataFrame(truth), ("k",), 128, 4)
 
@@ -74,7 +74,7 @@ def test_state_round_trip_with_checksums(spark, tmp_path):
 
 @pytest.mark.parametrize(("write_parallelism", "read_partitions"), [(5, 3), (1, 7), (16, 2)])
 def test_rescaling_state_gives_same_result(spark, tmp_path, write_parallelism, read_partitions):
-    storage = JobStorage.from_url(str(tmp_path), "job")
+    storage = JobStorage.for_job(str(tmp_path), "job")
     first, second = _events(400, 1), _events(300, 2)
     op = KeyedAggregate(
         uid="views",
@@ -102,7 +102,7 @@ def _read_table(path) -> pd.DataFrame:
 
 
 def test_upsert_sink_never_exposes_staged_data(spark, tmp_path):
-    storage = JobStorage.from_url(str(tmp_path / "chk"), "job")
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     table = tmp_path / "table"
     sink = ParquetTableSink("t", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "upsert", ["k"], 4)
     v1 = pd.DataFrame({"k": [f"k{i}" for i in range(50)], "v": [1] * 50})
@@ -129,7 +129,7 @@ def test_upsert_sink_never_exposes_staged_data(spark, tmp_path):
 
 
 def test_append_sink_abort_discards_and_commit_once(spark, tmp_path):
-    storage = JobStorage.from_url(str(tmp_path / "chk"), "job")
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     table = tmp_path / "events"
     sink = ParquetTableSink("a", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "append")
     rows = _events(100, 3)
@@ -156,7 +156,7 @@ def test_malformed_json_names_file_and_line(spark, tmp_path):
     source = FileSource("events", str(landing), "json", "user STRING, page STRING, ts LONG")
     barrier = source.barrier_position(None)
     assert set(barrier["files"]) == {"good.json", "bad.json"}
-    storage = JobStorage.from_url(str(tmp_path / "chk"), "job")
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     with pytest.raises(MalformedInputError, match=r"bad\.json line 3"):
         source.read(step_context(spark, storage, 1), None, barrier)
 

@@ -64,7 +64,7 @@ def make_env(tmp_path: Path, retained: int = 3, tolerable: int = 3) -> Env:
     source = FileSource("events", str(landing), "json", "k INT")
     sink = ParquetTableSink("table", source, str(table), mode="append")
     graph = PipelineGraph([source, sink])
-    storage = JobStorage.from_url(str(tmp_path / "ckpt"), JOB)
+    storage = JobStorage.for_job(str(tmp_path / "ckpt"), JOB)
     settings = CheckpointSettings(
         retained_checkpoints=retained, checkpoint_timeout_seconds=TIMEOUT, tolerable_failed_checkpoints=tolerable
     )
@@ -224,7 +224,8 @@ def test_next_checkpoint_restores_from_the_last_and_reads_only_new_files(env: En
     assert plan.checkpoint_id == 2
     assert plan.restore_point is not None
     assert plan.restore_point.checkpoint_id == 1
-    assert plan.restore_point.metadata_path == "chk-1/_metadata"
+    assert plan.restore_point.location_url == env.storage.url("chk-1")
+    assert plan.restore_point.base_url is None
     previous = plan.restore_point.source_positions["events"]
     assert FileSource.split(previous, plan.barrier.positions["events"]) == {"b.json": 18}
     completed = env.coordinator.finalize(plan, [make_ack(env, plan)], now=T0 + 11)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from airflow_provider_checkpoint.core.model import (
@@ -29,6 +31,7 @@ def chk(checkpoint_id: int, type_: CheckpointType = CP, paths: tuple[str, ...] =
         barrier=Barrier(checkpoint_id, float(checkpoint_id), type_, {}),
         operators={"op": OperatorSnapshot(handles, "{}", ("k",), 128)} if handles else {},
         sinks={},
+        relocatable=type_ is SP,
     )
 
 
@@ -52,6 +55,12 @@ def test_savepoints_are_never_discarded() -> None:
     discarded = subsumed(completed, 1)
     assert all(c.type is CP for c in discarded)
     assert ids(discarded) == [2, 4]
+
+
+def test_the_job_history_entry_of_a_savepoint_run_is_a_retained_checkpoint() -> None:
+    """Its self-contained copy lives in the savepoint directory; the chk-<id> in the job is history."""
+    in_job = dataclasses.replace(chk(2, SP), relocatable=False)
+    assert ids(subsumed([chk(1), in_job, chk(3), chk(4)], 2)) == [1, 2]
 
 
 @pytest.mark.parametrize("retained", [0, -1])

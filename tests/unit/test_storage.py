@@ -17,7 +17,7 @@ T0 = 1_700_000_000.0
 
 @pytest.fixture
 def storage(tmp_path: Path) -> JobStorage:
-    return JobStorage.from_url(str(tmp_path), "job")
+    return JobStorage.for_job(str(tmp_path), "job")
 
 
 def job_dir(tmp_path: Path) -> Path:
@@ -40,7 +40,7 @@ def test_paths_and_urls(storage: JobStorage, tmp_path: Path) -> None:
 
 
 def test_file_url_root_is_accepted(tmp_path: Path) -> None:
-    storage = JobStorage.from_url(f"file://{tmp_path}/", "job")
+    storage = JobStorage.for_job(f"file://{tmp_path}/", "job")
     assert storage.job_dir == f"{tmp_path}/job"
 
 

@@ -1,0 +1,239 @@
+"""Snapshots outside the protocol's hot path: savepoints, restore validation, reading state.
+
+A savepoint is a self-contained copy of a completed checkpoint in canonical format:
+``_metadata`` (JSON) plus plain Parquet state files under ``state/<uid>/``, referenced
+by paths relative to the savepoint directory, so the directory can be moved or copied
+and still be restored, and read with pyarrow, pandas, DuckDB or Spark alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.model import (
+    CheckpointType,
+    CompletedCheckpoint,
+    OperatorSnapshot,
+    RestorePoint,
+    StateHandle,
+)
+from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
+from airflow_provider_checkpoint.storage.job_storage import METADATA
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+
+class RestoreError(ValueError):
+    """A snapshot cannot be restored into this job; the message lists every reason."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A completed checkpoint or savepoint found at ``location``; handles resolve under ``base``."""
+
+    checkpoint: CompletedCheckpoint
+    location: Location
+    base: Location
+
+    def restore_point(self) -> RestorePoint:
+        return self.checkpoint.to_restore_point(self.location.url(), self.base.url())
+
+    def verify(self) -> None:
+        """Every state file present with its recorded size and checksum (errors name the file)."""
+        for snapshot in self.checkpoint.operators.values():
+            for handle in snapshot.handles:
+                self.base.verify(handle)
+
+
+def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
+    """The snapshot at ``pointer``: a checkpoint or savepoint directory, or its ``_metadata``."""
+    directory = pointer.rstrip("/")
+    if directory.endswith("/" + METADATA):
+        directory = directory[: -len(METADATA) - 1]
+    location = Location.from_url(directory, **storage_options)
+    if not location.exists(METADATA):
+        raise CheckpointStorageError(
+            f"no checkpoint or savepoint at {location.url()}: {location.url(METADATA)} does not exist"
+        )
+    checkpoint = location.load_snapshot()
+    base = location if checkpoint.relocatable else Location(location.fs, posixpath.dirname(location.base))
+    return Snapshot(checkpoint, location, base)
+
+
+def check_compatible(
+    snapshot: Snapshot,
+    job_id: str,
+    stateful_keys: Mapping[str, Sequence[str]],
+    allow_non_restored_state: bool,
+) -> list[str]:
+    """Validate ``snapshot`` against the job's stateful operators (uid → key columns).
+
+    Returns the uids that start with empty state; raises :class:`RestoreError` when the
+    snapshot belongs to another job, keys changed, or it holds state for an operator the
+    pipeline no longer has (unless ``allow_non_restored_state``).
+    """
+    cp = snapshot.checkpoint
+    problems = []
+    if cp.job_id != job_id:
+        problems.append(f"the snapshot belongs to job {cp.job_id!r}, not {job_id!r}")
+    for uid, state in sorted(cp.operators.items()):
+        if uid not in stateful_keys:
+            if not allow_non_restored_state:
+                problems.append(
+                    f"it holds state for operator {uid!r}, which the pipeline no longer has "
+                    "(set allow_non_restored_state to drop that state)"
+                )
+        elif tuple(stateful_keys[uid]) != state.keys:
+            problems.append(
+                f"operator {uid!r} is keyed by {list(stateful_keys[uid])} but its state by {list(state.keys)}"
+            )
+    if problems:
+        raise RestoreError(f"cannot restore {snapshot.location.url()}: " + "; ".join(problems))
+    return sorted(set(stateful_keys) - set(cp.operators))
+
+
+def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: Location) -> CompletedCheckpoint:
+    """Copy ``checkpoint`` (handles relative to ``source``) into a savepoint at ``target``.
+
+    Idempotent; ``_metadata`` is written last, so a directory without it is incomplete.
+    Every copied file is verified against the original checksum.
+    """
+    if target.exists(METADATA):
+        return target.load_snapshot()
+    operators: dict[str, OperatorSnapshot] = {}
+    for uid, state in sorted(checkpoint.operators.items()):
+        handles = []
+        for n, handle in enumerate(state.handles):
+            lo, hi = handle.key_groups or (0, 0)
+            relative = f"state/{uid}/kg-{lo:05d}-{hi:05d}-{n:04d}.parquet"
+            target.fs.makedirs(posixpath.dirname(target.path(relative)), exist_ok=True)
+            with (
+                source.fs.open(source.path(handle.path), "rb") as src,
+                target.fs.open(target.path(relative), "wb") as dst,
+            ):
+                shutil.copyfileobj(src, dst, 1 << 20)
+            copied = target.handle_for(relative, handle.key_groups)
+            if (copied.size, copied.checksum) != (handle.size, handle.checksum):
+                raise CheckpointStorageError(f"savepoint copy of {source.url(handle.path)} does not match its checksum")
+            handles.append(copied)
+        operators[uid] = dataclasses.replace(state, handles=tuple(handles))
+    savepoint = dataclasses.replace(
+        checkpoint,
+        type=CheckpointType.SAVEPOINT,
+        operators=operators,
+        relocatable=True,
+        options={},
+    )
+    target.write_atomic(METADATA, metadata.encode(savepoint))
+    return savepoint
+
+
+def read_state(pointer: str, operator_uid: str, spark: SparkSession | None = None) -> pa.Table | DataFrame:
+    """The keyed state of ``operator_uid`` in a checkpoint or savepoint, after checksum verification.
+
+    ``pointer`` is a checkpoint or savepoint directory, or its ``_metadata``. Returns a
+    pyarrow Table, or a Spark DataFrame when ``spark`` is given.
+    """
+    snapshot = open_snapshot(pointer)
+    state = snapshot.checkpoint.operators.get(operator_uid)
+    if state is None:
+        known = ", ".join(sorted(snapshot.checkpoint.operators)) or "none"
+        raise KeyError(f"{snapshot.location.url()} has no state for operator {operator_uid!r} (it has: {known})")
+    for handle in state.handles:
+        snapshot.base.verify(handle)
+    if spark is not None:
+        from airflow_provider_checkpoint.spark.state import read_state as read_spark_state
+
+        return read_spark_state(spark, snapshot.base, state)
+    return _arrow_state(snapshot.base, state.handles, state.schema)
+
+
+def _arrow_state(base: Location, handles: Sequence[StateHandle], spark_schema: str) -> pa.Table:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for handle in handles:
+        with base.fs.open(base.path(handle.path), "rb") as f:
+            tables.append(pq.read_table(f))
+    if tables:
+        return pa.concat_tables(tables, promote_options="default")
+    names = [field["name"] for field in json.loads(spark_schema)["fields"]]
+    return pa.table({name: pa.array([], pa.null()) for name in names})
+
+
+def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) -> str:
+    """The URL of the snapshot named by a restore DAG's ``checkpoint`` param.
+
+    ``latest`` (the newest completed checkpoint of the job), a checkpoint id, or a path
+    to a checkpoint or savepoint directory (or its ``_metadata``) under ``roots``.
+    """
+    value = str(checkpoint).strip()
+    if value in ("", "latest"):
+        ids = storage.completed_ids()
+        if not ids:
+            raise CheckpointStorageError(f"job {storage.job_id} has no completed checkpoint in {storage.url()}")
+        return storage.url(storage.chk_dir(ids[-1]))
+    if value.isdigit():
+        if not storage.is_completed(int(value)):
+            known = ", ".join(map(str, storage.completed_ids())) or "none"
+            raise CheckpointStorageError(
+                f"job {storage.job_id} has no completed checkpoint {value} (retained: {known})"
+            )
+        return storage.url(storage.chk_dir(int(value)))
+    return resolve_under_roots(value, roots)
+
+
+def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state: bool, dry_run: bool) -> dict[str, Any]:
+    """Validate the snapshot at ``pointer`` for the job, then (unless ``dry_run``) request the restore.
+
+    The request (``_restore.json``) is taken by the next checkpoint of the job; the job
+    is set RUNNING with a clean failure count. Nothing is written when validation fails.
+    """
+    snapshot = open_snapshot(pointer)
+    snapshot.verify()
+    job = storage.load_job()
+    nodes = job.topology.get("nodes", {})
+    stateful = {uid: n.get("keys", []) for uid, n in nodes.items() if n.get("kind") == "stateful"}
+    if not nodes:
+        raise RestoreError(
+            f"job {storage.job_id} has no recorded topology in {storage.url('_job.json')}: has it ever run here?"
+        )
+    starting_empty = check_compatible(snapshot, storage.job_id, stateful, allow_non_restored_state)
+    cp = snapshot.checkpoint
+    summary: dict[str, Any] = {
+        "job_id": storage.job_id,
+        "dag_id": job.topology.get("dag_id", storage.job_id),
+        "snapshot": snapshot.location.url(),
+        "checkpoint_id": cp.checkpoint_id,
+        "type": cp.type.value,
+        "operators_restored": sorted(set(cp.operators) & set(stateful)),
+        "operators_dropped": sorted(set(cp.operators) - set(stateful)),
+        "operators_starting_empty": starting_empty,
+        "dry_run": dry_run,
+    }
+    if not dry_run:
+        storage.write_restore_request(
+            {
+                "request_id": uuid.uuid4().hex,
+                "location_url": snapshot.location.url(),
+                "checkpoint_id": cp.checkpoint_id,
+                "allow_non_restored_state": allow_non_restored_state,
+                "requested_at": time.time(),
+            }
+        )
+        job.resume()
+        storage.save_job(job)
+    return summary
