@@ -23,6 +23,7 @@ from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.snapshots import open_snapshot
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 
 JOB = "job"
@@ -465,12 +466,19 @@ def test_retention_deletes_older_checkpoints_from_disk(tmp_path: Path, monkeypat
 def test_retention_never_deletes_savepoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
     env = make_env(tmp_path, retained=1)
-    plan = env.coordinator.trigger("run-1", CheckpointType.SAVEPOINT, now=T0)
+    target = f"file://{tmp_path}/savepoints/savepoint-job-1"
+    plan = env.coordinator.trigger("run-1", CheckpointType.SAVEPOINT, now=T0, options={"savepoint_target": target})
     env.coordinator.finalize(plan, [make_ack(env, plan)], now=T0 + 1)
     for i in range(2, 5):
         run_checkpoint(env, f"run-{i}", T0 + 10 * i)
-    assert env.storage.completed_ids() == [1, 4]
-    assert env.storage.load_completed(1).type is CheckpointType.SAVEPOINT
+    # the savepoint run's chk-1 in the job directory is history like any checkpoint …
+    assert env.storage.completed_ids() == [4]
+    # … while the self-contained savepoint survives, complete and verifiable
+    savepoint = open_snapshot(target)
+    assert savepoint.checkpoint.type is CheckpointType.SAVEPOINT and savepoint.checkpoint.relocatable
+    assert savepoint.checkpoint.checkpoint_id == 1
+    savepoint.verify()
+    assert [sp["checkpoint_id"] for sp in env.storage.load_job().savepoints] == [1]
 
 
 def test_retention_keeps_files_shared_with_a_kept_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
