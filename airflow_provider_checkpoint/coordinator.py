@@ -29,7 +29,7 @@ from airflow_provider_checkpoint.core.model import (
 from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.snapshots import check_compatible, open_snapshot, write_savepoint
+from airflow_provider_checkpoint.snapshots import Snapshot, check_compatible, open_snapshot, write_savepoint
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,10 @@ class CheckpointCoordinator:
                 job.observe_checkpoint_id(existing)
             self._abort_abandoned(job, now)
             job.topology = {**self.graph.topology(), "dag_id": self.dag_id}
-            checkpoint_id = job.allocate_checkpoint_id()
+            self.storage.save_job(job)  # the restore DAG validates against the deployed topology
             options = dict(options or {})
             restore_point = self._restore_point(latest, options)
+            checkpoint_id = job.allocate_checkpoint_id()
             positions: JsonDict = {}
             for source in self.graph.sources:
                 previous = restore_point.source_positions.get(source.uid) if restore_point else None
@@ -121,31 +122,30 @@ class CheckpointCoordinator:
         return plan
 
     def _restore_point(self, latest: CompletedCheckpoint | None, options: JsonDict) -> RestorePoint | None:
-        """From the pending restore request (validated against this pipeline), else ``latest``."""
+        """From the pending restore request, else ``latest``; validated against this pipeline.
+
+        State of an operator the pipeline no longer has is refused unless the restore
+        request allows it; an operator without state starts empty.
+        """
         request = self.storage.load_restore_request()
         if request is None:
             if latest is None:
                 return None
-            return latest.to_restore_point(self.storage.url(self.storage.chk_dir(latest.checkpoint_id)))
+            snapshot = Snapshot(latest, self.storage.checkpoint_location(latest.checkpoint_id), self.storage)
+            check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), False)
+            return latest.to_restore_point(snapshot.location.url())
         snapshot = open_snapshot(request["location_url"])
         snapshot.verify()
-        check_compatible(
-            snapshot, self.storage.job_id, self.graph.stateful_keys(), bool(request.get("allow_non_restored_state"))
-        )
+        allow = bool(request.get("allow_non_restored_state"))
+        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), allow)
         restored = snapshot.checkpoint
         for sink in self.graph.sinks:
             sink.rollback(restored.checkpoint_id)
             if sink.uid in restored.sinks:
                 sink.commit(restored.checkpoint_id, restored.sinks[sink.uid])
         options["restore_request_id"] = request["request_id"]
-        log.info(
-            "restoring job %s from %s (checkpoint %d)",
-            self.storage.job_id,
-            request["location_url"],
-            restored.checkpoint_id,
-        )
-        point = snapshot.restore_point()
-        return point
+        log.info("restoring job %s from %s", self.storage.job_id, snapshot.location.url())
+        return snapshot.restore_point()
 
     def _abort_abandoned(self, job: JobRecord, now: float) -> None:
         """Abort every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs.

@@ -23,6 +23,7 @@ from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.snapshots import open_snapshot
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 
@@ -63,8 +64,9 @@ def make_env(tmp_path: Path, retained: int = 3, tolerable: int = 3) -> Env:
     (landing / "a.json").write_bytes(b'{"k": 1}\n')
     table = tmp_path / "table"
     source = FileSource("events", str(landing), "json", "k INT")
-    sink = ParquetTableSink("table", source, str(table), mode="append")
-    graph = PipelineGraph([source, sink])
+    counts = KeyedAggregate("counts", source, keys=["k"], aggs={"n": "count"})
+    sink = ParquetTableSink("table", counts, str(table), mode="append")
+    graph = PipelineGraph([source, counts, sink])
     storage = JobStorage.for_job(str(tmp_path / "ckpt"), JOB)
     settings = CheckpointSettings(
         retained_checkpoints=retained, checkpoint_timeout_seconds=TIMEOUT, tolerable_failed_checkpoints=tolerable
