@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 class CheckpointSettings:
     """Checkpointing options of a job (Flink's CheckpointConfig)."""
 
-    retained_checkpoints: int = 3
+    retained_checkpoints: int | None = None
+    """``None``: the Airflow config ``[checkpoint] retained_checkpoints`` (default 3)."""
     checkpoint_timeout_seconds: float = 3600.0
     tolerable_failed_checkpoints: int = 3
 
@@ -315,10 +316,12 @@ class CheckpointCoordinator:
         sinks = {s.uid: s for s in self.graph.sinks}
         for uid, committables in sorted(completed.sinks.items()):
             if uid not in sinks:
-                raise RuntimeError(
-                    f"checkpoint {completed.checkpoint_id} has output for sink {uid!r}, which this pipeline "
-                    "no longer has; restore with allow_non_restored_state to drop it"
+                log.warning(
+                    "checkpoint %d has output for sink %r, which this pipeline no longer has: not committed",
+                    completed.checkpoint_id,
+                    uid,
                 )
+                continue
             sinks[uid].commit(completed.checkpoint_id, committables)
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
 
@@ -333,7 +336,7 @@ class CheckpointCoordinator:
 
     def _apply_retention(self) -> None:
         completed = self._completed_checkpoints()
-        discard = subsumed(completed, self.settings.retained_checkpoints)
+        discard = subsumed(completed, self.settings.retained_checkpoints or 3)
         if not discard:
             return
         kept = [c for c in completed if c not in discard]

@@ -48,14 +48,6 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "file:///data/savepoints,s3://aws_default@bucket/savepoints",
                         "default": "",
                     },
-                    "inline_state_threshold": {
-                        "description": "State of an operator smaller than this many bytes travels "
-                        "inline in the ack and in _metadata instead of in files.",
-                        "version_added": "0.1.0",
-                        "type": "integer",
-                        "example": "20480",
-                        "default": "20480",
-                    },
                     "retained_checkpoints": {
                         "description": "Completed checkpoints kept per job (newest first) when a "
                         "pipeline does not set its own; savepoints are never deleted.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +66,11 @@ class CheckpointJob:
     dag_id: str | None = None
 
     def resolved_settings(self) -> CheckpointSettings:
-        if self.settings is not None:
-            return self.settings
-        return CheckpointSettings(retained_checkpoints=int(config_value("retained_checkpoints", "3")))
+        settings = self.settings or CheckpointSettings()
+        if settings.retained_checkpoints is None:
+            retained = int(config_value("retained_checkpoints", "3"))
+            settings = dataclasses.replace(settings, retained_checkpoints=retained)
+        return settings
 
     def storage(self) -> JobStorage:
         return job_storage(self.job_id, self.storage_root, self.storage_conn_id)

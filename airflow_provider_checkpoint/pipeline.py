@@ -76,7 +76,7 @@ class CheckpointedPipeline:
         job_id: str | None = None,
         storage: str | None = None,
         storage_conn_id: str | None = None,
-        retained_checkpoints: int = 3,
+        retained_checkpoints: int | None = None,
         checkpoint_timeout: datetime.timedelta = datetime.timedelta(hours=1),
         tolerable_failed_checkpoints: int = 3,
         step_retries: int = 2,
@@ -85,6 +85,8 @@ class CheckpointedPipeline:
         spark_conf: dict[str, str] | None = None,
         **dag_kwargs: Any,
     ) -> None:
+        if retained_checkpoints is not None and retained_checkpoints < 1:
+            raise ValueError(f"{dag_id}: retained_checkpoints must be at least 1, got {retained_checkpoints}")
         dag_kwargs.setdefault("start_date", datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
         dag_kwargs.setdefault("catchup", False)
         dag_kwargs.setdefault("tags", ["checkpoint"])

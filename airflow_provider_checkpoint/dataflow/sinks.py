@@ -87,12 +87,34 @@ class ParquetTableSink(Sink):
         return f"_staging/chk-{checkpoint_id}"
 
     @staticmethod
+    def _rolled_back(checkpoint_id: int) -> str:
+        return f"_rolled_back/chk-{checkpoint_id}"
+
+    @staticmethod
     def _commit_log(checkpoint_id: int) -> str:
         return f"_commits/{checkpoint_id:010d}.json"
 
     # -- phase one: stage (in the step) ------------------------------------------------
+    def _claim(self, job_id: str) -> None:
+        """Record this job and sink as the table's only writer; refuse another or a changed layout."""
+        fs, root = self._fs()
+        claim = {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys, "buckets": self.buckets}
+        if not self.keys:
+            claim.pop("buckets")
+        path = f"{root}/_table.json"
+        if fs.exists(path):
+            existing = json.loads(fs.cat_file(path))
+            if existing != claim:
+                raise PipelineDefinitionError(
+                    f"sink {self.uid}: table {self.asset_uri()} belongs to {existing}, not {claim}; "
+                    "one job and sink write a table, and its mode, keys and buckets cannot change"
+                )
+            return
+        write_atomic(fs, path, json.dumps(claim, sort_keys=True).encode())
+
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root = self._fs()
+        self._claim(ctx.plan.job_id)
         staging = f"{root}/{self._staging(ctx.checkpoint_id)}/{ctx.attempt_tag}"
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
@@ -160,30 +182,40 @@ class ParquetTableSink(Sink):
         fs, root = self._fs()
         if self.is_committed(checkpoint_id):
             return
+        parked = f"{root}/{self._rolled_back(checkpoint_id)}"
         for committable in committables:
             for staged, target in committable["moves"]:
-                if fs.exists(f"{root}/{staged}"):
-                    fs.mv(f"{root}/{staged}", f"{root}/{target}")
+                for source in (f"{root}/{staged}", f"{parked}/{target}"):
+                    if fs.exists(source):
+                        fs.mv(source, f"{root}/{target}")
+                        break
         log = {"checkpoint_id": checkpoint_id, "files": [t for c in committables for _, t in c["moves"]]}
         write_atomic(fs, f"{root}/{self._commit_log(checkpoint_id)}", json.dumps(log).encode())
         self.abort(checkpoint_id)
+        if fs.exists(parked):
+            fs.rm(parked, recursive=True)
 
     def rollback(self, checkpoint_id: int) -> None:
-        """Append mode: delete the files of checkpoints newer than ``checkpoint_id`` (they are replayed).
+        """Append mode: withdraw the files of checkpoints newer than ``checkpoint_id`` (they are replayed).
 
-        Upsert mode keeps the table: replaying from the restored state rewrites every key
-        the newer checkpoints touched.
+        Withdrawn files are parked under ``_rolled_back/<id>/``, so restoring one of those
+        checkpoints later brings its output back. Upsert mode keeps the table: replaying
+        from the restored state rewrites every key the newer checkpoints touched.
         """
         fs, root = self._fs()
         if self.mode != "append" or not fs.exists(f"{root}/_commits"):
             return
         for log_path in sorted(fs.glob(f"{root}/_commits/*.json")):
             log = json.loads(fs.cat_file(log_path))
-            if int(log["checkpoint_id"]) > checkpoint_id:
-                for name in log["files"]:
-                    if fs.exists(f"{root}/{name}"):
-                        fs.rm(f"{root}/{name}")
-                fs.rm(log_path)
+            newer = int(log["checkpoint_id"])
+            if newer <= checkpoint_id:
+                continue
+            parked = f"{root}/{self._rolled_back(newer)}"
+            fs.makedirs(parked, exist_ok=True)
+            for name in log["files"]:
+                if fs.exists(f"{root}/{name}"):
+                    fs.mv(f"{root}/{name}", f"{parked}/{name}")
+            fs.rm(log_path)
 
     def abort(self, checkpoint_id: int) -> None:
         fs, root = self._fs()

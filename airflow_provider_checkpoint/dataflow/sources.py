@@ -23,6 +23,10 @@ class MalformedInputError(ValueError):
     """Input records do not match the source's format or schema; the message names file and line."""
 
 
+class InputChangedError(MalformedInputError):
+    """A file cut into the barrier changed or vanished before the step read it."""
+
+
 def _hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/"))
 
@@ -145,12 +149,12 @@ class FileSource(Source):
         now = self.list_files()
         for name, size in todo.items():
             if name not in now:
-                raise FileNotFoundError(
+                raise InputChangedError(
                     f"source {self.uid}: {self.url(name)} was cut into this checkpoint's barrier but "
-                    "has been removed; restore it, or restore the job from a checkpoint taken before it"
+                    "has been removed; this checkpoint is aborted and the next one cuts a new barrier"
                 )
             if now[name] != size:
-                raise MalformedInputError(
+                raise InputChangedError(
                     f"source {self.uid}: {self.url(name)} changed size after the barrier "
                     f"({size} → {now[name]} bytes); land files under a hidden name (.x or _x) and "
                     "rename them when complete"

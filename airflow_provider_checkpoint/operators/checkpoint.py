@@ -14,11 +14,14 @@ from airflow_provider_checkpoint.core.failures import JobStatus
 from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
+from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
 from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
 from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
 from airflow_provider_checkpoint.snapshots import RestoreError
 from airflow_provider_checkpoint.storage import CheckpointStorageError
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+
+SKIPPED_KEY = "skipped"
 
 
 class CheckpointTriggerOperator(BaseOperator):
@@ -41,6 +44,7 @@ class CheckpointTriggerOperator(BaseOperator):
             plan = self.job.coordinator().trigger(context["run_id"], checkpoint_type, options=options)
         except JobNotRunning as e:
             if e.status is JobStatus.STOPPED:
+                context["ti"].xcom_push(key=SKIPPED_KEY, value=str(e))
                 raise AirflowSkipException(f"skipping: {e}") from e
             raise AirflowFailException(str(e)) from e
         except (CheckpointAborted, RestoreError, CheckpointStorageError, MetadataError) as e:
@@ -97,7 +101,7 @@ class SparkCheckpointOperator(BaseOperator):
         spark = get_spark(conf=self.job.spark_conf)
         try:
             ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt)
-        except (MalformedInputError, CheckpointStorageError) as e:
+        except (MalformedInputError, CheckpointStorageError, PipelineDefinitionError) as e:
             raise AirflowFailException(str(e)) from e
         self.log.info(
             "step %s acked checkpoint %d (attempt %d): %s", self.step, plan.checkpoint_id, attempt, ack.metrics
@@ -129,7 +133,10 @@ class CheckpointFinalizeOperator(BaseOperator):
         ti = context["ti"]
         raw_plan = ti.xcom_pull(task_ids=self.trigger_task_id)
         if raw_plan is None:
-            raise AirflowSkipException("no checkpoint was triggered in this run; nothing to finalize")
+            skipped = ti.xcom_pull(task_ids=self.trigger_task_id, key=SKIPPED_KEY)
+            if skipped:
+                raise AirflowSkipException(f"no checkpoint in this run: {skipped}")
+            raise AirflowFailException(f"{self.trigger_task_id} failed: no checkpoint was triggered in this run")
         plan = CheckpointPlan.from_dict(raw_plan)
         acks = [ti.xcom_pull(task_ids=t) for t in self.step_task_ids]
         try:

@@ -19,15 +19,26 @@ def airflow_db() -> None:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
 
 
-@pytest.fixture
-def example_dag(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The example clickstream DAG, with its data and checkpoints under ``tmp_path``."""
-    monkeypatch.setenv("CLICKSTREAM_DIR", str(tmp_path / "clickstream"))
-    monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"file://{tmp_path}/checkpoints")
-    (tmp_path / "clickstream" / "landing").mkdir(parents=True)
-    spec = importlib.util.spec_from_file_location("example_clickstream", REPO / "dags" / "example_clickstream.py")
+def load_dag_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    yield module
+    return module
+
+
+@pytest.fixture
+def example_dag(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The example clickstream DAG, with its data, checkpoints and savepoints under ``tmp_path``."""
+    monkeypatch.setenv("CLICKSTREAM_DIR", str(tmp_path / "clickstream"))
+    monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"file://{tmp_path}/checkpoints")
+    monkeypatch.setenv("AIRFLOW__CHECKPOINT__SAVEPOINT_ROOTS", f"file://{tmp_path}/savepoints,file://{tmp_path}/moved")
+    (tmp_path / "clickstream" / "landing").mkdir(parents=True)
+    yield load_dag_module(REPO / "dags" / "example_clickstream.py")
     os.environ.pop("CHECKPOINT_FAULTS", None)
+
+
+@pytest.fixture
+def restore_dag(example_dag: ModuleType) -> ModuleType:
+    """The restore_from_checkpoint DAG, over the same storage as ``example_dag``."""
+    return load_dag_module(REPO / "dags" / "restore_from_checkpoint.py")
