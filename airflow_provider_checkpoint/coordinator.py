@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
@@ -43,6 +43,7 @@ class CheckpointSettings:
     """``None``: the Airflow config ``[checkpoint] retained_checkpoints`` (default 3)."""
     checkpoint_timeout_seconds: float = 3600.0
     tolerable_failed_checkpoints: int = 3
+    min_pause_between_checkpoints_seconds: float = 0.0
 
 
 class JobNotRunning(RuntimeError):
@@ -69,12 +70,16 @@ class CheckpointCoordinator:
         checkpoint_type: CheckpointType = CheckpointType.CHECKPOINT,
         now: float | None = None,
         options: JsonDict | None = None,
+        periodic: bool = False,
+        holder_alive: Callable[[JsonDict], bool] | None = None,
     ) -> CheckpointPlan:
         """Recover, clean up, then plan checkpoint ``n+1`` and hold the job's lease for it.
 
         The restore point is the pending restore request (``_restore.json``) if there is
         one, else the latest completed checkpoint. ``options`` may carry
-        ``savepoint_target`` and ``stop_after_savepoint``.
+        ``savepoint_target`` and ``stop_after_savepoint``. A ``periodic`` (scheduled)
+        checkpoint within the minimum pause after the last one is refused with
+        ``MIN_PAUSE``; ``holder_alive`` tells whether the run holding the lease still runs.
         """
         now = time.time() if now is None else now
         job = self.storage.load_job()
@@ -85,7 +90,9 @@ class CheckpointCoordinator:
                 "Restore it from a checkpoint or savepoint (restore_from_checkpoint DAG) to resume.",
             )
         try:
-            self.storage.acquire_lease(run_id, self.settings.checkpoint_timeout_seconds, now)
+            self.storage.acquire_lease(
+                run_id, self.settings.checkpoint_timeout_seconds, now, {"dag_id": self.dag_id}, holder_alive
+            )
         except LeaseHeld as e:
             raise CheckpointAborted(AbortReason.TOO_MANY_CONCURRENT, str(e)) from e
         try:
@@ -93,6 +100,13 @@ class CheckpointCoordinator:
             if latest is not None:
                 self._finish(latest)
                 job = self.storage.load_job()
+                pause = self.settings.min_pause_between_checkpoints_seconds
+                if periodic and checkpoint_type is CheckpointType.CHECKPOINT and now - latest.completion_time < pause:
+                    raise CheckpointAborted(
+                        AbortReason.MIN_PAUSE,
+                        f"checkpoint {latest.checkpoint_id} completed {now - latest.completion_time:.0f}s ago, "
+                        f"within min_pause_between_checkpoints={pause:.0f}s",
+                    )
             for existing in self.storage.checkpoint_ids():
                 job.observe_checkpoint_id(existing)
             self._abort_abandoned(job, now)
@@ -166,12 +180,17 @@ class CheckpointCoordinator:
 
     # -- finalize ----------------------------------------------------------------------
     def finalize(
-        self, plan: CheckpointPlan, acks: Sequence[Ack | None], now: float | None = None
+        self,
+        plan: CheckpointPlan,
+        acks: Sequence[Ack | None],
+        now: float | None = None,
+        declines: Mapping[str, JsonDict] | None = None,
     ) -> CompletedCheckpoint:
         """Complete the checkpoint (commit ``_metadata``, then sinks) or abort it.
 
         Idempotent: run again after a crash past ``_metadata``, it finishes the commit.
-        Raises :class:`CheckpointAborted` when the checkpoint cannot complete.
+        Raises :class:`CheckpointAborted` when the checkpoint cannot complete; a step that
+        declined (``declines``: step → ``{"reason", "message"}``) gives its reason.
         """
         now = time.time() if now is None else now
         checkpoint_id = plan.checkpoint_id
@@ -179,7 +198,7 @@ class CheckpointCoordinator:
             if self.storage.is_completed(checkpoint_id):
                 completed = self.storage.load_completed(checkpoint_id)
             else:
-                completed = self._complete(plan, acks, now)
+                completed = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
             self._finish(completed)
         finally:
@@ -187,7 +206,9 @@ class CheckpointCoordinator:
         log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
         return completed
 
-    def _complete(self, plan: CheckpointPlan, acks: Sequence[Ack | None], now: float) -> CompletedCheckpoint:
+    def _complete(
+        self, plan: CheckpointPlan, acks: Sequence[Ack | None], now: float, declines: Mapping[str, JsonDict]
+    ) -> CompletedCheckpoint:
         pending = PendingCheckpoint(plan)
         for ack in acks:
             if ack is None:
@@ -204,8 +225,14 @@ class CheckpointCoordinator:
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
             self.storage.commit_metadata(completed)
         except CheckpointAborted as e:
+            declined = [declines[step] for step in pending.missing_steps if step in declines]
+            if e.reason is AbortReason.DECLINED and declined:
+                e = CheckpointAborted(
+                    AbortReason(declined[0]["reason"]),
+                    f"{e.message}: " + "; ".join(str(d["message"]) for d in declined),
+                )
             self.abort(plan, e.reason, e.message, now)
-            raise
+            raise e from None
         except CheckpointStorageError as e:
             self.abort(plan, AbortReason.CORRUPT_STATE, str(e), now)
             raise CheckpointAborted(AbortReason.CORRUPT_STATE, str(e)) from e

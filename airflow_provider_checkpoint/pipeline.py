@@ -79,6 +79,7 @@ class CheckpointedPipeline:
         retained_checkpoints: int | None = None,
         checkpoint_timeout: datetime.timedelta = datetime.timedelta(hours=1),
         tolerable_failed_checkpoints: int = 3,
+        min_pause_between_checkpoints: datetime.timedelta = datetime.timedelta(0),
         step_retries: int = 2,
         finalize_retries: int = 1,
         retry_delay: datetime.timedelta = datetime.timedelta(seconds=10),
@@ -100,6 +101,7 @@ class CheckpointedPipeline:
             retained_checkpoints=retained_checkpoints,
             checkpoint_timeout_seconds=checkpoint_timeout.total_seconds(),
             tolerable_failed_checkpoints=tolerable_failed_checkpoints,
+            min_pause_between_checkpoints_seconds=min_pause_between_checkpoints.total_seconds(),
         )
         self.step_retries = step_retries
         self.finalize_retries = finalize_retries

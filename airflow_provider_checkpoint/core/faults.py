@@ -2,12 +2,16 @@
 
 ``CHECKPOINT_FAULTS`` holds comma-separated specs ``point[:key=value]...``, for example
 ``step.before_ack:checkpoint=2:attempt=1,finalize.after_metadata:checkpoint=4``. A fault
-point raises :class:`InjectedFault` when its name and every given key match.
+point fires when its name and every given key match. The optional ``action`` key says
+what happens: ``raise`` (default, :class:`InjectedFault`), ``oserror`` (an ``OSError``,
+as a failing filesystem would raise) or ``kill`` (SIGKILL of the current process, as a
+dead worker).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 ENV = "CHECKPOINT_FAULTS"
 
@@ -25,5 +29,11 @@ def fault_point(name: str, **where: object) -> None:
         if point != name:
             continue
         wanted = dict(c.split("=", 1) for c in conditions)
+        action = wanted.pop("action", "raise")
         if all(str(where.get(k)) == v for k, v in wanted.items()):
-            raise InjectedFault(f"injected fault at {name} ({', '.join(f'{k}={v}' for k, v in where.items())})")
+            message = f"injected fault at {name} ({', '.join(f'{k}={v}' for k, v in where.items())})"
+            if action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if action == "oserror":
+                raise OSError(message)
+            raise InjectedFault(message)

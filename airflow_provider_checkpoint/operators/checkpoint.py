@@ -10,7 +10,7 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_checkpoint.coordinator import JobNotRunning
-from airflow_provider_checkpoint.core.failures import JobStatus
+from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
@@ -22,6 +22,18 @@ from airflow_provider_checkpoint.storage import CheckpointStorageError
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
 
 SKIPPED_KEY = "skipped"
+DECLINE_KEY = "decline"
+
+
+def _run_is_active(ti: Any, holder: JsonDict) -> bool:
+    """Whether the DAG run holding a job's lease is still queued or running."""
+    if "dag_id" not in holder:
+        return True
+    try:
+        state = ti.get_dagrun_state(holder["dag_id"], holder["run_id"])
+    except Exception:  # the run no longer exists
+        return False
+    return str(state).lower().rsplit(".", 1)[-1] in ("queued", "running")
 
 
 class CheckpointTriggerOperator(BaseOperator):
@@ -40,14 +52,25 @@ class CheckpointTriggerOperator(BaseOperator):
     def execute(self, context: Any) -> JsonDict:
         options = self._savepoint_options(context.get("params") or {})
         checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
+        ti = context["ti"]
+        dag_run = context["dag_run"]
         try:
-            plan = self.job.coordinator().trigger(context["run_id"], checkpoint_type, options=options)
+            plan = self.job.coordinator().trigger(
+                context["run_id"],
+                checkpoint_type,
+                options=options,
+                periodic=str(getattr(dag_run, "run_type", "")) in ("scheduled", "DagRunType.SCHEDULED"),
+                holder_alive=lambda holder: _run_is_active(ti, holder),
+            )
         except JobNotRunning as e:
             if e.status is JobStatus.STOPPED:
-                context["ti"].xcom_push(key=SKIPPED_KEY, value=str(e))
-                raise AirflowSkipException(f"skipping: {e}") from e
+                self._skip(ti, str(e))
             raise AirflowFailException(str(e)) from e
-        except (CheckpointAborted, RestoreError, CheckpointStorageError, MetadataError) as e:
+        except CheckpointAborted as e:
+            if e.reason is AbortReason.MIN_PAUSE:
+                self._skip(ti, e.message)
+            raise AirflowFailException(str(e)) from e
+        except (RestoreError, CheckpointStorageError, MetadataError) as e:
             raise AirflowFailException(str(e)) from e
         self.log.info(
             "checkpoint %d of job %s: barrier cut, restoring from %s",
@@ -56,6 +79,11 @@ class CheckpointTriggerOperator(BaseOperator):
             plan.restore_point.location_url if plan.restore_point else "nothing (first checkpoint)",
         )
         return plan.to_dict()
+
+    def _skip(self, ti: Any, reason: str) -> None:
+        self.log.info("skipping this run: %s", reason)
+        ti.xcom_push(key=SKIPPED_KEY, value=reason)
+        raise AirflowSkipException(reason)
 
     def _savepoint_options(self, params: Mapping[str, Any]) -> JsonDict:
         """Validate the trigger form's savepoint params before anything is written."""
@@ -96,13 +124,19 @@ class SparkCheckpointOperator(BaseOperator):
         from airflow_provider_checkpoint.spark.runner import run_step
         from airflow_provider_checkpoint.spark.session import get_spark
 
-        plan = CheckpointPlan.from_dict(context["ti"].xcom_pull(task_ids=self.trigger_task_id))
-        attempt = int(context["ti"].try_number)
+        ti = context["ti"]
+        plan = CheckpointPlan.from_dict(ti.xcom_pull(task_ids=self.trigger_task_id))
+        attempt = int(ti.try_number)
         spark = get_spark(conf=self.job.spark_conf)
         try:
             ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt)
-        except (MalformedInputError, CheckpointStorageError, PipelineDefinitionError) as e:
-            raise AirflowFailException(str(e)) from e
+        except Exception as e:
+            reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
+            reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
+            ti.xcom_push(key=DECLINE_KEY, value={"reason": reason.value, "message": f"{self.step}: {e}"})
+            if isinstance(e, MalformedInputError | CheckpointStorageError | PipelineDefinitionError):
+                raise AirflowFailException(str(e)) from e
+            raise
         self.log.info(
             "step %s acked checkpoint %d (attempt %d): %s", self.step, plan.checkpoint_id, attempt, ack.metrics
         )
@@ -139,8 +173,11 @@ class CheckpointFinalizeOperator(BaseOperator):
             raise AirflowFailException(f"{self.trigger_task_id} failed: no checkpoint was triggered in this run")
         plan = CheckpointPlan.from_dict(raw_plan)
         acks = [ti.xcom_pull(task_ids=t) for t in self.step_task_ids]
+        declines = {t: d for t in self.step_task_ids if (d := ti.xcom_pull(task_ids=t, key=DECLINE_KEY))}
         try:
-            completed = self.job.coordinator().finalize(plan, [Ack.from_dict(a) if a else None for a in acks])
+            completed = self.job.coordinator().finalize(
+                plan, [Ack.from_dict(a) if a else None for a in acks], declines=declines
+            )
         except CheckpointAborted as e:
             raise AirflowFailException(str(e)) from e
         for asset in self.outlets:

@@ -16,6 +16,8 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "static",
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+    # no .crc side files next to state and table files: checksums are ours (SHA-256 in handles)
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
 }
 
 

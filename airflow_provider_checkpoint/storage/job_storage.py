@@ -21,7 +21,7 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job import JobRecord
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, StateHandle
 
@@ -63,6 +64,7 @@ def file_checksum(fs: AbstractFileSystem, path: str) -> str:
 
 def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     """Readers see the old content or the new, never a partial file."""
+    fault_point("storage.write", file=posixpath.basename(path))
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
     if _is_local(fs):
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
@@ -228,14 +230,24 @@ class JobStorage(Location):
             self.delete(RESTORE_REQUEST)
 
     # -- lease -------------------------------------------------------------------------
-    def acquire_lease(self, run_id: str, ttl_seconds: float, now: float | None = None) -> None:
+    def acquire_lease(
+        self,
+        run_id: str,
+        ttl_seconds: float,
+        now: float | None = None,
+        owner: JsonDict | None = None,
+        holder_alive: Callable[[JsonDict], bool] | None = None,
+    ) -> None:
         """Hold the job's in-flight lease for ``run_id``; re-entrant for the same run.
 
-        An expired lease of another run is broken (its checkpoint is abandoned).
+        The lease of another run is broken when it has expired, or when ``holder_alive``
+        says that run is over (its checkpoint is then abandoned and cleaned up).
         """
         now = time.time() if now is None else now
-        body = json.dumps({"run_id": run_id, "acquired_at": now, "expires_at": now + ttl_seconds}).encode()
-        for _ in range(2):
+        body = json.dumps(
+            {**(owner or {}), "run_id": run_id, "acquired_at": now, "expires_at": now + ttl_seconds}
+        ).encode()
+        for _ in range(3):
             if create_exclusive(self.fs, self.path("_lease"), body):
                 return
             holder = self.lease_holder()
@@ -244,10 +256,16 @@ class JobStorage(Location):
             if holder.get("run_id") == run_id:
                 self.write_atomic("_lease", body)
                 return
-            if float(holder.get("expires_at", 0)) > now:
+            expired = float(holder.get("expires_at", 0)) <= now
+            if not expired and (holder_alive is None or holder_alive(holder)):
                 raise LeaseHeld(holder)
-            self.delete("_lease")
+            self._break_lease(holder)
         raise LeaseHeld(self.lease_holder() or {})
+
+    def _break_lease(self, holder: JsonDict) -> None:
+        """Delete the lease only if it is still ``holder``'s (another trigger may have broken it)."""
+        if self.lease_holder() == holder:
+            self.delete("_lease")
 
     def lease_holder(self) -> JsonDict | None:
         try:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from airflow_provider_checkpoint.audit import audit_job
+from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
 
 pytestmark = pytest.mark.airflow
@@ -61,7 +63,8 @@ def test_five_checkpoints_exactly_once_with_step_retry_and_finalize_crash(exampl
     assert meta5["restored_from"] == 4 and meta5["checkpoint_id"] == 5
     assert meta5["stats"]["records_in"] == 240
     assert not list((base / "marts").glob("*/_staging/chk-*")), "no staged data may be left behind"
-    assert not (job_dir / "_lease").exists()
+    storage = JobStorage.for_job(f"file://{tmp_path}/checkpoints", "example_clickstream")
+    assert audit_job(storage, retained=3, sinks=example_dag.pipeline.job.graph.sinks) == []
 
 
 def test_malformed_record_fails_the_step_and_commits_nothing(example_dag, tmp_path):

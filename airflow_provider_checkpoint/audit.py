@@ -1,0 +1,68 @@
+"""Storage audit: a quiescent job directory holds its retained checkpoints and nothing else.
+
+Use it after a sequence of runs (tests do) or in operations to find leftovers: files of
+aborted or discarded checkpoints, staged sink data nobody will commit, a stale lease.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+
+from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.dataflow.graph import Sink
+from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.job_storage import METADATA, RESTORE_REQUEST
+
+_JOB_FILES = {"_job.json", "_stats", RESTORE_REQUEST}
+_CHECKPOINT_FILES = {METADATA, "_plan.json"}
+
+
+def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) -> list[str]:
+    """Findings (empty when clean) for a job with no checkpoint in flight.
+
+    Checks: no lease; at most ``retained`` completed checkpoints; every ``_metadata``
+    readable; every referenced state file present and intact; no file that no retained
+    checkpoint references; no staged output left in ``sinks``.
+    """
+    findings: list[str] = []
+    fs = storage.fs
+    if not fs.exists(storage.job_dir):
+        return [f"{storage.url()} does not exist"]
+    if storage.exists("_lease"):
+        findings.append(f"stale lease {storage.url('_lease')}: {storage.lease_holder()}")
+    completed = []
+    for checkpoint_id in storage.completed_ids():
+        try:
+            completed.append(storage.load_completed(checkpoint_id))
+        except metadata.MetadataError as e:
+            findings.append(str(e))
+    if len(completed) > retained:
+        findings.append(f"{len(completed)} completed checkpoints retained, expected at most {retained}")
+    referenced = set().union(*(c.referenced_paths() for c in completed))
+    for checkpoint in completed:
+        for state in checkpoint.operators.values():
+            for handle in state.handles:
+                try:
+                    storage.verify(handle)
+                except Exception as e:  # noqa: BLE001 - every problem is a finding
+                    findings.append(str(e))
+    for entry in fs.ls(storage.job_dir, detail=False):
+        name = posixpath.basename(entry.rstrip("/"))
+        if name in _JOB_FILES or name == "_lease":
+            continue
+        if not name.startswith("chk-"):
+            findings.append(f"unexpected entry {storage.url(name)}")
+            continue
+        for full in fs.find(entry):
+            relative = storage.relative(full)
+            is_metadata = posixpath.basename(relative) in _CHECKPOINT_FILES and storage.exists(f"{name}/{METADATA}")
+            if relative not in referenced and not is_metadata:
+                findings.append(f"orphaned file {storage.url(relative)}")
+    for sink in sinks:
+        if isinstance(sink, ParquetTableSink):
+            sink_fs, root = sink._fs()
+            staged = [p for p in sink_fs.find(f"{root}/_staging")] if sink_fs.exists(f"{root}/_staging") else []
+            findings.extend(f"staged sink data left behind: {p}" for p in staged)
+    return findings
