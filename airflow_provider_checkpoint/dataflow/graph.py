@@ -117,13 +117,17 @@ class StatefulOperator(Node):
 class Sink(Node):
     """A two-phase-commit sink: ``stage`` in the step, ``commit`` or ``abort`` in finalize.
 
-    ``commit`` is idempotent: committing the same committables twice is a no-op.
+    ``commit`` is idempotent: committing the same committables twice is a no-op. Sinks
+    given the same ``step`` name run in one Spark job (one Airflow task).
     """
 
     kind = "sink"
 
-    def __init__(self, uid: str, input: Node) -> None:
+    def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
+        if step is not None and not _UID.match(step):
+            raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
+        self.step = step
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         raise NotImplementedError
@@ -212,14 +216,18 @@ class PipelineGraph:
     def _plan_steps(self) -> dict[str, list[Node]]:
         groups: list[tuple[set[str], list[Sink]]] = []
         for sink in self.sinks:
-            stateful = {n.uid for n in self.upstream(sink) if isinstance(n, StatefulOperator)}
-            merged = [g for g in groups if g[0] & stateful]
+            tags = {n.uid for n in self.upstream(sink) if isinstance(n, StatefulOperator)}
+            if sink.step:
+                tags.add(f"step:{sink.step}")
+            merged = [g for g in groups if g[0] & tags]
             for g in merged:
                 groups.remove(g)
-            groups.append((stateful.union(*(g[0] for g in merged)), [s for g in merged for s in g[1]] + [sink]))
+            groups.append((tags.union(*(g[0] for g in merged)), [s for g in merged for s in g[1]] + [sink]))
         steps: dict[str, list[Node]] = {}
         for _, sinks in groups:
-            name = "step_" + "__".join(s.uid for s in sinks).replace(".", "_").replace("-", "_")
+            named = sorted({s.step for s in sinks if s.step})
+            label = "__".join(named) if named else "__".join(s.uid for s in sinks)
+            name = "step_" + label.replace(".", "_").replace("-", "_")
             if name in steps:
                 raise PipelineDefinitionError(
                     f"sinks {', '.join(s.uid for s in sinks)} would run as step {name!r}, which another "

@@ -50,8 +50,9 @@ class ParquetTableSink(Sink):
         keys: list[str] | None = None,
         buckets: int = 8,
         storage_options: dict[str, Any] | None = None,
+        step: str | None = None,
     ) -> None:
-        super().__init__(uid, input)
+        super().__init__(uid, input, step)
         if mode not in ("append", "upsert"):
             raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
         if mode == "upsert" and not keys:

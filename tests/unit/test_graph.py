@@ -177,3 +177,15 @@ def test_sinks_whose_step_names_collide_are_refused() -> None:
     b = Sink("out_1", src)
     with pytest.raises(PipelineDefinitionError, match="rename one of the sinks"):
         PipelineGraph([src, a, b])
+
+
+def test_sinks_with_the_same_step_name_run_in_one_step() -> None:
+    src = Source("events")
+    a = Sink("archive", src, step="main")
+    b = Sink("mirror", src, step="main")
+    c = Sink("other", src)
+    graph = PipelineGraph([src, a, b, c])
+    assert {name: [n.uid for n in nodes] for name, nodes in graph.steps.items()} == {
+        "step_main": ["events", "archive", "mirror"],
+        "step_other": ["events", "other"],
+    }
