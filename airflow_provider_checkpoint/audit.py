@@ -39,7 +39,10 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         except metadata.MetadataError as e:
             findings.append(str(e))
     if len(completed) > retained:
-        findings.append(f"{len(completed)} completed checkpoints retained, expected at most {retained}")
+        ids = ", ".join(str(c.checkpoint_id) for c in completed)
+        findings.append(
+            f"{storage.url()}: {len(completed)} completed checkpoints retained ({ids}), expected at most {retained}"
+        )
     referenced = set().union(*(c.referenced_paths() for c in completed))
     for checkpoint in completed:
         for state in checkpoint.operators.values():
@@ -55,6 +58,8 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         if not name.startswith("chk-"):
             findings.append(f"unexpected entry {storage.url(name)}")
             continue
+        if not fs.find(entry):
+            findings.append(f"empty leftover directory {storage.url(name)}")
         for full in fs.find(entry):
             relative = storage.relative(full)
             is_metadata = posixpath.basename(relative) in _CHECKPOINT_FILES and storage.exists(f"{name}/{METADATA}")

@@ -171,8 +171,11 @@ class CheckpointCoordinator:
         completed = self._completed_checkpoints()
         needed = set().union(*(c.referenced_paths() for c in completed))
         for checkpoint_id in self.storage.checkpoint_ids():
-            chk = self.storage.chk_dir(checkpoint_id) + "/"
-            if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk) for p in needed):
+            chk = self.storage.chk_dir(checkpoint_id)
+            if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
+                continue
+            if not self.storage.exists(f"{chk}/_plan.json"):  # leftover of retention, not a checkpoint attempt
+                self.storage.delete(chk)
                 continue
             log.warning("aborting abandoned checkpoint %d of job %s", checkpoint_id, job.job_id)
             self._discard(checkpoint_id)
@@ -227,8 +230,9 @@ class CheckpointCoordinator:
         except CheckpointAborted as e:
             declined = [declines[step] for step in pending.missing_steps if step in declines]
             if e.reason is AbortReason.DECLINED and declined:
+                reasons = {r.value: r for r in AbortReason}
                 e = CheckpointAborted(
-                    AbortReason(declined[0]["reason"]),
+                    reasons.get(str(declined[0].get("reason")), AbortReason.DECLINED),
                     f"{e.message}: " + "; ".join(str(d["message"]) for d in declined),
                 )
             self.abort(plan, e.reason, e.message, now)
@@ -369,11 +373,15 @@ class CheckpointCoordinator:
         kept = [c for c in completed if c not in discard]
         self.storage.delete_paths(deletable_paths(discard, kept))
         still_needed = set().union(*(c.referenced_paths() for c in kept))
-        for c in discard:
-            chk = self.storage.chk_dir(c.checkpoint_id)
+        kept_ids = {c.checkpoint_id for c in kept}
+        for checkpoint_id in self.storage.checkpoint_ids():
+            chk = self.storage.chk_dir(checkpoint_id)
+            if checkpoint_id in kept_ids or checkpoint_id > max(kept_ids):
+                continue
             if any(p.startswith(chk + "/") for p in still_needed):
-                self.storage.delete_paths([self.storage.metadata_path(c.checkpoint_id), f"{chk}/_plan.json"])
-            else:
+                # a kept checkpoint still reads files here: keep only those
+                self.storage.delete_paths([self.storage.metadata_path(checkpoint_id), f"{chk}/_plan.json"])
+            elif self.storage.is_completed(checkpoint_id) or not self.storage.exists(f"{chk}/_plan.json"):
                 self.storage.delete(chk)
 
 

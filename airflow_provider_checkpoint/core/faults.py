@@ -6,6 +6,9 @@ point fires when its name and every given key match. The optional ``action`` key
 what happens: ``raise`` (default, :class:`InjectedFault`), ``oserror`` (an ``OSError``,
 as a failing filesystem would raise) or ``kill`` (SIGKILL of the current process, as a
 dead worker).
+
+``CHECKPOINT_FAULTS_FILE`` names a file with more specs (one per line), re-read at every
+fault point: a test can change the faults of running Airflow services between DAG runs.
 """
 
 from __future__ import annotations
@@ -14,17 +17,29 @@ import os
 import signal
 
 ENV = "CHECKPOINT_FAULTS"
+FILE_ENV = "CHECKPOINT_FAULTS_FILE"
 
 
 class InjectedFault(RuntimeError):
     """Raised at a fault point that a test switched on."""
 
 
+def _specs() -> list[str]:
+    specs = [s for s in os.environ.get(ENV, "").split(",") if s.strip()]
+    path = os.environ.get(FILE_ENV)
+    if path:
+        try:
+            with open(path) as f:
+                specs += [line.strip() for line in f if line.strip() and not line.startswith("#")]
+        except FileNotFoundError:
+            pass
+    return specs
+
+
 def fault_point(name: str, **where: object) -> None:
-    specs = os.environ.get(ENV)
-    if not specs:
+    if ENV not in os.environ and FILE_ENV not in os.environ:
         return
-    for spec in specs.split(","):
+    for spec in _specs():
         point, *conditions = spec.strip().split(":")
         if point != name:
             continue

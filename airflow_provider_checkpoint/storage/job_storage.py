@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import posixpath
 import re
 import time
@@ -49,9 +51,13 @@ class LeaseHeld(RuntimeError):
     def __init__(self, holder: JsonDict) -> None:
         super().__init__(
             f"another checkpoint of this job is in flight (run {holder.get('run_id')!r}, "
-            f"lease expires at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(holder.get('expires_at', 0)))})"
+            f"lease expires at {_utc(holder.get('expires_at'))})"
         )
         self.holder = holder
+
+
+def _utc(timestamp: float | None) -> str:
+    return "never" if timestamp is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
 def file_checksum(fs: AbstractFileSystem, path: str) -> str:
@@ -75,8 +81,23 @@ def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
 
 
 def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
-    """Create ``path`` only if it does not exist; True if this call created it."""
+    """Create ``path`` with ``data`` only if it does not exist; True if this call created it.
+
+    Nobody ever sees the file without its content: locally it is written under a
+    temporary name and hard-linked into place (``link`` fails if the name exists); on
+    object stores it is one conditional PUT (``xb``).
+    """
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    if _is_local(fs):
+        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
+        fs.pipe_file(tmp, data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        return True
     try:
         with fs.open(path, "xb") as f:
             f.write(data)
@@ -256,7 +277,7 @@ class JobStorage(Location):
             if holder.get("run_id") == run_id:
                 self.write_atomic("_lease", body)
                 return
-            expired = float(holder.get("expires_at", 0)) <= now
+            expired = float(holder.get("expires_at", math.inf)) <= now
             if not expired and (holder_alive is None or holder_alive(holder)):
                 raise LeaseHeld(holder)
             self._break_lease(holder)
@@ -273,7 +294,8 @@ class JobStorage(Location):
         except FileNotFoundError:
             return None
         except json.JSONDecodeError:
-            return {"run_id": "<unreadable lease>", "expires_at": 0}
+            # never break what we cannot read: it may be another trigger's lease
+            return {"run_id": f"<unreadable lease; delete {self.url('_lease')} if no checkpoint runs>"}
 
     def release_lease(self, run_id: str) -> None:
         holder = self.lease_holder()
