@@ -93,3 +93,17 @@ def test_malformed_record_fails_the_step_and_commits_nothing(example_dag, tmp_pa
     fixed = pd.DataFrame([{"user": "x", "page": "/p1", "ts": 1}, {"user": "y", "page": "/p2", "ts": 2}])
     assert_tables_match(base, pd.concat([good, more, fixed]))
     assert json.loads((job_dir / "chk-3" / "_metadata").read_text())["checkpoint_id"] == 3
+    assert asset_event_checkpoints(f"file://{base}/marts/page_views") == [1, 3], "no event for the aborted one"
+
+
+def asset_event_checkpoints(uri: str) -> list[int]:
+    """Checkpoint ids in the Airflow Asset events recorded for ``uri`` (metadata DB)."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id).where(AssetModel.uri == uri)
+        ).all()
+        return sorted(int(e.extra["checkpoint_id"]) for e in rows)
