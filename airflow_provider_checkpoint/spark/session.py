@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ DEFAULT_CONF = {
 def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None) -> SparkSession:
     """A SparkSession bound to loopback; reuses the active one in this process."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run in this environment
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()

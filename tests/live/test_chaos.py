@@ -1,0 +1,126 @@
+"""Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
+
+The real Airflow services (LocalExecutor) run a single-step variant of the example
+pipeline while input keeps growing. Before every DAG run the test writes one fault from
+the list below into ``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every
+task process); the run may succeed, be retried by Airflow, or fail. After a last clean
+run, all three tables must equal the ground truth computed by pandas over all input,
+and the storage audit must find nothing orphaned.
+
+    CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from airflow_provider_checkpoint.audit import audit_job
+from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
+from tests.live.airflow_live import running_airflow
+
+pytestmark = pytest.mark.live
+DAG_ID = "chaos_clickstream"
+
+CHAOS_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink
+
+BASE = os.environ["CHAOS_DIR"]
+
+with CheckpointedPipeline(
+    dag_id="chaos_clickstream",
+    schedule=None,
+    retained_checkpoints=3,
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    finalize_retries=1,
+    retry_delay=datetime.timedelta(seconds=1),
+) as pipeline:
+    events = FileSource(uid="events", path=f"{BASE}/landing", format="json", schema="user STRING, page STRING, ts LONG")
+    views = KeyedAggregate(uid="page_views", input=events, keys=["page"],
+                           aggs={"views": "count", "last_seen": "max(ts)"})
+    ParquetTableSink(uid="page_views_table", input=views, path=f"{BASE}/marts/page_views", mode="upsert",
+                     keys=["page"], step="main")
+    users = KeyedAggregate(uid="user_totals", input=events, keys=["user"],
+                           aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"})
+    ParquetTableSink(uid="user_totals_table", input=users, path=f"{BASE}/marts/user_totals", mode="upsert",
+                     keys=["user"], step="main")
+    ParquetTableSink(uid="events_archive", input=events, path=f"{BASE}/marts/events", mode="append", step="main")
+
+dag = pipeline.dag
+"""
+
+# name → fault specs (see airflow_provider_checkpoint.core.faults); weights favour the cheap ones
+FAULTS: dict[str, tuple[int, list[str]]] = {
+    "none": (3, []),
+    "step fails before writing state (attempt 1)": (2, ["step.before_state_write:attempt=1"]),
+    "step fails after writing state (attempt 1)": (2, ["step.after_state_write:attempt=1"]),
+    "step fails before its ack (attempt 1)": (2, ["step.before_ack:attempt=1"]),
+    "step SIGKILLed before its ack (attempt 1)": (2, ["step.before_ack:attempt=1:action=kill"]),
+    "step storage error on every attempt": (1, ["step.before_state_write:action=oserror"]),
+    "finalize fails before _metadata": (2, ["finalize.before_metadata"]),
+    "finalize fails after _metadata (every attempt)": (2, ["finalize.after_metadata"]),
+    "finalize SIGKILLed after _metadata": (1, ["finalize.after_metadata:action=kill"]),
+    "finalize fails between two sink commits": (2, ["finalize.between_sink_commits:sink=page_views_table"]),
+    "storage error writing _metadata": (2, ["storage.write:file=_metadata:action=oserror"]),
+    "storage error writing _job.json": (1, ["storage.write:file=_job.json:action=oserror"]),
+    "trigger SIGKILLed holding the lease": (1, ["storage.write:file=_plan.json:action=kill"]),
+}
+
+
+def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory) -> None:
+    seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
+    runs = int(os.environ.get("CHAOS_RUNS", "30"))
+    print(f"\nchaos seed {seed} ({runs} runs); reproduce with CHAOS_SEED={seed}")
+    rng = random.Random(seed)
+    root = tmp_path_factory.mktemp("chaos")
+    base = root / "chaos-data"
+    dags = root / "chaos-dags"
+    dags.mkdir()
+    (dags / "chaos_clickstream.py").write_text(CHAOS_DAG)
+    faults_file = root / "faults.txt"
+    started = time.monotonic()
+    names = list(FAULTS)
+    weights = [FAULTS[n][0] for n in names]
+    landed: list[pd.DataFrame] = []
+    outcomes: Counter[str] = Counter()
+    env = {"CHAOS_DIR": str(base), "CHECKPOINT_FAULTS_FILE": str(faults_file)}
+    with running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID,), extra_env=env) as live:
+        for run in range(1, runs + 2):
+            for part in range(rng.choice((1, 1, 2))):
+                landed.append(
+                    land_events(base / "landing", f"e-{run:03d}-{part}.json", rng.randrange(50, 400), 1000 * run + part)
+                )
+            fault = "none" if run == runs + 1 else rng.choices(names, weights)[0]
+            faults_file.write_text("\n".join(FAULTS[fault][1]) + "\n")
+            run_id = live.trigger(DAG_ID, {})
+            state = live.wait_for_run(DAG_ID, run_id, timeout=300)
+            outcomes[f"{fault} → {state}"] += 1
+            print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {fault:<48} {state}", flush=True)
+        faults_file.write_text("")
+        assert state == "success", "the last, fault-free run must succeed"
+
+    problems = mismatches(base / "marts", pd.concat(landed))
+    storage = JobStorage.for_job(f"file://{root / 'airflow' / 'checkpoints'}", DAG_ID)
+    findings = audit_job(storage, retained=3)
+    stats = [json.loads(p.read_text()) for p in sorted((Path(storage.job_dir) / "_stats").glob("*.json"))]
+    print("outcomes:", dict(outcomes))
+    print("checkpoints:", Counter((s["status"], s.get("reason", "")) for s in stats))
+    elapsed = time.monotonic() - started
+    print(f"chaos finished in {elapsed:.0f}s (seed {seed})")
+    assert problems == {}, f"seed {seed}: tables differ from the ground truth: {problems}"
+    assert findings == [], f"seed {seed}: storage audit: {findings}"
+    staged = list((base / "marts").glob("*/_staging/chk-*"))
+    assert staged == [], f"seed {seed}: staged sink data left behind: {staged}"
+    assert elapsed < 20 * 60, f"chaos took {elapsed:.0f}s, more than 20 minutes"
