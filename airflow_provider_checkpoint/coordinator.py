@@ -96,10 +96,12 @@ class CheckpointCoordinator:
         except LeaseHeld as e:
             raise CheckpointAborted(AbortReason.TOO_MANY_CONCURRENT, str(e)) from e
         try:
-            latest = self.storage.latest_completed()
+            latest = self._latest_completed()
             if latest is not None:
                 self._finish(latest)
                 job = self.storage.load_job()
+                if job.status is not JobStatus.RUNNING:  # e.g. a stop-with-savepoint finished just now
+                    raise JobNotRunning(job.status, f"job {job.job_id} is {job.status.value}: {job.status_reason}")
                 pause = self.settings.min_pause_between_checkpoints_seconds
                 if periodic and checkpoint_type is CheckpointType.CHECKPOINT and now - latest.completion_time < pause:
                     raise CheckpointAborted(
@@ -161,6 +163,16 @@ class CheckpointCoordinator:
         options["restore_request_id"] = request["request_id"]
         log.info("restoring job %s from %s", self.storage.job_id, snapshot.location.url())
         return snapshot.restore_point()
+
+    def _latest_completed(self) -> CompletedCheckpoint | None:
+        """The latest completed checkpoint; unreadable is an error unless a restore is requested."""
+        try:
+            return self.storage.latest_completed()
+        except (MetadataError, CheckpointStorageError) as e:
+            if self.storage.load_restore_request() is None:
+                raise
+            log.warning("latest checkpoint unreadable (%s); a restore is requested, continuing", e)
+            return None
 
     def _abort_abandoned(self, job: JobRecord, now: float) -> None:
         """Abort every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs.

@@ -48,6 +48,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "file:///data/savepoints,s3://aws_default@bucket/savepoints",
                         "default": "",
                     },
+                    "spark_remote": {
+                        "description": "Spark Connect URL (sc://host:port) the steps of every pipeline run "
+                        "on, unless a pipeline sets its own. Empty means an embedded local[*] session in "
+                        "each step task.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "sc://127.0.0.1:15002",
+                        "default": "",
+                    },
                     "retained_checkpoints": {
                         "description": "Completed checkpoints kept per job (newest first) when a "
                         "pipeline does not set its own; savepoints are never deleted.",

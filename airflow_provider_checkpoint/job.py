@@ -64,6 +64,11 @@ class CheckpointJob:
     settings: CheckpointSettings | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     dag_id: str | None = None
+    spark_remote: str | None = None
+
+    def resolved_spark_remote(self) -> str | None:
+        """The Spark Connect URL steps use, if any: the pipeline's, else ``[checkpoint] spark_remote``."""
+        return self.spark_remote or config_value("spark_remote") or None
 
     def resolved_settings(self) -> CheckpointSettings:
         settings = self.settings or CheckpointSettings()

@@ -66,7 +66,9 @@ class CheckpointedPipeline:
 
     ``storage`` is the storage root URL (default ``[checkpoint] storage_root``);
     ``step_retries`` Airflow retries protect each Spark step, ``finalize_retries`` the
-    finalize task (its commit is idempotent). Other keyword arguments go to ``DAG``.
+    finalize task (its commit is idempotent). ``spark_remote`` (``sc://host:port``, default
+    ``[checkpoint] spark_remote``) runs the steps on a Spark Connect server instead of an
+    embedded local session. Other keyword arguments go to ``DAG``.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class CheckpointedPipeline:
         finalize_retries: int = 1,
         retry_delay: datetime.timedelta = datetime.timedelta(seconds=10),
         spark_conf: dict[str, str] | None = None,
+        spark_remote: str | None = None,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -107,6 +110,7 @@ class CheckpointedPipeline:
         self.finalize_retries = finalize_retries
         self.retry_delay = retry_delay
         self.spark_conf = dict(spark_conf or {})
+        self.spark_remote = spark_remote
         self.job: CheckpointJob | None = None
         self._stack = ExitStack()
         self._nodes: list[Node] = []
@@ -133,6 +137,7 @@ class CheckpointedPipeline:
             settings=self.settings,
             spark_conf=self.spark_conf,
             dag_id=self.dag.dag_id,
+            spark_remote=self.spark_remote,
         )
         trigger = CheckpointTriggerOperator(task_id=TRIGGER_TASK_ID, job=self.job, retries=0)
         steps = [

@@ -20,3 +20,4 @@ os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "False"
 os.environ["AIRFLOW__CHECKPOINT__STORAGE_ROOT"] = f"file://{_HOME}/checkpoints"
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.pop("CHECKPOINT_FAULTS", None)
+os.environ.pop("CHECKPOINT_FAULTS_FILE", None)

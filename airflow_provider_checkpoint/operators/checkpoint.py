@@ -31,16 +31,17 @@ def _run_is_active(ti: Any, holder: JsonDict) -> bool:
         return True
     try:
         state = ti.get_dagrun_state(holder["dag_id"], holder["run_id"])
-    except Exception:  # the run no longer exists
-        return False
-    return str(state).lower().rsplit(".", 1)[-1] in ("queued", "running")
+    except Exception:  # cannot tell: keep the lease until it expires
+        return True
+    return str(state).lower().rsplit(".", 1)[-1] not in ("success", "failed")
 
 
 class CheckpointTriggerOperator(BaseOperator):
     """Cuts the barrier: recovers and cleans the job's storage, allocates the id, pushes the plan.
 
-    Fails without retry when the job is FAILED or STOPPED, or another checkpoint of the
-    job is in flight.
+    Skips the run (and so finalize) when the job is STOPPED or a scheduled run falls in
+    the minimum pause; fails without retry when the job is FAILED, another checkpoint of
+    the job is in flight, or a restore request is invalid.
     """
 
     ui_color = "#ffe7ba"
@@ -127,7 +128,7 @@ class SparkCheckpointOperator(BaseOperator):
         ti = context["ti"]
         plan = CheckpointPlan.from_dict(ti.xcom_pull(task_ids=self.trigger_task_id))
         attempt = int(ti.try_number)
-        spark = get_spark(conf=self.job.spark_conf)
+        spark = get_spark(conf=self.job.spark_conf, remote=self.job.resolved_spark_remote())
         try:
             ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt)
         except Exception as e:

@@ -1,4 +1,4 @@
-"""The local SparkSession a step runs in (``local`` execution mode)."""
+"""The SparkSession a step runs in: embedded (``local``) or a Spark Connect server (``connect``)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,19 @@ DEFAULT_CONF = {
 }
 
 
-def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None) -> SparkSession:
-    """A SparkSession bound to loopback; reuses the active one in this process."""
+def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remote: str | None = None) -> SparkSession:
+    """The SparkSession a step runs in.
+
+    ``remote`` (``sc://host:port``) connects to a Spark Connect server (``connect``
+    execution mode: no JVM in the task). Otherwise an embedded ``local`` session bound to
+    loopback, reusing the active one in this process.
+    """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run in this environment
     from pyspark.sql import SparkSession
 
+    if remote:
+        return SparkSession.builder.remote(remote).getOrCreate()
     active = SparkSession.getActiveSession()
     if active is not None:
         return active

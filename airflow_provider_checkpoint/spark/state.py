@@ -13,6 +13,7 @@ from airflow_provider_checkpoint.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
+ROWS_PER_FILE = 1_000_000
 _RANGE_DIR = re.compile(r"/kgr=(\d+)/[^/]+\.parquet$")
 
 
@@ -34,15 +35,19 @@ def write_state(
 ) -> OperatorSnapshot:
     """Write ``state`` under ``directory`` (job-relative), one file per key-group range.
 
-    ``parallelism`` (default: Spark's default parallelism) is the number of key-group
-    ranges; any later read may use any other parallelism.
+    ``parallelism`` is the number of key-group ranges (files); by default one per
+    ``ROWS_PER_FILE`` rows, at most ``spark.sql.shuffle.partitions``. Any later read may
+    use any other parallelism.
     """
     from pyspark.sql import functions as F
 
-    parallelism = max(1, min(max_parallelism, parallelism or spark.sparkContext.defaultParallelism))
-    index = F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
     state = state.persist()
     rows = state.count()
+    if parallelism is None:
+        ceiling = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+        parallelism = min(ceiling, -(-rows // ROWS_PER_FILE))
+    parallelism = max(1, min(max_parallelism, parallelism))
+    index = F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
     if rows:
         (
             state.withColumn("kgr", index)

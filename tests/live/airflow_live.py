@@ -175,8 +175,9 @@ class LiveAirflow:
         path = f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}/xcomEntries/{key}"
         return self.api_json("GET", path)["value"]
 
-    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 360.0) -> str:
-        """Poll until the run is terminal; raise with task states and logs if it is not ``success``."""
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 360.0, expect_success: bool = True) -> str:
+        """Poll until the run is terminal; raise with task states and logs if it is not ``success``
+        (unless ``expect_success`` is false: then return the terminal state)."""
 
         def terminal() -> str | None:
             self.check_alive()
@@ -187,7 +188,7 @@ class LiveAirflow:
             state = poll(f"run {dag_id}/{run_id} to finish", terminal, timeout, interval=2.0)
         except ServiceError as e:
             raise ServiceError(f"{e}\ntask states: {self._safe_task_states(dag_id, run_id)}") from e
-        if state != "success":
+        if state != "success" and expect_success:
             raise ServiceError(
                 f"run {dag_id}/{run_id} ended {state}; task states: {self._safe_task_states(dag_id, run_id)}\n"
                 + self.task_log_tails(dag_id, run_id)
@@ -239,7 +240,8 @@ def service_env(
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("AIRFLOW") and k not in ("CHECKPOINT_FAULTS", "CLICKSTREAM_DIR", "PYTHONPATH")
+        if not k.startswith("AIRFLOW")
+        and k not in ("CHECKPOINT_FAULTS", "CHECKPOINT_FAULTS_FILE", "CLICKSTREAM_DIR", "PYTHONPATH")
     }
     base_url = f"http://127.0.0.1:{port}"
     env.update(

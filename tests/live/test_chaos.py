@@ -1,9 +1,11 @@
 """Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
 
 The real Airflow services (LocalExecutor) run a single-step variant of the example
-pipeline while input keeps growing. Before every DAG run the test writes one fault from
-the list below into ``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every
-task process); the run may succeed, be retried by Airflow, or fail. After a last clean
+pipeline while input keeps growing; its steps run in ``connect`` mode on a Spark Connect
+server started by the test (the other tests cover the embedded ``local`` mode). Before
+every DAG run the test writes one fault from the list below into ``CHECKPOINT_FAULTS_FILE``
+(re-read by every fault point of every task process); the run may succeed, be retried
+by Airflow, or fail. After a last clean
 run, all three tables must equal the ground truth computed by pandas over all input,
 and the storage audit must find nothing orphaned.
 
@@ -12,6 +14,7 @@ and the storage audit must find nothing orphaned.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -26,6 +29,7 @@ from airflow_provider_checkpoint.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
 from tests.live.airflow_live import running_airflow
+from tests.live.spark_connect import spark_connect_server
 
 pytestmark = pytest.mark.live
 DAG_ID = "chaos_clickstream"
@@ -95,8 +99,16 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
     weights = [FAULTS[n][0] for n in names]
     landed: list[pd.DataFrame] = []
     outcomes: Counter[str] = Counter()
-    env = {"CHAOS_DIR": str(base), "CHECKPOINT_FAULTS_FILE": str(faults_file)}
-    with running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID,), extra_env=env) as live:
+    with contextlib.ExitStack() as stack:
+        remote = stack.enter_context(spark_connect_server(root / "spark-connect.log"))
+        env = {
+            "CHAOS_DIR": str(base),
+            "CHECKPOINT_FAULTS_FILE": str(faults_file),
+            "AIRFLOW__CHECKPOINT__SPARK_REMOTE": remote,  # connect mode: no JVM per step attempt
+        }
+        live = stack.enter_context(
+            running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID,), extra_env=env)
+        )
         for run in range(1, runs + 2):
             for part in range(rng.choice((1, 1, 2))):
                 landed.append(
@@ -105,7 +117,7 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
             fault = "none" if run == runs + 1 else rng.choices(names, weights)[0]
             faults_file.write_text("\n".join(FAULTS[fault][1]) + "\n")
             run_id = live.trigger(DAG_ID, {})
-            state = live.wait_for_run(DAG_ID, run_id, timeout=300)
+            state = live.wait_for_run(DAG_ID, run_id, timeout=300, expect_success=False)
             outcomes[f"{fault} → {state}"] += 1
             print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {fault:<48} {state}", flush=True)
         faults_file.write_text("")
