@@ -68,7 +68,7 @@ class Source(Node):
         raise NotImplementedError
 
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
-        """Everything in ``[previous, barrier)``, deterministically."""
+        """Everything in ``[previous, barrier)``, deterministically, as a cached DataFrame."""
         raise NotImplementedError
 
 

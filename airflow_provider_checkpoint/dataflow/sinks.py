@@ -149,8 +149,9 @@ class ParquetTableSink(Sink):
 
         bucket = F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
         changed = df.withColumn(_BUCKET, bucket).cache()
-        affected = sorted(int(r[0]) for r in changed.select(_BUCKET).distinct().collect())
-        ctx.add_metric("sink_rows", changed.count())
+        per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
+        affected = sorted(per_bucket)
+        ctx.add_metric("sink_rows", sum(per_bucket.values()))
         if not affected:
             changed.unpersist()
             return []
@@ -160,7 +161,8 @@ class ParquetTableSink(Sink):
             old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, bucket)
             kept = old.join(changed.select(*self.keys), self.keys, "left_anti")
             merged = kept.unionByName(changed, allowMissingColumns=True)
-        merged.repartition(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(self._url(staging))
+        # range partitioning gives each affected bucket a task of its own (hashing would pile several on one)
+        merged.repartitionByRange(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(self._url(staging))
         changed.unpersist()
         moves: list[list[str]] = []
         for b in affected:

@@ -120,7 +120,7 @@ class FileSource(Source):
         self._check_unchanged(todo)
         ctx.add_metric("files_in", len(todo))
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema)
+            return ctx.spark.createDataFrame([], self.schema).cache()
         reader = ctx.spark.read.format(self.format).options(**self.options)
         if self.format == "csv":
             reader = reader.option("header", self.options.get("header", "true"))
@@ -140,8 +140,8 @@ class FileSource(Source):
             if bad:
                 df.unpersist()
                 raise MalformedInputError(self._describe_malformed([(r[0], r[1]) for r in bad]))
-            df = df.drop(_CORRUPT, "_source_file")
-        return df
+            return df.drop(_CORRUPT, "_source_file")  # served from the cache above
+        return df.cache()
 
     def _check_unchanged(self, todo: dict[str, int]) -> None:
         if not todo:

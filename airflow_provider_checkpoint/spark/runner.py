@@ -48,7 +48,7 @@ def run_step(
         for node in graph.steps[step]:
             if isinstance(node, Source):
                 previous = restore.source_positions.get(node.uid) if restore else None
-                df = node.read(ctx, previous, plan.barrier.positions[node.uid]).cache()
+                df = node.read(ctx, previous, plan.barrier.positions[node.uid])
                 records = df.count()
                 ctx.add_metric("records_in", records)
                 ctx.metrics.setdefault("source_records", {})[node.uid] = records

@@ -51,7 +51,7 @@ def write_state(
     if rows:
         (
             state.withColumn("kgr", index)
-            .repartition(parallelism, "kgr")
+            .repartitionByRange(parallelism, "kgr")
             .write.partitionBy("kgr")
             .parquet(storage.url(directory))
         )
