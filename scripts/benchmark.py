@@ -759,9 +759,9 @@ def render(rows: list[Row], result: dict[str, Any], truth_rows: int) -> str:
         f"- **The Spark step dominates, and its largest phase is `{top_phase}`.** The step submits "
         f"~{ours_jobs:.0f} Spark jobs per checkpoint (adaptive query execution adds jobs per shuffle "
         f"stage) against ~{ss_jobs:.0f} for one SS micro-batch, and it passes over the data more often: "
-        "the source caches the parsed input and scans it for malformed records, then the runner caches "
-        "and counts it again; the merged state is persisted, counted, then written; the sink caches the "
-        "changed rows, collects their buckets and counts them before the merge-write. Each extra job "
+        "the source caches the parsed input once and scans it for malformed records, then the runner "
+        "counts it; the merged state is persisted, counted, then written; the sink caches the changed "
+        "rows and takes a census of their buckets before the merge-write. Each extra job "
         "and pass costs fixed time on a 2-core `local[2]`. SS aggregates into its in-memory state store "
         "in one pass and only writes the changed rows.",
         f"- **Bytes.** Ours wrote {bytes_o / MB:.1f} MB in total, SS {bytes_s / MB:.1f} MB "
