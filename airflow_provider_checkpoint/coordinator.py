@@ -178,10 +178,12 @@ class CheckpointCoordinator:
         """Abort every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs.
 
         We hold the lease, so no checkpoint is in flight. A directory that retention kept
-        for the shared files of a newer checkpoint is not abandoned.
+        for the shared files of a newer checkpoint is not abandoned. One older than the
+        latest completed checkpoint is ``SUBSUMED`` (not counted), a newer one ``ABANDONED``.
         """
         completed = self._completed_checkpoints()
         needed = set().union(*(c.referenced_paths() for c in completed))
+        latest_id = max((c.checkpoint_id for c in completed), default=0)
         for checkpoint_id in self.storage.checkpoint_ids():
             chk = self.storage.chk_dir(checkpoint_id)
             if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
@@ -189,9 +191,15 @@ class CheckpointCoordinator:
             if not self.storage.exists(f"{chk}/_plan.json"):  # leftover of retention, not a checkpoint attempt
                 self.storage.delete(chk)
                 continue
-            log.warning("aborting abandoned checkpoint %d of job %s", checkpoint_id, job.job_id)
+            reason = AbortReason.SUBSUMED if checkpoint_id < latest_id else AbortReason.ABANDONED
+            log.warning("aborting %s checkpoint %d of job %s", reason.value, checkpoint_id, job.job_id)
             self._discard(checkpoint_id)
-            self._count_failure(job, checkpoint_id, AbortReason.ABANDONED, "abandoned (run died)", now)
+            message = (
+                f"subsumed by completed checkpoint {latest_id}"
+                if reason is AbortReason.SUBSUMED
+                else ("abandoned: its run died before finalize decided")
+            )
+            self._count_failure(job, checkpoint_id, reason, message, now)
 
     # -- finalize ----------------------------------------------------------------------
     def finalize(
