@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job import JobRecord
@@ -31,6 +32,8 @@ from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.snapshots import Snapshot, check_compatible, open_snapshot, write_savepoint
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
+from airflow_provider_checkpoint.storage.job_storage import METADATA
+from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +58,26 @@ class JobNotRunning(RuntimeError):
 
 
 class CheckpointCoordinator:
+    """Decides: triggers checkpoints, completes or aborts them, recovers after crashes.
+
+    ``allowed_roots`` are where snapshots may be restored from and savepoints written
+    (URLs); by default only the job's storage root. Every URL a stored document names is
+    confined to them again before use.
+    """
+
     def __init__(
-        self, storage: JobStorage, graph: PipelineGraph, settings: CheckpointSettings, dag_id: str | None = None
+        self,
+        storage: JobStorage,
+        graph: PipelineGraph,
+        settings: CheckpointSettings,
+        dag_id: str | None = None,
+        allowed_roots: Sequence[str] | None = None,
     ) -> None:
         self.storage = storage
         self.graph = graph
         self.settings = settings
         self.dag_id = dag_id or storage.job_id
+        self.allowed_roots = list(allowed_roots or [Location(storage.fs, storage.root).url()])
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -151,16 +167,16 @@ class CheckpointCoordinator:
             snapshot = Snapshot(latest, self.storage.checkpoint_location(latest.checkpoint_id), self.storage)
             check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), False)
             return latest.to_restore_point(snapshot.location.url())
-        snapshot = open_snapshot(request["location_url"])
+        snapshot = open_snapshot(resolve_under_roots(request.location_url, self.allowed_roots))
         snapshot.verify()
-        allow = bool(request.get("allow_non_restored_state"))
-        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), allow)
+        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), request.allow_non_restored_state)
         restored = snapshot.checkpoint
+        self._check_committables(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
         for sink in self.graph.sinks:
             sink.rollback(restored.checkpoint_id)
             if sink.uid in restored.sinks:
                 sink.commit(restored.checkpoint_id, restored.sinks[sink.uid])
-        options["restore_request_id"] = request["request_id"]
+        options["restore_request_id"] = request.request_id
         log.info("restoring job %s from %s", self.storage.job_id, snapshot.location.url())
         return snapshot.restore_point()
 
@@ -242,6 +258,8 @@ class CheckpointCoordinator:
         try:
             self._discard_unaccepted_attempts(pending)
             completed = pending.complete(now, plan.restore_point.checkpoint_id if plan.restore_point else None)
+            for ack in pending.acks.values():
+                self._check_committables(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
             for snapshot in completed.operators.values():
                 for handle in snapshot.handles:
                     self.storage.verify(handle)
@@ -257,7 +275,7 @@ class CheckpointCoordinator:
                 )
             self.abort(plan, e.reason, e.message, now)
             raise e from None
-        except CheckpointStorageError as e:
+        except (CheckpointStorageError, DocumentError, UnsafePathError) as e:
             self.abort(plan, AbortReason.CORRUPT_STATE, str(e), now)
             raise CheckpointAborted(AbortReason.CORRUPT_STATE, str(e)) from e
         except Exception as e:
@@ -337,6 +355,7 @@ class CheckpointCoordinator:
         self.commit_sinks(completed)
         target = completed.options.get("savepoint_target")
         if target:
+            target = resolve_under_roots(target, self.allowed_roots)
             write_savepoint(self.storage, completed, Location.from_url(target))
         job = self.storage.load_job()
         job.failures.on_complete(completed.checkpoint_id)
@@ -362,8 +381,15 @@ class CheckpointCoordinator:
             }
             self.storage.write_stats(completed.checkpoint_id, stats)
 
+    def _check_committables(self, checkpoint_id: int, sinks: Mapping[str, list[JsonDict]], document: str) -> None:
+        """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""
+        for sink in self.graph.sinks:
+            if sink.uid in sinks:
+                sink.check_committables(checkpoint_id, sinks[sink.uid], document)
+
     def commit_sinks(self, completed: CompletedCheckpoint) -> None:
         """Commit every sink transaction of ``completed`` (idempotent, also for recovery)."""
+        self._check_committables(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")
         sinks = {s.uid: s for s in self.graph.sinks}
         for uid, committables in sorted(completed.sinks.items()):
             if uid not in sinks:

@@ -81,4 +81,6 @@ class CheckpointJob:
         return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
 
     def coordinator(self) -> CheckpointCoordinator:
-        return CheckpointCoordinator(self.storage(), self.graph, self.resolved_settings(), self.dag_id)
+        return CheckpointCoordinator(
+            self.storage(), self.graph, self.resolved_settings(), self.dag_id, allowed_roots(self.storage_root)
+        )

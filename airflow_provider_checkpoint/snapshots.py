@@ -22,8 +22,11 @@ from airflow_provider_checkpoint.core.model import (
     CompletedCheckpoint,
     OperatorSnapshot,
     RestorePoint,
+    RestoreRequest,
     StateHandle,
 )
+from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
+from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
@@ -66,8 +69,15 @@ def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
             f"no checkpoint or savepoint at {location.url()}: {location.url(METADATA)} does not exist"
         )
     checkpoint = location.load_snapshot()
-    base = location if checkpoint.relocatable else Location(location.fs, posixpath.dirname(location.base))
-    return Snapshot(checkpoint, location, base)
+    if checkpoint.relocatable:
+        return Snapshot(checkpoint, location, location)
+    if posixpath.basename(location.base) != JobStorage.chk_dir(checkpoint.checkpoint_id):
+        raise RestoreError(
+            f"{location.url(METADATA)} is checkpoint {checkpoint.checkpoint_id} of job {checkpoint.job_id!r} "
+            f"(not a relocatable savepoint), so it must lie in its job directory as "
+            f"{JobStorage.chk_dir(checkpoint.checkpoint_id)}/; take a savepoint to move state elsewhere"
+        )
+    return Snapshot(checkpoint, location, Location(location.fs, posixpath.dirname(location.base)))
 
 
 def check_compatible(
@@ -180,13 +190,14 @@ def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) 
     ``latest`` (the newest completed checkpoint of the job), a checkpoint id, or a path
     to a checkpoint or savepoint directory (or its ``_metadata``) under ``roots``.
     """
-    value = str(checkpoint).strip()
-    if value in ("", "latest"):
+    value = str(checkpoint)
+    if value.strip() in ("", "latest"):
         ids = storage.completed_ids()
         if not ids:
             raise CheckpointStorageError(f"job {storage.job_id} has no completed checkpoint in {storage.url()}")
         return storage.url(storage.chk_dir(ids[-1]))
-    if value.isdigit():
+    if value.strip().isdigit():
+        value = value.strip()
         if not storage.is_completed(int(value)):
             known = ", ".join(map(str, storage.completed_ids())) or "none"
             raise CheckpointStorageError(
@@ -213,6 +224,12 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
         )
     starting_empty = check_compatible(snapshot, storage.job_id, stateful, allow_non_restored_state)
     cp = snapshot.checkpoint
+    for uid, committables in sorted(cp.sinks.items()):
+        node = nodes.get(uid, {})
+        if node.get("format") == TABLE_FORMAT:
+            check_table_committables(
+                cp.checkpoint_id, committables, node.get("mode", ""), snapshot.location.url(METADATA)
+            )
     summary: dict[str, Any] = {
         "job_id": storage.job_id,
         "dag_id": job.topology.get("dag_id", storage.job_id),
@@ -226,13 +243,13 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
     }
     if not dry_run:
         storage.write_restore_request(
-            {
-                "request_id": uuid.uuid4().hex,
-                "location_url": snapshot.location.url(),
-                "checkpoint_id": cp.checkpoint_id,
-                "allow_non_restored_state": allow_non_restored_state,
-                "requested_at": time.time(),
-            }
+            RestoreRequest(
+                request_id=uuid.uuid4().hex,
+                location_url=snapshot.location.url(),
+                checkpoint_id=cp.checkpoint_id,
+                allow_non_restored_state=allow_non_restored_state,
+                requested_at=time.time(),
+            )
         )
         job.resume()
         storage.save_job(job)

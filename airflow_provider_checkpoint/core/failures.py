@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
-from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.core.documents import Fields, JsonDict
 
 
 class AbortReason(enum.StrEnum):
@@ -82,5 +83,7 @@ class FailureAccounting:
         return {"last_completed_id": self.last_completed_id, "failed_ids": list(self.failed_ids)}
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> FailureAccounting:
-        return cls(int(d.get("last_completed_id", 0)), [int(i) for i in d.get("failed_ids", [])])
+    def from_dict(cls, d: Any, document: str = "failures", where: str = "") -> FailureAccounting:
+        f = Fields(d, document, where)
+        failed = f.each("failed_ids", lambda v, name: Fields({"i": v}, document, name).integer("i"), default=[])
+        return cls(f.integer("last_completed_id", default=0), failed)

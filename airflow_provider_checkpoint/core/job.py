@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, Fields, JsonDict, enum_value, load_json
 from airflow_provider_checkpoint.core.failures import FailureAccounting, JobStatus
-from airflow_provider_checkpoint.core.model import JsonDict
 
 JOB_FORMAT_VERSION = 1
 
 
-class JobRecordError(ValueError):
-    """``_job.json`` is unreadable or from an unsupported version."""
+class JobRecordError(DocumentError):
+    """``_job.json`` is unreadable, unsafe, or from an unsupported version."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.document = "_job.json"
+        self.field = ""
 
 
 @dataclass
@@ -63,20 +70,34 @@ class JobRecord:
 
     @classmethod
     def decode(cls, data: bytes, source: str = "_job.json") -> JobRecord:
+        """Parse and validate a job record; every problem is a :class:`JobRecordError`."""
         try:
-            d = json.loads(data)
-            if d.get("version") != JOB_FORMAT_VERSION:
-                raise JobRecordError(f"{source}: unsupported job record version {d.get('version')!r}")
+            f = Fields(load_json(data, source), source)
+            if f.raw.get("version") != JOB_FORMAT_VERSION:
+                raise f.error(
+                    "version",
+                    f"is not a job record version this provider reads ({JOB_FORMAT_VERSION})",
+                    f.raw.get("version"),
+                )
+            topology = f.obj("topology", default={})
+            topology.mapping("nodes", lambda v, name: Fields(v, source, name).raw, default={})
+            topology.text("dag_id", max_length=250, default=None)
             return cls(
-                job_id=str(d["job_id"]),
-                topology=dict(d.get("topology", {})),
-                status=JobStatus(d.get("status", "RUNNING")),
-                status_reason=str(d.get("status_reason", "")),
-                last_checkpoint_id=int(d.get("last_checkpoint_id", 0)),
-                failures=FailureAccounting.from_dict(d.get("failures", {})),
-                savepoints=list(d.get("savepoints", [])),
+                job_id=f.string("job_id", JOB_ID),
+                topology=topology.raw,
+                status=enum_value(JobStatus, f, "status", default="RUNNING"),
+                status_reason=f.text("status_reason", default=""),
+                last_checkpoint_id=f.integer("last_checkpoint_id", default=0),
+                failures=FailureAccounting.from_dict(f.raw.get("failures", {}), source, "failures"),
+                savepoints=f.each("savepoints", _savepoint_entry(source), default=[]),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if isinstance(e, JobRecordError):
-                raise
-            raise JobRecordError(f"{source}: unreadable job record ({e!r})") from e
+        except DocumentError as e:
+            raise JobRecordError(str(e)) from None
+
+
+def _savepoint_entry(source: str) -> Callable[[Any, str], JsonDict]:
+    def read(value: Any, name: str) -> JsonDict:
+        f = Fields(value, source, name)
+        return {"checkpoint_id": f.integer("checkpoint_id", 1), "path": f.text("path"), "time": f.number("time")}
+
+    return read

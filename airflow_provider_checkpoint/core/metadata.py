@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import json
 
+from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, Fields, enum_value, load_json
 from airflow_provider_checkpoint.core.model import (
     Barrier,
     CheckpointType,
     CompletedCheckpoint,
-    OperatorSnapshot,
+    HandleScope,
+    checkpoint_options,
+    operator_snapshots,
+    sink_committables,
 )
 
 FORMAT = "airflow-checkpoint"
 VERSION = 1
 
 
-class MetadataError(ValueError):
-    """``_metadata`` cannot be read: not ours, corrupt, or written by a newer version."""
+class MetadataError(DocumentError):
+    """``_metadata`` cannot be read: not ours, corrupt, unsafe, or written by a newer version."""
+
+    def __init__(self, document: str, problem: str) -> None:
+        ValueError.__init__(self, f"{document}: {problem}")
+        self.document = document
+        self.field = ""
 
 
 def encode(checkpoint: CompletedCheckpoint) -> bytes:
@@ -40,33 +49,55 @@ def encode(checkpoint: CompletedCheckpoint) -> bytes:
 
 
 def decode(data: bytes, source: str = "_metadata") -> CompletedCheckpoint:
-    """Parse ``_metadata``; ``source`` names the file in every error."""
+    """Parse and validate ``_metadata``; ``source`` names the file in every error.
+
+    State handles must lie where their layout puts them (:class:`HandleScope`); sink
+    committables must be JSON objects (each sink checks their shape before it commits).
+    """
     try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MetadataError(f"{source}: not valid JSON ({e}); the checkpoint is corrupt") from e
+        doc = load_json(data, source)
+    except DocumentError as e:
+        raise MetadataError(source, f"not valid JSON ({e}); the checkpoint is corrupt") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise MetadataError(f"{source}: not an {FORMAT} metadata file")
+        raise MetadataError(source, f"not an {FORMAT} metadata file")
     version = doc.get("version")
     if version != VERSION:
         raise MetadataError(
-            f"{source}: metadata version {version!r} is not supported by this provider "
-            f"(it reads version {VERSION}); upgrade airflow-provider-checkpoint to restore it"
+            source,
+            f"metadata version {_short(version)} is not supported by this provider "
+            f"(it reads version {VERSION}); upgrade airflow-provider-checkpoint to restore it",
         )
     try:
+        f = Fields(doc, source)
+        checkpoint_id = f.integer("checkpoint_id", 1)
+        relocatable = f.flag("relocatable", default=False)
+        barrier = Barrier.from_dict(doc.get("barrier"), source, "barrier")
+        if barrier.checkpoint_id != checkpoint_id:
+            raise f.error("barrier.checkpoint_id", f"must equal checkpoint_id {checkpoint_id}", barrier.checkpoint_id)
+        restored_from = f.integer("restored_from", 1, default=None)
         return CompletedCheckpoint(
-            job_id=str(doc["job_id"]),
-            checkpoint_id=int(doc["checkpoint_id"]),
-            type=CheckpointType(doc["type"]),
-            trigger_time=float(doc["trigger_time"]),
-            completion_time=float(doc["completion_time"]),
-            restored_from=doc.get("restored_from"),
-            barrier=Barrier.from_dict(doc["barrier"]),
-            operators={u: OperatorSnapshot.from_dict(s) for u, s in doc["operators"].items()},
-            sinks={u: list(c) for u, c in doc["sinks"].items()},
-            stats=dict(doc.get("stats", {})),
-            options=dict(doc.get("options", {})),
-            relocatable=bool(doc.get("relocatable", False)),
+            job_id=f.string("job_id", JOB_ID),
+            checkpoint_id=checkpoint_id,
+            type=enum_value(CheckpointType, f, "type"),
+            trigger_time=f.number("trigger_time"),
+            completion_time=f.number("completion_time"),
+            restored_from=restored_from,
+            barrier=barrier,
+            operators=operator_snapshots(f, "operators", HandleScope(checkpoint_id, relocatable)),
+            sinks=sink_committables(f, "sinks"),
+            stats=f.data("stats", default={}),
+            options=checkpoint_options(f, "options"),
+            relocatable=relocatable,
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise MetadataError(f"{source}: malformed metadata ({e!r}); the checkpoint is corrupt") from e
+    except DocumentError as e:
+        raise MetadataError(source, f"refused ({_field_message(e)}); the checkpoint is corrupt or not ours") from None
+
+
+def _field_message(e: DocumentError) -> str:
+    text = str(e)
+    return text[len(e.document) + 2 :] if text.startswith(e.document + ": ") else text
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -8,10 +8,24 @@ to the job directory, so a snapshot can be relocated without rewriting them.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-JsonDict = dict[str, Any]
+from airflow_provider_checkpoint.core.documents import (
+    CHECKSUM,
+    JOB_ID,
+    REQUIRED,
+    STEP,
+    Fields,
+    JsonDict,
+    enum_value,
+)
+
+__all__ = ["JsonDict"]
+_CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")
+_REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+MAX_KEY_GROUPS = 32768
 
 
 class CheckpointType(enum.StrEnum):
@@ -41,14 +55,53 @@ class StateHandle:
         return d
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> StateHandle:
-        kg = d.get("key_groups")
+    def from_dict(cls, d: Any, document: str = "state handle", where: str = "") -> StateHandle:
+        f = Fields(d, document, where)
+        key_groups = None
+        if f.has("key_groups"):
+            kg = f.items("key_groups")
+            if not (
+                len(kg) == 2
+                and all(isinstance(k, int) and not isinstance(k, bool) for k in kg)
+                and 0 <= kg[0] <= kg[1] < MAX_KEY_GROUPS
+            ):
+                raise f.error("key_groups", f"must be [first, last] with 0 <= first <= last < {MAX_KEY_GROUPS}", kg)
+            key_groups = (kg[0], kg[1])
         return cls(
-            path=str(d["path"]),
-            size=int(d["size"]),
-            checksum=str(d["checksum"]),
-            key_groups=(int(kg[0]), int(kg[1])) if kg is not None else None,
+            path=f.path("path"),
+            size=f.integer("size"),
+            checksum=f.string("checksum", CHECKSUM),
+            key_groups=key_groups,
         )
+
+
+@dataclass(frozen=True)
+class HandleScope:
+    """Where the state handles of a snapshot may lie, relative to the directory they resolve under.
+
+    ``attempt_dir``: an ack's files lie in its own attempt directory. Otherwise a
+    checkpoint's files lie in ``chk-<n>/`` with ``n`` at most its own id (or ``shared/``),
+    and a relocatable savepoint's in ``state/<uid>/``.
+    """
+
+    checkpoint_id: int
+    relocatable: bool | None = False
+    """``None`` accepts either layout (a restore point passed on by the trigger)."""
+    attempt_dir: str | None = None
+
+    def problem(self, uid: str, path: str) -> str | None:
+        if self.attempt_dir is not None:
+            return None if path.startswith(self.attempt_dir + "/") else f"must lie under {self.attempt_dir}/"
+        first = path.split("/", 1)[0]
+        if self.relocatable is not False and path.startswith(f"state/{uid}/"):
+            return None
+        if self.relocatable is not True:
+            m = _CHK_SEGMENT.match(first)
+            if first == "shared" or (m and 1 <= int(m.group(1)) <= self.checkpoint_id):
+                return None
+        if self.relocatable:
+            return f"must lie under state/{uid}/ of the savepoint"
+        return f"must lie under chk-<n>/ (n <= {self.checkpoint_id}) or shared/ of the job directory"
 
 
 @dataclass(frozen=True)
@@ -79,14 +132,56 @@ class OperatorSnapshot:
         }
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> OperatorSnapshot:
+    def from_dict(cls, d: Any, document: str, where: str, scope: HandleScope) -> OperatorSnapshot:
+        f = Fields(d, document, where)
+        uid = where.rsplit(".", 1)[-1]
+        max_parallelism = f.integer("max_parallelism", 1, MAX_KEY_GROUPS)
+        handles = f.each("handles", lambda h, name: StateHandle.from_dict(h, document, name))
+        for n, handle in enumerate(handles):
+            problem = scope.problem(uid, handle.path)
+            if problem:
+                raise f.error(f"handles[{n}].path", problem, handle.path)
+            if handle.key_groups and handle.key_groups[1] >= max_parallelism:
+                raise f.error(f"handles[{n}].key_groups", f"exceeds max_parallelism {max_parallelism}")
+        keys = f.items("keys", max_length=100)
+        if not keys or not all(isinstance(k, str) and 0 < len(k) <= 1000 for k in keys):
+            raise f.error("keys", "must be a non-empty list of column names", keys)
         return cls(
-            handles=tuple(StateHandle.from_dict(h) for h in d["handles"]),
-            schema=str(d["schema"]),
-            keys=tuple(d["keys"]),
-            max_parallelism=int(d["max_parallelism"]),
-            rows=int(d.get("rows", 0)),
+            handles=tuple(handles),
+            schema=f.string("schema", max_length=1 << 20),
+            keys=tuple(keys),
+            max_parallelism=max_parallelism,
+            rows=f.integer("rows", default=0),
         )
+
+
+def operator_snapshots(f: Fields, key: str, scope: HandleScope) -> dict[str, OperatorSnapshot]:
+    """The ``operators`` map of a document (uid → snapshot), handles checked against ``scope``."""
+    return f.mapping(key, lambda s, name: OperatorSnapshot.from_dict(s, f.document, name, scope))
+
+
+def sink_committables(f: Fields, key: str, default: Any = None) -> dict[str, list[JsonDict]]:
+    """The ``sinks`` map (uid → committables): lists of JSON objects; their shape is the sink's to check."""
+
+    def committables(value: Any, name: str) -> list[JsonDict]:
+        items = Fields({"c": value}, f.document, name).items("c", max_length=100_000)
+        for i, item in enumerate(items):
+            Fields(item, f.document, f"{name}[{i}]")
+        return items
+
+    return f.mapping(key, committables, default=default if default is not None else REQUIRED)
+
+
+def checkpoint_options(f: Fields, key: str) -> JsonDict:
+    """Options of a checkpoint: the savepoint target (a URL confined at use), stop, restore request."""
+    options = f.obj(key, default={})
+    if "savepoint_target" in options.raw:
+        options.text("savepoint_target")
+    if "stop_after_savepoint" in options.raw:
+        options.flag("stop_after_savepoint")
+    if "restore_request_id" in options.raw:
+        options.string("restore_request_id", _REQUEST_ID)
+    return options.raw
 
 
 @dataclass(frozen=True)
@@ -111,12 +206,13 @@ class Barrier:
         }
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> Barrier:
+    def from_dict(cls, d: Any, document: str = "barrier", where: str = "") -> Barrier:
+        f = Fields(d, document, where)
         return cls(
-            checkpoint_id=int(d["checkpoint_id"]),
-            trigger_time=float(d["trigger_time"]),
-            type=CheckpointType(d["type"]),
-            positions=dict(d["positions"]),
+            checkpoint_id=f.integer("checkpoint_id", 1),
+            trigger_time=f.number("trigger_time"),
+            type=enum_value(CheckpointType, f, "type"),
+            positions=f.mapping("positions", lambda v, name: v),
         )
 
 
@@ -145,13 +241,15 @@ class RestorePoint:
         }
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> RestorePoint:
+    def from_dict(cls, d: Any, document: str = "restore point", where: str = "") -> RestorePoint:
+        f = Fields(d, document, where)
+        checkpoint_id = f.integer("checkpoint_id", 1)
         return cls(
-            checkpoint_id=int(d["checkpoint_id"]),
-            location_url=str(d["location_url"]),
-            base_url=d.get("base_url"),
-            source_positions=dict(d["source_positions"]),
-            operators={uid: OperatorSnapshot.from_dict(s) for uid, s in d["operators"].items()},
+            checkpoint_id=checkpoint_id,
+            location_url=f.text("location_url"),
+            base_url=f.text("base_url", default=None),
+            source_positions=f.mapping("source_positions", lambda v, name: v),
+            operators=operator_snapshots(f, "operators", HandleScope(checkpoint_id, relocatable=None)),
         )
 
 
@@ -184,16 +282,23 @@ class CheckpointPlan:
         }
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> CheckpointPlan:
-        rp = d.get("restore_point")
+    def from_dict(cls, d: Any, document: str = "checkpoint plan") -> CheckpointPlan:
+        f = Fields(d, document)
+        barrier = Barrier.from_dict(f.raw.get("barrier"), document, "barrier")
+        restore_point = None
+        if f.has("restore_point"):
+            restore_point = RestorePoint.from_dict(f.raw["restore_point"], document, "restore_point")
+            if restore_point.checkpoint_id >= barrier.checkpoint_id:
+                raise f.error("restore_point.checkpoint_id", "must be older than the planned checkpoint")
+        steps = f.each("steps", lambda v, name: Fields({"s": v}, document, name).string("s", STEP))
         return cls(
-            job_id=str(d["job_id"]),
-            run_id=str(d["run_id"]),
-            barrier=Barrier.from_dict(d["barrier"]),
-            steps=tuple(d["steps"]),
-            timeout_seconds=float(d["timeout_seconds"]),
-            restore_point=RestorePoint.from_dict(rp) if rp else None,
-            options=dict(d.get("options", {})),
+            job_id=f.string("job_id", JOB_ID),
+            run_id=f.text("run_id", max_length=500),
+            barrier=barrier,
+            steps=tuple(steps),
+            timeout_seconds=f.number("timeout_seconds", 0.001),
+            restore_point=restore_point,
+            options=checkpoint_options(f, "options"),
         )
 
 
@@ -228,16 +333,24 @@ class Ack:
         }
 
     @classmethod
-    def from_dict(cls, d: JsonDict) -> Ack:
+    def from_dict(cls, d: Any, document: str = "ack") -> Ack:
+        """An ack as received (XCom, or storage in submit mode): its files must lie in its attempt directory."""
+        f = Fields(d, document)
+        checkpoint_id = f.integer("checkpoint_id", 1)
+        step = f.string("step", STEP)
+        attempt = f.integer("attempt", 1, 100_000)
+        attempt_dir = f"chk-{checkpoint_id}/{step}/attempt-{attempt}"
+        if f.raw.get("attempt_dir") != attempt_dir:
+            raise f.error("attempt_dir", f"must be {attempt_dir}", f.raw.get("attempt_dir"))
         return cls(
-            job_id=str(d["job_id"]),
-            checkpoint_id=int(d["checkpoint_id"]),
-            step=str(d["step"]),
-            attempt=int(d["attempt"]),
-            operators={uid: OperatorSnapshot.from_dict(s) for uid, s in d["operators"].items()},
-            sinks={uid: list(c) for uid, c in d.get("sinks", {}).items()},
-            metrics=dict(d.get("metrics", {})),
-            attempt_dir=str(d.get("attempt_dir", "")),
+            job_id=f.string("job_id", JOB_ID),
+            checkpoint_id=checkpoint_id,
+            step=step,
+            attempt=attempt,
+            operators=operator_snapshots(f, "operators", HandleScope(checkpoint_id, attempt_dir=attempt_dir)),
+            sinks=sink_committables(f, "sinks", default={}),
+            metrics=f.data("metrics", default={}),
+            attempt_dir=attempt_dir,
         )
 
 
@@ -279,4 +392,38 @@ class CompletedCheckpoint:
             source_positions=self.source_positions,
             operators=self.operators,
             base_url=base_url,
+        )
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """``_restore.json``: the snapshot the next checkpoint of the job restores from.
+
+    ``location_url`` is confined to the allowed roots again when the trigger uses it.
+    """
+
+    request_id: str
+    location_url: str
+    checkpoint_id: int
+    allow_non_restored_state: bool
+    requested_at: float
+
+    def to_dict(self) -> JsonDict:
+        return {
+            "request_id": self.request_id,
+            "location_url": self.location_url,
+            "checkpoint_id": self.checkpoint_id,
+            "allow_non_restored_state": self.allow_non_restored_state,
+            "requested_at": self.requested_at,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, document: str = "_restore.json") -> RestoreRequest:
+        f = Fields(d, document)
+        return cls(
+            request_id=f.string("request_id", _REQUEST_ID),
+            location_url=f.text("location_url"),
+            checkpoint_id=f.integer("checkpoint_id", 1),
+            allow_non_restored_state=f.flag("allow_non_restored_state"),
+            requested_at=f.number("requested_at"),
         )

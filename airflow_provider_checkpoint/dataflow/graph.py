@@ -135,6 +135,15 @@ class Sink(Node):
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         raise NotImplementedError
 
+    def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
+        """Raise :class:`~airflow_provider_checkpoint.core.documents.DocumentError` unless ``committables``
+        have exactly the shape this sink's ``stage`` writes for ``checkpoint_id``.
+
+        Committables come back from stored documents (``_metadata``, savepoints, acks), which
+        are untrusted: a sink must check every path they name before ``commit`` uses it.
+        """
+        raise NotImplementedError
+
     def abort(self, checkpoint_id: int) -> None:
         raise NotImplementedError
 

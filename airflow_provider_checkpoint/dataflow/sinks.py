@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from airflow_provider_checkpoint.core.documents import DocumentError, Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, Sink
-from airflow_provider_checkpoint.storage.job_storage import write_atomic
+from airflow_provider_checkpoint.storage.job_storage import _is_local, write_atomic
+from airflow_provider_checkpoint.storage.paths import confine
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -30,6 +33,41 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.spark.context import StepContext
 
 _BUCKET = "_bucket"
+FORMAT = "parquet_table"
+_APPEND_FILE = re.compile(r"^part-c(\d{10})-\d{5}\.parquet$")
+_BUCKET_FILE = re.compile(r"^part-b\d{5}\.parquet$")
+
+
+def table_file_pattern(mode: str, checkpoint_id: int) -> re.Pattern[str]:
+    """Names of the committed files of ``checkpoint_id`` in a table of ``mode``."""
+    return re.compile(rf"^part-c{checkpoint_id:010d}-\d{{5}}\.parquet$") if mode == "append" else _BUCKET_FILE
+
+
+def check_table_committables(checkpoint_id: int, committables: Any, mode: str, document: str) -> list[list[str]]:
+    """The moves of ``committables`` if they have exactly the shape :class:`ParquetTableSink` stages.
+
+    ``{"checkpoint_id": <id>, "moves": [[staged, target], ...]}``: ``staged`` lies under
+    ``_staging/chk-<id>/``, ``target`` is a file name of the table's own naming scheme for
+    ``mode``, and no target appears twice.
+    """
+    reader = Fields({"committables": committables}, document)
+    targets = table_file_pattern(mode, checkpoint_id)
+    moves: list[list[str]] = []
+    for i, item in enumerate(reader.items("committables")):
+        c = Fields(item, document, f"committables[{i}]")
+        if c.integer("checkpoint_id", 1) != checkpoint_id:
+            raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
+        for j, move in enumerate(c.items("moves")):
+            field = f"committables[{i}].moves[{j}]"
+            if not isinstance(move, list) or len(move) != 2:
+                raise DocumentError(document, field, "must be [staged, target]", move)
+            staged = relative_path(move[0], document, f"{field}[0]", under=f"_staging/chk-{checkpoint_id}")
+            target = relative_path(move[1], document, f"{field}[1]", pattern=targets)
+            moves.append([staged, target])
+    names = [t for _, t in moves]
+    if len(set(names)) != len(names):
+        raise DocumentError(document, "committables", "name a target file twice")
+    return moves
 
 
 class ParquetTableSink(Sink):
@@ -66,7 +104,7 @@ class ParquetTableSink(Sink):
         self.storage_options = dict(storage_options or {})
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "path": self.path, "mode": self.mode, "keys": self.keys}
+        return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
 
     # -- paths -------------------------------------------------------------------------
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -74,6 +112,11 @@ class ParquetTableSink(Sink):
         if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
             root = posixpath.abspath(root)
         return fs, root.rstrip("/")
+
+    def _inside(self, root: str, relative: str) -> str:
+        """``root/relative``, refused if it would leave the table (``..``, absolute, a symlink out)."""
+        fs, _ = self._fs()
+        return confine(root, relative, _is_local(fs))
 
     def _url(self, path: str) -> str:
         fs, _ = self._fs()
@@ -104,7 +147,7 @@ class ParquetTableSink(Sink):
             claim.pop("buckets")
         path = f"{root}/_table.json"
         if fs.exists(path):
-            existing = json.loads(fs.cat_file(path))
+            existing = load_json(fs.cat_file(path), self._url(path))
             if existing != claim:
                 raise PipelineDefinitionError(
                     f"sink {self.uid}: table {self.asset_uri()} belongs to {existing}, not {claim}; "
@@ -181,18 +224,31 @@ class ParquetTableSink(Sink):
         fs, root = self._fs()
         return bool(fs.exists(f"{root}/{self._commit_log(checkpoint_id)}"))
 
+    def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
+        check_table_committables(checkpoint_id, committables, self.mode, document)
+
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
+        """Move the staged files into the table, then log the commit; idempotent.
+
+        Every move is checked first (shape, and on local filesystems that neither end
+        resolves outside the table), so a forged committable moves nothing.
+        """
         fs, root = self._fs()
         if self.is_committed(checkpoint_id):
             return
+        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
+        moves = check_table_committables(checkpoint_id, committables, self.mode, document)
         parked = f"{root}/{self._rolled_back(checkpoint_id)}"
-        for committable in committables:
-            for staged, target in committable["moves"]:
-                for source in (f"{root}/{staged}", f"{parked}/{target}"):
-                    if fs.exists(source):
-                        fs.mv(source, f"{root}/{target}")
-                        break
-        log = {"checkpoint_id": checkpoint_id, "files": [t for c in committables for _, t in c["moves"]]}
+        resolved = [
+            (self._inside(root, staged), self._inside(root, f"{self._rolled_back(checkpoint_id)}/{target}"), target)
+            for staged, target in moves
+        ]
+        for staged, parked_file, target in resolved:
+            for source in (staged, parked_file):
+                if fs.exists(source):
+                    fs.mv(source, self._inside(root, target))
+                    break
+        log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves]}
         write_atomic(fs, f"{root}/{self._commit_log(checkpoint_id)}", json.dumps(log).encode())
         self.abort(checkpoint_id)
         if fs.exists(parked):
@@ -209,16 +265,25 @@ class ParquetTableSink(Sink):
         if self.mode != "append" or not fs.exists(f"{root}/_commits"):
             return
         for log_path in sorted(fs.glob(f"{root}/_commits/*.json")):
-            log = json.loads(fs.cat_file(log_path))
-            newer = int(log["checkpoint_id"])
+            newer, files = self._read_commit_log(fs, log_path)
             if newer <= checkpoint_id:
                 continue
-            parked = f"{root}/{self._rolled_back(newer)}"
-            fs.makedirs(parked, exist_ok=True)
-            for name in log["files"]:
-                if fs.exists(f"{root}/{name}"):
-                    fs.mv(f"{root}/{name}", f"{parked}/{name}")
+            parked = self._rolled_back(newer)
+            fs.makedirs(f"{root}/{parked}", exist_ok=True)
+            for name in files:
+                if fs.exists(self._inside(root, name)):
+                    fs.mv(self._inside(root, name), self._inside(root, f"{parked}/{name}"))
             fs.rm(log_path)
+
+    def _read_commit_log(self, fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, list[str]]:
+        """A commit log ``_commits/<id>.json``: its checkpoint id and the table files it committed."""
+        document = self._url(path)
+        log = Fields(load_json(fs.cat_file(path), document), document)
+        checkpoint_id = log.integer("checkpoint_id", 1)
+        if posixpath.basename(path) != posixpath.basename(self._commit_log(checkpoint_id)):
+            raise log.error("checkpoint_id", "does not match the log's file name", checkpoint_id)
+        pattern = table_file_pattern(self.mode, checkpoint_id)
+        return checkpoint_id, log.each("files", lambda v, name: relative_path(v, document, name, pattern=pattern))
 
     def abort(self, checkpoint_id: int) -> None:
         fs, root = self._fs()

@@ -31,9 +31,11 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.documents import DocumentError, load_json
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.job import JobRecord
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, StateHandle
+from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestoreRequest, StateHandle
+from airflow_provider_checkpoint.storage.paths import confine
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
@@ -126,7 +128,8 @@ class Location:
         return cls(fs, path.rstrip("/"))
 
     def path(self, relative: str) -> str:
-        return f"{self.base}/{relative}" if relative else self.base
+        """``base/relative``; a path that would leave ``base`` (``..``, absolute, a symlink out) is refused."""
+        return confine(self.base, relative, _is_local(self.fs)) if relative else self.base
 
     def url(self, relative: str = "") -> str:
         """A URL Spark and other engines can open (``file:///…`` for local storage)."""
@@ -225,29 +228,31 @@ class JobStorage(Location):
     def load_job(self) -> JobRecord:
         if not self.exists("_job.json"):
             return JobRecord(job_id=self.job_id)
-        return JobRecord.decode(self.read_bytes("_job.json"), self.url("_job.json"))
+        record = JobRecord.decode(self.read_bytes("_job.json"), self.url("_job.json"))
+        if record.job_id != self.job_id:
+            raise JobRecordError(f"{self.url('_job.json')}: belongs to job {record.job_id!r}, not {self.job_id!r}")
+        return record
 
     def save_job(self, record: JobRecord) -> None:
         self.write_atomic("_job.json", record.encode())
 
     # -- restore request ---------------------------------------------------------------
-    def load_restore_request(self) -> JsonDict | None:
+    def load_restore_request(self) -> RestoreRequest | None:
         if not self.exists(RESTORE_REQUEST):
             return None
+        document = self.url(RESTORE_REQUEST)
         try:
-            return dict(json.loads(self.read_bytes(RESTORE_REQUEST)))
-        except json.JSONDecodeError as e:
-            raise CheckpointStorageError(
-                f"{self.url(RESTORE_REQUEST)} is corrupt ({e}); run the restore DAG again"
-            ) from e
+            return RestoreRequest.from_dict(load_json(self.read_bytes(RESTORE_REQUEST), document), document)
+        except DocumentError as e:
+            raise CheckpointStorageError(f"restore request refused: {e}; run the restore DAG again") from e
 
-    def write_restore_request(self, request: JsonDict) -> None:
-        self.write_atomic(RESTORE_REQUEST, json.dumps(request, indent=1, sort_keys=True).encode())
+    def write_restore_request(self, request: RestoreRequest) -> None:
+        self.write_atomic(RESTORE_REQUEST, json.dumps(request.to_dict(), indent=1, sort_keys=True).encode())
 
     def clear_restore_request(self, request_id: str) -> None:
         """Remove the pending restore request if it is still ``request_id``."""
         current = self.load_restore_request()
-        if current is not None and current.get("request_id") == request_id:
+        if current is not None and current.request_id == request_id:
             self.delete(RESTORE_REQUEST)
 
     # -- lease -------------------------------------------------------------------------
@@ -290,12 +295,16 @@ class JobStorage(Location):
 
     def lease_holder(self) -> JsonDict | None:
         try:
-            return dict(json.loads(self.fs.cat_file(self.path("_lease"))))
+            holder = load_json(self.fs.cat_file(self.path("_lease")), self.url("_lease"))
         except FileNotFoundError:
             return None
-        except json.JSONDecodeError:
+        except DocumentError:
+            holder = None
+        expires = holder.get("expires_at", math.inf) if isinstance(holder, dict) else None
+        if not isinstance(holder, dict) or isinstance(expires, bool) or not isinstance(expires, int | float):
             # never break what we cannot read: it may be another trigger's lease
             return {"run_id": f"<unreadable lease; delete {self.url('_lease')} if no checkpoint runs>"}
+        return holder
 
     def release_lease(self, run_id: str) -> None:
         holder = self.lease_holder()
@@ -339,5 +348,15 @@ class JobStorage(Location):
         folder = self.path("_stats")
         if not self.fs.exists(folder):
             return []
-        out = [json.loads(self.fs.cat_file(p)) for p in self.fs.ls(folder, detail=False) if p.endswith(".json")]
+        out = []
+        for path in self.fs.ls(folder, detail=False):
+            if not path.endswith(".json"):
+                continue
+            try:
+                stats = load_json(self.fs.cat_file(path), path)
+            except DocumentError:
+                continue  # stats are informational: an unreadable file is skipped, never trusted
+            checkpoint_id = stats.get("checkpoint_id") if isinstance(stats, dict) else None
+            if isinstance(checkpoint_id, int) and not isinstance(checkpoint_id, bool):
+                out.append(stats)
         return sorted(out, key=lambda s: int(s["checkpoint_id"]))

@@ -1,18 +1,24 @@
-"""Confinement of user-given paths (UI params) to allowed roots.
+"""Confinement of paths: user-given URLs to allowed roots, relative paths to their base.
 
-A path is accepted only if it has the scheme and host of an allowed root, no ``..``
-segment, and lies under that root; on local filesystems symlinks are resolved first,
-so a link cannot lead outside. Checked before anything is read or written.
+A URL (UI param, restore request, savepoint target) is accepted only if it is a plain
+path — nothing that URL parsing would strip or decode — with the scheme and host of an
+allowed root, no ``..`` segment, and lies under that root. A relative path (from a stored
+document) resolves only inside its base directory. On local filesystems symlinks are
+resolved first, so a link cannot lead outside. Checked before anything is read or written.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from airflow_provider_checkpoint.core.documents import path_problem
+
 _LOCAL = {"", "file", "local"}
+_NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f\\?#%]")
 
 
 class UnsafePathError(ValueError):
@@ -31,9 +37,12 @@ def resolve_under_roots(candidate: str, roots: Sequence[str]) -> str:
     Raises :class:`UnsafePathError` naming the allowed roots otherwise.
     """
     allowed = ", ".join(roots) or "(none configured)"
-    if not candidate or "\x00" in candidate or "\\" in candidate:
-        raise UnsafePathError(f"path {candidate!r} is not a plain path; allowed roots: {allowed}")
-    scheme, netloc, path = _split(candidate.strip())
+    if not candidate or _NOT_PLAIN.search(candidate) or candidate != candidate.strip():
+        raise UnsafePathError(
+            f"path {candidate!r} is not a plain path (control characters, surrounding spaces, '\\', '?', '#' "
+            f"and '%' are refused rather than silently changed); allowed roots: {allowed}"
+        )
+    scheme, netloc, path = _split(candidate)
     if not path.startswith("/"):
         raise UnsafePathError(f"path {candidate!r} must be absolute; allowed roots: {allowed}")
     if ".." in path.split("/"):
@@ -46,8 +55,29 @@ def resolve_under_roots(candidate: str, roots: Sequence[str]) -> str:
         r_path = posixpath.normpath(r_path)
         if scheme == "file":
             real, real_root = os.path.realpath(normalized), os.path.realpath(r_path)
-            if real == real_root or real.startswith(real_root.rstrip("/") + "/"):
+            if within(real, real_root):
                 return f"file://{real}"
-        elif normalized == r_path or normalized.startswith(r_path.rstrip("/") + "/"):
+        elif within(normalized, r_path):
             return f"{scheme}://{netloc}{normalized}"
     raise UnsafePathError(f"path {candidate!r} is outside the allowed roots: {allowed}")
+
+
+def within(real: str, real_root: str) -> bool:
+    return real == real_root or real.startswith(real_root.rstrip("/") + "/")
+
+
+def confine(base: str, relative: str, local: bool) -> str:
+    """``base/relative`` if ``relative`` is a safe relative path that stays inside ``base``.
+
+    On a local filesystem the result is resolved (symlinks followed) and must still lie
+    inside the resolved ``base``. Raises :class:`UnsafePathError` otherwise.
+    """
+    problem = path_problem(relative, strict=False)
+    if problem:
+        raise UnsafePathError(f"refusing path {relative!r} under {base}: it {problem}")
+    full = f"{base}/{relative}"
+    if local:
+        real, real_base = os.path.realpath(full), os.path.realpath(base)
+        if not within(real, real_base):
+            raise UnsafePathError(f"refusing {full}: it resolves to {real}, outside {real_base}")
+    return full

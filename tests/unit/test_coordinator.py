@@ -71,7 +71,8 @@ def make_env(tmp_path: Path, retained: int = 3, tolerable: int = 3) -> Env:
     settings = CheckpointSettings(
         retained_checkpoints=retained, checkpoint_timeout_seconds=TIMEOUT, tolerable_failed_checkpoints=tolerable
     )
-    return Env(tmp_path, landing, table, storage, CheckpointCoordinator(storage, graph, settings))
+    roots = [f"file://{tmp_path}/ckpt", f"file://{tmp_path}/savepoints"]
+    return Env(tmp_path, landing, table, storage, CheckpointCoordinator(storage, graph, settings, None, roots))
 
 
 def target_name(checkpoint_id: int) -> str:

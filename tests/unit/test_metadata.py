@@ -19,8 +19,8 @@ from airflow_provider_checkpoint.core.model import (
 
 def sample(type_: CheckpointType = CheckpointType.CHECKPOINT, restored_from: int | None = 6) -> CompletedCheckpoint:
     handles = (
-        StateHandle("chk-7/step_a/attempt-2/state/counts/kgr=0/p0.parquet", 123, "sha256:aa", (0, 63)),
-        StateHandle("chk-7/step_a/attempt-2/state/counts/kgr=1/p1.parquet", 456, "sha256:bb", (64, 127)),
+        StateHandle("chk-7/step_a/attempt-2/state/counts/kgr=0/p0.parquet", 123, "sha256:" + "a" * 64, (0, 63)),
+        StateHandle("chk-7/step_a/attempt-2/state/counts/kgr=1/p1.parquet", 456, "sha256:" + "b" * 64, (64, 127)),
     )
     return CompletedCheckpoint(
         job_id="clicks",

@@ -36,31 +36,31 @@ def visible(table: Path) -> dict[str, bytes]:
 def test_commit_moves_staged_files_and_logs(sink: ParquetTableSink, table: Path) -> None:
     s0 = stage(table, 3, "part-00000.parquet", b"zero")
     s1 = stage(table, 3, "part-00001.parquet", b"one")
-    committables = [{"checkpoint_id": 3, "moves": [[s0, "part-c3-0.parquet"], [s1, "part-c3-1.parquet"]]}]
+    committables = [{"checkpoint_id": 3, "moves": [[s0, "part-c0000000003-00000.parquet"], [s1, "part-c0000000003-00001.parquet"]]}]
     assert not sink.is_committed(3)
     sink.commit(3, committables)
-    assert visible(table) == {"part-c3-0.parquet": b"zero", "part-c3-1.parquet": b"one"}
+    assert visible(table) == {"part-c0000000003-00000.parquet": b"zero", "part-c0000000003-00001.parquet": b"one"}
     assert sink.is_committed(3)
     log = json.loads((table / "_commits/0000000003.json").read_bytes())
-    assert log == {"checkpoint_id": 3, "files": ["part-c3-0.parquet", "part-c3-1.parquet"]}
+    assert log == {"checkpoint_id": 3, "files": ["part-c0000000003-00000.parquet", "part-c0000000003-00001.parquet"]}
     assert not (table / "_staging/chk-3").exists()
 
 
 def test_commit_is_idempotent(sink: ParquetTableSink, table: Path) -> None:
     s0 = stage(table, 3, "part-00000.parquet", b"zero")
-    committables = [{"checkpoint_id": 3, "moves": [[s0, "part-c3-0.parquet"]]}]
+    committables = [{"checkpoint_id": 3, "moves": [[s0, "part-c0000000003-00000.parquet"]]}]
     sink.commit(3, committables)
     stage(table, 3, "part-00000.parquet", b"zombie attempt output")
     sink.commit(3, committables)
-    assert visible(table) == {"part-c3-0.parquet": b"zero"}
+    assert visible(table) == {"part-c0000000003-00000.parquet": b"zero"}
 
 
 def test_commit_resumes_after_a_partial_commit(sink: ParquetTableSink, table: Path) -> None:
     s0 = stage(table, 4, "part-00000.parquet", b"zero")
     s1 = stage(table, 4, "part-00001.parquet", b"one")
-    (table / s0).rename(table / "part-c4-0.parquet")  # the first move happened, then a crash
-    sink.commit(4, [{"checkpoint_id": 4, "moves": [[s0, "part-c4-0.parquet"], [s1, "part-c4-1.parquet"]]}])
-    assert visible(table) == {"part-c4-0.parquet": b"zero", "part-c4-1.parquet": b"one"}
+    (table / s0).rename(table / "part-c0000000004-00000.parquet")  # the first move happened, then a crash
+    sink.commit(4, [{"checkpoint_id": 4, "moves": [[s0, "part-c0000000004-00000.parquet"], [s1, "part-c0000000004-00001.parquet"]]}])
+    assert visible(table) == {"part-c0000000004-00000.parquet": b"zero", "part-c0000000004-00001.parquet": b"one"}
 
 
 def test_abort_removes_only_that_checkpoints_staging(sink: ParquetTableSink, table: Path) -> None:
