@@ -266,12 +266,12 @@ class CheckpointCoordinator:
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
             self.storage.commit_metadata(completed)
         except CheckpointAborted as e:
-            declined = [declines[step] for step in pending.missing_steps if step in declines]
+            declined = [declines[s] for s in pending.missing_steps if isinstance(declines.get(s), dict)]
             if e.reason is AbortReason.DECLINED and declined:
                 reasons = {r.value: r for r in AbortReason}
                 e = CheckpointAborted(
                     reasons.get(str(declined[0].get("reason")), AbortReason.DECLINED),
-                    f"{e.message}: " + "; ".join(str(d["message"]) for d in declined),
+                    f"{e.message}: " + "; ".join(str(d.get("message"))[:2000] for d in declined),
                 )
             self.abort(plan, e.reason, e.message, now)
             raise e from None

@@ -67,7 +67,7 @@ with DAG(
 
     @task
     def request_restore() -> dict[str, Any]:
-        from airflow_provider_checkpoint.core.metadata import MetadataError
+        from airflow_provider_checkpoint.core.documents import DocumentError
         from airflow_provider_checkpoint.job import allowed_roots, job_storage
         from airflow_provider_checkpoint.snapshots import RestoreError, request_restore, resolve_pointer
         from airflow_provider_checkpoint.storage import CheckpointStorageError
@@ -80,7 +80,7 @@ with DAG(
             summary = request_restore(
                 storage, pointer, bool(params["allow_non_restored_state"]), bool(params["dry_run"])
             )
-        except (UnsafePathError, RestoreError, CheckpointStorageError, MetadataError) as e:
+        except (UnsafePathError, RestoreError, CheckpointStorageError, DocumentError) as e:
             raise AirflowFailException(f"restore refused: {e}") from e
         summary["trigger_pipeline"] = bool(params["trigger_pipeline"]) and not params["dry_run"]
         return summary

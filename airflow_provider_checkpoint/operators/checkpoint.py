@@ -10,8 +10,8 @@ from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_checkpoint.coordinator import JobNotRunning
+from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
@@ -34,6 +34,14 @@ def _run_is_active(ti: Any, holder: JsonDict) -> bool:
     except Exception:  # cannot tell: keep the lease until it expires
         return True
     return str(state).lower().rsplit(".", 1)[-1] not in ("success", "failed")
+
+
+def _plan(raw: Any, trigger_task_id: str) -> CheckpointPlan:
+    """The plan the trigger pushed; a malformed one fails the task without retry."""
+    try:
+        return CheckpointPlan.from_dict(raw, f"plan pushed by {trigger_task_id}")
+    except DocumentError as e:
+        raise AirflowFailException(f"refusing the checkpoint plan: {e}") from e
 
 
 class CheckpointTriggerOperator(BaseOperator):
@@ -71,7 +79,7 @@ class CheckpointTriggerOperator(BaseOperator):
             if e.reason is AbortReason.MIN_PAUSE:
                 self._skip(ti, e.message)
             raise AirflowFailException(str(e)) from e
-        except (RestoreError, CheckpointStorageError, MetadataError) as e:
+        except (RestoreError, CheckpointStorageError, DocumentError, UnsafePathError) as e:
             raise AirflowFailException(str(e)) from e
         self.log.info(
             "checkpoint %d of job %s: barrier cut, restoring from %s",
@@ -126,7 +134,13 @@ class SparkCheckpointOperator(BaseOperator):
         from airflow_provider_checkpoint.spark.session import get_spark
 
         ti = context["ti"]
-        plan = CheckpointPlan.from_dict(ti.xcom_pull(task_ids=self.trigger_task_id))
+        plan = _plan(ti.xcom_pull(task_ids=self.trigger_task_id), self.trigger_task_id)
+        if plan.restore_point is not None:
+            try:
+                for url in filter(None, (plan.restore_point.location_url, plan.restore_point.base_url)):
+                    resolve_under_roots(url, allowed_roots(self.job.storage_root))
+            except UnsafePathError as e:
+                raise AirflowFailException(f"the plan's restore point is refused: {e}") from e
         attempt = int(ti.try_number)
         spark = get_spark(conf=self.job.spark_conf, remote=self.job.resolved_spark_remote())
         try:
@@ -172,13 +186,19 @@ class CheckpointFinalizeOperator(BaseOperator):
             if skipped:
                 raise AirflowSkipException(f"no checkpoint in this run: {skipped}")
             raise AirflowFailException(f"{self.trigger_task_id} failed: no checkpoint was triggered in this run")
-        plan = CheckpointPlan.from_dict(raw_plan)
-        acks = [ti.xcom_pull(task_ids=t) for t in self.step_task_ids]
+        plan = _plan(raw_plan, self.trigger_task_id)
         declines = {t: d for t in self.step_task_ids if (d := ti.xcom_pull(task_ids=t, key=DECLINE_KEY))}
+        acks: list[Ack | None] = []
+        for task_id in self.step_task_ids:
+            raw = ti.xcom_pull(task_ids=task_id)
+            try:
+                acks.append(Ack.from_dict(raw, f"ack of task {task_id}") if raw else None)
+            except DocumentError as e:
+                self.log.error("refusing the ack of %s: %s", task_id, e)
+                declines[task_id] = {"reason": AbortReason.CORRUPT_STATE.value, "message": str(e)}
+                acks.append(None)
         try:
-            completed = self.job.coordinator().finalize(
-                plan, [Ack.from_dict(a) if a else None for a in acks], declines=declines
-            )
+            completed = self.job.coordinator().finalize(plan, acks, declines=declines)
         except CheckpointAborted as e:
             raise AirflowFailException(str(e)) from e
         for asset in self.outlets:

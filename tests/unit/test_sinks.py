@@ -36,7 +36,9 @@ def visible(table: Path) -> dict[str, bytes]:
 def test_commit_moves_staged_files_and_logs(sink: ParquetTableSink, table: Path) -> None:
     s0 = stage(table, 3, "part-00000.parquet", b"zero")
     s1 = stage(table, 3, "part-00001.parquet", b"one")
-    committables = [{"checkpoint_id": 3, "moves": [[s0, "part-c0000000003-00000.parquet"], [s1, "part-c0000000003-00001.parquet"]]}]
+    committables = [
+        {"checkpoint_id": 3, "moves": [[s0, "part-c0000000003-00000.parquet"], [s1, "part-c0000000003-00001.parquet"]]}
+    ]
     assert not sink.is_committed(3)
     sink.commit(3, committables)
     assert visible(table) == {"part-c0000000003-00000.parquet": b"zero", "part-c0000000003-00001.parquet": b"one"}
@@ -59,7 +61,15 @@ def test_commit_resumes_after_a_partial_commit(sink: ParquetTableSink, table: Pa
     s0 = stage(table, 4, "part-00000.parquet", b"zero")
     s1 = stage(table, 4, "part-00001.parquet", b"one")
     (table / s0).rename(table / "part-c0000000004-00000.parquet")  # the first move happened, then a crash
-    sink.commit(4, [{"checkpoint_id": 4, "moves": [[s0, "part-c0000000004-00000.parquet"], [s1, "part-c0000000004-00001.parquet"]]}])
+    sink.commit(
+        4,
+        [
+            {
+                "checkpoint_id": 4,
+                "moves": [[s0, "part-c0000000004-00000.parquet"], [s1, "part-c0000000004-00001.parquet"]],
+            }
+        ],
+    )
     assert visible(table) == {"part-c0000000004-00000.parquet": b"zero", "part-c0000000004-00001.parquet": b"one"}
 
 
