@@ -12,11 +12,15 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CheckpointedPipeline": "airflow_provider_checkpoint.pipeline",
+    "DimensionEnrichment": "airflow_provider_checkpoint.dataflow",
     "FileSource": "airflow_provider_checkpoint.dataflow",
+    "IntervalJoin": "airflow_provider_checkpoint.dataflow",
+    "KeyedCoStateFunction": "airflow_provider_checkpoint.dataflow",
     "KeyedAggregate": "airflow_provider_checkpoint.dataflow",
     "KeyedStateFunction": "airflow_provider_checkpoint.dataflow",
     "ParquetTableSink": "airflow_provider_checkpoint.dataflow",
     "Transform": "airflow_provider_checkpoint.dataflow",
+    "Union": "airflow_provider_checkpoint.dataflow",
 }
 
 __all__ = [*_LAZY, "__version__"]

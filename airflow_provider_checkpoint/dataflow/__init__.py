@@ -8,13 +8,18 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Source,
     StatefulOperator,
     Transform,
+    Union,
 )
+from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource, MalformedInputError
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 
 __all__ = [
+    "DimensionEnrichment",
     "FileSource",
+    "IntervalJoin",
+    "KeyedCoStateFunction",
     "KeyedAggregate",
     "KeyedStateFunction",
     "MalformedInputError",
@@ -26,4 +31,5 @@ __all__ = [
     "Source",
     "StatefulOperator",
     "Transform",
+    "Union",
 ]

@@ -8,11 +8,11 @@ checkpoints, so renaming a task or reordering code never loses state.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.core.model import Barrier, JsonDict
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -86,32 +86,67 @@ class Transform(Node):
 
 
 class StatefulOperator(Node):
-    """Keyed state carried across checkpoints.
+    """Keyed state carried across checkpoints, over one input or several.
 
-    ``apply(input, state) -> (new_state, output)``: ``state`` is the full keyed state of
-    the restore point (empty on the first run), ``new_state`` the full state after this
-    checkpoint, ``output`` what flows downstream (usually the rows of changed keys).
+    ``process(inputs, state, barrier) -> (new_state, output)``: ``inputs`` maps the uid of
+    every input to exactly its records of this checkpoint — each read up to the same
+    barrier (aligned) — ``state`` is the full keyed state of the restore point (empty on
+    the first run), ``new_state`` the full state after this checkpoint, ``output`` what
+    flows downstream. Single-input operators implement ``apply(input, state)`` instead.
+    Given the same restore point and barrier, the result must be the same (retries).
     """
 
     kind = "stateful"
 
-    def __init__(self, uid: str, input: Node, keys: Sequence[str], max_parallelism: int = 128) -> None:
-        super().__init__(uid, [input])
+    def __init__(self, uid: str, input: Node | Sequence[Node], keys: Sequence[str], max_parallelism: int = 128) -> None:
+        super().__init__(uid, [input] if isinstance(input, Node) else list(input))
         if not keys:
             raise PipelineDefinitionError(f"{uid}: keyed state needs at least one key column")
         if not 1 <= max_parallelism <= 32768:
             raise PipelineDefinitionError(f"{uid}: max_parallelism must be in [1, 32768]")
+        if len({n.uid for n in self.inputs}) != len(self.inputs):
+            raise PipelineDefinitionError(f"{uid}: the same input is given twice")
         self.keys = tuple(keys)
         self.max_parallelism = max_parallelism
 
     def describe(self) -> JsonDict:
         return {**super().describe(), "keys": list(self.keys), "max_parallelism": self.max_parallelism}
 
-    def initial_state(self, spark: SparkSession, input: DataFrame) -> DataFrame:
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         raise NotImplementedError
+
+    def process(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+    ) -> tuple[DataFrame, DataFrame]:
+        return self.apply(inputs[self.inputs[0].uid], state)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
         raise NotImplementedError
+
+
+class Union(Node):
+    """The records of several inputs with the same columns (by name and type), as one input."""
+
+    kind = "union"
+
+    def __init__(self, uid: str, inputs: Sequence[Node]) -> None:
+        super().__init__(uid, inputs)
+        if len(self.inputs) < 2:
+            raise PipelineDefinitionError(f"{uid}: a union needs at least two inputs")
+
+    def apply(self, dfs: Sequence[DataFrame]) -> DataFrame:
+        first = dfs[0]
+        columns = {f.name: f.dataType for f in first.schema.fields}
+        for node, df in zip(self.inputs[1:], dfs[1:], strict=True):
+            if {f.name: f.dataType for f in df.schema.fields} != columns:
+                raise PipelineDefinitionError(
+                    f"{self.uid}: input {node.uid} has columns <{df.schema.simpleString()}> but "
+                    f"{self.inputs[0].uid} has <{first.schema.simpleString()}>; a union needs the same columns"
+                )
+        out = first
+        for df in dfs[1:]:
+            out = out.unionByName(df)
+        return out
 
 
 class Sink(Node):

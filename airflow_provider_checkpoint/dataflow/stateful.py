@@ -38,7 +38,7 @@ class KeyedStateFunction(StatefulOperator):
         self.fn = fn
         self.state_schema = state_schema
 
-    def initial_state(self, spark: SparkSession, input: DataFrame) -> DataFrame:
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         return spark.createDataFrame([], self.state_schema)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -89,8 +89,8 @@ class KeyedAggregate(StatefulOperator):
                 exprs.append(getattr(F, fn)(F.col(col)).alias(out))
         return input.groupBy(*self.keys).agg(*exprs)
 
-    def initial_state(self, spark: SparkSession, input: DataFrame) -> DataFrame:
-        return spark.createDataFrame([], self._partial(input).schema)
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
         from pyspark.sql import functions as F

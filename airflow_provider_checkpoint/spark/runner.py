@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Source,
     StatefulOperator,
     Transform,
+    Union,
 )
 from airflow_provider_checkpoint.spark.context import StepContext
 from airflow_provider_checkpoint.spark.state import read_state, write_state
@@ -55,15 +56,17 @@ def run_step(
                 outputs[node.uid] = df
             elif isinstance(node, Transform):
                 outputs[node.uid] = node.apply(outputs[node.inputs[0].uid])
+            elif isinstance(node, Union):
+                outputs[node.uid] = node.apply([outputs[n.uid] for n in node.inputs])
             elif isinstance(node, StatefulOperator):
-                upstream = outputs[node.inputs[0].uid]
+                upstream = {n.uid: outputs[n.uid] for n in node.inputs}
                 restored = restore.operators.get(node.uid) if restore else None
                 state = (
                     read_state(spark, restore_base, restored)
                     if restored is not None
                     else node.initial_state(spark, upstream)
                 )
-                new_state, output = node.apply(upstream, state)
+                new_state, output = node.process(upstream, state, plan.barrier)
                 fault_point("step.before_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
                 snapshot = write_state(
                     spark, storage, f"{ctx.attempt_dir}/state/{node.uid}", new_state, node.keys, node.max_parallelism

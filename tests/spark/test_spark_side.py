@@ -83,7 +83,7 @@ def test_rescaling_state_gives_same_result(spark, tmp_path, write_parallelism, r
         aggs={"views": "count", "first": "min(ts)", "last": "max(ts)"},
     )
     batch1 = spark.createDataFrame(first)
-    state1, _ = op.apply(batch1, op.initial_state(spark, batch1))
+    state1, _ = op.apply(batch1, op.initial_state(spark, {op.inputs[0].uid: batch1}))
     snapshot = write_state(spark, storage, "chk-1/s/attempt-1/state/views", state1, ("page",), 128, write_parallelism)
 
     restored = read_state(spark, storage, snapshot).repartition(read_partitions)

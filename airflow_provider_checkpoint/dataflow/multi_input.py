@@ -1,0 +1,305 @@
+"""Keyed operators over several inputs: your own co-state function, dimension enrichment, interval join.
+
+Every input of an operator is read up to the same barrier (alignment): the operator sees,
+for checkpoint N, exactly the records of each input between the restore point and
+barrier N, and snapshots its state only after all of them. Everything is a function of
+(restore point, barrier), so a retried step produces the same state and output.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, StatefulOperator
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+CoStateFunction = Callable[["Mapping[str, DataFrame]", "DataFrame"], "tuple[DataFrame, DataFrame]"]
+_KIND = "_kind"
+
+
+class KeyedCoStateFunction(StatefulOperator):
+    """Your own keyed operator over named inputs: ``fn(inputs_by_name, state) -> (new_state, output)``.
+
+    ``inputs`` maps a name of your choice to an upstream node; ``fn`` receives the same
+    names, each bound to that input's records of this checkpoint (aligned on one barrier).
+    ``state`` has ``state_schema`` (Spark DDL), holds every key's state at the restore point
+    and is replaced by ``new_state``, which must contain the ``keys`` columns.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        inputs: Mapping[str, Node],
+        keys: Sequence[str],
+        fn: CoStateFunction,
+        state_schema: str,
+        max_parallelism: int = 128,
+    ) -> None:
+        if len(inputs) < 2:
+            raise PipelineDefinitionError(f"{uid}: a co-state function needs at least two named inputs")
+        super().__init__(uid, list(inputs.values()), keys, max_parallelism)
+        self.names = {node.uid: name for name, node in inputs.items()}
+        self.fn = fn
+        self.state_schema = state_schema
+
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        return spark.createDataFrame([], self.state_schema)
+
+    def process(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+    ) -> tuple[DataFrame, DataFrame]:
+        return self.fn({self.names[uid]: df for uid, df in inputs.items()}, state)
+
+
+class DimensionEnrichment(StatefulOperator):
+    """Facts joined with the latest version of a changing dimension, per key.
+
+    The ``dimension`` input is a changelog: upserts, ordered per key by ``version`` (a
+    column that grows with every change of a key), and deletes where ``delete_when`` (a
+    SQL condition, e.g. ``"op = 'D'"``) holds. Its latest version per key is the state.
+    Facts of checkpoint N are joined with the dimension **as of the end of N**: an update
+    and a fact of the same key in one checkpoint give the updated row. ``columns`` of the
+    dimension are added to every fact.
+
+    A fact whose key has no dimension row follows ``on_missing``:
+
+    - ``"emit"`` — emitted at once with nulls in ``columns``;
+    - ``"hold"`` — kept in state and emitted in the first checkpoint whose dimension has
+      the key; after ``hold_ttl`` (barrier time minus the time it was first held) it is
+      emitted with nulls, so no fact is ever lost.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        facts: Node,
+        dimension: Node,
+        keys: Sequence[str],
+        version: str,
+        columns: Sequence[str],
+        delete_when: str | None = None,
+        on_missing: str = "emit",
+        hold_ttl: datetime.timedelta | None = None,
+        max_parallelism: int = 128,
+    ) -> None:
+        super().__init__(uid, [facts, dimension], keys, max_parallelism)
+        if on_missing not in ("emit", "hold"):
+            raise PipelineDefinitionError(f"{uid}: on_missing must be 'emit' or 'hold', got {on_missing!r}")
+        if on_missing == "hold" and (hold_ttl is None or hold_ttl.total_seconds() <= 0):
+            raise PipelineDefinitionError(f"{uid}: on_missing='hold' needs a positive hold_ttl")
+        if not columns or set(columns) & set(keys) or version in keys:
+            raise PipelineDefinitionError(f"{uid}: columns must name non-key dimension columns, version not a key")
+        self.facts, self.dimension = facts.uid, dimension.uid
+        self.version, self.columns = version, tuple(columns)
+        self.delete_when, self.on_missing, self.hold_ttl = delete_when, on_missing, hold_ttl
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "on_missing": self.on_missing, "columns": list(self.columns)}
+
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        return spark.createDataFrame([], self._state_columns(inputs[self.facts], inputs[self.dimension]).schema)
+
+    def _state_columns(self, facts: DataFrame, dimension: DataFrame) -> DataFrame:
+        """An empty frame with the state's columns: kind, keys, version, columns, the held fact, held since."""
+        from pyspark.sql import functions as F
+
+        clash = set(self.columns) & set(facts.columns)
+        if clash:
+            raise PipelineDefinitionError(
+                f"{self.uid}: dimension columns {sorted(clash)} also exist in the facts; rename them first"
+            )
+        return facts.limit(0).select(
+            F.lit("dim").alias(_KIND),
+            *[F.col(k) for k in self.keys],
+            F.lit(None).cast(dimension.schema[self.version].dataType).alias(self.version),
+            *[F.lit(None).cast(dimension.schema[c].dataType).alias(c) for c in self.columns],
+            F.struct(*[F.col(c) for c in facts.columns]).alias("_fact"),
+            F.lit(None).cast("double").alias("_held_since"),
+        )
+
+    def process(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+    ) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        facts, changes = inputs[self.facts], inputs[self.dimension]
+        template = self._state_columns(facts, changes)
+        keys = list(self.keys)
+        deleted = F.expr(self.delete_when) if self.delete_when else F.lit(False)
+        candidates = (
+            state.where(F.col(_KIND) == "dim")
+            .select(*keys, self.version, *self.columns, F.lit(False).alias("_deleted"), F.lit(0).alias("_new"))
+            .unionByName(
+                changes.select(*keys, self.version, *self.columns, deleted.alias("_deleted"), F.lit(1).alias("_new"))
+            )
+        )
+        latest = Window.partitionBy(*keys).orderBy(F.col(self.version).desc(), F.col("_new").desc())
+        dimension = (
+            candidates.withColumn("_rank", F.row_number().over(latest))
+            .where((F.col("_rank") == 1) & ~F.col("_deleted"))
+            .select(*keys, self.version, *self.columns)
+        )
+        fact_columns = facts.columns
+        pending = facts.select(*fact_columns, F.lit(None).cast("double").alias("_held_since")).unionByName(
+            state.where(F.col(_KIND) == "held").select("_fact.*", "_held_since")
+        )
+        joined = pending.join(dimension.select(*keys, *self.columns, F.lit(True).alias("_found")), keys, "left")
+        found = F.col("_found").isNotNull()
+        if self.on_missing == "emit":
+            output, held = joined.select(*fact_columns, *self.columns), None
+        else:
+            assert self.hold_ttl is not None
+            since = F.coalesce(F.col("_held_since"), F.lit(barrier.trigger_time))
+            expired = since + F.lit(self.hold_ttl.total_seconds()) <= F.lit(barrier.trigger_time)
+            output = joined.where(found | expired).select(*fact_columns, *self.columns)
+            held = joined.where(~found & ~expired).select(*fact_columns, since.alias("_held_since"))
+        new_state = template.unionByName(
+            dimension.select(F.lit("dim").alias(_KIND), *keys, self.version, *self.columns),
+            allowMissingColumns=True,
+        )
+        if held is not None:
+            new_state = new_state.unionByName(
+                held.select(
+                    F.lit("held").alias(_KIND),
+                    *keys,
+                    F.struct(*[F.col(c) for c in fact_columns]).alias("_fact"),
+                    "_held_since",
+                ),
+                allowMissingColumns=True,
+            )
+        return new_state.select(*template.columns), output
+
+
+class IntervalJoin(StatefulOperator):
+    """Pairs of ``left`` and ``right`` rows with equal keys and ``l.time + lower <= r.time <= l.time + upper``.
+
+    Times are numbers in one unit (e.g. epoch milliseconds), and so are ``lower`` and
+    ``upper``. Rows of each side wait in state until the other side can no longer bring a
+    partner: the watermark is the smaller of the two sides' greatest time seen, minus
+    ``out_of_orderness``; a left row expires once ``time + upper`` is below it, a right row
+    once ``time - lower`` is. A row older than the watermark when it arrives is late and
+    dropped, as in Flink: choose ``out_of_orderness`` to cover how late rows can land.
+    Every pair is emitted once, in the checkpoint where
+    its later row arrives. The output has the keys, then the other columns of left and right
+    (which must not clash).
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        left: Node,
+        right: Node,
+        keys: Sequence[str],
+        left_time: str,
+        right_time: str,
+        lower: float,
+        upper: float,
+        out_of_orderness: float = 0,
+        max_parallelism: int = 128,
+    ) -> None:
+        super().__init__(uid, [left, right], keys, max_parallelism)
+        if lower > upper:
+            raise PipelineDefinitionError(f"{uid}: lower bound {lower} is above upper bound {upper}")
+        if out_of_orderness < 0:
+            raise PipelineDefinitionError(f"{uid}: out_of_orderness must not be negative")
+        self.left, self.right = left.uid, right.uid
+        self.left_time, self.right_time = left_time, right_time
+        self.lower, self.upper, self.out_of_orderness = lower, upper, out_of_orderness
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "bounds": [self.lower, self.upper], "out_of_orderness": self.out_of_orderness}
+
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        return self._template(inputs[self.left], inputs[self.right])
+
+    def _template(self, left: DataFrame, right: DataFrame) -> DataFrame:
+        """Empty state: side (L, R, or W for the watermark row), keys, time, the row of each side, max times."""
+        from pyspark.sql import functions as F
+
+        clash = (set(left.columns) & set(right.columns)) - set(self.keys)
+        if clash:
+            raise PipelineDefinitionError(f"{self.uid}: left and right both have columns {sorted(clash)}")
+        return left.limit(0).select(
+            F.lit("L").alias("_side"),
+            *[F.col(k) for k in self.keys],
+            F.lit(None).cast("double").alias("_time"),
+            F.struct(*[F.col(c) for c in left.columns]).alias("_left"),
+            F.lit(None).cast(_struct_type(right)).alias("_right"),
+            F.lit(None).cast("double").alias("_max_left"),
+            F.lit(None).cast("double").alias("_max_right"),
+        )
+
+    def process(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+    ) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import functions as F
+
+        left, right = inputs[self.left], inputs[self.right]
+        template = self._template(left, right)
+        keys = list(self.keys)
+        marks = state.where(F.col("_side") == "W").select("_max_left", "_max_right").collect()
+        old_left, old_right = (marks[0][0], marks[0][1]) if marks else (None, None)
+        seen = left.agg(F.max(F.col(self.left_time).cast("double"))).first()
+        seen_right = right.agg(F.max(F.col(self.right_time).cast("double"))).first()
+        max_left = _max(old_left, seen[0] if seen else None)
+        max_right = _max(old_right, seen_right[0] if seen_right else None)
+        old_wm = _watermark(old_left, old_right, self.out_of_orderness)
+        new_wm = _watermark(max_left, max_right, self.out_of_orderness)
+
+        new_l = left.select(*keys, F.col(self.left_time).cast("double").alias("_time"), F.struct("*").alias("_left"))
+        new_r = right.select(*keys, F.col(self.right_time).cast("double").alias("_time"), F.struct("*").alias("_right"))
+        if old_wm is not None:
+            new_l = new_l.where(F.col("_time") >= F.lit(old_wm))
+            new_r = new_r.where(F.col("_time") >= F.lit(old_wm))
+        old_l = state.where(F.col("_side") == "L").select(*keys, "_time", "_left")
+        old_r = state.where(F.col("_side") == "R").select(*keys, "_time", "_right")
+
+        def pairs(ls: DataFrame, rs: DataFrame) -> DataFrame:
+            cond = [ls[k].eqNullSafe(rs[k]) for k in keys] + [
+                rs["_time"] >= ls["_time"] + F.lit(self.lower),
+                rs["_time"] <= ls["_time"] + F.lit(self.upper),
+            ]
+            return (
+                ls.alias("l").join(rs.alias("r"), cond).select(*[F.col(f"l.{k}") for k in keys], "l._left", "r._right")
+            )
+
+        matched = pairs(new_l, old_r.unionByName(new_r)).unionByName(pairs(old_l, new_r))
+        others = [c for c in left.columns if c not in keys] + [c for c in right.columns if c not in keys]
+        output = matched.select(
+            *keys,
+            *[F.col(f"_left.{c}").alias(c) for c in left.columns if c not in keys],
+            *[F.col(f"_right.{c}").alias(c) for c in right.columns if c not in keys],
+        ).select(*keys, *others)
+
+        kept_l, kept_r = old_l.unionByName(new_l), old_r.unionByName(new_r)
+        if new_wm is not None:
+            kept_l = kept_l.where(F.col("_time") + F.lit(self.upper) >= F.lit(new_wm))
+            kept_r = kept_r.where(F.col("_time") - F.lit(self.lower) >= F.lit(new_wm))
+        spark = left.sparkSession
+        mark = spark.createDataFrame([("W", max_left, max_right)], "_side string, _max_left double, _max_right double")
+        new_state = (
+            template.unionByName(kept_l.withColumn("_side", F.lit("L")), allowMissingColumns=True)
+            .unionByName(kept_r.withColumn("_side", F.lit("R")), allowMissingColumns=True)
+            .unionByName(mark, allowMissingColumns=True)
+        )
+        return new_state.select(*template.columns), output
+
+
+def _struct_type(df: DataFrame) -> str:
+    return df.schema.simpleString()
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _watermark(max_left: float | None, max_right: float | None, out_of_orderness: float) -> float | None:
+    if max_left is None or max_right is None:
+        return None
+    return min(max_left, max_right) - out_of_orderness
