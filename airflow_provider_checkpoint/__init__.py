@@ -11,6 +11,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "Channel": "airflow_provider_checkpoint.dataflow",
     "CheckpointedPipeline": "airflow_provider_checkpoint.pipeline",
     "DimensionEnrichment": "airflow_provider_checkpoint.dataflow",
     "FileSource": "airflow_provider_checkpoint.dataflow",

@@ -353,6 +353,7 @@ class CheckpointCoordinator:
     def _finish(self, completed: CompletedCheckpoint) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
         self.commit_sinks(completed)
+        self._discard_channels(completed.checkpoint_id)
         target = completed.options.get("savepoint_target")
         if target:
             target = resolve_under_roots(target, self.allowed_roots)
@@ -380,6 +381,11 @@ class CheckpointCoordinator:
                 "end_time": time.time(),
             }
             self.storage.write_stats(completed.checkpoint_id, stats)
+
+    def _discard_channels(self, checkpoint_id: int) -> None:
+        """Channels are exchanged within one checkpoint: once it completes, nobody reads them again."""
+        pattern = self.storage.path(f"{self.storage.chk_dir(checkpoint_id)}/*/attempt-*/channels")
+        self.storage.delete_paths(self.storage.relative(p) for p in self.storage.fs.glob(pattern))
 
     def _check_committables(self, checkpoint_id: int, sinks: Mapping[str, list[JsonDict]], document: str) -> None:
         """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""

@@ -160,3 +160,7 @@ class CheckpointedPipeline:
             retry_delay=self.retry_delay,
         )
         trigger >> steps >> finalize
+        tasks = {s.task_id: s for s in steps}
+        for step in steps:
+            for upstream in graph.upstream_steps(step.task_id):
+                tasks[upstream] >> step

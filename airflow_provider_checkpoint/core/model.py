@@ -20,6 +20,7 @@ from airflow_provider_checkpoint.core.documents import (
     Fields,
     JsonDict,
     enum_value,
+    relative_path,
 )
 
 __all__ = ["JsonDict"]
@@ -153,6 +154,35 @@ class OperatorSnapshot:
             max_parallelism=max_parallelism,
             rows=f.integer("rows", default=0),
         )
+
+
+@dataclass(frozen=True)
+class ChannelSnapshot:
+    """The records one step passes to another in one checkpoint: Parquet files in its attempt directory.
+
+    ``schema`` is the Spark JSON schema (an empty channel has no files); ``rows`` the count.
+    """
+
+    handles: tuple[StateHandle, ...]
+    schema: str
+    rows: int = 0
+
+    @property
+    def size(self) -> int:
+        return sum(h.size for h in self.handles)
+
+    def to_dict(self) -> JsonDict:
+        return {"handles": [h.to_dict() for h in self.handles], "schema": self.schema, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, d: Any, document: str, where: str, attempt_dir: str) -> ChannelSnapshot:
+        f = Fields(d, document, where)
+        uid = where.rsplit(".", 1)[-1]
+        handles = f.each("handles", lambda h, name: StateHandle.from_dict(h, document, name))
+        for n, handle in enumerate(handles):
+            if not handle.path.startswith(f"{attempt_dir}/channels/{uid}/"):
+                raise f.error(f"handles[{n}].path", f"must lie under {attempt_dir}/channels/{uid}/", handle.path)
+        return cls(tuple(handles), f.string("schema", max_length=1 << 20), f.integer("rows", default=0))
 
 
 def operator_snapshots(f: Fields, key: str, scope: HandleScope) -> dict[str, OperatorSnapshot]:
@@ -307,8 +337,9 @@ class Ack:
     """A step's acknowledgement of one checkpoint attempt.
 
     ``sinks`` maps a sink uid to its committables (sink-defined JSON), staged by the
-    step and committed by finalize. ``files`` lists every file the attempt wrote under
-    the job directory, so a discarded ack can be cleaned up exactly.
+    step and committed by finalize. ``channels`` are the channels this step produced for
+    downstream steps; ``inputs`` names, per channel it read, the producer's attempt
+    directory, so finalize can check that every step read the accepted upstream attempt.
     """
 
     job_id: str
@@ -319,6 +350,8 @@ class Ack:
     sinks: dict[str, list[JsonDict]] = field(default_factory=dict)
     metrics: JsonDict = field(default_factory=dict)
     attempt_dir: str = ""
+    channels: dict[str, ChannelSnapshot] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> JsonDict:
         return {
@@ -330,6 +363,8 @@ class Ack:
             "sinks": self.sinks,
             "metrics": self.metrics,
             "attempt_dir": self.attempt_dir,
+            "channels": {uid: c.to_dict() for uid, c in self.channels.items()},
+            "inputs": self.inputs,
         }
 
     @classmethod
@@ -351,7 +386,17 @@ class Ack:
             sinks=sink_committables(f, "sinks", default={}),
             metrics=f.data("metrics", default={}),
             attempt_dir=attempt_dir,
+            channels=f.mapping(
+                "channels", lambda c, name: ChannelSnapshot.from_dict(c, document, name, attempt_dir), default={}
+            ),
+            inputs=f.mapping("inputs", lambda v, name: _attempt_dir(v, document, name, checkpoint_id), default={}),
         )
+
+
+def _attempt_dir(value: Any, document: str, field: str, checkpoint_id: int) -> str:
+    """An attempt directory of ``checkpoint_id``: ``chk-<id>/<step>/attempt-<n>``."""
+    pattern = re.compile(rf"chk-{checkpoint_id}/[A-Za-z0-9_][A-Za-z0-9_.-]{{0,499}}/attempt-[1-9][0-9]{{0,5}}")
+    return relative_path(value, document, field, pattern=pattern)
 
 
 @dataclass(frozen=True)

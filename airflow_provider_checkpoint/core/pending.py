@@ -91,6 +91,18 @@ class PendingCheckpoint:
         self.acks[ack.step] = ack
         return AckOutcome.ACCEPTED
 
+    def _check_channel_alignment(self) -> None:
+        """Every step read exactly the channels of the accepted attempts of its upstream steps."""
+        producers = {uid: ack.attempt_dir for ack in self.acks.values() for uid in ack.channels}
+        for ack in self.acks.values():
+            for uid, read in sorted(ack.inputs.items()):
+                if producers.get(uid) != read:
+                    raise CheckpointAborted(
+                        AbortReason.DECLINED,
+                        f"checkpoint {self.checkpoint_id}: step {ack.step} read channel {uid} of {read}, "
+                        f"but the accepted attempt producing it is {producers.get(uid) or 'none'}",
+                    )
+
     def complete(self, completion_time: float, restored_from: int | None) -> CompletedCheckpoint:
         """The completed checkpoint, or :class:`CheckpointAborted` with the reason."""
         if self.expired or completion_time > self.deadline:
@@ -103,7 +115,9 @@ class PendingCheckpoint:
                 AbortReason.DECLINED,
                 f"checkpoint {self.checkpoint_id}: no ack from step(s) {', '.join(self.missing_steps)}",
             )
+        self._check_channel_alignment()
         operators = {uid: s for ack in self.acks.values() for uid, s in ack.operators.items()}
+        channels = [c for ack in self.acks.values() for c in ack.channels.values()]
         sinks = {uid: c for ack in self.acks.values() for uid, c in ack.sinks.items()}
         source_records: dict[str, int] = {}
         for ack in self.acks.values():
@@ -124,6 +138,8 @@ class PendingCheckpoint:
                 "duration_seconds": round(completion_time - self.plan.barrier.trigger_time, 3),
                 "records_in": sum(source_records.values()),
                 "state_size": sum(s.size for s in operators.values()),
+                "channel_bytes": sum(c.size for c in channels),
+                "channel_rows": sum(c.rows for c in channels),
                 "steps": {s: a.metrics for s, a in sorted(self.acks.items())},
             },
         )

@@ -1,6 +1,7 @@
 """Building blocks of a checkpointed pipeline: sources, transforms, stateful operators, sinks."""
 
 from airflow_provider_checkpoint.dataflow.graph import (
+    Channel,
     Node,
     PipelineDefinitionError,
     PipelineGraph,
@@ -16,6 +17,7 @@ from airflow_provider_checkpoint.dataflow.sources import FileSource, MalformedIn
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 
 __all__ = [
+    "Channel",
     "DimensionEnrichment",
     "FileSource",
     "IntervalJoin",

@@ -193,6 +193,25 @@ class Sink(Node):
         return None
 
 
+class Channel(Node):
+    """A step boundary: everything upstream runs in one step, which stages this node's records
+    for checkpoint N as a channel; steps downstream read exactly that channel.
+
+    The producing step is named by ``step`` (default ``step_<uid>``). A downstream step
+    depends on it in the DAG, and its retry reuses the channel instead of re-running the
+    upstream step (region failover). A step reading channels of several upstream steps
+    aligns on the channels of the same checkpoint from all of them.
+    """
+
+    kind = "channel"
+
+    def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
+        super().__init__(uid, [input])
+        if step is not None and not _UID.match(step):
+            raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
+        self.step = step
+
+
 # -- declaration context --------------------------------------------------------------
 _active: list[list[Node]] = []
 
@@ -243,50 +262,97 @@ class PipelineGraph:
     def sinks(self) -> list[Sink]:
         return [n for n in self.nodes.values() if isinstance(n, Sink)]
 
+    @property
+    def channels(self) -> list[Channel]:
+        return [n for n in self.nodes.values() if isinstance(n, Channel)]
+
     def upstream(self, node: Node) -> list[Node]:
-        """``node`` and everything it reads from, in topological order."""
+        """``node`` and everything it reads from in its step, in topological order.
+
+        A channel other than ``node`` is a boundary: it is included (its step reads it),
+        what feeds it is not.
+        """
         seen: dict[str, Node] = {}
 
         def visit(n: Node) -> None:
             if n.uid in seen:
                 return
-            for i in n.inputs:
-                visit(i)
+            if not (isinstance(n, Channel) and n is not node):
+                for i in n.inputs:
+                    visit(i)
             seen[n.uid] = n
 
         visit(node)
         return list(seen.values())
 
+    def reads(self, step: str) -> list[str]:
+        """Uids of the channels ``step`` reads from other steps."""
+        return [n.uid for n in self.steps[step] if isinstance(n, Channel) and self.channel_steps[n.uid] != step]
+
+    def upstream_steps(self, step: str) -> list[str]:
+        """The steps whose channels ``step`` reads: its Airflow task depends on theirs."""
+        return sorted({self.channel_steps[uid] for uid in self.reads(step)})
+
     def _plan_steps(self) -> dict[str, list[Node]]:
-        groups: list[tuple[set[str], list[Sink]]] = []
-        for sink in self.sinks:
-            tags = {n.uid for n in self.upstream(sink) if isinstance(n, StatefulOperator)}
-            if sink.step:
-                tags.add(f"step:{sink.step}")
+        """Steps from terminals (sinks and channels): each with its upstream up to channels.
+
+        Terminals sharing a stateful operator or a ``step`` name run in one step. The
+        steps, ordered so that every step comes after the steps whose channels it reads.
+        """
+        terminals: list[Sink | Channel] = [n for n in self.nodes.values() if isinstance(n, Sink | Channel)]
+        groups: list[tuple[set[str], list[Sink | Channel]]] = []
+        for terminal in terminals:
+            tags = {n.uid for n in self.upstream(terminal) if isinstance(n, StatefulOperator)}
+            if terminal.step:
+                tags.add(f"step:{terminal.step}")
+            elif isinstance(terminal, Channel):
+                tags.add(f"channel:{terminal.uid}")
             merged = [g for g in groups if g[0] & tags]
             for g in merged:
                 groups.remove(g)
-            groups.append((tags.union(*(g[0] for g in merged)), [s for g in merged for s in g[1]] + [sink]))
+            groups.append((tags.union(*(g[0] for g in merged)), [t for g in merged for t in g[1]] + [terminal]))
         steps: dict[str, list[Node]] = {}
-        for _, sinks in groups:
-            named = sorted({s.step for s in sinks if s.step})
-            label = "__".join(named) if named else "__".join(s.uid for s in sinks)
+        self.channel_steps: dict[str, str] = {}
+        for _, members in groups:
+            named = sorted({t.step for t in members if t.step})
+            label = "__".join(named) if named else "__".join(t.uid for t in members)
             name = "step_" + label.replace(".", "_").replace("-", "_")
             if name in steps:
                 raise PipelineDefinitionError(
-                    f"sinks {', '.join(s.uid for s in sinks)} would run as step {name!r}, which another "
-                    "step already has; rename one of the sinks"
+                    f"{', '.join(t.uid for t in members)} would run as step {name!r}, which another "
+                    "step already has; rename one of them"
                 )
             ordered: dict[str, Node] = {}
-            for sink in sinks:
-                ordered.update((n.uid, n) for n in self.upstream(sink))
+            for terminal in members:
+                ordered.update((n.uid, n) for n in self.upstream(terminal))
+                if isinstance(terminal, Channel):
+                    self.channel_steps[terminal.uid] = name
             steps[name] = list(ordered.values())
-        return steps
+        return self._in_dependency_order(steps)
+
+    def _in_dependency_order(self, steps: dict[str, list[Node]]) -> dict[str, list[Node]]:
+        needs = {
+            name: {self.channel_steps[n.uid] for n in nodes if isinstance(n, Channel)} - {name}
+            for name, nodes in steps.items()
+        }
+        ordered: dict[str, list[Node]] = {}
+        while needs:
+            ready = sorted(name for name, deps in needs.items() if deps <= set(ordered))
+            if not ready:
+                raise PipelineDefinitionError(
+                    f"steps {', '.join(sorted(needs))} read each other's channels in a cycle; "
+                    "move a channel or a stateful operator so the steps form a chain"
+                )
+            for name in ready:
+                ordered[name] = steps[name]
+                del needs[name]
+        return ordered
 
     def topology(self) -> JsonDict:
         return {
             "nodes": {uid: n.describe() for uid, n in self.nodes.items()},
             "steps": {name: [n.uid for n in nodes] for name, nodes in self.steps.items()},
+            "channels": dict(sorted(self.channel_steps.items())),
         }
 
     def stateful_keys(self) -> dict[str, tuple[str, ...]]:

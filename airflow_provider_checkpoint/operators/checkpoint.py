@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow_provider_checkpoint.coordinator import JobNotRunning
 from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
+from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
 from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
@@ -142,9 +142,10 @@ class SparkCheckpointOperator(BaseOperator):
             except UnsafePathError as e:
                 raise AirflowFailException(f"the plan's restore point is refused: {e}") from e
         attempt = int(ti.try_number)
+        channels = self._upstream_channels(ti, plan)
         spark = get_spark(conf=self.job.spark_conf, remote=self.job.resolved_spark_remote())
         try:
-            ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt)
+            ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt, channels)
         except Exception as e:
             reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
             reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
@@ -156,6 +157,20 @@ class SparkCheckpointOperator(BaseOperator):
             "step %s acked checkpoint %d (attempt %d): %s", self.step, plan.checkpoint_id, attempt, ack.metrics
         )
         return ack.to_dict()
+
+    def _upstream_channels(self, ti: Any, plan: CheckpointPlan) -> dict[str, tuple[str, ChannelSnapshot]]:
+        """The channels of this checkpoint from the upstream steps' acks (their latest attempts)."""
+        channels: dict[str, tuple[str, ChannelSnapshot]] = {}
+        for upstream in self.job.graph.upstream_steps(self.step):
+            raw = ti.xcom_pull(task_ids=upstream)
+            try:
+                ack = Ack.from_dict(raw, f"ack of task {upstream}") if raw else None
+            except DocumentError as e:
+                raise AirflowFailException(f"refusing the channels of {upstream}: {e}") from e
+            if ack is None or ack.job_id != plan.job_id or ack.checkpoint_id != plan.checkpoint_id:
+                raise AirflowFailException(f"step {upstream} has not acked checkpoint {plan.checkpoint_id}")
+            channels.update((uid, (ack.attempt_dir, channel)) for uid, channel in ack.channels.items())
+        return channels
 
 
 class CheckpointFinalizeOperator(BaseOperator):

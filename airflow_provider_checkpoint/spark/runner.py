@@ -7,11 +7,13 @@ the same staged output on every attempt, so an Airflow retry is always safe.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict, OperatorSnapshot
+from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict, OperatorSnapshot
 from airflow_provider_checkpoint.dataflow.graph import (
+    Channel,
     PipelineGraph,
     Sink,
     Source,
@@ -19,6 +21,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Transform,
     Union,
 )
+from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
 from airflow_provider_checkpoint.spark.context import StepContext
 from airflow_provider_checkpoint.spark.state import read_state, write_state
 from airflow_provider_checkpoint.storage import JobStorage, Location
@@ -34,7 +37,10 @@ def run_step(
     step: str,
     plan: CheckpointPlan,
     attempt: int,
+    channels: Mapping[str, tuple[str, ChannelSnapshot]] | None = None,
 ) -> Ack:
+    """Run ``step`` and return its ack; ``channels`` are the upstream steps' accepted channels
+    this step reads (channel uid → producer attempt directory and snapshot)."""
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
@@ -45,6 +51,8 @@ def run_step(
     outputs: dict[str, DataFrame] = {}
     snapshots: dict[str, OperatorSnapshot] = {}
     committables: dict[str, list[JsonDict]] = {}
+    produced: dict[str, ChannelSnapshot] = {}
+    inputs: dict[str, str] = {}
     try:
         for node in graph.steps[step]:
             if isinstance(node, Source):
@@ -77,6 +85,21 @@ def run_step(
                 ctx.add_metric("state_bytes", snapshot.size)
                 ctx.add_metric("state_files", len(snapshot.handles))
                 outputs[node.uid] = output
+            elif isinstance(node, Channel) and graph.channel_steps[node.uid] == step:
+                produced[node.uid] = write_channel(
+                    storage, f"{ctx.attempt_dir}/channels/{node.uid}", outputs[node.inputs[0].uid]
+                )
+                ctx.add_metric("channel_rows_out", produced[node.uid].rows)
+                ctx.add_metric("channel_bytes_out", produced[node.uid].size)
+                outputs[node.uid] = outputs[node.inputs[0].uid]
+            elif isinstance(node, Channel):
+                if node.uid not in (channels or {}):
+                    raise ValueError(
+                        f"step {step}: no accepted channel {node.uid} from step {graph.channel_steps[node.uid]}"
+                    )
+                inputs[node.uid], channel = (channels or {})[node.uid]
+                outputs[node.uid] = read_channel(spark, storage, channel)
+                ctx.add_metric("channel_rows_in", channel.rows)
             elif isinstance(node, Sink):
                 committables[node.uid] = node.stage(ctx, outputs[node.inputs[0].uid])
             else:
@@ -94,4 +117,6 @@ def run_step(
         sinks=committables,
         metrics=ctx.metrics,
         attempt_dir=ctx.attempt_dir,
+        channels=produced,
+        inputs=inputs,
     )

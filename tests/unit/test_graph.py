@@ -175,7 +175,7 @@ def test_sinks_whose_step_names_collide_are_refused() -> None:
     src = Source("events")
     a = Sink("out-1", src)
     b = Sink("out_1", src)
-    with pytest.raises(PipelineDefinitionError, match="rename one of the sinks"):
+    with pytest.raises(PipelineDefinitionError, match="rename one of them"):
         PipelineGraph([src, a, b])
 
 
