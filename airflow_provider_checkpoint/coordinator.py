@@ -30,7 +30,13 @@ from airflow_provider_checkpoint.core.model import (
 from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.snapshots import Snapshot, check_compatible, open_snapshot, write_savepoint
+from airflow_provider_checkpoint.snapshots import (
+    Snapshot,
+    check_compatible,
+    open_snapshot,
+    verify_state,
+    write_savepoint,
+)
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
@@ -47,6 +53,25 @@ class CheckpointSettings:
     checkpoint_timeout_seconds: float = 3600.0
     tolerable_failed_checkpoints: int = 3
     min_pause_between_checkpoints_seconds: float = 0.0
+    checkpoint_storage: str = "filesystem"
+    """``filesystem``: state in files, small state inline; ``memory``: all state inline (Flink's JobManager storage)."""
+    inline_state_threshold: int = 20 << 10
+    """State of an operator up to this many bytes (at most 1 MiB) travels inline in the ack and ``_metadata``."""
+    max_state_size: int = 5 << 20
+    """Memory checkpoint storage declines a checkpoint whose state of one operator exceeds this (at most 64 MiB)."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_storage not in ("filesystem", "memory"):
+            raise ValueError(f"checkpoint_storage must be 'filesystem' or 'memory', got {self.checkpoint_storage!r}")
+        if not 0 <= self.inline_state_threshold <= 1 << 20:
+            raise ValueError(f"inline_state_threshold must be in [0, 1 MiB], got {self.inline_state_threshold}")
+        if not 0 < self.max_state_size <= 64 << 20:
+            raise ValueError(f"max_state_size must be in (0, 64 MiB], got {self.max_state_size}")
+
+    @property
+    def max_inline_state(self) -> int | None:
+        """The inline limit of memory checkpoint storage, ``None`` for filesystem storage."""
+        return self.max_state_size if self.checkpoint_storage == "memory" else None
 
 
 class JobNotRunning(RuntimeError):
@@ -260,9 +285,8 @@ class CheckpointCoordinator:
             completed = pending.complete(now, plan.restore_point.checkpoint_id if plan.restore_point else None)
             for ack in pending.acks.values():
                 self._check_committables(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
-            for snapshot in completed.operators.values():
-                for handle in snapshot.handles:
-                    self.storage.verify(handle)
+            for uid, snapshot in sorted(completed.operators.items()):
+                verify_state(self.storage, uid, snapshot)
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
             self.storage.commit_metadata(completed)
         except CheckpointAborted as e:

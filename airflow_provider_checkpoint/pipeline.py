@@ -68,7 +68,10 @@ class CheckpointedPipeline:
     ``step_retries`` Airflow retries protect each Spark step, ``finalize_retries`` the
     finalize task (its commit is idempotent). ``spark_remote`` (``sc://host:port``, default
     ``[checkpoint] spark_remote``) runs the steps on a Spark Connect server instead of an
-    embedded local session. Other keyword arguments go to ``DAG``.
+    embedded local session. ``checkpoint_storage="memory"`` keeps all keyed state inline in
+    acks and ``_metadata`` (declining above ``max_state_size`` bytes per operator); with the
+    default ``"filesystem"`` only state up to ``inline_state_threshold`` bytes is inline.
+    Other keyword arguments go to ``DAG``.
     """
 
     def __init__(
@@ -87,6 +90,9 @@ class CheckpointedPipeline:
         retry_delay: datetime.timedelta = datetime.timedelta(seconds=10),
         spark_conf: dict[str, str] | None = None,
         spark_remote: str | None = None,
+        checkpoint_storage: str = "filesystem",
+        inline_state_threshold: int = 20 << 10,
+        max_state_size: int = 5 << 20,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -105,6 +111,9 @@ class CheckpointedPipeline:
             checkpoint_timeout_seconds=checkpoint_timeout.total_seconds(),
             tolerable_failed_checkpoints=tolerable_failed_checkpoints,
             min_pause_between_checkpoints_seconds=min_pause_between_checkpoints.total_seconds(),
+            checkpoint_storage=checkpoint_storage,
+            inline_state_threshold=inline_state_threshold,
+            max_state_size=max_state_size,
         )
         self.step_retries = step_retries
         self.finalize_retries = finalize_retries

@@ -23,7 +23,6 @@ from airflow_provider_checkpoint.core.model import (
     OperatorSnapshot,
     RestorePoint,
     RestoreRequest,
-    StateHandle,
 )
 from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
@@ -53,9 +52,16 @@ class Snapshot:
 
     def verify(self) -> None:
         """Every state file present with its recorded size and checksum (errors name the file)."""
-        for snapshot in self.checkpoint.operators.values():
-            for handle in snapshot.handles:
-                self.base.verify(handle)
+        for uid, snapshot in sorted(self.checkpoint.operators.items()):
+            verify_state(self.base, uid, snapshot)
+
+
+def verify_state(base: Location, uid: str, state: OperatorSnapshot) -> None:
+    """The state files, or the inline state, of operator ``uid`` are intact."""
+    if state.inline is not None and state.inline.parquet() is None:
+        raise CheckpointStorageError(f"inline state of operator {uid} is corrupt: size or checksum mismatch")
+    for handle in state.handles:
+        base.verify(handle)
 
 
 def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
@@ -123,6 +129,13 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
     operators: dict[str, OperatorSnapshot] = {}
     for uid, state in sorted(checkpoint.operators.items()):
         handles = []
+        if state.inline is not None:  # canonical form: the inline state becomes a file for all key groups
+            data = state.inline.parquet()
+            if data is None:
+                raise CheckpointStorageError(f"inline state of operator {uid} is corrupt: size or checksum mismatch")
+            relative = f"state/{uid}/kg-00000-{state.max_parallelism - 1:05d}-0000.parquet"
+            target.write_atomic(relative, data)
+            handles.append(target.handle_for(relative, (0, state.max_parallelism - 1)))
         for n, handle in enumerate(state.handles):
             lo, hi = handle.key_groups or (0, 0)
             relative = f"state/{uid}/kg-{lo:05d}-{hi:05d}-{n:04d}.parquet"
@@ -136,7 +149,7 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
             if (copied.size, copied.checksum) != (handle.size, handle.checksum):
                 raise CheckpointStorageError(f"savepoint copy of {source.url(handle.path)} does not match its checksum")
             handles.append(copied)
-        operators[uid] = dataclasses.replace(state, handles=tuple(handles))
+        operators[uid] = dataclasses.replace(state, handles=tuple(handles), inline=None)
     savepoint = dataclasses.replace(
         checkpoint,
         type=CheckpointType.SAVEPOINT,
@@ -159,28 +172,30 @@ def read_state(pointer: str, operator_uid: str, spark: SparkSession | None = Non
     if state is None:
         known = ", ".join(sorted(snapshot.checkpoint.operators)) or "none"
         raise KeyError(f"{snapshot.location.url()} has no state for operator {operator_uid!r} (it has: {known})")
-    for handle in state.handles:
-        snapshot.base.verify(handle)
+    verify_state(snapshot.base, operator_uid, state)
     if spark is not None:
         from airflow_provider_checkpoint.spark.state import read_state as read_spark_state
 
         return read_spark_state(spark, snapshot.base, state)
-    return _arrow_state(snapshot.base, state.handles, state.schema)
+    return _arrow_state(snapshot.base, state)
 
 
-def _arrow_state(base: Location, handles: Sequence[StateHandle], spark_schema: str) -> pa.Table:
+def _arrow_state(base: Location, state: OperatorSnapshot) -> pa.Table:
+    import io
     import json
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if state.inline is not None:
+        return pq.read_table(io.BytesIO(state.inline.parquet() or b""))
     tables = []
-    for handle in handles:
+    for handle in state.handles:
         with base.fs.open(base.path(handle.path), "rb") as f:
             tables.append(pq.read_table(f))
     if tables:
         return pa.concat_tables(tables, promote_options="default")
-    names = [field["name"] for field in json.loads(spark_schema)["fields"]]
+    names = [field["name"] for field in json.loads(state.schema)["fields"]]
     return pa.table({name: pa.array([], pa.null()) for name in names})
 
 

@@ -7,7 +7,9 @@ to the job directory, so a snapshot can be relocated without rewriting them.
 
 from __future__ import annotations
 
+import base64
 import enum
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,7 @@ from airflow_provider_checkpoint.core.documents import (
 __all__ = ["JsonDict"]
 _CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")
 _REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 MAX_KEY_GROUPS = 32768
 
 
@@ -105,12 +108,51 @@ class HandleScope:
         return f"must lie under chk-<n>/ (n <= {self.checkpoint_id}) or shared/ of the job directory"
 
 
+MAX_INLINE_STATE = 64 << 20
+"""No inline state (memory checkpoint storage) beyond 64 MiB, whatever the settings say."""
+
+
+@dataclass(frozen=True)
+class InlineState:
+    """Small state carried in the ack and ``_metadata`` itself: a Parquet file, base64-encoded."""
+
+    data: str
+    size: int
+    checksum: str
+
+    @classmethod
+    def of(cls, parquet: bytes) -> InlineState:
+        return cls(base64.b64encode(parquet).decode(), len(parquet), "sha256:" + hashlib.sha256(parquet).hexdigest())
+
+    def parquet(self) -> bytes | None:
+        """The Parquet bytes, or ``None`` if they do not match the recorded size and checksum."""
+        try:
+            data = base64.b64decode(self.data, validate=True)
+        except ValueError:
+            return None
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        return data if (len(data), digest) == (self.size, self.checksum) else None
+
+    def to_dict(self) -> JsonDict:
+        return {"data": self.data, "size": self.size, "checksum": self.checksum}
+
+    @classmethod
+    def from_dict(cls, d: Any, document: str, where: str) -> InlineState:
+        f = Fields(d, document, where)
+        return cls(
+            f.string("data", _BASE64, max_length=MAX_INLINE_STATE * 4 // 3 + 4),
+            f.integer("size", maximum=MAX_INLINE_STATE),
+            f.string("checksum", CHECKSUM),
+        )
+
+
 @dataclass(frozen=True)
 class OperatorSnapshot:
     """The keyed state of one operator (by ``uid``) in one checkpoint.
 
     ``schema`` is the Spark JSON schema of the state rows, ``keys`` the key columns and
-    ``max_parallelism`` the number of key groups the keys are hashed into.
+    ``max_parallelism`` the number of key groups the keys are hashed into. The state is
+    either in files (``handles``) or, when small, ``inline`` (then ``handles`` is empty).
     """
 
     handles: tuple[StateHandle, ...]
@@ -118,19 +160,23 @@ class OperatorSnapshot:
     keys: tuple[str, ...]
     max_parallelism: int
     rows: int = 0
+    inline: InlineState | None = None
 
     @property
     def size(self) -> int:
-        return sum(h.size for h in self.handles)
+        return sum(h.size for h in self.handles) + (self.inline.size if self.inline else 0)
 
     def to_dict(self) -> JsonDict:
-        return {
+        d = {
             "handles": [h.to_dict() for h in self.handles],
             "schema": self.schema,
             "keys": list(self.keys),
             "max_parallelism": self.max_parallelism,
             "rows": self.rows,
         }
+        if self.inline is not None:
+            d["inline"] = self.inline.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, document: str, where: str, scope: HandleScope) -> OperatorSnapshot:
@@ -147,12 +193,16 @@ class OperatorSnapshot:
         keys = f.items("keys", max_length=100)
         if not keys or not all(isinstance(k, str) and 0 < len(k) <= 1000 for k in keys):
             raise f.error("keys", "must be a non-empty list of column names", keys)
+        inline = InlineState.from_dict(f.raw["inline"], document, f.name("inline")) if f.has("inline") else None
+        if inline is not None and handles:
+            raise f.error("inline", "cannot be given together with state files")
         return cls(
             handles=tuple(handles),
             schema=f.string("schema", max_length=1 << 20),
             keys=tuple(keys),
             max_parallelism=max_parallelism,
             rows=f.integer("rows", default=0),
+            inline=inline,
         )
 
 

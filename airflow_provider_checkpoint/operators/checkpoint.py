@@ -132,6 +132,7 @@ class SparkCheckpointOperator(BaseOperator):
     def execute(self, context: Any) -> JsonDict:
         from airflow_provider_checkpoint.spark.runner import run_step
         from airflow_provider_checkpoint.spark.session import get_spark
+        from airflow_provider_checkpoint.spark.state import StateTooLargeError
 
         ti = context["ti"]
         plan = _plan(ti.xcom_pull(task_ids=self.trigger_task_id), self.trigger_task_id)
@@ -145,12 +146,23 @@ class SparkCheckpointOperator(BaseOperator):
         channels = self._upstream_channels(ti, plan)
         spark = get_spark(conf=self.job.spark_conf, remote=self.job.resolved_spark_remote())
         try:
-            ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt, channels)
+            ack = run_step(
+                spark,
+                self.job.storage(),
+                self.job.graph,
+                self.step,
+                plan,
+                attempt,
+                channels,
+                self.job.resolved_settings(),
+            )
         except Exception as e:
             reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
             reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
             ti.xcom_push(key=DECLINE_KEY, value={"reason": reason.value, "message": f"{self.step}: {e}"})
-            if isinstance(e, MalformedInputError | CheckpointStorageError | PipelineDefinitionError):
+            if isinstance(
+                e, MalformedInputError | CheckpointStorageError | PipelineDefinitionError | StateTooLargeError
+            ):
                 raise AirflowFailException(str(e)) from e
             raise
         self.log.info(

@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.coordinator import CheckpointSettings
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict, OperatorSnapshot
 from airflow_provider_checkpoint.dataflow.graph import (
@@ -38,12 +39,14 @@ def run_step(
     plan: CheckpointPlan,
     attempt: int,
     channels: Mapping[str, tuple[str, ChannelSnapshot]] | None = None,
+    settings: CheckpointSettings | None = None,
 ) -> Ack:
     """Run ``step`` and return its ack; ``channels`` are the upstream steps' accepted channels
     this step reads (channel uid → producer attempt directory and snapshot)."""
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
+    settings = settings or CheckpointSettings()
     ctx = StepContext(spark, storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
     restore = plan.restore_point
@@ -77,13 +80,22 @@ def run_step(
                 new_state, output = node.process(upstream, state, plan.barrier)
                 fault_point("step.before_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
                 snapshot = write_state(
-                    spark, storage, f"{ctx.attempt_dir}/state/{node.uid}", new_state, node.keys, node.max_parallelism
+                    spark,
+                    storage,
+                    f"{ctx.attempt_dir}/state/{node.uid}",
+                    new_state,
+                    node.keys,
+                    node.max_parallelism,
+                    inline_threshold=settings.inline_state_threshold,
+                    max_inline=settings.max_inline_state,
+                    uid=node.uid,
                 )
                 fault_point("step.after_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
                 snapshots[node.uid] = snapshot
                 ctx.add_metric("state_rows", snapshot.rows)
                 ctx.add_metric("state_bytes", snapshot.size)
                 ctx.add_metric("state_files", len(snapshot.handles))
+                ctx.add_metric("state_inline", int(snapshot.inline is not None))
                 outputs[node.uid] = output
             elif isinstance(node, Channel) and graph.channel_steps[node.uid] == step:
                 produced[node.uid] = write_channel(

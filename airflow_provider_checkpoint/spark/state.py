@@ -7,10 +7,11 @@ import re
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.keygroups import range_for_index
-from airflow_provider_checkpoint.core.model import OperatorSnapshot
-from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot
+from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
 ROWS_PER_FILE = 1_000_000
@@ -24,6 +25,10 @@ def key_group(keys: tuple[str, ...], max_parallelism: int) -> Column:
     return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(max_parallelism))
 
 
+class StateTooLargeError(ValueError):
+    """State exceeds ``max_state_size`` of memory checkpoint storage; the message says what to change."""
+
+
 def write_state(
     spark: SparkSession,
     storage: Location,
@@ -32,17 +37,36 @@ def write_state(
     keys: tuple[str, ...],
     max_parallelism: int,
     parallelism: int | None = None,
+    inline_threshold: int = 0,
+    max_inline: int | None = None,
+    uid: str = "",
 ) -> OperatorSnapshot:
     """Write ``state`` under ``directory`` (job-relative), one file per key-group range.
 
     ``parallelism`` is the number of key-group ranges (files); by default one per
     ``ROWS_PER_FILE`` rows, at most ``spark.sql.shuffle.partitions``. Any later read may
-    use any other parallelism.
+    use any other parallelism. State whose Parquet form is at most ``inline_threshold``
+    bytes is kept inline instead (no file). ``max_inline`` set means memory checkpoint
+    storage: all state inline, and :class:`StateTooLargeError` above that size.
     """
     from pyspark.sql import functions as F
 
     state = state.persist()
     rows = state.count()
+    limit = max_inline if max_inline is not None else inline_threshold
+    if rows <= limit:  # a state with more rows than bytes allowed is not even collected
+        parquet = _parquet_bytes(state)
+        if len(parquet) <= limit:
+            return OperatorSnapshot((), state.schema.json(), keys, max_parallelism, rows, InlineState.of(parquet))
+        size = f"{len(parquet)} bytes"
+    else:
+        size = f"{rows} rows"
+    if max_inline is not None:
+        raise StateTooLargeError(
+            f"operator {uid}: its state ({size}) exceeds max_state_size={max_inline} bytes of memory "
+            "checkpoint storage (state is kept inline, at most one row per byte); raise max_state_size "
+            "(at most 64 MiB) or use checkpoint_storage='filesystem'"
+        )
     if parallelism is None:
         ceiling = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
         parallelism = min(ceiling, -(-rows // ROWS_PER_FILE))
@@ -70,11 +94,36 @@ def write_state(
     )
 
 
+def _parquet_bytes(state: DataFrame) -> bytes:
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(state.toArrow(), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def inline_table(storage: Location, snapshot: OperatorSnapshot) -> pa.Table:
+    """The inline state of ``snapshot`` as a pyarrow Table, after checking its size and checksum."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    assert snapshot.inline is not None
+    data = snapshot.inline.parquet()
+    if data is None:
+        raise CheckpointStorageError(f"inline state corrupt: size or checksum mismatch (in {storage.url()})")
+    return pq.read_table(io.BytesIO(data))
+
+
 def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapshot) -> DataFrame:
-    """The state of ``snapshot``, after verifying every file's size and checksum."""
+    """The state of ``snapshot``, after verifying every file's (or the inline state's) size and checksum."""
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(snapshot.schema))
+    if snapshot.inline is not None:
+        return spark.createDataFrame(inline_table(storage, snapshot), schema)
     if not snapshot.handles:
         return spark.createDataFrame([], schema)
     for handle in snapshot.handles:

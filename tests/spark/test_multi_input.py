@@ -8,71 +8,26 @@ belong to the next checkpoint; the truth is computed with pandas over each align
 from __future__ import annotations
 
 import datetime
-import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.dataflow import (
     DimensionEnrichment,
     FileSource,
     IntervalJoin,
     ParquetTableSink,
-    PipelineGraph,
     Union,
 )
-from airflow_provider_checkpoint.dataflow.graph import collecting
 from airflow_provider_checkpoint.snapshots import request_restore
-from airflow_provider_checkpoint.spark.runner import run_step
-from airflow_provider_checkpoint.storage import JobStorage
+from tests.spark.helpers import T0, make_job, table, write_json
 
 pytestmark = pytest.mark.spark
-T0 = 1_800_000_000.0
 ORDER = "order_id LONG, customer_id STRING, amount LONG"
 CUSTOMER = "customer_id STRING, segment STRING, updated_at LONG, op STRING"
-
-
-@dataclass
-class Job:
-    spark: object
-    tmp: Path
-    graph: PipelineGraph
-    storage: JobStorage
-    coordinator: CheckpointCoordinator
-    checkpoints: int = 0
-    between: list[Callable[[], None]] = field(default_factory=list)
-
-    def checkpoint(self, during: Callable[[], None] | None = None) -> CompletedCheckpoint:
-        """One checkpoint; ``during`` lands files after the barrier is cut, before the steps read."""
-        self.checkpoints += 1
-        now = T0 + 100 * self.checkpoints
-        plan = self.coordinator.trigger(f"run-{self.checkpoints}", now=now)
-        if during:
-            during()
-        acks = [run_step(self.spark, self.storage, self.graph, step, plan, 1) for step in plan.steps]
-        return self.coordinator.finalize(plan, acks, now=now + 1)
-
-
-def make_job(spark, tmp: Path, declare: Callable[[Path], None]) -> Job:
-    with collecting() as nodes:
-        declare(tmp)
-    graph = PipelineGraph(nodes)
-    storage = JobStorage.for_job(f"file://{tmp}/ckpt", "multi")
-    settings = CheckpointSettings(retained_checkpoints=10)
-    return Job(spark, tmp, graph, storage, CheckpointCoordinator(storage, graph, settings, None, [storage.url()]))
-
-
-def write_json(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_name("." + path.name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    path.with_name("." + path.name).rename(path)
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -81,10 +36,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         path.with_name("." + path.name), index=False
     )
     path.with_name("." + path.name).rename(path)
-
-
-def table(path: Path) -> pd.DataFrame:
-    return ds.dataset(str(path), format="parquet").to_table().to_pandas() if path.exists() else pd.DataFrame()
 
 
 # -- dimension enrichment + union ------------------------------------------------------------
