@@ -42,3 +42,14 @@ def example_dag(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def restore_dag(example_dag: ModuleType) -> ModuleType:
     """The restore_from_checkpoint DAG, over the same storage as ``example_dag``."""
     return load_dag_module(REPO / "dags" / "restore_from_checkpoint.py")
+
+
+@pytest.fixture
+def orders_dag(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The example orders DAG, with its data and checkpoints under ``tmp_path``."""
+    monkeypatch.setenv("ORDERS_DIR", str(tmp_path / "orders"))
+    monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"file://{tmp_path}/checkpoints")
+    for directory in ("orders", "customers"):
+        (tmp_path / "orders" / directory).mkdir(parents=True)
+    yield load_dag_module(REPO / "dags" / "example_orders.py")
+    os.environ.pop("CHECKPOINT_FAULTS", None)

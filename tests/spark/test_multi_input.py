@@ -23,19 +23,12 @@ from airflow_provider_checkpoint.dataflow import (
     Union,
 )
 from airflow_provider_checkpoint.snapshots import request_restore
+from airflow_provider_checkpoint.testing.orders import enriched, land_changes
 from tests.spark.helpers import T0, make_job, table, write_json
 
 pytestmark = pytest.mark.spark
 ORDER = "order_id LONG, customer_id STRING, amount LONG"
 CUSTOMER = "customer_id STRING, segment STRING, updated_at LONG, op STRING"
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows, columns=["customer_id", "segment", "updated_at", "op"]).to_csv(
-        path.with_name("." + path.name), index=False
-    )
-    path.with_name("." + path.name).rename(path)
 
 
 # -- dimension enrichment + union ------------------------------------------------------------
@@ -88,31 +81,13 @@ class Landing:
         half = len(rows) // 2
         write_json(self.tmp / "orders_a" / f"o{self.n}.json", rows[:half])
         write_json(self.tmp / "orders_b" / f"o{self.n}.json", rows[half:])
-        write_csv(self.tmp / "customers" / f"c{self.n}.csv", changes)
+        land_changes(self.tmp / "customers", f"c{self.n}.csv", [tuple(c.values()) for c in changes])
         self.cuts[cut][0].extend(rows)
         self.cuts[cut][1].extend(changes)
 
     def truth(self, checkpoints: int, on_missing: str, ttl_checkpoints: int = 0) -> pd.DataFrame:
-        """Every order with the segment of its customer as of the end of the checkpoint that emits it."""
-        dimension: dict[str, tuple[int, str | None]] = {}
-        held: list[tuple[dict, int]] = []
-        out = []
-        cuts = self.cuts + [([], [])] * (checkpoints + 1 - len(self.cuts))
-        for n, (orders, changes) in enumerate(cuts[1:], start=1):
-            for c in sorted(changes, key=lambda c: c["updated_at"]):
-                if c["customer_id"] not in dimension or dimension[c["customer_id"]][0] <= c["updated_at"]:
-                    dimension[c["customer_id"]] = (c["updated_at"], None if c["op"] == "D" else c["segment"])
-            live = {k: seg for k, (_, seg) in dimension.items() if seg is not None}
-            waiting = held + [(o, n) for o in orders]
-            held = []
-            for order, since in waiting:
-                if order["customer_id"] in live:
-                    out.append({**order, "segment": live[order["customer_id"]]})
-                elif on_missing == "emit" or n - since >= ttl_checkpoints:
-                    out.append({**order, "segment": None})
-                else:
-                    held.append((order, since))
-        return pd.DataFrame(out, columns=["order_id", "customer_id", "amount", "segment"])
+        cuts = self.cuts[1:] + [([], [])] * (checkpoints + 1 - len(self.cuts))
+        return enriched(cuts, on_missing, ttl_checkpoints)
 
 
 def changes(*rows: tuple[str, str, int, str]) -> list[dict]:
