@@ -189,3 +189,48 @@ def test_sinks_with_the_same_step_name_run_in_one_step() -> None:
         "step_main": ["events", "archive", "mirror"],
         "step_other": ["events", "other"],
     }
+
+
+def test_a_channel_splits_the_graph_into_dependent_steps() -> None:
+    from airflow_provider_checkpoint.dataflow.graph import Channel
+
+    with collecting() as nodes:
+        src = Source("events")
+        state = StatefulOperator("counts", src, keys=["k"])
+        channel = Channel("counted", state, step="count")
+        Sink("table", channel, step="publish")
+        Sink("archive", Transform("tidy", channel, lambda df: df), step="publish")
+    graph = PipelineGraph(nodes)
+    assert list(graph.steps) == ["step_count", "step_publish"]
+    assert [n.uid for n in graph.steps["step_count"]] == ["events", "counts", "counted"]
+    assert [n.uid for n in graph.steps["step_publish"]] == ["counted", "table", "tidy", "archive"]
+    assert graph.channel_steps == {"counted": "step_count"}
+    assert graph.reads("step_publish") == ["counted"] and graph.upstream_steps("step_publish") == ["step_count"]
+    assert graph.topology()["channels"] == {"counted": "step_count"}
+
+
+def test_steps_that_read_each_others_channels_are_refused() -> None:
+    from airflow_provider_checkpoint.dataflow.graph import Channel
+
+    with collecting() as nodes:
+        src = Source("events")
+        shared = StatefulOperator("shared", src, keys=["k"])
+        a = Channel("a", shared, step="one")
+        b_state = StatefulOperator("b_state", a, keys=["k"])
+        b = Channel("b", b_state, step="two")
+        # a sink in step one that reads step two's channel and shares step one's state: a cycle
+        Sink("loop", Join("join", [b, shared]), step="one")
+    with pytest.raises(PipelineDefinitionError, match="in a cycle"):
+        PipelineGraph(nodes)
+
+
+def test_union_needs_two_inputs_and_co_functions_two_named_inputs() -> None:
+    from airflow_provider_checkpoint.dataflow import KeyedCoStateFunction, Union
+
+    src = Source("events")
+    with pytest.raises(PipelineDefinitionError, match="at least two inputs"):
+        Union("u", [src])
+    with pytest.raises(PipelineDefinitionError, match="at least two named inputs"):
+        KeyedCoStateFunction("f", {"only": src}, ["k"], lambda inputs, state: (state, state), "k STRING")
+    with pytest.raises(PipelineDefinitionError, match="the same input is given twice"):
+        StatefulOperator("twice", [src, src], keys=["k"])

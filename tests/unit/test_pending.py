@@ -198,3 +198,22 @@ def test_complete_merges_every_accepted_ack() -> None:
     assert completed.stats["duration_seconds"] == 2.5
     assert completed.stats["state_size"] == 20
     assert completed.source_positions == {"src": {"files": {}}}
+
+
+def test_a_step_must_read_the_channel_of_the_accepted_upstream_attempt() -> None:
+    from dataclasses import replace
+
+    from airflow_provider_checkpoint.core.model import ChannelSnapshot
+
+    pending = PendingCheckpoint(make_plan())
+    channel = ChannelSnapshot((), "{}", rows=3)
+    upstream = replace(make_ack("step_one", attempt=2), channels={"ch": channel})
+    stale_read = replace(make_ack("step_two"), inputs={"ch": f"chk-{CID}/step_one/attempt-1"})
+    pending.acknowledge(upstream, T0)
+    pending.acknowledge(stale_read, T0)
+    with pytest.raises(CheckpointAborted, match="step_two read channel ch of .*attempt-1.*attempt-2"):
+        pending.complete(T0 + 1, None)
+
+    aligned = replace(stale_read, attempt=2, inputs={"ch": upstream.attempt_dir})
+    pending.acknowledge(aligned, T0)
+    assert pending.complete(T0 + 1, None).stats["channel_rows"] == 3
