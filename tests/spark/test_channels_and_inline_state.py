@@ -19,7 +19,8 @@ from airflow_provider_checkpoint.snapshots import read_state, request_restore, w
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.spark.state import StateTooLargeError
 from airflow_provider_checkpoint.storage import Location
-from tests.spark.helpers import make_job, table, write_json
+from airflow_provider_checkpoint.testing.inprocess import make_job
+from tests.spark.helpers import table, write_json
 
 pytestmark = pytest.mark.spark
 EVENTS = "user STRING, amount LONG"

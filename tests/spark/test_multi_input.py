@@ -23,8 +23,9 @@ from airflow_provider_checkpoint.dataflow import (
     Union,
 )
 from airflow_provider_checkpoint.snapshots import request_restore
+from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from airflow_provider_checkpoint.testing.orders import enriched, land_changes
-from tests.spark.helpers import T0, make_job, table, write_json
+from tests.spark.helpers import table, write_json
 
 pytestmark = pytest.mark.spark
 ORDER = "order_id LONG, customer_id STRING, amount LONG"
