@@ -1,13 +1,14 @@
 """Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
 
-The real Airflow services (LocalExecutor) run a single-step variant of the example
-pipeline while input keeps growing; its steps run in ``connect`` mode on a Spark Connect
-server started by the test (the other tests cover the embedded ``local`` mode). Before
-every DAG run the test writes one fault from the list below into ``CHECKPOINT_FAULTS_FILE``
-(re-read by every fault point of every task process); the run may succeed, be retried
-by Airflow, or fail. After a last clean
-run, all three tables must equal the ground truth computed by pandas over all input,
-and the storage audit must find nothing orphaned.
+The real Airflow services (LocalExecutor) run, alternately, a single-step variant of the
+example pipeline and a two-input, two-step pipeline (orders enriched with customers,
+joined by a channel) while input keeps growing; their steps run in ``connect`` mode on a
+Spark Connect server started by the test (the other tests cover the embedded ``local``
+mode). Before every DAG run the test writes one fault from the list below into
+``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a step
+fault hits both steps of the two-step pipeline); the run may succeed, be retried by
+Airflow, or fail. After a last clean run of each, every table must equal the ground truth
+computed by pandas over all input, and the storage audit must find nothing orphaned.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
 """
@@ -27,7 +28,8 @@ import pytest
 
 from airflow_provider_checkpoint.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
+from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches, read_table
+from airflow_provider_checkpoint.testing.orders import enriched, land_changes, land_orders, revenue_by_segment
 from tests.live.airflow_live import running_airflow
 from tests.live.spark_connect import spark_connect_server
 
@@ -65,6 +67,43 @@ with CheckpointedPipeline(
 dag = pipeline.dag
 """
 
+ORDERS_DAG_ID = "chaos_orders"
+ORDERS_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import (
+    Channel, CheckpointedPipeline, DimensionEnrichment, FileSource, KeyedAggregate, ParquetTableSink,
+)
+
+BASE = os.environ["CHAOS_DIR"] + "/orders"
+
+with CheckpointedPipeline(
+    dag_id="chaos_orders",
+    schedule=None,
+    retained_checkpoints=3,
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    finalize_retries=1,
+    retry_delay=datetime.timedelta(seconds=1),
+) as pipeline:
+    orders = FileSource(uid="orders", path=f"{BASE}/orders", format="json",
+                        schema="order_id LONG, customer_id STRING, amount LONG")
+    customers = FileSource(uid="customers", path=f"{BASE}/customers", format="csv",
+                           schema="customer_id STRING, segment STRING, updated_at LONG, op STRING")
+    enriched = DimensionEnrichment(uid="enrich_orders", facts=orders, dimension=customers, keys=["customer_id"],
+                                   version="updated_at", columns=["segment"], on_missing="hold",
+                                   hold_ttl=datetime.timedelta(days=1))
+    channel = Channel(uid="enriched_orders", input=enriched, step="enrich")
+    revenue = KeyedAggregate(uid="revenue", input=channel, keys=["segment"],
+                             aggs={"revenue": "sum(amount)", "orders": "count"})
+    ParquetTableSink(uid="revenue_table", input=revenue, path=f"{BASE}/marts/revenue_by_segment", mode="upsert",
+                     keys=["segment"], step="publish")
+    ParquetTableSink(uid="orders_archive", input=channel, path=f"{BASE}/marts/enriched_orders", step="publish")
+
+dag = pipeline.dag
+"""
+
 # name → fault specs (see airflow_provider_checkpoint.core.faults); weights favour the cheap ones
 FAULTS: dict[str, tuple[int, list[str]]] = {
     "none": (3, []),
@@ -76,11 +115,50 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
     "finalize fails before _metadata": (2, ["finalize.before_metadata"]),
     "finalize fails after _metadata (every attempt)": (2, ["finalize.after_metadata"]),
     "finalize SIGKILLed after _metadata": (1, ["finalize.after_metadata:action=kill"]),
-    "finalize fails between two sink commits": (2, ["finalize.between_sink_commits:sink=page_views_table"]),
+    "finalize fails between two sink commits": (
+        2,
+        ["finalize.between_sink_commits:sink=page_views_table", "finalize.between_sink_commits:sink=orders_archive"],
+    ),
     "storage error writing _metadata": (2, ["storage.write:file=_metadata:action=oserror"]),
     "storage error writing _job.json": (1, ["storage.write:file=_job.json:action=oserror"]),
     "trigger SIGKILLed holding the lease": (1, ["storage.write:file=_plan.json:action=kill"]),
 }
+
+
+class ChaosOrders:
+    """Orders and customers for the two-step pipeline. Customers are only ever added, each with
+    one segment, so the truth does not depend on how failed runs regroup the input into cuts."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.orders: list[dict[str, object]] = []
+        self.customers: list[dict[str, object]] = []
+        for directory in ("orders", "customers"):
+            (base / directory).mkdir(parents=True, exist_ok=True)
+
+    def land(self, run: int, rng: random.Random) -> None:
+        known = len(self.customers)
+        new = [(f"c{i}", rng.choice(["retail", "gold", "b2b"]), run, "U") for i in range(known, known + 2)]
+        self.customers += land_changes(self.base / "customers", f"c-{run:03d}.csv", new)
+        self.orders += land_orders(self.base / "orders", f"o-{run:03d}.json", rng.randrange(20, 120), run, known + 4)
+
+    def mismatches(self) -> dict[str, str]:
+        want = enriched([(self.orders, self.customers)], "hold", ttl_checkpoints=10**6)
+        out = {}
+        for name, truth, key in (
+            ("enriched_orders", want, "order_id"),
+            ("revenue_by_segment", revenue_by_segment(want), "segment"),
+        ):
+            got = read_table(self.base / "marts" / name)
+            try:
+                pd.testing.assert_frame_equal(
+                    got[truth.columns.tolist()].sort_values(key).reset_index(drop=True),
+                    truth.sort_values(key).reset_index(drop=True),
+                    check_dtype=False,
+                )
+            except (AssertionError, KeyError) as e:
+                out[name] = f"{len(got)} rows vs {len(truth)} expected: {str(e).splitlines()[0]}"
+        return out
 
 
 def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -93,6 +171,8 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
     dags = root / "chaos-dags"
     dags.mkdir()
     (dags / "chaos_clickstream.py").write_text(CHAOS_DAG)
+    (dags / "chaos_orders.py").write_text(ORDERS_DAG)
+    orders = ChaosOrders(base / "orders")
     faults_file = root / "faults.txt"
     started = time.monotonic()
     names = list(FAULTS)
@@ -107,25 +187,30 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
             "AIRFLOW__CHECKPOINT__SPARK_REMOTE": remote,  # connect mode: no JVM per step attempt
         }
         live = stack.enter_context(
-            running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID,), extra_env=env)
+            running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID, ORDERS_DAG_ID), extra_env=env)
         )
-        for run in range(1, runs + 2):
-            for part in range(rng.choice((1, 1, 2))):
-                landed.append(
-                    land_events(base / "landing", f"e-{run:03d}-{part}.json", rng.randrange(50, 400), 1000 * run + part)
-                )
-            fault = "none" if run == runs + 1 else rng.choices(names, weights)[0]
+        final: dict[str, str] = {}
+        for run in range(1, runs + 3):
+            dag_id = DAG_ID if run % 2 else ORDERS_DAG_ID
+            if dag_id == DAG_ID:
+                for part in range(rng.choice((1, 1, 2))):
+                    size = rng.randrange(50, 400)
+                    landed.append(land_events(base / "landing", f"e-{run:03d}-{part}.json", size, 1000 * run + part))
+            else:
+                orders.land(run, rng)
+            fault = "none" if run > runs else rng.choices(names, weights)[0]
             faults_file.write_text("\n".join(FAULTS[fault][1]) + "\n")
-            run_id = live.trigger(DAG_ID, {})
-            state = live.wait_for_run(DAG_ID, run_id, timeout=300, expect_success=False)
+            run_id = live.trigger(dag_id, {})
+            final[dag_id] = state = live.wait_for_run(dag_id, run_id, timeout=300, expect_success=False)
             outcomes[f"{fault} → {state}"] += 1
-            print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {fault:<48} {state}", flush=True)
+            print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {dag_id:<18} {fault:<48} {state}", flush=True)
         faults_file.write_text("")
-        assert state == "success", "the last, fault-free run must succeed"
+        assert final == {DAG_ID: "success", ORDERS_DAG_ID: "success"}, "the last, fault-free runs must succeed"
 
-    problems = mismatches(base / "marts", pd.concat(landed))
+    problems = {**mismatches(base / "marts", pd.concat(landed)), **orders.mismatches()}
     storage = JobStorage.for_job(f"file://{root / 'airflow' / 'checkpoints'}", DAG_ID)
-    findings = audit_job(storage, retained=3)
+    orders_storage = JobStorage.for_job(f"file://{root / 'airflow' / 'checkpoints'}", ORDERS_DAG_ID)
+    findings = audit_job(storage, retained=3) + audit_job(orders_storage, retained=3)
     stats = [json.loads(p.read_text()) for p in sorted((Path(storage.job_dir) / "_stats").glob("*.json"))]
     print("outcomes:", dict(outcomes))
     print("checkpoints:", Counter((s["status"], s.get("reason", "")) for s in stats))
@@ -133,6 +218,8 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
     print(f"chaos finished in {elapsed:.0f}s (seed {seed})")
     assert problems == {}, f"seed {seed}: tables differ from the ground truth: {problems}"
     assert findings == [], f"seed {seed}: storage audit: {findings}"
-    staged = list((base / "marts").glob("*/_staging/chk-*"))
+    staged = list((base / "marts").glob("*/_staging/chk-*")) + list(
+        (base / "orders" / "marts").glob("*/_staging/chk-*")
+    )
     assert staged == [], f"seed {seed}: staged sink data left behind: {staged}"
     assert elapsed < 20 * 60, f"chaos took {elapsed:.0f}s, more than 20 minutes"
