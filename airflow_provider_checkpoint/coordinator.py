@@ -335,6 +335,10 @@ class CheckpointCoordinator:
     def _finish(self, completed: CompletedCheckpoint) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
         self.commit_sinks(completed)
+        fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
+        for source in self.graph.sources:
+            if source.uid in completed.source_positions:
+                source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
         target = completed.options.get("savepoint_target")
         if target:
             write_savepoint(self.storage, completed, Location.from_url(target))
