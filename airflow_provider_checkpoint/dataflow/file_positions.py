@@ -10,6 +10,11 @@ the position is therefore bounded by the processed files still visible, not by t
 of the job. Positions of earlier versions (every file ever processed) have the same
 shape and shrink at the first barrier.
 
+With date partitions, the position also holds ``partition_floor``: partitions dated
+before it are closed, no longer listed, and their files leave the position. The floor
+follows the newest partition at a distance of the partition lateness, and never passes
+a partition that still has a visible file not yet processed.
+
 Positions are stored documents (plan XCom, ``_plan.json``, ``_metadata``): every one read
 back is validated (:func:`validate_position`).
 """
@@ -19,7 +24,8 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -45,36 +51,64 @@ def check_relative_name(uid: str, name: object) -> str:
     return str(name)
 
 
-def validate_position(uid: str, position: object) -> dict[str, int]:
-    """The ``files`` of a stored position, validated; ``None`` is the initial (empty) position."""
+class Position(NamedTuple):
+    files: dict[str, int]
+    partition_floor: datetime | None = None
+
+
+def validate_position(uid: str, position: object) -> Position:
+    """A stored position, validated; ``None`` is the initial (empty) position."""
     if position is None:
-        return {}
+        return Position({})
     files = position.get("files") if isinstance(position, Mapping) else None
-    if not isinstance(files, Mapping):
+    if not isinstance(position, Mapping) or not isinstance(files, Mapping):
         raise InvalidPositionError(f"source {uid}: stored position {_short(position)} has no 'files' object")
     checked: dict[str, int] = {}
     for name, size in files.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidPositionError(f"source {uid}: size {size!r} of {name!r} in a stored position is not a size")
         checked[check_relative_name(uid, name)] = size
-    return checked
+    floor = position.get("partition_floor")
+    if floor is None:
+        return Position(checked)
+    try:
+        return Position(checked, datetime.fromisoformat(floor))
+    except (TypeError, ValueError):
+        raise InvalidPositionError(f"source {uid}: partition_floor {_short(floor)} is not an ISO date") from None
 
 
 def next_position(
-    previous: Mapping[str, int], visible: Mapping[str, tuple[int, float]], max_files: int | None
+    previous: Position,
+    visible: Mapping[str, tuple[int, float]],
+    max_files: int | None,
+    partitions: Mapping[str, datetime] | None = None,
+    lateness: timedelta = timedelta(0),
 ) -> dict[str, Any]:
     """The barrier position: processed files still visible, plus the new files this checkpoint reads.
 
     ``visible`` maps each visible file to ``(size, modification time)``. New files are
     taken oldest first (modification time, then name), at most ``max_files`` of them, so a
-    backlog is split over several checkpoints in a deterministic order.
+    backlog is split over several checkpoints in a deterministic order. ``partitions``
+    (date-partitioned sources) gives the partition date of files in a partition.
     """
-    kept = {name: size for name, size in previous.items() if name in visible}
-    new = sorted((n for n in visible if n not in previous), key=lambda n: (visible[n][1], n))
+    files = {name: size for name, size in previous.files.items() if name in visible}
+    new = sorted((n for n in visible if n not in previous.files), key=lambda n: (visible[n][1], n))
     if max_files is not None:
         new = new[:max_files]
-    kept.update((n, visible[n][0]) for n in new)
-    return {"files": dict(sorted(kept.items()))}
+    files.update((n, visible[n][0]) for n in new)
+    if partitions is None:
+        return {"files": dict(sorted(files.items()))}
+    floor = previous.partition_floor
+    if partitions:
+        unread = [partitions[n] for n in visible if n in partitions and n not in previous.files]
+        candidate = min([max(partitions.values()) - lateness, *unread])
+        floor = candidate if floor is None else max(floor, candidate)
+    if floor is not None:
+        files = {n: s for n, s in files.items() if n not in partitions or partitions[n] >= floor}
+    position: dict[str, Any] = {"files": dict(sorted(files.items()))}
+    if floor is not None:
+        position["partition_floor"] = floor.isoformat()
+    return position
 
 
 def split(previous: Mapping[str, int], barrier: Mapping[str, int]) -> dict[str, int]:

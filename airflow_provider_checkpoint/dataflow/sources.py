@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import posixpath
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from airflow_provider_checkpoint.dataflow import file_positions
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
+from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -33,26 +33,6 @@ class InputChangedError(MalformedInputError):
     """A file cut into the barrier changed or vanished before the step read it."""
 
 
-def _hidden(relative: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative.split("/"))
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    """A file's modification time from an fsspec ``info`` (local, S3, GCS, HDFS spellings); 0 if none."""
-    for key in ("mtime", "LastModified", "last_modified", "updated"):
-        value = info.get(key)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return 0.0
-
-
 def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str | None) -> None:
     if clean_source not in _CLEAN_SOURCE:
         raise PipelineDefinitionError(f"{uid}: clean_source must be one of {_CLEAN_SOURCE}, got {clean_source!r}")
@@ -65,7 +45,7 @@ def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str
         raise PipelineDefinitionError(f"{uid}: archive_dir {archive_dir!r} must be on the filesystem of {path!r}")
     landing, archive = posixpath.normpath(landing), posixpath.normpath(archive)
     inside = posixpath.relpath(archive, landing) if archive.startswith(landing.rstrip("/") + "/") else None
-    if archive == landing or (inside is not None and not _hidden(inside)):
+    if archive == landing or (inside is not None and not hidden(inside)):
         raise PipelineDefinitionError(
             f"{uid}: archive_dir {archive_dir!r} lies in the landing directory, so archived files would be read "
             "again; put it elsewhere or under a hidden name (starting with '.' or '_')"
@@ -97,6 +77,13 @@ class FileSource(Source):
     ``max_files_per_checkpoint`` splits a backlog over several checkpoints, oldest files
     (modification time, then name) first.
 
+    **Date-partitioned landing directories.** ``partition_pattern`` (a ``strptime``
+    format of the partition directories, e.g. ``dt=%Y-%m-%d`` or ``%Y/%m/%d``) bounds the
+    listing and the position with ``clean_source="off"`` too: partitions dated more than
+    ``partition_lateness`` before the newest one are closed once all their files are
+    processed, and are no longer listed. This is a promise by the writer: a file landed
+    in a closed partition is not read (land late data in an open partition).
+
     Malformed records (not parseable, or not matching ``schema``) fail the step with an
     error naming the file and line; nothing of that checkpoint is committed, and the next
     run proceeds once the file is fixed or removed.
@@ -114,6 +101,8 @@ class FileSource(Source):
         max_files_per_checkpoint: int | None = None,
         clean_source: str = "off",
         archive_dir: str | None = None,
+        partition_pattern: str | None = None,
+        partition_lateness: timedelta = timedelta(days=1),
     ) -> None:
         super().__init__(uid)
         if format not in _FORMATS:
@@ -130,6 +119,14 @@ class FileSource(Source):
         self.clean_source = clean_source
         self.archive_dir = archive_dir
         _check_clean_source(uid, path, clean_source, archive_dir)
+        if partition_pattern is not None and (
+            not partition_pattern or partition_pattern.startswith("/") or ".." in partition_pattern.split("/")
+        ):
+            raise PipelineDefinitionError(f"{uid}: partition_pattern {partition_pattern!r} must be a relative format")
+        if partition_lateness < timedelta(0):
+            raise PipelineDefinitionError(f"{uid}: partition_lateness must not be negative")
+        self.partition_pattern = partition_pattern
+        self.partition_lateness = partition_lateness
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "format": self.format}
@@ -139,37 +136,36 @@ class FileSource(Source):
         fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         return fs, root.rstrip("/")
 
-    def listing(self) -> dict[str, tuple[int, float]]:
-        """Visible files now present: relative name → (size, modification time)."""
+    def listing(self, partition_floor: datetime | None = None) -> Listing:
+        """Visible files now present (partitions before ``partition_floor`` not listed)."""
         fs, root = self._fs()
         if not fs.exists(root):
             raise FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
-        found: dict[str, tuple[int, float]] = {}
-        for full, info in fs.find(root, detail=True).items():
-            rel = full[len(root) + 1 :]
-            if (
-                info.get("type") == "file"
-                and not _hidden(rel)
-                and fnmatch.fnmatch(posixpath.basename(rel), self.pattern)
-            ):
-                found[rel] = (int(info["size"]), _mtime(info))
-        return found
+        return list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
 
-    def list_files(self) -> dict[str, int]:
+    def list_files(self, partition_floor: datetime | None = None) -> dict[str, int]:
         """Visible files now present, relative name → size."""
-        return {name: size for name, (size, _) in self.listing().items()}
+        return {name: size for name, (size, _) in self.listing(partition_floor).files.items()}
 
     def initial_position(self) -> dict[str, Any]:
         return {"files": {}}
 
     def barrier_position(self, previous: Any) -> dict[str, Any]:
         processed = file_positions.validate_position(self.uid, previous)
-        return file_positions.next_position(processed, self.listing(), self.max_files_per_checkpoint)
+        listing = self.listing(processed.partition_floor)
+        return file_positions.next_position(
+            processed,
+            listing.files,
+            self.max_files_per_checkpoint,
+            listing.partitions if self.partition_pattern else None,
+            self.partition_lateness,
+        )
 
     def split(self, previous: Any, barrier: Any) -> dict[str, int]:
         """The files in ``[previous, barrier)``: in the barrier, not yet processed (validated)."""
         return file_positions.split(
-            file_positions.validate_position(self.uid, previous), file_positions.validate_position(self.uid, barrier)
+            file_positions.validate_position(self.uid, previous).files,
+            file_positions.validate_position(self.uid, barrier).files,
         )
 
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
@@ -180,43 +176,24 @@ class FileSource(Source):
         """
         if self.clean_source == "off":
             return
-        visible = self.listing()
-        cleaned = 0
-        for name, size in file_positions.validate_position(self.uid, position).items():
-            if name in visible and visible[name][0] == size:
-                cleaned += self._clean(name, size)
-        if cleaned:
-            log.info(
-                "source %s: %s %d file(s) read by checkpoint(s) up to %d",
-                self.uid,
-                self.clean_source + "d",
-                cleaned,
-                checkpoint_id,
-            )
-
-    def _clean(self, name: str, size: int) -> int:
+        processed = file_positions.validate_position(self.uid, position)
+        visible = self.listing(processed.partition_floor).files
         fs, root = self._fs()
-        source = f"{root}/{name}"
-        if self.clean_source == "delete":
-            fs.rm(source)
-            return 1
-        assert self.archive_dir is not None
+        done: dict[str, int] = {}
+        for name, size in processed.files.items():
+            if name in visible and visible[name][0] == size:
+                outcome = clean_file(fs, f"{root}/{name}", size, self._archive_target(name))
+                done[outcome] = done.get(outcome, 0) + 1
+        if done.pop("kept", 0):
+            log.warning("source %s: files whose archive copy differs were left in %s", self.uid, self.path)
+        for outcome, count in done.items():
+            log.info("source %s: %s %d file(s) read up to checkpoint %d", self.uid, outcome, count, checkpoint_id)
+
+    def _archive_target(self, name: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
+        if self.archive_dir is None:
+            return None
         archive_fs, archive_root = fsspec.core.url_to_fs(self.archive_dir, **self.storage_options)
-        target = f"{archive_root.rstrip('/')}/{name}"
-        if archive_fs.exists(target):
-            if archive_fs.size(target) != size:
-                log.warning(
-                    "source %s: not archiving %s: %s exists with another size; move one of them away",
-                    self.uid,
-                    self.url(name),
-                    target,
-                )
-                return 0
-            fs.rm(source)  # a move interrupted after the copy: the archive already has it
-            return 1
-        archive_fs.makedirs(posixpath.dirname(target), exist_ok=True)
-        fs.mv(source, target)
-        return 1
+        return archive_fs, f"{archive_root.rstrip('/')}/{name}"
 
     # -- reading (Spark) ---------------------------------------------------------------
     def url(self, relative: str) -> str:
@@ -229,7 +206,7 @@ class FileSource(Source):
         from pyspark.sql import functions as F
 
         todo = self.split(previous, barrier)
-        self._check_unchanged(todo)
+        self._check_unchanged(todo, barrier)
         ctx.add_metric("files_in", len(todo))
         if not todo:
             return ctx.spark.createDataFrame([], self.schema).cache()
@@ -255,10 +232,10 @@ class FileSource(Source):
             return df.drop(_CORRUPT, "_source_file")  # served from the cache above
         return df.cache()
 
-    def _check_unchanged(self, todo: dict[str, int]) -> None:
+    def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:
             return
-        now = self.list_files()
+        now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
         for name, size in todo.items():
             if name not in now:
                 raise InputChangedError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,60 @@ def test_clean_source_options_are_checked(tmp_path: Path) -> None:
     with pytest.raises(PipelineDefinitionError, match="max_files_per_checkpoint"):
         FileSource("e", landing, "json", "k INT", max_files_per_checkpoint=0)
     FileSource("e", landing, "json", "k INT", clean_source="archive", archive_dir=f"{landing}/_archive")
+
+
+def test_date_partitions_bound_listing_and_position_with_clean_source_off(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    source = FileSource(
+        "events", str(landing), "json", "k INT", partition_pattern="dt=%Y-%m-%d", partition_lateness=timedelta(days=2)
+    )
+    position: dict | None = None
+    sizes, listed = [], []
+    for day in range(60):
+        partition = f"dt={date(2026, 1, 1) + timedelta(days=day)}"
+        land(landing, f"{partition}/a.json", b"{}\n")
+        land(landing, f"{partition}/b.json", b"{}\n{}\n")
+        if day > 0:  # a late file for yesterday's partition, still open
+            land(landing, f"dt={date(2026, 1, 1) + timedelta(days=day - 1)}/late.json", b"{}\n")
+        barrier = source.barrier_position(position)
+        todo = source.split(position, barrier)
+        assert len(todo) == (2 if day == 0 else 3), todo
+        position = barrier
+        sizes.append(len(json.dumps(position)))
+        listed.append(len(source.listing(source_floor(source, position)).files))
+    assert position is not None and position["partition_floor"] == "2026-02-27T00:00:00"
+    assert max(sizes[5:]) == min(sizes[5:]), f"position grew with the job's age: {sizes}"
+    assert max(listed[5:]) == 8, "only the open partitions are listed"
+
+
+def source_floor(source: FileSource, position: dict) -> object:
+    from airflow_provider_checkpoint.dataflow.file_positions import validate_position
+
+    return validate_position(source.uid, position).partition_floor
+
+
+def test_partition_floor_waits_for_a_backlog(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    for day in range(1, 6):
+        land(landing, f"2026/01/0{day}/x.json", b"{}\n", mtime=T0 + day)
+    source = FileSource(
+        "events",
+        str(landing),
+        "json",
+        "k INT",
+        partition_pattern="%Y/%m/%d",
+        max_files_per_checkpoint=2,
+        partition_lateness=timedelta(0),
+    )
+    position: dict | None = None
+    read: list[str] = []
+    for _ in range(4):
+        barrier = source.barrier_position(position)
+        read += sorted(source.split(position, barrier))
+        position = barrier
+    assert read == [f"2026/01/0{day}/x.json" for day in range(1, 6)]
+    assert position is not None and position["partition_floor"] == "2026-01-05T00:00:00"
 
 
 def test_unknown_format_is_rejected(tmp_path: Path) -> None:
