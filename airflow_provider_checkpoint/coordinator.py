@@ -378,6 +378,10 @@ class CheckpointCoordinator:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
         self.commit_sinks(completed)
         self._discard_channels(completed.checkpoint_id)
+        fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
+        for source in self.graph.sources:
+            if source.uid in completed.source_positions:
+                source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
         target = completed.options.get("savepoint_target")
         if target:
             target = resolve_under_roots(target, self.allowed_roots)

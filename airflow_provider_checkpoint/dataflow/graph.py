@@ -71,6 +71,13 @@ class Source(Node):
         """Everything in ``[previous, barrier)``, deterministically, as a cached DataFrame."""
         raise NotImplementedError
 
+    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
+        """Called after checkpoint ``checkpoint_id`` committed with ``position``; idempotent.
+
+        Runs in finalize after ``_metadata`` and again in the next trigger's recovery of
+        the latest completed checkpoint, so it must tolerate running twice. No-op here.
+        """
+
 
 class Transform(Node):
     """A stateless DataFrame → DataFrame function (filter, projection, parsing)."""

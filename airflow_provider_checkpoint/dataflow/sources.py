@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-import fnmatch
+import logging
 import posixpath
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from airflow_provider_checkpoint.dataflow import file_positions
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
+from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.spark.context import StepContext
 
+log = logging.getLogger(__name__)
+
 _CORRUPT = "_corrupt_record"
 _FORMATS = ("json", "csv", "parquet")
+_CLEAN_SOURCE = ("off", "archive", "delete")
 
 
 class MalformedInputError(ValueError):
@@ -27,20 +33,56 @@ class InputChangedError(MalformedInputError):
     """A file cut into the barrier changed or vanished before the step read it."""
 
 
-def _hidden(relative: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative.split("/"))
+def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str | None) -> None:
+    if clean_source not in _CLEAN_SOURCE:
+        raise PipelineDefinitionError(f"{uid}: clean_source must be one of {_CLEAN_SOURCE}, got {clean_source!r}")
+    if (clean_source == "archive") != (archive_dir is not None):
+        raise PipelineDefinitionError(f"{uid}: archive_dir is required with clean_source='archive' and only then")
+    if archive_dir is None:
+        return
+    (landing_protocol, landing), (archive_protocol, archive) = map(fsspec.core.split_protocol, (path, archive_dir))
+    if (landing_protocol or "file") != (archive_protocol or "file"):
+        raise PipelineDefinitionError(f"{uid}: archive_dir {archive_dir!r} must be on the filesystem of {path!r}")
+    landing, archive = posixpath.normpath(landing), posixpath.normpath(archive)
+    inside = posixpath.relpath(archive, landing) if archive.startswith(landing.rstrip("/") + "/") else None
+    if archive == landing or (inside is not None and not hidden(inside)):
+        raise PipelineDefinitionError(
+            f"{uid}: archive_dir {archive_dir!r} lies in the landing directory, so archived files would be read "
+            "again; put it elsewhere or under a hidden name (starting with '.' or '_')"
+        )
 
 
 class FileSource(Source):
     """Files landing in a directory (recursively), in ``json`` (JSON Lines), ``csv`` or ``parquet``.
 
-    The barrier is the set of files present at trigger time; the position is the set of
-    files already processed, with their sizes. Each file is processed by exactly one
-    completed checkpoint, also when files arrive while a checkpoint runs (they belong to
-    the next barrier). Files whose name or directory starts with ``.`` or ``_`` are
-    ignored: writers should land files under such a name and rename them when complete.
-    A file that changes size after it was cut into a barrier fails the step with a clear
-    error, because it would break exactly-once.
+    The barrier adds the files visible at trigger time to the files already processed;
+    each file is processed by exactly one completed checkpoint, also when files arrive
+    while a checkpoint runs (they belong to the next barrier). Files whose name or
+    directory starts with ``.`` or ``_`` are ignored: writers should land files under such
+    a name and rename them when complete. A file that changes size after it was cut into a
+    barrier fails the step with a clear error, because it would break exactly-once.
+
+    **Bounded position.** The position lists the processed files that are still visible
+    (:mod:`~airflow_provider_checkpoint.dataflow.file_positions`): a visible file not in it
+    is new, whatever its modification time, so a late file is still read exactly once and
+    no lateness bound can drop data. We chose this over a modification-time watermark
+    with a lateness bound because a file older than such a watermark cannot be told apart
+    from a processed one without remembering it, which is the unbounded list again. The
+    position stays small when processed files leave the landing directory:
+    ``clean_source="archive"`` (moved under ``archive_dir``, same relative name) or
+    ``"delete"``, applied only after the checkpoint that read a file has committed
+    (idempotent; a crash in between is finished by the next trigger). With
+    ``clean_source="off"`` the position is as large as the processed files you keep.
+
+    ``max_files_per_checkpoint`` splits a backlog over several checkpoints, oldest files
+    (modification time, then name) first.
+
+    **Date-partitioned landing directories.** ``partition_pattern`` (a ``strptime``
+    format of the partition directories, e.g. ``dt=%Y-%m-%d`` or ``%Y/%m/%d``) bounds the
+    listing and the position with ``clean_source="off"`` too: partitions dated more than
+    ``partition_lateness`` before the newest one are closed once all their files are
+    processed, and are no longer listed. This is a promise by the writer: a file landed
+    in a closed partition is not read (land late data in an open partition).
 
     Malformed records (not parseable, or not matching ``schema``) fail the step with an
     error naming the file and line; nothing of that checkpoint is committed, and the next
@@ -56,16 +98,35 @@ class FileSource(Source):
         pattern: str = "*",
         options: dict[str, str] | None = None,
         storage_options: dict[str, Any] | None = None,
+        max_files_per_checkpoint: int | None = None,
+        clean_source: str = "off",
+        archive_dir: str | None = None,
+        partition_pattern: str | None = None,
+        partition_lateness: timedelta = timedelta(days=1),
     ) -> None:
         super().__init__(uid)
         if format not in _FORMATS:
             raise PipelineDefinitionError(f"{uid}: format must be one of {_FORMATS}, got {format!r}")
+        if max_files_per_checkpoint is not None and max_files_per_checkpoint < 1:
+            raise PipelineDefinitionError(f"{uid}: max_files_per_checkpoint must be at least 1")
         self.path = path
         self.format = format
         self.schema = schema
         self.pattern = pattern
         self.options = dict(options or {})
         self.storage_options = dict(storage_options or {})
+        self.max_files_per_checkpoint = max_files_per_checkpoint
+        self.clean_source = clean_source
+        self.archive_dir = archive_dir
+        _check_clean_source(uid, path, clean_source, archive_dir)
+        if partition_pattern is not None and (
+            not partition_pattern or partition_pattern.startswith("/") or ".." in partition_pattern.split("/")
+        ):
+            raise PipelineDefinitionError(f"{uid}: partition_pattern {partition_pattern!r} must be a relative format")
+        if partition_lateness < timedelta(0):
+            raise PipelineDefinitionError(f"{uid}: partition_lateness must not be negative")
+        self.partition_pattern = partition_pattern
+        self.partition_lateness = partition_lateness
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "format": self.format}
@@ -75,36 +136,64 @@ class FileSource(Source):
         fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         return fs, root.rstrip("/")
 
-    def list_files(self) -> dict[str, int]:
-        """Visible files now present, relative name → size."""
+    def listing(self, partition_floor: datetime | None = None) -> Listing:
+        """Visible files now present (partitions before ``partition_floor`` not listed)."""
         fs, root = self._fs()
         if not fs.exists(root):
             raise FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
-        found: dict[str, int] = {}
-        for full, info in fs.find(root, detail=True).items():
-            rel = full[len(root) + 1 :]
-            if (
-                info.get("type") == "file"
-                and not _hidden(rel)
-                and fnmatch.fnmatch(posixpath.basename(rel), self.pattern)
-            ):
-                found[rel] = int(info["size"])
-        return found
+        return list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
+
+    def list_files(self, partition_floor: datetime | None = None) -> dict[str, int]:
+        """Visible files now present, relative name → size."""
+        return {name: size for name, (size, _) in self.listing(partition_floor).files.items()}
 
     def initial_position(self) -> dict[str, Any]:
         return {"files": {}}
 
     def barrier_position(self, previous: Any) -> dict[str, Any]:
-        files = dict((previous or self.initial_position())["files"])
-        for name, size in self.list_files().items():
-            files.setdefault(name, size)
-        return {"files": dict(sorted(files.items()))}
+        processed = file_positions.validate_position(self.uid, previous)
+        listing = self.listing(processed.partition_floor)
+        return file_positions.next_position(
+            processed,
+            listing.files,
+            self.max_files_per_checkpoint,
+            listing.partitions if self.partition_pattern else None,
+            self.partition_lateness,
+        )
 
-    @staticmethod
-    def split(previous: Any, barrier: Any) -> dict[str, int]:
-        """The files in ``[previous, barrier)``: in the barrier, not yet processed."""
-        done = (previous or {"files": {}})["files"]
-        return {n: s for n, s in barrier["files"].items() if n not in done}
+    def split(self, previous: Any, barrier: Any) -> dict[str, int]:
+        """The files in ``[previous, barrier)``: in the barrier, not yet processed (validated)."""
+        return file_positions.split(
+            file_positions.validate_position(self.uid, previous).files,
+            file_positions.validate_position(self.uid, barrier).files,
+        )
+
+    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
+        """``clean_source``: archive or delete the processed files of a committed position.
+
+        Only files still present with the size they were read at are touched, so running
+        it again (recovery after a crash) or for an older position changes nothing.
+        """
+        if self.clean_source == "off":
+            return
+        processed = file_positions.validate_position(self.uid, position)
+        visible = self.listing(processed.partition_floor).files
+        fs, root = self._fs()
+        done: dict[str, int] = {}
+        for name, size in processed.files.items():
+            if name in visible and visible[name][0] == size:
+                outcome = clean_file(fs, f"{root}/{name}", size, self._archive_target(name))
+                done[outcome] = done.get(outcome, 0) + 1
+        if done.pop("kept", 0):
+            log.warning("source %s: files whose archive copy differs were left in %s", self.uid, self.path)
+        for outcome, count in done.items():
+            log.info("source %s: %s %d file(s) read up to checkpoint %d", self.uid, outcome, count, checkpoint_id)
+
+    def _archive_target(self, name: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
+        if self.archive_dir is None:
+            return None
+        archive_fs, archive_root = fsspec.core.url_to_fs(self.archive_dir, **self.storage_options)
+        return archive_fs, f"{archive_root.rstrip('/')}/{name}"
 
     # -- reading (Spark) ---------------------------------------------------------------
     def url(self, relative: str) -> str:
@@ -117,7 +206,7 @@ class FileSource(Source):
         from pyspark.sql import functions as F
 
         todo = self.split(previous, barrier)
-        self._check_unchanged(todo)
+        self._check_unchanged(todo, barrier)
         ctx.add_metric("files_in", len(todo))
         if not todo:
             return ctx.spark.createDataFrame([], self.schema).cache()
@@ -143,10 +232,10 @@ class FileSource(Source):
             return df.drop(_CORRUPT, "_source_file")  # served from the cache above
         return df.cache()
 
-    def _check_unchanged(self, todo: dict[str, int]) -> None:
+    def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:
             return
-        now = self.list_files()
+        now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
         for name, size in todo.items():
             if name not in now:
                 raise InputChangedError(

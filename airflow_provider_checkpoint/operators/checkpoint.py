@@ -130,7 +130,7 @@ class SparkCheckpointOperator(BaseOperator):
         self.trigger_task_id = trigger_task_id
 
     def execute(self, context: Any) -> JsonDict:
-        from airflow_provider_checkpoint.spark.runner import run_step
+        from airflow_provider_checkpoint.spark.runner import describe_metrics, run_step
         from airflow_provider_checkpoint.spark.session import get_spark
         from airflow_provider_checkpoint.spark.state import StateTooLargeError
 
@@ -166,7 +166,11 @@ class SparkCheckpointOperator(BaseOperator):
                 raise AirflowFailException(str(e)) from e
             raise
         self.log.info(
-            "step %s acked checkpoint %d (attempt %d): %s", self.step, plan.checkpoint_id, attempt, ack.metrics
+            "step %s acked checkpoint %d (attempt %d): %s",
+            self.step,
+            plan.checkpoint_id,
+            attempt,
+            describe_metrics(ack.metrics),
         )
         return ack.to_dict()
 

@@ -6,6 +6,7 @@ the same staged output on every attempt, so an Airflow retry is always safe.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict, OperatorSnapshot
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
+    Node,
     PipelineGraph,
     Sink,
     Source,
@@ -29,6 +31,54 @@ from airflow_provider_checkpoint.storage import JobStorage, Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+def describe_metrics(metrics: JsonDict) -> str:
+    """``name value`` of every numeric metric (bytes in KiB/MiB), for one concise log line."""
+    parts = []
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        parts.append(f"{name} {_size(value) if name.endswith('_bytes') else format(value, 'g')}")
+    return ", ".join(parts) or "nothing"
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+class _Phases:
+    """One log line per node of a step: what the step's metrics grew by while it ran, and its seconds."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        self.node: Node | None = None
+        self.started = 0.0
+        self.before: dict[str, float] = {}
+
+    def _numbers(self) -> dict[str, float]:
+        return {k: v for k, v in self.ctx.metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+    def next(self, node: Node | None) -> None:
+        """End the running phase (log it) and start ``node``'s (``None``: the last one ended)."""
+        if self.node is not None:
+            grown = {k: v - self.before.get(k, 0) for k, v in self._numbers().items()}
+            log.info(
+                "%s %s: %s in %.2fs",
+                self.node.kind,
+                self.node.uid,
+                describe_metrics({k: v for k, v in grown.items() if v}),
+                time.monotonic() - self.started,
+            )
+        self.node, self.started, self.before = node, time.monotonic(), self._numbers()
 
 
 def run_step(
@@ -56,8 +106,10 @@ def run_step(
     committables: dict[str, list[JsonDict]] = {}
     produced: dict[str, ChannelSnapshot] = {}
     inputs: dict[str, str] = {}
+    phases = _Phases(ctx)
     try:
         for node in graph.steps[step]:
+            phases.next(node)
             if isinstance(node, Source):
                 previous = restore.source_positions.get(node.uid) if restore else None
                 df = node.read(ctx, previous, plan.barrier.positions[node.uid])
@@ -116,6 +168,7 @@ def run_step(
                 committables[node.uid] = node.stage(ctx, outputs[node.inputs[0].uid])
             else:
                 raise TypeError(f"{node!r}: unsupported node type")
+        phases.next(None)
         fault_point("step.before_ack", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
     finally:
         spark.catalog.clearCache()

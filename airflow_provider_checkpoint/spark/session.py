@@ -1,18 +1,29 @@
-"""The SparkSession a step runs in: embedded (``local``) or a Spark Connect server (``connect``)."""
+"""The SparkSession a step runs in: embedded (``local``) or a Spark Connect server (``connect``).
+
+An embedded session is quiet in the task log: no console progress bars, the driver's
+log4j output (warnings and errors only, :file:`log4j2.properties` next to this module)
+goes to stdout, and so do the JVM's own start-up lines. Airflow records a task's stderr
+at ERROR level, so a healthy step shows nothing at ERROR.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+
 DEFAULT_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "8",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "static",
@@ -20,6 +31,17 @@ DEFAULT_CONF = {
     # no .crc side files next to state and table files: checksums are ours (SHA-256 in handles)
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
 }
+
+DRIVER_JAVA_OPTIONS = (f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}",)
+"""Prepended to ``spark.driver.extraJavaOptions``: options given in ``conf`` come later and win."""
+
+
+def embedded_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
+    """The configuration of an embedded session: the defaults, ``conf`` over them."""
+    merged = {**DEFAULT_CONF, **(conf or {})}
+    java_options = " ".join((*DRIVER_JAVA_OPTIONS, (conf or {}).get("spark.driver.extraJavaOptions", "")))
+    merged["spark.driver.extraJavaOptions"] = java_options.strip()
+    return merged
 
 
 def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remote: str | None = None) -> SparkSession:
@@ -31,6 +53,8 @@ def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remo
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run in this environment
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     if remote:
@@ -38,9 +62,11 @@ def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remo
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    builder = SparkSession.builder.master(master).appName("airflow-checkpoint")
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    spark_conf = (
+        SparkConf().setMaster(master).setAppName("airflow-checkpoint").setAll(list(embedded_conf(conf).items()))
+    )
+    if SparkContext._active_spark_context is None:
+        # the JVM's stderr (its start-up warnings) joins stdout, which the task log records as INFO
+        gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.STDOUT})
+        SparkContext(conf=spark_conf, gateway=gateway)
+    return SparkSession.builder.config(conf=spark_conf).getOrCreate()

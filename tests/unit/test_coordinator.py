@@ -58,12 +58,12 @@ class Env:
         return json.loads((self.job_dir / "_job.json").read_bytes())
 
 
-def make_env(tmp_path: Path, retained: int = 3, tolerable: int = 3) -> Env:
+def make_env(tmp_path: Path, retained: int = 3, tolerable: int = 3, **source_options: object) -> Env:
     landing = tmp_path / "landing"
     landing.mkdir()
     (landing / "a.json").write_bytes(b'{"k": 1}\n')
     table = tmp_path / "table"
-    source = FileSource("events", str(landing), "json", "k INT")
+    source = FileSource("events", str(landing), "json", "k INT", **source_options)  # type: ignore[arg-type]
     counts = KeyedAggregate("counts", source, keys=["k"], aggs={"n": "count"})
     sink = ParquetTableSink("table", counts, str(table), mode="append")
     graph = PipelineGraph([source, counts, sink])
@@ -231,7 +231,9 @@ def test_next_checkpoint_restores_from_the_last_and_reads_only_new_files(env: En
     assert plan.restore_point.location_url == env.storage.url("chk-1")
     assert plan.restore_point.base_url is None
     previous = plan.restore_point.source_positions["events"]
-    assert FileSource.split(previous, plan.barrier.positions["events"]) == {"b.json": 18}
+    source = env.coordinator.graph.sources[0]
+    assert isinstance(source, FileSource)
+    assert source.split(previous, plan.barrier.positions["events"]) == {"b.json": 18}
     completed = env.coordinator.finalize(plan, [make_ack(env, plan)], now=T0 + 11)
     assert completed.restored_from == 1
 
