@@ -30,6 +30,7 @@ from airflow_provider_checkpoint.operators.checkpoint import (
 )
 
 TRIGGER_TASK_ID = "trigger_checkpoint"
+WAIT_FOR_INPUT_TASK_ID = "wait_for_input"
 FINALIZE_TASK_ID = "finalize_checkpoint"
 
 
@@ -68,7 +69,10 @@ class CheckpointedPipeline:
     ``step_retries`` Airflow retries protect each Spark step, ``finalize_retries`` the
     finalize task (its commit is idempotent). ``spark_remote`` (``sc://host:port``, default
     ``[checkpoint] spark_remote``) runs the steps on a Spark Connect server instead of an
-    embedded local session. Other keyword arguments go to ``DAG``.
+    embedded local session. ``wait_for_input`` puts a :class:`CheckpointInputSensor`
+    (``soft_fail``, this timeout) in front of the trigger: a run whose sources hold no new
+    input within it is skipped (no checkpoint, no failure counted) instead of producing
+    an empty checkpoint. Other keyword arguments go to ``DAG``.
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class CheckpointedPipeline:
         retry_delay: datetime.timedelta = datetime.timedelta(seconds=10),
         spark_conf: dict[str, str] | None = None,
         spark_remote: str | None = None,
+        wait_for_input: datetime.timedelta | None = None,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -111,6 +116,7 @@ class CheckpointedPipeline:
         self.retry_delay = retry_delay
         self.spark_conf = dict(spark_conf or {})
         self.spark_remote = spark_remote
+        self.wait_for_input = wait_for_input
         self.job: CheckpointJob | None = None
         self._stack = ExitStack()
         self._nodes: list[Node] = []
@@ -160,3 +166,16 @@ class CheckpointedPipeline:
             retry_delay=self.retry_delay,
         )
         trigger >> steps >> finalize
+        if self.wait_for_input is not None:
+            from airflow_provider_checkpoint.sensors.checkpoint import CheckpointInputSensor
+
+            seconds = self.wait_for_input.total_seconds()
+            sensor = CheckpointInputSensor(
+                task_id=WAIT_FOR_INPUT_TASK_ID,
+                job=self.job,
+                timeout=seconds,
+                poke_interval=min(30.0, max(1.0, seconds / 10)),
+                soft_fail=True,
+                retries=0,
+            )
+            sensor >> trigger
