@@ -25,6 +25,18 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_checkpoint.operators.checkpoint"],
             }
         ],
+        "sensors": [
+            {
+                "integration-name": "Checkpoint",
+                "python-modules": ["airflow_provider_checkpoint.sensors.checkpoint"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Checkpoint",
+                "python-modules": ["airflow_provider_checkpoint.triggers.checkpoint"],
+            }
+        ],
         "hooks": [],
         "config": {
             "checkpoint": {

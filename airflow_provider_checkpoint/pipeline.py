@@ -30,6 +30,7 @@ from airflow_provider_checkpoint.operators.checkpoint import (
 )
 
 TRIGGER_TASK_ID = "trigger_checkpoint"
+WAIT_FOR_INPUT_TASK_ID = "wait_for_input"
 FINALIZE_TASK_ID = "finalize_checkpoint"
 
 
@@ -71,7 +72,10 @@ class CheckpointedPipeline:
     embedded local session. ``checkpoint_storage="memory"`` keeps all keyed state inline in
     acks and ``_metadata`` (declining above ``max_state_size`` bytes per operator); with the
     default ``"filesystem"`` only state up to ``inline_state_threshold`` bytes is inline.
-    Other keyword arguments go to ``DAG``.
+    ``wait_for_input`` puts a :class:`CheckpointInputSensor`
+    (``soft_fail``, this timeout) in front of the trigger: a run whose sources hold no new
+    input within it is skipped (no checkpoint, no failure counted) instead of producing
+    an empty checkpoint. Other keyword arguments go to ``DAG``.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class CheckpointedPipeline:
         checkpoint_storage: str = "filesystem",
         inline_state_threshold: int = 20 << 10,
         max_state_size: int = 5 << 20,
+        wait_for_input: datetime.timedelta | None = None,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -120,6 +125,7 @@ class CheckpointedPipeline:
         self.retry_delay = retry_delay
         self.spark_conf = dict(spark_conf or {})
         self.spark_remote = spark_remote
+        self.wait_for_input = wait_for_input
         self.job: CheckpointJob | None = None
         self._stack = ExitStack()
         self._nodes: list[Node] = []
@@ -173,3 +179,16 @@ class CheckpointedPipeline:
         for step in steps:
             for upstream in graph.upstream_steps(step.task_id):
                 tasks[upstream] >> step
+        if self.wait_for_input is not None:
+            from airflow_provider_checkpoint.sensors.checkpoint import CheckpointInputSensor
+
+            seconds = self.wait_for_input.total_seconds()
+            sensor = CheckpointInputSensor(
+                task_id=WAIT_FOR_INPUT_TASK_ID,
+                job=self.job,
+                timeout=seconds,
+                poke_interval=min(30.0, max(1.0, seconds / 10)),
+                soft_fail=True,
+                retries=0,
+            )
+            sensor >> trigger

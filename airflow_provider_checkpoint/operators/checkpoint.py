@@ -44,6 +44,11 @@ def _plan(raw: Any, trigger_task_id: str) -> CheckpointPlan:
         raise AirflowFailException(f"refusing the checkpoint plan: {e}") from e
 
 
+def _was_skipped(ti: Any, task_id: str) -> bool:
+    """Whether ``task_id`` of this DAG run ended skipped (an upstream sensor skipped it)."""
+    return bool(ti.get_ti_count(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id], states=["skipped"]))
+
+
 class CheckpointTriggerOperator(BaseOperator):
     """Cuts the barrier: recovers and cleans the job's storage, allocates the id, pushes the plan.
 
@@ -216,6 +221,8 @@ class CheckpointFinalizeOperator(BaseOperator):
             skipped = ti.xcom_pull(task_ids=self.trigger_task_id, key=SKIPPED_KEY)
             if skipped:
                 raise AirflowSkipException(f"no checkpoint in this run: {skipped}")
+            if _was_skipped(ti, self.trigger_task_id):  # e.g. the input sensor found no new input
+                raise AirflowSkipException(f"no checkpoint in this run: {self.trigger_task_id} was skipped")
             raise AirflowFailException(f"{self.trigger_task_id} failed: no checkpoint was triggered in this run")
         plan = _plan(raw_plan, self.trigger_task_id)
         declines = {t: d for t in self.step_task_ids if (d := ti.xcom_pull(task_ids=t, key=DECLINE_KEY))}

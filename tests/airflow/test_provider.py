@@ -28,3 +28,14 @@ def test_airflow_lists_the_provider_and_its_config(airflow_db):
         text=True,
     )
     assert config.stdout.strip() == "3"
+
+
+def test_airflow_lists_the_provider_triggers(airflow_db):
+    listed = subprocess.run(
+        [sys.executable, "-m", "airflow", "providers", "triggers", "--output", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    ours = [t["class"] for t in json.loads(listed.stdout) if t["package_name"] == "airflow-provider-checkpoint"]
+    assert ours == ["airflow_provider_checkpoint.triggers.checkpoint"]

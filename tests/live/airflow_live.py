@@ -1,4 +1,4 @@
-"""Real Airflow services (api-server, scheduler, dag-processor) for the live tests.
+"""Real Airflow services (api-server, scheduler, dag-processor, triggerer) for the live tests.
 
 Everything runs in subprocesses against an isolated ``AIRFLOW_HOME`` (SQLite,
 LocalExecutor), on a free loopback port, with the repository's ``dags/`` folder. Each
@@ -30,9 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.prefix) / "bin"
 AIRFLOW = VENV_BIN / "airflow"
 ADMIN_USER = "admin"
-DAGS = ("example_clickstream", "restore_from_checkpoint")
+DAGS = ("example_clickstream", "restore_from_checkpoint", "example_downstream")
 TERMINAL_RUN_STATES = {"success", "failed"}
-SERVICES = ("dag-processor", "scheduler", "api-server")
+SERVICES = ("dag-processor", "scheduler", "triggerer", "api-server")
 # What Airflow 3.3's UI trigger form sends as conf when only "Take a savepoint" is switched
 # on: every Param with its value, the untouched savepoint_dir as null. test_ui_savepoint.py
 # captures the real request and checks it against this.
@@ -325,7 +325,8 @@ def _healthy(live: LiveAirflow) -> bool:
     if r.status_code != 200:
         return False
     health = r.json()
-    return all((health.get(c) or {}).get("status") == "healthy" for c in ("metadatabase", "scheduler", "dag_processor"))
+    components = ("metadatabase", "scheduler", "dag_processor", "triggerer")
+    return all((health.get(c) or {}).get("status") == "healthy" for c in components)
 
 
 def _dags_parsed(live: LiveAirflow, dag_ids: tuple[str, ...] = DAGS) -> bool:
@@ -344,7 +345,7 @@ def running_airflow(
     dag_ids: tuple[str, ...] = DAGS,
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[LiveAirflow]:
-    """Migrate the DB, start the three services, wait until they are healthy and the DAGs
+    """Migrate the DB, start the four services, wait until they are healthy and the DAGs
     ``dag_ids`` of ``dags_folder`` are parsed and unpaused; stop everything on exit, also
     after a failure."""
     port = free_port()
@@ -372,10 +373,15 @@ def running_airflow(
             raise ServiceError(f"airflow db migrate failed:\n{tail(live.log_of('db-migrate'))}")
         _start(live, "dag-processor", "dag-processor")
         _start(live, "scheduler", "scheduler", "--skip-serve-logs")  # task logs are local files
+        _start(live, "triggerer", "triggerer", "--skip-serve-logs")  # deferred sensors wait here
         _start(live, "api-server", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
         try:
             started = time.monotonic()
-            poll("api-server, scheduler and dag-processor to report healthy", lambda: _healthy(live), startup_timeout)
+            poll(
+                "api-server, scheduler, dag-processor and triggerer to report healthy",
+                lambda: _healthy(live),
+                startup_timeout,
+            )
             remaining = max(30.0, startup_timeout - (time.monotonic() - started))
             poll(
                 f"DAGs {', '.join(dag_ids)} to be parsed", lambda: _dags_parsed(live, dag_ids), remaining, interval=2.0

@@ -1,0 +1,131 @@
+"""The sensors' triggers against real storage: serialization round trip and ``run()``.
+
+The job's storage is written by the real coordinator (see test_coordinator.py); the
+triggers run in an asyncio loop as the triggerer runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from airflow.sdk.module_loading import import_string
+from airflow.triggers.base import TriggerEvent
+
+from airflow_provider_checkpoint.core.model import RestoreRequest
+from airflow_provider_checkpoint.triggers.checkpoint import (
+    CheckpointCompletedTrigger,
+    CheckpointInputTrigger,
+    committed_after,
+    new_input,
+    source_spec,
+)
+from tests.unit.test_coordinator import JOB, T0, Env, make_env, run_checkpoint
+
+DEADLINE = 10.0
+
+
+@pytest.fixture
+def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Env:
+    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
+    return make_env(tmp_path)
+
+
+def input_trigger(env: Env) -> CheckpointInputTrigger:
+    return CheckpointInputTrigger(
+        job_id=JOB,
+        storage_root=str(env.root / "ckpt"),
+        sources=[source_spec(s) for s in env.coordinator.graph.sources],
+        poke_interval=0.01,
+    )
+
+
+def completed_trigger(env: Env, after: int, savepoint: bool = False) -> CheckpointCompletedTrigger:
+    return CheckpointCompletedTrigger(
+        job_id=JOB,
+        storage_root=str(env.root / "ckpt"),
+        after_checkpoint_id=after,
+        savepoint=savepoint,
+        poke_interval=0.01,
+    )
+
+
+async def first_event(trigger: Any, act: Any = None) -> TriggerEvent:
+    """Run ``trigger``; check it has not fired after a few polls, then ``act`` and await its event."""
+    events: AsyncIterator[TriggerEvent] = trigger.run()
+    pending = asyncio.ensure_future(events.__anext__())
+    if act is not None:
+        done, _ = await asyncio.wait({pending}, timeout=0.3)  # ~30 polls
+        assert not done, f"fired before the condition held: {pending.result() if done else None}"
+        await asyncio.to_thread(act)
+    return await asyncio.wait_for(pending, DEADLINE)
+
+
+def roundtrip(trigger: Any) -> Any:
+    classpath, kwargs = trigger.serialize()
+    json.dumps(kwargs)  # stored in the metadata DB as JSON
+    rebuilt = import_string(classpath)(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    return rebuilt
+
+
+def test_triggers_serialize_round_trip(env: Env) -> None:
+    rebuilt = roundtrip(input_trigger(env))
+    assert rebuilt.sources[0]["path"] == str(env.landing)
+    rebuilt = roundtrip(completed_trigger(env, 7, savepoint=True))
+    assert (rebuilt.after_checkpoint_id, rebuilt.savepoint) == (7, True)
+
+
+def test_input_trigger_fires_on_new_input_only(env: Env) -> None:
+    sources = env.coordinator.graph.sources
+    assert new_input(env.storage, sources) == ["events"], "a.json before any checkpoint is new input"
+    run_checkpoint(env, "run-1", T0)
+    assert new_input(env.storage, sources) == []
+
+    # rebuilt from its serialized form, as the triggerer does
+    event = asyncio.run(first_event(roundtrip(input_trigger(env)), lambda: (env.landing / "b.json").write_text("{}\n")))
+    assert event.payload == {"status": "success", "sources": ["events"]}
+
+
+def test_input_trigger_counts_a_restore_request_as_input(env: Env) -> None:
+    run_checkpoint(env, "run-1", T0)
+    env.storage.write_restore_request(RestoreRequest("1" * 32, env.storage.url("chk-1"), 1, False, T0))
+    assert new_input(env.storage, env.coordinator.graph.sources) == ["events"]
+
+
+def test_completed_trigger_fires_when_a_newer_checkpoint_is_committed(env: Env) -> None:
+    run_checkpoint(env, "run-1", T0)
+    assert committed_after(env.storage, 0) == {"checkpoint_id": 1, "end_time": env.stats(1)["end_time"]}
+
+    def second_checkpoint() -> None:
+        (env.landing / "b.json").write_text('{"k": 2}\n')
+        run_checkpoint(env, "run-2", T0 + 10)
+
+    event = asyncio.run(first_event(roundtrip(completed_trigger(env, 1)), second_checkpoint))
+    assert event.payload["status"] == "success" and event.payload["checkpoint_id"] == 2
+
+
+def test_completed_trigger_ignores_metadata_whose_sinks_are_not_committed(env: Env) -> None:
+    run_checkpoint(env, "run-1", T0)
+    (env.job_dir / "_stats" / "1.json").unlink()  # as after a crash right after _metadata
+    assert committed_after(env.storage, 0) is None
+
+
+def test_completed_trigger_for_savepoints(env: Env) -> None:
+    run_checkpoint(env, "run-1", T0)
+    assert committed_after(env.storage, 0, savepoint=True) is None
+    job = env.storage.load_job()
+    job.savepoints.append({"checkpoint_id": 1, "path": "file:///sp/savepoint-1", "time": T0})
+    env.storage.save_job(job)
+    event = asyncio.run(first_event(completed_trigger(env, 0, savepoint=True)))
+    assert event.payload == {"status": "success", "checkpoint_id": 1, "savepoint": "file:///sp/savepoint-1"}
+
+
+def test_trigger_reports_unreadable_storage_as_error_event(env: Env) -> None:
+    run_checkpoint(env, "run-1", T0)
+    (env.chk(1) / "_metadata").write_text("not a checkpoint")
+    event = asyncio.run(first_event(input_trigger(env)))
+    assert event.payload["status"] == "error" and f"job {JOB}" in event.payload["message"]
