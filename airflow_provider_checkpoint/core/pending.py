@@ -91,6 +91,13 @@ class PendingCheckpoint:
         self.acks[ack.step] = ack
         return AckOutcome.ACCEPTED
 
+    def _restore_source(self) -> dict[str, str]:
+        """Where a checkpoint that took a restore request restored from (shown in its stats)."""
+        point = self.plan.restore_point
+        if point is None or "restore_request_id" not in self.plan.options:
+            return {}
+        return {"restored_from_url": point.location_url}
+
     def complete(self, completion_time: float, restored_from: int | None) -> CompletedCheckpoint:
         """The completed checkpoint, or :class:`CheckpointAborted` with the reason."""
         if self.expired or completion_time > self.deadline:
@@ -124,6 +131,8 @@ class PendingCheckpoint:
                 "duration_seconds": round(completion_time - self.plan.barrier.trigger_time, 3),
                 "records_in": sum(source_records.values()),
                 "state_size": sum(s.size for s in operators.values()),
+                "restored_from": restored_from,
+                **self._restore_source(),
                 "steps": {s: a.metrics for s, a in sorted(self.acks.items())},
             },
         )
