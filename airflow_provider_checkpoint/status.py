@@ -7,6 +7,7 @@ type-checked and a malformed document becomes a row that says so, never a crash.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -69,6 +70,18 @@ def checkpoint_row(stats: Any) -> JsonDict | None:
         "restored_from": _int(stats.get("restored_from")),
         "restored_from_url": _str(stats.get("restored_from_url")),
     }
+
+
+def checkpoint_stats(storage: JobStorage, checkpoint_id: int) -> JsonDict | None:
+    """The history row of one checkpoint, ``None`` without (valid) stats."""
+    name = f"_stats/{checkpoint_id}.json"
+    if not storage.exists(name):
+        return None
+    try:
+        row = checkpoint_row(json.loads(storage.read_bytes(name)))
+    except ValueError:
+        return None
+    return row if row is not None and row["checkpoint_id"] == checkpoint_id else None
 
 
 def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:

@@ -117,8 +117,7 @@ def history(args: argparse.Namespace) -> None:
 def show(args: argparse.Namespace) -> None:
     with _refusals():
         storage = find_job(args.job_id).storage()
-        rows = [r for r in status.history(storage, limit=status.MAX_PAGE)["rows"]]
-        row = next((r for r in rows if r["checkpoint_id"] == args.checkpoint_id), None)
+        row = status.checkpoint_stats(storage, args.checkpoint_id)
         completed = storage.load_completed(args.checkpoint_id) if storage.is_completed(args.checkpoint_id) else None
     if row is None and completed is None:
         print(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", file=sys.stderr)
