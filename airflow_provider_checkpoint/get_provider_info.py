@@ -38,6 +38,7 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "hooks": [],
+        "cli": ["airflow_provider_checkpoint.cli.definition.get_cli_commands"],
         "config": {
             "checkpoint": {
                 "description": "Checkpoint storage and retention of checkpointed pipelines.",

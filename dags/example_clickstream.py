@@ -5,7 +5,9 @@ runs one Spark job per step (page views, user totals, raw archive), and commits 
 three Parquet tables with two-phase commit. Keyed state (the running counts) is carried
 from checkpoint to checkpoint.
 
-Paths default to ``$AIRFLOW_HOME/clickstream``; set ``CLICKSTREAM_DIR`` to move them.
+Paths default to ``$AIRFLOW_HOME/clickstream``; set ``CLICKSTREAM_DIR`` to move them. The
+checkpoints go under ``[checkpoint] storage_root`` unless ``CLICKSTREAM_STORAGE`` names a
+storage root of this pipeline's own (``storage=``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ EVENT_SCHEMA = "user STRING, page STRING, ts LONG"
 with CheckpointedPipeline(
     dag_id="example_clickstream",
     schedule=None,
+    storage=os.environ.get("CLICKSTREAM_STORAGE") or None,
     retained_checkpoints=3,
     doc_md=__doc__,
 ) as pipeline:

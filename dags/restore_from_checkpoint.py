@@ -68,15 +68,16 @@ with DAG(
     @task
     def request_restore() -> dict[str, Any]:
         from airflow_provider_checkpoint.core.documents import DocumentError
-        from airflow_provider_checkpoint.job import allowed_roots, job_storage
+        from airflow_provider_checkpoint.registry import find_job
         from airflow_provider_checkpoint.snapshots import RestoreError, request_restore, resolve_pointer
         from airflow_provider_checkpoint.storage import CheckpointStorageError
         from airflow_provider_checkpoint.storage.paths import UnsafePathError
 
         params = get_current_context()["params"]
-        storage = job_storage(params["job_id"])
         try:
-            pointer = resolve_pointer(storage, params["checkpoint"], allowed_roots())
+            job = find_job(params["job_id"])  # under its own storage root if the pipeline sets one
+            storage = job.storage()
+            pointer = resolve_pointer(storage, params["checkpoint"], job.allowed_roots())
             summary = request_restore(
                 storage, pointer, bool(params["allow_non_restored_state"]), bool(params["dry_run"])
             )

@@ -103,6 +103,13 @@ class PendingCheckpoint:
                         f"but the accepted attempt producing it is {producers.get(uid) or 'none'}",
                     )
 
+    def _restore_source(self) -> dict[str, str]:
+        """Where a checkpoint that took a restore request restored from (shown in its stats)."""
+        point = self.plan.restore_point
+        if point is None or "restore_request_id" not in self.plan.options:
+            return {}
+        return {"restored_from_url": point.location_url}
+
     def complete(self, completion_time: float, restored_from: int | None) -> CompletedCheckpoint:
         """The completed checkpoint, or :class:`CheckpointAborted` with the reason."""
         if self.expired or completion_time > self.deadline:
@@ -140,6 +147,8 @@ class PendingCheckpoint:
                 "state_size": sum(s.size for s in operators.values()),
                 "channel_bytes": sum(c.size for c in channels),
                 "channel_rows": sum(c.rows for c in channels),
+                "restored_from": restored_from,
+                **self._restore_source(),
                 "steps": {s: a.metrics for s, a in sorted(self.acks.items())},
             },
         )

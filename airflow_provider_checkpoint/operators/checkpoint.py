@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
 from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
 from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
+from airflow_provider_checkpoint.registry import register
 from airflow_provider_checkpoint.snapshots import RestoreError
 from airflow_provider_checkpoint.storage import CheckpointStorageError
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
@@ -68,6 +69,7 @@ class CheckpointTriggerOperator(BaseOperator):
         checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
         ti = context["ti"]
         dag_run = context["dag_run"]
+        self._register()
         try:
             plan = self.job.coordinator().trigger(
                 context["run_id"],
@@ -93,6 +95,18 @@ class CheckpointTriggerOperator(BaseOperator):
             plan.restore_point.location_url if plan.restore_point else "nothing (first checkpoint)",
         )
         return plan.to_dict()
+
+    def _register(self) -> None:
+        """Record where the job lives, so the restore DAG, the CLI and the UI find it."""
+        try:
+            register(self.job)
+        except OSError as e:
+            self.log.warning(
+                "could not record job %s in the job registry under [checkpoint] storage_root (%s); the restore "
+                "DAG, the CLI and the Checkpoints page will not find it unless it lives under that root",
+                self.job.job_id,
+                e,
+            )
 
     def _skip(self, ti: Any, reason: str) -> None:
         self.log.info("skipping this run: %s", reason)

@@ -31,6 +31,9 @@ VENV_BIN = Path(sys.prefix) / "bin"
 AIRFLOW = VENV_BIN / "airflow"
 ADMIN_USER = "admin"
 DAGS = ("example_clickstream", "restore_from_checkpoint", "example_downstream")
+# SimpleAuthManager users and roles: a viewer may read every DAG but trigger none; a user
+# without a role is authenticated but has no permission at all (403 everywhere).
+USER_ROLES = {ADMIN_USER: "admin", "viewer": "viewer", "nobody": ""}
 TERMINAL_RUN_STATES = {"success", "failed"}
 SERVICES = ("dag-processor", "scheduler", "triggerer", "api-server")
 # What Airflow 3.3's UI trigger form sends as conf when only "Take a savepoint" is switched
@@ -84,6 +87,7 @@ class LiveAirflow:
     password: str
     env: dict[str, str]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict)
     username: str = ADMIN_USER
     _token: str | None = None
     _client: httpx.Client | None = None
@@ -139,6 +143,13 @@ class LiveAirflow:
                 raise ServiceError(f"POST /auth/token answered {r.status_code}: {r.text}")
             self._token = r.json()["access_token"]
         return self._token
+
+    def token_of(self, username: str) -> str:
+        """A fresh JWT of one of :data:`USER_ROLES`."""
+        r = self.client.post("/auth/token", json={"username": username, "password": self.passwords[username]})
+        if r.status_code != 201:
+            raise ServiceError(f"POST /auth/token for {username} answered {r.status_code}: {r.text}")
+        return str(r.json()["access_token"])
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A REST API v2 call with the admin's bearer token (refreshed once on 401)."""
@@ -251,6 +262,7 @@ def service_env(
             "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW_HOME": str(root / "airflow-home"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -258,7 +270,7 @@ def service_env(
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
             ),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USER_ROLES.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(password_file),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base_url}/execution/",
@@ -349,14 +361,19 @@ def running_airflow(
     ``dag_ids`` of ``dags_folder`` are parsed and unpaused; stop everything on exit, also
     after a failure."""
     port = free_port()
-    password = secrets.token_urlsafe(12)
+    passwords = {user: secrets.token_urlsafe(12) for user in USER_ROLES}
+    password = passwords[ADMIN_USER]
     home = root / "airflow-home"
     for d in (home, root / "service-logs", root / "clickstream" / "landing", root / "checkpoints", root / "savepoints"):
         d.mkdir(parents=True, exist_ok=True)
     password_file = home / "simple_auth_manager_passwords.json"
-    password_file.write_text(json.dumps({ADMIN_USER: password}) + "\n")  # SimpleAuthManager keeps known users
+    password_file.write_text(json.dumps(passwords) + "\n")  # SimpleAuthManager keeps known users
     live = LiveAirflow(
-        root=root, port=port, password=password, env=service_env(root, port, password_file, dags_folder, extra_env)
+        root=root,
+        port=port,
+        password=password,
+        env=service_env(root, port, password_file, dags_folder, extra_env),
+        passwords=passwords,
     )
     try:
         with open(live.log_of("db-migrate"), "wb") as log:

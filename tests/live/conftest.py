@@ -13,17 +13,33 @@ report) and deleted after a fully green session.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import tempfile
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
-from tests.live.airflow_live import LiveAirflow, running_airflow
+from tests.live.airflow_live import REPO, LiveAirflow, running_airflow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = REPO / "test-artifacts"
 
 _live: LiveAirflow | None = None
 
@@ -42,6 +58,40 @@ def live_airflow(request: pytest.FixtureRequest) -> Iterator[LiveAirflow]:
         shutil.rmtree(root, ignore_errors=True)
     else:
         print(f"\nlive Airflow home, data and logs kept in {root}")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason}; in CI the browser test must run: run scripts/install_browser.sh first")
+    pytest.skip(f"{reason} (run scripts/install_browser.sh to install it)")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Headless Debian Chromium driven by Playwright; request it before ``live_airflow``, so a
+    missing browser is found before the services start. Without Chromium or the ``playwright``
+    package the browser tests are skipped, except in CI (``CI=true``), where they fail."""
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} is not installed")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright package is not installed in this environment")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def log_in(page: Any, live: LiveAirflow, path: str) -> None:
+    """Open ``path`` of the Airflow UI; it sends us to the SimpleAuthManager login page and back."""
+    page.goto(f"{live.base_url}{path}")
+    page.get_by_label("Username").fill(live.username)
+    page.get_by_label("Password").fill(live.password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(re.compile(rf".*{re.escape(path)}$"))
 
 
 @dataclass

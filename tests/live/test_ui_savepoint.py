@@ -5,67 +5,26 @@ switches "Take a savepoint" on and triggers. The run must succeed (polled throug
 API, then seen in the UI), write a savepoint, and leave the tables equal to the ground
 truth. The filled form is saved to ``test-artifacts/ui-savepoint-form.png``.
 
-Needs Debian's ``chromium`` at /usr/bin/chromium and the ``playwright`` package
-(``scripts/install_browser.sh``). Without them the test is skipped, except in CI
-(``CI=true``), where it fails.
+Needs Debian's ``chromium`` (the ``browser`` fixture of conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
-from tests.live.airflow_live import REPO, UI_SAVEPOINT_CONF, LiveAirflow
-from tests.live.conftest import Clickstream
+from tests.live.airflow_live import UI_SAVEPOINT_CONF, LiveAirflow
+from tests.live.conftest import ARTIFACTS, Clickstream, log_in
 from tests.live.storage_view import read_json, savepoint_dirs
 
 pytestmark = pytest.mark.live
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = REPO / "test-artifacts"
 PIPELINE = "example_clickstream"
 RUN_TIMEOUT = 360.0
 UI_TIMEOUT_MS = 60_000
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason}; in CI the browser test must run: run scripts/install_browser.sh first")
-    pytest.skip(f"{reason} (run scripts/install_browser.sh to install it)")
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    """Headless Debian Chromium driven by Playwright; checked before the services start."""
-    if not CHROMIUM.exists():
-        _unavailable(f"{CHROMIUM} is not installed")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed in this environment")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def test_savepoint_from_the_ui_trigger_form(browser: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
@@ -80,12 +39,7 @@ def test_savepoint_from_the_ui_trigger_form(browser: Any, live_airflow: LiveAirf
     context.set_default_timeout(UI_TIMEOUT_MS)
     page = context.new_page()
     try:
-        # log in: the UI sends us to the SimpleAuthManager login page and back
-        page.goto(f"{live.base_url}/dags/{PIPELINE}")
-        page.get_by_label("Username").fill(live.username)
-        page.get_by_label("Password").fill(live.password)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(re.compile(rf".*/dags/{PIPELINE}$"))
+        log_in(page, live, f"/dags/{PIPELINE}")
 
         # the trigger form, with the pipeline's savepoint params
         page.get_by_role("button", name="Trigger Dag").click()

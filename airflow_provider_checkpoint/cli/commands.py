@@ -1,0 +1,201 @@
+"""Implementations of ``airflow checkpoints …`` (see :mod:`.definition` for the exit codes).
+
+Messages are those of the DAGs: a refused restore prints ``restore refused: <reason>``,
+a refused savepoint directory ``savepoint_dir refused: <reason>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.cli.simple_table import AirflowConsole
+from airflow.utils.providers_configuration_loader import providers_configuration_loaded
+
+from airflow_provider_checkpoint import status
+from airflow_provider_checkpoint.actions import REFUSALS, job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.registry import find_job, list_jobs
+
+REFUSED, AUDIT_FINDINGS = 1, 3
+
+
+@contextmanager
+def _refusals(prefix: str = "") -> Iterator[None]:
+    """A refusal becomes its message on stderr and exit code 1 (no traceback)."""
+    try:
+        yield
+    except REFUSALS as e:
+        print(f"{prefix}{e}", file=sys.stderr)
+        raise SystemExit(REFUSED) from e
+
+
+def _time(timestamp: float | None) -> str:
+    """A timestamp in Airflow's ``[core] default_timezone``, ISO 8601 with its offset."""
+    if timestamp is None:
+        return "-"
+    from airflow.settings import TIMEZONE
+
+    moment = datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC)
+    return str(moment.astimezone(TIMEZONE).isoformat(timespec="seconds"))
+
+
+def _print(rows: list[dict[str, Any]], output: str, mapper: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Typed raw values for json (numbers stay numbers), human ones (times, durations, sizes) otherwise."""
+    if output == "json":
+        print(json.dumps(rows, indent=1))
+    else:
+        AirflowConsole().print_as(rows, output=output, mapper=mapper)
+
+
+def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
+    reason = f"{row['reason']}: {row['message']}" if row["reason"] else ""
+    return {
+        "id": row["checkpoint_id"],
+        "type": row["type"],
+        "status": row["status"],
+        "trigger time": _time(row["trigger_time"]),
+        "end time": _time(row["end_time"]),
+        "duration": status.human_duration(row["duration_seconds"]),
+        "records in": "-" if row["records_in"] is None else row["records_in"],
+        "state rows": "-" if row["state_rows"] is None else row["state_rows"],
+        "state size": status.human_bytes(row["state_size"]),
+        "written": status.human_bytes(row["bytes_written"]),
+        "files": "-" if row["files"] is None else row["files"],
+        "restored from": row["restored_from_url"] or ("-" if row["restored_from"] is None else row["restored_from"]),
+        "abort reason": reason,
+    }
+
+
+@providers_configuration_loaded
+def list_jobs_command(args: argparse.Namespace) -> None:
+    rows = []
+    for location in list_jobs():
+        try:
+            rows.append(status.job_status(location))
+        except REFUSALS as e:
+            rows.append(
+                {
+                    "job_id": location.job_id,
+                    "dag_id": location.dag_id,
+                    "status": "UNREADABLE",
+                    "status_reason": str(e),
+                    "latest_completed": None,
+                    "storage": "",
+                }
+            )
+
+    def cells(s: dict[str, Any]) -> dict[str, Any]:
+        latest = s.get("latest_completed") or {}
+        return {
+            "job": s["job_id"],
+            "dag": s["dag_id"],
+            "status": s["status"],
+            "why": s.get("status_reason", ""),
+            "latest completed": latest.get("checkpoint_id", "-"),
+            "completed at": _time(latest.get("completion_time")),
+            "storage": s["storage"],
+        }
+
+    _print(rows, args.output, cells)
+
+
+@providers_configuration_loaded
+def history(args: argparse.Namespace) -> None:
+    with _refusals():
+        page = status.history(find_job(args.job_id).storage(), args.offset, args.limit)
+    _print(page["rows"], args.output, _history_cells)
+    if args.output in ("table", "plain") and page["total"] > args.offset + len(page["rows"]):
+        print(f"({page['total']} checkpoints; next page: --offset {args.offset + args.limit})")
+
+
+@providers_configuration_loaded
+def show(args: argparse.Namespace) -> None:
+    with _refusals():
+        storage = find_job(args.job_id).storage()
+        row = status.checkpoint_stats(storage, args.checkpoint_id)
+        completed = storage.load_completed(args.checkpoint_id) if storage.is_completed(args.checkpoint_id) else None
+    if row is None and completed is None:
+        print(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", file=sys.stderr)
+        raise SystemExit(REFUSED)
+    detail: dict[str, Any] = dict(row or {"checkpoint_id": args.checkpoint_id})
+    if completed is not None:
+        detail["metadata"] = storage.url(storage.metadata_path(args.checkpoint_id))
+        detail["restored_from"] = completed.restored_from
+        detail["operators"] = {
+            uid: {"files": len(s.handles), "bytes": s.size, "rows": s.rows, "keys": list(s.keys)}
+            for uid, s in sorted(completed.operators.items())
+        }
+        detail["sinks"] = {uid: len(c) for uid, c in sorted(completed.sinks.items())}
+    if args.output == "json":
+        print(json.dumps(detail, indent=1))
+        return
+    cells = {**_history_cells(row), "run id": row["run_id"]} if row else {"id": args.checkpoint_id}
+    for key in ("metadata", "operators", "sinks"):
+        if key in detail:
+            cells[key] = json.dumps(detail[key]) if key != "metadata" else detail[key]
+    AirflowConsole().print_as([{"field": k, "value": v} for k, v in cells.items()], output=args.output)
+
+
+@providers_configuration_loaded
+def savepoint(args: argparse.Namespace) -> None:
+    """Trigger the savepoint run through Airflow's own client (what ``airflow dags trigger`` uses)."""
+    from airflow.api.client import get_current_api_client
+
+    with _refusals():
+        conf = savepoint_conf(job_of_dag(args.dag_id), args.savepoint_dir, args.stop)
+    try:
+        run = get_current_api_client().trigger_dag(dag_id=args.dag_id, conf=conf, triggering_user_name=_user())
+    except Exception as e:  # DagNotFound and friends: same exit code as every refusal
+        print(f"savepoint refused: {e}", file=sys.stderr)
+        raise SystemExit(REFUSED) from e
+    run_id = run["dag_run_id"] if run else "?"
+    stop = " and stop the job" if args.stop else ""
+    print(
+        f"triggered savepoint run {run_id} of DAG {args.dag_id}{stop}; follow it with: "
+        f"airflow dags list-runs {args.dag_id}"
+    )
+
+
+def _user() -> str | None:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+@providers_configuration_loaded
+def restore(args: argparse.Namespace) -> None:
+    with _refusals("restore refused: "):
+        summary = restore_job(args.job_id, args.checkpoint, args.allow_non_restored_state, args.dry_run)
+    what = f"{summary['type']} {summary['checkpoint_id']} at {summary['snapshot']}"
+    if args.dry_run:
+        print(f"dry run: job {summary['job_id']} can be restored from {what}; nothing written")
+    else:
+        print(
+            f"restore of job {summary['job_id']} from {what} requested; the next run of DAG "
+            f"{summary['dag_id']} takes it (airflow dags trigger {summary['dag_id']})"
+        )
+    for key in ("operators_restored", "operators_dropped", "operators_starting_empty"):
+        print(f"  {key.replace('_', ' ')}: {', '.join(summary[key]) or '-'}")
+
+
+@providers_configuration_loaded
+def audit(args: argparse.Namespace) -> None:
+    from airflow_provider_checkpoint.audit import audit_job
+
+    with _refusals():
+        location = find_job(args.job_id)
+        storage = location.storage()
+        findings = audit_job(storage, location.retained())
+    for finding in findings:
+        print(finding)
+    if findings:
+        raise SystemExit(AUDIT_FINDINGS)
+    print(f"job {args.job_id}: clean ({storage.url()})")

@@ -1,0 +1,131 @@
+"""JSON endpoints of the Checkpoints page, and the page itself (static HTML, JS and CSS).
+
+Every endpoint uses Airflow's auth dependencies: without a valid token (bearer header or
+the UI's ``_token`` cookie) it answers 401; reading a job needs read access to its DAG,
+taking a savepoint or requesting a restore needs the right to create runs of it (403
+otherwise). Write actions validate exactly as the trigger form and the restore DAG do
+(same functions, same messages); a refusal answers 400 and changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
+
+from airflow_provider_checkpoint import status
+from airflow_provider_checkpoint.actions import REFUSALS, job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.registry import JobLocation, list_jobs
+
+STATIC = Path(__file__).parent / "static"
+
+
+class SavepointRequest(BaseModel):
+    savepoint_dir: str | None = Field(None, max_length=4096, description="Under an allowed root; empty: default")
+    stop: bool = Field(False, description="Set the job STOPPED once the savepoint is written")
+
+
+class RestoreRequest(BaseModel):
+    checkpoint: str = Field(min_length=1, max_length=4096, description="'latest', an id, or a snapshot path")
+    allow_non_restored_state: bool = False
+    dry_run: bool = False
+    trigger_pipeline: bool = Field(False, description="Trigger the pipeline right after the request")
+
+
+def _job(dag_id: str) -> JobLocation:
+    job = job_of_dag(dag_id)
+    if job is None:
+        raise HTTPException(404, f"DAG {dag_id} has no checkpointed job yet (it has never triggered a checkpoint)")
+    return job
+
+
+def _refused(e: Exception, prefix: str = "") -> HTTPException:
+    return HTTPException(400, f"{prefix}{e}")
+
+
+def _trigger(dag_id: str, conf: dict[str, Any], user: Any) -> str:
+    """A manual run of ``dag_id`` by ``user``, as the REST API creates it."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.utils.types import DagRunTriggeredByType
+
+    run = trigger_dag(
+        dag_id,
+        triggered_by=DagRunTriggeredByType.REST_API,
+        triggering_user_name=user.get_name(),
+        conf=conf,
+    )
+    if run is None:
+        raise HTTPException(409, f"no run of {dag_id} was created")
+    return str(run.run_id)
+
+
+def create_app() -> FastAPI:
+    """The plugin's app (route annotations resolve against this module's globals)."""
+    app = FastAPI(title="Checkpoints", description="Checkpoint status, history and actions of checkpointed jobs")
+    read = [Depends(requires_access_dag("GET"))]
+    create_run = [Depends(requires_access_dag("POST", DagAccessEntity.RUN))]
+
+    @app.get("/api/jobs")
+    def jobs(user: GetUserDep) -> list[dict[str, Any]]:
+        """Every job whose DAG the user may read, with its status."""
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.models.dag import DagModel
+
+        manager = get_auth_manager()
+        out = []
+        for job in list_jobs():
+            details = DagDetails(id=job.dag_id, team_name=DagModel.get_team_name(job.dag_id))
+            if manager.is_authorized_dag(method="GET", details=details, user=user):
+                try:
+                    out.append(status.job_status(job))
+                except REFUSALS as e:
+                    out.append({"job_id": job.job_id, "dag_id": job.dag_id, "status": "UNREADABLE", "error": str(e)})
+        return out
+
+    @app.get("/api/dags/{dag_id}/status", dependencies=read)
+    def job_status(dag_id: str) -> dict[str, Any]:
+        job = _job(dag_id)
+        try:
+            return {**status.job_status(job), "savepoints": status.savepoints(job.storage())}
+        except REFUSALS as e:
+            raise _refused(e) from e
+
+    @app.get("/api/dags/{dag_id}/history", dependencies=read)
+    def history(
+        dag_id: str,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=status.MAX_PAGE)] = 20,
+    ) -> dict[str, Any]:
+        try:
+            return status.history(_job(dag_id).storage(), offset, limit)
+        except REFUSALS as e:
+            raise _refused(e) from e
+
+    @app.post("/api/dags/{dag_id}/savepoint", dependencies=create_run)
+    def savepoint(dag_id: str, body: SavepointRequest, user: GetUserDep) -> dict[str, Any]:
+        """Trigger a savepoint run (the trigger form's conf), optionally stopping the job after it."""
+        try:
+            conf = savepoint_conf(_job(dag_id), body.savepoint_dir, body.stop)
+        except REFUSALS as e:
+            raise _refused(e) from e
+        return {"dag_id": dag_id, "dag_run_id": _trigger(dag_id, conf, user), "conf": conf}
+
+    @app.post("/api/dags/{dag_id}/restore", dependencies=create_run)
+    def restore(dag_id: str, body: RestoreRequest, user: GetUserDep) -> dict[str, Any]:
+        """What the restore DAG's first task does; then, if asked, trigger the pipeline."""
+        job = _job(dag_id)
+        try:
+            summary = restore_job(job.job_id, body.checkpoint, body.allow_non_restored_state, body.dry_run)
+        except REFUSALS as e:
+            raise _refused(e, "restore refused: ") from e
+        if body.trigger_pipeline and not body.dry_run:
+            summary["dag_run_id"] = _trigger(dag_id, {}, user)
+        return summary
+
+    app.mount("/ui", StaticFiles(directory=STATIC, html=True), name="ui")
+    return app

@@ -1,0 +1,202 @@
+"""Where every checkpointed job lives: the job registry under the default storage root.
+
+A pipeline may keep its checkpoints under its own ``storage=`` root and
+``storage_conn_id``. Its trigger task records that location in
+``<default storage_root>/_registry/<job_id>.json``, so the restore DAG, the CLI and the
+Checkpoints page find the job without parsing any DAG file (the API server and the CLI
+never run pipeline code). Jobs under the default root are found even without an entry.
+
+Registry entries are untrusted: each is validated on read (shape, names, a plain
+storage URL) and the job must really live where its entry says (its ``_job.json``
+names the same job), else a :class:`RegistryError` names the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import re
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from airflow_provider_checkpoint.core.documents import JOB_ID
+from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
+from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
+
+if TYPE_CHECKING:
+    from airflow_provider_checkpoint.job import CheckpointJob
+    from airflow_provider_checkpoint.storage import JobStorage
+
+REGISTRY_DIR = "_registry"
+REGISTRY_VERSION = 1
+_CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")
+log = logging.getLogger(__name__)
+
+
+class RegistryError(CheckpointStorageError):
+    """A job is unknown, or its registry entry is malformed or points where the job is not."""
+
+
+@dataclass(frozen=True)
+class JobLocation:
+    """A job and where its files are: ``<storage_root>/<job_id>/`` (``None``: the default root)."""
+
+    job_id: str
+    dag_id: str
+    storage_root: str | None = None
+    storage_conn_id: str | None = None
+    retained_checkpoints: int | None = None
+
+    def storage(self) -> JobStorage:
+        from airflow_provider_checkpoint.job import job_storage
+
+        return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
+
+    def allowed_roots(self) -> list[str]:
+        """Where restore paths of this job may point: the savepoint roots and its storage root."""
+        from airflow_provider_checkpoint.job import allowed_roots
+
+        return allowed_roots(self.storage_root)
+
+    def retained(self) -> int:
+        from airflow_provider_checkpoint.job import config_value
+
+        return self.retained_checkpoints or int(config_value("retained_checkpoints", "3"))
+
+
+def _default_root() -> Location:
+    from airflow.sdk import ObjectStoragePath
+
+    from airflow_provider_checkpoint.job import default_storage_root
+
+    root = ObjectStoragePath(default_storage_root())
+    path: Any = root.path
+    return Location(root.fs, str(path).rstrip("/"))
+
+
+def _registry() -> Location:
+    root = _default_root()
+    return Location(root.fs, root.path(REGISTRY_DIR))
+
+
+def register(job: CheckpointJob) -> None:
+    """Record where ``job`` lives (rewritten only when it changed); the trigger task calls this."""
+    entry = JobLocation(
+        job_id=job.job_id,
+        dag_id=job.dag_id or job.job_id,
+        storage_root=job.storage_root,
+        storage_conn_id=job.storage_conn_id,
+        retained_checkpoints=job.resolved_settings().retained_checkpoints,
+    )
+    data = json.dumps({"version": REGISTRY_VERSION, **asdict(entry)}, indent=1, sort_keys=True).encode()
+    registry = _registry()
+    name = f"{job.job_id}.json"
+    if not registry.exists(name) or registry.read_bytes(name) != data:
+        registry.write_atomic(name, data)
+
+
+def decode_entry(data: bytes, source: str, job_id: str) -> JobLocation:
+    """Validate one registry entry (the file of ``job_id``); raise :class:`RegistryError` naming ``source``."""
+    try:
+        d = json.loads(data)
+    except ValueError as e:
+        raise RegistryError(f"{source} is not JSON ({e})") from e
+    if not isinstance(d, dict) or d.get("version") != REGISTRY_VERSION:
+        raise RegistryError(f"{source}: not a version-{REGISTRY_VERSION} registry entry")
+    problems = []
+    if d.get("job_id") != job_id:
+        problems.append(f"job_id {d.get('job_id')!r} does not match the file name")
+    dag_id = d.get("dag_id")
+    if not isinstance(dag_id, str) or not JOB_ID.match(dag_id):
+        problems.append(f"dag_id {dag_id!r} is not a DAG id")
+    root = d.get("storage_root")
+    if root is not None and not _plain_url(root):
+        problems.append(f"storage_root {root!r} is not an absolute URL without '..'")
+    conn_id = d.get("storage_conn_id")
+    if conn_id is not None and not (isinstance(conn_id, str) and _CONN_ID.match(conn_id)):
+        problems.append(f"storage_conn_id {conn_id!r} is not a connection id")
+    retained = d.get("retained_checkpoints")
+    if retained is not None and not (type(retained) is int and retained >= 1):
+        problems.append(f"retained_checkpoints {retained!r} is not a positive integer")
+    if problems:
+        raise RegistryError(f"{source}: " + "; ".join(problems))
+    return JobLocation(job_id, str(dag_id), root, conn_id, retained)
+
+
+def _plain_url(value: Any) -> bool:
+    if not isinstance(value, str) or any(c in value for c in "\x00\\\n"):
+        return False
+    parts = urlsplit(value)
+    path = parts.path if parts.scheme else value
+    return path.startswith("/") and ".." not in path.split("/") and posixpath.normpath(path) != "/"
+
+
+def _check_lives_there(location: JobLocation, source: str) -> JobLocation:
+    storage = location.storage()
+    if not storage.exists("_job.json"):
+        raise RegistryError(f"{source} says job {location.job_id} lives in {storage.url()}, but it has no _job.json")
+    try:
+        storage.load_job()  # refuses a record of another job
+    except JobRecordError as e:
+        raise RegistryError(
+            f"{source} points to {storage.url()}, which does not hold job {location.job_id!r}: {e}"
+        ) from e
+    return location
+
+
+def find_job(job_id: str) -> JobLocation:
+    """The location of ``job_id``: its registry entry, else the default storage root."""
+    if not JOB_ID.match(job_id or ""):
+        raise RegistryError(f"{job_id!r} is not a job id (letters, digits, '_', '.', '-')")
+    registry = _registry()
+    name = f"{job_id}.json"
+    if registry.exists(name):
+        return _check_lives_there(
+            decode_entry(registry.read_bytes(name), registry.url(name), job_id), registry.url(name)
+        )
+    root = _default_root()
+    if not root.exists(f"{job_id}/_job.json"):
+        known = ", ".join(j.job_id for j in list_jobs()) or "none"
+        raise RegistryError(
+            f"unknown job {job_id!r}: not registered in {registry.url()} and not in {root.url()} (known jobs: {known})"
+        )
+    return _unregistered(root, job_id)
+
+
+def _unregistered(root: Location, job_id: str) -> JobLocation:
+    """A job under the default root without a registry entry; its DAG is the one its ``_job.json`` names."""
+    try:
+        dag_id = JobRecord.decode(root.read_bytes(f"{job_id}/_job.json"), root.url(f"{job_id}/_job.json")).topology.get(
+            "dag_id"
+        )
+    except JobRecordError as e:
+        raise RegistryError(str(e)) from e
+    return JobLocation(job_id, dag_id if isinstance(dag_id, str) and JOB_ID.match(dag_id) else job_id)
+
+
+def list_jobs() -> list[JobLocation]:
+    """Every job found: registered ones (malformed entries are skipped) and those under the default root."""
+    found: dict[str, JobLocation] = {}
+    root = _default_root()
+    for name in _names(root):
+        if JOB_ID.match(name) and root.exists(f"{name}/_job.json"):
+            try:
+                found[name] = _unregistered(root, name)
+            except RegistryError as e:
+                log.warning("skipping job %s: %s", name, e)
+    registry = _registry()
+    for name in _names(registry):
+        if name.endswith(".json") and JOB_ID.match(name[:-5]):
+            try:
+                found[name[:-5]] = decode_entry(registry.read_bytes(name), registry.url(name), name[:-5])
+            except RegistryError as e:
+                log.warning("skipping registry entry: %s", e)
+    return [found[k] for k in sorted(found)]
+
+
+def _names(location: Location) -> list[str]:
+    if not location.fs.exists(location.base):
+        return []
+    return sorted(posixpath.basename(p.rstrip("/")) for p in location.fs.ls(location.base, detail=False))

@@ -1,0 +1,134 @@
+"""A job with its own storage root, found everywhere: ``airflow checkpoints …`` and the restore DAG.
+
+The example pipeline keeps its checkpoints under ``own-root/`` (``storage=``), not under
+``[checkpoint] storage_root``; its trigger records that in the job registry. Every command runs through
+Airflow's real CLI parser (the provider's ``cli`` key), one through the ``airflow``
+executable; numbers are checked against the landed input, tables against pandas.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
+
+pytestmark = pytest.mark.airflow
+JOB = "example_clickstream"
+
+
+@pytest.fixture
+def own_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The example pipeline with ``storage=`` a root of its own (set before the DAG file is loaded)."""
+    monkeypatch.setenv("CLICKSTREAM_STORAGE", f"file://{tmp_path}/own-root")
+    return tmp_path / "own-root" / JOB
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``airflow checkpoints <argv>`` in this process, through Airflow's own parser: (exit code, out, err)."""
+    from airflow.cli import cli_parser
+
+    args = cli_parser.get_parser().parse_args(["checkpoints", *argv])
+    capsys.readouterr()
+    try:
+        args.func(args)
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tree(*roots: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for root in roots if root.exists() for p in root.rglob("*") if p.is_file()}
+
+
+def test_job_with_its_own_storage_root(own_storage, example_dag, restore_dag, tmp_path, capsys):
+    pipeline, own, default = example_dag.dag, own_storage, tmp_path / "checkpoints"
+    landing = tmp_path / "clickstream" / "landing"
+    landed = [land_events(landing, "e1.json", 120, 61)]
+    assert pipeline.test().state == "success"
+    landed.append(land_events(landing, "e2.json", 80, 62))
+    assert pipeline.test().state == "success"
+    assert (own / "chk-2" / "_metadata").exists() and not (default / JOB).exists()
+    entry = json.loads((default / "_registry" / f"{JOB}.json").read_text())
+    assert entry["storage_root"] == f"file://{tmp_path}/own-root" and entry["dag_id"] == JOB
+
+    code, out, _ = cli(capsys, "list", "--output", "json")
+    assert code == 0
+    (job,) = [j for j in json.loads(out) if j["job_id"] == JOB]
+    assert job["status"] == "RUNNING" and job["storage"] == f"file://{own}"
+    assert job["latest_completed"]["checkpoint_id"] == 2
+
+    code, out, _ = cli(capsys, "history", JOB, "--output", "json")
+    rows = json.loads(out)
+    assert code == 0 and [r["checkpoint_id"] for r in rows] == [2, 1]
+    assert [r["records_in"] for r in rows] == [len(landed[1]), len(landed[0])]
+    assert all(r["status"] == "COMPLETED" and r["duration_seconds"] > 0 for r in rows)
+    code, out, _ = cli(capsys, "history", JOB, "--limit", "1")
+    assert code == 0 and "next page: --offset 1" in out
+
+    code, out, _ = cli(capsys, "show", JOB, "1", "--output", "json")
+    detail = json.loads(out)
+    assert code == 0 and detail["records_in"] == len(landed[0])
+    assert detail["operators"]["page_views"]["rows"] == landed[0]["page"].nunique()
+    assert cli(capsys, "show", JOB, "7")[0] == 1
+
+    assert cli(capsys, "audit", JOB)[:2] == (0, f"job {JOB}: clean (file://{own})\n")
+
+    watched = (tmp_path / "own-root", default, tmp_path / "savepoints")
+    before = tree(*watched)
+    code, _, err = cli(capsys, "restore", JOB, "--checkpoint", "/etc")
+    assert code == 1 and err.startswith("restore refused: path '/etc' is outside the allowed roots")
+    code, _, err = cli(capsys, "restore", JOB, "--checkpoint", "9")
+    assert code == 1 and err == f"restore refused: job {JOB} has no completed checkpoint 9 (retained: 1, 2)\n"
+    code, out, _ = cli(capsys, "restore", JOB, "--checkpoint", "1", "--dry-run")
+    assert code == 0 and out.startswith(f"dry run: job {JOB} can be restored from checkpoint 1")
+    assert tree(*watched) == before, "refusals and dry runs write nothing"
+
+    # the real executable: the provider's commands are registered, the exit code reaches the shell
+    refused = subprocess.run(
+        [sys.executable, "-m", "airflow", "checkpoints", "restore", JOB, "--checkpoint", "latest/../x"],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1 and "restore refused: path 'latest/../x' must be absolute" in refused.stderr
+
+    # the restore DAG finds the job under its own root
+    conf = {"job_id": JOB, "checkpoint": "1", "trigger_pipeline": False}
+    assert restore_dag.dag.test(run_conf=conf).state == "success"
+    assert (own / "_restore.json").exists() and not (default / JOB).exists()
+    landed.append(land_events(landing, "e3.json", 50, 63))
+    assert pipeline.test().state == "success"
+    meta = json.loads((own / "chk-3" / "_metadata").read_text())
+    assert meta["restored_from"] == 1
+    assert meta["stats"]["records_in"] == len(landed[1]) + len(landed[2]), "e2 replayed from checkpoint 1"
+    assert mismatches(tmp_path / "clickstream" / "marts", pd.concat(landed)) == {}
+
+    code, out, _ = cli(capsys, "history", JOB, "--output", "json", "--limit", "1")
+    (latest,) = json.loads(out)
+    assert latest["restored_from"] == 1 and latest["restored_from_url"] == f"file://{own}/chk-1"
+
+
+def test_savepoint_command_triggers_a_run_with_the_trigger_form_conf(example_dag, tmp_path, capsys):
+    from airflow.models import DagRun
+
+    pipeline = example_dag.dag
+    land_events(tmp_path / "clickstream" / "landing", "e1.json", 30, 71)
+    assert pipeline.test().state == "success"  # also puts the DAG into the metadata DB
+    code, _, err = cli(capsys, "savepoint", pipeline.dag_id, "--dir", f"{tmp_path}/savepoints/../outside")
+    assert code == 1 and err.startswith("savepoint_dir refused: path")
+    code, out, _ = cli(capsys, "savepoint", pipeline.dag_id, "--stop")
+    triggered = re.search(r"^triggered savepoint run (\S+) of DAG example_clickstream and stop the job;", out, re.M)
+    assert code == 0 and triggered, out
+    run_id = triggered.group(1)
+    (run,) = DagRun.find(dag_id=pipeline.dag_id, run_id=run_id)
+    assert run.conf == {"savepoint": True, "savepoint_dir": None, "stop_after_savepoint": True}
+    assert len(DagRun.find(dag_id=pipeline.dag_id)) == 2, "the refused savepoint triggered nothing"
+    assert cli(capsys, "savepoint", "no_such_dag")[0] == 1
