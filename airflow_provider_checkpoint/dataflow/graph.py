@@ -26,6 +26,12 @@ class PipelineDefinitionError(ValueError):
     """The pipeline graph is not valid; the message says which node and why."""
 
 
+def _step_name(uid: str, step: str | None) -> str | None:
+    if step is not None and not _UID.match(step):
+        raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
+    return step
+
+
 class Node:
     """A vertex of the dataflow graph."""
 
@@ -167,9 +173,7 @@ class Sink(Node):
 
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
-        if step is not None and not _UID.match(step):
-            raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
-        self.step = step
+        self.step = _step_name(uid, step)
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         raise NotImplementedError
@@ -214,9 +218,7 @@ class Channel(Node):
 
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
-        if step is not None and not _UID.match(step):
-            raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
-        self.step = step
+        self.step = _step_name(uid, step)
 
 
 # -- declaration context --------------------------------------------------------------
