@@ -11,7 +11,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
@@ -28,7 +27,7 @@ from airflow_provider_checkpoint.core.model import (
     RestorePoint,
 )
 from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
-from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.snapshots import (
     Snapshot,
@@ -40,38 +39,9 @@ from airflow_provider_checkpoint.snapshots import (
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+from airflow_provider_checkpoint.store import CompletedCheckpointStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CheckpointSettings:
-    """Checkpointing options of a job (Flink's CheckpointConfig)."""
-
-    retained_checkpoints: int | None = None
-    """``None``: the Airflow config ``[checkpoint] retained_checkpoints`` (default 3)."""
-    checkpoint_timeout_seconds: float = 3600.0
-    tolerable_failed_checkpoints: int = 3
-    min_pause_between_checkpoints_seconds: float = 0.0
-    checkpoint_storage: str = "filesystem"
-    """``filesystem``: state in files, small state inline; ``memory``: all state inline (Flink's JobManager storage)."""
-    inline_state_threshold: int = 20 << 10
-    """State of an operator up to this many bytes (at most 1 MiB) travels inline in the ack and ``_metadata``."""
-    max_state_size: int = 5 << 20
-    """Memory checkpoint storage declines a checkpoint whose state of one operator exceeds this (at most 64 MiB)."""
-
-    def __post_init__(self) -> None:
-        if self.checkpoint_storage not in ("filesystem", "memory"):
-            raise ValueError(f"checkpoint_storage must be 'filesystem' or 'memory', got {self.checkpoint_storage!r}")
-        if not 0 <= self.inline_state_threshold <= 1 << 20:
-            raise ValueError(f"inline_state_threshold must be in [0, 1 MiB], got {self.inline_state_threshold}")
-        if not 0 < self.max_state_size <= 64 << 20:
-            raise ValueError(f"max_state_size must be in (0, 64 MiB], got {self.max_state_size}")
-
-    @property
-    def max_inline_state(self) -> int | None:
-        """The inline limit of memory checkpoint storage, ``None`` for filesystem storage."""
-        return self.max_state_size if self.checkpoint_storage == "memory" else None
 
 
 class JobNotRunning(RuntimeError):
@@ -103,6 +73,7 @@ class CheckpointCoordinator:
         self.settings = settings
         self.dag_id = dag_id or storage.job_id
         self.allowed_roots = list(allowed_roots or [Location(storage.fs, storage.root).url()])
+        self.store = CompletedCheckpointStore(storage)
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -222,7 +193,7 @@ class CheckpointCoordinator:
         for the shared files of a newer checkpoint is not abandoned. One older than the
         latest completed checkpoint is ``SUBSUMED`` (not counted), a newer one ``ABANDONED``.
         """
-        completed = self._completed_checkpoints()
+        completed = self.store.checkpoints()
         needed = set().union(*(c.referenced_paths() for c in completed))
         latest_id = max((c.checkpoint_id for c in completed), default=0)
         for checkpoint_id in self.storage.checkpoint_ids():
@@ -398,7 +369,7 @@ class CheckpointCoordinator:
         self.storage.save_job(job)
         if "restore_request_id" in completed.options:
             self.storage.clear_restore_request(completed.options["restore_request_id"])
-        self._apply_retention()
+        self.store.retain(self.settings.retained_checkpoints or 3)
         if not self.storage.exists(f"_stats/{completed.checkpoint_id}.json"):
             stats = {
                 "checkpoint_id": completed.checkpoint_id,
@@ -435,34 +406,6 @@ class CheckpointCoordinator:
                 continue
             sinks[uid].commit(completed.checkpoint_id, committables)
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
-
-    def _completed_checkpoints(self) -> list[CompletedCheckpoint]:
-        completed = []
-        for checkpoint_id in self.storage.completed_ids():
-            try:
-                completed.append(self.storage.load_completed(checkpoint_id))
-            except (MetadataError, CheckpointStorageError) as e:
-                log.warning("skipping unreadable checkpoint %d: %s", checkpoint_id, e)
-        return completed
-
-    def _apply_retention(self) -> None:
-        completed = self._completed_checkpoints()
-        discard = subsumed(completed, self.settings.retained_checkpoints or 3)
-        if not discard:
-            return
-        kept = [c for c in completed if c not in discard]
-        self.storage.delete_paths(deletable_paths(discard, kept))
-        still_needed = set().union(*(c.referenced_paths() for c in kept))
-        kept_ids = {c.checkpoint_id for c in kept}
-        for checkpoint_id in self.storage.checkpoint_ids():
-            chk = self.storage.chk_dir(checkpoint_id)
-            if checkpoint_id in kept_ids or checkpoint_id > max(kept_ids):
-                continue
-            if any(p.startswith(chk + "/") for p in still_needed):
-                # a kept checkpoint still reads files here: keep only those
-                self.storage.delete_paths([self.storage.metadata_path(checkpoint_id), f"{chk}/_plan.json"])
-            elif self.storage.is_completed(checkpoint_id) or not self.storage.exists(f"{chk}/_plan.json"):
-                self.storage.delete(chk)
 
 
 def _json(d: JsonDict) -> bytes:

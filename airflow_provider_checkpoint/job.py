@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.storage import JobStorage
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param
 
-from airflow_provider_checkpoint.coordinator import CheckpointSettings
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
 from airflow_provider_checkpoint.job import CheckpointJob
 from airflow_provider_checkpoint.operators.checkpoint import (

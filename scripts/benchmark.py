@@ -299,7 +299,8 @@ class Ours:
     name = "ours"
 
     def __init__(self, spark: SparkSession, root: Path, landing: Path) -> None:
-        from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
+        from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+        from airflow_provider_checkpoint.core.settings import CheckpointSettings
         from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
         from airflow_provider_checkpoint.storage import JobStorage
 

@@ -11,9 +11,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.coordinator import CheckpointSettings
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict, OperatorSnapshot
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.faults import InjectedFault
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage

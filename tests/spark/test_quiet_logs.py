@@ -17,7 +17,8 @@ from tests.conftest import REPO
 STEP = """
 import logging, sys
 logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.spark.session import get_spark

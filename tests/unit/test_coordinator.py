@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings, JobNotRunning
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, JobNotRunning
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.faults import InjectedFault
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource

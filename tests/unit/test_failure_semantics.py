@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings, JobNotRunning
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, JobNotRunning
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import CheckpointType
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, CheckpointSettings
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
