@@ -137,7 +137,10 @@ def _check_lives_there(location: JobLocation, source: str) -> JobLocation:
     storage = location.storage()
     if not storage.exists("_job.json"):
         raise RegistryError(f"{source} says job {location.job_id} lives in {storage.url()}, but it has no _job.json")
-    recorded = storage.load_job().job_id
+    try:
+        recorded = storage.load_job().job_id
+    except JobRecordError as e:
+        raise RegistryError(str(e)) from e
     if recorded != location.job_id:
         raise RegistryError(
             f"{source} points to {storage.url()}, which holds job {recorded!r}, not {location.job_id!r}"
