@@ -68,6 +68,9 @@ def test_an_entry_must_point_where_the_job_lives(tmp_path, monkeypatch):
     registry_at(tmp_path, monkeypatch, "clicks", tmp_path / "other")
     with pytest.raises(RegistryError, match="does not hold job 'clicks'.*belongs to job 'intruder'"):
         find_job("clicks")
+    (other / "_job.json").write_text("{not json")
+    with pytest.raises(RegistryError, match="unreadable job record"):
+        find_job("clicks")
     (other / "_job.json").unlink()
     with pytest.raises(RegistryError, match="has no _job.json"):
         find_job("clicks")
