@@ -40,7 +40,8 @@ class DocumentError(ValueError):
 
     def __init__(self, document: str, field: str, problem: str, value: Any = REQUIRED) -> None:
         shown = "" if value is REQUIRED else f" (got {_short(value)})"
-        super().__init__(f"{document}: field {field or '(document)'} {problem}{shown}")
+        where = f"field {field} " if field else ""
+        super().__init__(f"{document}: {where}{problem}{shown}")
         self.document = document
         self.field = field
 

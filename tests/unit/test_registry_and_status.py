@@ -69,7 +69,7 @@ def test_an_entry_must_point_where_the_job_lives(tmp_path, monkeypatch):
     with pytest.raises(RegistryError, match="does not hold job 'clicks'.*belongs to job 'intruder'"):
         find_job("clicks")
     (other / "_job.json").write_text("{not json")
-    with pytest.raises(RegistryError, match="unreadable job record"):
+    with pytest.raises(RegistryError, match="is not valid JSON"):
         find_job("clicks")
     (other / "_job.json").unlink()
     with pytest.raises(RegistryError, match="has no _job.json"):
