@@ -77,6 +77,11 @@ class Source(Node):
         """Everything in ``[previous, barrier)``, deterministically, as a cached DataFrame."""
         raise NotImplementedError
 
+    def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
+        """:meth:`read` and its number of records; a source that can count while it reads overrides it."""
+        df = self.read(ctx, previous, barrier)
+        return df, df.count()
+
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
         """Called after checkpoint ``checkpoint_id`` committed with ``position``; idempotent.
 

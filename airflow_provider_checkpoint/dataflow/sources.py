@@ -203,34 +203,41 @@ class FileSource(Source):
         return f"{protocol}://{root}/{relative}"
 
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        return self.read_counted(ctx, previous, barrier)[0]
+
+    def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
+        """The files in ``[previous, barrier)``, cached, and their record count.
+
+        JSON and CSV are counted and checked for malformed records in one pass, which also
+        fills the cache; the malformed records are only looked up when there are some.
+        """
         from pyspark.sql import functions as F
 
         todo = self.split(previous, barrier)
         self._check_unchanged(todo, barrier)
         ctx.add_metric("files_in", len(todo))
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema).cache()
+            return ctx.spark.createDataFrame([], self.schema).cache(), 0
         reader = ctx.spark.read.format(self.format).options(**self.options)
         if self.format == "csv":
             reader = reader.option("header", self.options.get("header", "true"))
-        if self.format in ("json", "csv"):
-            from pyspark.sql.types import StringType, StructField, StructType
+        if self.format == "parquet":
+            df = reader.schema(self.schema).load([self.url(n) for n in sorted(todo)]).cache()
+            return df, df.count()
+        from pyspark.sql.types import StringType, StructField, StructType
 
-            declared = StructType.fromDDL(self.schema)
-            assert isinstance(declared, StructType)
-            schema = StructType([*declared.fields, StructField(_CORRUPT, StringType(), True)])
-            reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
-        else:
-            reader = reader.schema(self.schema)
+        declared = StructType.fromDDL(self.schema)
+        assert isinstance(declared, StructType)
+        schema = StructType([*declared.fields, StructField(_CORRUPT, StringType(), True)])
+        reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
         df = reader.load([self.url(n) for n in sorted(todo)])
-        if self.format in ("json", "csv"):
-            df = df.withColumn("_source_file", F.col("_metadata.file_path")).cache()
+        df = df.withColumn("_source_file", F.col("_metadata.file_path")).cache()
+        (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(_CORRUPT))).collect()  # no limit: one job
+        if counts[1]:
             bad = df.where(F.col(_CORRUPT).isNotNull()).select("_source_file", _CORRUPT).limit(5).collect()
-            if bad:
-                df.unpersist()
-                raise MalformedInputError(self._describe_malformed([(r[0], r[1]) for r in bad]))
-            return df.drop(_CORRUPT, "_source_file")  # served from the cache above
-        return df.cache()
+            df.unpersist()
+            raise MalformedInputError(self._describe_malformed([(r[0], r[1]) for r in bad]))
+        return df.drop(_CORRUPT, "_source_file"), int(counts[0])  # served from the cache above
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:

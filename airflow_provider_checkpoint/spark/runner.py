@@ -112,8 +112,7 @@ def run_step(
             phases.next(node)
             if isinstance(node, Source):
                 previous = restore.source_positions.get(node.uid) if restore else None
-                df = node.read(ctx, previous, plan.barrier.positions[node.uid])
-                records = df.count()
+                df, records = node.read_counted(ctx, previous, plan.barrier.positions[node.uid])
                 ctx.add_metric("records_in", records)
                 ctx.metrics.setdefault("source_records", {})[node.uid] = records
                 outputs[node.uid] = df

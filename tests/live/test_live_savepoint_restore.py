@@ -9,6 +9,8 @@ restore had already committed output: exactly once, the append table included.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,14 +35,29 @@ def checkpoint(live: LiveAirflow, conf: Mapping[str, Any], deadline: Deadline) -
     return run_id
 
 
+def assert_quiet_step_logs(live: LiveAirflow, run_id: str) -> None:
+    """A healthy step's task log: no ERROR line (Airflow's level for stderr), no progress bar, phase lines."""
+    run_dir = live.home / "logs" / f"dag_id={PIPELINE}" / f"run_id={run_id}"
+    logs = sorted(run_dir.glob("task_id=step_*/**/*.log"))
+    assert len(logs) == 3, f"expected the task logs of three steps under {run_dir}, found {logs}"
+    for path in logs:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+        errors = [r for r in records if str(r.get("level")).lower() in ("error", "critical")]
+        assert not errors, f"{path}: ERROR lines in a healthy step:\n" + "\n".join(map(str, errors[:10]))
+        events = [str(r.get("event")) for r in records]
+        assert not any(re.search(r"\[Stage \d+", e) for e in events), f"{path}: console progress bar"
+        assert any(re.match(r"source events: .*records_in \d+ in [\d.]+s", e) for e in events), f"{path}: {events}"
+
+
 def test_savepoint_then_restore_is_exactly_once(live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
     live, job = live_airflow, live_airflow.job_dir
     deadline = Deadline(TEST_BUDGET)
 
     # 1. a plain checkpoint
     clickstream.land(300)
-    checkpoint(live, {}, deadline)
+    first = checkpoint(live, {}, deadline)
     assert clickstream.mismatches() == {}
+    assert_quiet_step_logs(live, first)
 
     # 2. a savepoint, with the conf the UI form sends
     clickstream.land(200)

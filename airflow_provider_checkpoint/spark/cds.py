@@ -1,0 +1,67 @@
+"""A class-data sharing (CDS) archive for the embedded Spark driver: faster JVM start.
+
+``python -m airflow_provider_checkpoint.spark.cds`` starts an embedded session in a
+child process, runs a small job touching the classes a step uses (JSON, Parquet,
+aggregation, joins), and lets the JVM dump every loaded class at exit
+(``-XX:ArchiveClassesAtExit``). The archive lands under the Python environment
+(:func:`archive_path`), written under a temporary name and renamed when complete;
+:func:`~airflow_provider_checkpoint.spark.session.get_spark` uses it when it exists. An
+archive that does not fit the JVM or class path is ignored by the JVM (``-Xshare:auto``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from airflow_provider_checkpoint.spark.session import CDS_ENV
+
+_WORKLOAD = """
+import sys, tempfile
+from pyspark import SparkContext
+from airflow_provider_checkpoint.spark.session import get_spark
+spark = get_spark(master="local[1]", conf={"spark.driver.extraJavaOptions": "-XX:ArchiveClassesAtExit=" + sys.argv[1]})
+d = tempfile.mkdtemp()
+df = spark.range(1000).selectExpr("CAST(id % 7 AS STRING) AS k", "id AS v")
+df.write.json(d + "/j")
+df.write.parquet(d + "/p")
+a = spark.read.schema("k STRING, v LONG").json(d + "/j").groupBy("k").count()
+b = spark.read.parquet(d + "/p").groupBy("k").max("v")
+a.join(b, "k", "full_outer").repartitionByRange(2, "k").write.partitionBy("k").parquet(d + "/out")
+proc = SparkContext._gateway.proc
+spark.stop()
+proc.stdin.close()
+sys.exit(proc.wait())  # the JVM writes the archive as it exits
+"""
+
+
+def archive_path() -> Path:
+    """Where the archive of this environment lives: one per pyspark version, under ``sys.prefix``."""
+    from pyspark import __version__
+
+    return Path(sys.prefix) / "share" / "airflow-provider-checkpoint" / f"spark-{__version__}-driver.jsa"
+
+
+def create_archive() -> Path:
+    """Create (or replace) the archive; raise if the JVM did not write it."""
+    target = archive_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=".", suffix=".jsa", dir=target.parent)
+    os.close(fd)
+    os.unlink(partial)  # the JVM creates it
+    try:
+        env = {**os.environ, CDS_ENV: "off"}  # dumped from the base archive, not on top of an old one
+        subprocess.run([sys.executable, "-c", _WORKLOAD, partial], check=True, stdout=subprocess.DEVNULL, env=env)
+        if not Path(partial).is_file():
+            raise RuntimeError(f"the JVM wrote no class-data sharing archive at {partial}")
+        os.replace(partial, target)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+
+if __name__ == "__main__":
+    print(f"class-data sharing archive written: {create_archive()}")
