@@ -260,7 +260,7 @@ def settle(spark: SparkSession) -> None:
 
 STEP_PHASES: dict[str, float] = {}
 PHASE_NAMES = {
-    "source": "FileSource.read (parse, cache, malformed-record scan)",
+    "source": "FileSource.read_counted (parse, cache; one pass counts records and malformed ones)",
     "state_read": "read_state (verify SHA-256, read)",
     "state_write": "write_state (computes the merged state: join, persist, count; write, hash)",
     "sink_stage": "ParquetTableSink.stage (changed keys, buckets, count, merge with old buckets, write)",
@@ -287,7 +287,7 @@ def instrument_step() -> None:
 
         setattr(owner, attr, timed)
 
-    wrap(FileSource, "read", "source")
+    wrap(FileSource, "read_counted", "source")
     wrap(runner, "read_state", "state_read")
     wrap(runner, "write_state", "state_write")
     wrap(ParquetTableSink, "stage", "sink_stage")
