@@ -14,8 +14,6 @@ from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
-from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
 from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
 from airflow_provider_checkpoint.snapshots import RestoreError
 from airflow_provider_checkpoint.storage import CheckpointStorageError
@@ -127,26 +125,46 @@ class SparkCheckpointOperator(BaseOperator):
         self.trigger_task_id = trigger_task_id
 
     def execute(self, context: Any) -> JsonDict:
-        from airflow_provider_checkpoint.spark.runner import run_step
-        from airflow_provider_checkpoint.spark.session import get_spark
+        from airflow_provider_checkpoint.spark.execution import decline_for
 
         ti = context["ti"]
         plan = CheckpointPlan.from_dict(ti.xcom_pull(task_ids=self.trigger_task_id))
         attempt = int(ti.try_number)
-        spark = get_spark(conf=self.job.spark_conf, remote=self.job.resolved_spark_remote())
         try:
-            ack = run_step(spark, self.job.storage(), self.job.graph, self.step, plan, attempt)
+            ack = self._run(plan, attempt)
         except Exception as e:
-            reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
-            reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
-            ti.xcom_push(key=DECLINE_KEY, value={"reason": reason.value, "message": f"{self.step}: {e}"})
-            if isinstance(e, MalformedInputError | CheckpointStorageError | PipelineDefinitionError):
+            declined = decline_for(e)
+            ti.xcom_push(key=DECLINE_KEY, value={"reason": declined.reason.value, "message": f"{self.step}: {e}"})
+            if declined.fatal:
                 raise AirflowFailException(str(e)) from e
             raise
         self.log.info(
             "step %s acked checkpoint %d (attempt %d): %s", self.step, plan.checkpoint_id, attempt, ack.metrics
         )
         return ack.to_dict()
+
+    def _run(self, plan: CheckpointPlan, attempt: int) -> Ack:
+        from airflow_provider_checkpoint.spark.execution import ExecutionMode, SubmittedStep, resolve_execution
+        from airflow_provider_checkpoint.spark.runner import run_step
+        from airflow_provider_checkpoint.spark.session import get_spark
+
+        execution = resolve_execution(self.job.spark_conn_id, self.job.spark_remote)
+        self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())
+        storage = self.job.storage()
+        if execution.mode is ExecutionMode.SUBMIT:
+            assert execution.conn_id is not None and self.dag is not None
+            self._submitted = SubmittedStep(
+                self.job, execution.conn_id, self.dag.fileloc, self.dag.dag_id, self.task_id
+            )
+            return self._submitted.run(storage, self.step, plan, attempt)
+        spark = get_spark(conf=self.job.spark_conf, remote=execution.remote)
+        return run_step(spark, storage, self.job.graph, self.step, plan, attempt)
+
+    def on_kill(self) -> None:
+        """Kill the spark-submit driver of this attempt (``submit`` mode) through the Spark provider's hook."""
+        submitted = getattr(self, "_submitted", None)
+        if submitted is not None:
+            submitted.kill()
 
 
 class CheckpointFinalizeOperator(BaseOperator):

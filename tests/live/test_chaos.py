@@ -1,8 +1,9 @@
 """Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
 
 The real Airflow services (LocalExecutor) run a single-step variant of the example
-pipeline while input keeps growing; its steps run in ``connect`` mode on a Spark Connect
-server started by the test (the other tests cover the embedded ``local`` mode). Before
+pipeline while input keeps growing; its steps run in ``connect`` mode, through a
+``spark_connect`` connection, on a Spark Connect server started by the test (the other
+tests cover the embedded ``local`` mode). Before
 every DAG run the test writes one fault from the list below into ``CHECKPOINT_FAULTS_FILE``
 (re-read by every fault point of every task process); the run may succeed, be retried
 by Airflow, or fail. After a last clean
@@ -104,7 +105,11 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
         env = {
             "CHAOS_DIR": str(base),
             "CHECKPOINT_FAULTS_FILE": str(faults_file),
-            "AIRFLOW__CHECKPOINT__SPARK_REMOTE": remote,  # connect mode: no JVM per step attempt
+            # connect mode through a spark_connect connection: no JVM per step attempt
+            "AIRFLOW_CONN_CHAOS_SPARK_CONNECT": json.dumps(
+                {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(remote.rsplit(":", 1)[1])}
+            ),
+            "AIRFLOW__CHECKPOINT__SPARK_CONN_ID": "chaos_spark_connect",
         }
         live = stack.enter_context(
             running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID,), extra_env=env)
