@@ -61,10 +61,19 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "file:///data/savepoints,s3://aws_default@bucket/savepoints",
                         "default": "",
                     },
+                    "spark_conn_id": {
+                        "description": "Spark provider connection the steps of every pipeline run through, "
+                        "unless a pipeline sets spark_conn_id. Type 'spark': each step is submitted with "
+                        "spark-submit (client deploy mode); type 'spark_connect': each step runs on that "
+                        "Spark Connect server. Empty means an embedded local[*] session in each step task.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "spark_default",
+                        "default": "",
+                    },
                     "spark_remote": {
-                        "description": "Spark Connect URL (sc://host:port) the steps of every pipeline run "
-                        "on, unless a pipeline sets its own. Empty means an embedded local[*] session in "
-                        "each step task.",
+                        "description": "Deprecated: use a 'spark_connect' connection in spark_conn_id. Spark "
+                        "Connect URL (sc://host:port) the steps run on when no connection is named.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "sc://127.0.0.1:15002",

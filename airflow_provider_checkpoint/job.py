@@ -66,10 +66,9 @@ class CheckpointJob:
     spark_conf: dict[str, str] = field(default_factory=dict)
     dag_id: str | None = None
     spark_remote: str | None = None
-
-    def resolved_spark_remote(self) -> str | None:
-        """The Spark Connect URL steps use, if any: the pipeline's, else ``[checkpoint] spark_remote``."""
-        return self.spark_remote or config_value("spark_remote") or None
+    """Deprecated: a Spark Connect URL; use a ``spark_connect`` connection in ``spark_conn_id``."""
+    spark_conn_id: str | None = None
+    """A ``spark`` or ``spark_connect`` connection the steps run through (default ``[checkpoint] spark_conn_id``)."""
 
     def resolved_settings(self) -> CheckpointSettings:
         settings = self.settings or CheckpointSettings()

@@ -15,6 +15,7 @@ builds ``trigger_checkpoint >> <one task per step> >> finalize_checkpoint`` with
 from __future__ import annotations
 
 import datetime
+import sys
 from contextlib import ExitStack
 from typing import Any
 
@@ -73,6 +74,12 @@ class CheckpointedPipeline:
     acks and ``_metadata`` (declining above ``max_state_size`` bytes per operator); with the
     default ``"filesystem"`` only state up to ``inline_state_threshold`` bytes is inline.
     ``wait_for_input`` puts a :class:`CheckpointInputSensor`
+    finalize task (its commit is idempotent). ``spark_conn_id`` (default ``[checkpoint]
+    spark_conn_id``) names the Spark provider connection the steps run through: type
+    ``spark`` submits each step with spark-submit, ``spark_connect`` runs it on a Spark
+    Connect server; without one, each step runs an embedded local session
+    (``spark_remote``, a Spark Connect URL, is a deprecated fallback). ``wait_for_input``
+    puts a :class:`CheckpointInputSensor`
     (``soft_fail``, this timeout) in front of the trigger: a run whose sources hold no new
     input within it is skipped (no checkpoint, no failure counted) instead of producing
     an empty checkpoint. Other keyword arguments go to ``DAG``.
@@ -97,6 +104,7 @@ class CheckpointedPipeline:
         checkpoint_storage: str = "filesystem",
         inline_state_threshold: int = 20 << 10,
         max_state_size: int = 5 << 20,
+        spark_conn_id: str | None = None,
         wait_for_input: datetime.timedelta | None = None,
         **dag_kwargs: Any,
     ) -> None:
@@ -108,6 +116,8 @@ class CheckpointedPipeline:
         dag_kwargs["max_active_runs"] = 1
         dag_kwargs["params"] = {**savepoint_params(), **dag_kwargs.get("params", {})}
         self.dag = DAG(dag_id, **dag_kwargs)
+        # the file that declares the pipeline, not this module: spark-submit drivers load it
+        self.dag.fileloc = sys._getframe(1).f_code.co_filename
         self.job_id = job_id or dag_id
         self.storage = storage
         self.storage_conn_id = storage_conn_id
@@ -125,6 +135,7 @@ class CheckpointedPipeline:
         self.retry_delay = retry_delay
         self.spark_conf = dict(spark_conf or {})
         self.spark_remote = spark_remote
+        self.spark_conn_id = spark_conn_id
         self.wait_for_input = wait_for_input
         self.job: CheckpointJob | None = None
         self._stack = ExitStack()
@@ -153,6 +164,7 @@ class CheckpointedPipeline:
             spark_conf=self.spark_conf,
             dag_id=self.dag.dag_id,
             spark_remote=self.spark_remote,
+            spark_conn_id=self.spark_conn_id,
         )
         trigger = CheckpointTriggerOperator(task_id=TRIGGER_TASK_ID, job=self.job, retries=0)
         steps = [

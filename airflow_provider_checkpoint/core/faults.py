@@ -4,8 +4,11 @@
 ``step.before_ack:checkpoint=2:attempt=1,finalize.after_metadata:checkpoint=4``. A fault
 point fires when its name and every given key match. The optional ``action`` key says
 what happens: ``raise`` (default, :class:`InjectedFault`), ``oserror`` (an ``OSError``,
-as a failing filesystem would raise) or ``kill`` (SIGKILL of the current process, as a
-dead worker).
+as a failing filesystem would raise), ``kill`` (SIGKILL of the current process, as a
+dead worker) or ``pause``: the process creates ``<point>.paused`` in the directory named
+by ``CHECKPOINT_FAULTS_PAUSE_DIR`` and waits (at most ten minutes) until a test creates
+``<point>.resume`` there — so a test can act at an exact moment, e.g. kill an executor
+in the middle of a step.
 
 ``CHECKPOINT_FAULTS_FILE`` names a file with more specs (one per line), re-read at every
 fault point: a test can change the faults of running Airflow services between DAG runs.
@@ -15,9 +18,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 ENV = "CHECKPOINT_FAULTS"
 FILE_ENV = "CHECKPOINT_FAULTS_FILE"
+PAUSE_DIR_ENV = "CHECKPOINT_FAULTS_PAUSE_DIR"
+PAUSE_LIMIT_SECONDS = 600.0
 
 
 class InjectedFault(RuntimeError):
@@ -47,8 +53,25 @@ def fault_point(name: str, **where: object) -> None:
         action = wanted.pop("action", "raise")
         if all(str(where.get(k)) == v for k, v in wanted.items()):
             message = f"injected fault at {name} ({', '.join(f'{k}={v}' for k, v in where.items())})"
+            if action == "pause":
+                _pause(name)
+                continue
             if action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if action == "oserror":
                 raise OSError(message)
             raise InjectedFault(message)
+
+
+def _pause(name: str) -> None:
+    directory = os.environ.get(PAUSE_DIR_ENV)
+    if not directory:
+        raise InjectedFault(f"fault action pause at {name} needs {PAUSE_DIR_ENV}")
+    resume = os.path.join(directory, f"{name}.resume")
+    with open(os.path.join(directory, f"{name}.paused"), "w"):
+        pass
+    deadline = time.monotonic() + PAUSE_LIMIT_SECONDS
+    while not os.path.exists(resume):
+        if time.monotonic() > deadline:
+            raise InjectedFault(f"paused at {name} for {PAUSE_LIMIT_SECONDS:.0f}s: nobody created {resume}")
+        time.sleep(0.05)

@@ -179,9 +179,8 @@ class OperatorSnapshot:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any, document: str, where: str, scope: HandleScope) -> OperatorSnapshot:
+    def from_dict(cls, d: Any, document: str, where: str, scope: HandleScope, uid: str) -> OperatorSnapshot:
         f = Fields(d, document, where)
-        uid = where.rsplit(".", 1)[-1]
         max_parallelism = f.integer("max_parallelism", 1, MAX_KEY_GROUPS)
         handles = f.each("handles", lambda h, name: StateHandle.from_dict(h, document, name))
         for n, handle in enumerate(handles):
@@ -225,9 +224,8 @@ class ChannelSnapshot:
         return {"handles": [h.to_dict() for h in self.handles], "schema": self.schema, "rows": self.rows}
 
     @classmethod
-    def from_dict(cls, d: Any, document: str, where: str, attempt_dir: str) -> ChannelSnapshot:
+    def from_dict(cls, d: Any, document: str, where: str, attempt_dir: str, uid: str) -> ChannelSnapshot:
         f = Fields(d, document, where)
-        uid = where.rsplit(".", 1)[-1]
         handles = f.each("handles", lambda h, name: StateHandle.from_dict(h, document, name))
         for n, handle in enumerate(handles):
             if not handle.path.startswith(f"{attempt_dir}/channels/{uid}/"):
@@ -237,7 +235,10 @@ class ChannelSnapshot:
 
 def operator_snapshots(f: Fields, key: str, scope: HandleScope) -> dict[str, OperatorSnapshot]:
     """The ``operators`` map of a document (uid → snapshot), handles checked against ``scope``."""
-    return f.mapping(key, lambda s, name: OperatorSnapshot.from_dict(s, f.document, name, scope))
+    raw = f.mapping(key, lambda value, name: value)
+    return {
+        uid: OperatorSnapshot.from_dict(v, f.document, f"{f.name(key)}.{uid}", scope, uid) for uid, v in raw.items()
+    }
 
 
 def sink_committables(f: Fields, key: str, default: Any = None) -> dict[str, list[JsonDict]]:
@@ -436,9 +437,10 @@ class Ack:
             sinks=sink_committables(f, "sinks", default={}),
             metrics=f.data("metrics", default={}),
             attempt_dir=attempt_dir,
-            channels=f.mapping(
-                "channels", lambda c, name: ChannelSnapshot.from_dict(c, document, name, attempt_dir), default={}
-            ),
+            channels={
+                uid: ChannelSnapshot.from_dict(c, document, f"channels.{uid}", attempt_dir, uid)
+                for uid, c in f.mapping("channels", lambda value, name: value, default={}).items()
+            },
             inputs=f.mapping("inputs", lambda v, name: _attempt_dir(v, document, name, checkpoint_id), default={}),
         )
 

@@ -14,8 +14,6 @@ from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
-from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
 from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
 from airflow_provider_checkpoint.registry import register
 from airflow_provider_checkpoint.snapshots import RestoreError
@@ -149,9 +147,8 @@ class SparkCheckpointOperator(BaseOperator):
         self.trigger_task_id = trigger_task_id
 
     def execute(self, context: Any) -> JsonDict:
-        from airflow_provider_checkpoint.spark.runner import describe_metrics, run_step
-        from airflow_provider_checkpoint.spark.session import get_spark
-        from airflow_provider_checkpoint.spark.state import StateTooLargeError
+        from airflow_provider_checkpoint.spark.execution import decline_for
+        from airflow_provider_checkpoint.spark.runner import describe_metrics
 
         ti = context["ti"]
         plan = _plan(ti.xcom_pull(task_ids=self.trigger_task_id), self.trigger_task_id)
@@ -163,25 +160,12 @@ class SparkCheckpointOperator(BaseOperator):
                 raise AirflowFailException(f"the plan's restore point is refused: {e}") from e
         attempt = int(ti.try_number)
         channels = self._upstream_channels(ti, plan)
-        spark = get_spark(conf=self.job.spark_conf, remote=self.job.resolved_spark_remote())
         try:
-            ack = run_step(
-                spark,
-                self.job.storage(),
-                self.job.graph,
-                self.step,
-                plan,
-                attempt,
-                channels,
-                self.job.resolved_settings(),
-            )
+            ack = self._run(plan, attempt, channels)
         except Exception as e:
-            reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
-            reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
-            ti.xcom_push(key=DECLINE_KEY, value={"reason": reason.value, "message": f"{self.step}: {e}"})
-            if isinstance(
-                e, MalformedInputError | CheckpointStorageError | PipelineDefinitionError | StateTooLargeError
-            ):
+            declined = decline_for(e)
+            ti.xcom_push(key=DECLINE_KEY, value={"reason": declined.reason.value, "message": f"{self.step}: {e}"})
+            if declined.fatal:
                 raise AirflowFailException(str(e)) from e
             raise
         self.log.info(
@@ -206,6 +190,30 @@ class SparkCheckpointOperator(BaseOperator):
                 raise AirflowFailException(f"step {upstream} has not acked checkpoint {plan.checkpoint_id}")
             channels.update((uid, (ack.attempt_dir, channel)) for uid, channel in ack.channels.items())
         return channels
+
+    def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
+        from airflow_provider_checkpoint.spark.execution import ExecutionMode, SubmittedStep, resolve_execution
+        from airflow_provider_checkpoint.spark.runner import run_step
+        from airflow_provider_checkpoint.spark.session import get_spark
+
+        execution = resolve_execution(self.job.spark_conn_id, self.job.spark_remote)
+        self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())
+        storage = self.job.storage()
+        if execution.mode is ExecutionMode.SUBMIT:
+            assert execution.conn_id is not None and self.dag is not None
+            self._submitted = SubmittedStep(
+                self.job, execution.conn_id, self.dag.fileloc, self.dag.dag_id, self.task_id
+            )
+            return self._submitted.run(storage, self.step, plan, attempt, channels)
+        spark = get_spark(conf=self.job.spark_conf, remote=execution.remote)
+        settings = self.job.resolved_settings()
+        return run_step(spark, storage, self.job.graph, self.step, plan, attempt, channels, settings)
+
+    def on_kill(self) -> None:
+        """Kill the spark-submit driver of this attempt (``submit`` mode) through the Spark provider's hook."""
+        submitted = getattr(self, "_submitted", None)
+        if submitted is not None:
+            submitted.kill()
 
 
 class CheckpointFinalizeOperator(BaseOperator):

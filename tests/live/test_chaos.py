@@ -2,13 +2,14 @@
 
 The real Airflow services (LocalExecutor) run, alternately, a single-step variant of the
 example pipeline and a two-input, two-step pipeline (orders enriched with customers,
-joined by a channel) while input keeps growing; their steps run in ``connect`` mode on a
-Spark Connect server started by the test (the other tests cover the embedded ``local``
-mode). Before every DAG run the test writes one fault from the list below into
-``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a step
-fault hits both steps of the two-step pipeline); the run may succeed, be retried by
-Airflow, or fail. After a last clean run of each, every table must equal the ground truth
-computed by pandas over all input, and the storage audit must find nothing orphaned.
+joined by a channel) while input keeps growing; their steps run in ``connect`` mode,
+through a ``spark_connect`` connection, on a Spark Connect server started by the test
+(the other tests cover the embedded ``local`` mode). Before every DAG run the test
+writes one fault from the list below into ``CHECKPOINT_FAULTS_FILE`` (re-read by every
+fault point of every task process, so a step fault hits both steps of the two-step
+pipeline); the run may succeed, be retried by Airflow, or fail. After a last clean run
+of each, every table must equal the ground truth computed by pandas over all input, and
+the storage audit must find nothing orphaned.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
 """
@@ -184,7 +185,11 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
         env = {
             "CHAOS_DIR": str(base),
             "CHECKPOINT_FAULTS_FILE": str(faults_file),
-            "AIRFLOW__CHECKPOINT__SPARK_REMOTE": remote,  # connect mode: no JVM per step attempt
+            # connect mode through a spark_connect connection: no JVM per step attempt
+            "AIRFLOW_CONN_CHAOS_SPARK_CONNECT": json.dumps(
+                {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(remote.rsplit(":", 1)[1])}
+            ),
+            "AIRFLOW__CHECKPOINT__SPARK_CONN_ID": "chaos_spark_connect",
         }
         live = stack.enter_context(
             running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID, ORDERS_DAG_ID), extra_env=env)

@@ -88,7 +88,7 @@ def valid_documents(canary: Path) -> dict[str, Any]:
         2.0,
         None,
         barrier,
-        {"counts": OperatorSnapshot.from_dict(operators["counts"], "t", "operators.counts", _scope())},
+        {"counts": OperatorSnapshot.from_dict(operators["counts"], "t", "operators.counts", _scope(), "counts")},
         sinks,
         options={"savepoint_target": f"file://{canary}/sp"},
     )

@@ -57,3 +57,18 @@ def test_value_containing_equals_sign(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InjectedFault):
         fault_point("p", sink="a=b")
     fault_point("p", sink="a")
+
+
+def test_pause_waits_for_resume(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import threading
+
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:action=pause")
+    monkeypatch.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(tmp_path))
+    paused = threading.Thread(target=fault_point, args=("step.before_ack",), kwargs={"checkpoint": 1})
+    paused.start()
+    paused.join(timeout=0.3)
+    assert paused.is_alive(), "the fault point must wait for the resume file"
+    assert (tmp_path / "step.before_ack.paused").exists()
+    (tmp_path / "step.before_ack.resume").touch()
+    paused.join(timeout=10)
+    assert not paused.is_alive()

@@ -1,0 +1,117 @@
+"""The example pipeline, unchanged, through the Spark provider's connections (``dag.test()``).
+
+* ``spark`` connection → every step is spark-submitted (client mode) to a real Spark
+  standalone cluster started from the installed pyspark; in one increment the step is
+  paused mid-way (fault point ``pause``) while its executor JVM is SIGKILLed.
+* ``spark_connect`` connection → every step runs on a Spark Connect server.
+
+After every checkpoint the three tables must equal the pandas ground truth over all input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
+from tests.live.airflow_live import poll
+from tests.live.spark_connect import spark_connect_server
+from tests.spark_standalone import StandaloneCluster, standalone_cluster
+
+pytestmark = pytest.mark.airflow
+PAUSE_POINT = "step.before_state_write"
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone")) as cluster:
+        yield cluster
+
+
+def use_connection(monkeypatch: pytest.MonkeyPatch, conn_id: str, conn: dict) -> None:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW__CHECKPOINT__SPARK_CONN_ID", conn_id)
+
+
+def kill_executors_while_paused(
+    cluster: StandaloneCluster, pause_dir: Path, killed: list[int], errors: list[str]
+) -> None:
+    """Wait until the step pauses, SIGKILL its executor JVM(s), then let the step go on."""
+    try:
+        poll("the step to pause mid-way", lambda: (pause_dir / f"{PAUSE_POINT}.paused").exists(), 300, 0.2)
+        pids = cluster.executor_pids()
+        if not pids:
+            errors.append("no executor JVM found under the worker while the step was paused")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            psutil.Process(pid).wait(timeout=30) if psutil.pid_exists(pid) else None
+        killed.extend(pids)
+    except Exception as e:
+        errors.append(repr(e))
+    finally:
+        (pause_dir / f"{PAUSE_POINT}.resume").touch()
+
+
+def test_example_pipeline_on_a_standalone_cluster_through_a_spark_connection(
+    example_dag, spark_cluster, tmp_path, monkeypatch
+):
+    host, port = spark_cluster.master_url.rsplit(":", 1)
+    use_connection(monkeypatch, "spark_cluster", {"conn_type": "spark", "host": host, "port": int(port)})
+    dag, base = example_dag.dag, tmp_path / "clickstream"
+    landed: list[pd.DataFrame] = []
+    for increment in (1, 2):
+        landed.append(land_events(base / "landing", f"events-{increment}.json", 200, increment))
+        killed: list[int] = []
+        errors: list[str] = []
+        killer = None
+        if increment == 2:
+            pause_dir = tmp_path / "pause"
+            pause_dir.mkdir()
+            monkeypatch.setenv(
+                "CHECKPOINT_FAULTS", f"{PAUSE_POINT}:checkpoint=2:step=step_page_views_table:action=pause"
+            )
+            monkeypatch.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(pause_dir))
+            killer = threading.Thread(
+                target=kill_executors_while_paused, args=(spark_cluster, pause_dir, killed, errors)
+            )
+            killer.start()
+        else:
+            monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
+
+        run = dag.test()
+
+        if killer is not None:
+            killer.join(timeout=60)
+            assert errors == [] and killed, f"executor kill: {errors}"
+            assert not any(psutil.pid_exists(p) for p in killed)
+        assert run.state == "success", f"run {increment} ended {run.state}"
+        assert mismatches(base / "marts", pd.concat(landed)) == {}, f"after checkpoint {increment}"
+
+    apps = {app["name"] for app in spark_cluster.state()["completedapps"]}
+    for step in ("step_page_views_table", "step_user_totals_table", "step_events_archive"):
+        assert f"checkpoint-example_clickstream-1-{step}-attempt-1" in apps, f"{step} did not run on the cluster"
+    job_dir = tmp_path / "checkpoints" / "example_clickstream"
+    assert not list(job_dir.glob("chk-*/*/attempt-*/_ack.json")), "acks are read back and removed"
+
+
+def test_example_pipeline_through_a_spark_connect_connection(example_dag, tmp_path, monkeypatch):
+    dag, base = example_dag.dag, tmp_path / "clickstream"
+    landed: list[pd.DataFrame] = []
+    with spark_connect_server(tmp_path / "spark-connect.log") as url:
+        host, port = url.removeprefix("sc://").rsplit(":", 1)
+        use_connection(
+            monkeypatch, "spark_connect_test", {"conn_type": "spark_connect", "host": host, "port": int(port)}
+        )
+        for increment in (1, 2):
+            landed.append(land_events(base / "landing", f"events-{increment}.json", 150, increment))
+            run = dag.test()
+            assert run.state == "success", f"run {increment} ended {run.state}"
+            assert mismatches(base / "marts", pd.concat(landed)) == {}, f"after checkpoint {increment}"
