@@ -102,16 +102,65 @@ def test_example_pipeline_on_a_standalone_cluster_through_a_spark_connection(
     assert not list(job_dir.glob("chk-*/*/attempt-*/_ack.json")), "acks are read back and removed"
 
 
+def stop_connect_sessions() -> None:
+    """Stop the Spark Connect sessions the steps opened in this process (dag.test runs tasks in it)."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    for session in {RemoteSparkSession.getActiveSession(), RemoteSparkSession._get_default_session()} - {None}:
+        session.stop()
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # set by pyspark: later sessions would be remote too
+
+
 def test_example_pipeline_through_a_spark_connect_connection(example_dag, tmp_path, monkeypatch):
     dag, base = example_dag.dag, tmp_path / "clickstream"
     landed: list[pd.DataFrame] = []
     with spark_connect_server(tmp_path / "spark-connect.log") as url:
         host, port = url.removeprefix("sc://").rsplit(":", 1)
-        use_connection(
-            monkeypatch, "spark_connect_test", {"conn_type": "spark_connect", "host": host, "port": int(port)}
-        )
-        for increment in (1, 2):
-            landed.append(land_events(base / "landing", f"events-{increment}.json", 150, increment))
-            run = dag.test()
-            assert run.state == "success", f"run {increment} ended {run.state}"
-            assert mismatches(base / "marts", pd.concat(landed)) == {}, f"after checkpoint {increment}"
+        conn = {"conn_type": "spark_connect", "host": host, "port": int(port)}
+        use_connection(monkeypatch, "spark_connect_test", conn)
+        try:
+            for increment in (1, 2):
+                landed.append(land_events(base / "landing", f"events-{increment}.json", 150, increment))
+                run = dag.test()
+                assert run.state == "success", f"run {increment} ended {run.state}"
+                assert mismatches(base / "marts", pd.concat(landed)) == {}, f"after checkpoint {increment}"
+        finally:
+            stop_connect_sessions()
+
+
+def test_killing_the_step_kills_its_driver(example_dag, tmp_path, monkeypatch):
+    """``on_kill`` of a submitted step (here with a ``local[1]`` spark connection) leaves no driver process."""
+    from airflow_provider_checkpoint.spark.execution import SubmittedStep
+
+    use_connection(monkeypatch, "spark_local", {"conn_type": "spark", "host": "local[1]"})
+    land_events(tmp_path / "clickstream" / "landing", "events-1.json", 50, 1)
+    job = example_dag.pipeline.job
+    plan = job.coordinator().trigger("manual__kill")
+    pause_dir = tmp_path / "pause"
+    pause_dir.mkdir()
+    monkeypatch.setenv("CHECKPOINT_FAULTS", f"{PAUSE_POINT}:action=pause")
+    monkeypatch.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(pause_dir))
+    step = SubmittedStep(job, "spark_local", str(example_dag.__file__), "example_clickstream", "step_page_views_table")
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            step.run(job.storage(), "step_page_views_table", plan, 1)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    poll("the driver to pause mid-step", lambda: (pause_dir / f"{PAUSE_POINT}.paused").exists(), 240, 0.2)
+    driver = psutil.Process(step.hook._submit_sp.pid)
+    processes = [driver, *driver.children(recursive=True)]
+    assert any("submit.py" in " ".join(p.cmdline()) for p in processes[1:]), "the Python driver runs under spark-submit"
+    step.kill()
+    runner.join(timeout=60)
+    assert not runner.is_alive() and outcome and outcome[0] is not None, "the killed step must fail"
+    gone, alive = psutil.wait_procs(processes, timeout=30)
+    assert alive == [], f"still running after on_kill: {[p.pid for p in alive]}"
+    assert not (
+        tmp_path / "checkpoints" / "example_clickstream" / "chk-1" / "step_page_views_table" / "attempt-1" / "_ack.json"
+    ).exists()
