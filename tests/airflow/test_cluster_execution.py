@@ -111,9 +111,19 @@ def stop_connect_sessions() -> None:
     os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # set by pyspark: later sessions would be remote too
 
 
+def stop_classic_session() -> None:
+    """Earlier ``dag.test()`` runs left an embedded session in this process; a worker process would not have one."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
 def test_example_pipeline_through_a_spark_connect_connection(example_dag, tmp_path, monkeypatch):
     dag, base = example_dag.dag, tmp_path / "clickstream"
     landed: list[pd.DataFrame] = []
+    stop_classic_session()
     with spark_connect_server(tmp_path / "spark-connect.log") as url:
         host, port = url.removeprefix("sc://").rsplit(":", 1)
         conn = {"conn_type": "spark_connect", "host": host, "port": int(port)}
