@@ -7,6 +7,7 @@ triggers run in an asyncio loop as the triggerer runs them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,6 +27,13 @@ from airflow_provider_checkpoint.triggers.checkpoint import (
 from tests.unit.test_coordinator import JOB, T0, Env, make_env, run_checkpoint
 
 DEADLINE = 10.0
+
+
+def run_isolated(coroutine: Any) -> Any:
+    """``asyncio.run`` in a thread of its own: an event loop that another test left running in
+    this thread (Playwright's sync API in the live UI tests) cannot interfere."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 @pytest.fixture
@@ -86,7 +94,9 @@ def test_input_trigger_fires_on_new_input_only(env: Env) -> None:
     assert new_input(env.storage, sources) == []
 
     # rebuilt from its serialized form, as the triggerer does
-    event = asyncio.run(first_event(roundtrip(input_trigger(env)), lambda: (env.landing / "b.json").write_text("{}\n")))
+    event = run_isolated(
+        first_event(roundtrip(input_trigger(env)), lambda: (env.landing / "b.json").write_text("{}\n"))
+    )
     assert event.payload == {"status": "success", "sources": ["events"]}
 
 
@@ -104,7 +114,7 @@ def test_completed_trigger_fires_when_a_newer_checkpoint_is_committed(env: Env) 
         (env.landing / "b.json").write_text('{"k": 2}\n')
         run_checkpoint(env, "run-2", T0 + 10)
 
-    event = asyncio.run(first_event(roundtrip(completed_trigger(env, 1)), second_checkpoint))
+    event = run_isolated(first_event(roundtrip(completed_trigger(env, 1)), second_checkpoint))
     assert event.payload["status"] == "success" and event.payload["checkpoint_id"] == 2
 
 
@@ -120,12 +130,12 @@ def test_completed_trigger_for_savepoints(env: Env) -> None:
     job = env.storage.load_job()
     job.savepoints.append({"checkpoint_id": 1, "path": "file:///sp/savepoint-1", "time": T0})
     env.storage.save_job(job)
-    event = asyncio.run(first_event(completed_trigger(env, 0, savepoint=True)))
+    event = run_isolated(first_event(completed_trigger(env, 0, savepoint=True)))
     assert event.payload == {"status": "success", "checkpoint_id": 1, "savepoint": "file:///sp/savepoint-1"}
 
 
 def test_trigger_reports_unreadable_storage_as_error_event(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
     (env.chk(1) / "_metadata").write_text("not a checkpoint")
-    event = asyncio.run(first_event(input_trigger(env)))
+    event = run_isolated(first_event(input_trigger(env)))
     assert event.payload["status"] == "error" and f"job {JOB}" in event.payload["message"]
