@@ -27,7 +27,7 @@ from airflow_provider_checkpoint.core.model import (
 from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
-from airflow_provider_checkpoint.storage.job_storage import METADATA
+from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class Snapshot:
 
 def verify_state(base: Location, uid: str, state: OperatorSnapshot) -> None:
     """The state files, or the inline state, of operator ``uid`` are intact."""
-    if state.inline is not None and state.inline.parquet() is None:
-        raise CheckpointStorageError(f"inline state of operator {uid} is corrupt: size or checksum mismatch")
+    if state.inline is not None:
+        inline_parquet(state, uid)
     for handle in state.handles:
         base.verify(handle)
 
@@ -130,9 +130,7 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
     for uid, state in sorted(checkpoint.operators.items()):
         handles = []
         if state.inline is not None:  # canonical form: the inline state becomes a file for all key groups
-            data = state.inline.parquet()
-            if data is None:
-                raise CheckpointStorageError(f"inline state of operator {uid} is corrupt: size or checksum mismatch")
+            data = inline_parquet(state, uid)
             relative = f"state/{uid}/kg-00000-{state.max_parallelism - 1:05d}-0000.parquet"
             target.write_atomic(relative, data)
             handles.append(target.handle_for(relative, (0, state.max_parallelism - 1)))
@@ -177,10 +175,10 @@ def read_state(pointer: str, operator_uid: str, spark: SparkSession | None = Non
         from airflow_provider_checkpoint.spark.state import read_state as read_spark_state
 
         return read_spark_state(spark, snapshot.base, state)
-    return _arrow_state(snapshot.base, state)
+    return _arrow_state(snapshot.base, state, operator_uid)
 
 
-def _arrow_state(base: Location, state: OperatorSnapshot) -> pa.Table:
+def _arrow_state(base: Location, state: OperatorSnapshot, uid: str) -> pa.Table:
     import io
     import json
 
@@ -188,7 +186,7 @@ def _arrow_state(base: Location, state: OperatorSnapshot) -> pa.Table:
     import pyarrow.parquet as pq
 
     if state.inline is not None:
-        return pq.read_table(io.BytesIO(state.inline.parquet() or b""))
+        return pq.read_table(io.BytesIO(inline_parquet(state, uid)))
     tables = []
     for handle in state.handles:
         with base.fs.open(base.path(handle.path), "rb") as f:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot
-from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
+from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.storage.job_storage import inline_parquet
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
 ROWS_PER_FILE = 1_000_000
@@ -104,26 +104,18 @@ def _parquet_bytes(state: DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def inline_table(storage: Location, snapshot: OperatorSnapshot) -> pa.Table:
-    """The inline state of ``snapshot`` as a pyarrow Table, after checking its size and checksum."""
-    import io
-
-    import pyarrow.parquet as pq
-
-    assert snapshot.inline is not None
-    data = snapshot.inline.parquet()
-    if data is None:
-        raise CheckpointStorageError(f"inline state corrupt: size or checksum mismatch (in {storage.url()})")
-    return pq.read_table(io.BytesIO(data))
-
-
 def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapshot) -> DataFrame:
     """The state of ``snapshot``, after verifying every file's (or the inline state's) size and checksum."""
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(snapshot.schema))
     if snapshot.inline is not None:
-        return spark.createDataFrame(inline_table(storage, snapshot), schema)
+        import io
+
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(inline_parquet(snapshot, storage.url())))
+        return spark.createDataFrame(table, schema)
     if not snapshot.handles:
         return spark.createDataFrame([], schema)
     for handle in snapshot.handles:

@@ -34,7 +34,13 @@ from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import DocumentError, load_json
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestoreRequest, StateHandle
+from airflow_provider_checkpoint.core.model import (
+    CompletedCheckpoint,
+    JsonDict,
+    OperatorSnapshot,
+    RestoreRequest,
+    StateHandle,
+)
 from airflow_provider_checkpoint.storage.paths import confine
 
 METADATA = "_metadata"
@@ -68,6 +74,14 @@ def file_checksum(fs: AbstractFileSystem, path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return "sha256:" + digest.hexdigest()
+
+
+def inline_parquet(state: OperatorSnapshot, uid: str) -> bytes:
+    """The Parquet bytes of ``state``'s inline state; :class:`CheckpointStorageError` if altered."""
+    data = state.inline.parquet() if state.inline is not None else None
+    if data is None:
+        raise CheckpointStorageError(f"inline state of operator {uid} is missing or corrupt: size or checksum mismatch")
+    return data
 
 
 def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
