@@ -253,11 +253,15 @@ class CheckpointCoordinator:
                 log.warning("ack of step %s attempt %d: %s", ack.step, ack.attempt, outcome.value)
         try:
             self._discard_unaccepted_attempts(pending)
-            completed = pending.complete(now, plan.restore_point.checkpoint_id if plan.restore_point else None)
+            point = plan.restore_point
+            own = point is not None and point.base_url in (None, self.storage.url())
+            completed = pending.complete(
+                now, point.checkpoint_id if point else None, point.operators if point and own else None
+            )
             for ack in pending.acks.values():
                 self._check_committables(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
             for uid, snapshot in sorted(completed.operators.items()):
-                verify_state(self.storage, uid, snapshot)
+                verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
             self.storage.commit_metadata(completed)
         except CheckpointAborted as e:

@@ -68,21 +68,22 @@ class CheckpointedPipeline:
 
     ``storage`` is the storage root URL (default ``[checkpoint] storage_root``);
     ``step_retries`` Airflow retries protect each Spark step, ``finalize_retries`` the
-    finalize task (its commit is idempotent). ``spark_remote`` (``sc://host:port``, default
-    ``[checkpoint] spark_remote``) runs the steps on a Spark Connect server instead of an
-    embedded local session. ``checkpoint_storage="memory"`` keeps all keyed state inline in
-    acks and ``_metadata`` (declining above ``max_state_size`` bytes per operator); with the
-    default ``"filesystem"`` only state up to ``inline_state_threshold`` bytes is inline.
-    ``wait_for_input`` puts a :class:`CheckpointInputSensor`
     finalize task (its commit is idempotent). ``spark_conn_id`` (default ``[checkpoint]
     spark_conn_id``) names the Spark provider connection the steps run through: type
     ``spark`` submits each step with spark-submit, ``spark_connect`` runs it on a Spark
     Connect server; without one, each step runs an embedded local session
-    (``spark_remote``, a Spark Connect URL, is a deprecated fallback). ``wait_for_input``
-    puts a :class:`CheckpointInputSensor`
-    (``soft_fail``, this timeout) in front of the trigger: a run whose sources hold no new
-    input within it is skipped (no checkpoint, no failure counted) instead of producing
-    an empty checkpoint. Other keyword arguments go to ``DAG``.
+    (``spark_remote``, a Spark Connect URL, is a deprecated fallback).
+
+    ``checkpoint_storage="memory"`` keeps all keyed state inline in acks and ``_metadata``
+    (declining above ``max_state_size`` bytes per operator); with the default
+    ``"filesystem"`` only state up to ``inline_state_threshold`` bytes is inline, and with
+    ``incremental_state`` (the default) a checkpoint writes only the keys that changed,
+    compacting key-group ranges as their changes accumulate.
+
+    ``wait_for_input`` puts a :class:`CheckpointInputSensor` (``soft_fail``, this timeout)
+    in front of the trigger: a run whose sources hold no new input within it is skipped
+    (no checkpoint, no failure counted) instead of producing an empty checkpoint. Other
+    keyword arguments go to ``DAG``.
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class CheckpointedPipeline:
         checkpoint_storage: str = "filesystem",
         inline_state_threshold: int = 20 << 10,
         max_state_size: int = 5 << 20,
+        incremental_state: bool = True,
         spark_conn_id: str | None = None,
         wait_for_input: datetime.timedelta | None = None,
         **dag_kwargs: Any,
@@ -129,6 +131,7 @@ class CheckpointedPipeline:
             checkpoint_storage=checkpoint_storage,
             inline_state_threshold=inline_state_threshold,
             max_state_size=max_state_size,
+            incremental_state=incremental_state,
         )
         self.step_retries = step_retries
         self.finalize_retries = finalize_retries

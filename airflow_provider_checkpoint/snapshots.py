@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.arrow_state import range_tables, read_table
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.model import (
     CheckpointType,
@@ -23,6 +24,7 @@ from airflow_provider_checkpoint.core.model import (
     OperatorSnapshot,
     RestorePoint,
     RestoreRequest,
+    StateHandle,
 )
 from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
@@ -56,12 +58,16 @@ class Snapshot:
             verify_state(self.base, uid, snapshot)
 
 
-def verify_state(base: Location, uid: str, state: OperatorSnapshot) -> None:
-    """The state files, or the inline state, of operator ``uid`` are intact."""
+def verify_state(base: Location, uid: str, state: OperatorSnapshot, new_in: str | None = None) -> None:
+    """The state files, or the inline state, of operator ``uid`` are intact.
+
+    With ``new_in`` (a directory), files outside it — kept from older checkpoints, each
+    hashed when it was written — are checked by size only.
+    """
     if state.inline is not None:
         inline_parquet(state, uid)
     for handle in state.handles:
-        base.verify(handle)
+        base.verify(handle, deep=new_in is None or handle.path.startswith(new_in + "/"))
 
 
 def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
@@ -134,6 +140,9 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
             relative = f"state/{uid}/kg-00000-{state.max_parallelism - 1:05d}-0000.parquet"
             target.write_atomic(relative, data)
             handles.append(target.handle_for(relative, (0, state.max_parallelism - 1)))
+        elif any(h.delta is not None for h in state.handles):  # canonical form: deltas merged, a file per range
+            handles = _write_merged(source, state, target, uid)
+            state = dataclasses.replace(state, handles=())
         for n, handle in enumerate(state.handles):
             lo, hi = handle.key_groups or (0, 0)
             relative = f"state/{uid}/kg-{lo:05d}-{hi:05d}-{n:04d}.parquet"
@@ -147,7 +156,9 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
             if (copied.size, copied.checksum) != (handle.size, handle.checksum):
                 raise CheckpointStorageError(f"savepoint copy of {source.url(handle.path)} does not match its checksum")
             handles.append(copied)
-        operators[uid] = dataclasses.replace(state, handles=tuple(handles), inline=None)
+        operators[uid] = dataclasses.replace(
+            state, handles=tuple(handles), inline=None, rows=checkpoint.operators[uid].rows
+        )
     savepoint = dataclasses.replace(
         checkpoint,
         type=CheckpointType.SAVEPOINT,
@@ -175,26 +186,24 @@ def read_state(pointer: str, operator_uid: str, spark: SparkSession | None = Non
         from airflow_provider_checkpoint.spark.state import read_state as read_spark_state
 
         return read_spark_state(spark, snapshot.base, state)
-    return _arrow_state(snapshot.base, state, operator_uid)
+    return read_table(snapshot.base, state, operator_uid)
 
 
-def _arrow_state(base: Location, state: OperatorSnapshot, uid: str) -> pa.Table:
+def _write_merged(source: Location, state: OperatorSnapshot, target: Location, uid: str) -> list[StateHandle]:
     import io
-    import json
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if state.inline is not None:
-        return pq.read_table(io.BytesIO(inline_parquet(state, uid)))
-    tables = []
-    for handle in state.handles:
-        with base.fs.open(base.path(handle.path), "rb") as f:
-            tables.append(pq.read_table(f))
-    if tables:
-        return pa.concat_tables(tables, promote_options="default")
-    names = [field["name"] for field in json.loads(state.schema)["fields"]]
-    return pa.table({name: pa.array([], pa.null()) for name in names})
+    handles = []
+    for (lo, hi), table in range_tables(source, state):
+        if not len(table):
+            continue
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer, compression="zstd")
+        relative = f"state/{uid}/kg-{lo:05d}-{hi:05d}-0000.parquet"
+        target.write_atomic(relative, buffer.getvalue())
+        handles.append(target.handle_for(relative, (lo, hi)))
+    return handles
 
 
 def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) -> str:

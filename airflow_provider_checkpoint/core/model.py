@@ -45,17 +45,23 @@ class StateHandle:
 
     ``key_groups`` is the inclusive key-group range the file holds, when it holds keyed
     state; rescaling reads files by key group, never by the Spark partition that wrote them.
+    ``delta`` is set on a file of incremental state: the id of the checkpoint whose changes
+    (new rows and tombstones of the keys that changed) it holds; unset, the file holds a
+    full version of its range.
     """
 
     path: str
     size: int
     checksum: str
     key_groups: tuple[int, int] | None = None
+    delta: int | None = None
 
     def to_dict(self) -> JsonDict:
         d: JsonDict = {"path": self.path, "size": self.size, "checksum": self.checksum}
         if self.key_groups is not None:
             d["key_groups"] = list(self.key_groups)
+        if self.delta is not None:
+            d["delta"] = self.delta
         return d
 
     @classmethod
@@ -71,11 +77,16 @@ class StateHandle:
             ):
                 raise f.error("key_groups", f"must be [first, last] with 0 <= first <= last < {MAX_KEY_GROUPS}", kg)
             key_groups = (kg[0], kg[1])
+        delta = f.integer("delta", 1, default=None)
+        path = f.path("path")
+        if delta is not None and (key_groups is None or not path.startswith(f"chk-{delta}/")):
+            raise f.error("delta", f"a delta needs key_groups and must lie under chk-{delta}/", delta)
         return cls(
-            path=f.path("path"),
+            path=path,
             size=f.integer("size"),
             checksum=f.string("checksum", CHECKSUM),
             key_groups=key_groups,
+            delta=delta,
         )
 
 
@@ -83,9 +94,10 @@ class StateHandle:
 class HandleScope:
     """Where the state handles of a snapshot may lie, relative to the directory they resolve under.
 
-    ``attempt_dir``: an ack's files lie in its own attempt directory. Otherwise a
-    checkpoint's files lie in ``chk-<n>/`` with ``n`` at most its own id (or ``shared/``),
-    and a relocatable savepoint's in ``state/<uid>/``.
+    ``attempt_dir``: an ack's files lie in its own attempt directory, or are files of older
+    checkpoints it keeps (incremental state; finalize checks that they are its restore
+    point's). Otherwise a checkpoint's files lie in ``chk-<n>/`` with ``n`` at most its own
+    id, and a relocatable savepoint's in ``state/<uid>/``. Savepoints hold no deltas.
     """
 
     checkpoint_id: int
@@ -93,19 +105,22 @@ class HandleScope:
     """``None`` accepts either layout (a restore point passed on by the trigger)."""
     attempt_dir: str | None = None
 
-    def problem(self, uid: str, path: str) -> str | None:
+    def problem(self, uid: str, handle: StateHandle) -> str | None:
+        path = handle.path
+        m = _CHK_SEGMENT.match(path.split("/", 1)[0])
         if self.attempt_dir is not None:
-            return None if path.startswith(self.attempt_dir + "/") else f"must lie under {self.attempt_dir}/"
-        first = path.split("/", 1)[0]
+            if path.startswith(self.attempt_dir + "/") or (m and 1 <= int(m.group(1)) < self.checkpoint_id):
+                return None
+            return f"must lie under {self.attempt_dir}/ or chk-<n>/ (n < {self.checkpoint_id})"
+        if handle.delta is not None and (self.relocatable or handle.delta > self.checkpoint_id):
+            return f"a delta of checkpoint {handle.delta} cannot be part of this snapshot"
         if self.relocatable is not False and path.startswith(f"state/{uid}/"):
             return None
-        if self.relocatable is not True:
-            m = _CHK_SEGMENT.match(first)
-            if first == "shared" or (m and 1 <= int(m.group(1)) <= self.checkpoint_id):
-                return None
+        if self.relocatable is not True and m and 1 <= int(m.group(1)) <= self.checkpoint_id:
+            return None
         if self.relocatable:
             return f"must lie under state/{uid}/ of the savepoint"
-        return f"must lie under chk-<n>/ (n <= {self.checkpoint_id}) or shared/ of the job directory"
+        return f"must lie under chk-<n>/ (n <= {self.checkpoint_id}) of the job directory"
 
 
 MAX_INLINE_STATE = 64 << 20
@@ -184,7 +199,7 @@ class OperatorSnapshot:
         max_parallelism = f.integer("max_parallelism", 1, MAX_KEY_GROUPS)
         handles = f.each("handles", lambda h, name: StateHandle.from_dict(h, document, name))
         for n, handle in enumerate(handles):
-            problem = scope.problem(uid, handle.path)
+            problem = scope.problem(uid, handle)
             if problem:
                 raise f.error(f"handles[{n}].path", problem, handle.path)
             if handle.key_groups and handle.key_groups[1] >= max_parallelism:

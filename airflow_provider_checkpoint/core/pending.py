@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.core.failures import AbortReason
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, OperatorSnapshot
 
 
 class AckOutcome(enum.StrEnum):
@@ -110,8 +111,31 @@ class PendingCheckpoint:
             return {}
         return {"restored_from_url": point.location_url}
 
-    def complete(self, completion_time: float, restored_from: int | None) -> CompletedCheckpoint:
-        """The completed checkpoint, or :class:`CheckpointAborted` with the reason."""
+    def _check_kept_files(self, inheritable: Mapping[str, OperatorSnapshot]) -> None:
+        """A step's state files are its own (in its attempt directory) or files of its restore
+        point's snapshot of the same operator (``inheritable``), kept by incremental state."""
+        for ack in self.acks.values():
+            for uid, snapshot in sorted(ack.operators.items()):
+                allowed = set(inheritable[uid].handles) if uid in inheritable else set()
+                for handle in snapshot.handles:
+                    if not handle.path.startswith(ack.attempt_dir + "/") and handle not in allowed:
+                        raise CheckpointAborted(
+                            AbortReason.CORRUPT_STATE,
+                            f"checkpoint {self.checkpoint_id}: step {ack.step} lists state file {handle.path} "
+                            f"of operator {uid}, which is neither its own nor one of its restore point",
+                        )
+
+    def complete(
+        self,
+        completion_time: float,
+        restored_from: int | None,
+        inheritable: Mapping[str, OperatorSnapshot] | None = None,
+    ) -> CompletedCheckpoint:
+        """The completed checkpoint, or :class:`CheckpointAborted` with the reason.
+
+        ``inheritable``: the restore point's state in this job's directory, whose files
+        acks may keep (incremental state); none by default.
+        """
         if self.expired or completion_time > self.deadline:
             raise CheckpointAborted(
                 AbortReason.EXPIRED,
@@ -123,6 +147,7 @@ class PendingCheckpoint:
                 f"checkpoint {self.checkpoint_id}: no ack from step(s) {', '.join(self.missing_steps)}",
             )
         self._check_channel_alignment()
+        self._check_kept_files(inheritable or {})
         operators = {uid: s for ack in self.acks.values() for uid, s in ack.operators.items()}
         channels = [c for ack in self.acks.values() for c in ack.channels.values()]
         sinks = {uid: c for ack in self.acks.values() for uid, c in ack.sinks.items()}

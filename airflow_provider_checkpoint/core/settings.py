@@ -20,6 +20,8 @@ class CheckpointSettings:
     """State of an operator up to this many bytes (at most 1 MiB) travels inline in the ack and ``_metadata``."""
     max_state_size: int = 5 << 20
     """Memory checkpoint storage declines a checkpoint whose state of one operator exceeds this (at most 64 MiB)."""
+    incremental_state: bool = True
+    """State in files: a checkpoint writes only the keys that changed (see ``core.incremental``)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_storage not in ("filesystem", "memory"):

@@ -103,6 +103,12 @@ class Transform(Node):
         return self.fn(df)  # type: ignore[no-any-return]
 
 
+DELETED = "__deleted"
+"""Changelog column: the key's state is removed."""
+NEW = "__new"
+"""Changelog column: the key had no state before."""
+
+
 class StatefulOperator(Node):
     """Keyed state carried across checkpoints, over one input or several.
 
@@ -140,6 +146,16 @@ class StatefulOperator(Node):
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
         raise NotImplementedError
+
+    def changes(self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> DataFrame | None:
+        """The changelog form of :meth:`process`, used by incremental checkpoints when given.
+
+        One row per key whose state changes: the state columns with the new values, plus
+        boolean ``__deleted`` (the key's state is removed) and ``__new`` (the key had no
+        state). The operator's output is then the new rows of the changed keys. ``None``
+        (the default): the checkpoint compares :meth:`process`'s new state with the old.
+        """
+        return None
 
 
 class Union(Node):

@@ -6,7 +6,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, StatefulOperator
+from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.dataflow.graph import DELETED, NEW, Node, PipelineDefinitionError, StatefulOperator
+from airflow_provider_checkpoint.spark.state import OTHER, keys_match, other_side
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -49,8 +51,9 @@ class KeyedAggregate(StatefulOperator):
     """Running aggregates per key, merged with the state of the restore point.
 
     ``aggs`` maps an output column to ``count``, ``sum(col)``, ``min(col)`` or ``max(col)``.
-    The state holds one row per key with those columns; the output holds the new values
-    of the keys that changed in this checkpoint (suited to an upsert sink).
+    The state holds one row per key with those columns (a null key is a key too); the
+    output holds the new values of the keys that changed in this checkpoint (suited to an
+    upsert sink). Incremental checkpoints read and merge only the state of those keys.
     """
 
     def __init__(
@@ -93,20 +96,31 @@ class KeyedAggregate(StatefulOperator):
         return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
+        batch = self._partial(input)
+        new_state = self._merged(state, batch, "full_outer").drop(NEW)
+        return new_state, new_state.join(other_side(batch), keys_match(self.keys), "left_semi")
+
+    def changes(self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> DataFrame:
+        """Only the state of the keys in this checkpoint's input is read and merged."""
         from pyspark.sql import functions as F
 
-        batch = self._partial(input)
-        joined = state.alias("s").join(batch.alias("b"), list(self.keys), "full_outer")
-        merged: list[Column] = [F.col(k) for k in self.keys]
+        batch = self._partial(inputs[self.inputs[0].uid])
+        touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
+        return self._merged(touched, batch, "right").withColumn(DELETED, F.lit(False))
+
+    def _merged(self, state: DataFrame, batch: DataFrame, how: str) -> DataFrame:
+        """State and batch joined on the keys (``how``), aggregates combined; ``__new`` marks keys without state."""
+        from pyspark.sql import functions as F
+
+        joined = state.withColumn("__had_state", F.lit(True)).join(other_side(batch), keys_match(self.keys), how)
+        merged: list[Column] = [F.coalesce(F.col(k), F.col(OTHER + k)).alias(k) for k in self.keys]
         for out, (fn, _) in self.aggs.items():
-            s, b = F.col(f"s.{out}"), F.col(f"b.{out}")
+            old, new = F.col(out), F.col(OTHER + out)
             if fn in ("count", "sum"):
-                value = F.when(s.isNull(), b).when(b.isNull(), s).otherwise(s + b)
+                value = F.when(old.isNull(), new).when(new.isNull(), old).otherwise(old + new)
             elif fn == "min":
-                value = F.least(s, b)
+                value = F.least(old, new)
             else:
-                value = F.greatest(s, b)
+                value = F.greatest(old, new)
             merged.append(value.cast(batch.schema[out].dataType).alias(out))
-        new_state = joined.select(*merged)
-        output = new_state.join(batch.select(*self.keys), list(self.keys), "left_semi")
-        return new_state, output
+        return joined.select(*merged, F.col("__had_state").isNull().alias(NEW))

@@ -149,13 +149,18 @@ def read_ack(storage: JobStorage, plan: CheckpointPlan, step: str, attempt: int)
     want = (plan.job_id, plan.checkpoint_id, step, attempt, attempt_dir)
     if got != want:
         raise StepDeclined(AbortReason.DECLINED, f"ack {where} is for {got}, expected {want}", False)
-    for snapshot in ack.operators.values():
+    restored = plan.restore_point.operators if plan.restore_point else {}
+    for uid, snapshot in ack.operators.items():
+        kept = set(restored[uid].handles) if uid in restored else set()
         for handle in snapshot.handles:
-            if not handle.path.startswith(f"{attempt_dir}/"):
+            own = handle.path.startswith(f"{attempt_dir}/")
+            if not own and handle not in kept:
                 raise StepDeclined(
-                    AbortReason.DECLINED, f"ack {where} names {handle.path} outside {attempt_dir}", False
+                    AbortReason.DECLINED,
+                    f"ack {where} names {handle.path}, neither in {attempt_dir} nor kept from its restore point",
+                    False,
                 )
-            storage.verify(handle)
+            storage.verify(handle, deep=own)
     storage.delete(f"{attempt_dir}/{ACK_FILE}")
     return ack
 

@@ -25,8 +25,8 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Union,
 )
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
+from airflow_provider_checkpoint.spark.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.spark.context import StepContext
-from airflow_provider_checkpoint.spark.state import read_state, write_state
 from airflow_provider_checkpoint.storage import JobStorage, Location
 
 if TYPE_CHECKING:
@@ -121,33 +121,23 @@ def run_step(
             elif isinstance(node, Union):
                 outputs[node.uid] = node.apply([outputs[n.uid] for n in node.inputs])
             elif isinstance(node, StatefulOperator):
-                upstream = {n.uid: outputs[n.uid] for n in node.inputs}
-                restored = restore.operators.get(node.uid) if restore else None
-                state = (
-                    read_state(spark, restore_base, restored)
-                    if restored is not None
-                    else node.initial_state(spark, upstream)
-                )
-                new_state, output = node.process(upstream, state, plan.barrier)
-                fault_point("step.before_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
-                snapshot = write_state(
+                result = checkpoint_operator(
                     spark,
                     storage,
                     f"{ctx.attempt_dir}/state/{node.uid}",
-                    new_state,
-                    node.keys,
-                    node.max_parallelism,
-                    inline_threshold=settings.inline_state_threshold,
-                    max_inline=settings.max_inline_state,
-                    uid=node.uid,
+                    ctx.checkpoint_id,
+                    node,
+                    {n.uid: outputs[n.uid] for n in node.inputs},
+                    plan.barrier,
+                    restore.operators.get(node.uid) if restore else None,
+                    restore_base,
+                    settings,
+                    {"step": step, "attempt": attempt},
                 )
-                fault_point("step.after_state_write", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
-                snapshots[node.uid] = snapshot
-                ctx.add_metric("state_rows", snapshot.rows)
-                ctx.add_metric("state_bytes", snapshot.size)
-                ctx.add_metric("state_files", len(snapshot.handles))
-                ctx.add_metric("state_inline", int(snapshot.inline is not None))
-                outputs[node.uid] = output
+                snapshots[node.uid] = result.snapshot
+                for name, value in result.metrics.items():
+                    ctx.add_metric(name, value)
+                outputs[node.uid] = result.output
             elif isinstance(node, Channel) and graph.channel_steps[node.uid] == step:
                 produced[node.uid] = write_channel(
                     storage, f"{ctx.attempt_dir}/channels/{node.uid}", outputs[node.inputs[0].uid]

@@ -1,21 +1,33 @@
-"""Keyed state as Parquet, grouped by key-group range: written per checkpoint, verified on load."""
+"""Keyed state as Parquet, grouped by key-group range: written per checkpoint, verified on load.
+
+A full version holds one row per key. A delta (incremental state, see
+:mod:`~airflow_provider_checkpoint.core.incremental`) holds the keys that changed in one
+checkpoint: their new rows, or a tombstone (``__deleted``), and that checkpoint's id
+(``__seq``). Reading merges them: per key the newest row wins, a tombstone deletes.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.core.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
-from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot
+from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-ROWS_PER_FILE = 1_000_000
+SEQ = "__seq"
 _RANGE_DIR = re.compile(r"/kgr=(\d+)/[^/]+\.parquet$")
+BROADCAST_BYTES = 64 << 20
+"""Deltas up to this size are broadcast when merged with a full version (no shuffle of the full version)."""
 
 
 def key_group(keys: tuple[str, ...], max_parallelism: int) -> Column:
@@ -25,12 +37,39 @@ def key_group(keys: tuple[str, ...], max_parallelism: int) -> Column:
     return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(max_parallelism))
 
 
+def range_index(keys: tuple[str, ...], max_parallelism: int, parallelism: int) -> Column:
+    """The index of the key-group range (out of ``parallelism``) a row belongs to."""
+    from pyspark.sql import functions as F
+
+    return F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
+
+
+OTHER = "__other_"
+"""Prefix of the columns of a join's other side (:func:`other_side`): joins by name stay unambiguous."""
+
+
+def other_side(df: DataFrame) -> DataFrame:
+    """``df`` with every column prefixed by :data:`OTHER`, for :func:`keys_match`."""
+    from pyspark.sql import functions as F
+
+    return df.select(*[F.col(c).alias(OTHER + c) for c in df.columns])
+
+
+def keys_match(keys: Sequence[str]) -> Column:
+    """Join condition with an :func:`other_side`: equal keys, a null key equal to a null key
+    (state has one row per key, null or not)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    return reduce(lambda a, b: a & b, [F.col(k).eqNullSafe(F.col(OTHER + k)) for k in keys])
+
+
 class StateTooLargeError(ValueError):
     """State exceeds ``max_state_size`` of memory checkpoint storage; the message says what to change."""
 
 
 def write_state(
-    spark: SparkSession,
     storage: Location,
     directory: str,
     state: DataFrame,
@@ -44,13 +83,11 @@ def write_state(
     """Write ``state`` under ``directory`` (job-relative), one file per key-group range.
 
     ``parallelism`` is the number of key-group ranges (files); by default one per
-    ``ROWS_PER_FILE`` rows, at most ``spark.sql.shuffle.partitions``. Any later read may
-    use any other parallelism. State whose Parquet form is at most ``inline_threshold``
+    :data:`~airflow_provider_checkpoint.core.incremental.RANGE_ROWS` rows. Any later read
+    may use any other parallelism. State whose Parquet form is at most ``inline_threshold``
     bytes is kept inline instead (no file). ``max_inline`` set means memory checkpoint
     storage: all state inline, and :class:`StateTooLargeError` above that size.
     """
-    from pyspark.sql import functions as F
-
     state = state.persist()
     rows = state.count()
     limit = max_inline if max_inline is not None else inline_threshold
@@ -67,24 +104,8 @@ def write_state(
             "checkpoint storage (state is kept inline, at most one row per byte); raise max_state_size "
             "(at most 64 MiB) or use checkpoint_storage='filesystem'"
         )
-    if parallelism is None:
-        ceiling = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
-        parallelism = min(ceiling, -(-rows // ROWS_PER_FILE))
-    parallelism = max(1, min(max_parallelism, parallelism))
-    index = F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
-    if rows:
-        (
-            state.withColumn("kgr", index)
-            .repartitionByRange(parallelism, "kgr")
-            .write.partitionBy("kgr")
-            .parquet(storage.url(directory))
-        )
-    handles = []
-    for full in sorted(storage.fs.glob(storage.path(f"{directory}/kgr=*/*.parquet"))):
-        match = _RANGE_DIR.search(full)
-        assert match, full
-        kg = range_for_index(max_parallelism, parallelism, int(match.group(1)))
-        handles.append(storage.handle_for(storage.relative(full), kg))
+    parallelism = max(1, min(max_parallelism, parallelism or ranges_for(rows, max_parallelism)))
+    handles = write_ranges(storage, directory, state, keys, max_parallelism, parallelism) if rows else []
     return OperatorSnapshot(
         handles=tuple(handles),
         schema=state.schema.json(),
@@ -92,6 +113,33 @@ def write_state(
         max_parallelism=max_parallelism,
         rows=rows,
     )
+
+
+def write_ranges(
+    storage: Location,
+    directory: str,
+    rows: DataFrame,
+    keys: tuple[str, ...],
+    max_parallelism: int,
+    parallelism: int,
+    delta: int | None = None,
+) -> list[StateHandle]:
+    """Write ``rows`` under ``directory``, one file per key-group range (of ``parallelism``) that
+    has rows, and return their handles (``delta``: the checkpoint id of a delta's files)."""
+    (
+        rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+        .repartitionByRange(parallelism, "kgr")
+        .write.partitionBy("kgr")
+        .parquet(storage.url(directory))
+    )
+    handles = []
+    for full in sorted(storage.fs.glob(storage.path(f"{directory}/kgr=*/*.parquet"))):
+        match = _RANGE_DIR.search(full)
+        assert match, full
+        span = range_for_index(max_parallelism, parallelism, int(match.group(1)))
+        handle = storage.handle_for(storage.relative(full), span)
+        handles.append(StateHandle(handle.path, handle.size, handle.checksum, span, delta))
+    return handles
 
 
 def _parquet_bytes(state: DataFrame) -> bytes:
@@ -104,11 +152,14 @@ def _parquet_bytes(state: DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapshot) -> DataFrame:
-    """The state of ``snapshot``, after verifying every file's (or the inline state's) size and checksum."""
-    from pyspark.sql.types import StructType
+def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapshot, verify: bool = True) -> DataFrame:
+    """The state of ``snapshot``: full versions merged with their deltas.
 
-    schema = StructType.fromJson(json.loads(snapshot.schema))
+    Every file (or the inline state) is checked first: present with its size, and with
+    ``verify`` its SHA-256 too (a step continuing its own checkpoints skips the re-hash:
+    each file was hashed when written, and Parquet page checksums are verified on read).
+    """
+    schema = state_schema(snapshot)
     if snapshot.inline is not None:
         import io
 
@@ -116,8 +167,48 @@ def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapsho
 
         table = pq.read_table(io.BytesIO(inline_parquet(snapshot, storage.url())))
         return spark.createDataFrame(table, schema)
-    if not snapshot.handles:
-        return spark.createDataFrame([], schema)
     for handle in snapshot.handles:
-        storage.verify(handle)
-    return spark.read.schema(schema).parquet(*[storage.url(h.path) for h in snapshot.handles])
+        storage.verify(handle, deep=verify)
+    base, deltas = merge_order(snapshot.handles)
+    full = read_files(spark, storage, base, schema)
+    if not deltas:
+        return full
+    changes = read_files(spark, storage, [h for _, hs in deltas for h in hs], delta_schema(schema))
+    small = sum(h.size for _, hs in deltas for h in hs) <= BROADCAST_BYTES
+    return merge(full, changes, snapshot.keys, small)
+
+
+def state_schema(snapshot: OperatorSnapshot) -> StructType:
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(snapshot.schema))
+
+
+def delta_schema(schema: StructType) -> StructType:
+    """The columns of a delta file: the state's, a tombstone flag and the checkpoint id."""
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    reserved = {DELETED, SEQ} & set(schema.fieldNames())
+    if reserved:
+        raise ValueError(f"state columns {sorted(reserved)} are reserved for incremental checkpoints: rename them")
+    return StructType([*schema.fields, StructField(DELETED, BooleanType()), StructField(SEQ, LongType())])
+
+
+def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool = True) -> DataFrame:
+    """Full-version rows overlaid with delta rows (``changes``): per key the newest delta row
+    wins over older ones and over the full version; a tombstone deletes the key."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    newest = Window.partitionBy(*[F.col(k) for k in keys]).orderBy(F.col(SEQ).desc())
+    latest = changes.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
+    changed = other_side(latest.select(*keys))
+    kept = full.join(F.broadcast(changed) if small else changed, keys_match(keys), "left_anti")
+    return kept.unionByName(latest.where(~F.col(DELETED)).select(*full.columns))
+
+
+def read_files(spark: SparkSession, storage: Location, handles: Sequence[StateHandle], schema: StructType) -> DataFrame:
+    """The rows of the state files ``handles`` (unchecked), read with ``schema``."""
+    if not handles:
+        return spark.createDataFrame([], schema)
+    return spark.read.schema(schema).parquet(*[storage.url(h.path) for h in handles])

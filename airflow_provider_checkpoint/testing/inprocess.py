@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.faults import InjectedFault
-from airflow_provider_checkpoint.core.model import Ack, CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import Ack, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph, collecting
 from airflow_provider_checkpoint.spark.runner import run_step
@@ -42,16 +42,24 @@ class Job:
     timings: list[dict[str, float]] = field(default_factory=list)
     """Per checkpoint: seconds spent in trigger, steps and finalize."""
 
-    def checkpoint(self, during: Callable[[], None] | None = None) -> CompletedCheckpoint:
+    def checkpoint(
+        self, during: Callable[[], None] | None = None, savepoint_target: str | None = None
+    ) -> CompletedCheckpoint:
         """One checkpoint, steps in dependency order, channels passed on as the operator does.
 
         ``during`` lands files after the barrier is cut, before the steps read. A step that
         hits an injected fault (``CHECKPOINT_FAULTS``) is retried alone, as Airflow would.
+        ``savepoint_target`` makes it a savepoint written there.
         """
         self.checkpoints += 1
         now = T0 + 100 * self.checkpoints
         started = time.perf_counter()
-        plan = self.coordinator.trigger(f"run-{self.checkpoints}", now=now)
+        if savepoint_target:
+            plan = self.coordinator.trigger(
+                f"run-{self.checkpoints}", CheckpointType.SAVEPOINT, now, {"savepoint_target": savepoint_target}
+            )
+        else:
+            plan = self.coordinator.trigger(f"run-{self.checkpoints}", now=now)
         triggered = time.perf_counter()
         if during:
             during()
@@ -88,6 +96,6 @@ def make_job(spark: SparkSession, tmp: Path, declare: Callable[[Path], None], **
         declare(tmp)
     graph = PipelineGraph(nodes)
     storage = JobStorage.for_job(f"file://{tmp}/ckpt", "multi")
-    config = CheckpointSettings(retained_checkpoints=10, **settings)
+    config = CheckpointSettings(**{"retained_checkpoints": 10, **settings})
     roots = [storage.url(), f"file://{tmp}/savepoints"]
     return Job(spark, tmp, graph, storage, CheckpointCoordinator(storage, graph, config, None, roots))

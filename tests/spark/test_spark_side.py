@@ -46,7 +46,7 @@ def test_python_pyspark_matches_jvm(spark):
 def test_state_round_trip_with_checksums(spark, tmp_path):
     storage = JobStorage.for_job(str(tmp_path), "job")
     truth = pd.DataFrame({"k": [f"key{i}" for i in range(500)], "v": list(range(500))})
-    snapshot = write_state(spark, storage, "chk-1/s/attempt-1/state/op", spark.createDataFrame(truth), ("k",), 128, 4)
+    snapshot = write_state(storage, "chk-1/s/attempt-1/state/op", spark.createDataFrame(truth), ("k",), 128, 4)
 
     assert snapshot.rows == 500
     ranges = sorted(h.key_groups for h in snapshot.handles if h.key_groups)
@@ -84,7 +84,7 @@ def test_rescaling_state_gives_same_result(spark, tmp_path, write_parallelism, r
     )
     batch1 = spark.createDataFrame(first)
     state1, _ = op.apply(batch1, op.initial_state(spark, {op.inputs[0].uid: batch1}))
-    snapshot = write_state(spark, storage, "chk-1/s/attempt-1/state/views", state1, ("page",), 128, write_parallelism)
+    snapshot = write_state(storage, "chk-1/s/attempt-1/state/views", state1, ("page",), 128, write_parallelism)
 
     restored = read_state(spark, storage, snapshot).repartition(read_partitions)
     assert restored.rdd.getNumPartitions() == read_partitions

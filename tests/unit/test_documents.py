@@ -10,7 +10,7 @@ import pytest
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import DocumentError, relative_path
 from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
-from airflow_provider_checkpoint.core.model import Ack, HandleScope, RestoreRequest
+from airflow_provider_checkpoint.core.model import Ack, HandleScope, RestoreRequest, StateHandle
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
@@ -44,20 +44,37 @@ def test_unsafe_relative_paths_are_refused_naming_document_field_and_value(value
     assert str(e.value).startswith("doc.json: field operators.x.path ") and repr(value)[:10] in str(e.value)
 
 
+def _h(path: str, delta: int | None = None) -> StateHandle:
+    return StateHandle(path, 1, "sha256:" + "0" * 64, (0, 127) if delta else None, delta)
+
+
 def test_handle_scopes() -> None:
     checkpoint = HandleScope(7)
-    assert checkpoint.problem("op", "chk-7/step/attempt-1/state/op/kgr=0/p.parquet") is None
-    assert checkpoint.problem("op", "chk-3/step/attempt-1/p.parquet") is None  # an older checkpoint's file
-    assert checkpoint.problem("op", "shared/op/x.parquet") is None
-    assert checkpoint.problem("op", "chk-8/step/attempt-1/p.parquet")  # a newer one cannot be referenced
-    assert checkpoint.problem("op", "_stats/1.json")
+    assert checkpoint.problem("op", _h("chk-7/step/attempt-1/state/op/kgr=0/p.parquet")) is None
+    assert checkpoint.problem("op", _h("chk-3/step/attempt-1/p.parquet")) is None  # an older checkpoint's file
+    assert checkpoint.problem("op", _h("chk-3/step/attempt-1/p.parquet", delta=3)) is None
+    assert checkpoint.problem("op", _h("shared/op/x.parquet"))
+    assert checkpoint.problem("op", _h("chk-8/step/attempt-1/p.parquet"))  # a newer one cannot be referenced
+    assert checkpoint.problem("op", _h("_stats/1.json"))
     savepoint = HandleScope(7, relocatable=True)
-    assert savepoint.problem("op", "state/op/kg-00000-00127-0000.parquet") is None
-    assert savepoint.problem("op", "state/other/kg.parquet")
-    assert savepoint.problem("op", "chk-7/x.parquet")
+    assert savepoint.problem("op", _h("state/op/kg-00000-00127-0000.parquet")) is None
+    assert savepoint.problem("op", _h("state/op/kg-00000-00127-0000.parquet", delta=3))  # savepoints hold no deltas
+    assert savepoint.problem("op", _h("state/other/kg.parquet"))
+    assert savepoint.problem("op", _h("chk-7/x.parquet"))
     ack = HandleScope(7, attempt_dir="chk-7/step_a/attempt-2")
-    assert ack.problem("op", "chk-7/step_a/attempt-2/state/op/p.parquet") is None
-    assert ack.problem("op", "chk-7/step_a/attempt-1/state/op/p.parquet")
+    assert ack.problem("op", _h("chk-7/step_a/attempt-2/state/op/p.parquet")) is None
+    assert ack.problem("op", _h("chk-6/step_a/attempt-1/state/op/p.parquet")) is None  # kept from its restore point
+    assert ack.problem("op", _h("chk-7/step_a/attempt-1/state/op/p.parquet"))
+    assert ack.problem("op", _h("_stats/1.json"))
+
+
+def test_a_delta_lies_in_the_directory_of_its_checkpoint() -> None:
+    good = {"path": "chk-5/s/attempt-1/state/op/delta/kgr=0/p.parquet", "size": 1, "checksum": "sha256:" + "0" * 64}
+    assert StateHandle.from_dict({**good, "key_groups": [0, 63], "delta": 5}).delta == 5
+    with pytest.raises(DocumentError, match="delta"):
+        StateHandle.from_dict({**good, "key_groups": [0, 63], "delta": 4})
+    with pytest.raises(DocumentError, match="delta"):
+        StateHandle.from_dict({**good, "delta": 5})
 
 
 def test_metadata_with_an_escaping_handle_names_the_field() -> None:

@@ -1,0 +1,208 @@
+"""Checkpointing one stateful operator: a full version of its state, or only what changed.
+
+A checkpoint continues its restore point incrementally when that is a checkpoint of this
+job in this storage with its state in files (not a savepoint, not inline state, not memory
+storage): it writes a delta per key-group range with the changed keys, compacts the ranges
+:meth:`StateLayout.to_compact` picks, and lists the files of the restore point it keeps.
+Otherwise it writes a full version (and the next checkpoint continues from that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.incremental import StateLayout
+from airflow_provider_checkpoint.core.keygroups import index_for_key_group
+from airflow_provider_checkpoint.core.model import Barrier, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.graph import DELETED, NEW, StatefulOperator
+from airflow_provider_checkpoint.spark.state import (
+    OTHER,
+    SEQ,
+    delta_schema,
+    keys_match,
+    merge,
+    other_side,
+    range_index,
+    read_files,
+    read_state,
+    state_schema,
+    write_ranges,
+    write_state,
+)
+from airflow_provider_checkpoint.storage import Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class OperatorCheckpoint:
+    """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack."""
+
+    snapshot: OperatorSnapshot
+    output: DataFrame
+    metrics: dict[str, int]
+
+
+def checkpoint_operator(
+    spark: SparkSession,
+    storage: Location,
+    directory: str,
+    checkpoint_id: int,
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    barrier: Barrier,
+    restored: OperatorSnapshot | None,
+    restore_base: Location,
+    settings: CheckpointSettings,
+    where: Mapping[str, object],
+) -> OperatorCheckpoint:
+    """Run ``node`` over ``inputs`` from the ``restored`` state and write its new state under ``directory``.
+
+    ``where`` names the step attempt at fault points (``step`` and ``attempt``).
+    """
+    layout = None
+    own = restore_base.url() == storage.url()
+    if restored is not None and own and settings.incremental_state and settings.max_inline_state is None:
+        layout = StateLayout.of(restored)
+    if layout is not None and restored is not None and not layout.outgrown(restored.rows):
+        state = read_state(spark, storage, restored, verify=False)
+        changelog, output = node.changes(inputs, state, barrier), None
+        if changelog is None:
+            new_state, output = node.process(inputs, state, barrier)
+            changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
+        if changelog is not None and _same_columns(changelog, restored):
+            return _incremental(storage, directory, checkpoint_id, node, restored, layout, changelog, output, where)
+    state = (
+        read_state(spark, restore_base, restored, verify=False)
+        if restored is not None
+        else node.initial_state(spark, inputs)
+    )
+    new_state, output = node.process(inputs, state, barrier)
+    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
+    snapshot = write_state(
+        storage,
+        directory,
+        new_state,
+        node.keys,
+        node.max_parallelism,
+        inline_threshold=settings.inline_state_threshold,
+        max_inline=settings.max_inline_state,
+        uid=node.uid,
+    )
+    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
+    metrics = {"state_rows": snapshot.rows, "state_bytes": snapshot.size, "state_files": len(snapshot.handles)}
+    if snapshot.inline is not None:
+        metrics["state_inline"] = 1
+    return OperatorCheckpoint(snapshot, output, {**metrics, "state_size": snapshot.size})
+
+
+def diff(old: DataFrame, new: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """The changelog from state ``old`` to ``new``: one row per key added, changed or removed."""
+    from pyspark.sql import functions as F
+
+    values = [c for c in new.columns if c not in keys]
+    joined = new.withColumn("__in_new", F.lit(True)).join(
+        other_side(old.withColumn("__in_old", F.lit(True))), keys_match(keys), "full_outer"
+    )
+    in_new, in_old = F.col("__in_new").isNotNull(), F.col(OTHER + "__in_old").isNotNull()
+    same = (
+        F.struct(*[F.col(c) for c in values]).eqNullSafe(F.struct(*[F.col(OTHER + c).alias(c) for c in values]))
+        if values
+        else F.lit(True)
+    )
+    return joined.where(~in_new | ~in_old | ~same).select(
+        *[F.coalesce(F.col(k), F.col(OTHER + k)).alias(k) for k in keys],
+        *values,
+        (~in_new).alias(DELETED),
+        (~in_old).alias(NEW),
+    )
+
+
+def _same_columns(df: DataFrame, snapshot: OperatorSnapshot) -> bool:
+    """The state columns (names and types, in order) of ``df`` are those of ``snapshot``."""
+    schema = state_schema(snapshot)
+    columns = [(f.name, f.dataType) for f in df.schema.fields if f.name not in (DELETED, NEW)]
+    return columns == [(f.name, f.dataType) for f in schema.fields]
+
+
+def _incremental(
+    storage: Location,
+    directory: str,
+    checkpoint_id: int,
+    node: StatefulOperator,
+    restored: OperatorSnapshot,
+    layout: StateLayout,
+    changelog: DataFrame,
+    output: DataFrame | None,
+    where: Mapping[str, object],
+) -> OperatorCheckpoint:
+    """Write the changed keys as deltas (compacting the chosen ranges instead) next to the kept files.
+
+    ``output`` ``None``: the output is the new rows of the changed keys (:meth:`StatefulOperator.changes`).
+    """
+    from pyspark.sql import functions as F
+
+    keys, max_parallelism, parallelism = node.keys, node.max_parallelism, layout.parallelism
+    columns = state_schema(restored).fieldNames()
+    changelog = (
+        changelog.select(*columns, F.col(DELETED).cast("boolean"), F.col(NEW).cast("boolean"))
+        .withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+        .persist()
+    )
+    counts = changelog.agg(
+        F.count(F.lit(1)).alias("changed"),
+        F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
+        F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
+    ).first()
+    assert counts is not None
+    compact = layout.to_compact()
+    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
+    newest = changelog.withColumn(SEQ, F.lit(checkpoint_id).cast("long")).drop(NEW)
+    written: dict[int, list[StateHandle]] = {}
+    if counts["changed"]:
+        delta = newest.where(~F.col("kgr").isin(compact)).drop("kgr")
+        for handle in write_ranges(
+            storage, f"{directory}/delta", delta, keys, max_parallelism, parallelism, checkpoint_id
+        ):
+            written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
+    compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
+    if compact:
+        fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)
+        kept = [h for i in compact for h in layout.ranges[i].handles]
+        spark = changelog.sparkSession
+        schema = state_schema(restored)
+        full = read_files(spark, storage, [h for h in kept if h.delta is None], schema)
+        older = read_files(spark, storage, [h for h in kept if h.delta is not None], delta_schema(schema))
+        merged = merge(full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys)
+        for handle in write_ranges(storage, f"{directory}/compacted", merged, keys, max_parallelism, parallelism):
+            compacted[_index(handle, max_parallelism, parallelism)].append(handle)
+    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
+    new_files = [h for hs in (*written.values(), *compacted.values()) for h in hs]
+    snapshot = OperatorSnapshot(
+        handles=layout.handles_after(written, compacted),
+        schema=restored.schema,
+        keys=keys,
+        max_parallelism=max_parallelism,
+        rows=restored.rows + counts["inserted"] - counts["deleted"],
+    )
+    metrics = {
+        "state_rows": snapshot.rows,
+        "state_bytes": sum(h.size for h in new_files),
+        "state_files": len(new_files),
+        "state_keys_changed": counts["changed"],
+        "state_ranges_compacted": len(compact),
+        "state_size": snapshot.size,
+    }
+    if output is None:
+        output = changelog.where(~F.col(DELETED)).select(*columns)
+    return OperatorCheckpoint(snapshot, output, metrics)
+
+
+def _index(handle: StateHandle, max_parallelism: int, parallelism: int) -> int:
+    assert handle.key_groups is not None
+    return index_for_key_group(max_parallelism, parallelism, handle.key_groups[0])
