@@ -2,14 +2,15 @@
 
 The real Airflow services (LocalExecutor) run, alternately, a single-step variant of the
 example pipeline and a two-input, two-step pipeline (orders enriched with customers,
-joined by a channel) while input keeps growing; their steps run in ``connect`` mode,
-through a ``spark_connect`` connection, on a Spark Connect server started by the test
-(the other tests cover the embedded ``local`` mode). Before every DAG run the test
-writes one fault from the list below into ``CHECKPOINT_FAULTS_FILE`` (re-read by every
-fault point of every task process, so a step fault hits both steps of the two-step
-pipeline); the run may succeed, be retried by Airflow, or fail. After a last clean run
-of each, every table must equal the ground truth computed by pandas over all input, and
-the storage audit must find nothing orphaned.
+joined by a channel), both keeping incremental state in files, while input keeps
+growing; their steps run in ``connect`` mode, through a ``spark_connect`` connection, on
+a Spark Connect server started by the test (the other tests cover the embedded ``local``
+mode). Before every DAG run the test writes one fault from the list below into
+``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a
+step fault hits both steps of the two-step pipeline); the run may succeed, be retried by
+Airflow, or fail. After a last clean run of each, every table must equal the ground
+truth computed by pandas over all input, and the storage audit must find nothing
+orphaned.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
 """
@@ -49,6 +50,7 @@ with CheckpointedPipeline(
     dag_id="chaos_clickstream",
     schedule=None,
     retained_checkpoints=3,
+    inline_state_threshold=0,  # state in files: incremental, deltas and compactions in most checkpoints
     tolerable_failed_checkpoints=10_000,
     step_retries=2,
     finalize_retries=1,
@@ -83,6 +85,7 @@ with CheckpointedPipeline(
     dag_id="chaos_orders",
     schedule=None,
     retained_checkpoints=3,
+    inline_state_threshold=0,
     tolerable_failed_checkpoints=10_000,
     step_retries=2,
     finalize_retries=1,
@@ -110,6 +113,8 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
     "none": (3, []),
     "step fails before writing state (attempt 1)": (2, ["step.before_state_write:attempt=1"]),
     "step fails after writing state (attempt 1)": (2, ["step.after_state_write:attempt=1"]),
+    "step fails while compacting state (attempt 1)": (2, ["step.during_compaction:attempt=1"]),
+    "step SIGKILLed while compacting state (attempt 1)": (1, ["step.during_compaction:attempt=1:action=kill"]),
     "step fails before its ack (attempt 1)": (2, ["step.before_ack:attempt=1"]),
     "step SIGKILLed before its ack (attempt 1)": (2, ["step.before_ack:attempt=1:action=kill"]),
     "step storage error on every attempt": (1, ["step.before_state_write:action=oserror"]),

@@ -16,6 +16,7 @@ import random
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_checkpoint.audit import audit_job
@@ -28,7 +29,7 @@ from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
 SEED = int(os.environ.get("INCREMENTAL_SEED", "7"))
-USERS = 400
+USERS = 40
 
 
 def _totals(events, state):  # a state function that deletes keys: a user whose total hits a multiple of 5 is reset
@@ -111,7 +112,7 @@ def _sorted(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     )
 
 
-def _check(job: Job, truth: Truth, checkpoint_id: int, spark_too: bool = False) -> None:
+def _check(job: Job, truth: Truth, checkpoint_id: int) -> None:
     pointer = job.storage.url(job.storage.chk_dir(checkpoint_id))
     for uid, want, keys in (
         ("views", truth.views(checkpoint_id), ["user", "page"]),
@@ -120,9 +121,8 @@ def _check(job: Job, truth: Truth, checkpoint_id: int, spark_too: bool = False) 
         got = read_state(pointer, uid).to_pandas()
         pd.testing.assert_frame_equal(_sorted(got, keys), _sorted(want, keys), check_dtype=False)
         assert job.storage.load_completed(checkpoint_id).operators[uid].rows == len(want)
-        if spark_too:
-            back = read_state(pointer, uid, spark=job.spark).toPandas()
-            pd.testing.assert_frame_equal(_sorted(back, keys), _sorted(want, keys), check_dtype=False)
+        back = read_state(pointer, uid, spark=job.spark).toPandas()  # what the next step reads
+        pd.testing.assert_frame_equal(_sorted(back, keys), _sorted(want, keys), check_dtype=False)
 
 
 def _tables_match(base: Path, truth: Truth, checkpoint_id: int) -> None:
@@ -135,8 +135,8 @@ def _tables_match(base: Path, truth: Truth, checkpoint_id: int) -> None:
 
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranges of 60 rows and at most 3 deltas: ranges split, deltas pile up and compact within a few checkpoints."""
-    monkeypatch.setattr(incremental, "RANGE_ROWS", 60)
+    """Ranges of 10 rows and at most 3 deltas: ranges split, deltas pile up and compact within a few checkpoints."""
+    monkeypatch.setattr(incremental, "RANGE_ROWS", 10)
     monkeypatch.setattr(incremental, "MAX_DELTAS", 3)
 
 
@@ -146,10 +146,12 @@ def test_incremental_state_equals_full_recomputation(spark, tmp_path, small_rang
     truth = Truth()
     savepoint: tuple[str, int] | None = None
     latest = 0
-    seen_delta = seen_compaction = False
-    for step in range(1, 15):
-        actions = ["increment"] * 5 + ["restore", "restore savepoint", "savepoint", "abort", "rescale"]
-        action = rng.choice(actions) if step > 3 else "increment"
+    seen_delta = seen_compaction = seen_tombstone = False
+    actions = ["restore", "savepoint", "restore savepoint", "abort", "rescale", "rescale", *["increment"] * 5]
+    rng.shuffle(actions)
+    first, second = actions.index("savepoint"), actions.index("restore savepoint")
+    actions[min(first, second)], actions[max(first, second)] = "savepoint", "restore savepoint"
+    for step, action in enumerate(["increment"] * 3 + actions, start=1):
         restored_from = latest
         if action == "restore" and len(job.storage.completed_ids()) > 1:
             restored_from = rng.choice(job.storage.completed_ids()[:-1])
@@ -176,10 +178,13 @@ def test_incremental_state_equals_full_recomputation(spark, tmp_path, small_rang
             written = json.loads((tmp_path / "savepoints" / f"sp-{step}" / "_metadata").read_text())
             assert all("delta" not in h for op in written["operators"].values() for h in op["handles"])
         handles = [h for op in completed.operators.values() for h in op.handles]
+        for h in handles:
+            if h.delta == cid:
+                seen_tombstone |= pq.read_table(job.storage.path(h.path))["__deleted"].to_pylist().count(True) > 0
         seen_delta |= any(h.delta == cid for h in handles)
         seen_compaction |= any(f"chk-{cid}/" in h.path and "/compacted/" in h.path for h in handles)
-        _check(job, truth, cid, spark_too=action in ("rescale", "savepoint"))
+        _check(job, truth, cid)
         _tables_match(tmp_path, truth, cid)
         assert audit_job(job.storage, 3, job.graph.sinks) == []
         spark.conf.set("spark.sql.shuffle.partitions", "8")
-    assert seen_delta and seen_compaction
+    assert seen_delta and seen_compaction and seen_tombstone

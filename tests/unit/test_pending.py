@@ -217,3 +217,33 @@ def test_a_step_must_read_the_channel_of_the_accepted_upstream_attempt() -> None
     aligned = replace(stale_read, attempt=2, inputs={"ch": upstream.attempt_dir})
     pending.acknowledge(aligned, T0)
     assert pending.complete(T0 + 1, None).stats["channel_rows"] == 3
+
+
+def _keeping(ack: Ack, kept: StateHandle) -> Ack:
+    """``ack`` with its operator also listing ``kept``, a file of an older checkpoint."""
+    uid, snapshot = next(iter(ack.operators.items()))
+    operators = {uid: OperatorSnapshot((kept, *snapshot.handles), "{}", ("k",), 128)}
+    return Ack(ack.job_id, ack.checkpoint_id, ack.step, ack.attempt, operators, ack.sinks, {}, ack.attempt_dir)
+
+
+def test_an_ack_keeps_only_files_of_its_restore_point() -> None:
+    kept = StateHandle("chk-3/step_one/attempt-1/state/op_step_one/kgr=0/f", 10, "sha256:k", (0, 127))
+    point = {"op_step_one": OperatorSnapshot((kept,), "{}", ("k",), 128)}
+    for inheritable, ok in (
+        (point, True),
+        (None, False),
+        ({"op_step_one": OperatorSnapshot((), "{}", ("k",), 128)}, False),
+    ):
+        pending = PendingCheckpoint(make_plan(("step_one",)))
+        assert pending.acknowledge(_keeping(make_ack(), kept), T0) is AckOutcome.ACCEPTED
+        if ok:
+            assert pending.complete(T0 + 1, 3, inheritable).operators["op_step_one"].handles[0] == kept
+        else:
+            with pytest.raises(CheckpointAborted, match="neither its own nor one of its restore point") as e:
+                pending.complete(T0 + 1, 3, inheritable)
+            assert e.value.reason is AbortReason.CORRUPT_STATE
+    forged = StateHandle(kept.path, 11, kept.checksum, kept.key_groups)  # same path, another size
+    pending = PendingCheckpoint(make_plan(("step_one",)))
+    pending.acknowledge(_keeping(make_ack(), forged), T0)
+    with pytest.raises(CheckpointAborted):
+        pending.complete(T0 + 1, 3, point)
