@@ -31,6 +31,8 @@ DEFAULT_CONF = {
     "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
     # no .crc side files next to state and table files: checksums are ours (SHA-256 in handles)
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    # state files kept from older checkpoints are not re-hashed: every page's CRC is checked on read
+    "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
 }
 
 DRIVER_JAVA_OPTIONS = (

@@ -91,7 +91,7 @@ class Truth:
 
 
 def _land(base: Path, rng: random.Random, n: int, name: str) -> pd.DataFrame:
-    hot = rng.sample(range(USERS), max(3, n // 20))  # an increment touches few keys, some many times
+    hot = rng.sample(range(USERS), min(USERS, max(3, n // 20)))  # an increment touches few keys, some many times
     rows = [
         {"user": f"u{rng.choice(hot)}", "page": f"/p{rng.randrange(4)}", "amount": rng.randrange(1, 9)}
         for _ in range(n)
@@ -188,3 +188,22 @@ def test_incremental_state_equals_full_recomputation(spark, tmp_path, small_rang
         assert audit_job(job.storage, 3, job.graph.sinks) == []
         spark.conf.set("spark.sql.shuffle.partitions", "8")
     assert seen_delta and seen_compaction and seen_tombstone
+
+
+def test_a_damaged_kept_file_fails_the_step_that_reads_it(spark, tmp_path):
+    """Kept files are not re-hashed by the step: Parquet page checksums catch a flipped byte."""
+    rng = random.Random(SEED)
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
+    _land(tmp_path, rng, 2000, "e001.json")
+    job.checkpoint()
+    _land(tmp_path, rng, 50, "e002.json")
+    second = job.checkpoint()
+    full = [h for h in second.operators["views"].handles if h.delta is None and "chk-1/" in h.path]
+    assert full and any(h.delta == 2 for h in second.operators["views"].handles)
+    victim = Path(job.storage.path(full[0].path))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0x55
+    victim.write_bytes(bytes(data))
+    _land(tmp_path, rng, 50, "e003.json")
+    with pytest.raises(Exception, match="(?i)checksum|crc|corrupt"):
+        job.checkpoint()
