@@ -36,12 +36,16 @@ log = logging.getLogger(__name__)
 
 
 def describe_metrics(metrics: JsonDict) -> str:
-    """``name value`` of every numeric metric (bytes in KiB/MiB), for one concise log line."""
+    """``name value`` of every numeric metric (sizes in KiB/MiB, counts with thousands separators),
+    for one concise log line."""
     parts = []
     for name, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        parts.append(f"{name} {_size(value) if name.endswith('_bytes') else format(value, 'g')}")
+        if name.endswith(("_bytes", "_size")):
+            parts.append(f"{name} {_size(value)}")
+        else:
+            parts.append(f"{name} {value:,}" if isinstance(value, int) else f"{name} {value:g}")
     return ", ".join(parts) or "nothing"
 
 
