@@ -93,14 +93,20 @@ class StateLayout:
     def parallelism(self) -> int:
         return len(self.ranges)
 
-    def outgrown(self, rows: int) -> bool:
-        """True when the state has so many rows per range that a full rewrite with more ranges pays."""
-        return ranges_for(rows, self.max_parallelism) >= self.parallelism * RELAYOUT_FACTOR
+    def due_for_full_version(self, rows: int) -> bool:
+        """True when writing a full version is the cheaper way on: every range is due for
+        compaction (e.g. most keys change every checkpoint), or the state has grown to
+        :data:`RELAYOUT_FACTOR` times the ranges it has (a rewrite splits it into more)."""
+        if ranges_for(rows, self.max_parallelism) >= self.parallelism * RELAYOUT_FACTOR:
+            return True
+        return len(self.to_compact()) == self.parallelism
 
-    def to_compact(self, compaction_ratio: float = COMPACTION_RATIO, max_deltas: int = MAX_DELTAS) -> list[int]:
+    def to_compact(self, compaction_ratio: float | None = None, max_deltas: int | None = None) -> list[int]:
         """Indexes of the ranges this checkpoint compacts: every due one, and the most overdue
-        one once it is ``1 - 1/ranges`` of the way (so compactions spread over checkpoints)."""
-        overdue = [r.overdue(compaction_ratio, max_deltas) for r in self.ranges]
+        one once it is ``1 - 1/ranges`` of the way (so compactions spread over checkpoints).
+        The bounds default to :data:`COMPACTION_RATIO` and :data:`MAX_DELTAS`."""
+        ratio = COMPACTION_RATIO if compaction_ratio is None else compaction_ratio
+        overdue = [r.overdue(ratio, MAX_DELTAS if max_deltas is None else max_deltas) for r in self.ranges]
         chosen = {i for i, o in enumerate(overdue) if o >= 1.0}
         worst = max(range(len(overdue)), key=lambda i: overdue[i])
         if self.parallelism > 1 and overdue[worst] >= max(0.5, 1 - 1 / self.parallelism):

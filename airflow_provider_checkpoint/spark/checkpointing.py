@@ -69,7 +69,7 @@ def checkpoint_operator(
     own = restore_base.url() == storage.url()
     if restored is not None and own and settings.incremental_state and settings.max_inline_state is None:
         layout = StateLayout.of(restored)
-    if layout is not None and restored is not None and not layout.outgrown(restored.rows):
+    if layout is not None and restored is not None and not layout.due_for_full_version(restored.rows):
         state = read_state(spark, storage, restored, verify=False)
         changelog, output = node.changes(inputs, state, barrier), None
         if changelog is None:

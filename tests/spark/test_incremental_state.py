@@ -135,9 +135,11 @@ def _tables_match(base: Path, truth: Truth, checkpoint_id: int) -> None:
 
 @pytest.fixture
 def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranges of 10 rows and at most 3 deltas: ranges split, deltas pile up and compact within a few checkpoints."""
+    """Ranges of 10 rows, at most 3 deltas, no bound by size: ranges split, deltas pile up and
+    compact (some ranges at a time) within a few checkpoints."""
     monkeypatch.setattr(incremental, "RANGE_ROWS", 10)
     monkeypatch.setattr(incremental, "MAX_DELTAS", 3)
+    monkeypatch.setattr(incremental, "COMPACTION_RATIO", 1000.0)
 
 
 def test_incremental_state_equals_full_recomputation(spark, tmp_path, small_ranges, monkeypatch):

@@ -88,7 +88,15 @@ def test_a_grown_state_is_rewritten_with_more_ranges(monkeypatch: pytest.MonkeyP
     assert ranges_for(0, MAXP) == 1 and ranges_for(250, MAXP) == 3 and ranges_for(10**9, MAXP) == MAXP
     layout = StateLayout.of(snapshot(handle(1, 0, 1)))
     assert layout is not None
-    assert not layout.outgrown(300) and layout.outgrown(301)
+    assert not layout.due_for_full_version(300) and layout.due_for_full_version(301)
+
+
+def test_a_full_version_is_written_when_every_range_is_due() -> None:
+    """Most keys change every checkpoint: a full version is cheaper than merging deltas in."""
+    one_due = StateLayout.of(snapshot(handle(1, 0, 2), handle(1, 1, 2), handle(2, 1, 2, size=200, delta=True)))
+    all_due = StateLayout.of(snapshot(*[handle(c, i, 2, size=200, delta=c == 2) for c in (1, 2) for i in (0, 1)]))
+    assert one_due is not None and one_due.to_compact() == [1] and not one_due.due_for_full_version(1000)
+    assert all_due is not None and all_due.due_for_full_version(1000)
 
 
 def test_merge_order_reads_full_versions_then_deltas_by_checkpoint() -> None:
