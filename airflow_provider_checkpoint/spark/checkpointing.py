@@ -178,7 +178,10 @@ def _incremental(
         schema = state_schema(restored)
         full = read_files(spark, storage, [h for h in kept if h.delta is None], schema)
         older = read_files(spark, storage, [h for h in kept if h.delta is not None], delta_schema(schema))
-        merged = merge(full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys)
+        layers = 1 + len({h.delta for h in kept if h.delta is not None})
+        merged = merge(
+            full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys, True, layers
+        )
         for handle in write_ranges(storage, f"{directory}/compacted", merged, keys, max_parallelism, parallelism):
             compacted[_index(handle, max_parallelism, parallelism)].append(handle)
     fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)

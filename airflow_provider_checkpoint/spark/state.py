@@ -175,7 +175,7 @@ def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapsho
         return full
     changes = read_files(spark, storage, [h for _, hs in deltas for h in hs], delta_schema(schema))
     small = sum(h.size for _, hs in deltas for h in hs) <= BROADCAST_BYTES
-    return merge(full, changes, snapshot.keys, small)
+    return merge(full, changes, snapshot.keys, small, len(deltas))
 
 
 def state_schema(snapshot: OperatorSnapshot) -> StructType:
@@ -194,14 +194,20 @@ def delta_schema(schema: StructType) -> StructType:
     return StructType([*schema.fields, StructField(DELETED, BooleanType()), StructField(SEQ, LongType())])
 
 
-def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool = True) -> DataFrame:
+def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool = True, layers: int = 2) -> DataFrame:
     """Full-version rows overlaid with delta rows (``changes``): per key the newest delta row
-    wins over older ones and over the full version; a tombstone deletes the key."""
+    wins over older ones and over the full version; a tombstone deletes the key.
+
+    ``layers``: how many checkpoints' deltas ``changes`` holds (one holds each key once:
+    no ranking needed). ``small``: broadcast the changed keys to the full version.
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    newest = Window.partitionBy(*[F.col(k) for k in keys]).orderBy(F.col(SEQ).desc())
-    latest = changes.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
+    latest = changes
+    if layers > 1:
+        newest = Window.partitionBy(*[F.col(k) for k in keys]).orderBy(F.col(SEQ).desc())
+        latest = changes.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
     changed = other_side(latest.select(*keys))
     kept = full.join(F.broadcast(changed) if small else changed, keys_match(keys), "left_anti")
     return kept.unionByName(latest.where(~F.col(DELETED)).select(*full.columns))
