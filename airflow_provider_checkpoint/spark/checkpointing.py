@@ -65,11 +65,13 @@ def checkpoint_operator(
 
     ``where`` names the step attempt at fault points (``step`` and ``attempt``).
     """
-    layout = None
     own = restore_base.url() == storage.url()
-    if restored is not None and own and settings.incremental_state and settings.max_inline_state is None:
-        layout = StateLayout.of(restored)
-    if layout is not None and restored is not None and not layout.due_for_full_version(restored.rows):
+    incremental = settings.incremental_state and settings.max_inline_state is None
+    layout = StateLayout.of(restored) if restored is not None and own and incremental else None
+    if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
+        fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
+        layout = None
+    if layout is not None and restored is not None:
         state = read_state(spark, storage, restored, verify=False)
         changelog, output = node.changes(inputs, state, barrier), None
         if changelog is None:

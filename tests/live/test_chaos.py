@@ -232,4 +232,6 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
         (base / "orders" / "marts").glob("*/_staging/chk-*")
     )
     assert staged == [], f"seed {seed}: staged sink data left behind: {staged}"
+    steps = [m for s in stats if s["status"] == "COMPLETED" for m in s.get("steps", {}).values()]
+    assert any(m.get("state_keys_changed") for m in steps), "no checkpoint continued its state incrementally"
     assert elapsed < 20 * 60, f"chaos took {elapsed:.0f}s, more than 20 minutes"
