@@ -147,6 +147,7 @@ def _incremental(
 
     ``output`` ``None``: the output is the new rows of the changed keys (:meth:`StatefulOperator.changes`).
     """
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     keys, max_parallelism, parallelism = node.keys, node.max_parallelism, layout.parallelism
@@ -156,22 +157,27 @@ def _incremental(
         .withColumn("kgr", range_index(keys, max_parallelism, parallelism))
         .persist()
     )
-    counts = changelog.agg(
-        F.count(F.lit(1)).alias("changed"),
-        F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
-        F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
-    ).first()
-    assert counts is not None
     compact = layout.to_compact()
     fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
+    observation = Observation()  # the counts come from the pass that writes the deltas
     newest = changelog.withColumn(SEQ, F.lit(checkpoint_id).cast("long")).drop(NEW)
+    delta = (
+        changelog.observe(
+            observation,
+            F.count(F.lit(1)).alias("changed"),
+            F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
+            F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
+        )
+        .where(~F.col("kgr").isin(compact))
+        .withColumn(SEQ, F.lit(checkpoint_id).cast("long"))
+        .drop(NEW, "kgr")
+    )
     written: dict[int, list[StateHandle]] = {}
-    if counts["changed"]:
-        delta = newest.where(~F.col("kgr").isin(compact)).drop("kgr")
-        for handle in write_ranges(
-            storage, f"{directory}/delta", delta, keys, max_parallelism, parallelism, checkpoint_id
-        ):
-            written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
+    for handle in write_ranges(
+        storage, f"{directory}/delta", delta, keys, max_parallelism, parallelism, checkpoint_id, spread=False
+    ):
+        written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
+    counts = observation.get
     compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
     if compact:
         fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)

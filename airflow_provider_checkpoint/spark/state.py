@@ -123,15 +123,17 @@ def write_ranges(
     max_parallelism: int,
     parallelism: int,
     delta: int | None = None,
+    spread: bool = True,
 ) -> list[StateHandle]:
     """Write ``rows`` under ``directory``, one file per key-group range (of ``parallelism``) that
-    has rows, and return their handles (``delta``: the checkpoint id of a delta's files)."""
-    (
-        rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-        .repartitionByRange(parallelism, "kgr")
-        .write.partitionBy("kgr")
-        .parquet(storage.url(directory))
-    )
+    has rows, and return their handles (``delta``: the checkpoint id of a delta's files).
+
+    ``spread``: one task per range; otherwise one task writes every range's file, which
+    suits small rows such as deltas (no sampling of range bounds, one task to schedule).
+    """
+    ranged = rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+    ranged = ranged.repartitionByRange(parallelism, "kgr") if spread else ranged.repartition(1)
+    ranged.write.partitionBy("kgr").parquet(storage.url(directory))
     handles = []
     for full in sorted(storage.fs.glob(storage.path(f"{directory}/kgr=*/*.parquet"))):
         match = _RANGE_DIR.search(full)
