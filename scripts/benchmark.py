@@ -5,6 +5,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py clickstream --increments 6 --events 200000
     .venv/bin/python scripts/benchmark.py large-state --users 1000000 --events 20000
     .venv/bin/python scripts/benchmark.py long-run --increments 100 --events 200 --users 20000
+    .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<mode>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -22,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import inprocess, longrun, report  # noqa: E402
+from bench import inprocess, longrun, report, scheduler  # noqa: E402
 from bench.workloads import DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +31,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "clickstream": (6, 200_000, 50_000),
     "large-state": (6, 20_000, 1_000_000),
     "long-run": (100, 200, 20_000),
+    "scheduler": (4, 50_000, 20_000),
 }
 PNG = "benchmark-long-run.png"
 
@@ -67,13 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = args.work.resolve()
     # the long run builds its whole key set in checkpoint 1, so any later growth is the job's age
-    workload = "large-state" if args.mode == "long-run" else args.mode
+    workload = {"long-run": "large-state", "scheduler": "clickstream"}.get(args.mode, args.mode)
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
         result = longrun.run(spec, work)
         longrun.plot(result["rows"], args.doc.parent / PNG)
         text = report.render_longrun(result, PNG)
         ok = True
+    elif args.mode == "scheduler":
+        result = scheduler.run(spec, work)
+        text = report.render_scheduler(result)
+        ok = not result["problems"]
     else:
         result = inprocess.run(spec, work, warmup=not args.no_warmup)
         text = report.render_inprocess(result)
