@@ -6,8 +6,9 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py large-state --users 1000000 --events 20000
     .venv/bin/python scripts/benchmark.py long-run --increments 100 --events 200 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
+    .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
 
-Each prints its Markdown, writes the raw figures to ``<work>/run/<mode>.json`` and replaces
+Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
 """
 
@@ -24,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import inprocess, longrun, report, scheduler  # noqa: E402
-from bench.workloads import DataSpec  # noqa: E402
+from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {  # mode: (increments, events per increment, users)
@@ -44,6 +45,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--events", type=int, help="events per increment (large-state: after the first)")
     parser.add_argument("--users", type=int, help="distinct keys")
     parser.add_argument("--pages", type=int, default=500, help="distinct pages")
+    parser.add_argument("--workload", choices=WORKLOADS, default="clickstream", help="scheduler mode's workload")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = args.work.resolve()
     # the long run builds its whole key set in checkpoint 1, so any later growth is the job's age
-    workload = {"long-run": "large-state", "scheduler": "clickstream"}.get(args.mode, args.mode)
+    workload = {"long-run": "large-state", "scheduler": args.workload}.get(args.mode, args.mode)
+    section = f"scheduler-{workload}" if args.mode == "scheduler" else args.mode
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
         result = longrun.run(spec, work)
@@ -84,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         result = inprocess.run(spec, work, warmup=not args.no_warmup)
         text = report.render_inprocess(result)
         ok = not result["problems"]
-    (work / "run" / f"{args.mode}.json").write_text(json.dumps(result, indent=1, default=jsonable))
+    (work / "run" / f"{section}.json").write_text(json.dumps(result, indent=1, default=jsonable))
     print(text)
     if not ok:
         print("\nresults NOT written to the docs: the outputs are wrong", file=sys.stderr)
         return 1
     if not args.no_doc:
-        report.write_doc(args.doc, args.mode, text)
+        report.write_doc(args.doc, section, text)
         print(f"wrote {args.doc}", file=sys.stderr)
     return 0
 
