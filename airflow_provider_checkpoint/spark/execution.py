@@ -20,6 +20,8 @@ import logging
 import os
 import sys
 import tempfile
+import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -182,6 +184,20 @@ def write_decline(storage: JobStorage, attempt_dir: str, declined: StepDeclined)
     storage.write_atomic(f"{attempt_dir}/{DECLINE_FILE}", json.dumps(record).encode())
 
 
+SUBMITTED_STEP_ENV = "CHECKPOINT_SUBMITTED_STEP"
+"""Tags every local process of a submitted step attempt, so killing the task finds them all."""
+KILL_SECONDS = 30.0
+
+
+def _running(process: Any) -> bool:
+    import psutil
+
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
 class SubmittedStep:
     """One attempt of one step, run by ``SparkSubmitHook`` in client deploy mode.
 
@@ -191,6 +207,7 @@ class SubmittedStep:
     """
 
     def __init__(self, job: CheckpointJob, conn_id: str, dag_file: str, dag_id: str, task_id: str) -> None:
+        self.tag = uuid.uuid4().hex
         self.job = job
         self.conn_id = conn_id
         self.dag_file = dag_file
@@ -226,6 +243,7 @@ class SubmittedStep:
             name=f"checkpoint-{plan.job_id}-{plan.checkpoint_id}-{step}-attempt-{attempt}",
             application_args=args,
             deploy_mode="client",
+            env_vars={SUBMITTED_STEP_ENV: self.tag},
         )
         try:
             self.hook.submit(application=str(DRIVER))
@@ -240,18 +258,37 @@ class SubmittedStep:
 
     def kill(self) -> None:
         """The hook's ``on_kill`` (kills spark-submit, i.e. the driver JVM, and cluster-side
-        work), then whatever the driver JVM started that outlived it (the Python driver)."""
+        work), then every local process this attempt started that outlived it: the Python
+        driver and its workers, found by the tag in their environment (reparented ones
+        too), until none is left or :data:`KILL_SECONDS` pass."""
         if self.hook is None:
             return
         import psutil
 
         process = getattr(self.hook, "_submit_sp", None)
         try:
-            children = psutil.Process(process.pid).children(recursive=True) if process is not None else []
+            started = psutil.Process(process.pid).children(recursive=True) if process is not None else []
         except psutil.Error:
-            children = []
+            started = []
         self.hook.on_kill()
-        for child in children:
+        deadline = time.monotonic() + KILL_SECONDS
+        while True:
+            alive = [p for p in {*started, *self._tagged()} if _running(p)]
+            if not alive or time.monotonic() > deadline:
+                break
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            psutil.wait_procs(alive, timeout=2)
+        if alive:
+            log.warning("processes of the killed step still alive: %s", sorted(p.pid for p in alive))
+
+    def _tagged(self) -> list[Any]:
+        import psutil
+
+        found = []
+        for p in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
-                child.kill()
-        psutil.wait_procs(children, timeout=10)
+                if p.environ().get(SUBMITTED_STEP_ENV) == self.tag:
+                    found.append(p)
+        return found
