@@ -1,0 +1,60 @@
+"""The scheduler mode's two DAGs over one landing directory (``BENCH_DIR``, set by the benchmark).
+
+``bench_ours``: the provider's pipeline (``FileSource`` → ``KeyedAggregate`` → upsert
+``ParquetTableSink``), one checkpoint per run. ``bench_ss``: one ``@task`` running the same job
+as a Structured Streaming query with ``availableNow`` on the RocksDB state store with changelog
+checkpointing, in the provider's embedded session (``get_spark``: same JVM options).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import dag, task
+
+from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink
+
+BASE = Path(os.environ.get("BENCH_DIR", "/tmp/checkpoint-bench/scheduler"))
+SCHEMA = "user STRING, page STRING, ts LONG"
+
+with CheckpointedPipeline(dag_id="bench_ours", schedule=None, retained_checkpoints=3) as pipeline:
+    events = FileSource(uid="events", path=str(BASE / "landing"), format="json", schema=SCHEMA)
+    totals = KeyedAggregate(
+        uid="user_totals",
+        input=events,
+        keys=["user"],
+        aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"},
+    )
+    ParquetTableSink(
+        uid="user_totals_table", input=totals, path=str(BASE / "ours" / "table"), mode="upsert", keys=["user"]
+    )
+
+bench_ours = pipeline.dag
+
+
+@dag(
+    dag_id="bench_ss",
+    schedule=None,
+    start_date=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+    catchup=False,
+    max_active_runs=1,
+)
+def bench_ss() -> None:
+    @task
+    def streaming_query(increment: str) -> dict[str, Any]:
+        """Run the query to completion on what has landed; its figures as XCom."""
+        from bench.sides import Streaming
+
+        from airflow_provider_checkpoint.spark.session import get_spark
+
+        spark = get_spark()
+        result = Streaming(spark, BASE / "ss", BASE / "landing", "rocksdb").run(int(increment))
+        return {"seconds": result.seconds, "records_in": result.records_in, "bytes_chk": result.bytes_chk}
+
+    streaming_query("{{ dag_run.conf['increment'] }}")
+
+
+bench_ss()

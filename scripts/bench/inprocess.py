@@ -1,0 +1,150 @@
+"""In-process mode: every side runs each increment in one process and one JVM, alternating.
+
+The sides share the SparkSession built by the provider's ``get_spark`` (``local[2]``, the
+embedded session's JVM options and configuration), so Structured Streaming gets exactly the
+settings our embedded step gets. Outputs are checked against a pandas ground truth.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from bench.measure import CpuMeter, elapsed, log, settle
+from bench.sides import STORES, Ours, Side, SideResult, Streaming
+from bench.workloads import DataSpec, generate, ground_truth, land, normalized
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def start_spark() -> tuple[SparkSession, float]:
+    """The provider's embedded session (same builder and options as a step task) and its start time."""
+    from airflow_provider_checkpoint.spark.session import get_spark
+
+    started = time.perf_counter()
+    spark = get_spark(master="local[2]")
+    spark.sparkContext.setLogLevel("ERROR")  # SS warns about AQE and state-store loading on every start
+    return spark, elapsed(started)
+
+
+def make_sides(spark: SparkSession, root: Path, landing: Path) -> list[Side]:
+    return [Ours(spark, root / "ours", landing), *(Streaming(spark, root / f"ss-{s}", landing, s) for s in STORES)]
+
+
+def run_round(sides: list[Side], i: int, spark: SparkSession) -> dict[str, SideResult]:
+    """Run every side on increment ``i``; the order rotates by one per increment."""
+    shift = (i - 1) % len(sides)
+    results: dict[str, SideResult] = {}
+    for side in sides[shift:] + sides[:shift]:
+        settle(spark)
+        results[side.name] = side.run(i)
+    settle(spark)
+    return results
+
+
+def warm_up(spark: SparkSession, run_dir: Path, data_file: Path) -> None:
+    """One small increment through every side, so none pays the JVM's warm-up in the figures."""
+    started = time.perf_counter()
+    root = run_dir / "warmup"
+    landing = root / "landing"
+    landing.mkdir(parents=True)
+    with data_file.open() as f:
+        (landing / "warmup.json").write_text("".join(line for _, line in zip(range(20_000), f, strict=False)))
+    run_round(make_sides(spark, root, landing), 1, spark)
+    shutil.rmtree(root)
+    log(f"warm-up: {elapsed(started):.1f}s")
+
+
+def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
+    """Run the workload; the raw figures (JSON-able), including whether every output was correct."""
+    files = generate(work / "data" / spec.workload, spec)
+    run_dir = work / "run" / spec.workload
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    landing = run_dir / "landing"
+    landing.mkdir(parents=True)
+    load_before = os.getloadavg()
+    cpu_all = CpuMeter()
+    started = time.perf_counter()
+    spark, session_seconds = start_spark()
+    facts = machine_facts(spark, session_seconds)
+    if warmup:
+        warm_up(spark, run_dir, files[0])
+    sides = make_sides(spark, run_dir, landing)
+    seen: set[str] = set()
+    frames: list[pd.DataFrame] = []
+    rows: list[dict[str, Any]] = []
+    for i, data_file in enumerate(files, start=1):
+        frame = spec.increment(i)
+        frames.append(frame)
+        changed = set(frame["user"].unique())
+        seen |= changed
+        land(data_file, landing)
+        results = run_round(sides, i, spark)
+        wrong = {name: r.records_in for name, r in results.items() if r.records_in != len(frame)}
+        if wrong:
+            log(f"!! increment {i}: records in {wrong}, expected {len(frame)}")
+        rows.append(
+            {"increment": i, "events": len(frame), "keys_changed": len(changed), "keys_total": len(seen), **results}
+        )
+        log(
+            f"increment {i}: "
+            + " | ".join(f"{n} {r.seconds:.2f}s {r.bytes_chk / 1e6:.2f} MB" for n, r in results.items())
+        )
+    wall = elapsed(started)
+    truth = ground_truth(pd.concat(frames, ignore_index=True))
+    problems: dict[str, str] = {}
+    for side in sides:
+        try:
+            pd.testing.assert_frame_equal(normalized(side.output()), truth)
+        except AssertionError as e:
+            problems[side.name] = str(e)
+    footprints = {side.name: side.footprint() for side in sides}
+    spark.stop()
+    return {
+        "spec": spec,
+        "machine": facts,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "other_processes_cores": round(cpu_all.stop()[1], 2),
+        "wall_seconds": round(wall, 1),
+        "footprint_bytes": footprints,
+        "truth_rows": len(truth),
+        "problems": problems,
+        "rows": rows,
+    }
+
+
+def machine_facts(spark: SparkSession, session_seconds: float) -> dict[str, Any]:
+    import pyspark
+
+    mem_kb = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "memory_gib": round(mem_kb / 1024**2, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "pyspark": pyspark.__version__,
+        "java": spark._jvm.System.getProperty("java.version"),  # type: ignore[union-attr]
+        "master": spark.sparkContext.master,
+        "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+        "session_start_seconds": round(session_seconds, 1),
+    }
