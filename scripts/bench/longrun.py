@@ -25,7 +25,8 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     landing.mkdir(parents=True)
     spark, session_seconds = start_spark()
     facts = machine_facts(spark, session_seconds)
-    ours = Ours(spark, run_dir / "ours", landing)
+    # a long-lived job moves what it read out of the landing directory, so its source position stays small
+    ours = Ours(spark, run_dir / "ours", landing, clean_source="archive")
     rows: list[dict[str, Any]] = []
     for i, data_file in enumerate(files, start=1):
         land(data_file, landing)

@@ -70,7 +70,9 @@ class Ours:
 
     name = "ours"
 
-    def __init__(self, spark: SparkSession, root: Path, landing: Path, retained: int = 3) -> None:
+    def __init__(
+        self, spark: SparkSession, root: Path, landing: Path, retained: int = 3, clean_source: str = "off"
+    ) -> None:
         from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
         from airflow_provider_checkpoint.core.settings import CheckpointSettings
         from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
@@ -79,7 +81,8 @@ class Ours:
         self.spark = spark
         self.job_dir = root / "checkpoints" / "bench"
         self.table = root / "table"
-        source = FileSource("events", str(landing), "json", SCHEMA)
+        archive = str(root / "archive") if clean_source == "archive" else None
+        source = FileSource("events", str(landing), "json", SCHEMA, clean_source=clean_source, archive_dir=archive)
         totals = KeyedAggregate("user_totals", source, keys=["user"], aggs=AGGS)
         sink = ParquetTableSink("user_totals_table", totals, str(self.table), mode="upsert", keys=["user"])
         self.graph = PipelineGraph([source, totals, sink])
