@@ -204,8 +204,8 @@ class ParquetTableSink(Sink):
             old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, bucket)
             kept = old.join(changed.select(*self.keys), self.keys, "left_anti")
             merged = kept.unionByName(changed, allowMissingColumns=True)
-        # range partitioning gives each affected bucket a task of its own (hashing would pile several on one)
-        merged.repartitionByRange(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(self._url(staging))
+        # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
+        merged.repartition(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(self._url(staging))
         changed.unpersist()
         moves: list[list[str]] = []
         for b in affected:
