@@ -254,7 +254,9 @@ class CheckpointCoordinator:
         try:
             self._discard_unaccepted_attempts(pending)
             point = plan.restore_point
-            own = point is not None and point.base_url in (None, self.storage.url())
+            own = point is not None and (
+                point.base_url is None or Location.from_url(point.base_url).url() == self.storage.url()
+            )  # as the step decides whether to keep the restore point's files
             completed = pending.complete(
                 now, point.checkpoint_id if point else None, point.operators if point and own else None
             )
