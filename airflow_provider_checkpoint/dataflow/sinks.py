@@ -28,7 +28,8 @@ from airflow_provider_checkpoint.storage.job_storage import _is_local, write_ato
 from airflow_provider_checkpoint.storage.paths import confine
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
 
     from airflow_provider_checkpoint.spark.context import StepContext
 
@@ -36,6 +37,8 @@ _BUCKET = "_bucket"
 FORMAT = "parquet_table"
 _APPEND_FILE = re.compile(r"^part-c(\d{10})-\d{5}\.parquet$")
 _BUCKET_FILE = re.compile(r"^part-b\d{5}\.parquet$")
+DRIVER_MERGE_ROWS = 250_000
+"""Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
 
 
 def table_file_pattern(mode: str, checkpoint_id: int) -> re.Pattern[str]:
@@ -76,7 +79,12 @@ class ParquetTableSink(Sink):
     ``append`` adds the checkpoint's rows as new files ``part-c<checkpoint>-<n>.parquet``.
     ``upsert`` hashes ``keys`` into ``buckets`` files ``part-b<bucket>.parquet`` and
     rewrites only the buckets whose keys changed, replacing each atomically: a key is in
-    the table exactly once. One job writes a table.
+    the table exactly once (a null key too). One job writes a table.
+
+    An upsert of at most ``driver_merge_rows`` changed rows collects them to the driver
+    and merges each affected bucket there with pyarrow, streaming the old file (no Spark
+    shuffle; memory: the changed rows plus one batch). Larger upserts, or ``0``, rewrite
+    the buckets with Spark, one shuffle of the old and changed rows.
     """
 
     def __init__(
@@ -87,6 +95,7 @@ class ParquetTableSink(Sink):
         mode: str = "append",
         keys: list[str] | None = None,
         buckets: int = 8,
+        driver_merge_rows: int = DRIVER_MERGE_ROWS,
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
     ) -> None:
@@ -97,10 +106,13 @@ class ParquetTableSink(Sink):
             raise PipelineDefinitionError(f"{uid}: upsert mode needs keys")
         if not 1 <= buckets <= 4096:
             raise PipelineDefinitionError(f"{uid}: buckets must be in [1, 4096]")
+        if driver_merge_rows < 0:
+            raise PipelineDefinitionError(f"{uid}: driver_merge_rows must not be negative")
         self.path = path
         self.mode = mode
         self.keys = list(keys or [])
         self.buckets = buckets
+        self.driver_merge_rows = driver_merge_rows
         self.storage_options = dict(storage_options or {})
 
     def describe(self) -> dict[str, Any]:
@@ -188,10 +200,46 @@ class ParquetTableSink(Sink):
     def _stage_upsert(
         self, ctx: StepContext, df: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
     ) -> list[list[str]]:
-        from pyspark.sql import functions as F
+        changed = df.withColumn(_BUCKET, self._bucket_of())
+        if self.driver_merge_rows:
+            small = changed.limit(self.driver_merge_rows + 1).toArrow()
+            if small.num_rows <= self.driver_merge_rows:
+                moves = self._merge_in_driver(ctx, small, fs, root, staging)
+                if moves is not None:
+                    return moves
+        return self._merge_in_spark(ctx, changed, fs, root, staging)
 
-        bucket = F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
-        changed = df.withColumn(_BUCKET, bucket).cache()
+    def _merge_in_driver(
+        self, ctx: StepContext, changed: pa.Table, fs: fsspec.AbstractFileSystem, root: str, staging: str
+    ) -> list[list[str]] | None:
+        """Each affected bucket merged with pyarrow (:mod:`.bucket_merge`); ``None`` if a file's columns differ."""
+        import numpy as np
+
+        from airflow_provider_checkpoint.dataflow import bucket_merge
+
+        ctx.add_metric("sink_rows", changed.num_rows)
+        changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
+        affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
+        changed = changed.drop_columns([_BUCKET])
+        old = {int(b): f"{root}/{self._bucket_file(int(b))}" for b in affected}
+        old = {b: path for b, path in old.items() if fs.exists(path)}
+        if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
+            return None
+        fs.makedirs(staging, exist_ok=True)
+        moves: list[list[str]] = []
+        for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            out = f"{staging}/{self._bucket_file(b)}"
+            bucket_merge.merge_bucket(fs, old.get(b), changed.slice(start, count), self.keys, out)
+            moves.append([out[len(root) + 1 :], self._bucket_file(b)])
+        return moves
+
+    def _merge_in_spark(
+        self, ctx: StepContext, changed: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
+    ) -> list[list[str]]:
+        """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
+        from airflow_provider_checkpoint.spark.state import keys_match, other_side
+
+        changed = changed.cache()
         per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
         affected = sorted(per_bucket)
         ctx.add_metric("sink_rows", sum(per_bucket.values()))
@@ -201,8 +249,8 @@ class ParquetTableSink(Sink):
         existing = [f"{root}/{self._bucket_file(b)}" for b in affected if fs.exists(f"{root}/{self._bucket_file(b)}")]
         merged = changed
         if existing:
-            old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, bucket)
-            kept = old.join(changed.select(*self.keys), self.keys, "left_anti")
+            old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, self._bucket_of())
+            kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
             merged = kept.unionByName(changed, allowMissingColumns=True)
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         merged.repartition(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(self._url(staging))
@@ -214,6 +262,12 @@ class ParquetTableSink(Sink):
                 raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
             moves.append([files[0][len(root) + 1 :], self._bucket_file(b)])
         return moves
+
+    def _bucket_of(self) -> Column:
+        """The bucket of a row: a hash of its keys (stable across Spark versions)."""
+        from pyspark.sql import functions as F
+
+        return F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
 
     @staticmethod
     def _bucket_file(bucket: int) -> str:

@@ -128,6 +128,39 @@ def test_upsert_sink_never_exposes_staged_data(spark, tmp_path):
     assert json.loads((table / "_commits" / "0000000002.json").read_text())["checkpoint_id"] == 2
 
 
+def test_upsert_merges_alike_in_driver_and_in_spark(spark, tmp_path):
+    """Checkpoints alternate between the Spark merge and the driver (pyarrow) merge of one table;
+    null keys are keys, and Spark reads the mixed files back with the input's column types."""
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    table = tmp_path / "table"
+    source = FileSource("src", str(tmp_path), "json", "x STRING")
+    schema = "k STRING, g INT, v LONG, at TIMESTAMP"
+    truth: pd.DataFrame | None = None
+    for checkpoint_id, driver_rows in enumerate([0, 1000, 0, 1000, 1000], start=1):
+        sink = ParquetTableSink("t", source, str(table), "upsert", ["k", "g"], 4, driver_merge_rows=driver_rows)
+        rng = pd.Series(range(30)).sample(12, random_state=checkpoint_id).tolist()
+        batch = pd.DataFrame(
+            {
+                "k": [None if i % 7 == 0 else f"k{i % 10}" for i in rng],
+                "g": [None if i % 5 == 0 else i % 3 for i in rng],
+                "v": [checkpoint_id * 100 + i for i in rng],
+                "at": pd.to_datetime([1_700_000_000 + checkpoint_id * 60 + i for i in rng], unit="s"),
+            }
+        ).drop_duplicates(subset=["k", "g"])
+        df = spark.createDataFrame(batch.astype(object).where(batch.notna(), None), schema)
+        sink.commit(checkpoint_id, sink.stage(step_context(spark, storage, checkpoint_id), df))
+
+        key = lambda d: d["k"].fillna("<null>") + "|" + d["g"].astype(object).fillna("<null>").astype(str)  # noqa: E731
+        truth = batch if truth is None else pd.concat([truth[~key(truth).isin(set(key(batch)))], batch])
+        read = spark.read.parquet(str(table))
+        assert [(f.name, f.dataType) for f in read.schema.fields] == [(f.name, f.dataType) for f in df.schema.fields]
+        for got in (read.toPandas(), _read_table(table)):
+            got = got.assign(at=pd.to_datetime(got["at"]).dt.tz_localize(None), g=got["g"].astype("Int64"))
+            want = truth.assign(g=truth["g"].astype("Int64"), v=truth["v"].astype("int64"))
+            assert len(got) == len(want)
+            pd.testing.assert_frame_equal(_sorted(got, ["k", "g"]), _sorted(want, ["k", "g"]), check_dtype=False)
+
+
 def test_append_sink_abort_discards_and_commit_once(spark, tmp_path):
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     table = tmp_path / "events"

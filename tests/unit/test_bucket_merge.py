@@ -1,0 +1,103 @@
+"""The upsert sink's pyarrow bucket merge (no Spark), checked against a pandas merge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_checkpoint.dataflow import bucket_merge
+
+FS = fsspec.filesystem("file")
+
+
+def upsert_truth(old: pd.DataFrame, changed: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Old rows whose key tuple (None equal to None) is not changed, then the changed rows."""
+
+    def key(df: pd.DataFrame) -> pd.Series:
+        return df[keys].astype(object).where(df[keys].notna(), "<null>").astype(str).agg("|".join, axis=1)
+
+    kept = old[~key(old).isin(set(key(changed)))]
+    return pd.concat([kept, changed], ignore_index=True)
+
+
+def canonical(table: pa.Table) -> list[tuple[object, ...]]:
+    return sorted((tuple(row.values()) for row in table.select(["k", "j", "v"]).to_pylist()), key=repr)
+
+
+@pytest.mark.parametrize("keys", [["k"], ["k", "j"]])
+def test_merge_equals_pandas_upsert_with_null_keys_and_many_batches(
+    tmp_path: Path, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bucket_merge, "BATCH_ROWS", 7)  # many batches: the streaming path
+    rng = np.random.default_rng(3)
+    k = pd.array([f"k{i}" if i % 11 else None for i in range(60)], dtype=object)
+    old = pd.DataFrame({"k": k, "j": pd.array([i % 3 if i % 13 else None for i in range(60)], dtype="Int64")})
+    old["v"] = rng.integers(0, 100, len(old))
+    old = old.drop_duplicates(subset=keys).reset_index(drop=True)
+    changed = pd.concat(
+        [old.sample(9, random_state=1), pd.DataFrame({"k": ["new", None], "j": pd.array([7, None], dtype="Int64")})]
+    )
+    changed = changed.drop_duplicates(subset=keys).assign(v=lambda d: np.arange(len(d)) + 1000)
+    pq.write_table(pa.Table.from_pandas(old, preserve_index=False), tmp_path / "old.parquet")
+
+    changed_table = pa.Table.from_pandas(changed, preserve_index=False)
+    rows = bucket_merge.merge_bucket(
+        FS, str(tmp_path / "old.parquet"), changed_table, keys, str(tmp_path / "out.parquet")
+    )
+
+    truth = upsert_truth(old, changed, keys)
+    assert rows == len(truth)
+    merged = pq.read_table(tmp_path / "out.parquet")
+    assert canonical(merged) == canonical(pa.Table.from_pandas(truth, preserve_index=False))
+
+
+def test_new_bucket_holds_the_changed_rows_all_nullable(tmp_path: Path) -> None:
+    changed = pa.table(
+        {"k": pa.array(["a", "b"]), "n": pa.array([1, 2])},
+        schema=pa.schema([("k", pa.string()), pa.field("n", pa.int64(), nullable=False)]),
+    )
+    assert bucket_merge.merge_bucket(FS, None, changed, ["k"], str(tmp_path / "out.parquet")) == 2
+    written = pq.read_table(tmp_path / "out.parquet")
+    assert written.to_pydict() == {"k": ["a", "b"], "n": [1, 2]}
+    assert all(f.nullable for f in written.schema)
+
+
+def test_old_rows_are_cast_to_the_changed_rows_representation(tmp_path: Path) -> None:
+    # a Spark-written file: INT96 timestamps (UTC instants, read back as naive), plain strings
+    old = pa.table(
+        {"k": pa.array(["a", "b"], pa.large_string()), "t": pa.array([1_000_000, 2_000_000], pa.timestamp("us"))}
+    )
+    pq.write_table(old, tmp_path / "old.parquet", use_deprecated_int96_timestamps=True)
+    changed = pa.table({"k": pa.array(["b"]), "t": pa.array([5_000_000], pa.timestamp("us", tz="UTC"))})
+    assert bucket_merge.mergeable(FS, [str(tmp_path / "old.parquet")], changed.schema, ["k"])
+
+    bucket_merge.merge_bucket(FS, str(tmp_path / "old.parquet"), changed, ["k"], str(tmp_path / "out.parquet"))
+
+    written = pq.read_table(tmp_path / "out.parquet")
+    assert written.schema.field("t").type == pa.timestamp("us", tz="UTC")
+    assert written.column("t").cast(pa.int64()).to_pylist() == [1_000_000, 5_000_000]
+
+
+@pytest.mark.parametrize(
+    "old_columns",
+    [
+        {"k": pa.array(["a"]), "v": pa.array(["text"])},  # a column changed type
+        {"k": pa.array(["a"]), "w": pa.array([1])},  # a column renamed
+        {"k": pa.array(["a"])},  # a column added since
+    ],
+)
+def test_files_with_other_columns_are_left_to_spark(tmp_path: Path, old_columns: dict[str, pa.Array]) -> None:
+    pq.write_table(pa.table(old_columns), tmp_path / "old.parquet")
+    changed = pa.table({"k": pa.array(["a"]), "v": pa.array([1])}).schema
+    assert not bucket_merge.mergeable(FS, [str(tmp_path / "old.parquet")], changed, ["k"])
+
+
+def test_keys_of_nested_types_are_left_to_spark() -> None:
+    changed = pa.schema([("k", pa.list_(pa.int64())), ("v", pa.int64())])
+    assert not bucket_merge.mergeable(FS, [], changed, ["k"])
