@@ -33,6 +33,8 @@ DEFAULT_CONF = {
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     # state files kept from older checkpoints are not re-hashed: every page's CRC is checked on read
     "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
+    # a step caches its input for one step only: building an uncompressed cache is faster
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
 }
 
 DRIVER_JAVA_OPTIONS = (
