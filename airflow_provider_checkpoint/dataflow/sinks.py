@@ -221,8 +221,7 @@ class ParquetTableSink(Sink):
         changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
         affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
         changed = changed.drop_columns([_BUCKET])
-        old = {int(b): f"{root}/{self._bucket_file(int(b))}" for b in affected}
-        old = {b: path for b, path in old.items() if fs.exists(path)}
+        old = self._existing_buckets(root, affected.tolist())
         if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
             return None
         fs.makedirs(staging, exist_ok=True)
@@ -246,7 +245,7 @@ class ParquetTableSink(Sink):
         if not affected:
             changed.unpersist()
             return []
-        existing = [f"{root}/{self._bucket_file(b)}" for b in affected if fs.exists(f"{root}/{self._bucket_file(b)}")]
+        existing = list(self._existing_buckets(root, affected).values())
         merged = changed
         if existing:
             old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, self._bucket_of())
@@ -268,6 +267,12 @@ class ParquetTableSink(Sink):
         from pyspark.sql import functions as F
 
         return F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
+
+    def _existing_buckets(self, root: str, buckets: list[int]) -> dict[int, str]:
+        """The committed files of ``buckets`` that exist (refused if one resolves outside the table)."""
+        fs, _ = self._fs()
+        paths = {b: self._inside(root, self._bucket_file(b)) for b in buckets}
+        return {b: path for b, path in paths.items() if fs.exists(path)}
 
     @staticmethod
     def _bucket_file(bucket: int) -> str:
