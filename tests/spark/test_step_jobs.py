@@ -1,0 +1,48 @@
+"""How many Spark jobs a checkpoint's step runs, pinned: a redundant pass fails this test.
+
+The counts are those of today's step (adaptive query execution runs each shuffle stage as a
+job of its own); lower them here when a pass goes away. The table is checked against pandas
+so that fewer jobs never means less work done.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.testing.clickstream import land_events, read_table
+from airflow_provider_checkpoint.testing.inprocess import make_job
+
+pytestmark = pytest.mark.spark
+
+FIRST_JOBS = 13
+"""The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
+INCREMENTAL_JOBS = 14
+"""A later checkpoint: read the input, merge the touched keys, write a delta, upsert the table."""
+
+
+def declare(base: Path) -> None:
+    events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG")
+    totals = KeyedAggregate("totals", events, keys=["user"], aggs={"n": "count", "last": "max(ts)"})
+    ParquetTableSink("totals_table", totals, f"{base}/totals", mode="upsert", keys=["user"])
+
+
+def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path) -> None:
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
+    tracker = spark.sparkContext.statusTracker()
+    landed: list[pd.DataFrame] = []
+    jobs: list[int] = []
+    for i, (events, users) in enumerate([(4000, 800), (200, 800), (200, 800)], start=1):
+        landed.append(land_events(tmp_path / "landing", f"events-{i}.json", events, seed=i, users=users))
+        before = set(tracker.getJobIdsForGroup())
+        job.checkpoint()
+        jobs.append(len(set(tracker.getJobIdsForGroup()) - before))
+        truth = pd.concat(landed).groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()
+        got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
+        pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
+    print("jobs per checkpoint", jobs)
+    assert jobs[0] <= FIRST_JOBS, jobs
+    assert max(jobs[1:]) <= INCREMENTAL_JOBS, jobs
