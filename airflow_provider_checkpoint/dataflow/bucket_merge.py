@@ -88,7 +88,7 @@ def merge_bucket(
     schema = target_schema(changed.schema)
     changed = changed.select(schema.names).cast(schema)
     rows = 0
-    with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="snappy") as writer:
+    with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
         if old is not None:
             drop = _KeySet(changed, keys)
             with fs.open(old, "rb") as source:
