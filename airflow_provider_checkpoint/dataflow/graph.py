@@ -8,7 +8,7 @@ checkpoints, so renaming a task or reordering code never loses state.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -82,6 +82,14 @@ class Source(Node):
         df = self.read(ctx, previous, barrier)
         return df, df.count()
 
+    def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
+        """:meth:`read_counted` for a consumer that reads its input once, in full (see
+        :attr:`StatefulOperator.reads_input_once`): the DataFrame need not be cached, and the
+        function, called after that read, gives the number of records or raises on bad input.
+        """
+        df, records = self.read_counted(ctx, previous, barrier)
+        return df, lambda: records
+
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
         """Called after checkpoint ``checkpoint_id`` committed with ``position``; idempotent.
 
@@ -146,6 +154,11 @@ class StatefulOperator(Node):
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
         raise NotImplementedError
+
+    reads_input_once = False
+    """The operator's first Spark action reads its whole input, and it never reads the input
+    again: a source feeding only this operator is then read in one pass, uncached
+    (:meth:`Source.read_once`)."""
 
     def changes(self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> DataFrame | None:
         """The changelog form of :meth:`process`, used by incremental checkpoints when given.

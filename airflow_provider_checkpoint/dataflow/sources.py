@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -213,31 +214,77 @@ class FileSource(Source):
         """
         from pyspark.sql import functions as F
 
+        todo = self._todo(ctx, previous, barrier)
+        if not todo:
+            return ctx.spark.createDataFrame([], self.schema).cache(), 0
+        df = self._load(ctx, todo).cache()
+        if self.format == "parquet":
+            return df, df.count()
+        (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(_CORRUPT))).collect()  # no limit: one job
+        if counts[1]:
+            df.unpersist()
+            self._raise_malformed(ctx, todo)
+        return df.drop(_CORRUPT), int(counts[0])  # served from the cache above
+
+    def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
+        """The files in ``[previous, barrier)``, uncached, counted and checked on the consumer's one pass.
+
+        The count and the malformed-record check are observed on that pass
+        (``DataFrame.observe``), so the returned function raises
+        :class:`MalformedInputError` once it has run, before the step acks.
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        todo = self._todo(ctx, previous, barrier)
+        if not todo:
+            return ctx.spark.createDataFrame([], self.schema), lambda: 0
+        observation = Observation()
+        metrics = [F.count(F.lit(1)).alias("records")]
+        df = self._load(ctx, todo)
+        if self.format != "parquet":  # every declared column is parsed and checked, used downstream or not
+            declared = F.hash(*[F.col(c) for c in df.columns if c != _CORRUPT])  # not optimized away
+            metrics += [F.count(F.col(_CORRUPT)).alias("malformed"), F.max(declared).alias("parsed")]
+        observed = df.observe(observation, *metrics)
+
+        def records() -> int:
+            counts = observation.get
+            if counts.get("malformed"):
+                self._raise_malformed(ctx, todo)
+            return int(counts["records"])
+
+        return (observed if self.format == "parquet" else observed.drop(_CORRUPT)), records
+
+    def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
+        """The files to read, checked unchanged since the barrier was cut."""
         todo = self.split(previous, barrier)
         self._check_unchanged(todo, barrier)
         ctx.add_metric("files_in", len(todo))
-        if not todo:
-            return ctx.spark.createDataFrame([], self.schema).cache(), 0
+        return todo
+
+    def _load(self, ctx: StepContext, todo: dict[str, int]) -> DataFrame:
+        """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``."""
         reader = ctx.spark.read.format(self.format).options(**self.options)
         if self.format == "csv":
             reader = reader.option("header", self.options.get("header", "true"))
         if self.format == "parquet":
-            df = reader.schema(self.schema).load([self.url(n) for n in sorted(todo)]).cache()
-            return df, df.count()
+            return reader.schema(self.schema).load([self.url(n) for n in sorted(todo)])
         from pyspark.sql.types import StringType, StructField, StructType
 
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
         schema = StructType([*declared.fields, StructField(_CORRUPT, StringType(), True)])
         reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
-        df = reader.load([self.url(n) for n in sorted(todo)])
-        df = df.withColumn("_source_file", F.col("_metadata.file_path")).cache()
-        (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(_CORRUPT))).collect()  # no limit: one job
-        if counts[1]:
-            bad = df.where(F.col(_CORRUPT).isNotNull()).select("_source_file", _CORRUPT).limit(5).collect()
-            df.unpersist()
-            raise MalformedInputError(self._describe_malformed([(r[0], r[1]) for r in bad]))
-        return df.drop(_CORRUPT, "_source_file"), int(counts[0])  # served from the cache above
+        return reader.load([self.url(n) for n in sorted(todo)])
+
+    def _raise_malformed(self, ctx: StepContext, todo: dict[str, int]) -> None:
+        """Raise :class:`MalformedInputError` naming the first malformed records of ``todo`` (file and line)."""
+        from pyspark.sql import functions as F
+
+        df = self._load(ctx, todo).withColumn("_source_file", F.col("_metadata.file_path")).cache()
+        bad = df.where(F.col(_CORRUPT).isNotNull()).select("_source_file", _CORRUPT).limit(5).collect()
+        df.unpersist()
+        raise MalformedInputError(self._describe_malformed([(r[0], r[1]) for r in bad]))
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:

@@ -54,7 +54,12 @@ class KeyedAggregate(StatefulOperator):
     The state holds one row per key with those columns (a null key is a key too); the
     output holds the new values of the keys that changed in this checkpoint (suited to an
     upsert sink). Incremental checkpoints read and merge only the state of those keys.
+
+    The input is aggregated once, in the checkpoint's first Spark action, and the
+    aggregate cached: a source feeding only this operator is read in one pass.
     """
+
+    reads_input_once = True
 
     def __init__(
         self,
@@ -96,7 +101,7 @@ class KeyedAggregate(StatefulOperator):
         return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
-        batch = self._partial(input)
+        batch = self._partial(input).persist()  # used twice: the input is read once
         new_state = self._merged(state, batch, "full_outer").drop(NEW)
         return new_state, new_state.join(other_side(batch), keys_match(self.keys), "left_semi")
 
@@ -104,7 +109,7 @@ class KeyedAggregate(StatefulOperator):
         """Only the state of the keys in this checkpoint's input is read and merged."""
         from pyspark.sql import functions as F
 
-        batch = self._partial(inputs[self.inputs[0].uid])
+        batch = self._partial(inputs[self.inputs[0].uid]).persist()  # used twice: the input is read once
         touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
         return self._merged(touched, batch, "right").withColumn(DELETED, F.lit(False))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
@@ -85,6 +85,30 @@ class _Phases:
         self.node, self.started, self.before = node, time.monotonic(), self._numbers()
 
 
+def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
+    """Sources of ``step`` read in one pass: source uid → its only consumer, an operator that
+    reads its input once (:attr:`StatefulOperator.reads_input_once`)."""
+    consumers: dict[str, list[Node]] = {}
+    for node in graph.nodes.values():
+        for upstream in node.inputs:
+            consumers.setdefault(upstream.uid, []).append(node)
+    in_step = {node.uid for node in graph.steps[step]}
+    return {
+        node.uid: only[0].uid
+        for node in graph.steps[step]
+        if isinstance(node, Source)
+        and len(only := consumers.get(node.uid, [])) == 1
+        and isinstance(only[0], StatefulOperator)
+        and only[0].reads_input_once
+        and only[0].uid in in_step
+    }
+
+
+def _count_records(ctx: StepContext, source: str, records: int) -> None:
+    ctx.add_metric("records_in", records)
+    ctx.metrics.setdefault("source_records", {})[source] = records
+
+
 def run_step(
     spark: SparkSession,
     storage: JobStorage,
@@ -111,14 +135,19 @@ def run_step(
     produced: dict[str, ChannelSnapshot] = {}
     inputs: dict[str, str] = {}
     phases = _Phases(ctx)
+    read_once = _read_once(graph, step)
+    counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
     try:
         for node in graph.steps[step]:
             phases.next(node)
             if isinstance(node, Source):
                 previous = restore.source_positions.get(node.uid) if restore else None
-                df, records = node.read_counted(ctx, previous, plan.barrier.positions[node.uid])
-                ctx.add_metric("records_in", records)
-                ctx.metrics.setdefault("source_records", {})[node.uid] = records
+                if node.uid in read_once:
+                    df, count = node.read_once(ctx, previous, plan.barrier.positions[node.uid])
+                    counting[read_once[node.uid]] = (node.uid, count)
+                else:
+                    df, records = node.read_counted(ctx, previous, plan.barrier.positions[node.uid])
+                    _count_records(ctx, node.uid, records)
                 outputs[node.uid] = df
             elif isinstance(node, Transform):
                 outputs[node.uid] = node.apply(outputs[node.inputs[0].uid])
@@ -141,6 +170,9 @@ def run_step(
                 snapshots[node.uid] = result.snapshot
                 for name, value in result.metrics.items():
                     ctx.add_metric(name, value)
+                if node.uid in counting:  # its one pass over the source ran: counted and checked
+                    source, count = counting.pop(node.uid)
+                    _count_records(ctx, source, count())
                 outputs[node.uid] = result.output
             elif isinstance(node, Channel) and graph.channel_steps[node.uid] == step:
                 produced[node.uid] = write_channel(

@@ -12,20 +12,21 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, MalformedInputError, ParquetTableSink
 from airflow_provider_checkpoint.testing.clickstream import land_events, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
 
-FIRST_JOBS = 13
+FIRST_JOBS = 10
 """The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
-INCREMENTAL_JOBS = 14
+INCREMENTAL_JOBS = 12
 """A later checkpoint: read the input, merge the touched keys, write a delta, upsert the table."""
 
 
 def declare(base: Path) -> None:
-    events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG")
+    schema = "user STRING, page STRING, ts LONG, amount LONG"  # amount: declared, unused downstream
+    events = FileSource("events", f"{base}/landing", "json", schema)
     totals = KeyedAggregate("totals", events, keys=["user"], aggs={"n": "count", "last": "max(ts)"})
     ParquetTableSink("totals_table", totals, f"{base}/totals", mode="upsert", keys=["user"])
 
@@ -46,3 +47,30 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path) 
     print("jobs per checkpoint", jobs)
     assert jobs[0] <= FIRST_JOBS, jobs
     assert max(jobs[1:]) <= INCREMENTAL_JOBS, jobs
+
+
+def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(spark, tmp_path: Path) -> None:
+    """A source feeding only a keyed aggregate is read once, uncached: its count and its
+    malformed-record check come from that pass, and a bad record still fails the step before
+    anything is committed — also in a declared column the pipeline does not use."""
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
+    landing = tmp_path / "landing"
+    good = land_events(landing, "events-1.json", 300, seed=1)
+    assert job.checkpoint().stats["records_in"] == 300
+    for name, line in (
+        ("broken.json", '{"user": "u1", "page"\n'),
+        ("typed.json", '{"user": "u2", "ts": 5, "amount": "lots"}\n'),
+    ):
+        (landing / name).write_text('{"user": "u9", "page": "/p", "ts": 1}\n' + line)
+        with pytest.raises(MalformedInputError, match=rf"{name.replace('.', r'[.]')} line 2"):
+            job.checkpoint()
+        job.storage.release_lease(f"run-{job.checkpoints}")  # as the failed run's finalize does
+        (landing / name).unlink()
+        got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
+        truth = good.groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()
+        pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
+    more = land_events(landing, "events-2.json", 50, seed=2)
+    assert job.checkpoint().stats["records_in"] == 50
+    truth = pd.concat([good, more]).groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()
+    got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
