@@ -217,13 +217,14 @@ class ParquetTableSink(Sink):
 
         from airflow_provider_checkpoint.dataflow import bucket_merge
 
-        ctx.add_metric("sink_rows", changed.num_rows)
+        rows = changed.num_rows
         changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
         affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
         changed = changed.drop_columns([_BUCKET])
         old = self._existing_buckets(root, affected.tolist())
         if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
             return None
+        ctx.add_metric("sink_rows", rows)
         fs.makedirs(staging, exist_ok=True)
         moves: list[list[str]] = []
         for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):

@@ -161,6 +161,21 @@ def test_upsert_merges_alike_in_driver_and_in_spark(spark, tmp_path):
             pd.testing.assert_frame_equal(_sorted(got, ["k", "g"]), _sorted(want, ["k", "g"]), check_dtype=False)
 
 
+def test_upsert_with_a_new_column_falls_back_to_spark_and_keeps_old_rows(spark, tmp_path):
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    table = tmp_path / "table"
+    sink = ParquetTableSink("t", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "upsert", ["k"], 2)
+    v1 = pd.DataFrame({"k": ["a", "b", "c"], "v": [1, 2, 3]})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(v1)))
+    v2 = pd.DataFrame({"k": ["b", "d"], "v": [20, 40], "w": ["x", "y"]})  # a column added since
+    ctx = step_context(spark, storage, 2)
+    sink.commit(2, sink.stage(ctx, spark.createDataFrame(v2)))
+    assert ctx.metrics["sink_rows"] == 2
+    truth = pd.DataFrame({"k": ["a", "b", "c", "d"], "v": [1, 20, 3, 40], "w": [None, "x", None, "y"]})
+    got = spark.read.option("mergeSchema", "true").parquet(str(table)).toPandas()
+    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+
+
 def test_append_sink_abort_discards_and_commit_once(spark, tmp_path):
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     table = tmp_path / "events"
