@@ -160,8 +160,12 @@ class StatefulOperator(Node):
     again: a source feeding only this operator is then read in one pass, uncached
     (:meth:`Source.read_once`)."""
 
-    def changes(self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> DataFrame | None:
+    def changes(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier, state_rows: int
+    ) -> DataFrame | None:
         """The changelog form of :meth:`process`, used by incremental checkpoints when given.
+
+        ``state_rows``: the number of rows in ``state`` (to choose a plan by size).
 
         One row per key whose state changes: the state columns with the new values, plus
         boolean ``__deleted`` (the key's state is removed) and ``__new`` (the key had no

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 StateFunction = Callable[["DataFrame", "DataFrame"], "tuple[DataFrame, DataFrame]"]
 
+SHUFFLE_MERGE_ROWS = 250_000
+"""A :class:`KeyedAggregate` state of at most this many rows is merged with an increment in one
+aggregation (the whole state shuffled once); a larger one is semi-joined with the increment's keys."""
+
 _AGG = re.compile(r"^\s*(count|sum|min|max)\s*(?:\(\s*([A-Za-z_][A-Za-z0-9_]*|\*)?\s*\))?\s*$")
 
 
@@ -53,10 +57,12 @@ class KeyedAggregate(StatefulOperator):
     ``aggs`` maps an output column to ``count``, ``sum(col)``, ``min(col)`` or ``max(col)``.
     The state holds one row per key with those columns (a null key is a key too); the
     output holds the new values of the keys that changed in this checkpoint (suited to an
-    upsert sink). Incremental checkpoints read and merge only the state of those keys.
+    upsert sink). Incremental checkpoints write only the state of those keys.
 
-    The input is aggregated once, in the checkpoint's first Spark action, and the
-    aggregate cached: a source feeding only this operator is read in one pass.
+    The input is read once, in the checkpoint's first Spark action: its rows are aggregated
+    together with the state's (one shuffle), or, in an incremental checkpoint over more than
+    :data:`SHUFFLE_MERGE_ROWS` rows of state, aggregated and cached, then merged with the
+    state of its keys only. A source feeding only this operator is read in one pass.
     """
 
     reads_input_once = True
@@ -101,17 +107,59 @@ class KeyedAggregate(StatefulOperator):
         return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
-        batch = self._partial(input).persist()  # used twice: the input is read once
-        new_state = self._merged(state, batch, "full_outer").drop(NEW)
-        return new_state, new_state.join(other_side(batch), keys_match(self.keys), "left_semi")
+        """Every key's new state from one aggregation of the input with the state; the output
+        is the new rows of the keys in the input."""
+        merged = self._aggregated_with(state, input).persist()  # used twice: the input is read once
+        return merged.drop("__touched", NEW), merged.where("__touched").drop("__touched", NEW)
 
-    def changes(self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> DataFrame:
-        """Only the state of the keys in this checkpoint's input is read and merged."""
+    def changes(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier, state_rows: int
+    ) -> DataFrame:
+        """Only the state of the keys in this checkpoint's input is merged.
+
+        A state of at most :data:`SHUFFLE_MERGE_ROWS` rows is merged in the aggregation
+        itself: input rows and state rows are aggregated together (one shuffle, one pass
+        over the input), and the keys without input dropped. A larger state is semi-joined
+        with the input's keys first, so that only the touched keys are shuffled.
+        """
         from pyspark.sql import functions as F
 
-        batch = self._partial(inputs[self.inputs[0].uid]).persist()  # used twice: the input is read once
+        input = inputs[self.inputs[0].uid]
+        if state_rows <= SHUFFLE_MERGE_ROWS:
+            changed = self._aggregated_with(state, input).where("__touched")
+            return changed.select(*self.keys, *self.aggs, F.lit(False).alias(DELETED), NEW)
+        batch = self._partial(input).persist()  # used twice: the input is read once
         touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
         return self._merged(touched, batch, "right").withColumn(DELETED, F.lit(False))
+
+    def _aggregated_with(self, state: DataFrame, input: DataFrame) -> DataFrame:
+        """Every key of ``state`` and ``input`` with its new aggregates, from one aggregation of
+        the input's rows and the state's; ``__touched`` marks keys in the input, ``__new`` keys
+        without a state row."""
+        from pyspark.sql import functions as F
+
+        def value(fn: str, col: str | None) -> Column:
+            """A row's contribution: what the aggregate of this row alone would be."""
+            if col is None:  # count(*)
+                return F.lit(1)
+            return F.col(col).isNotNull().cast("long") if fn == "count" else F.col(col)
+
+        rows = input.select(
+            *self.keys,
+            *[value(fn, col).alias(out) for out, (fn, col) in self.aggs.items()],
+            F.lit(True).alias("__input"),
+        )
+        combine = {"count": F.sum, "sum": F.sum, "min": F.min, "max": F.max}
+        types = {f.name: f.dataType for f in state.schema.fields}
+        return (
+            rows.unionByName(state.withColumn("__input", F.lit(False)))
+            .groupBy(*self.keys)
+            .agg(
+                *[combine[fn](F.col(out)).cast(types[out]).alias(out) for out, (fn, _) in self.aggs.items()],
+                F.max("__input").alias("__touched"),
+                F.min("__input").alias(NEW),
+            )
+        )
 
     def _merged(self, state: DataFrame, batch: DataFrame, how: str) -> DataFrame:
         """State and batch joined on the keys (``how``), aggregates combined; ``__new`` marks keys without state."""

@@ -73,7 +73,7 @@ def checkpoint_operator(
         layout = None
     if layout is not None and restored is not None:
         state = read_state(spark, storage, restored, verify=False)
-        changelog, output = node.changes(inputs, state, barrier), None
+        changelog, output = node.changes(inputs, state, barrier, restored.rows), None
         if changelog is None:
             new_state, output = node.process(inputs, state, barrier)
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None

@@ -128,11 +128,12 @@ def write_ranges(
     """Write ``rows`` under ``directory``, one file per key-group range (of ``parallelism``) that
     has rows, and return their handles (``delta``: the checkpoint id of a delta's files).
 
-    ``spread``: one task per range; otherwise one task writes every range's file, which
-    suits small rows such as deltas (no sampling of range bounds, one task to schedule).
+    ``spread``: one task per range; otherwise (and for one range) one task writes every
+    range's file, which suits small rows such as deltas (no sampling of range bounds and
+    no shuffle: the task reads the rows where they are, e.g. from the cache).
     """
     ranged = rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-    ranged = ranged.repartitionByRange(parallelism, "kgr") if spread else ranged.repartition(1)
+    ranged = ranged.repartitionByRange(parallelism, "kgr") if spread and parallelism > 1 else ranged.coalesce(1)
     ranged.write.partitionBy("kgr").parquet(storage.url(directory))
     handles = []
     for full in sorted(storage.fs.glob(storage.path(f"{directory}/kgr=*/*.parquet"))):

@@ -212,3 +212,48 @@ def test_malformed_json_names_file_and_line(spark, tmp_path):
     only_typed = {"files": {"typed.json": (landing / "typed.json").stat().st_size}}
     with pytest.raises(MalformedInputError, match=r"typed\.json line 1"):
         source.read(step_context(spark, storage, 1), None, only_typed)
+
+
+@pytest.mark.parametrize("state_rows", [0, 10**9], ids=["one-aggregation", "semi-join"])
+def test_keyed_aggregate_merges_alike_with_either_plan(spark, state_rows):
+    """Both plans of ``KeyedAggregate.changes`` (one aggregation of input and state, or a
+    semi-join of the state with the input's keys) and the full-state ``apply`` give pandas'
+    aggregates over all input; null keys are keys, null values are skipped."""
+    from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
+
+    schema = "user STRING, amount LONG, ts LONG"
+    NULL = "<null key>"  # stands for the null key on both sides
+    first = [("a", 1, 10), ("b", None, 11), (None, 5, 12), ("c", 2, 13), ("a", 3, 14)]
+    second = [("a", 4, 20), (None, None, 21), ("d", None, 22), ("d", 6, 5), ("b", 7, 23)]
+    agg = KeyedAggregate(
+        "agg",
+        FileSource("src", "/unused", "json", schema),
+        keys=["user"],
+        aggs={"n": "count", "seen": "count(amount)", "total": "sum(amount)", "lo": "min(ts)", "hi": "max(ts)"},
+    )
+
+    def barrier(n: int) -> Barrier:
+        return Barrier(n, 0.0, CheckpointType.CHECKPOINT, {})
+
+    def frame(df) -> pd.DataFrame:
+        got = df.toPandas()
+        return got.assign(user=got.user.fillna(NULL)).set_index("user").sort_index()
+
+    inputs = {"src": spark.createDataFrame(first, schema)}
+    state, _ = agg.process(inputs, agg.initial_state(spark, inputs), barrier(1))
+    batch = spark.createDataFrame(second, schema)
+    changelog = frame(agg.changes({"src": batch}, state, barrier(2), state_rows))
+    new_state, output = agg.process({"src": batch}, state, barrier(2))
+
+    everything = pd.DataFrame(first + second, columns=["user", "amount", "ts"])
+    grouped = everything.assign(user=everything.user.fillna(NULL)).groupby("user")
+    expected = grouped.agg(n=("ts", "size"), seen=("amount", "count"), lo=("ts", "min"), hi=("ts", "max"))
+    expected["total"] = grouped["amount"].sum(min_count=1)
+    expected = expected.sort_index()
+    touched = expected.loc[sorted({r[0] or NULL for r in second})]
+    columns = ["n", "seen", "total", "lo", "hi"]
+    pd.testing.assert_frame_equal(frame(new_state)[columns], expected[columns], check_dtype=False)
+    pd.testing.assert_frame_equal(frame(output)[columns], touched[columns], check_dtype=False)
+    pd.testing.assert_frame_equal(changelog[columns], touched[columns], check_dtype=False)
+    assert not changelog["__deleted"].any()
+    assert changelog["__new"].to_dict() == {k: k not in {r[0] or NULL for r in first} for k in touched.index}

@@ -18,9 +18,9 @@ from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
 
-FIRST_JOBS = 10
+FIRST_JOBS = 7
 """The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
-INCREMENTAL_JOBS = 12
+INCREMENTAL_JOBS = 5
 """A later checkpoint: read the input, merge the touched keys, write a delta, upsert the table."""
 
 
