@@ -1,8 +1,9 @@
 """A class-data sharing (CDS) archive for the embedded Spark driver: faster JVM start.
 
 ``python -m airflow_provider_checkpoint.spark.cds`` starts an embedded session in a
-child process, runs a small job touching the classes a step uses (JSON, Parquet,
-aggregation, joins), and lets the JVM dump every loaded class at exit
+child process, runs three small checkpoints of a pipeline (JSON source, two keyed
+aggregates, an upsert and an append sink: full versions, a delta, the sinks' merges)
+so that the classes a step loads are loaded, and lets the JVM dump every loaded class at exit
 (``-XX:ArchiveClassesAtExit``). The archive lands under the Python environment
 (:func:`archive_path`), written under a temporary name and renamed when complete;
 :func:`~airflow_provider_checkpoint.spark.session.get_spark` uses it when it exists. An
@@ -21,16 +22,25 @@ from airflow_provider_checkpoint.spark.session import CDS_ENV
 
 _WORKLOAD = """
 import sys, tempfile
+from pathlib import Path
 from pyspark import SparkContext
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.spark.session import get_spark
+from airflow_provider_checkpoint.testing.clickstream import land_events
+from airflow_provider_checkpoint.testing.inprocess import make_job
 spark = get_spark(master="local[1]", conf={"spark.driver.extraJavaOptions": "-XX:ArchiveClassesAtExit=" + sys.argv[1]})
-d = tempfile.mkdtemp()
-df = spark.range(1000).selectExpr("CAST(id % 7 AS STRING) AS k", "id AS v")
-df.write.json(d + "/j")
-df.write.parquet(d + "/p")
-a = spark.read.schema("k STRING, v LONG").json(d + "/j").groupBy("k").count()
-b = spark.read.parquet(d + "/p").groupBy("k").max("v")
-a.join(b, "k", "full_outer").repartitionByRange(2, "k").write.partitionBy("k").parquet(d + "/out")
+d = Path(tempfile.mkdtemp())
+def declare(base):
+    events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG")
+    users = KeyedAggregate("users", events, keys=["user"], aggs={"n": "count", "last": "max(ts)"})
+    ParquetTableSink("users_table", users, f"{base}/users", mode="upsert", keys=["user"])
+    pages = KeyedAggregate("pages", events, keys=["page"], aggs={"n": "count"})
+    ParquetTableSink("pages_table", pages, f"{base}/pages", mode="append")
+job = make_job(spark, d, declare, inline_state_threshold=0)
+for i in range(1, 4):  # a full version, a delta, a full version: the classes a step loads
+    land_events(d / "landing", f"events-{i}.json", 2000, seed=i, users=300)
+    job.checkpoint()
+spark.read.parquet(str(d / "users")).toPandas()
 proc = SparkContext._gateway.proc
 spark.stop()
 proc.stdin.close()
