@@ -48,7 +48,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workload", choices=WORKLOADS, default="clickstream", help="scheduler mode's workload")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
-    parser.add_argument("--no-doc", action="store_true", help="do not write docs/benchmarks.md")
+    parser.add_argument(
+        "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
+    )
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args(argv)
     increments, events, users = DEFAULTS[args.mode]
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
         result = longrun.run(spec, work)
-        longrun.plot(result["rows"], args.doc.parent / PNG)
+        longrun.plot(result["rows"], (work / "run" if args.no_doc else args.doc.parent) / PNG)
         text = report.render_longrun(result, PNG)
         ok = True
     elif args.mode == "scheduler":
