@@ -26,6 +26,9 @@ RANGE_ROWS = 250_000
 """Rows per key-group range of a full version (a range is the unit of compaction)."""
 COMPACTION_RATIO = 1.0
 MAX_DELTAS = 32
+FULL_VERSION_SHARE = 0.5
+"""A checkpoint whose changelog lists every key writes a full version instead of a delta when at
+least this share of the keys changed (a delta that large would make its ranges due at once)."""
 RELAYOUT_FACTOR = 4
 """A full rewrite with more ranges once the state wants this many times the ranges it has."""
 
@@ -92,6 +95,11 @@ class StateLayout:
     @property
     def parallelism(self) -> int:
         return len(self.ranges)
+
+    @property
+    def has_deltas(self) -> bool:
+        """Whether any range has a delta: the recent checkpoints changed few enough keys."""
+        return any(r.deltas for r in self.ranges)
 
     def due_for_full_version(self, rows: int) -> bool:
         """True when writing a full version is the cheaper way on: every range is due for

@@ -115,6 +115,8 @@ DELETED = "__deleted"
 """Changelog column: the key's state is removed."""
 NEW = "__new"
 """Changelog column: the key had no state before."""
+CHANGED = "__changed"
+"""Optional changelog column: the key's state changed (a changelog with it lists every key)."""
 
 
 class StatefulOperator(Node):
@@ -171,6 +173,9 @@ class StatefulOperator(Node):
         boolean ``__deleted`` (the key's state is removed) and ``__new`` (the key had no
         state). The operator's output is then the new rows of the changed keys. ``None``
         (the default): the checkpoint compares :meth:`process`'s new state with the old.
+        A changelog may also hold every unchanged key, with boolean ``__changed`` marking
+        the changed ones: when most keys changed, the checkpoint can then write the new
+        state as a full version instead of a delta.
         """
         return None
 

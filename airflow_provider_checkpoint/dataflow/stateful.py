@@ -7,7 +7,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import DELETED, NEW, Node, PipelineDefinitionError, StatefulOperator
+from airflow_provider_checkpoint.dataflow.graph import (
+    CHANGED,
+    DELETED,
+    NEW,
+    Node,
+    PipelineDefinitionError,
+    StatefulOperator,
+)
 from airflow_provider_checkpoint.spark.state import OTHER, keys_match, other_side
 
 if TYPE_CHECKING:
@@ -119,15 +126,18 @@ class KeyedAggregate(StatefulOperator):
 
         A state of at most :data:`SHUFFLE_MERGE_ROWS` rows is merged in the aggregation
         itself: input rows and state rows are aggregated together (one shuffle, one pass
-        over the input), and the keys without input dropped. A larger state is semi-joined
-        with the input's keys first, so that only the touched keys are shuffled.
+        over the input), and the changelog lists every key, ``__changed`` marking those in
+        the input. A larger state is semi-joined with the input's keys first, so that only
+        the touched keys are shuffled.
         """
         from pyspark.sql import functions as F
 
         input = inputs[self.inputs[0].uid]
         if state_rows <= SHUFFLE_MERGE_ROWS:
-            changed = self._aggregated_with(state, input).where("__touched")
-            return changed.select(*self.keys, *self.aggs, F.lit(False).alias(DELETED), NEW)
+            merged = self._aggregated_with(state, input)
+            return merged.select(
+                *self.keys, *self.aggs, F.lit(False).alias(DELETED), NEW, F.col("__touched").alias(CHANGED)
+            )
         batch = self._partial(input).persist()  # used twice: the input is read once
         touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
         return self._merged(touched, batch, "right").withColumn(DELETED, F.lit(False))

@@ -4,7 +4,8 @@ A checkpoint continues its restore point incrementally when that is a checkpoint
 job in this storage with its state in files (not a savepoint, not inline state, not memory
 storage): it writes a delta per key-group range with the changed keys, compacts the ranges
 :meth:`StateLayout.to_compact` picks, and lists the files of the restore point it keeps.
-Otherwise it writes a full version (and the next checkpoint continues from that).
+When the operator's changelog lists every key and most changed, it writes a full version
+from it instead. Otherwise it writes a full version (and the next checkpoint continues from that).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.incremental import StateLayout
+from airflow_provider_checkpoint.core.incremental import FULL_VERSION_SHARE, StateLayout, ranges_for
 from airflow_provider_checkpoint.core.keygroups import index_for_key_group
 from airflow_provider_checkpoint.core.model import Barrier, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import DELETED, NEW, StatefulOperator
+from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.spark.state import (
     OTHER,
     SEQ,
@@ -36,7 +37,7 @@ from airflow_provider_checkpoint.spark.state import (
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def diff(old: DataFrame, new: DataFrame, keys: tuple[str, ...]) -> DataFrame:
 def _same_columns(df: DataFrame, snapshot: OperatorSnapshot) -> bool:
     """The state columns (names and types, in order) of ``df`` are those of ``snapshot``."""
     schema = state_schema(snapshot)
-    columns = [(f.name, f.dataType) for f in df.schema.fields if f.name not in (DELETED, NEW)]
+    columns = [(f.name, f.dataType) for f in df.schema.fields if f.name not in (DELETED, NEW, CHANGED)]
     return columns == [(f.name, f.dataType) for f in schema.fields]
 
 
@@ -152,10 +153,28 @@ def _incremental(
 
     keys, max_parallelism, parallelism = node.keys, node.max_parallelism, layout.parallelism
     columns = state_schema(restored).fieldNames()
+    every_key = CHANGED in changelog.columns
+    changelog = changelog.select(
+        *columns,
+        F.col(DELETED).cast("boolean"),
+        F.col(NEW).cast("boolean"),
+        (F.col(CHANGED) if every_key else F.lit(True)).cast("boolean").alias(CHANGED),
+    ).persist()
+    if every_key and not layout.has_deltas:  # recent checkpoints may have changed most keys: count
+        totals = (
+            changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
+            .agg(
+                F.count(F.lit(1)).alias("keys"),
+                F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
+                F.coalesce(F.sum((~F.col(DELETED)).cast("long")), F.lit(0)).alias("rows"),
+            )
+            .first()
+        )
+        assert totals is not None
+        if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
+            return _full_version(storage, directory, checkpoint_id, node, restored, changelog, totals, output, where)
     changelog = (
-        changelog.select(*columns, F.col(DELETED).cast("boolean"), F.col(NEW).cast("boolean"))
-        .withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-        .persist()
+        changelog.where(F.col(CHANGED)).drop(CHANGED).withColumn("kgr", range_index(keys, max_parallelism, parallelism))
     )
     compact = layout.to_compact()
     fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
@@ -211,6 +230,41 @@ def _incremental(
     }
     if output is None:
         output = changelog.where(~F.col(DELETED)).select(*columns)
+    return OperatorCheckpoint(snapshot, output, metrics)
+
+
+def _full_version(
+    storage: Location,
+    directory: str,
+    checkpoint_id: int,
+    node: StatefulOperator,
+    restored: OperatorSnapshot,
+    changelog: DataFrame,
+    totals: Row,
+    output: DataFrame | None,
+    where: Mapping[str, object],
+) -> OperatorCheckpoint:
+    """Write every key's new state as a full version (``changelog`` lists every key)."""
+    from pyspark.sql import functions as F
+
+    keys, max_parallelism = node.keys, node.max_parallelism
+    columns = state_schema(restored).fieldNames()
+    rows = int(totals["rows"])
+    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
+    state = changelog.where(~F.col(DELETED)).select(*columns)
+    parallelism = ranges_for(rows, max_parallelism)
+    handles = write_ranges(storage, directory, state, keys, max_parallelism, parallelism) if rows else []
+    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
+    snapshot = OperatorSnapshot(tuple(handles), restored.schema, keys, max_parallelism, rows)
+    metrics = {
+        "state_rows": rows,
+        "state_bytes": snapshot.size,
+        "state_files": len(handles),
+        "state_keys_changed": int(totals["changed"]),
+        "state_size": snapshot.size,
+    }
+    if output is None:
+        output = changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns)
     return OperatorCheckpoint(snapshot, output, metrics)
 
 

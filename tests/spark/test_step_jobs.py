@@ -21,7 +21,11 @@ pytestmark = pytest.mark.spark
 FIRST_JOBS = 7
 """The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
 INCREMENTAL_JOBS = 5
-"""A later checkpoint: read the input, merge the touched keys, write a delta, upsert the table."""
+"""A later checkpoint: read the input with the state, cache the changelog, write a delta (or,
+when most keys changed, count them and write a full version), upsert the table."""
+SWITCH_JOBS = 10
+"""Where few changed keys turn into most: a delta as large as the state, then the full version
+it makes due (the state read with its deltas merged)."""
 
 
 def declare(base: Path) -> None:
@@ -36,17 +40,25 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path) 
     tracker = spark.sparkContext.statusTracker()
     landed: list[pd.DataFrame] = []
     jobs: list[int] = []
-    for i, (events, users) in enumerate([(4000, 800), (200, 800), (200, 800)], start=1):
+    deltas: list[bool] = []
+    for i, (events, users) in enumerate(
+        [(4000, 800), (200, 800), (200, 800), (8000, 800), (8000, 800), (8000, 800)], start=1
+    ):
         landed.append(land_events(tmp_path / "landing", f"events-{i}.json", events, seed=i, users=users))
         before = set(tracker.getJobIdsForGroup())
-        job.checkpoint()
+        completed = job.checkpoint()
         jobs.append(len(set(tracker.getJobIdsForGroup()) - before))
+        deltas.append(any(h.delta is not None for h in completed.operators["totals"].handles))
         truth = pd.concat(landed).groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
         pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
-    print("jobs per checkpoint", jobs)
+    print("jobs per checkpoint", jobs, "deltas", deltas)
     assert jobs[0] <= FIRST_JOBS, jobs
-    assert max(jobs[1:]) <= INCREMENTAL_JOBS, jobs
+    assert max(jobs[1], jobs[2], jobs[5]) <= INCREMENTAL_JOBS, jobs
+    assert max(jobs[3], jobs[4]) <= SWITCH_JOBS, jobs
+    # few keys change: deltas; then most keys (8,000 events over 800 users): one more delta
+    # (its restore point had deltas), the full version it makes due, then full versions
+    assert deltas == [False, True, True, True, False, False], deltas
 
 
 def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(spark, tmp_path: Path) -> None:
