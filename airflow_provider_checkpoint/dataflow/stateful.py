@@ -140,7 +140,7 @@ class KeyedAggregate(StatefulOperator):
             )
         batch = self._partial(input).persist()  # used twice: the input is read once
         touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
-        return self._merged(touched, batch, "right").withColumn(DELETED, F.lit(False))
+        return self._merged(touched, batch).withColumn(DELETED, F.lit(False))
 
     def _aggregated_with(self, state: DataFrame, input: DataFrame) -> DataFrame:
         """Every key of ``state`` and ``input`` with its new aggregates, from one aggregation of
@@ -171,11 +171,11 @@ class KeyedAggregate(StatefulOperator):
             )
         )
 
-    def _merged(self, state: DataFrame, batch: DataFrame, how: str) -> DataFrame:
-        """State and batch joined on the keys (``how``), aggregates combined; ``__new`` marks keys without state."""
+    def _merged(self, state: DataFrame, batch: DataFrame) -> DataFrame:
+        """Every key of the batch, its aggregates combined with its state's; ``__new`` marks keys without state."""
         from pyspark.sql import functions as F
 
-        joined = state.withColumn("__had_state", F.lit(True)).join(other_side(batch), keys_match(self.keys), how)
+        joined = state.withColumn("__had_state", F.lit(True)).join(other_side(batch), keys_match(self.keys), "right")
         merged: list[Column] = [F.coalesce(F.col(k), F.col(OTHER + k)).alias(k) for k in self.keys]
         for out, (fn, _) in self.aggs.items():
             old, new = F.col(out), F.col(OTHER + out)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.incremental import FULL_VERSION_SHARE, StateLayout, ranges_for
+from airflow_provider_checkpoint.core.incremental import FULL_VERSION_SHARE, StateLayout
 from airflow_provider_checkpoint.core.keygroups import index_for_key_group
 from airflow_provider_checkpoint.core.model import Barrier, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
@@ -31,6 +31,7 @@ from airflow_provider_checkpoint.spark.state import (
     read_files,
     read_state,
     state_schema,
+    write_full_version,
     write_ranges,
     write_state,
 )
@@ -98,10 +99,15 @@ def checkpoint_operator(
         uid=node.uid,
     )
     fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
+    return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot))
+
+
+def _full_version_metrics(snapshot: OperatorSnapshot) -> dict[str, int]:
+    """The ack metrics of a checkpoint that wrote ``snapshot`` in full."""
     metrics = {"state_rows": snapshot.rows, "state_bytes": snapshot.size, "state_files": len(snapshot.handles)}
     if snapshot.inline is not None:
         metrics["state_inline"] = 1
-    return OperatorCheckpoint(snapshot, output, {**metrics, "state_size": snapshot.size})
+    return {**metrics, "state_size": snapshot.size}
 
 
 def diff(old: DataFrame, new: DataFrame, keys: tuple[str, ...]) -> DataFrame:
@@ -153,29 +159,31 @@ def _incremental(
 
     keys, max_parallelism, parallelism = node.keys, node.max_parallelism, layout.parallelism
     columns = state_schema(restored).fieldNames()
-    every_key = CHANGED in changelog.columns
+    every_key = CHANGED in changelog.columns  # unchanged keys listed too, the changed ones marked
     changelog = changelog.select(
         *columns,
         F.col(DELETED).cast("boolean"),
         F.col(NEW).cast("boolean"),
-        (F.col(CHANGED) if every_key else F.lit(True)).cast("boolean").alias(CHANGED),
+        *([F.col(CHANGED).cast("boolean")] if every_key else []),
     ).persist()
-    if every_key and not layout.has_deltas:  # recent checkpoints may have changed most keys: count
-        totals = (
-            changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
-            .agg(
-                F.count(F.lit(1)).alias("keys"),
-                F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
-                F.coalesce(F.sum((~F.col(DELETED)).cast("long")), F.lit(0)).alias("rows"),
+    if every_key:
+        if not layout.has_deltas:  # recent checkpoints may have changed most keys: count
+            totals = (
+                changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
+                .agg(
+                    F.count(F.lit(1)).alias("keys"),
+                    F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
+                    F.coalesce(F.sum((~F.col(DELETED)).cast("long")), F.lit(0)).alias("rows"),
+                )
+                .first()
             )
-            .first()
-        )
-        assert totals is not None
-        if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
-            return _full_version(storage, directory, checkpoint_id, node, restored, changelog, totals, output, where)
-    changelog = (
-        changelog.where(F.col(CHANGED)).drop(CHANGED).withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-    )
+            assert totals is not None
+            if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
+                return _full_version(
+                    storage, directory, checkpoint_id, node, restored, changelog, totals, output, where
+                )
+        changelog = changelog.where(F.col(CHANGED)).drop(CHANGED)
+    changelog = changelog.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
     compact = layout.to_compact()
     fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
     observation = Observation()  # the counts come from the pass that writes the deltas
@@ -247,24 +255,16 @@ def _full_version(
     """Write every key's new state as a full version (``changelog`` lists every key)."""
     from pyspark.sql import functions as F
 
-    keys, max_parallelism = node.keys, node.max_parallelism
     columns = state_schema(restored).fieldNames()
-    rows = int(totals["rows"])
     fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
     state = changelog.where(~F.col(DELETED)).select(*columns)
-    parallelism = ranges_for(rows, max_parallelism)
-    handles = write_ranges(storage, directory, state, keys, max_parallelism, parallelism) if rows else []
+    snapshot = write_full_version(
+        storage, directory, state, int(totals["rows"]), restored.schema, node.keys, node.max_parallelism
+    )
     fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
-    snapshot = OperatorSnapshot(tuple(handles), restored.schema, keys, max_parallelism, rows)
-    metrics = {
-        "state_rows": rows,
-        "state_bytes": snapshot.size,
-        "state_files": len(handles),
-        "state_keys_changed": int(totals["changed"]),
-        "state_size": snapshot.size,
-    }
     if output is None:
         output = changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns)
+    metrics = {**_full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
     return OperatorCheckpoint(snapshot, output, metrics)
 
 

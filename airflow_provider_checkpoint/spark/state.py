@@ -104,11 +104,27 @@ def write_state(
             "checkpoint storage (state is kept inline, at most one row per byte); raise max_state_size "
             "(at most 64 MiB) or use checkpoint_storage='filesystem'"
         )
+    return write_full_version(storage, directory, state, rows, state.schema.json(), keys, max_parallelism, parallelism)
+
+
+def write_full_version(
+    storage: Location,
+    directory: str,
+    state: DataFrame,
+    rows: int,
+    schema: str,
+    keys: tuple[str, ...],
+    max_parallelism: int,
+    parallelism: int | None = None,
+) -> OperatorSnapshot:
+    """Write ``state`` (``rows`` rows, ``schema`` its JSON schema) as files under ``directory``,
+    one per key-group range (by default one range per
+    :data:`~airflow_provider_checkpoint.core.incremental.RANGE_ROWS` rows)."""
     parallelism = max(1, min(max_parallelism, parallelism or ranges_for(rows, max_parallelism)))
     handles = write_ranges(storage, directory, state, keys, max_parallelism, parallelism) if rows else []
     return OperatorSnapshot(
         handles=tuple(handles),
-        schema=state.schema.json(),
+        schema=schema,
         keys=keys,
         max_parallelism=max_parallelism,
         rows=rows,
