@@ -29,6 +29,7 @@ from airflow_provider_checkpoint.core.model import (
 from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.snapshots import (
     Snapshot,
     check_compatible,
@@ -44,7 +45,7 @@ from airflow_provider_checkpoint.store import CompletedCheckpointStore
 log = logging.getLogger(__name__)
 
 
-class JobNotRunning(RuntimeError):
+class JobNotRunning(CheckpointError):
     """The job is FAILED or STOPPED: no checkpoint is triggered until a restore resets it."""
 
     def __init__(self, status: JobStatus, message: str) -> None:

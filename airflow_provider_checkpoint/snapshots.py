@@ -28,6 +28,7 @@ from airflow_provider_checkpoint.core.model import (
 )
 from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
+from airflow_provider_checkpoint.exceptions import RefusedInputError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-class RestoreError(ValueError):
+class RestoreError(RefusedInputError):
     """A snapshot cannot be restored into this job; the message lists every reason."""
 
 

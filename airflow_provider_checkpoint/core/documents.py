@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from airflow_provider_checkpoint.exceptions import RefusedInputError
+
 T = TypeVar("T")
 JsonDict = dict[str, Any]
 
@@ -32,7 +34,7 @@ REQUIRED: Any = object()
 """Default of a field that must be present."""
 
 
-class DocumentError(ValueError):
+class DocumentError(RefusedInputError):
     """A document is malformed or names an unsafe value; nothing was read, moved or written.
 
     The message names the document, the field and the (shortened) value.

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, OperatorSnapshot
+from airflow_provider_checkpoint.exceptions import CheckpointAbortedError
 
 
 class AckOutcome(enum.StrEnum):
@@ -29,7 +30,7 @@ class AckOutcome(enum.StrEnum):
     """Arrived after the checkpoint timed out: the checkpoint expires."""
 
 
-class CheckpointAborted(Exception):
+class CheckpointAborted(CheckpointAbortedError):
     """A pending checkpoint cannot complete; ``reason`` says why."""
 
     def __init__(self, reason: AbortReason, message: str) -> None:

@@ -27,11 +27,13 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from airflow_provider_checkpoint.exceptions import RefusedInputError
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class InvalidPositionError(ValueError):
+class InvalidPositionError(RefusedInputError):
     """A stored source position is not of the shape the source writes."""
 
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_checkpoint.core.model import Barrier, JsonDict
+from airflow_provider_checkpoint.exceptions import RefusedInputError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
-class PipelineDefinitionError(ValueError):
+class PipelineDefinitionError(RefusedInputError):
     """The pipeline graph is not valid; the message says which node and why."""
 
 

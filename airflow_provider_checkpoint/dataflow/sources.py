@@ -13,6 +13,7 @@ import fsspec
 from airflow_provider_checkpoint.dataflow import file_positions
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
+from airflow_provider_checkpoint.exceptions import RefusedInputError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -26,7 +27,7 @@ _FORMATS = ("json", "csv", "parquet")
 _CLEAN_SOURCE = ("off", "archive", "delete")
 
 
-class MalformedInputError(ValueError):
+class MalformedInputError(RefusedInputError):
     """Input records do not match the source's format or schema; the message names file and line."""
 
 

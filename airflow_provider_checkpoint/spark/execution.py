@@ -32,6 +32,7 @@ from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
 from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
+from airflow_provider_checkpoint.exceptions import CheckpointAbortedError
 from airflow_provider_checkpoint.spark.state import StateTooLargeError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 
@@ -74,7 +75,7 @@ class Execution:
         return f"{'spark-submit' if self.mode is ExecutionMode.SUBMIT else 'Spark Connect'} through {via}"
 
 
-class StepDeclined(RuntimeError):
+class StepDeclined(CheckpointAbortedError):
     """The step declined the checkpoint; ``fatal`` ones are not retried (bad input, corrupt state)."""
 
     def __init__(self, reason: AbortReason, message: str, fatal: bool) -> None:

@@ -41,16 +41,13 @@ from airflow_provider_checkpoint.core.model import (
     RestoreRequest,
     StateHandle,
 )
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError
 from airflow_provider_checkpoint.storage.paths import confine
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
 _CHK = re.compile(r"^chk-(\d+)$")
 _LOCAL_PROTOCOLS = {"file", "local"}
-
-
-class CheckpointStorageError(RuntimeError):
-    """A checkpoint file is missing, corrupt or unreadable; the message names it."""
 
 
 class LeaseHeld(RuntimeError):

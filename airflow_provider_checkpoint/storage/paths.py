@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from airflow_provider_checkpoint.core.documents import path_problem
+from airflow_provider_checkpoint.exceptions import RefusedInputError
 
 _LOCAL = {"", "file", "local"}
 _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f\\?#%]")
 
 
-class UnsafePathError(ValueError):
+class UnsafePathError(RefusedInputError):
     """A user-given path lies outside every allowed root, or is not a plain path."""
 
 
