@@ -4,21 +4,17 @@
   to the allowed roots exactly as the trigger task confines it;
 * a restore request: what the ``restore_from_checkpoint`` DAG's first task does.
 
-Refusals raise one of :data:`REFUSALS`; their message is what the DAGs log.
+Refusals raise a :class:`~airflow_provider_checkpoint.exceptions.CheckpointError`; their message is what
+the DAGs log.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_checkpoint.core.job import JobRecordError
-from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.registry import JobLocation, find_job, list_jobs
-from airflow_provider_checkpoint.snapshots import RestoreError, request_restore, resolve_pointer
-from airflow_provider_checkpoint.storage import CheckpointStorageError
+from airflow_provider_checkpoint.snapshots import request_restore, resolve_pointer
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
-
-REFUSALS = (UnsafePathError, RestoreError, CheckpointStorageError, MetadataError, JobRecordError)
 
 
 def job_of_dag(dag_id: str) -> JobLocation | None:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from airflow_provider_checkpoint.core.documents import JOB_ID
+from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, load_json, shorten
 from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
 
@@ -100,9 +100,9 @@ def register(job: CheckpointJob) -> None:
 def decode_entry(data: bytes, source: str, job_id: str) -> JobLocation:
     """Validate one registry entry (the file of ``job_id``); raise :class:`RegistryError` naming ``source``."""
     try:
-        d = json.loads(data)
-    except ValueError as e:
-        raise RegistryError(f"{source} is not JSON ({e})") from e
+        d = load_json(data, source)
+    except DocumentError as e:
+        raise RegistryError(str(e)) from e
     if not isinstance(d, dict) or d.get("version") != REGISTRY_VERSION:
         raise RegistryError(f"{source}: not a version-{REGISTRY_VERSION} registry entry")
     problems = []
@@ -113,7 +113,7 @@ def decode_entry(data: bytes, source: str, job_id: str) -> JobLocation:
         problems.append(f"dag_id {dag_id!r} is not a DAG id")
     root = d.get("storage_root")
     if root is not None and not _plain_url(root):
-        problems.append(f"storage_root {root!r} is not an absolute URL without '..'")
+        problems.append(f"storage_root {shorten(root)} is not an absolute URL without '..'")
     conn_id = d.get("storage_conn_id")
     if conn_id is not None and not (isinstance(conn_id, str) and _CONN_ID.match(conn_id)):
         problems.append(f"storage_conn_id {conn_id!r} is not a connection id")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
 import shutil
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.arrow_state import range_tables, read_table
 from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.documents import MAX_ID
 from airflow_provider_checkpoint.core.model import (
     CheckpointType,
     CompletedCheckpoint,
@@ -36,6 +38,9 @@ from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+
+
+_ID = re.compile(r"^[0-9]+$")
 
 
 class RestoreError(RefusedInputError):
@@ -219,14 +224,17 @@ def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) 
         if not ids:
             raise CheckpointStorageError(f"job {storage.job_id} has no completed checkpoint in {storage.url()}")
         return storage.url(storage.chk_dir(ids[-1]))
-    if value.strip().isdigit():
-        value = value.strip()
-        if not storage.is_completed(int(value)):
+    if _ID.match(value.strip()):
+        digits = value.strip()
+        if len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
+            raise RestoreError(f"checkpoint: id {digits[:30]}… is larger than any checkpoint id ({MAX_ID})")
+        checkpoint_id = int(digits)
+        if not storage.is_completed(checkpoint_id):
             known = ", ".join(map(str, storage.completed_ids())) or "none"
             raise CheckpointStorageError(
-                f"job {storage.job_id} has no completed checkpoint {value} (retained: {known})"
+                f"job {storage.job_id} has no completed checkpoint {checkpoint_id} (retained: {known})"
             )
-        return storage.url(storage.chk_dir(int(value)))
+        return storage.url(storage.chk_dir(checkpoint_id))
     return resolve_under_roots(value, roots)
 
 

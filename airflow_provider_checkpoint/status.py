@@ -7,10 +7,10 @@ type-checked and a malformed document becomes a row that says so, never a crash.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+from airflow_provider_checkpoint.core.documents import MAX_TIMESTAMP
 from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.registry import JobLocation
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
@@ -23,10 +23,15 @@ def _int(value: Any) -> int | None:
     return value if type(value) is int and value >= 0 else None
 
 
-def _float(value: Any) -> float | None:
-    if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+def _float(value: Any, maximum: float = math.inf) -> float | None:
+    if type(value) in (int, float) and math.isfinite(value) and 0 <= value <= maximum:
         return float(value)
     return None
+
+
+def _time(value: Any) -> float | None:
+    """A time a datetime can show (seconds since the epoch up to year 9999), else ``None``."""
+    return _float(value, MAX_TIMESTAMP)
 
 
 def _str(value: Any, limit: int = 2000) -> str:
@@ -47,7 +52,7 @@ def checkpoint_row(stats: Any) -> JsonDict | None:
         return None
     steps = stats.get("steps")
     files = [_step_total(steps, "state_files"), _step_total(steps, "sink_files_staged")]
-    trigger, end = _float(stats.get("trigger_time")), _float(stats.get("end_time"))
+    trigger, end = _time(stats.get("trigger_time")), _time(stats.get("end_time"))
     duration = _float(stats.get("duration_seconds"))
     if duration is None and trigger is not None and end is not None and end >= trigger:
         duration = round(end - trigger, 3)
@@ -74,14 +79,7 @@ def checkpoint_row(stats: Any) -> JsonDict | None:
 
 def checkpoint_stats(storage: JobStorage, checkpoint_id: int) -> JsonDict | None:
     """The history row of one checkpoint, ``None`` without (valid) stats."""
-    name = f"_stats/{checkpoint_id}.json"
-    if not storage.exists(name):
-        return None
-    try:
-        row = checkpoint_row(json.loads(storage.read_bytes(name)))
-    except ValueError:
-        return None
-    return row if row is not None and row["checkpoint_id"] == checkpoint_id else None
+    return checkpoint_row(storage.load_stats(checkpoint_id))
 
 
 def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
@@ -99,7 +97,7 @@ def savepoints(storage: JobStorage) -> list[JsonDict]:
     for sp in storage.load_job().savepoints:
         if isinstance(sp, dict) and _int(sp.get("checkpoint_id")) is not None:
             out.append(
-                {"checkpoint_id": sp["checkpoint_id"], "path": _str(sp.get("path")), "time": _float(sp.get("time"))}
+                {"checkpoint_id": sp["checkpoint_id"], "path": _str(sp.get("path")), "time": _time(sp.get("time"))}
             )
     return sorted(out, key=lambda s: int(s["checkpoint_id"]), reverse=True)
 

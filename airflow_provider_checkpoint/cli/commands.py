@@ -18,18 +18,19 @@ from airflow.cli.simple_table import AirflowConsole
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 
 from airflow_provider_checkpoint import status
-from airflow_provider_checkpoint.actions import REFUSALS, job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.actions import job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.registry import find_job, list_jobs
 
-REFUSED, AUDIT_FINDINGS = 1, 3
+REFUSED, AUDIT_FINDINGS = 2, 3
 
 
 @contextmanager
 def _refusals(prefix: str = "") -> Iterator[None]:
-    """A refusal becomes its message on stderr and exit code 1 (no traceback)."""
+    """A refusal becomes its message on stderr and exit code 2 (no traceback)."""
     try:
         yield
-    except REFUSALS as e:
+    except CheckpointError as e:
         print(f"{prefix}{e}", file=sys.stderr)
         raise SystemExit(REFUSED) from e
 
@@ -77,7 +78,7 @@ def list_jobs_command(args: argparse.Namespace) -> None:
     for location in list_jobs():
         try:
             rows.append(status.job_status(location))
-        except REFUSALS as e:
+        except CheckpointError as e:
             rows.append(
                 {
                     "job_id": location.job_id,

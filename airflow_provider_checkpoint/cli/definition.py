@@ -7,9 +7,10 @@ from typing import Any
 EXIT_CODES = """Exit codes scripts can rely on:
 
 * ``0`` — done (for ``audit``: the job is clean; for ``restore --dry-run``: the snapshot is restorable)
-* ``1`` — refused or not found: unknown job or checkpoint, a path outside the allowed roots,
-  a snapshot that cannot be restored, an unreadable document; the message says which
-* ``2`` — wrong usage (argparse)
+* ``1`` — an unexpected error (a traceback: please report it)
+* ``2`` — refused: wrong usage (argparse), an unknown job or checkpoint, a path outside the
+  allowed roots, a snapshot that cannot be restored, a malformed stored document; the
+  message names the document or argument, the field and the rule
 * ``3`` — ``audit`` found problems (one finding a line)
 """
 

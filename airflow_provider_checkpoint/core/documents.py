@@ -30,6 +30,8 @@ CHECKSUM = re.compile(r"^sha256:[0-9a-f]{64}$")
 _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.=+-]{1,255}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+MAX_TIMESTAMP = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: the last second a datetime can show."""
 REQUIRED: Any = object()
 """Default of a field that must be present."""
 
@@ -41,7 +43,7 @@ class DocumentError(RefusedInputError):
     """
 
     def __init__(self, document: str, field: str, problem: str, value: Any = REQUIRED) -> None:
-        shown = "" if value is REQUIRED else f" (got {_short(value)})"
+        shown = "" if value is REQUIRED else f" (got {shorten(value)})"
         where = f"field {field} " if field else ""
         super().__init__(f"{document}: {where}{problem}{shown}")
         self.document = document
@@ -56,7 +58,8 @@ def load_json(data: bytes | str, document: str) -> Any:
         raise DocumentError(document, "", f"is not valid JSON ({str(e)[:200]})") from None
 
 
-def _short(value: Any) -> str:
+def shorten(value: Any) -> str:
+    """``repr(value)``, cut to 120 characters for an error message."""
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
@@ -140,15 +143,19 @@ class Fields:
             raise self.error(key, f"must be an integer in [{minimum}, {maximum}]", value)
         return value
 
-    def number(self, key: str, minimum: float = 0.0, default: Any = REQUIRED) -> Any:
+    def number(self, key: str, minimum: float = 0.0, default: Any = REQUIRED, maximum: float = 1e15) -> Any:
         value = self._get(key, default)
         if value is default and default is not REQUIRED:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(key, "must be a number", value)
-        if not math.isfinite(value) or value < minimum or value > 1e15:
-            raise self.error(key, f"must be a finite number in [{minimum}, 1e15]", value)
+        if not math.isfinite(value) or value < minimum or value > maximum:
+            raise self.error(key, f"must be a finite number in [{minimum}, {maximum:g}]", value)
         return float(value)
+
+    def timestamp(self, key: str, default: Any = REQUIRED) -> Any:
+        """Seconds since the epoch that a datetime can hold (up to the end of year 9999 UTC)."""
+        return self.number(key, default=default, maximum=MAX_TIMESTAMP)
 
     def flag(self, key: str, default: Any = REQUIRED) -> bool:
         value = self._get(key, default)

@@ -98,6 +98,6 @@ class JobRecord:
 def _savepoint_entry(source: str) -> Callable[[Any, str], JsonDict]:
     def read(value: Any, name: str) -> JsonDict:
         f = Fields(value, source, name)
-        return {"checkpoint_id": f.integer("checkpoint_id", 1), "path": f.text("path"), "time": f.number("time")}
+        return {"checkpoint_id": f.integer("checkpoint_id", 1), "path": f.text("path"), "time": f.timestamp("time")}
 
     return read

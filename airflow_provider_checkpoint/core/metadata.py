@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, Fields, enum_value, load_json
+from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, Fields, enum_value, load_json, shorten
 from airflow_provider_checkpoint.core.model import (
     Barrier,
     CheckpointType,
@@ -64,7 +64,7 @@ def decode(data: bytes, source: str = "_metadata") -> CompletedCheckpoint:
     if version != VERSION:
         raise MetadataError(
             source,
-            f"metadata version {_short(version)} is not supported by this provider "
+            f"metadata version {shorten(version)} is not supported by this provider "
             f"(it reads version {VERSION}); upgrade airflow-provider-checkpoint to restore it",
         )
     try:
@@ -79,8 +79,8 @@ def decode(data: bytes, source: str = "_metadata") -> CompletedCheckpoint:
             job_id=f.string("job_id", JOB_ID),
             checkpoint_id=checkpoint_id,
             type=enum_value(CheckpointType, f, "type"),
-            trigger_time=f.number("trigger_time"),
-            completion_time=f.number("completion_time"),
+            trigger_time=f.timestamp("trigger_time"),
+            completion_time=f.timestamp("completion_time"),
             restored_from=restored_from,
             barrier=barrier,
             operators=operator_snapshots(f, "operators", HandleScope(checkpoint_id, relocatable)),
@@ -96,8 +96,3 @@ def decode(data: bytes, source: str = "_metadata") -> CompletedCheckpoint:
 def _field_message(e: DocumentError) -> str:
     text = str(e)
     return text[len(e.document) + 2 :] if text.startswith(e.document + ": ") else text
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

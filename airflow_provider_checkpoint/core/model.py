@@ -306,7 +306,7 @@ class Barrier:
         f = Fields(d, document, where)
         return cls(
             checkpoint_id=f.integer("checkpoint_id", 1),
-            trigger_time=f.number("trigger_time"),
+            trigger_time=f.timestamp("trigger_time"),
             type=enum_value(CheckpointType, f, "type"),
             positions=f.mapping("positions", lambda v, name: v),
         )
@@ -537,5 +537,5 @@ class RestoreRequest:
             location_url=f.text("location_url"),
             checkpoint_id=f.integer("checkpoint_id", 1),
             allow_non_restored_state=f.flag("allow_non_restored_state"),
-            requested_at=f.number("requested_at"),
+            requested_at=f.timestamp("requested_at"),
         )

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from airflow_provider_checkpoint.core.documents import shorten
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -64,7 +65,7 @@ def validate_position(uid: str, position: object) -> Position:
         return Position({})
     files = position.get("files") if isinstance(position, Mapping) else None
     if not isinstance(position, Mapping) or not isinstance(files, Mapping):
-        raise InvalidPositionError(f"source {uid}: stored position {_short(position)} has no 'files' object")
+        raise InvalidPositionError(f"source {uid}: stored position {shorten(position)} has no 'files' object")
     checked: dict[str, int] = {}
     for name, size in files.items():
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
@@ -76,7 +77,7 @@ def validate_position(uid: str, position: object) -> Position:
     try:
         return Position(checked, datetime.fromisoformat(floor))
     except (TypeError, ValueError):
-        raise InvalidPositionError(f"source {uid}: partition_floor {_short(floor)} is not an ISO date") from None
+        raise InvalidPositionError(f"source {uid}: partition_floor {shorten(floor)} is not an ISO date") from None
 
 
 def next_position(
@@ -116,8 +117,3 @@ def next_position(
 def split(previous: Mapping[str, int], barrier: Mapping[str, int]) -> dict[str, int]:
     """The files in ``[previous, barrier)``: in the barrier, not yet processed."""
     return {name: size for name, size in barrier.items() if name not in previous}
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."

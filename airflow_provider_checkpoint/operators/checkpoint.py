@@ -14,10 +14,9 @@ from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
+from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
 from airflow_provider_checkpoint.registry import register
-from airflow_provider_checkpoint.snapshots import RestoreError
-from airflow_provider_checkpoint.storage import CheckpointStorageError
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
 
 SKIPPED_KEY = "skipped"
@@ -84,7 +83,7 @@ class CheckpointTriggerOperator(BaseOperator):
             if e.reason is AbortReason.MIN_PAUSE:
                 self._skip(ti, e.message)
             raise AirflowFailException(str(e)) from e
-        except (RestoreError, CheckpointStorageError, DocumentError, UnsafePathError) as e:
+        except CheckpointError as e:  # refused input or unreadable storage: a retry cannot help
             raise AirflowFailException(str(e)) from e
         self.log.info(
             "checkpoint %d of job %s: barrier cut, restoring from %s",
@@ -259,7 +258,7 @@ class CheckpointFinalizeOperator(BaseOperator):
                 acks.append(None)
         try:
             completed = self.job.coordinator().finalize(plan, acks, declines=declines)
-        except CheckpointAborted as e:
+        except CheckpointError as e:  # aborted, or a refused document: a retry cannot help
             raise AirflowFailException(str(e)) from e
         for asset in self.outlets:
             if isinstance(asset, Asset):

@@ -19,7 +19,8 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from airflow_provider_checkpoint import status
-from airflow_provider_checkpoint.actions import REFUSALS, job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.actions import job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.registry import JobLocation, list_jobs
 
 STATIC = Path(__file__).parent / "static"
@@ -83,7 +84,7 @@ def create_app() -> FastAPI:
             if manager.is_authorized_dag(method="GET", details=details, user=user):
                 try:
                     out.append(status.job_status(job))
-                except REFUSALS as e:
+                except CheckpointError as e:
                     out.append({"job_id": job.job_id, "dag_id": job.dag_id, "status": "UNREADABLE", "error": str(e)})
         return out
 
@@ -92,7 +93,7 @@ def create_app() -> FastAPI:
         job = _job(dag_id)
         try:
             return {**status.job_status(job), "savepoints": status.savepoints(job.storage())}
-        except REFUSALS as e:
+        except CheckpointError as e:
             raise _refused(e) from e
 
     @app.get("/api/dags/{dag_id}/history", dependencies=read)
@@ -103,7 +104,7 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         try:
             return status.history(_job(dag_id).storage(), offset, limit)
-        except REFUSALS as e:
+        except CheckpointError as e:
             raise _refused(e) from e
 
     @app.post("/api/dags/{dag_id}/savepoint", dependencies=create_run)
@@ -111,7 +112,7 @@ def create_app() -> FastAPI:
         """Trigger a savepoint run (the trigger form's conf), optionally stopping the job after it."""
         try:
             conf = savepoint_conf(_job(dag_id), body.savepoint_dir, body.stop)
-        except REFUSALS as e:
+        except CheckpointError as e:
             raise _refused(e) from e
         return {"dag_id": dag_id, "dag_run_id": _trigger(dag_id, conf, user), "conf": conf}
 
@@ -121,7 +122,7 @@ def create_app() -> FastAPI:
         job = _job(dag_id)
         try:
             summary = restore_job(job.job_id, body.checkpoint, body.allow_non_restored_state, body.dry_run)
-        except REFUSALS as e:
+        except CheckpointError as e:
             raise _refused(e, "restore refused: ") from e
         if body.trigger_pipeline and not body.dry_run:
             summary["dag_run_id"] = _trigger(dag_id, {}, user)

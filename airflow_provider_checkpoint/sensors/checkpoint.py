@@ -12,9 +12,10 @@ import datetime
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.job import CheckpointJob, default_storage_root, job_storage
 from airflow_provider_checkpoint.triggers.checkpoint import (
     CheckpointCompletedTrigger,
@@ -45,14 +46,21 @@ class _DeferrableSensor(BaseSensorOperator):
     def _trigger(self) -> Any:
         raise NotImplementedError
 
+    def _checked(self) -> JsonDict | None:
+        """``_found()``; a refused document or unreadable storage fails the sensor without retry."""
+        try:
+            return self._found()
+        except CheckpointError as e:
+            raise AirflowFailException(f"{self.task_id}: {e}") from e
+
     def poke(self, context: Any) -> bool | PokeReturnValue:
-        found = self._found()
+        found = self._checked()
         return PokeReturnValue(is_done=True, xcom_value=found) if found is not None else False
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        found = self._found()
+        found = self._checked()
         if found is not None:
             return found
         self.defer(
@@ -62,6 +70,8 @@ class _DeferrableSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Any, event: JsonDict | None = None) -> JsonDict:
+        if event and event.get("status") == "refused":
+            raise AirflowFailException(f"{self.task_id}: {event.get('message')}")
         if not event or event.get("status") != "success":
             raise AirflowException(f"{self.task_id}: {(event or {}).get('message', 'trigger ended without event')}")
         self.log.info("%s: condition met: %s", self.task_id, event)
@@ -145,7 +155,7 @@ class CheckpointCompletedSensor(_DeferrableSensor):
             try:
                 self._after = int(self.after_checkpoint_id)
             except ValueError as e:
-                raise ValueError(f"{self.task_id}: after_checkpoint_id must be an integer, got {e}") from e
+                raise AirflowFailException(f"{self.task_id}: after_checkpoint_id must be an integer, got {e}") from e
         kind = "savepoint" if self.savepoint else "checkpoint"
         self.log.info("waiting for a %s of job %s newer than checkpoint %d", kind, self.job_id, self._after)
         return super().execute(context)

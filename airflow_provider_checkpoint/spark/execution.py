@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
-from airflow_provider_checkpoint.dataflow.sources import MalformedInputError
-from airflow_provider_checkpoint.exceptions import CheckpointAbortedError
+from airflow_provider_checkpoint.exceptions import CheckpointAbortedError, RefusedInputError
 from airflow_provider_checkpoint.spark.state import StateTooLargeError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 
@@ -90,7 +90,7 @@ def decline_for(e: BaseException) -> StepDeclined:
         return e
     reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
     reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
-    fatal = isinstance(e, MalformedInputError | CheckpointStorageError | PipelineDefinitionError | StateTooLargeError)
+    fatal = isinstance(e, RefusedInputError | CheckpointStorageError | StateTooLargeError)
     return StepDeclined(reason, str(e), fatal)
 
 
@@ -145,7 +145,7 @@ def read_ack(storage: JobStorage, plan: CheckpointPlan, step: str, attempt: int)
     if not storage.exists(f"{attempt_dir}/{ACK_FILE}"):
         raise StepDeclined(AbortReason.DECLINED, f"the driver finished without writing its ack {where}", False)
     try:
-        ack = Ack.from_dict(json.loads(storage.read_bytes(f"{attempt_dir}/{ACK_FILE}")))
+        ack = Ack.from_dict(load_json(storage.read_bytes(f"{attempt_dir}/{ACK_FILE}"), where), where)
     except (ValueError, KeyError, TypeError) as e:
         raise StepDeclined(AbortReason.DECLINED, f"unreadable ack {where}: {e}", False) from e
     got = (ack.job_id, ack.checkpoint_id, ack.step, ack.attempt, ack.attempt_dir)
@@ -173,7 +173,7 @@ def read_decline(storage: JobStorage, attempt_dir: str) -> StepDeclined | None:
     if not storage.exists(f"{attempt_dir}/{DECLINE_FILE}"):
         return None
     try:
-        d = json.loads(storage.read_bytes(f"{attempt_dir}/{DECLINE_FILE}"))
+        d = load_json(storage.read_bytes(f"{attempt_dir}/{DECLINE_FILE}"), storage.url(f"{attempt_dir}/{DECLINE_FILE}"))
         reasons = {r.value: r for r in AbortReason}
         return StepDeclined(reasons.get(str(d["reason"]), AbortReason.DECLINED), str(d["message"]), bool(d["fatal"]))
     except (ValueError, KeyError, TypeError) as e:

@@ -31,7 +31,7 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.documents import DocumentError, load_json
+from airflow_provider_checkpoint.core.documents import MAX_TIMESTAMP, DocumentError, load_json, shorten
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
 from airflow_provider_checkpoint.core.model import (
@@ -61,8 +61,12 @@ class LeaseHeld(RuntimeError):
         self.holder = holder
 
 
-def _utc(timestamp: float | None) -> str:
-    return "never" if timestamp is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+def _utc(timestamp: Any) -> str:
+    if timestamp is None or timestamp == math.inf:
+        return "never"
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not 0 <= timestamp <= MAX_TIMESTAMP:
+        return f"{str(timestamp)[:40]!r} (not a time)"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
 def file_checksum(fs: AbstractFileSystem, path: str) -> str:
@@ -133,7 +137,10 @@ class Location:
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> Location:
-        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        try:
+            fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
+            raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
         if _is_local(fs):
             path = posixpath.abspath(path)
         return cls(fs, path.rstrip("/"))
@@ -355,6 +362,18 @@ class JobStorage(Location):
 
     def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
         self.write_atomic(f"_stats/{checkpoint_id}.json", json.dumps(stats, indent=1, sort_keys=True).encode())
+
+    def load_stats(self, checkpoint_id: int) -> JsonDict | None:
+        """The stats of ``checkpoint_id``; ``None`` when missing or not a JSON object of that id.
+
+        Stats are informational: an unreadable file is skipped, never trusted.
+        """
+        name = f"_stats/{checkpoint_id}.json"
+        try:
+            stats = load_json(self.fs.cat_file(self.path(name)), self.url(name))
+        except (FileNotFoundError, DocumentError):
+            return None
+        return stats if isinstance(stats, dict) and stats.get("checkpoint_id") == checkpoint_id else None
 
     def read_stats(self) -> list[JsonDict]:
         folder = self.path("_stats")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from airflow_provider_checkpoint.core.documents import path_problem
+from airflow_provider_checkpoint.core.documents import path_problem, shorten
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 
 _LOCAL = {"", "file", "local"}
@@ -38,16 +38,17 @@ def resolve_under_roots(candidate: str, roots: Sequence[str]) -> str:
     Raises :class:`UnsafePathError` naming the allowed roots otherwise.
     """
     allowed = ", ".join(roots) or "(none configured)"
+    shown = shorten(candidate)
     if not candidate or _NOT_PLAIN.search(candidate) or candidate != candidate.strip():
         raise UnsafePathError(
-            f"path {candidate!r} is not a plain path (control characters, surrounding spaces, '\\', '?', '#' "
+            f"path {shown} is not a plain path (control characters, surrounding spaces, '\\', '?', '#' "
             f"and '%' are refused rather than silently changed); allowed roots: {allowed}"
         )
     scheme, netloc, path = _split(candidate)
     if not path.startswith("/"):
-        raise UnsafePathError(f"path {candidate!r} must be absolute; allowed roots: {allowed}")
+        raise UnsafePathError(f"path {shown} must be absolute; allowed roots: {allowed}")
     if ".." in path.split("/"):
-        raise UnsafePathError(f"path {candidate!r} contains '..'; allowed roots: {allowed}")
+        raise UnsafePathError(f"path {shown} contains '..'; allowed roots: {allowed}")
     normalized = posixpath.normpath(path)
     for root in roots:
         r_scheme, r_netloc, r_path = _split(root)
@@ -60,7 +61,7 @@ def resolve_under_roots(candidate: str, roots: Sequence[str]) -> str:
                 return f"file://{real}"
         elif within(normalized, r_path):
             return f"{scheme}://{netloc}{normalized}"
-    raise UnsafePathError(f"path {candidate!r} is outside the allowed roots: {allowed}")
+    raise UnsafePathError(f"path {shown} is outside the allowed roots: {allowed}")
 
 
 def within(real: str, real_root: str) -> bool:

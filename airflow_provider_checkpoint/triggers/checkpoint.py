@@ -8,7 +8,6 @@ filesystem never blocks the triggerer's event loop.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.job import job_storage
 from airflow_provider_checkpoint.storage import JobStorage
 
@@ -58,11 +58,10 @@ def committed_after(storage: JobStorage, after_checkpoint_id: int, savepoint: bo
     for checkpoint_id in reversed(storage.completed_ids()):
         if checkpoint_id <= after_checkpoint_id:
             return None
-        stats = f"_stats/{checkpoint_id}.json"
-        if storage.exists(stats):
-            record = json.loads(storage.read_bytes(stats))
-            if record.get("status") == "COMPLETED":
-                return {"checkpoint_id": checkpoint_id, "end_time": record.get("end_time")}
+        record = storage.load_stats(checkpoint_id)
+        if record is not None and record.get("status") == "COMPLETED":
+            end_time = record.get("end_time")
+            return {"checkpoint_id": checkpoint_id, "end_time": end_time if isinstance(end_time, int | float) else None}
     return None
 
 
@@ -121,6 +120,9 @@ class _StorageTrigger(BaseTrigger):
         while True:
             try:
                 found = await asyncio.to_thread(self._poll)
+            except CheckpointError as e:  # refused input: the sensor fails without retry
+                yield TriggerEvent({"status": "refused", "message": f"job {self.job_id}: {e}"})
+                return
             except Exception as e:  # the sensor decides; the message names the job and the error
                 yield TriggerEvent({"status": "error", "message": f"job {self.job_id}: {e!r}"})
                 return

@@ -85,9 +85,9 @@ def test_job_with_its_own_storage_root(own_storage, example_dag, restore_dag, tm
     watched = (tmp_path / "own-root", default, tmp_path / "savepoints")
     before = tree(*watched)
     code, _, err = cli(capsys, "restore", JOB, "--checkpoint", "/etc")
-    assert code == 1 and err.startswith("restore refused: path '/etc' is outside the allowed roots")
+    assert code == 2 and err.startswith("restore refused: path '/etc' is outside the allowed roots")
     code, _, err = cli(capsys, "restore", JOB, "--checkpoint", "9")
-    assert code == 1 and err == f"restore refused: job {JOB} has no completed checkpoint 9 (retained: 1, 2)\n"
+    assert code == 2 and err == f"restore refused: job {JOB} has no completed checkpoint 9 (retained: 1, 2)\n"
     code, out, _ = cli(capsys, "restore", JOB, "--checkpoint", "1", "--dry-run")
     assert code == 0 and out.startswith(f"dry run: job {JOB} can be restored from checkpoint 1")
     assert tree(*watched) == before, "refusals and dry runs write nothing"
@@ -98,7 +98,7 @@ def test_job_with_its_own_storage_root(own_storage, example_dag, restore_dag, tm
         capture_output=True,
         text=True,
     )
-    assert refused.returncode == 1 and "restore refused: path 'latest/../x' must be absolute" in refused.stderr
+    assert refused.returncode == 2 and "restore refused: path 'latest/../x' must be absolute" in refused.stderr
 
     # the restore DAG finds the job under its own root
     conf = {"job_id": JOB, "checkpoint": "1", "trigger_pipeline": False}
@@ -124,7 +124,7 @@ def test_savepoint_command_triggers_a_run_with_the_trigger_form_conf(example_dag
     assert pipeline.test().state == "success"  # also puts the DAG into the metadata DB
     runs = len(DagRun.find(dag_id=pipeline.dag_id))
     code, _, err = cli(capsys, "savepoint", pipeline.dag_id, "--dir", f"{tmp_path}/savepoints/../outside")
-    assert code == 1 and err.startswith("savepoint_dir refused: path")
+    assert code == 2 and err.startswith("savepoint_dir refused: path")
     code, out, _ = cli(capsys, "savepoint", pipeline.dag_id, "--stop")
     triggered = re.search(r"^triggered savepoint run (\S+) of DAG example_clickstream and stop the job;", out, re.M)
     assert code == 0 and triggered, out

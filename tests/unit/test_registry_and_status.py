@@ -49,7 +49,7 @@ def test_malformed_entries_are_refused_naming_the_file(overrides, message):
 
 
 def test_not_json_is_refused():
-    with pytest.raises(RegistryError, match="is not JSON"):
+    with pytest.raises(RegistryError, match="is not valid JSON"):
         decode_entry(b"{", "e", "clicks")
 
 
