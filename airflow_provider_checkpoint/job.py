@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.documents import shorten
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError
 from airflow_provider_checkpoint.storage import JobStorage
 
 SECTION = "checkpoint"
@@ -49,7 +51,11 @@ def job_storage(job_id: str, storage_root: str | None = None, conn_id: str | Non
     """The storage of ``job_id`` through Airflow's ObjectStoragePath (connections apply)."""
     from airflow.sdk import ObjectStoragePath
 
-    root = ObjectStoragePath(storage_root or default_storage_root(), conn_id=conn_id)
+    url = storage_root or default_storage_root()
+    try:
+        root = ObjectStoragePath(url, conn_id=conn_id)
+    except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
+        raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
     path: Any = root.path
     return JobStorage(root.fs, str(path).rstrip("/"), job_id)
 

@@ -259,7 +259,7 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
         node = nodes.get(uid, {})
         if node.get("format") == TABLE_FORMAT:
             check_table_committables(
-                cp.checkpoint_id, committables, node.get("mode", ""), snapshot.location.url(METADATA)
+                cp.checkpoint_id, committables, node.get("mode", ""), snapshot.location.url(METADATA), f"sinks.{uid}"
             )
     summary: dict[str, Any] = {
         "job_id": storage.job_id,

@@ -46,30 +46,32 @@ def table_file_pattern(mode: str, checkpoint_id: int) -> re.Pattern[str]:
     return re.compile(rf"^part-c{checkpoint_id:010d}-\d{{5}}\.parquet$") if mode == "append" else _BUCKET_FILE
 
 
-def check_table_committables(checkpoint_id: int, committables: Any, mode: str, document: str) -> list[list[str]]:
+def check_table_committables(
+    checkpoint_id: int, committables: Any, mode: str, document: str, field: str = "committables"
+) -> list[list[str]]:
     """The moves of ``committables`` if they have exactly the shape :class:`ParquetTableSink` stages.
 
     ``{"checkpoint_id": <id>, "moves": [[staged, target], ...]}``: ``staged`` lies under
     ``_staging/chk-<id>/``, ``target`` is a file name of the table's own naming scheme for
     ``mode``, and no target appears twice.
     """
-    reader = Fields({"committables": committables}, document)
+    reader = Fields({field: committables}, document)
     targets = table_file_pattern(mode, checkpoint_id)
     moves: list[list[str]] = []
-    for i, item in enumerate(reader.items("committables")):
-        c = Fields(item, document, f"committables[{i}]")
+    for i, item in enumerate(reader.items(field)):
+        c = Fields(item, document, f"{field}[{i}]")
         if c.integer("checkpoint_id", 1) != checkpoint_id:
             raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
         for j, move in enumerate(c.items("moves")):
-            field = f"committables[{i}].moves[{j}]"
+            where = f"{field}[{i}].moves[{j}]"
             if not isinstance(move, list) or len(move) != 2:
-                raise DocumentError(document, field, "must be [staged, target]", move)
-            staged = relative_path(move[0], document, f"{field}[0]", under=f"_staging/chk-{checkpoint_id}")
-            target = relative_path(move[1], document, f"{field}[1]", pattern=targets)
+                raise DocumentError(document, where, "must be [staged, target]", move)
+            staged = relative_path(move[0], document, f"{where}[0]", under=f"_staging/chk-{checkpoint_id}")
+            target = relative_path(move[1], document, f"{where}[1]", pattern=targets)
             moves.append([staged, target])
     names = [t for _, t in moves]
     if len(set(names)) != len(names):
-        raise DocumentError(document, "committables", "name a target file twice")
+        raise DocumentError(document, field, "name a target file twice")
     return moves
 
 

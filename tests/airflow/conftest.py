@@ -19,6 +19,21 @@ def airflow_db() -> None:
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
 
 
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``airflow checkpoints <argv>`` in this process, through Airflow's own parser: (exit code, out, err)."""
+    from airflow.cli import cli_parser
+
+    args = cli_parser.get_parser().parse_args(["checkpoints", *argv])
+    capsys.readouterr()
+    try:
+        args.func(args)
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def load_dag_module(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader

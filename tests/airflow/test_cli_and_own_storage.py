@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
+from tests.airflow.conftest import cli
 
 pytestmark = pytest.mark.airflow
 JOB = "example_clickstream"
@@ -28,21 +29,6 @@ def own_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The example pipeline with ``storage=`` a root of its own (set before the DAG file is loaded)."""
     monkeypatch.setenv("CLICKSTREAM_STORAGE", f"file://{tmp_path}/own-root")
     return tmp_path / "own-root" / JOB
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``airflow checkpoints <argv>`` in this process, through Airflow's own parser: (exit code, out, err)."""
-    from airflow.cli import cli_parser
-
-    args = cli_parser.get_parser().parse_args(["checkpoints", *argv])
-    capsys.readouterr()
-    try:
-        args.func(args)
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def tree(*roots: Path) -> dict[str, bytes]:

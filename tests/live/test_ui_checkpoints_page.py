@@ -91,6 +91,8 @@ def test_endpoints_honour_airflow_auth_and_refuse_crafted_paths(
         ("restore", {"checkpoint": "/etc", "trigger_pipeline": True}, "restore refused: path '/etc' is outside"),
         ("restore", {"checkpoint": f"{live.savepoint_root}/../outside"}, "restore refused: path"),
         ("restore", {"checkpoint": "s3://bucket/savepoints/x"}, "restore refused: path"),
+        ("restore", {"checkpoint": "²"}, "restore refused: path '²' must be absolute"),
+        ("restore", {"checkpoint": "9" * 4000}, "restore refused: checkpoint: id 999"),
     ]
     for action, body, message in crafted:
         r = live.api("POST", f"{API}/{action}", json=body)

@@ -134,8 +134,9 @@ def test_completed_trigger_for_savepoints(env: Env) -> None:
     assert event.payload == {"status": "success", "checkpoint_id": 1, "savepoint": "file:///sp/savepoint-1"}
 
 
-def test_trigger_reports_unreadable_storage_as_error_event(env: Env) -> None:
+def test_trigger_reports_a_refused_document_as_refused_event(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
     (env.chk(1) / "_metadata").write_text("not a checkpoint")
     event = run_isolated(first_event(input_trigger(env)))
-    assert event.payload["status"] == "error" and f"job {JOB}" in event.payload["message"]
+    assert event.payload["status"] == "refused" and f"job {JOB}" in event.payload["message"]
+    assert "chk-1/_metadata" in event.payload["message"] and "not valid JSON" in event.payload["message"]
