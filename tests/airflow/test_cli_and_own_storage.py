@@ -64,7 +64,7 @@ def test_job_with_its_own_storage_root(own_storage, example_dag, restore_dag, tm
     detail = json.loads(out)
     assert code == 0 and detail["records_in"] == len(landed[0])
     assert detail["operators"]["page_views"]["rows"] == landed[0]["page"].nunique()
-    assert cli(capsys, "show", JOB, "7")[0] == 1
+    assert cli(capsys, "show", JOB, "7")[0] == 2
 
     assert cli(capsys, "audit", JOB)[:2] == (0, f"job {JOB}: clean (file://{own})\n")
 
@@ -118,4 +118,4 @@ def test_savepoint_command_triggers_a_run_with_the_trigger_form_conf(example_dag
     (run,) = DagRun.find(dag_id=pipeline.dag_id, run_id=run_id)
     assert run.conf == {"savepoint": True, "savepoint_dir": None, "stop_after_savepoint": True}
     assert len(DagRun.find(dag_id=pipeline.dag_id)) == runs + 1, "the refused savepoint triggered nothing"
-    assert cli(capsys, "savepoint", "no_such_dag")[0] == 1
+    assert cli(capsys, "savepoint", "no_such_dag")[0] == 2
