@@ -75,7 +75,7 @@ def checkpoint_operator(
         fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
         layout = None
     if layout is not None and restored is not None:
-        state = read_state(spark, storage, restored, verify=False)
+        state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = node.changes(inputs, state, barrier, restored.rows), None
         if changelog is None:
             new_state, output = node.process(inputs, state, barrier)
@@ -83,7 +83,7 @@ def checkpoint_operator(
         if changelog is not None and _same_columns(changelog, restored):
             return _incremental(storage, directory, checkpoint_id, node, restored, layout, changelog, output, where)
     state = (
-        read_state(spark, restore_base, restored, verify=False)
+        read_state(spark, restore_base, restored, verify=False, uid=node.uid)
         if restored is not None
         else node.initial_state(spark, inputs)
     )
