@@ -67,8 +67,10 @@ def verify_state(base: Location, uid: str, state: OperatorSnapshot, new_in: str 
     With ``new_in`` (a directory; finalize), files outside it — kept from older
     checkpoints, each hashed when it was written — are checked by size only.
     """
-    if state.inline is not None:
-        read_inline(state, uid) if new_in is None else inline_parquet(state, uid)
+    if state.inline is not None and new_in is None:
+        read_inline(state, uid)
+    elif state.inline is not None:
+        inline_parquet(state, uid)
     for handle in state.handles:
         base.verify(handle, deep=new_in is None or handle.path.startswith(new_in + "/"))
         if new_in is None:
