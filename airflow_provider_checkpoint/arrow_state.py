@@ -11,10 +11,11 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.core.model import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet
 
@@ -22,35 +23,131 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 DELETED, SEQ = "__deleted", "__seq"
+_ARROW_NAMES = {
+    "string": ("string", "large_string"),
+    "binary": ("binary", "large_binary"),
+    "boolean": ("bool",),
+    "byte": ("int8",),
+    "short": ("int16",),
+    "integer": ("int32",),
+    "long": ("int64",),
+    "float": ("float",),
+    "double": ("double",),
+    "date": ("date32[day]",),
+}
+"""Spark's simple types and the pyarrow types Parquet files of them read as."""
+
+
+class StateFileError(CheckpointStorageError):
+    """A state file (or inline state) does not hold the columns its ``_metadata`` records."""
+
+
+def check_file(base: Location, handle: StateHandle, state: OperatorSnapshot, uid: str) -> None:
+    """The columns in the Parquet footer of ``handle`` are those ``state`` records (one small read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with base.fs.open(base.path(handle.path), "rb") as f:
+        try:
+            schema = pq.read_schema(f)
+        except pa.ArrowException as e:
+            raise StateFileError(f"state file {base.url(handle.path)} of operator {uid!r} is not Parquet: {e}") from e
+    check_columns(schema, state, handle.delta is not None, base.url(handle.path), uid)
+
+
+def check_columns(schema: pa.Schema, state: OperatorSnapshot, delta: bool, where: str, uid: str) -> None:
+    """Raise :class:`StateFileError` unless ``schema`` has exactly the recorded state columns, with
+    types of the recorded kinds (a delta: also ``__deleted`` and ``__seq``); ``where`` names the file."""
+    expected = _recorded_columns(state, uid)
+    if delta:
+        expected |= {DELETED: "boolean", SEQ: "long"}
+    problems = []
+    missing = [name for name in expected if name not in schema.names]
+    if missing:
+        keys = [k for k in state.keys if k in missing]
+        problems.append(f"missing column(s) {missing}" + (f", among them declared key(s) {keys}" if keys else ""))
+    unexpected = [name for name in schema.names if name not in expected]
+    if unexpected:
+        problems.append(f"unexpected column(s) {unexpected}")
+    for field in schema:
+        if field.name in expected and not _same_kind(expected[field.name], field.type):
+            problems.append(f"column {field.name!r} is {field.type}, recorded as {json.dumps(expected[field.name])}")
+    if problems:
+        raise StateFileError(
+            f"state file {where} of operator {uid!r} does not match the state schema recorded in its _metadata: "
+            + "; ".join(problems)
+        )
+
+
+def _recorded_columns(state: OperatorSnapshot, uid: str) -> dict[str, Any]:
+    """Column name → Spark type (JSON form) of the state schema recorded for operator ``uid``."""
+    try:
+        return {f["name"]: f["type"] for f in json.loads(state.schema)["fields"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise StateFileError(
+            f"the state schema recorded for operator {uid!r} in its _metadata is not a Spark struct schema: {e!r}"
+        ) from e
+
+
+def _same_kind(spark_type: Any, arrow_type: pa.DataType) -> bool:
+    """``arrow_type`` can hold Spark type ``spark_type`` (JSON form); types it cannot judge pass."""
+    import pyarrow as pa
+
+    if pa.types.is_null(arrow_type):  # a column of nulls only
+        return True
+    if isinstance(spark_type, dict):
+        kind = spark_type.get("type")
+        checks = {"struct": pa.types.is_struct, "array": _is_list, "map": pa.types.is_map}
+        return kind not in checks or checks[kind](arrow_type)
+    if spark_type in _ARROW_NAMES:
+        return str(arrow_type) in _ARROW_NAMES[spark_type]
+    if spark_type.startswith("timestamp"):
+        return bool(pa.types.is_timestamp(arrow_type))
+    if spark_type.startswith("decimal"):
+        return bool(pa.types.is_decimal(arrow_type))
+    return True
+
+
+def _is_list(arrow_type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type))
 
 
 def read_table(base: Location, state: OperatorSnapshot, uid: str) -> pa.Table:
-    """The whole state of operator ``uid`` (files unchecked: verify them first)."""
+    """The whole state of operator ``uid`` (checksums unchecked: verify them first; columns checked)."""
+    if state.inline is not None:
+        return read_inline(state, uid)
+    return _merged(base, state, state.handles, uid)
+
+
+def read_inline(state: OperatorSnapshot, uid: str) -> pa.Table:
+    """The inline state of operator ``uid``, checked against its recorded columns."""
     import pyarrow.parquet as pq
 
-    if state.inline is not None:
-        return pq.read_table(io.BytesIO(inline_parquet(state, uid)))
-    return _merged(base, state, state.handles)
+    table = pq.read_table(io.BytesIO(inline_parquet(state, uid)))
+    check_columns(table.schema, state, False, f"(inline in _metadata, {state.size} bytes)", uid)
+    return table
 
 
-def range_tables(base: Location, state: OperatorSnapshot) -> Iterator[tuple[tuple[int, int], pa.Table]]:
+def range_tables(base: Location, state: OperatorSnapshot, uid: str) -> Iterator[tuple[tuple[int, int], pa.Table]]:
     """The merged state per key-group range (all key groups at once if the files have no ranges)."""
     layout = StateLayout.of(state)
     if layout is None:
-        yield (0, state.max_parallelism - 1), _merged(base, state, state.handles)
+        yield (0, state.max_parallelism - 1), _merged(base, state, state.handles, uid)
         return
     for r in layout.ranges:
-        yield r.key_groups, _merged(base, state, r.handles)
+        yield r.key_groups, _merged(base, state, r.handles, uid)
 
 
-def _merged(base: Location, state: OperatorSnapshot, handles: Sequence[StateHandle]) -> pa.Table:
+def _merged(base: Location, state: OperatorSnapshot, handles: Sequence[StateHandle], uid: str) -> pa.Table:
     import pyarrow as pa
 
     full, deltas = merge_order(tuple(handles))
-    table = _concat(base, full, state)
+    table = _concat(base, full, state, uid)
     if not deltas:
         return table
-    changes = _concat(base, [h for _, hs in deltas for h in hs], state)
+    changes = _concat(base, [h for _, hs in deltas for h in hs], state, uid)
     rows = len(table)
     table = table.append_column(DELETED, pa.array([False] * rows)).append_column(SEQ, pa.array([-1] * rows, pa.int64()))
     both = pa.concat_tables([table, changes.select(table.column_names)], promote_options="permissive")
@@ -63,14 +160,16 @@ def _merged(base: Location, state: OperatorSnapshot, handles: Sequence[StateHand
     return latest.filter(pc.invert(pc.fill_null(latest[DELETED], False))).drop_columns([DELETED, SEQ, "__row"])
 
 
-def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnapshot) -> pa.Table:
+def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnapshot, uid: str) -> pa.Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     tables = []
     for handle in handles:
         with base.fs.open(base.path(handle.path), "rb") as f:
-            tables.append(pq.read_table(f))
+            file = pq.ParquetFile(f)
+            check_columns(file.schema_arrow, state, handle.delta is not None, base.url(handle.path), uid)
+            tables.append(file.read())
     if tables:
         return pa.concat_tables(tables, promote_options="default")
     names = [field["name"] for field in json.loads(state.schema)["fields"]]

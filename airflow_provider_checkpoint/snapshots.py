@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.arrow_state import range_tables, read_table
+from airflow_provider_checkpoint.arrow_state import check_file, range_tables, read_inline, read_table
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import MAX_ID
 from airflow_provider_checkpoint.core.model import (
@@ -67,13 +67,19 @@ class Snapshot:
 def verify_state(base: Location, uid: str, state: OperatorSnapshot, new_in: str | None = None) -> None:
     """The state files, or the inline state, of operator ``uid`` are intact.
 
-    With ``new_in`` (a directory), files outside it — kept from older checkpoints, each
-    hashed when it was written — are checked by size only.
+    Without ``new_in`` (a snapshot to restore or read), each also holds the recorded
+    columns (:class:`~airflow_provider_checkpoint.arrow_state.StateFileError` otherwise).
+    With ``new_in`` (a directory; finalize), files outside it — kept from older
+    checkpoints, each hashed when it was written — are checked by size only.
     """
-    if state.inline is not None:
+    if state.inline is not None and new_in is None:
+        read_inline(state, uid)
+    elif state.inline is not None:
         inline_parquet(state, uid)
     for handle in state.handles:
         base.verify(handle, deep=new_in is None or handle.path.startswith(new_in + "/"))
+        if new_in is None:
+            check_file(base, handle, state, uid)
 
 
 def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
@@ -138,6 +144,9 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
     """
     if target.exists(METADATA):
         return target.load_snapshot()
+    for uid, state in sorted(checkpoint.operators.items()):  # every file's columns, before anything is written
+        for handle in state.handles:
+            check_file(source, handle, state, uid)
     operators: dict[str, OperatorSnapshot] = {}
     for uid, state in sorted(checkpoint.operators.items()):
         handles = []
@@ -191,7 +200,7 @@ def read_state(pointer: str, operator_uid: str, spark: SparkSession | None = Non
     if spark is not None:
         from airflow_provider_checkpoint.spark.state import read_state as read_spark_state
 
-        return read_spark_state(spark, snapshot.base, state)
+        return read_spark_state(spark, snapshot.base, state, uid=operator_uid)
     return read_table(snapshot.base, state, operator_uid)
 
 
@@ -201,7 +210,7 @@ def _write_merged(source: Location, state: OperatorSnapshot, target: Location, u
     import pyarrow.parquet as pq
 
     handles = []
-    for (lo, hi), table in range_tables(source, state):
+    for (lo, hi), table in range_tables(source, state, uid):
         if not len(table):
             continue
         buffer = io.BytesIO()

@@ -158,6 +158,10 @@ class StatefulOperator(Node):
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
         raise NotImplementedError
 
+    one_row_per_key = True
+    """The state holds at most one row per key: a checkpoint may then write only the keys whose
+    row changed (incremental state). ``False``: every checkpoint writes a full version."""
+
     reads_input_once = False
     """The operator's first Spark action reads its whole input, and it never reads the input
     again: a source feeding only this operator is then read in one pass, uncached

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 CoStateFunction = Callable[["Mapping[str, DataFrame]", "DataFrame"], "tuple[DataFrame, DataFrame]"]
 _KIND = "_kind"
+_DELETED_AT = "_deleted_at"
+TOMBSTONE_RETENTION = datetime.timedelta(days=7)
+"""How long (barrier time) :class:`DimensionEnrichment` remembers a delete's version by default."""
+MAX_TOMBSTONE_RETENTION = datetime.timedelta(days=365)
 
 
 class KeyedCoStateFunction(StatefulOperator):
@@ -61,7 +65,14 @@ class DimensionEnrichment(StatefulOperator):
 
     The ``dimension`` input is a changelog: upserts, ordered per key by ``version`` (a
     column that grows with every change of a key), and deletes where ``delete_when`` (a
-    SQL condition, e.g. ``"op = 'D'"``) holds. Its latest version per key is the state.
+    SQL condition, e.g. ``"op = 'D'"``) is true; a condition that is false or NULL is an
+    upsert. Its latest version per key is the state. A change replaces the stored version
+    (row or delete) of its key when its ``version`` is greater, or equal and it arrives in
+    a later checkpoint; among changes of one key and version in one checkpoint, a delete
+    wins, then the greatest ``columns`` (compared in order, nulls lowest). A delete is kept
+    as a tombstone with its version for ``tombstone_retention`` (barrier time; default
+    :data:`TOMBSTONE_RETENTION`, at most :data:`MAX_TOMBSTONE_RETENTION`), so an older
+    change arriving later is ignored; after that the tombstone is dropped from the state.
     Facts of checkpoint N are joined with the dimension **as of the end of N**: an update
     and a fact of the same key in one checkpoint give the updated row. ``columns`` of the
     dimension are added to every fact.
@@ -74,6 +85,8 @@ class DimensionEnrichment(StatefulOperator):
       emitted with nulls, so no fact is ever lost.
     """
 
+    one_row_per_key = False
+
     def __init__(
         self,
         uid: str,
@@ -85,9 +98,15 @@ class DimensionEnrichment(StatefulOperator):
         delete_when: str | None = None,
         on_missing: str = "emit",
         hold_ttl: datetime.timedelta | None = None,
+        tombstone_retention: datetime.timedelta = TOMBSTONE_RETENTION,
         max_parallelism: int = 128,
     ) -> None:
         super().__init__(uid, [facts, dimension], keys, max_parallelism)
+        if not datetime.timedelta(0) < tombstone_retention <= MAX_TOMBSTONE_RETENTION:
+            raise PipelineDefinitionError(
+                f"{uid}: tombstone_retention must be positive and at most {MAX_TOMBSTONE_RETENTION.days} days, "
+                f"got {tombstone_retention}"
+            )
         if on_missing not in ("emit", "hold"):
             raise PipelineDefinitionError(f"{uid}: on_missing must be 'emit' or 'hold', got {on_missing!r}")
         if on_missing == "hold" and (hold_ttl is None or hold_ttl.total_seconds() <= 0):
@@ -97,6 +116,7 @@ class DimensionEnrichment(StatefulOperator):
         self.facts, self.dimension = facts.uid, dimension.uid
         self.version, self.columns = version, tuple(columns)
         self.delete_when, self.on_missing, self.hold_ttl = delete_when, on_missing, hold_ttl
+        self.tombstone_retention = tombstone_retention
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "on_missing": self.on_missing, "columns": list(self.columns)}
@@ -105,7 +125,8 @@ class DimensionEnrichment(StatefulOperator):
         return spark.createDataFrame([], self._state_columns(inputs[self.facts], inputs[self.dimension]).schema)
 
     def _state_columns(self, facts: DataFrame, dimension: DataFrame) -> DataFrame:
-        """An empty frame with the state's columns: kind, keys, version, columns, the held fact, held since."""
+        """An empty frame with the state's columns: kind (``dim``, ``deleted`` or ``held``), keys, version,
+        columns, the held fact, held since, and when a tombstone's delete was applied."""
         from pyspark.sql import functions as F
 
         clash = set(self.columns) & set(facts.columns)
@@ -120,6 +141,7 @@ class DimensionEnrichment(StatefulOperator):
             *[F.lit(None).cast(dimension.schema[c].dataType).alias(c) for c in self.columns],
             F.struct(*[F.col(c) for c in facts.columns]).alias("_fact"),
             F.lit(None).cast("double").alias("_held_since"),
+            F.lit(None).cast("double").alias(_DELETED_AT),
         )
 
     def process(
@@ -131,19 +153,36 @@ class DimensionEnrichment(StatefulOperator):
         facts, changes = inputs[self.facts], inputs[self.dimension]
         template = self._state_columns(facts, changes)
         keys = list(self.keys)
-        deleted = F.expr(self.delete_when) if self.delete_when else F.lit(False)
+        now = F.lit(barrier.trigger_time)
+        if _DELETED_AT not in state.columns:  # state written before tombstones existed: it has none
+            state = state.withColumn(_DELETED_AT, F.lit(None).cast("double"))
+        kept = (F.col(_KIND) == "dim") | (
+            (F.col(_KIND) == "deleted") & (F.col(_DELETED_AT) + F.lit(self.tombstone_retention.total_seconds()) > now)
+        )
+        deleted = F.coalesce(F.expr(self.delete_when), F.lit(False)) if self.delete_when else F.lit(False)
         candidates = (
-            state.where(F.col(_KIND) == "dim")
-            .select(*keys, self.version, *self.columns, F.lit(False).alias("_deleted"), F.lit(0).alias("_new"))
+            state.where(kept)
+            .select(*keys, self.version, *self.columns, (F.col(_KIND) == "deleted").alias("_deleted"), _DELETED_AT)
+            .withColumn("_new", F.lit(0))
             .unionByName(
-                changes.select(*keys, self.version, *self.columns, deleted.alias("_deleted"), F.lit(1).alias("_new"))
+                changes.select(
+                    *keys,
+                    self.version,
+                    *self.columns,
+                    deleted.alias("_deleted"),
+                    now.cast("double").alias(_DELETED_AT),
+                    F.lit(1).alias("_new"),
+                )
             )
         )
-        latest = Window.partitionBy(*keys).orderBy(F.col(self.version).desc(), F.col("_new").desc())
-        dimension = (
-            candidates.withColumn("_rank", F.row_number().over(latest))
-            .where((F.col("_rank") == 1) & ~F.col("_deleted"))
-            .select(*keys, self.version, *self.columns)
+        ties = [F.col(c).desc_nulls_last() for c in self.columns]
+        latest = Window.partitionBy(*keys).orderBy(
+            F.col(self.version).desc(), F.col("_new").desc(), F.col("_deleted").desc(), *ties
+        )
+        newest = candidates.withColumn("_rank", F.row_number().over(latest)).where(F.col("_rank") == 1)
+        dimension = newest.where(~F.col("_deleted")).select(*keys, self.version, *self.columns)
+        tombstones = newest.where(F.col("_deleted")).select(
+            F.lit("deleted").alias(_KIND), *keys, self.version, _DELETED_AT
         )
         fact_columns = facts.columns
         pending = facts.select(*fact_columns, F.lit(None).cast("double").alias("_held_since")).unionByName(
@@ -162,7 +201,7 @@ class DimensionEnrichment(StatefulOperator):
         new_state = template.unionByName(
             dimension.select(F.lit("dim").alias(_KIND), *keys, self.version, *self.columns),
             allowMissingColumns=True,
-        )
+        ).unionByName(tombstones, allowMissingColumns=True)
         if held is not None:
             new_state = new_state.unionByName(
                 held.select(
@@ -189,6 +228,8 @@ class IntervalJoin(StatefulOperator):
     its later row arrives. The output has the keys, then the other columns of left and right
     (which must not clash).
     """
+
+    one_row_per_key = False
 
     def __init__(
         self,

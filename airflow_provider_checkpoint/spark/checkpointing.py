@@ -2,8 +2,9 @@
 
 A checkpoint continues its restore point incrementally when that is a checkpoint of this
 job in this storage with its state in files (not a savepoint, not inline state, not memory
-storage): it writes a delta per key-group range with the changed keys, compacts the ranges
-:meth:`StateLayout.to_compact` picks, and lists the files of the restore point it keeps.
+storage) and the operator keeps one row per key: it writes a delta per key-group range
+with the changed keys, compacts the ranges :meth:`StateLayout.to_compact` picks, and
+lists the files of the restore point it keeps.
 When the operator's changelog lists every key and most changed, it writes a full version
 from it instead. Otherwise it writes a full version (and the next checkpoint continues from that).
 """
@@ -68,13 +69,13 @@ def checkpoint_operator(
     ``where`` names the step attempt at fault points (``step`` and ``attempt``).
     """
     own = restore_base.url() == storage.url()
-    incremental = settings.incremental_state and settings.max_inline_state is None
+    incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
     layout = StateLayout.of(restored) if restored is not None and own and incremental else None
     if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
         fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
         layout = None
     if layout is not None and restored is not None:
-        state = read_state(spark, storage, restored, verify=False)
+        state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = node.changes(inputs, state, barrier, restored.rows), None
         if changelog is None:
             new_state, output = node.process(inputs, state, barrier)
@@ -82,7 +83,7 @@ def checkpoint_operator(
         if changelog is not None and _same_columns(changelog, restored):
             return _incremental(storage, directory, checkpoint_id, node, restored, layout, changelog, output, where)
     state = (
-        read_state(spark, restore_base, restored, verify=False)
+        read_state(spark, restore_base, restored, verify=False, uid=node.uid)
         if restored is not None
         else node.initial_state(spark, inputs)
     )

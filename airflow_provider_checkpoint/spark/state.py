@@ -13,12 +13,12 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.arrow_state import check_file, read_inline
 from airflow_provider_checkpoint.core.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.storage import Location
-from airflow_provider_checkpoint.storage.job_storage import inline_parquet
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -171,23 +171,23 @@ def _parquet_bytes(state: DataFrame) -> bytes:
     return buffer.getvalue()
 
 
-def read_state(spark: SparkSession, storage: Location, snapshot: OperatorSnapshot, verify: bool = True) -> DataFrame:
-    """The state of ``snapshot``: full versions merged with their deltas.
+def read_state(
+    spark: SparkSession, storage: Location, snapshot: OperatorSnapshot, verify: bool = True, uid: str = ""
+) -> DataFrame:
+    """The state of ``snapshot`` (of operator ``uid``): full versions merged with their deltas.
 
-    Every file (or the inline state) is checked first: present with its size, and with
-    ``verify`` its SHA-256 too (a step continuing its own checkpoints skips the re-hash:
-    each file was hashed when written, and Parquet page checksums are verified on read).
+    Every file (or the inline state) is checked first: present with its size, its Parquet
+    footer holding the recorded columns (else
+    :class:`~airflow_provider_checkpoint.arrow_state.StateFileError`), and with ``verify`` its
+    SHA-256 too (a step continuing its own checkpoints skips the re-hash: each file was
+    hashed when written, and Parquet page checksums are verified on read).
     """
     schema = state_schema(snapshot)
     if snapshot.inline is not None:
-        import io
-
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(io.BytesIO(inline_parquet(snapshot, storage.url())))
-        return spark.createDataFrame(table, schema)
+        return spark.createDataFrame(read_inline(snapshot, uid), schema)
     for handle in snapshot.handles:
         storage.verify(handle, deep=verify)
+        check_file(storage, handle, snapshot, uid)
     base, deltas = merge_order(snapshot.handles)
     full = read_files(spark, storage, base, schema)
     if not deltas:

@@ -52,7 +52,7 @@ def enriched(cuts: Sequence[Cut], on_missing: str, ttl_checkpoints: int = 0) -> 
     held: list[tuple[dict[str, object], int]] = []
     out = []
     for n, (orders, changes) in enumerate(cuts, start=1):
-        for c in sorted(changes, key=lambda c: int(str(c["updated_at"]))):
+        for c in sorted(changes, key=_precedence):  # the last of equal versions wins (documented tie-break)
             key, version = str(c["customer_id"]), int(str(c["updated_at"]))
             if key not in dimension or dimension[key][0] <= version:
                 dimension[key] = (version, None if c["op"] == "D" else str(c["segment"]))
@@ -66,6 +66,12 @@ def enriched(cuts: Sequence[Cut], on_missing: str, ttl_checkpoints: int = 0) -> 
             else:
                 held.append((order, since))
     return pd.DataFrame(out, columns=[*ORDER_COLUMNS, "segment"])
+
+
+def _precedence(change: dict[str, object]) -> tuple[int, bool, bool, str]:
+    """Changes of one checkpoint in the order they apply: by version; a delete, then the greatest segment last."""
+    segment = change["segment"]
+    return int(str(change["updated_at"])), change["op"] == "D", segment is not None, str(segment or "")
 
 
 def revenue_by_segment(enriched_orders: pd.DataFrame) -> pd.DataFrame:

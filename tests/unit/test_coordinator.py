@@ -27,6 +27,8 @@ from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.snapshots import open_snapshot
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
+from tests.unit.state_files import SCHEMA
+from tests.unit.state_files import state_file as parquet_state
 
 JOB = "job"
 STEP = "step_table"
@@ -94,7 +96,7 @@ def make_ack(
 ) -> Ack:
     """Write what attempt ``attempt`` of the step would write, and return its ack."""
     cid = plan.checkpoint_id
-    state = state if state is not None else f"state of chk {cid} attempt {attempt}".encode()
+    state = state if state is not None else parquet_state(f"state of chk {cid} attempt {attempt}")
     staged = staged if staged is not None else f"rows of chk {cid} attempt {attempt}".encode()
     rel = state_rel(cid, attempt)
     state_file = env.job_dir / rel
@@ -110,7 +112,7 @@ def make_ack(
         checkpoint_id=cid,
         step=STEP,
         attempt=attempt,
-        operators={"counts": OperatorSnapshot((handle, *extra_handles), "{}", ("k",), 128, rows=1)},
+        operators={"counts": OperatorSnapshot((handle, *extra_handles), SCHEMA, ("k",), 128, rows=1)},
         sinks={"table": [{"checkpoint_id": cid, "moves": [[staged_rel, target_name(cid)]]}]},
         metrics={"source_records": {"events": 1}},
         attempt_dir=JobStorage.attempt_dir(cid, STEP, attempt),
@@ -458,7 +460,7 @@ def test_retention_deletes_older_checkpoints_from_disk(tmp_path: Path, monkeypat
     assert not env.chk(1).exists() and not env.chk(2).exists()
     for cid in (3, 4):
         assert (env.chk(cid) / "_metadata").is_file()
-        assert (env.job_dir / state_rel(cid, 1)).read_bytes() == f"state of chk {cid} attempt 1".encode()
+        assert (env.job_dir / state_rel(cid, 1)).read_bytes() == parquet_state(f"state of chk {cid} attempt 1")
     assert env.storage.completed_ids() == [3, 4]
     # Retention is about checkpoint storage: committed table output stays.
     assert sorted(env.table_parts()) == [target_name(i) for i in range(1, 5)]

@@ -39,12 +39,13 @@ from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.snapshots import Snapshot
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 from airflow_provider_checkpoint.storage.paths import UnsafePathError
+from tests.unit.state_files import SCHEMA, state_file
 
 SEED = int(os.environ.get("FUZZ_SEED", "20261122"))
 ROUNDS = 300
 DOCUMENTED = (DocumentError, UnsafePathError, CheckpointStorageError, PipelineDefinitionError)
 JOB = "fuzzjob"
-STATE = b"state bytes"
+STATE = state_file("state")
 
 
 def tree_state(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -76,7 +77,7 @@ def roots(tmp_path: Path) -> dict[str, Path]:
 def valid_documents(canary: Path) -> dict[str, Any]:
     checksum = "sha256:" + hashlib.sha256(STATE).hexdigest()
     handle = {"path": "chk-3/step_a/attempt-1/state/counts/kgr=0/p.parquet", "size": len(STATE), "checksum": checksum}
-    operators = {"counts": {"handles": [handle], "schema": "{}", "keys": ["k"], "max_parallelism": 128, "rows": 1}}
+    operators = {"counts": {"handles": [handle], "schema": SCHEMA, "keys": ["k"], "max_parallelism": 128, "rows": 1}}
     moves = [["_staging/chk-3/f.parquet", "part-c0000000003-00000.parquet"]]
     sinks = {"table": [{"checkpoint_id": 3, "moves": moves}]}
     barrier = Barrier(3, 1.0, CheckpointType.CHECKPOINT, {"events": {"files": {"a.json": 1}}})

@@ -1,0 +1,68 @@
+"""State files whose columns differ from their _metadata are refused with a clear error, before any effect.
+
+Files are crafted in a job directory and in a savepoint with a valid size and checksum in
+``_metadata``, so only the column check can catch them: ``read_state`` (pyarrow and
+Spark), a restore request, the savepoint copy and a step that loads the state must all
+raise :class:`StateFileError` naming the file, the operator and the column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_checkpoint.arrow_state import StateFileError
+from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.snapshots import read_state, request_restore, write_savepoint
+from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
+from airflow_provider_checkpoint.storage.job_storage import METADATA
+from airflow_provider_checkpoint.testing.inprocess import make_job
+from tests.spark.test_dimension_enrichment import declare
+from tests.spark.test_multi_input import Landing, changes
+
+pytestmark = pytest.mark.spark
+
+
+def drop_column(location: Location, base: Location, column: str) -> str:
+    """Rewrite the first state file of ``enrich`` without ``column``, with a matching handle; its URL."""
+    cp = location.load_snapshot()
+    state = cp.operators["enrich"]
+    handle = state.handles[0]
+    path = base.path(handle.path)
+    pq.write_table(pq.read_table(path).drop_columns([column]), path)
+    rewritten = dataclasses.replace(base.handle_for(handle.path, handle.key_groups), delta=handle.delta)
+    state = dataclasses.replace(state, handles=(rewritten, *state.handles[1:]))
+    location.fs.rm(location.path(METADATA))
+    location.write_atomic(METADATA, metadata.encode(dataclasses.replace(cp, operators={"enrich": state})))
+    return base.url(handle.path)
+
+
+def test_state_without_its_key_column_is_refused_everywhere(spark, tmp_path):
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
+    Landing(tmp_path, seed=3).land(1, 6, changes(("c0", "gold", 1, "U"), ("c1", "x", 1, "D")))
+    savepoint = tmp_path / "savepoints" / "sp-1"
+    job.checkpoint(savepoint_target=f"file://{savepoint}")
+    sp = Location.from_url(f"file://{savepoint}")
+    for location, base in ((job.storage.checkpoint_location(1), job.storage), (sp, sp)):
+        pointer = location.url()
+        file = drop_column(location, base, "customer_id")
+        expected = rf"state file {re.escape(file)} of operator 'enrich' .*missing column\(s\) \['customer_id'\]"
+        for session in (None, spark):
+            with pytest.raises(StateFileError, match=expected + ", among them declared key"):
+                read_state(pointer, "enrich", spark=session)
+        with pytest.raises(StateFileError, match=expected):
+            request_restore(job.storage, pointer, False, False)
+        assert not job.storage.exists("_restore.json")
+    assert issubclass(StateFileError, CheckpointStorageError)
+
+    target = Location.from_url(f"file://{tmp_path}/savepoints/sp-2")
+    with pytest.raises(StateFileError, match="missing column"):  # the savepoint copy writes nothing
+        write_savepoint(job.storage, job.storage.load_completed(1), target)
+    assert not Path(target.base).exists()
+
+    with pytest.raises(StateFileError, match=r"operator 'enrich' .*missing column\(s\) \['customer_id'\]"):
+        job.checkpoint()  # the step restores the latest checkpoint's state
