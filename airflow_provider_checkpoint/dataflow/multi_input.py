@@ -32,7 +32,8 @@ class KeyedCoStateFunction(StatefulOperator):
     ``inputs`` maps a name of your choice to an upstream node; ``fn`` receives the same
     names, each bound to that input's records of this checkpoint (aligned on one barrier).
     ``state`` has ``state_schema`` (Spark DDL), holds every key's state at the restore point
-    and is replaced by ``new_state``, which must contain the ``keys`` columns.
+    and is replaced by ``new_state``, which must contain the ``keys`` columns and at most one
+    row per key (a checkpoint writes only the keys whose row changed).
     """
 
     def __init__(

@@ -34,7 +34,8 @@ class KeyedStateFunction(StatefulOperator):
 
     ``state`` is a DataFrame with ``state_schema`` (a Spark DDL string) holding every key's
     state at the restore point, empty on the first run. ``new_state`` must contain the
-    ``keys`` columns and replaces the whole state; ``output`` flows to downstream nodes.
+    ``keys`` columns, at most one row per key, and replaces the whole state (a checkpoint
+    writes only the keys whose row changed); ``output`` flows to downstream nodes.
     The function must be deterministic: a retried step must produce the same result.
     """
 
