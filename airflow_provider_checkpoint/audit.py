@@ -14,6 +14,7 @@ from airflow_provider_checkpoint.dataflow.graph import Sink
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import METADATA, RESTORE_REQUEST
+from airflow_provider_checkpoint.storage.paths import UnsafePathError
 
 _JOB_FILES = {"_job.json", "_stats", RESTORE_REQUEST}
 _CHECKPOINT_FILES = {METADATA, "_plan.json"}
@@ -24,7 +25,8 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
 
     Checks: no lease; at most ``retained`` completed checkpoints; every ``_metadata``
     readable; every referenced state file present and intact; no file that no retained
-    checkpoint references; no staged output left in ``sinks``.
+    checkpoint references; no staged output left in ``sinks``; no link out of the job
+    directory or a table (reported, never followed).
     """
     findings: list[str] = []
     fs = storage.fs
@@ -33,10 +35,11 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
     if storage.exists("_lease"):
         findings.append(f"stale lease {storage.url('_lease')}: {storage.lease_holder()}")
     completed = []
-    for checkpoint_id in storage.completed_ids():
+    for checkpoint_id in storage.checkpoint_ids():
         try:
-            completed.append(storage.load_completed(checkpoint_id))
-        except metadata.MetadataError as e:
+            if storage.is_completed(checkpoint_id):
+                completed.append(storage.load_completed(checkpoint_id))
+        except (metadata.MetadataError, UnsafePathError) as e:
             findings.append(str(e))
     if len(completed) > retained:
         ids = ", ".join(str(c.checkpoint_id) for c in completed)
@@ -53,6 +56,11 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
                     findings.append(str(e))
     for entry in fs.ls(storage.job_dir, detail=False):
         name = posixpath.basename(entry.rstrip("/"))
+        try:  # never walk a link out of the job directory: report it
+            storage.path(name)
+        except UnsafePathError as e:
+            findings.append(str(e))
+            continue
         if name in _JOB_FILES or name == "_lease":
             continue
         if not name.startswith("chk-"):
@@ -67,7 +75,11 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
                 findings.append(f"orphaned file {storage.url(relative)}")
     for sink in sinks:
         if isinstance(sink, ParquetTableSink):
-            sink_fs, root = sink._fs()
-            staged = [p for p in sink_fs.find(f"{root}/_staging")] if sink_fs.exists(f"{root}/_staging") else []
+            table = sink.table()
+            try:
+                staged = table.fs.find(table.path("_staging")) if table.exists("_staging") else []
+            except UnsafePathError as e:
+                findings.append(str(e))
+                continue
             findings.extend(f"staged sink data left behind: {p}" for p in staged)
-    return findings
+    return list(dict.fromkeys(findings))

@@ -25,14 +25,17 @@ from airflow_provider_checkpoint.core.model import (
     CompletedCheckpoint,
     JsonDict,
     RestorePoint,
+    RestoreRequest,
 )
 from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.exceptions import CheckpointError, RefusedInputError
 from airflow_provider_checkpoint.snapshots import (
+    RestoreError,
     Snapshot,
     check_compatible,
+    check_savepoint_target,
     open_snapshot,
     verify_state,
     write_savepoint,
@@ -43,6 +46,8 @@ from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_u
 from airflow_provider_checkpoint.store import CompletedCheckpointStore
 
 log = logging.getLogger(__name__)
+RestoreSource = tuple[Snapshot, RestoreRequest | None]
+"""A validated snapshot to restore from, and the restore request that names it (none for the latest)."""
 
 
 class JobNotRunning(CheckpointError):
@@ -93,8 +98,14 @@ class CheckpointCoordinator:
         ``savepoint_target`` and ``stop_after_savepoint``. A ``periodic`` (scheduled)
         checkpoint within the minimum pause after the last one is refused with
         ``MIN_PAUSE``; ``holder_alive`` tells whether the run holding the lease still runs.
+
+        Every document is checked before the first effect (beyond the lease): the savepoint
+        target, then the latest checkpoint's identity, id and placement, then the restore
+        point's compatibility with the deployed operators; recovery and cleanup come after.
         """
         now = time.time() if now is None else now
+        options = dict(options or {})
+        self._savepoint_target(options)
         job = self.storage.load_job()
         if job.status is not JobStatus.RUNNING:
             raise JobNotRunning(
@@ -110,6 +121,11 @@ class CheckpointCoordinator:
             raise CheckpointAborted(AbortReason.TOO_MANY_CONCURRENT, str(e)) from e
         try:
             latest = self._latest_completed()
+            try:
+                restore_from = self._restore_source(latest)
+            except RestoreError:
+                self._record_topology(job)  # so that the restore DAG can validate a restore for it
+                raise
             if latest is not None:
                 self._finish(latest)
                 job = self.storage.load_job()
@@ -125,10 +141,8 @@ class CheckpointCoordinator:
             for existing in self.storage.checkpoint_ids():
                 job.observe_checkpoint_id(existing)
             self._abort_abandoned(job, now)
-            job.topology = {**self.graph.topology(), "dag_id": self.dag_id}
-            self.storage.save_job(job)  # the restore DAG validates against the deployed topology
-            options = dict(options or {})
-            restore_point = self._restore_point(latest, options)
+            self._record_topology(job)
+            restore_point = self._restore_point(restore_from, options)
             checkpoint_id = job.allocate_checkpoint_id()
             positions: JsonDict = {}
             for source in self.graph.sources:
@@ -151,24 +165,42 @@ class CheckpointCoordinator:
         log.info("triggered checkpoint %d of job %s (run %s)", checkpoint_id, job.job_id, run_id)
         return plan
 
-    def _restore_point(self, latest: CompletedCheckpoint | None, options: JsonDict) -> RestorePoint | None:
-        """From the pending restore request, else ``latest``; validated against this pipeline.
+    def _record_topology(self, job: JobRecord) -> None:
+        """Record the deployed operators in the job record: the restore DAG validates against them."""
+        job.topology = {**self.graph.topology(), "dag_id": self.dag_id}
+        self.storage.save_job(job)
 
-        State of an operator the pipeline no longer has is refused unless the restore
-        request allows it; an operator without state starts empty.
+    def _restore_source(self, latest: CompletedCheckpoint | None) -> RestoreSource | None:
+        """What the next checkpoint restores from, validated against this pipeline; no effect.
+
+        The pending restore request's snapshot, else ``latest``. State of an operator the
+        pipeline no longer has is refused unless the restore request allows it; an
+        operator without state starts empty.
         """
         request = self.storage.load_restore_request()
         if request is None:
-            if latest is None:
-                return None
-            snapshot = Snapshot(latest, self.storage.checkpoint_location(latest.checkpoint_id), self.storage)
-            check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), False)
-            return latest.to_restore_point(snapshot.location.url())
+            return None if latest is None else (self._own_snapshot(latest), None)
         snapshot = open_snapshot(resolve_under_roots(request.location_url, self.allowed_roots))
         snapshot.verify()
         check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), request.allow_non_restored_state)
         restored = snapshot.checkpoint
         self._check_committables(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
+        return snapshot, request
+
+    def _own_snapshot(self, completed: CompletedCheckpoint) -> Snapshot:
+        """A checkpoint in this job's directory, refused unless compatible with the deployed operators."""
+        snapshot = Snapshot(completed, self.storage.checkpoint_location(completed.checkpoint_id), self.storage)
+        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), False)
+        return snapshot
+
+    def _restore_point(self, source: RestoreSource | None, options: JsonDict) -> RestorePoint | None:
+        """The restore point of a validated ``source``; a restore request rolls the sinks back to it first."""
+        if source is None:
+            return None
+        snapshot, request = source
+        if request is None:
+            return snapshot.checkpoint.to_restore_point(snapshot.location.url())
+        restored = snapshot.checkpoint
         for sink in self.graph.sinks:
             sink.rollback(restored.checkpoint_id)
             if sink.uid in restored.sinks:
@@ -226,14 +258,28 @@ class CheckpointCoordinator:
 
         Idempotent: run again after a crash past ``_metadata``, it finishes the commit.
         Raises :class:`CheckpointAborted` when the checkpoint cannot complete; a step that
-        declined (``declines``: step → ``{"reason", "message"}``) gives its reason.
+        declined (``declines``: step → ``{"reason", "message"}``) gives its reason. Refused
+        before any effect: a plan of another job, an existing ``_metadata`` that is not this
+        plan's checkpoint, and a savepoint target that is no longer fresh.
         """
         now = time.time() if now is None else now
         checkpoint_id = plan.checkpoint_id
+        if plan.job_id != self.storage.job_id:
+            raise RefusedInputError(
+                f"checkpoint plan of run {plan.run_id!r}: job_id {plan.job_id!r} is not job {self.storage.job_id!r}; "
+                "finalize completes only plans its own job's trigger made"
+            )
         try:
             if self.storage.is_completed(checkpoint_id):
                 completed = self.storage.load_completed(checkpoint_id)
+                if completed.barrier != plan.barrier:
+                    raise MetadataError(
+                        self.storage.url(self.storage.metadata_path(checkpoint_id)),
+                        f"its barrier is not the one run {plan.run_id!r} planned; refused before any effect",
+                    )
+                self._own_snapshot(completed)
             else:
+                self._savepoint_target(plan.options)
                 completed = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
             self._finish(completed)
@@ -360,10 +406,10 @@ class CheckpointCoordinator:
         for source in self.graph.sources:
             if source.uid in completed.source_positions:
                 source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
-        target = completed.options.get("savepoint_target")
-        if target:
-            target = resolve_under_roots(target, self.allowed_roots)
-            write_savepoint(self.storage, completed, Location.from_url(target))
+        savepoint = self._savepoint_target(completed.options, completed)
+        target = savepoint.url() if savepoint else None
+        if savepoint:
+            write_savepoint(self.storage, completed, savepoint)
         job = self.storage.load_job()
         job.failures.on_complete(completed.checkpoint_id)
         if target and all(sp["checkpoint_id"] != completed.checkpoint_id for sp in job.savepoints):
@@ -387,6 +433,18 @@ class CheckpointCoordinator:
                 "end_time": time.time(),
             }
             self.storage.write_stats(completed.checkpoint_id, stats)
+
+    def _savepoint_target(self, options: JsonDict, own: CompletedCheckpoint | None = None) -> Location | None:
+        """The savepoint directory ``options`` name: under an allowed root, fresh (see check_savepoint_target)."""
+        target = options.get("savepoint_target")
+        if not target:
+            return None
+        try:
+            location = Location.from_url(resolve_under_roots(str(target), self.allowed_roots))
+            check_savepoint_target(location, self.storage.root, own)
+        except UnsafePathError as e:
+            raise UnsafePathError(f"savepoint_target {target!r} refused: {e}") from e
+        return location
 
     def _discard_channels(self, checkpoint_id: int) -> None:
         """Channels are exchanged within one checkpoint: once it completes, nobody reads them again."""

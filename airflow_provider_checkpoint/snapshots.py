@@ -9,6 +9,7 @@ and still be restored, and read with pyarrow, pandas, DuckDB or Spark alone.
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 import re
 import shutil
@@ -33,7 +34,7 @@ from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
-from airflow_provider_checkpoint.storage.paths import resolve_under_roots
+from airflow_provider_checkpoint.storage.paths import UnsafePathError, is_local, resolve_under_roots, within
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 
 _ID = re.compile(r"^[0-9]+$")
+_CHK_DIR = re.compile(r"^chk-\d+$")
 
 
 class RestoreError(RefusedInputError):
@@ -95,11 +97,16 @@ def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
     checkpoint = location.load_snapshot()
     if checkpoint.relocatable:
         return Snapshot(checkpoint, location, location)
-    if posixpath.basename(location.base) != JobStorage.chk_dir(checkpoint.checkpoint_id):
+    job_dir = posixpath.dirname(location.base)
+    if (posixpath.basename(location.base), posixpath.basename(job_dir)) != (
+        JobStorage.chk_dir(checkpoint.checkpoint_id),
+        checkpoint.job_id,
+    ):
         raise RestoreError(
             f"{location.url(METADATA)} is checkpoint {checkpoint.checkpoint_id} of job {checkpoint.job_id!r} "
             f"(not a relocatable savepoint), so it must lie in its job directory as "
-            f"{JobStorage.chk_dir(checkpoint.checkpoint_id)}/; take a savepoint to move state elsewhere"
+            f"{checkpoint.job_id}/{JobStorage.chk_dir(checkpoint.checkpoint_id)}/; take a savepoint to move "
+            "state elsewhere"
         )
     return Snapshot(checkpoint, location, Location(location.fs, posixpath.dirname(location.base)))
 
@@ -134,6 +141,41 @@ def check_compatible(
     if problems:
         raise RestoreError(f"cannot restore {snapshot.location.url()}: " + "; ".join(problems))
     return sorted(set(stateful_keys) - set(cp.operators))
+
+
+def check_savepoint_target(target: Location, storage_root: str, own: CompletedCheckpoint | None = None) -> None:
+    """Refuse (:class:`UnsafePathError`) a savepoint directory that is not fresh or lies in a checkpoint tree.
+
+    A savepoint is written only to a directory that does not exist yet or is empty, and
+    that belongs to no job's checkpoint tree: not inside ``<storage_root>/<job>/``, not
+    named or under a ``chk-<n>`` directory, under no directory holding a ``_job.json``. On
+    local filesystems the target's real location (after links) is checked. ``own``: the
+    checkpoint whose savepoint an earlier, interrupted finalize may have started there.
+    """
+    fs, local = target.fs, is_local(target.fs)
+    real = os.path.realpath(target.base) if local else target.base
+    root = (os.path.realpath(storage_root) if local else storage_root).rstrip("/")
+    refused = f"refusing savepoint target {target.url()}" + (f" (it resolves to {real})" if real != target.base else "")
+    if within(real, root) and real.count("/") - root.count("/") != 1:
+        raise UnsafePathError(f"{refused}: it lies in a job's checkpoint tree {root}/<job>/")
+    ancestor = real
+    while ancestor not in ("", "/"):
+        if _CHK_DIR.match(posixpath.basename(ancestor)) or fs.exists(f"{ancestor}/_job.json"):
+            raise UnsafePathError(
+                f"{refused}: {ancestor} is part of a job's checkpoint tree (a chk-<n> or job directory)"
+            )
+        ancestor = posixpath.dirname(ancestor)
+    if not fs.exists(real):
+        return
+    entries = {posixpath.basename(e.rstrip("/")) for e in fs.ls(real, detail=False)} if fs.isdir(real) else {""}
+    if own is not None and entries <= {"state", METADATA} | {e for e in entries if e.startswith(".")}:
+        if METADATA not in entries:
+            return  # the state files an interrupted finalize of ``own`` copied
+        written = Location(fs, real).load_snapshot()
+        if (written.job_id, written.checkpoint_id, written.relocatable) == (own.job_id, own.checkpoint_id, True):
+            return
+    if entries:
+        raise UnsafePathError(f"{refused}: it exists and is not empty; a savepoint target must be new or empty")
 
 
 def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: Location) -> CompletedCheckpoint:

@@ -9,7 +9,9 @@ Table layout::
 Staged files become visible by renaming each into place; a rename replaces a file
 atomically, so a reader sees each file either whole or not at all, and never staged
 data. Commit is idempotent: a logged checkpoint is skipped, a file already moved is not
-moved again.
+moved again. Every path the sink reads, moves, creates or deletes goes through the
+table's :class:`~airflow_provider_checkpoint.storage.Location`: a symlink in the table
+(``_staging``, ``_commits``, ``_rolled_back``, a part file) that leads out of it is refused.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import DocumentError, Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, Sink
-from airflow_provider_checkpoint.storage.job_storage import _is_local, write_atomic
-from airflow_provider_checkpoint.storage.paths import confine
+from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -127,10 +128,9 @@ class ParquetTableSink(Sink):
             root = posixpath.abspath(root)
         return fs, root.rstrip("/")
 
-    def _inside(self, root: str, relative: str) -> str:
-        """``root/relative``, refused if it would leave the table (``..``, absolute, a symlink out)."""
-        fs, _ = self._fs()
-        return confine(root, relative, _is_local(fs))
+    def table(self) -> Location:
+        """The table directory: every path in it is confined to it (``..``, absolute, a symlink out)."""
+        return Location(*self._fs())
 
     def _url(self, path: str) -> str:
         fs, _ = self._fs()
@@ -155,25 +155,24 @@ class ParquetTableSink(Sink):
     # -- phase one: stage (in the step) ------------------------------------------------
     def _claim(self, job_id: str) -> None:
         """Record this job and sink as the table's only writer; refuse another or a changed layout."""
-        fs, root = self._fs()
+        table = self.table()
         claim = {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys, "buckets": self.buckets}
         if not self.keys:
             claim.pop("buckets")
-        path = f"{root}/_table.json"
-        if fs.exists(path):
-            existing = load_json(fs.cat_file(path), self._url(path))
+        if table.exists("_table.json"):
+            existing = load_json(table.read_bytes("_table.json"), table.url("_table.json"))
             if existing != claim:
                 raise PipelineDefinitionError(
                     f"sink {self.uid}: table {self.asset_uri()} belongs to {existing}, not {claim}; "
                     "one job and sink write a table, and its mode, keys and buckets cannot change"
                 )
             return
-        write_atomic(fs, path, json.dumps(claim, sort_keys=True).encode())
+        table.write_atomic("_table.json", json.dumps(claim, sort_keys=True).encode())
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root = self._fs()
         self._claim(ctx.plan.job_id)
-        staging = f"{root}/{self._staging(ctx.checkpoint_id)}/{ctx.attempt_tag}"
+        staging = self.table().path(f"{self._staging(ctx.checkpoint_id)}/{ctx.attempt_tag}")
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
         if self.mode == "append":
@@ -223,7 +222,7 @@ class ParquetTableSink(Sink):
         changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
         affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
         changed = changed.drop_columns([_BUCKET])
-        old = self._existing_buckets(root, affected.tolist())
+        old = self._existing_buckets(affected.tolist())
         if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
             return None
         ctx.add_metric("sink_rows", rows)
@@ -248,7 +247,7 @@ class ParquetTableSink(Sink):
         if not affected:
             changed.unpersist()
             return []
-        existing = list(self._existing_buckets(root, affected).values())
+        existing = list(self._existing_buckets(affected).values())
         merged = changed
         if existing:
             old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, self._bucket_of())
@@ -271,11 +270,11 @@ class ParquetTableSink(Sink):
 
         return F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
 
-    def _existing_buckets(self, root: str, buckets: list[int]) -> dict[int, str]:
+    def _existing_buckets(self, buckets: list[int]) -> dict[int, str]:
         """The committed files of ``buckets`` that exist (refused if one resolves outside the table)."""
-        fs, _ = self._fs()
-        paths = {b: self._inside(root, self._bucket_file(b)) for b in buckets}
-        return {b: path for b, path in paths.items() if fs.exists(path)}
+        table = self.table()
+        paths = {b: table.path(self._bucket_file(b)) for b in buckets}
+        return {b: path for b, path in paths.items() if table.fs.exists(path)}
 
     @staticmethod
     def _bucket_file(bucket: int) -> str:
@@ -283,8 +282,7 @@ class ParquetTableSink(Sink):
 
     # -- phase two: commit or abort (in finalize / recovery) ---------------------------
     def is_committed(self, checkpoint_id: int) -> bool:
-        fs, root = self._fs()
-        return bool(fs.exists(f"{root}/{self._commit_log(checkpoint_id)}"))
+        return self.table().exists(self._commit_log(checkpoint_id))
 
     def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
         check_table_committables(checkpoint_id, committables, self.mode, document)
@@ -295,26 +293,26 @@ class ParquetTableSink(Sink):
         Every move is checked first (shape, and on local filesystems that neither end
         resolves outside the table), so a forged committable moves nothing.
         """
-        fs, root = self._fs()
+        table = self.table()
         if self.is_committed(checkpoint_id):
             return
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
         moves = check_table_committables(checkpoint_id, committables, self.mode, document)
-        parked = f"{root}/{self._rolled_back(checkpoint_id)}"
+        parked = self._rolled_back(checkpoint_id)
         resolved = [
-            (self._inside(root, staged), self._inside(root, f"{self._rolled_back(checkpoint_id)}/{target}"), target)
-            for staged, target in moves
+            (table.path(staged), table.path(f"{parked}/{target}"), table.path(target)) for staged, target in moves
         ]
+        for touched in (self._staging(checkpoint_id), parked, self._commit_log(checkpoint_id)):
+            table.path(touched)  # everything this commit touches is confined before the first move
         for staged, parked_file, target in resolved:
             for source in (staged, parked_file):
-                if fs.exists(source):
-                    fs.mv(source, self._inside(root, target))
+                if table.fs.exists(source):
+                    table.fs.mv(source, target)
                     break
         log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves]}
-        write_atomic(fs, f"{root}/{self._commit_log(checkpoint_id)}", json.dumps(log).encode())
+        table.write_atomic(self._commit_log(checkpoint_id), json.dumps(log).encode())
         self.abort(checkpoint_id)
-        if fs.exists(parked):
-            fs.rm(parked, recursive=True)
+        table.delete(parked)
 
     def rollback(self, checkpoint_id: int) -> None:
         """Append mode: withdraw the files of checkpoints newer than ``checkpoint_id`` (they are replayed).
@@ -323,32 +321,33 @@ class ParquetTableSink(Sink):
         checkpoints later brings its output back. Upsert mode keeps the table: replaying
         from the restored state rewrites every key the newer checkpoints touched.
         """
-        fs, root = self._fs()
-        if self.mode != "append" or not fs.exists(f"{root}/_commits"):
+        table = self.table()
+        if self.mode != "append" or not table.exists("_commits"):
             return
-        for log_path in sorted(fs.glob(f"{root}/_commits/*.json")):
-            newer, files = self._read_commit_log(fs, log_path)
+        logs = [table.relative(p) for p in sorted(table.fs.glob(table.path("_commits") + "/*.json"))]
+        for log in logs:
+            newer, files = self._read_commit_log(table, log)
             if newer <= checkpoint_id:
                 continue
             parked = self._rolled_back(newer)
-            fs.makedirs(f"{root}/{parked}", exist_ok=True)
-            for name in files:
-                if fs.exists(self._inside(root, name)):
-                    fs.mv(self._inside(root, name), self._inside(root, f"{parked}/{name}"))
-            fs.rm(log_path)
+            moves = [(table.path(name), table.path(f"{parked}/{name}")) for name in files]
+            table.fs.makedirs(table.path(parked), exist_ok=True)
+            for committed, parked_file in moves:
+                if table.fs.exists(committed):
+                    table.fs.mv(committed, parked_file)
+            table.delete(log)
 
-    def _read_commit_log(self, fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, list[str]]:
+    def _read_commit_log(self, table: Location, log: str) -> tuple[int, list[str]]:
         """A commit log ``_commits/<id>.json``: its checkpoint id and the table files it committed."""
-        document = self._url(path)
-        log = Fields(load_json(fs.cat_file(path), document), document)
-        checkpoint_id = log.integer("checkpoint_id", 1)
-        if posixpath.basename(path) != posixpath.basename(self._commit_log(checkpoint_id)):
-            raise log.error("checkpoint_id", "does not match the log's file name", checkpoint_id)
+        document = table.url(log)
+        log_fields = Fields(load_json(table.read_bytes(log), document), document)
+        checkpoint_id = log_fields.integer("checkpoint_id", 1)
+        if posixpath.basename(log) != posixpath.basename(self._commit_log(checkpoint_id)):
+            raise log_fields.error("checkpoint_id", "does not match the log's file name", checkpoint_id)
         pattern = table_file_pattern(self.mode, checkpoint_id)
-        return checkpoint_id, log.each("files", lambda v, name: relative_path(v, document, name, pattern=pattern))
+        return checkpoint_id, log_fields.each(
+            "files", lambda v, name: relative_path(v, document, name, pattern=pattern)
+        )
 
     def abort(self, checkpoint_id: int) -> None:
-        fs, root = self._fs()
-        staging = f"{root}/{self._staging(checkpoint_id)}"
-        if fs.exists(staging):
-            fs.rm(staging, recursive=True)
+        self.table().delete(self._staging(checkpoint_id))

@@ -14,6 +14,7 @@ from airflow_provider_checkpoint.dataflow import file_positions
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.storage.paths import owned_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -174,7 +175,8 @@ class FileSource(Source):
         """``clean_source``: archive or delete the processed files of a committed position.
 
         Only files still present with the size they were read at are touched, so running
-        it again (recovery after a crash) or for an older position changes nothing.
+        it again (recovery after a crash) or for an older position changes nothing. A file
+        or archive path that resolves (through a link) out of its directory is refused.
         """
         if self.clean_source == "off":
             return
@@ -184,7 +186,7 @@ class FileSource(Source):
         done: dict[str, int] = {}
         for name, size in processed.files.items():
             if name in visible and visible[name][0] == size:
-                outcome = clean_file(fs, f"{root}/{name}", size, self._archive_target(name))
+                outcome = clean_file(fs, owned_path(fs, root, name), size, self._archive_target(name))
                 done[outcome] = done.get(outcome, 0) + 1
         if done.pop("kept", 0):
             log.warning("source %s: files whose archive copy differs were left in %s", self.uid, self.path)
@@ -195,7 +197,7 @@ class FileSource(Source):
         if self.archive_dir is None:
             return None
         archive_fs, archive_root = fsspec.core.url_to_fs(self.archive_dir, **self.storage_options)
-        return archive_fs, f"{archive_root.rstrip('/')}/{name}"
+        return archive_fs, owned_path(archive_fs, archive_root.rstrip("/"), name)
 
     # -- reading (Spark) ---------------------------------------------------------------
     def url(self, relative: str) -> str:

@@ -42,12 +42,11 @@ from airflow_provider_checkpoint.core.model import (
     StateHandle,
 )
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError
-from airflow_provider_checkpoint.storage.paths import confine
+from airflow_provider_checkpoint.storage.paths import is_local, owned_path
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
 _CHK = re.compile(r"^chk-(\d+)$")
-_LOCAL_PROTOCOLS = {"file", "local"}
 
 
 class LeaseHeld(RuntimeError):
@@ -89,7 +88,7 @@ def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     """Readers see the old content or the new, never a partial file."""
     fault_point("storage.write", file=posixpath.basename(path))
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    if _is_local(fs):
+    if is_local(fs):
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
         fs.pipe_file(tmp, data)
         fs.mv(tmp, path)
@@ -105,7 +104,7 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     object stores it is one conditional PUT (``xb``).
     """
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    if _is_local(fs):
+    if is_local(fs):
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
         fs.pipe_file(tmp, data)
         try:
@@ -123,11 +122,6 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     return True
 
 
-def _is_local(fs: AbstractFileSystem) -> bool:
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    return bool(_LOCAL_PROTOCOLS & set(protocols))
-
-
 @dataclass(frozen=True)
 class Location:
     """A directory on an fsspec filesystem; paths given to it are relative to ``base``."""
@@ -141,17 +135,17 @@ class Location:
             fs, path = fsspec.core.url_to_fs(url, **storage_options)
         except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
             raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
-        if _is_local(fs):
+        if is_local(fs):
             path = posixpath.abspath(path)
         return cls(fs, path.rstrip("/"))
 
     def path(self, relative: str) -> str:
         """``base/relative``; a path that would leave ``base`` (``..``, absolute, a symlink out) is refused."""
-        return confine(self.base, relative, _is_local(self.fs)) if relative else self.base
+        return owned_path(self.fs, self.base, relative) if relative else self.base
 
     def url(self, relative: str = "") -> str:
         """A URL Spark and other engines can open (``file:///…`` for local storage)."""
-        protocol = "file" if _is_local(self.fs) else self.fs.protocol
+        protocol = "file" if is_local(self.fs) else self.fs.protocol
         if isinstance(protocol, tuple):
             protocol = protocol[0]
         return f"{protocol}://{self.path(relative)}"
@@ -349,8 +343,27 @@ class JobStorage(Location):
         return [i for i in self.checkpoint_ids() if self.is_completed(i)]
 
     def load_completed(self, checkpoint_id: int) -> CompletedCheckpoint:
+        """Checkpoint ``checkpoint_id`` of this job, refused unless its ``_metadata`` is its own.
+
+        Identity before any effect: the document must name this job and the id of its
+        ``chk-<id>/`` directory, and be a checkpoint, not a relocatable savepoint.
+        """
         rel = self.metadata_path(checkpoint_id)
-        return metadata.decode(self.read_bytes(rel), self.url(rel))
+        document = self.url(rel)
+        checkpoint = metadata.decode(self.read_bytes(rel), document)
+        if checkpoint.job_id != self.job_id:
+            problem = f"belongs to job {checkpoint.job_id!r}, not {self.job_id!r}"
+        elif checkpoint.checkpoint_id != checkpoint_id:
+            problem = f"is checkpoint {checkpoint.checkpoint_id}, not {checkpoint_id} as its directory says"
+        elif checkpoint.relocatable:
+            problem = "is a relocatable savepoint, not a checkpoint of this job"
+        else:
+            return checkpoint
+        raise metadata.MetadataError(
+            document,
+            f"{problem}: a _metadata in a job directory must be that job's own checkpoint in its own "
+            f"chk-<id>/; refused before any effect (remove {self.chk_dir(checkpoint_id)}/ or restore the job)",
+        )
 
     def latest_completed(self) -> CompletedCheckpoint | None:
         ids = self.completed_ids()

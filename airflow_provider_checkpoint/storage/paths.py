@@ -3,8 +3,13 @@
 A URL (UI param, restore request, savepoint target) is accepted only if it is a plain
 path — nothing that URL parsing would strip or decode — with the scheme and host of an
 allowed root, no ``..`` segment, and lies under that root. A relative path (from a stored
-document) resolves only inside its base directory. On local filesystems symlinks are
-resolved first, so a link cannot lead outside. Checked before anything is read or written.
+document) resolves only inside its base directory.
+
+The one rule for effects: every path that is read, deleted, moved or created goes through
+:func:`owned_path` (or :class:`~.job_storage.Location`, which calls it) with the directory
+that owns it — a job directory, a table, a landing or archive directory, a savepoint. On
+local filesystems the path is resolved first (symlinks followed), and one whose real
+location leaves the owner's real directory is refused: no effect ever follows a link out.
 """
 
 from __future__ import annotations
@@ -13,12 +18,15 @@ import os
 import posixpath
 import re
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_checkpoint.core.documents import path_problem, shorten
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 
 _LOCAL = {"", "file", "local"}
+_LOCAL_PROTOCOLS = {"file", "local"}
+OUTSIDE_RULE = "outside the directory that owns it (no effect follows a link out of its owner)"
 _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f\\?#%]")
 
 
@@ -81,5 +89,16 @@ def confine(base: str, relative: str, local: bool) -> str:
     if local:
         real, real_base = os.path.realpath(full), os.path.realpath(base)
         if not within(real, real_base):
-            raise UnsafePathError(f"refusing {full}: it resolves to {real}, outside {real_base}")
+            raise UnsafePathError(f"refusing {full}: it resolves to {real}, {OUTSIDE_RULE} ({real_base})")
     return full
+
+
+def is_local(fs: Any) -> bool:
+    """Whether an fsspec filesystem is the local one (where symlinks exist and are resolved)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return bool(_LOCAL_PROTOCOLS & set(protocols))
+
+
+def owned_path(fs: Any, base: str, relative: str) -> str:
+    """``base/relative`` on ``fs``, confined to the directory ``base`` that owns it (:func:`confine`)."""
+    return confine(base, relative, is_local(fs))
