@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset, BaseOperator, DagRunState, TaskInstanceState
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.utils.types import DagRunType
 
 from airflow_provider_checkpoint.coordinator import JobNotRunning
 from airflow_provider_checkpoint.core.documents import DocumentError
@@ -31,7 +32,7 @@ def _run_is_active(ti: Any, holder: JsonDict) -> bool:
         state = ti.get_dagrun_state(holder["dag_id"], holder["run_id"])
     except Exception:  # cannot tell: keep the lease until it expires
         return True
-    return str(state).lower().rsplit(".", 1)[-1] not in ("success", "failed")
+    return state not in (DagRunState.SUCCESS, DagRunState.FAILED)
 
 
 def _plan(raw: Any, trigger_task_id: str) -> CheckpointPlan:
@@ -44,7 +45,9 @@ def _plan(raw: Any, trigger_task_id: str) -> CheckpointPlan:
 
 def _was_skipped(ti: Any, task_id: str) -> bool:
     """Whether ``task_id`` of this DAG run ended skipped (an upstream sensor skipped it)."""
-    return bool(ti.get_ti_count(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id], states=["skipped"]))
+    return bool(
+        ti.get_ti_count(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id], states=[TaskInstanceState.SKIPPED])
+    )
 
 
 class CheckpointTriggerOperator(BaseOperator):
@@ -72,7 +75,7 @@ class CheckpointTriggerOperator(BaseOperator):
                 context["run_id"],
                 checkpoint_type,
                 options=options,
-                periodic=str(getattr(dag_run, "run_type", "")) in ("scheduled", "DagRunType.SCHEDULED"),
+                periodic=getattr(dag_run, "run_type", None) == DagRunType.SCHEDULED,
                 holder_alive=lambda holder: _run_is_active(ti, holder),
             )
         except JobNotRunning as e:
