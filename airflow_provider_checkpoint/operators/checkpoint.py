@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator, DagRunState, TaskInstanceState
+from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceState
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.utils.types import DagRunType
 
@@ -64,7 +64,7 @@ class CheckpointTriggerOperator(BaseOperator):
         super().__init__(**kwargs)
         self.job = job
 
-    def execute(self, context: Any) -> JsonDict:
+    def execute(self, context: Context) -> JsonDict:
         options = self._savepoint_options(context.get("params") or {})
         checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
         ti = context["ti"]
@@ -148,7 +148,7 @@ class SparkCheckpointOperator(BaseOperator):
         self.step = step
         self.trigger_task_id = trigger_task_id
 
-    def execute(self, context: Any) -> JsonDict:
+    def execute(self, context: Context) -> JsonDict:
         from airflow_provider_checkpoint.spark.execution import decline_for
         from airflow_provider_checkpoint.spark.runner import describe_metrics
 
@@ -238,7 +238,7 @@ class CheckpointFinalizeOperator(BaseOperator):
         self.trigger_task_id = trigger_task_id
         self.step_task_ids = list(step_task_ids)
 
-    def execute(self, context: Any) -> JsonDict:
+    def execute(self, context: Context) -> JsonDict:
         ti = context["ti"]
         raw_plan = ti.xcom_pull(task_ids=self.trigger_task_id)
         if raw_plan is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -53,11 +53,11 @@ class _DeferrableSensor(BaseSensorOperator):
         except CheckpointError as e:
             raise AirflowFailException(f"{self.task_id}: {e}") from e
 
-    def poke(self, context: Any) -> bool | PokeReturnValue:
+    def poke(self, context: Context) -> bool | PokeReturnValue:
         found = self._checked()
         return PokeReturnValue(is_done=True, xcom_value=found) if found is not None else False
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
         found = self._checked()
@@ -69,7 +69,7 @@ class _DeferrableSensor(BaseSensorOperator):
             timeout=datetime.timedelta(seconds=self.timeout),
         )
 
-    def execute_complete(self, context: Any, event: JsonDict | None = None) -> JsonDict:
+    def execute_complete(self, context: Context, event: JsonDict | None = None) -> JsonDict:
         if event and event.get("status") == "refused":
             raise AirflowFailException(f"{self.task_id}: {event.get('message')}")
         if not event or event.get("status") != "success":
@@ -147,7 +147,7 @@ class CheckpointCompletedSensor(_DeferrableSensor):
     def _storage_root(self) -> str:
         return self.storage or default_storage_root()
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         storage = job_storage(self.job_id, self._storage_root(), self.storage_conn_id)
         if self.after_checkpoint_id is None or self.after_checkpoint_id == "":
             self._after = latest_committed_id(storage)
