@@ -55,7 +55,14 @@ class CheckpointTriggerOperator(BaseOperator):
 
     Skips the run (and so finalize) when the job is STOPPED or a scheduled run falls in
     the minimum pause; fails without retry when the job is FAILED, another checkpoint of
-    the job is in flight, or a restore request is invalid.
+    the job is in flight, or a restore request is invalid. Returns (XCom) the checkpoint
+    plan every step and the finalize task read.
+
+    The run's params ``savepoint``, ``savepoint_dir`` and ``stop_after_savepoint`` (the
+    trigger form) make the checkpoint a savepoint; ``savepoint_dir`` must lie under an
+    allowed root (``[checkpoint] savepoint_roots`` or the job's storage root).
+
+    :param job: The checkpointed job (built by ``CheckpointedPipeline`` at DAG-parse time).
     """
 
     ui_color = "#ffe7ba"
@@ -137,7 +144,12 @@ class SparkCheckpointOperator(BaseOperator):
 
     Writes state snapshots and staged sink output under its own attempt directory, so
     an Airflow retry never mixes files with an earlier attempt. Malformed input fails
-    without retry; everything else is retried by Airflow.
+    without retry; everything else is retried by Airflow. Returns (XCom) the step's ack;
+    a failed attempt pushes its decline under the ``decline`` key.
+
+    :param job: The checkpointed job (built by ``CheckpointedPipeline`` at DAG-parse time).
+    :param step: Name of the step of the job's graph this task runs.
+    :param trigger_task_id: Task id of the :class:`CheckpointTriggerOperator` whose plan it follows.
     """
 
     ui_color = "#d6f5e3"
@@ -223,7 +235,12 @@ class CheckpointFinalizeOperator(BaseOperator):
 
     Runs whatever the steps did (``trigger_rule=all_done``). On completion it emits an
     Asset event for every sink; otherwise it aborts the checkpoint (discarding its files
-    and staged output) and fails the run without retry.
+    and staged output) and fails the run without retry. Skips when the trigger skipped.
+    Returns (XCom) ``{"checkpoint_id": n, ...}`` with the checkpoint's statistics.
+
+    :param job: The checkpointed job (built by ``CheckpointedPipeline`` at DAG-parse time).
+    :param trigger_task_id: Task id of the :class:`CheckpointTriggerOperator` whose plan it judges.
+    :param step_task_ids: Task ids of the :class:`SparkCheckpointOperator` steps whose acks it collects.
     """
 
     ui_color = "#cfe2ff"

@@ -9,6 +9,7 @@ no trip through the triggerer.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
@@ -34,7 +35,11 @@ def _default_deferrable(deferrable: bool | None) -> bool:
 
 
 class _DeferrableSensor(BaseSensorOperator):
-    """Poke mode through :class:`BaseSensorOperator`; deferred through ``_trigger()``."""
+    """Poke mode through :class:`BaseSensorOperator`; deferred through ``_trigger()``.
+
+    :param deferrable: Wait in the triggerer instead of a worker slot
+        (default ``[operators] default_deferrable``).
+    """
 
     def __init__(self, *, deferrable: bool | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -84,7 +89,12 @@ class CheckpointInputSensor(_DeferrableSensor):
     Returns (XCom) ``{"sources": [uid, ...]}``: the sources with new input. A pending
     restore request counts as input. ``CheckpointedPipeline(wait_for_input=...)`` puts
     this sensor, with ``soft_fail``, in front of the trigger: a run without new input
-    is skipped instead of producing an empty checkpoint.
+    is skipped instead of producing an empty checkpoint. Deferred, it watches only
+    :class:`~airflow_provider_checkpoint.dataflow.sources.FileSource` sources.
+
+    :param job: The checkpointed job whose sources it watches.
+    :param deferrable: Wait in the triggerer instead of a worker slot
+        (default ``[operators] default_deferrable``).
     """
 
     ui_color = "#fff2cc"
@@ -116,11 +126,21 @@ class CheckpointCompletedSensor(_DeferrableSensor):
     With ``savepoint=True`` it waits for a savepoint instead. A checkpoint counts once
     its sinks are committed, so the next task reads its output from the tables. Returns
     (XCom) ``{"checkpoint_id": n, ...}`` (``"savepoint": path`` for a savepoint).
-    ``storage`` defaults to ``[checkpoint] storage_root``. Reschedule mode needs an
-    explicit ``after_checkpoint_id`` (a rescheduled sensor starts afresh).
+    Reschedule mode needs an explicit ``after_checkpoint_id`` (a rescheduled sensor
+    starts afresh).
+
+    :param job_id: The job to watch (the pipeline's ``job_id``, by default its dag_id). (templated)
+    :param after_checkpoint_id: Wait for a checkpoint newer than this id; ``None`` or empty:
+        newer than the latest one when the sensor starts. (templated)
+    :param savepoint: Wait for a savepoint instead of a checkpoint.
+    :param storage: URL of the checkpoint storage root holding the job
+        (default ``[checkpoint] storage_root``).
+    :param storage_conn_id: Airflow connection for the storage root's filesystem.
+    :param deferrable: Wait in the triggerer instead of a worker slot
+        (default ``[operators] default_deferrable``).
     """
 
-    template_fields = ("job_id", "after_checkpoint_id")
+    template_fields: Sequence[str] = ("job_id", "after_checkpoint_id")
     ui_color = "#e2f0d9"
 
     def __init__(
