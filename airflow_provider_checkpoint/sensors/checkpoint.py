@@ -134,13 +134,13 @@ class CheckpointCompletedSensor(_DeferrableSensor):
         newer than the latest one when the sensor starts. (templated)
     :param savepoint: Wait for a savepoint instead of a checkpoint.
     :param storage: URL of the checkpoint storage root holding the job
-        (default ``[checkpoint] storage_root``).
-    :param storage_conn_id: Airflow connection for the storage root's filesystem.
+        (default ``[checkpoint] storage_root``). (templated)
+    :param storage_conn_id: Airflow connection for the storage root's filesystem. (templated)
     :param deferrable: Wait in the triggerer instead of a worker slot
         (default ``[operators] default_deferrable``).
     """
 
-    template_fields: Sequence[str] = ("job_id", "after_checkpoint_id")
+    template_fields: Sequence[str] = ("job_id", "after_checkpoint_id", "storage", "storage_conn_id")
     ui_color = "#e2f0d9"
 
     def __init__(
