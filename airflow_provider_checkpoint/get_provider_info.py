@@ -38,6 +38,7 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "hooks": [],
+        "plugins": [{"name": "checkpoints", "plugin-class": "airflow_provider_checkpoint.plugin.CheckpointsPlugin"}],
         "cli": ["airflow_provider_checkpoint.cli.definition.get_cli_commands"],
         "config": {
             "checkpoint": {
