@@ -72,14 +72,6 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "spark_default",
                         "default": "",
                     },
-                    "spark_remote": {
-                        "description": "Deprecated: use a 'spark_connect' connection in spark_conn_id. Spark "
-                        "Connect URL (sc://host:port) the steps run on when no connection is named.",
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "sc://127.0.0.1:15002",
-                        "default": "",
-                    },
                     "retained_checkpoints": {
                         "description": "Completed checkpoints kept per job (newest first) when a "
                         "pipeline does not set its own; savepoints are never deleted.",

@@ -210,7 +210,7 @@ class SparkCheckpointOperator(BaseOperator):
         from airflow_provider_checkpoint.spark.runner import run_step
         from airflow_provider_checkpoint.spark.session import get_spark
 
-        execution = resolve_execution(self.job.spark_conn_id, self.job.spark_remote)
+        execution = resolve_execution(self.job.spark_conn_id)
         self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())
         storage = self.job.storage()
         if execution.mode is ExecutionMode.SUBMIT:
