@@ -12,7 +12,7 @@ from airflow_provider_checkpoint import status
 from airflow_provider_checkpoint.plugin.models import HistoryPage, JobDetail, RestoreSummary, SavepointTriggered
 from airflow_provider_checkpoint.registry import JobLocation
 from airflow_provider_checkpoint.snapshots import request_restore
-from tests.unit.test_coordinator import JOB, T0, make_env, run_checkpoint
+from tests.unit.helpers import JOB, T0, make_env, run_checkpoint
 
 
 def served(model: type[BaseModel], document: dict[str, Any], exclude_unset: bool = False) -> Any:
