@@ -38,6 +38,7 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "hooks": [],
+        "plugins": [{"name": "checkpoints", "plugin-class": "airflow_provider_checkpoint.plugin.CheckpointsPlugin"}],
         "cli": ["airflow_provider_checkpoint.cli.definition.get_cli_commands"],
         "config": {
             "checkpoint": {
@@ -69,14 +70,6 @@ def get_provider_info() -> dict[str, Any]:
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "spark_default",
-                        "default": "",
-                    },
-                    "spark_remote": {
-                        "description": "Deprecated: use a 'spark_connect' connection in spark_conn_id. Spark "
-                        "Connect URL (sc://host:port) the steps run on when no connection is named.",
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "sc://127.0.0.1:15002",
                         "default": "",
                     },
                     "retained_checkpoints": {

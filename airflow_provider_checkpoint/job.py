@@ -71,8 +71,6 @@ class CheckpointJob:
     settings: CheckpointSettings | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
     dag_id: str | None = None
-    spark_remote: str | None = None
-    """Deprecated: a Spark Connect URL; use a ``spark_connect`` connection in ``spark_conn_id``."""
     spark_conn_id: str | None = None
     """A ``spark`` or ``spark_connect`` connection the steps run through (default ``[checkpoint] spark_conn_id``)."""
 

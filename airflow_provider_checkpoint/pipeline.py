@@ -71,8 +71,7 @@ class CheckpointedPipeline:
     finalize task (its commit is idempotent). ``spark_conn_id`` (default ``[checkpoint]
     spark_conn_id``) names the Spark provider connection the steps run through: type
     ``spark`` submits each step with spark-submit, ``spark_connect`` runs it on a Spark
-    Connect server; without one, each step runs an embedded local session
-    (``spark_remote``, a Spark Connect URL, is a deprecated fallback).
+    Connect server; without one, each step runs an embedded local session.
 
     ``checkpoint_storage="memory"`` keeps all keyed state inline in acks and ``_metadata``
     (declining above ``max_state_size`` bytes per operator); with the default
@@ -101,7 +100,6 @@ class CheckpointedPipeline:
         finalize_retries: int = 1,
         retry_delay: datetime.timedelta = datetime.timedelta(seconds=10),
         spark_conf: dict[str, str] | None = None,
-        spark_remote: str | None = None,
         checkpoint_storage: str = "filesystem",
         inline_state_threshold: int = 20 << 10,
         max_state_size: int = 5 << 20,
@@ -137,7 +135,6 @@ class CheckpointedPipeline:
         self.finalize_retries = finalize_retries
         self.retry_delay = retry_delay
         self.spark_conf = dict(spark_conf or {})
-        self.spark_remote = spark_remote
         self.spark_conn_id = spark_conn_id
         self.wait_for_input = wait_for_input
         self.job: CheckpointJob | None = None
@@ -166,7 +163,6 @@ class CheckpointedPipeline:
             settings=self.settings,
             spark_conf=self.spark_conf,
             dag_id=self.dag.dag_id,
-            spark_remote=self.spark_remote,
             spark_conn_id=self.spark_conn_id,
         )
         trigger = CheckpointTriggerOperator(task_id=TRIGGER_TASK_ID, job=self.job, retries=0)

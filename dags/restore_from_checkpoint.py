@@ -22,7 +22,7 @@ import datetime
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
-from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk import DAG, DagRunState, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 with DAG(
@@ -97,6 +97,6 @@ with DAG(
         trigger_dag_id="{{ ti.xcom_pull(task_ids='request_restore')['dag_id'] }}",
         wait_for_completion=True,
         poke_interval=5,
-        allowed_states=["success"],
-        failed_states=["failed"],
+        allowed_states=[DagRunState.SUCCESS],
+        failed_states=[DagRunState.FAILED],
     )

@@ -6,8 +6,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceState
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.utils.types import DagRunType
 
 from airflow_provider_checkpoint.coordinator import JobNotRunning
 from airflow_provider_checkpoint.core.documents import DocumentError
@@ -31,7 +32,7 @@ def _run_is_active(ti: Any, holder: JsonDict) -> bool:
         state = ti.get_dagrun_state(holder["dag_id"], holder["run_id"])
     except Exception:  # cannot tell: keep the lease until it expires
         return True
-    return str(state).lower().rsplit(".", 1)[-1] not in ("success", "failed")
+    return state not in (DagRunState.SUCCESS, DagRunState.FAILED)
 
 
 def _plan(raw: Any, trigger_task_id: str) -> CheckpointPlan:
@@ -44,7 +45,9 @@ def _plan(raw: Any, trigger_task_id: str) -> CheckpointPlan:
 
 def _was_skipped(ti: Any, task_id: str) -> bool:
     """Whether ``task_id`` of this DAG run ended skipped (an upstream sensor skipped it)."""
-    return bool(ti.get_ti_count(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id], states=["skipped"]))
+    return bool(
+        ti.get_ti_count(dag_id=ti.dag_id, task_ids=[task_id], run_ids=[ti.run_id], states=[TaskInstanceState.SKIPPED])
+    )
 
 
 class CheckpointTriggerOperator(BaseOperator):
@@ -52,7 +55,14 @@ class CheckpointTriggerOperator(BaseOperator):
 
     Skips the run (and so finalize) when the job is STOPPED or a scheduled run falls in
     the minimum pause; fails without retry when the job is FAILED, another checkpoint of
-    the job is in flight, or a restore request is invalid.
+    the job is in flight, or a restore request is invalid. Returns (XCom) the checkpoint
+    plan every step and the finalize task read.
+
+    The run's params ``savepoint``, ``savepoint_dir`` and ``stop_after_savepoint`` (the
+    trigger form) make the checkpoint a savepoint; ``savepoint_dir`` must lie under an
+    allowed root (``[checkpoint] savepoint_roots`` or the job's storage root).
+
+    :param job: The checkpointed job (built by ``CheckpointedPipeline`` at DAG-parse time).
     """
 
     ui_color = "#ffe7ba"
@@ -61,7 +71,7 @@ class CheckpointTriggerOperator(BaseOperator):
         super().__init__(**kwargs)
         self.job = job
 
-    def execute(self, context: Any) -> JsonDict:
+    def execute(self, context: Context) -> JsonDict:
         options = self._savepoint_options(context.get("params") or {})
         checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
         ti = context["ti"]
@@ -72,7 +82,7 @@ class CheckpointTriggerOperator(BaseOperator):
                 context["run_id"],
                 checkpoint_type,
                 options=options,
-                periodic=str(getattr(dag_run, "run_type", "")) in ("scheduled", "DagRunType.SCHEDULED"),
+                periodic=getattr(dag_run, "run_type", None) == DagRunType.SCHEDULED,
                 holder_alive=lambda holder: _run_is_active(ti, holder),
             )
         except JobNotRunning as e:
@@ -134,7 +144,12 @@ class SparkCheckpointOperator(BaseOperator):
 
     Writes state snapshots and staged sink output under its own attempt directory, so
     an Airflow retry never mixes files with an earlier attempt. Malformed input fails
-    without retry; everything else is retried by Airflow.
+    without retry; everything else is retried by Airflow. Returns (XCom) the step's ack;
+    a failed attempt pushes its decline under the ``decline`` key.
+
+    :param job: The checkpointed job (built by ``CheckpointedPipeline`` at DAG-parse time).
+    :param step: Name of the step of the job's graph this task runs.
+    :param trigger_task_id: Task id of the :class:`CheckpointTriggerOperator` whose plan it follows.
     """
 
     ui_color = "#d6f5e3"
@@ -145,7 +160,7 @@ class SparkCheckpointOperator(BaseOperator):
         self.step = step
         self.trigger_task_id = trigger_task_id
 
-    def execute(self, context: Any) -> JsonDict:
+    def execute(self, context: Context) -> JsonDict:
         from airflow_provider_checkpoint.spark.execution import decline_for
         from airflow_provider_checkpoint.spark.runner import describe_metrics
 
@@ -195,7 +210,7 @@ class SparkCheckpointOperator(BaseOperator):
         from airflow_provider_checkpoint.spark.runner import run_step
         from airflow_provider_checkpoint.spark.session import get_spark
 
-        execution = resolve_execution(self.job.spark_conn_id, self.job.spark_remote)
+        execution = resolve_execution(self.job.spark_conn_id)
         self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())
         storage = self.job.storage()
         if execution.mode is ExecutionMode.SUBMIT:
@@ -220,7 +235,12 @@ class CheckpointFinalizeOperator(BaseOperator):
 
     Runs whatever the steps did (``trigger_rule=all_done``). On completion it emits an
     Asset event for every sink; otherwise it aborts the checkpoint (discarding its files
-    and staged output) and fails the run without retry.
+    and staged output) and fails the run without retry. Skips when the trigger skipped.
+    Returns (XCom) ``{"checkpoint_id": n, ...}`` with the checkpoint's statistics.
+
+    :param job: The checkpointed job (built by ``CheckpointedPipeline`` at DAG-parse time).
+    :param trigger_task_id: Task id of the :class:`CheckpointTriggerOperator` whose plan it judges.
+    :param step_task_ids: Task ids of the :class:`SparkCheckpointOperator` steps whose acks it collects.
     """
 
     ui_color = "#cfe2ff"
@@ -235,7 +255,7 @@ class CheckpointFinalizeOperator(BaseOperator):
         self.trigger_task_id = trigger_task_id
         self.step_task_ids = list(step_task_ids)
 
-    def execute(self, context: Any) -> JsonDict:
+    def execute(self, context: Context) -> JsonDict:
         ti = context["ti"]
         raw_plan = ti.xcom_pull(task_ids=self.trigger_task_id)
         if raw_plan is None:

@@ -16,26 +16,23 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, Field
 
 from airflow_provider_checkpoint import status
 from airflow_provider_checkpoint.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.plugin.models import (
+    HistoryPage,
+    JobDetail,
+    JobStatus,
+    RestoreRequest,
+    RestoreSummary,
+    SavepointRequest,
+    SavepointTriggered,
+    UnreadableJob,
+)
 from airflow_provider_checkpoint.registry import JobLocation, list_jobs
 
 STATIC = Path(__file__).parent / "static"
-
-
-class SavepointRequest(BaseModel):
-    savepoint_dir: str | None = Field(None, max_length=4096, description="Under an allowed root; empty: default")
-    stop: bool = Field(False, description="Set the job STOPPED once the savepoint is written")
-
-
-class RestoreRequest(BaseModel):
-    checkpoint: str = Field(min_length=1, max_length=4096, description="'latest', an id, or a snapshot path")
-    allow_non_restored_state: bool = False
-    dry_run: bool = False
-    trigger_pipeline: bool = Field(False, description="Trigger the pipeline right after the request")
 
 
 def _job(dag_id: str) -> JobLocation:
@@ -72,27 +69,27 @@ def create_app() -> FastAPI:
     create_run = [Depends(requires_access_dag("POST", DagAccessEntity.RUN))]
 
     @app.get("/api/jobs")
-    def jobs(user: GetUserDep) -> list[dict[str, Any]]:
+    def jobs(user: GetUserDep) -> list[JobStatus | UnreadableJob]:
         """Every job whose DAG the user may read, with its status."""
         from airflow.api_fastapi.app import get_auth_manager
         from airflow.models.dag import DagModel
 
         manager = get_auth_manager()
-        out = []
+        out: list[JobStatus | UnreadableJob] = []
         for job in list_jobs():
             details = DagDetails(id=job.dag_id, team_name=DagModel.get_team_name(job.dag_id))
             if manager.is_authorized_dag(method="GET", details=details, user=user):
                 try:
-                    out.append(status.job_status(job))
+                    out.append(JobStatus.model_validate(status.job_status(job)))
                 except CheckpointError as e:
-                    out.append({"job_id": job.job_id, "dag_id": job.dag_id, "status": "UNREADABLE", "error": str(e)})
+                    out.append(UnreadableJob(job_id=job.job_id, dag_id=job.dag_id, status="UNREADABLE", error=str(e)))
         return out
 
     @app.get("/api/dags/{dag_id}/status", dependencies=read)
-    def job_status(dag_id: str) -> dict[str, Any]:
+    def job_status(dag_id: str) -> JobDetail:
         job = _job(dag_id)
         try:
-            return {**status.job_status(job), "savepoints": status.savepoints(job.storage())}
+            return JobDetail.model_validate({**status.job_status(job), "savepoints": status.savepoints(job.storage())})
         except CheckpointError as e:
             raise _refused(e) from e
 
@@ -101,23 +98,25 @@ def create_app() -> FastAPI:
         dag_id: str,
         offset: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=status.MAX_PAGE)] = 20,
-    ) -> dict[str, Any]:
+    ) -> HistoryPage:
         try:
-            return status.history(_job(dag_id).storage(), offset, limit)
+            return HistoryPage.model_validate(status.history(_job(dag_id).storage(), offset, limit))
         except CheckpointError as e:
             raise _refused(e) from e
 
     @app.post("/api/dags/{dag_id}/savepoint", dependencies=create_run)
-    def savepoint(dag_id: str, body: SavepointRequest, user: GetUserDep) -> dict[str, Any]:
+    def savepoint(dag_id: str, body: SavepointRequest, user: GetUserDep) -> SavepointTriggered:
         """Trigger a savepoint run (the trigger form's conf), optionally stopping the job after it."""
         try:
             conf = savepoint_conf(_job(dag_id), body.savepoint_dir, body.stop)
         except CheckpointError as e:
             raise _refused(e) from e
-        return {"dag_id": dag_id, "dag_run_id": _trigger(dag_id, conf, user), "conf": conf}
+        return SavepointTriggered.model_validate(
+            {"dag_id": dag_id, "dag_run_id": _trigger(dag_id, conf, user), "conf": conf}
+        )
 
-    @app.post("/api/dags/{dag_id}/restore", dependencies=create_run)
-    def restore(dag_id: str, body: RestoreRequest, user: GetUserDep) -> dict[str, Any]:
+    @app.post("/api/dags/{dag_id}/restore", dependencies=create_run, response_model_exclude_unset=True)
+    def restore(dag_id: str, body: RestoreRequest, user: GetUserDep) -> RestoreSummary:
         """What the restore DAG's first task does; then, if asked, trigger the pipeline."""
         job = _job(dag_id)
         try:
@@ -126,7 +125,7 @@ def create_app() -> FastAPI:
             raise _refused(e, "restore refused: ") from e
         if body.trigger_pipeline and not body.dry_run:
             summary["dag_run_id"] = _trigger(dag_id, {}, user)
-        return summary
+        return RestoreSummary.model_validate(summary)
 
     app.mount("/ui", StaticFiles(directory=STATIC, html=True), name="ui")
     return app

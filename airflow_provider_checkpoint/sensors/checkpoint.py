@@ -9,9 +9,10 @@ no trip through the triggerer.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -34,7 +35,11 @@ def _default_deferrable(deferrable: bool | None) -> bool:
 
 
 class _DeferrableSensor(BaseSensorOperator):
-    """Poke mode through :class:`BaseSensorOperator`; deferred through ``_trigger()``."""
+    """Poke mode through :class:`BaseSensorOperator`; deferred through ``_trigger()``.
+
+    :param deferrable: Wait in the triggerer instead of a worker slot
+        (default ``[operators] default_deferrable``).
+    """
 
     def __init__(self, *, deferrable: bool | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -53,11 +58,11 @@ class _DeferrableSensor(BaseSensorOperator):
         except CheckpointError as e:
             raise AirflowFailException(f"{self.task_id}: {e}") from e
 
-    def poke(self, context: Any) -> bool | PokeReturnValue:
+    def poke(self, context: Context) -> bool | PokeReturnValue:
         found = self._checked()
         return PokeReturnValue(is_done=True, xcom_value=found) if found is not None else False
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
         found = self._checked()
@@ -69,7 +74,7 @@ class _DeferrableSensor(BaseSensorOperator):
             timeout=datetime.timedelta(seconds=self.timeout),
         )
 
-    def execute_complete(self, context: Any, event: JsonDict | None = None) -> JsonDict:
+    def execute_complete(self, context: Context, event: JsonDict | None = None) -> JsonDict:
         if event and event.get("status") == "refused":
             raise AirflowFailException(f"{self.task_id}: {event.get('message')}")
         if not event or event.get("status") != "success":
@@ -84,7 +89,12 @@ class CheckpointInputSensor(_DeferrableSensor):
     Returns (XCom) ``{"sources": [uid, ...]}``: the sources with new input. A pending
     restore request counts as input. ``CheckpointedPipeline(wait_for_input=...)`` puts
     this sensor, with ``soft_fail``, in front of the trigger: a run without new input
-    is skipped instead of producing an empty checkpoint.
+    is skipped instead of producing an empty checkpoint. Deferred, it watches only
+    :class:`~airflow_provider_checkpoint.dataflow.sources.FileSource` sources.
+
+    :param job: The checkpointed job whose sources it watches.
+    :param deferrable: Wait in the triggerer instead of a worker slot
+        (default ``[operators] default_deferrable``).
     """
 
     ui_color = "#fff2cc"
@@ -116,11 +126,21 @@ class CheckpointCompletedSensor(_DeferrableSensor):
     With ``savepoint=True`` it waits for a savepoint instead. A checkpoint counts once
     its sinks are committed, so the next task reads its output from the tables. Returns
     (XCom) ``{"checkpoint_id": n, ...}`` (``"savepoint": path`` for a savepoint).
-    ``storage`` defaults to ``[checkpoint] storage_root``. Reschedule mode needs an
-    explicit ``after_checkpoint_id`` (a rescheduled sensor starts afresh).
+    Reschedule mode needs an explicit ``after_checkpoint_id`` (a rescheduled sensor
+    starts afresh).
+
+    :param job_id: The job to watch (the pipeline's ``job_id``, by default its dag_id). (templated)
+    :param after_checkpoint_id: Wait for a checkpoint newer than this id; ``None`` or empty:
+        newer than the latest one when the sensor starts. (templated)
+    :param savepoint: Wait for a savepoint instead of a checkpoint.
+    :param storage: URL of the checkpoint storage root holding the job
+        (default ``[checkpoint] storage_root``). (templated)
+    :param storage_conn_id: Airflow connection for the storage root's filesystem. (templated)
+    :param deferrable: Wait in the triggerer instead of a worker slot
+        (default ``[operators] default_deferrable``).
     """
 
-    template_fields = ("job_id", "after_checkpoint_id")
+    template_fields: Sequence[str] = ("job_id", "after_checkpoint_id", "storage", "storage_conn_id")
     ui_color = "#e2f0d9"
 
     def __init__(
@@ -147,7 +167,7 @@ class CheckpointCompletedSensor(_DeferrableSensor):
     def _storage_root(self) -> str:
         return self.storage or default_storage_root()
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         storage = job_storage(self.job_id, self._storage_root(), self.storage_conn_id)
         if self.after_checkpoint_id is None or self.after_checkpoint_id == "":
             self._after = latest_committed_id(storage)

@@ -8,7 +8,7 @@
   the task reads it back and verifies it.
 
 The connection id comes from the pipeline (``spark_conn_id=``), else ``[checkpoint]
-spark_conn_id``. ``[checkpoint] spark_remote`` is a deprecated fallback for ``connect``.
+spark_conn_id``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import sys
 import tempfile
 import time
 import uuid
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +70,8 @@ class Execution:
     def describe(self) -> str:
         if self.mode is ExecutionMode.LOCAL:
             return "an embedded local[*] session"
-        via = f"connection {self.conn_id!r}" if self.conn_id else "[checkpoint] spark_remote (deprecated)"
-        return f"{'spark-submit' if self.mode is ExecutionMode.SUBMIT else 'Spark Connect'} through {via}"
+        how = "spark-submit" if self.mode is ExecutionMode.SUBMIT else "Spark Connect"
+        return f"{how} through connection {self.conn_id!r}"
 
 
 class StepDeclined(CheckpointAbortedError):
@@ -94,7 +93,7 @@ def decline_for(e: BaseException) -> StepDeclined:
     return StepDeclined(reason, str(e), fatal)
 
 
-def resolve_execution(spark_conn_id: str | None, spark_remote: str | None) -> Execution:
+def resolve_execution(spark_conn_id: str | None) -> Execution:
     """The execution of a job's steps from its options and the ``[checkpoint]`` section."""
     from airflow_provider_checkpoint.job import config_value
 
@@ -113,15 +112,6 @@ def resolve_execution(spark_conn_id: str | None, spark_remote: str | None) -> Ex
             f"connection {conn_id!r} has type {conn_type!r}: steps run through a 'spark' connection "
             "(spark-submit) or a 'spark_connect' connection (Spark Connect)"
         )
-    remote = spark_remote or config_value("spark_remote") or None
-    if remote:
-        message = (
-            "[checkpoint] spark_remote / spark_remote= is deprecated: create a 'spark_connect' connection "
-            "and name it in spark_conn_id= or [checkpoint] spark_conn_id"
-        )
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
-        log.warning(message)
-        return Execution(ExecutionMode.CONNECT, remote=remote)
     return Execution(ExecutionMode.LOCAL)
 
 

@@ -93,7 +93,17 @@ def source_from_spec(spec: JsonDict) -> Source:
 
 # -- triggers ----------------------------------------------------------------------------
 class _StorageTrigger(BaseTrigger):
-    """Polls one job's storage every ``poke_interval`` seconds until ``_check`` finds something."""
+    """Polls one job's storage every ``poke_interval`` seconds until ``_check`` finds something.
+
+    Yields one event: ``{"status": "success", ...found}``; ``{"status": "refused", "message"}``
+    on refused input or unreadable storage (the sensor fails without retry); ``{"status":
+    "error", "message"}`` on any other error.
+
+    :param job_id: The job whose storage it polls.
+    :param storage_root: URL of the checkpoint storage root holding the job.
+    :param storage_conn_id: Airflow connection for the storage root's filesystem.
+    :param poke_interval: Seconds between two checks.
+    """
 
     def __init__(self, job_id: str, storage_root: str, storage_conn_id: str | None, poke_interval: float) -> None:
         super().__init__()
@@ -133,7 +143,16 @@ class _StorageTrigger(BaseTrigger):
 
 
 class CheckpointInputTrigger(_StorageTrigger):
-    """Fires once a pipeline's sources hold input beyond the latest completed checkpoint."""
+    """Fires once a pipeline's sources hold input beyond the latest completed checkpoint.
+
+    The event carries ``"sources"``: the uids of the sources with new input.
+
+    :param job_id: The job whose storage it polls.
+    :param storage_root: URL of the checkpoint storage root holding the job.
+    :param sources: The pipeline's sources, as :func:`source_spec` describes them.
+    :param storage_conn_id: Airflow connection for the storage root's filesystem.
+    :param poke_interval: Seconds between two checks.
+    """
 
     def __init__(
         self,
@@ -155,7 +174,17 @@ class CheckpointInputTrigger(_StorageTrigger):
 
 
 class CheckpointCompletedTrigger(_StorageTrigger):
-    """Fires once the job has committed a checkpoint (or savepoint) newer than ``after_checkpoint_id``."""
+    """Fires once the job has committed a checkpoint (or savepoint) newer than ``after_checkpoint_id``.
+
+    The event carries what :func:`committed_after` returns (``"checkpoint_id"``, ...).
+
+    :param job_id: The job whose storage it polls.
+    :param storage_root: URL of the checkpoint storage root holding the job.
+    :param after_checkpoint_id: Fire for a checkpoint newer than this id.
+    :param savepoint: Fire for a savepoint instead of a checkpoint.
+    :param storage_conn_id: Airflow connection for the storage root's filesystem.
+    :param poke_interval: Seconds between two checks.
+    """
 
     def __init__(
         self,

@@ -111,8 +111,11 @@ def test_a_savepoint_committable_escaping_its_staging_is_refused(job, tmp, capsy
     meta["sinks"]["events_archive"][0]["moves"][0][0] = "_staging/chk-1/../../../../canary/x.parquet"
     with crafted(tmp, {savepoint / "_metadata": json.dumps(meta).encode()}):
         err = refused(capsys, "restore", JOB, "--checkpoint", str(savepoint), "--dry-run")
-        assert err.startswith("restore refused: ") and "not normalized" in err
-        assert "sinks.events_archive[0].moves[0][0]" in err
+        assert (
+            err.startswith("restore refused: ")
+            and "sinks.events_archive[0].moves[0][0]" in err
+            and "not normalized" in err
+        )
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,27 @@ def test_airflow_lists_the_provider_triggers(airflow_db):
     assert ours == ["airflow_provider_checkpoint.triggers.checkpoint"]
 
 
-def test_the_plugin_comes_from_the_entry_point_once_and_imports_no_api_server(airflow_db):
-    """``plugins/`` is the plugins folder too: the plugin is still loaded once, from the package."""
-    env = {**os.environ, "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins")}
+def test_the_provider_info_is_valid_and_declares_the_plugin(airflow_db):
+    """As edge3 does: the plugin named in ``get_provider_info`` is the entry point's class, under its name."""
+    from importlib import resources
+
+    import jsonschema
+    from airflow.providers_manager import ProvidersManager
+
+    from airflow_provider_checkpoint.get_provider_info import get_provider_info
+    from airflow_provider_checkpoint.plugin import CheckpointsPlugin
+
+    schema = json.loads(resources.files("airflow").joinpath("provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+    manager = ProvidersManager()
+    manager.initialize_providers_plugins()
+    (declared,) = [p for p in manager.plugins if p.provider_name == "airflow-provider-checkpoint"]
+    assert declared.plugin_class == "airflow_provider_checkpoint.plugin.CheckpointsPlugin"
+    assert declared.name == CheckpointsPlugin.name == "checkpoints"
+
+
+def listed_plugin(env: dict[str, str]) -> dict:
+    """The one ``checkpoints`` plugin ``airflow plugins`` lists, loaded from the package's entry point."""
     listed = subprocess.run(
         [sys.executable, "-m", "airflow", "plugins", "--output", "json"],
         check=True,
@@ -58,6 +76,18 @@ def test_the_plugin_comes_from_the_entry_point_once_and_imports_no_api_server(ai
     assert plugin["source"].endswith(
         "value='airflow_provider_checkpoint.plugin:CheckpointsPlugin', group='airflow.plugins')"
     )
+    return plugin
+
+
+def test_eager_provider_discovery_still_loads_the_plugin_once(airflow_db):
+    """Eagerly discovered, the provider info's plugin has the entry point's name: Airflow skips it."""
+    listed_plugin({**os.environ, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False"})
+
+
+def test_the_plugin_comes_from_the_entry_point_once_and_imports_no_api_server(airflow_db):
+    """``plugins/`` is the plugins folder too: the plugin is still loaded once, from the package."""
+    env = {**os.environ, "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins")}
+    plugin = listed_plugin(env)
     assert [v["destination"] for v in plugin["external_views"]] == ["nav", "dag"]
     assert plugin["fastapi_apps"][0]["url_prefix"] == "/checkpoints"
     light = (

@@ -48,9 +48,10 @@ with CheckpointedPipeline(
                      mode="upsert", keys=["page"])
 
 for after, timeout in ((1, 30), (2, 1)):
-    with DAG(f"downstream_after_{after}", schedule=None, start_date=datetime.datetime(2026, 1, 1)) as dag:
-        wait = CheckpointCompletedSensor(
-            task_id="wait_for_checkpoint", job_id="sensed_clickstream", storage=STORAGE,
+    with DAG(f"downstream_after_{after}", schedule=None, start_date=datetime.datetime(2026, 1, 1),
+             params={"storage": STORAGE}) as dag:
+        wait = CheckpointCompletedSensor(  # storage is templated: rendered before the sensor reads it
+            task_id="wait_for_checkpoint", job_id="sensed_clickstream", storage="{{ params.storage }}",
             after_checkpoint_id=after, poke_interval=0.5, timeout=timeout, deferrable=False,
         )
 

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_checkpoint.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
-from tests.unit.test_coordinator import JOB, STEP, T0, Env, make_ack, make_env, run_checkpoint, state_rel
+from tests.unit.helpers import JOB, STEP, T0, Env, make_ack, make_env, run_checkpoint, state_rel
 
 RETAINED = 3
 

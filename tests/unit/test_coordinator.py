@@ -9,127 +9,21 @@ and hands the coordinator the corresponding Ack.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator, JobNotRunning
+from airflow_provider_checkpoint.coordinator import JobNotRunning
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.faults import InjectedFault
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType, StateHandle
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
-from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
-from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.snapshots import open_snapshot
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
-from tests.unit.state_files import SCHEMA
+from airflow_provider_checkpoint.storage import CheckpointStorageError
+from tests.unit.helpers import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, state_rel, target_name
 from tests.unit.state_files import state_file as parquet_state
-
-JOB = "job"
-STEP = "step_table"
-T0 = 1_700_000_000.0
-TIMEOUT = 600.0
-
-
-@dataclass
-class Env:
-    root: Path
-    landing: Path
-    table: Path
-    storage: JobStorage
-    coordinator: CheckpointCoordinator
-
-    @property
-    def job_dir(self) -> Path:
-        return self.root / "ckpt" / JOB
-
-    def chk(self, checkpoint_id: int) -> Path:
-        return self.job_dir / f"chk-{checkpoint_id}"
-
-    def table_parts(self) -> dict[str, bytes]:
-        return {p.name: p.read_bytes() for p in sorted(self.table.glob("part-*.parquet"))}
-
-    def stats(self, checkpoint_id: int) -> dict:
-        return json.loads((self.job_dir / "_stats" / f"{checkpoint_id}.json").read_bytes())
-
-    def job_record(self) -> dict:
-        return json.loads((self.job_dir / "_job.json").read_bytes())
-
-
-def make_env(tmp_path: Path, retained: int = 3, tolerable: int = 3, **source_options: object) -> Env:
-    landing = tmp_path / "landing"
-    landing.mkdir()
-    (landing / "a.json").write_bytes(b'{"k": 1}\n')
-    table = tmp_path / "table"
-    source = FileSource("events", str(landing), "json", "k INT", **source_options)  # type: ignore[arg-type]
-    counts = KeyedAggregate("counts", source, keys=["k"], aggs={"n": "count"})
-    sink = ParquetTableSink("table", counts, str(table), mode="append")
-    graph = PipelineGraph([source, counts, sink])
-    storage = JobStorage.for_job(str(tmp_path / "ckpt"), JOB)
-    settings = CheckpointSettings(
-        retained_checkpoints=retained, checkpoint_timeout_seconds=TIMEOUT, tolerable_failed_checkpoints=tolerable
-    )
-    roots = [f"file://{tmp_path}/ckpt", f"file://{tmp_path}/savepoints"]
-    return Env(tmp_path, landing, table, storage, CheckpointCoordinator(storage, graph, settings, None, roots))
-
-
-def target_name(checkpoint_id: int) -> str:
-    return f"part-c{checkpoint_id:010d}-00000.parquet"
-
-
-def state_rel(checkpoint_id: int, attempt: int) -> str:
-    return f"{JobStorage.attempt_dir(checkpoint_id, STEP, attempt)}/state/counts/kgr=0/part-00000.parquet"
-
-
-def make_ack(
-    env: Env,
-    plan: CheckpointPlan,
-    attempt: int = 1,
-    state: bytes | None = None,
-    staged: bytes | None = None,
-    extra_handles: tuple = (),
-) -> Ack:
-    """Write what attempt ``attempt`` of the step would write, and return its ack."""
-    cid = plan.checkpoint_id
-    state = state if state is not None else parquet_state(f"state of chk {cid} attempt {attempt}")
-    staged = staged if staged is not None else f"rows of chk {cid} attempt {attempt}".encode()
-    rel = state_rel(cid, attempt)
-    state_file = env.job_dir / rel
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    state_file.write_bytes(state)
-    handle = env.storage.handle_for(rel, (0, 127))
-    staged_rel = f"_staging/chk-{cid}/{JOB}/{STEP}/attempt-{attempt}/part-00000.parquet"
-    staged_file = env.table / staged_rel
-    staged_file.parent.mkdir(parents=True, exist_ok=True)
-    staged_file.write_bytes(staged)
-    return Ack(
-        job_id=JOB,
-        checkpoint_id=cid,
-        step=STEP,
-        attempt=attempt,
-        operators={"counts": OperatorSnapshot((handle, *extra_handles), SCHEMA, ("k",), 128, rows=1)},
-        sinks={"table": [{"checkpoint_id": cid, "moves": [[staged_rel, target_name(cid)]]}]},
-        metrics={"source_records": {"events": 1}},
-        attempt_dir=JobStorage.attempt_dir(cid, STEP, attempt),
-    )
-
-
-def run_checkpoint(env: Env, run_id: str, now: float) -> tuple[CheckpointPlan, Ack]:
-    plan = env.coordinator.trigger(run_id, now=now)
-    ack = make_ack(env, plan)
-    env.coordinator.finalize(plan, [ack], now=now + 1)
-    return plan, ack
-
-
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
-    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
-    return make_env(tmp_path)
 
 
 # -- trigger --------------------------------------------------------------------------

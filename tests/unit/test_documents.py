@@ -14,7 +14,7 @@ from airflow_provider_checkpoint.core.model import Ack, HandleScope, RestoreRequ
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
-from tests.unit.test_metadata import sample
+from tests.unit.helpers import sample
 
 SHA = "sha256:" + "0" * 64
 

@@ -30,7 +30,7 @@ from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.storage import JobStorage, LeaseHeld
-from tests.unit.test_coordinator import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, target_name
+from tests.unit.helpers import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, target_name
 
 COUNTED = {
     AbortReason.DECLINED,
@@ -51,11 +51,6 @@ NOT_COUNTED = {
 @pytest.fixture(autouse=True)
 def _no_faults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Env:
-    return make_env(tmp_path)
 
 
 def with_settings(env: Env, **settings: Any) -> Env:

@@ -8,35 +8,8 @@ import pytest
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.metadata import MetadataError
-from airflow_provider_checkpoint.core.model import (
-    Barrier,
-    CheckpointType,
-    CompletedCheckpoint,
-    OperatorSnapshot,
-    StateHandle,
-)
-
-
-def sample(type_: CheckpointType = CheckpointType.CHECKPOINT, restored_from: int | None = 6) -> CompletedCheckpoint:
-    handles = (
-        StateHandle("chk-7/step_a/attempt-2/state/counts/kgr=0/p0.parquet", 123, "sha256:" + "a" * 64, (0, 63)),
-        StateHandle("chk-7/step_a/attempt-2/state/counts/kgr=1/p1.parquet", 456, "sha256:" + "b" * 64, (64, 127)),
-    )
-    return CompletedCheckpoint(
-        job_id="clicks",
-        checkpoint_id=7,
-        type=type_,
-        trigger_time=1700000000.25,
-        completion_time=1700000012.5,
-        restored_from=restored_from,
-        barrier=Barrier(7, 1700000000.25, type_, {"events": {"files": {"a.json": 10, "sub/b.json": 20}}}),
-        operators={
-            "counts": OperatorSnapshot(handles, '{"type":"struct","fields":[]}', ("page", "user"), 128, rows=42),
-            "empty": OperatorSnapshot((), "{}", ("k",), 16, rows=0),
-        },
-        sinks={"table": [{"checkpoint_id": 7, "moves": [["_staging/chk-7/x.parquet", "part-c7.parquet"]]}]},
-        stats={"run_id": "r1", "records_in": 5},
-    )
+from airflow_provider_checkpoint.core.model import CheckpointType
+from tests.unit.helpers import sample
 
 
 @pytest.mark.parametrize("type_", list(CheckpointType))

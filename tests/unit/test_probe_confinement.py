@@ -20,7 +20,7 @@ from airflow_provider_checkpoint.core.model import CheckpointType, RestoreReques
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 from airflow_provider_checkpoint.storage.paths import UnsafePathError
 from airflow_provider_checkpoint.testing.neighbours import fingerprints, plant_neighbours, tree
-from tests.unit.test_coordinator import JOB, T0, Env, make_ack, make_env, run_checkpoint
+from tests.unit.helpers import JOB, T0, Env, make_ack, make_env, run_checkpoint
 
 OUTSIDE_RULE = "outside the directory that owns it"
 

@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.core.faults import InjectedFault
 from airflow_provider_checkpoint.dataflow.file_positions import InvalidPositionError
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
 from airflow_provider_checkpoint.dataflow.sources import FileSource
-from tests.unit.test_coordinator import T0, make_ack, make_env
+from tests.unit.helpers import T0, make_ack, make_env
 
 
 def land(root: Path, rel: str, data: bytes, mtime: float | None = None) -> None:

@@ -9,13 +9,7 @@ import pytest
 from airflow_provider_checkpoint.core.model import Ack
 from airflow_provider_checkpoint.spark.execution import ACK_FILE, StepDeclined, read_ack
 from airflow_provider_checkpoint.storage import CheckpointStorageError
-from tests.unit.test_coordinator import STEP, T0, Env, make_ack, make_env
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Env:
-    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
-    return make_env(tmp_path)
+from tests.unit.helpers import STEP, T0, Env, make_ack
 
 
 def leave_ack(env: Env, ack: Ack, attempt: int) -> str:

@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.snapshots import RestoreError
-from tests.unit.test_coordinator import T0, make_env, run_checkpoint
+from tests.unit.helpers import T0, make_env, run_checkpoint
 
 
 def test_an_older_pending_checkpoint_is_subsumed_not_counted(tmp_path: Path) -> None:

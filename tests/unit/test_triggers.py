@@ -12,7 +12,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from airflow.sdk.module_loading import import_string
 from airflow.triggers.base import TriggerEvent
 
@@ -24,7 +23,7 @@ from airflow_provider_checkpoint.triggers.checkpoint import (
     new_input,
     source_spec,
 )
-from tests.unit.test_coordinator import JOB, T0, Env, make_env, run_checkpoint
+from tests.unit.helpers import JOB, T0, Env, run_checkpoint
 
 DEADLINE = 10.0
 
@@ -34,12 +33,6 @@ def run_isolated(coroutine: Any) -> Any:
     this thread (Playwright's sync API in the live UI tests) cannot interfere."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
-
-
-@pytest.fixture
-def env(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Env:
-    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
-    return make_env(tmp_path)
 
 
 def input_trigger(env: Env) -> CheckpointInputTrigger:

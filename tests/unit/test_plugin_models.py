@@ -1,0 +1,53 @@
+"""The plugin's response models carry exactly the JSON the status and restore functions produce."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from airflow_provider_checkpoint import status
+from airflow_provider_checkpoint.plugin.models import HistoryPage, JobDetail, RestoreSummary, SavepointTriggered
+from airflow_provider_checkpoint.registry import JobLocation
+from airflow_provider_checkpoint.snapshots import request_restore
+from tests.unit.helpers import JOB, T0, make_env, run_checkpoint
+
+
+def served(model: type[BaseModel], document: dict[str, Any], exclude_unset: bool = False) -> Any:
+    """The JSON the route answers with: ``document`` through its response model."""
+    return json.loads(model.model_validate(document).model_dump_json(exclude_unset=exclude_unset))
+
+
+def test_status_history_and_restore_keep_their_json(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    for n in (1, 2):
+        run_checkpoint(env, f"run-{n}", now=T0 + 100 * n)
+    summary = request_restore(env.storage, env.storage.url("chk-1"), False, dry_run=False)
+    location = JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")
+    pending = {**status.job_status(location), "savepoints": []}
+    assert pending["pending_restore"] and served(JobDetail, pending) == json.loads(json.dumps(pending))
+    run_checkpoint(env, "run-3", now=T0 + 300)  # restores checkpoint 1
+    detail = {**status.job_status(location), "savepoints": status.savepoints(env.storage)}
+    page = status.history(env.storage, 0, 2)
+
+    assert detail["last_restore"] and page["total"] == 3
+    assert served(JobDetail, detail) == json.loads(json.dumps(detail))
+    assert served(HistoryPage, page) == json.loads(json.dumps(page))
+    assert served(RestoreSummary, summary, exclude_unset=True) == json.loads(json.dumps(summary))
+    conf = {"savepoint": True, "savepoint_dir": None, "stop_after_savepoint": False}
+    triggered = {"dag_id": "job_dag", "dag_run_id": "manual__1", "conf": conf}
+    assert served(SavepointTriggered, triggered) == triggered
+
+
+def test_rows_keep_keys_they_do_not_declare(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    run_checkpoint(env, "run-1", now=T0)
+    page = status.history(env.storage)
+    page["rows"][0]["malformed_records"] = 4
+    detail = {**status.job_status(JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")), "savepoints": []}
+    detail["malformed_records"] = 4
+
+    assert served(HistoryPage, page)["rows"][0]["malformed_records"] == 4
+    assert served(JobDetail, detail)["malformed_records"] == 4
