@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_checkpoint.core.model import Barrier, JsonDict
@@ -31,6 +32,10 @@ def _step_name(uid: str, step: str | None) -> str | None:
     if step is not None and not _UID.match(step):
         raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
     return step
+
+
+def _step_of(label: str) -> str:
+    return "step_" + label.replace(".", "_").replace("-", "_")
 
 
 class Node:
@@ -59,6 +64,37 @@ class Node:
         return f"{type(self).__name__}(uid={self.uid!r})"
 
 
+ON_MALFORMED = ("fail", "dead_letter")
+
+
+def check_malformed_policy(owner: str, on_malformed: str | None, max_malformed_fraction: float | None) -> None:
+    """Refuse an ``on_malformed`` outside :data:`ON_MALFORMED` or a fraction outside [0, 1]."""
+    if on_malformed is not None and on_malformed not in ON_MALFORMED:
+        raise PipelineDefinitionError(f"{owner}: on_malformed must be one of {ON_MALFORMED}, got {on_malformed!r}")
+    fraction = max_malformed_fraction
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)):
+        raise PipelineDefinitionError(f"{owner}: max_malformed_fraction must be a number, got {fraction!r}")
+    if fraction is not None and not 0 <= fraction <= 1:
+        raise PipelineDefinitionError(f"{owner}: max_malformed_fraction must be in [0, 1], got {fraction!r}")
+
+
+@dataclass(frozen=True)
+class SourceDefaults:
+    """Pipeline-wide settings a source takes unless it sets its own.
+
+    ``dead_letter_path``: the directory of the dead-letter tables, one per source at
+    ``<dead_letter_path>/<source uid>`` (``None``: a source routing to dead letters must
+    name its own table).
+    """
+
+    on_malformed: str = "fail"
+    max_malformed_fraction: float = 0.5
+    dead_letter_path: str | None = None
+
+    def __post_init__(self) -> None:
+        check_malformed_policy("pipeline", self.on_malformed, self.max_malformed_fraction)
+
+
 class Source(Node):
     """Reads input up to a barrier. Positions are JSON values defined by the source."""
 
@@ -66,6 +102,11 @@ class Source(Node):
 
     def __init__(self, uid: str) -> None:
         super().__init__(uid)
+
+    def attach(self, defaults: SourceDefaults) -> Sequence[Sink]:
+        """Take the pipeline's ``defaults`` where the source set nothing of its own, and return
+        the sinks it brings along (its dead-letter table); none here."""
+        return ()
 
     def initial_position(self) -> Any:
         raise NotImplementedError
@@ -215,6 +256,10 @@ class Sink(Node):
 
     kind = "sink"
 
+    follows_input: ClassVar[bool] = False
+    """Runs last in the first step that reads its input (a source), instead of in a step of
+    its own, and is not a consumer of that input for :attr:`StatefulOperator.reads_input_once`."""
+
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
@@ -293,7 +338,10 @@ class PipelineGraph:
     written by exactly one step.
     """
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], defaults: SourceDefaults | None = None) -> None:
+        with collecting():  # what sources bring along is not declared in the caller's block
+            attached = [s for n in nodes if isinstance(n, Source) for s in n.attach(defaults or SourceDefaults())]
+        nodes = [*nodes, *attached]
         self.nodes: dict[str, Node] = {}
         for node in nodes:
             if node.uid in self.nodes:
@@ -352,7 +400,9 @@ class PipelineGraph:
         Terminals sharing a stateful operator or a ``step`` name run in one step. The
         steps, ordered so that every step comes after the steps whose channels it reads.
         """
-        terminals: list[Sink | Channel] = [n for n in self.nodes.values() if isinstance(n, Sink | Channel)]
+        terminals: list[Sink | Channel] = [
+            n for n in self.nodes.values() if isinstance(n, Channel) or (isinstance(n, Sink) and not n.follows_input)
+        ]
         groups: list[tuple[set[str], list[Sink | Channel]]] = []
         for terminal in terminals:
             tags = {n.uid for n in self.upstream(terminal) if isinstance(n, StatefulOperator)}
@@ -369,7 +419,7 @@ class PipelineGraph:
         for _, members in groups:
             named = sorted({t.step for t in members if t.step})
             label = "__".join(named) if named else "__".join(t.uid for t in members)
-            name = "step_" + label.replace(".", "_").replace("-", "_")
+            name = _step_of(label)
             if name in steps:
                 raise PipelineDefinitionError(
                     f"{', '.join(t.uid for t in members)} would run as step {name!r}, which another "
@@ -381,7 +431,11 @@ class PipelineGraph:
                 if isinstance(terminal, Channel):
                     self.channel_steps[terminal.uid] = name
             steps[name] = list(ordered.values())
-        return self._in_dependency_order(steps)
+        steps = self._in_dependency_order(steps)
+        for sink in (n for n in self.nodes.values() if isinstance(n, Sink) and n.follows_input):
+            host = next((name for name, nodes in steps.items() if sink.inputs[0] in nodes), _step_of(sink.uid))
+            steps.setdefault(host, list(self.upstream(sink)[:-1])).append(sink)
+        return steps
 
     def _in_dependency_order(self, steps: dict[str, list[Node]]) -> dict[str, list[Node]]:
         needs = {
