@@ -22,7 +22,8 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, SourceDefaults, collecting
+from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
+from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
 from airflow_provider_checkpoint.job import CheckpointJob, default_storage_root
 from airflow_provider_checkpoint.operators.checkpoint import (
     CheckpointFinalizeOperator,

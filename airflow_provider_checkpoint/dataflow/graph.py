@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_checkpoint.core.model import Barrier, JsonDict
@@ -19,6 +18,7 @@ from airflow_provider_checkpoint.exceptions import RefusedInputError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
     from airflow_provider_checkpoint.spark.context import StepContext
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -64,37 +64,6 @@ class Node:
         return f"{type(self).__name__}(uid={self.uid!r})"
 
 
-ON_MALFORMED = ("fail", "dead_letter")
-
-
-def check_malformed_policy(owner: str, on_malformed: str | None, max_malformed_fraction: float | None) -> None:
-    """Refuse an ``on_malformed`` outside :data:`ON_MALFORMED` or a fraction outside [0, 1]."""
-    if on_malformed is not None and on_malformed not in ON_MALFORMED:
-        raise PipelineDefinitionError(f"{owner}: on_malformed must be one of {ON_MALFORMED}, got {on_malformed!r}")
-    fraction = max_malformed_fraction
-    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, int | float)):
-        raise PipelineDefinitionError(f"{owner}: max_malformed_fraction must be a number, got {fraction!r}")
-    if fraction is not None and not 0 <= fraction <= 1:
-        raise PipelineDefinitionError(f"{owner}: max_malformed_fraction must be in [0, 1], got {fraction!r}")
-
-
-@dataclass(frozen=True)
-class SourceDefaults:
-    """Pipeline-wide settings a source takes unless it sets its own.
-
-    ``dead_letter_path``: the directory of the dead-letter tables, one per source at
-    ``<dead_letter_path>/<source uid>`` (``None``: a source routing to dead letters must
-    name its own table).
-    """
-
-    on_malformed: str = "fail"
-    max_malformed_fraction: float = 0.5
-    dead_letter_path: str | None = None
-
-    def __post_init__(self) -> None:
-        check_malformed_policy("pipeline", self.on_malformed, self.max_malformed_fraction)
-
-
 class Source(Node):
     """Reads input up to a barrier. Positions are JSON values defined by the source."""
 
@@ -103,9 +72,9 @@ class Source(Node):
     def __init__(self, uid: str) -> None:
         super().__init__(uid)
 
-    def attach(self, defaults: SourceDefaults) -> Sequence[Sink]:
-        """Take the pipeline's ``defaults`` where the source set nothing of its own, and return
-        the sinks it brings along (its dead-letter table); none here."""
+    def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
+        """Take the pipeline's ``defaults`` (``None``: the built-in ones) where the source set nothing
+        of its own, and return the sinks it brings along (its dead-letter table); none here."""
         return ()
 
     def initial_position(self) -> Any:
@@ -340,7 +309,7 @@ class PipelineGraph:
 
     def __init__(self, nodes: Sequence[Node], defaults: SourceDefaults | None = None) -> None:
         with collecting():  # what sources bring along is not declared in the caller's block
-            attached = [s for n in nodes if isinstance(n, Source) for s in n.attach(defaults or SourceDefaults())]
+            attached = [s for n in nodes if isinstance(n, Source) for s in n.attach(defaults)]
         nodes = [*nodes, *attached]
         self.nodes: dict[str, Node] = {}
         for node in nodes:

@@ -12,13 +12,8 @@ from urllib.parse import unquote
 import fsspec
 
 from airflow_provider_checkpoint.dataflow import dead_letters, file_positions
-from airflow_provider_checkpoint.dataflow.graph import (
-    PipelineDefinitionError,
-    Sink,
-    Source,
-    SourceDefaults,
-    check_malformed_policy,
-)
+from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Sink, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 
@@ -106,7 +101,7 @@ class FileSource(Source):
     ``<pipeline dead_letter_path>/<uid>``. Either way a checkpoint in which more than
     ``max_malformed_fraction`` of this source's records are malformed is declined
     (:class:`TooManyMalformedError`, no retry). ``None`` takes the pipeline's setting
-    (:class:`~.graph.SourceDefaults`: ``"fail"``, 0.5).
+    (:class:`~.dead_letters.SourceDefaults`: ``"fail"``, 0.5).
     """
 
     def __init__(
@@ -163,8 +158,9 @@ class FileSource(Source):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "format": self.format}
 
-    def attach(self, defaults: SourceDefaults) -> Sequence[Sink]:
+    def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
         """Resolve ``on_malformed`` and ``max_malformed_fraction``; the dead-letter sink if routing to one."""
+        defaults = defaults or SourceDefaults()
         own, fraction = self._own_policy
         self.on_malformed = "fail" if self.format == "parquet" else own or defaults.on_malformed
         self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
