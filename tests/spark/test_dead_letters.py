@@ -117,3 +117,30 @@ def test_a_source_of_its_own_fails_on_a_malformed_record_under_a_dead_letter_pip
     with pytest.raises(MalformedInputError, match=r"mixed\.csv line 6"):
         job.checkpoint()
     assert [s.uid for s in job.graph.sinks] == ["strict_table"], "no dead-letter table for a failing source"
+
+
+def test_dead_letters_cost_no_spark_job_until_a_record_is_malformed(spark, tmp_path: Path) -> None:
+    """The one-pass read stays one pass: on clean input a dead-letter pipeline runs as many Spark
+    jobs as a failing one; malformed records add the few jobs that read them again and stage them."""
+    tracker = spark.sparkContext.statusTracker()
+    jobs: dict[str, list[int]] = {}
+    for mode in ("fail", "dead_letter"):
+
+        def declare_mode(base: Path, mode: str = mode) -> None:
+            clicks = FileSource("clicks", f"{base}/json", "json", SCHEMA, on_malformed=mode)
+            totals = KeyedAggregate("totals", clicks, keys=["user"], aggs={"n": "count"})
+            ParquetTableSink("totals_table", totals, f"{base}/totals", mode="upsert", keys=["user"])
+
+        base = tmp_path / mode
+        job = make_job(spark, base, declare_mode, SourceDefaults(dead_letter_path=f"{base}/dead"))
+        jobs[mode] = []
+        for i, every in enumerate((10**6, 10**6, 5)):  # clean, clean, then every fifth line malformed
+            if mode == "fail" and every < 10**6:
+                break
+            land_mixed(base / "json", f"c-{i}.json", "json", 200, seed=i, malformed_every=every)
+            before = set(tracker.getJobIdsForGroup())
+            job.checkpoint()
+            jobs[mode].append(len(set(tracker.getJobIdsForGroup()) - before))
+    print("spark jobs per checkpoint", jobs)
+    assert jobs["dead_letter"][:2] == jobs["fail"], jobs
+    assert jobs["dead_letter"][2] <= jobs["fail"][1] + 2, jobs  # read the malformed again, stage them
