@@ -16,7 +16,7 @@ from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import METADATA, RESTORE_REQUEST
 from airflow_provider_checkpoint.storage.paths import UnsafePathError
 
-_JOB_FILES = {"_job.json", "_stats", RESTORE_REQUEST}
+_JOB_FILES = {"_job.json", "_stats", RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
 _CHECKPOINT_FILES = {METADATA, "_plan.json"}
 
 

@@ -22,8 +22,9 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
 from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
-from airflow_provider_checkpoint.job import CheckpointJob
+from airflow_provider_checkpoint.job import CheckpointJob, default_storage_root
 from airflow_provider_checkpoint.operators.checkpoint import (
     CheckpointFinalizeOperator,
     CheckpointTriggerOperator,
@@ -83,6 +84,12 @@ class CheckpointedPipeline:
     in front of the trigger: a run whose sources hold no new input within it is skipped
     (no checkpoint, no failure counted) instead of producing an empty checkpoint. Other
     keyword arguments go to ``DAG``.
+
+    ``on_malformed`` (``"fail"`` or ``"dead_letter"``) and ``max_malformed_fraction``
+    (default 0.5) are the defaults of every source that sets none (see
+    :class:`~airflow_provider_checkpoint.dataflow.sources.FileSource`); dead letters go to
+    one table per source at ``<dead_letter_path>/<source uid>``, by default
+    ``<storage>/<job_id>/dead_letters`` (with ``storage_conn_id`` there is no default: name one).
     """
 
     def __init__(
@@ -106,6 +113,9 @@ class CheckpointedPipeline:
         incremental_state: bool = True,
         spark_conn_id: str | None = None,
         wait_for_input: datetime.timedelta | None = None,
+        on_malformed: str = "fail",
+        max_malformed_fraction: float = 0.5,
+        dead_letter_path: str | None = None,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -137,6 +147,9 @@ class CheckpointedPipeline:
         self.spark_conf = dict(spark_conf or {})
         self.spark_conn_id = spark_conn_id
         self.wait_for_input = wait_for_input
+        if dead_letter_path is None and storage_conn_id is None:
+            dead_letter_path = f"{(storage or default_storage_root()).rstrip('/')}/{self.job_id}/dead_letters"
+        self.source_defaults = SourceDefaults(on_malformed, max_malformed_fraction, dead_letter_path)
         self.job: CheckpointJob | None = None
         self._stack = ExitStack()
         self._nodes: list[Node] = []
@@ -154,7 +167,7 @@ class CheckpointedPipeline:
             self._stack.__exit__(exc_type, exc, tb)
 
     def _build(self) -> None:
-        graph = PipelineGraph(self._nodes)
+        graph = PipelineGraph(self._nodes, self.source_defaults)
         self.job = CheckpointJob(
             job_id=self.job_id,
             graph=graph,

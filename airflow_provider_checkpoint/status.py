@@ -46,6 +46,13 @@ def _step_total(steps: Any, metric: str) -> int | None:
     return sum(present) if present else None
 
 
+def _per_source(counts: Any) -> dict[str, int]:
+    """``{source uid: count}`` of the valid entries of ``counts``."""
+    if not isinstance(counts, dict):
+        return {}
+    return {_str(k, 100): v for k, v in counts.items() if isinstance(k, str) and _int(v) is not None}
+
+
 def checkpoint_row(stats: Any) -> JsonDict | None:
     """One history row from a ``_stats/<id>.json`` document; ``None`` if it has no valid id."""
     if not isinstance(stats, dict) or _int(stats.get("checkpoint_id")) is None:
@@ -68,6 +75,8 @@ def checkpoint_row(stats: Any) -> JsonDict | None:
         "end_time": end,
         "duration_seconds": duration,
         "records_in": _int(stats.get("records_in")),
+        "malformed_records": _int(stats.get("malformed_records")),
+        "source_malformed": _per_source(stats.get("source_malformed")),
         "state_rows": _step_total(steps, "state_rows"),
         "state_size": _int(stats.get("state_size")),
         "bytes_written": _step_total(steps, "state_bytes"),

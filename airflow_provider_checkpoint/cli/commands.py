@@ -53,6 +53,14 @@ def _print(rows: list[dict[str, Any]], output: str, mapper: Callable[[dict[str, 
         AirflowConsole().print_as(rows, output=output, mapper=mapper)
 
 
+def _malformed_cell(row: dict[str, Any]) -> str:
+    """Total malformed records and, when any, per source: ``3 (events 2, orders 1)``."""
+    if row["malformed_records"] is None:
+        return "-"
+    per_source = ", ".join(f"{uid} {n}" for uid, n in sorted(row["source_malformed"].items()) if n)
+    return f"{row['malformed_records']} ({per_source})" if per_source else str(row["malformed_records"])
+
+
 def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
     reason = f"{row['reason']}: {row['message']}" if row["reason"] else ""
     return {
@@ -63,6 +71,7 @@ def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
         "end time": _time(row["end_time"]),
         "duration": status.human_duration(row["duration_seconds"]),
         "records in": "-" if row["records_in"] is None else row["records_in"],
+        "malformed": _malformed_cell(row),
         "state rows": "-" if row["state_rows"] is None else row["state_rows"],
         "state size": status.human_bytes(row["state_size"]),
         "written": status.human_bytes(row["bytes_written"]),

@@ -153,8 +153,10 @@ class PendingCheckpoint:
         channels = [c for ack in self.acks.values() for c in ack.channels.values()]
         sinks = {uid: c for ack in self.acks.values() for uid, c in ack.sinks.items()}
         source_records: dict[str, int] = {}
+        source_malformed: dict[str, int] = {}
         for ack in self.acks.values():
             source_records.update(ack.metrics.get("source_records", {}))
+            source_malformed.update(ack.metrics.get("source_malformed", {}))
         return CompletedCheckpoint(
             job_id=self.plan.job_id,
             checkpoint_id=self.checkpoint_id,
@@ -170,6 +172,8 @@ class PendingCheckpoint:
                 "run_id": self.plan.run_id,
                 "duration_seconds": round(completion_time - self.plan.barrier.trigger_time, 3),
                 "records_in": sum(source_records.values()),
+                "malformed_records": sum(source_malformed.values()),
+                "source_malformed": source_malformed,
                 "state_size": sum(s.size for s in operators.values()),
                 "channel_bytes": sum(c.size for c in channels),
                 "channel_rows": sum(c.rows for c in channels),

@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
 )
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
-from airflow_provider_checkpoint.dataflow.sources import FileSource, MalformedInputError
+from airflow_provider_checkpoint.dataflow.sources import FileSource, MalformedInputError, TooManyMalformedError
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Sink",
     "Source",
     "StatefulOperator",
+    "TooManyMalformedError",
     "Transform",
     "Union",
 ]

@@ -18,6 +18,7 @@ from airflow_provider_checkpoint.exceptions import RefusedInputError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
     from airflow_provider_checkpoint.spark.context import StepContext
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -31,6 +32,10 @@ def _step_name(uid: str, step: str | None) -> str | None:
     if step is not None and not _UID.match(step):
         raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
     return step
+
+
+def _step_of(label: str) -> str:
+    return "step_" + label.replace(".", "_").replace("-", "_")
 
 
 class Node:
@@ -66,6 +71,11 @@ class Source(Node):
 
     def __init__(self, uid: str) -> None:
         super().__init__(uid)
+
+    def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
+        """Take the pipeline's ``defaults`` (``None``: the built-in ones) where the source set nothing
+        of its own, and return the sinks it brings along (its dead-letter table); none here."""
+        return ()
 
     def initial_position(self) -> Any:
         raise NotImplementedError
@@ -219,6 +229,10 @@ class Sink(Node):
 
     kind = "sink"
 
+    follows_input: ClassVar[bool] = False
+    """Runs last in the first step that reads its input (a source), instead of in a step of
+    its own, and is not a consumer of that input for :attr:`StatefulOperator.reads_input_once`."""
+
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
@@ -297,7 +311,10 @@ class PipelineGraph:
     written by exactly one step.
     """
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], defaults: SourceDefaults | None = None) -> None:
+        with collecting():  # what sources bring along is not declared in the caller's block
+            attached = [s for n in nodes if isinstance(n, Source) for s in n.attach(defaults)]
+        nodes = [*nodes, *attached]
         self.nodes: dict[str, Node] = {}
         for node in nodes:
             if node.uid in self.nodes:
@@ -356,7 +373,9 @@ class PipelineGraph:
         Terminals sharing a stateful operator or a ``step`` name run in one step. The
         steps, ordered so that every step comes after the steps whose channels it reads.
         """
-        terminals: list[Sink | Channel] = [n for n in self.nodes.values() if isinstance(n, Sink | Channel)]
+        terminals: list[Sink | Channel] = [
+            n for n in self.nodes.values() if isinstance(n, Channel) or (isinstance(n, Sink) and not n.follows_input)
+        ]
         groups: list[tuple[set[str], list[Sink | Channel]]] = []
         for terminal in terminals:
             tags = {n.uid for n in self.upstream(terminal) if isinstance(n, StatefulOperator)}
@@ -373,7 +392,7 @@ class PipelineGraph:
         for _, members in groups:
             named = sorted({t.step for t in members if t.step})
             label = "__".join(named) if named else "__".join(t.uid for t in members)
-            name = "step_" + label.replace(".", "_").replace("-", "_")
+            name = _step_of(label)
             if name in steps:
                 raise PipelineDefinitionError(
                     f"{', '.join(t.uid for t in members)} would run as step {name!r}, which another "
@@ -385,7 +404,11 @@ class PipelineGraph:
                 if isinstance(terminal, Channel):
                     self.channel_steps[terminal.uid] = name
             steps[name] = list(ordered.values())
-        return self._in_dependency_order(steps)
+        steps = self._in_dependency_order(steps)
+        for sink in (n for n in self.nodes.values() if isinstance(n, Sink) and n.follows_input):
+            host = next((name for name, nodes in steps.items() if sink.inputs[0] in nodes), _step_of(sink.uid))
+            steps.setdefault(host, list(self.upstream(sink)[:-1])).append(sink)
+        return steps
 
     def _in_dependency_order(self, steps: dict[str, list[Node]]) -> dict[str, list[Node]]:
         needs = {

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import fsspec
 
-from airflow_provider_checkpoint.dataflow import file_positions
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
+from airflow_provider_checkpoint.dataflow import dead_letters, file_positions
+from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Sink, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 from airflow_provider_checkpoint.exceptions import RefusedInputError
 from airflow_provider_checkpoint.storage.paths import owned_path
@@ -30,6 +32,10 @@ _CLEAN_SOURCE = ("off", "archive", "delete")
 
 class MalformedInputError(RefusedInputError):
     """Input records do not match the source's format or schema; the message names file and line."""
+
+
+class TooManyMalformedError(MalformedInputError):
+    """More of a checkpoint's records are malformed than the source's ``max_malformed_fraction``."""
 
 
 class InputChangedError(MalformedInputError):
@@ -87,9 +93,16 @@ class FileSource(Source):
     processed, and are no longer listed. This is a promise by the writer: a file landed
     in a closed partition is not read (land late data in an open partition).
 
-    Malformed records (not parseable, or not matching ``schema``) fail the step with an
-    error naming the file and line; nothing of that checkpoint is committed, and the next
-    run proceeds once the file is fixed or removed.
+    **Malformed records** (not parseable, or not matching ``schema``; JSON and CSV) with
+    ``on_malformed="fail"`` fail the step with an error naming the file and line; nothing of
+    that checkpoint is committed, and the next run proceeds once the file is fixed or
+    removed. With ``"dead_letter"`` the good records go on into the pipeline and the
+    malformed ones go to a dead-letter table (:mod:`.dead_letters`) committed exactly once
+    with the checkpoint: ``dead_letter_path`` (with this source's ``storage_options``), else
+    ``<pipeline dead_letter_path>/<uid>``. Either way a checkpoint in which more than
+    ``max_malformed_fraction`` of this source's records are malformed is declined
+    (:class:`TooManyMalformedError`, no retry). ``None`` takes the pipeline's setting
+    (:class:`~.dead_letters.SourceDefaults`: ``"fail"``, 0.5).
     """
 
     def __init__(
@@ -106,10 +119,22 @@ class FileSource(Source):
         archive_dir: str | None = None,
         partition_pattern: str | None = None,
         partition_lateness: timedelta = timedelta(days=1),
+        on_malformed: str | None = None,
+        max_malformed_fraction: float | None = None,
+        dead_letter_path: str | None = None,
     ) -> None:
         super().__init__(uid)
         if format not in _FORMATS:
             raise PipelineDefinitionError(f"{uid}: format must be one of {_FORMATS}, got {format!r}")
+        check_malformed_policy(uid, on_malformed, max_malformed_fraction)
+        if format == "parquet" and on_malformed == "dead_letter":
+            raise PipelineDefinitionError(f"{uid}: on_malformed='dead_letter' applies to json and csv, not parquet")
+        if dead_letter_path is not None and on_malformed == "fail":
+            raise PipelineDefinitionError(f"{uid}: dead_letter_path needs on_malformed='dead_letter'")
+        self._own_policy = (on_malformed, max_malformed_fraction)
+        self.on_malformed = on_malformed or "fail"
+        self.max_malformed_fraction = 0.5 if max_malformed_fraction is None else max_malformed_fraction
+        self.dead_letter_path = dead_letter_path
         if max_files_per_checkpoint is not None and max_files_per_checkpoint < 1:
             raise PipelineDefinitionError(f"{uid}: max_files_per_checkpoint must be at least 1")
         self.path = path
@@ -133,6 +158,24 @@ class FileSource(Source):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "format": self.format}
+
+    def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
+        """Resolve ``on_malformed`` and ``max_malformed_fraction``; the dead-letter sink if routing to one."""
+        defaults = defaults or SourceDefaults()
+        own, fraction = self._own_policy
+        self.on_malformed = "fail" if self.format == "parquet" else own or defaults.on_malformed
+        self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
+        if self.on_malformed == "fail":
+            return ()
+        if self.dead_letter_path is not None:
+            return [dead_letters.DeadLetterSink(self, self.dead_letter_path, self.dead_letters, self.storage_options)]
+        if defaults.dead_letter_path is None:
+            raise PipelineDefinitionError(
+                f"{self.uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
+                "on the source or on the pipeline (a pipeline whose storage uses a connection has no default)"
+            )
+        path = f"{defaults.dead_letter_path.rstrip('/')}/{self.uid}"
+        return [dead_letters.DeadLetterSink(self, path, self.dead_letters)]
 
     # -- positions (no Spark) ----------------------------------------------------------
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -210,7 +253,7 @@ class FileSource(Source):
         return self.read_counted(ctx, previous, barrier)[0]
 
     def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
-        """The files in ``[previous, barrier)``, cached, and their record count.
+        """The (good) records in ``[previous, barrier)``, cached, and their count.
 
         JSON and CSV are counted and checked for malformed records in one pass, which also
         fills the cache; the malformed records are only looked up when there are some.
@@ -219,18 +262,15 @@ class FileSource(Source):
 
         todo = self._todo(ctx, previous, barrier)
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema).cache(), 0
+            return ctx.spark.createDataFrame([], self.schema).cache(), self._judge(ctx, todo, 0, 0)
         df = self._load(ctx, todo).cache()
         if self.format == "parquet":
             return df, df.count()
         (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(_CORRUPT))).collect()  # no limit: one job
-        if counts[1]:
-            df.unpersist()
-            self._raise_malformed(ctx, todo)
-        return df.drop(_CORRUPT), int(counts[0])  # served from the cache above
+        return self._good(df), self._judge(ctx, todo, int(counts[0]), int(counts[1]))  # served from the cache
 
     def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
-        """The files in ``[previous, barrier)``, uncached, counted and checked on the consumer's one pass.
+        """The (good) records in ``[previous, barrier)``, uncached, counted and checked on the consumer's one pass.
 
         The count and the malformed-record check are observed on that pass
         (``DataFrame.observe``), so the returned function raises
@@ -241,7 +281,7 @@ class FileSource(Source):
 
         todo = self._todo(ctx, previous, barrier)
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema), lambda: 0
+            return ctx.spark.createDataFrame([], self.schema), lambda: self._judge(ctx, todo, 0, 0)
         observation = Observation()
         metrics = [F.count(F.lit(1)).alias("records")]
         df = self._load(ctx, todo)
@@ -252,11 +292,60 @@ class FileSource(Source):
 
         def records() -> int:
             counts = observation.get
-            if counts.get("malformed"):
-                self._raise_malformed(ctx, todo)
-            return int(counts["records"])
+            return self._judge(ctx, todo, int(counts["records"]), int(counts.get("malformed") or 0))
 
-        return (observed if self.format == "parquet" else observed.drop(_CORRUPT)), records
+        return (observed if self.format == "parquet" else self._good(observed)), records
+
+    def _good(self, df: DataFrame) -> DataFrame:
+        """The records of ``df`` that go on into the pipeline (all of them with ``on_malformed="fail"``,
+        which refuses malformed ones)."""
+        from pyspark.sql import functions as F
+
+        return (df.where(F.col(_CORRUPT).isNull()) if self.on_malformed == "dead_letter" else df).drop(_CORRUPT)
+
+    def _judge(self, ctx: StepContext, todo: dict[str, int], records: int, malformed: int) -> int:
+        """The number of good records of ``records``; raises :class:`MalformedInputError` on any malformed one
+        with ``on_malformed="fail"``, :class:`TooManyMalformedError` above ``max_malformed_fraction``."""
+        if malformed and self.on_malformed == "fail":
+            self._raise_malformed(ctx, todo, MalformedInputError, "")
+        if records and malformed / records > self.max_malformed_fraction:
+            header = (
+                f"{malformed:,} of the {records:,} records of this checkpoint are malformed "
+                f"({malformed / records:.1%}), more than max_malformed_fraction {self.max_malformed_fraction:g}: "
+                "the checkpoint is declined. "
+            )
+            self._raise_malformed(ctx, todo, TooManyMalformedError, header)
+        if self.on_malformed == "dead_letter":
+            ctx.add_metric("malformed_records", malformed)
+            ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
+        return records - malformed
+
+    def dead_letters(self, ctx: StepContext) -> DataFrame | None:
+        """This checkpoint's malformed records as dead-letter rows (:data:`.dead_letters.SCHEMA`), read
+        again only when the step's read counted some; ``None`` when there are none."""
+        if not ctx.metrics.get("source_malformed", {}).get(self.uid):
+            return None
+        from pyspark.sql.types import StructType
+
+        restore = ctx.plan.restore_point
+        previous = restore.source_positions.get(self.uid) if restore else None
+        todo = self.split(previous, ctx.plan.barrier.positions[self.uid])
+        fs, root = self._fs()
+        declared = StructType.fromDDL(self.schema)
+        assert isinstance(declared, StructType)
+        columns = len(declared.fields)
+        rows = [
+            (
+                self.uid,
+                posixpath.relpath(path, root),
+                line,
+                raw,
+                dead_letters.reason(self.format, raw, self.schema, columns, self.options),
+                ctx.checkpoint_id,
+            )
+            for path, line, raw in dead_letters.locate_all(fs, self._malformed_rows(ctx, todo))
+        ]
+        return ctx.spark.createDataFrame(rows, dead_letters.SCHEMA)
 
     def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
         """The files to read, checked unchanged since the barrier was cut."""
@@ -280,14 +369,32 @@ class FileSource(Source):
         reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
         return reader.load([self.url(n) for n in sorted(todo)])
 
-    def _raise_malformed(self, ctx: StepContext, todo: dict[str, int]) -> None:
-        """Raise :class:`MalformedInputError` naming the first malformed records of ``todo`` (file and line)."""
+    def _malformed_rows(
+        self, ctx: StepContext, todo: dict[str, int], limit: int | None = None
+    ) -> list[tuple[str, str]]:
+        """``(file path, raw text)`` of the malformed records of ``todo`` (the first ``limit``)."""
         from pyspark.sql import functions as F
 
+        fs, _ = self._fs()
         df = self._load(ctx, todo).withColumn("_source_file", F.col("_metadata.file_path")).cache()
-        bad = df.where(F.col(_CORRUPT).isNotNull()).select("_source_file", _CORRUPT).limit(5).collect()
+        bad = df.where(F.col(_CORRUPT).isNotNull()).select("_source_file", _CORRUPT)
+        rows = (bad if limit is None else bad.limit(limit)).collect()
         df.unpersist()
-        raise MalformedInputError(self._describe_malformed([(r[0], r[1]) for r in bad]))
+        return [(fs._strip_protocol(unquote(r[0])), r[1]) for r in rows]
+
+    def _raise_malformed(
+        self, ctx: StepContext, todo: dict[str, int], error: type[MalformedInputError], header: str
+    ) -> None:
+        """Raise ``error`` naming the first malformed records of ``todo`` (file and line) after ``header``."""
+        lines = [
+            f"  {self.url(posixpath.relpath(path, self._fs()[1]))} line {line or '?'}: {raw[:200]!r}"
+            for path, line, raw in dead_letters.locate_all(self._fs()[0], self._malformed_rows(ctx, todo, 5))
+        ]
+        raise error(
+            f"source {self.uid}: {header}malformed {self.format} record(s) not matching schema "
+            f"<{self.schema}>:\n" + "\n".join(lines) + "\nFix or remove the file; nothing of this "
+            "checkpoint was committed and the next run will read it again."
+        )
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:
@@ -305,20 +412,3 @@ class FileSource(Source):
                     f"({size} → {now[name]} bytes); land files under a hidden name (.x or _x) and "
                     "rename them when complete"
                 )
-
-    def _describe_malformed(self, bad: list[tuple[str, str]]) -> str:
-        fs, _ = self._fs()
-        lines = []
-        for file_url, record in bad:
-            line_no = "?"
-            with fs.open(fs._strip_protocol(file_url), "rt", errors="replace") as f:
-                for i, line in enumerate(f, start=1):
-                    if line.rstrip("\r\n") == record.rstrip("\r\n"):
-                        line_no = str(i)
-                        break
-            lines.append(f"  {file_url} line {line_no}: {record[:200]!r}")
-        return (
-            f"source {self.uid}: malformed {self.format} record(s) not matching schema "
-            f"<{self.schema}>:\n" + "\n".join(lines) + "\nFix or remove the file; nothing of this "
-            "checkpoint was committed and the next run will read it again."
-        )

@@ -90,6 +90,8 @@ def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
     reads its input once (:attr:`StatefulOperator.reads_input_once`)."""
     consumers: dict[str, list[Node]] = {}
     for node in graph.nodes.values():
+        if isinstance(node, Sink) and node.follows_input:  # reads no records of its input
+            continue
         for upstream in node.inputs:
             consumers.setdefault(upstream.uid, []).append(node)
     in_step = {node.uid for node in graph.steps[step]}

@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.faults import InjectedFault
 from airflow_provider_checkpoint.core.model import Ack, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph, collecting
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage
@@ -91,10 +92,17 @@ class Job:
         return completed
 
 
-def make_job(spark: SparkSession, tmp: Path, declare: Callable[[Path], None], **settings: Any) -> Job:
+def make_job(
+    spark: SparkSession,
+    tmp: Path,
+    declare: Callable[[Path], None],
+    defaults: SourceDefaults | None = None,
+    **settings: Any,
+) -> Job:
+    """A job over ``tmp`` of the pipeline ``declare`` declares, its sources taking ``defaults``."""
     with collecting() as nodes:
         declare(tmp)
-    graph = PipelineGraph(nodes)
+    graph = PipelineGraph(nodes, defaults)
     storage = JobStorage.for_job(f"file://{tmp}/ckpt", "multi")
     config = CheckpointSettings(**{"retained_checkpoints": 10, **settings})
     roots = [storage.url(), f"file://{tmp}/savepoints"]

@@ -131,6 +131,11 @@ async function showJobs() {
   document.getElementById("no-jobs").hidden = jobs.length > 0;
 }
 
+function malformedCell(r) {
+  const perSource = Object.entries(r.source_malformed || {}).map(([uid, n]) => `${uid}: ${n}`).join(", ");
+  return el("td", { class: "num", title: perSource }, r.malformed_records == null ? "-" : r.malformed_records);
+}
+
 function restoredFrom(r) { return r.restored_from_url || (r.restored_from == null ? "-" : `checkpoint ${r.restored_from}`); }
 
 async function showJob() {
@@ -159,7 +164,7 @@ async function showJob() {
     el("td", {}, r.checkpoint_id), el("td", {}, r.type),
     el("td", { title: r.message || "" }, badge(r.status), r.reason ? ` ${r.reason}` : ""),
     el("td", {}, time(r.trigger_time)), el("td", {}, time(r.end_time)), el("td", { class: "num" }, duration(r.duration_seconds)),
-    el("td", { class: "num" }, r.records_in), el("td", { class: "num" }, r.state_rows),
+    el("td", { class: "num" }, r.records_in), malformedCell(r), el("td", { class: "num" }, r.state_rows),
     el("td", { class: "num" }, bytes(r.state_size)), el("td", { class: "num" }, bytes(r.bytes_written)),
     el("td", { class: "num" }, r.files), el("td", { class: "mono" }, restoredFrom(r)))));
   const last = Math.min(page.total, offset + page.rows.length);
