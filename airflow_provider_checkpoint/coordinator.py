@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.job import JobRecord
+from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import (
     Ack,
@@ -31,19 +31,18 @@ from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAbort
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.exceptions import CheckpointError, RefusedInputError
-from airflow_provider_checkpoint.snapshots import (
+from airflow_provider_checkpoint.state.savepoints import check_savepoint_target, write_savepoint
+from airflow_provider_checkpoint.state.snapshot import (
     RestoreError,
     Snapshot,
     check_compatible,
-    check_savepoint_target,
     open_snapshot,
     verify_state,
-    write_savepoint,
 )
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
-from airflow_provider_checkpoint.store import CompletedCheckpointStore
 
 log = logging.getLogger(__name__)
 RestoreSource = tuple[Snapshot, RestoreRequest | None]

@@ -24,12 +24,13 @@ from airflow.sdk import DAG, Param
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
 from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
-from airflow_provider_checkpoint.job import CheckpointJob, default_storage_root
+from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.operators.checkpoint import (
     CheckpointFinalizeOperator,
     CheckpointTriggerOperator,
     SparkCheckpointOperator,
 )
+from airflow_provider_checkpoint.storage.config import default_storage_root
 
 TRIGGER_TASK_ID = "trigger_checkpoint"
 WAIT_FOR_INPUT_TASK_ID = "wait_for_input"

@@ -68,8 +68,9 @@ with DAG(
     @task
     def request_restore() -> dict[str, Any]:
         from airflow_provider_checkpoint.core.documents import DocumentError
-        from airflow_provider_checkpoint.registry import find_job
-        from airflow_provider_checkpoint.snapshots import RestoreError, request_restore, resolve_pointer
+        from airflow_provider_checkpoint.jobs.registry import find_job
+        from airflow_provider_checkpoint.jobs.snapshots import request_restore, resolve_pointer
+        from airflow_provider_checkpoint.state.snapshot import RestoreError
         from airflow_provider_checkpoint.storage import CheckpointStorageError
         from airflow_provider_checkpoint.storage.paths import UnsafePathError
 

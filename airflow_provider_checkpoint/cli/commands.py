@@ -17,10 +17,10 @@ from typing import Any
 from airflow.cli.simple_table import AirflowConsole
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 
-from airflow_provider_checkpoint import status
-from airflow_provider_checkpoint.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.exceptions import CheckpointError
-from airflow_provider_checkpoint.registry import find_job, list_jobs
+from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.jobs.registry import find_job, list_jobs
 
 REFUSED, AUDIT_FINDINGS = 2, 3
 
@@ -69,12 +69,12 @@ def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
         "status": row["status"],
         "trigger time": _time(row["trigger_time"]),
         "end time": _time(row["end_time"]),
-        "duration": status.human_duration(row["duration_seconds"]),
+        "duration": reports.human_duration(row["duration_seconds"]),
         "records in": "-" if row["records_in"] is None else row["records_in"],
         "malformed": _malformed_cell(row),
         "state rows": "-" if row["state_rows"] is None else row["state_rows"],
-        "state size": status.human_bytes(row["state_size"]),
-        "written": status.human_bytes(row["bytes_written"]),
+        "state size": reports.human_bytes(row["state_size"]),
+        "written": reports.human_bytes(row["bytes_written"]),
         "files": "-" if row["files"] is None else row["files"],
         "restored from": row["restored_from_url"] or ("-" if row["restored_from"] is None else row["restored_from"]),
         "abort reason": reason,
@@ -86,7 +86,7 @@ def list_jobs_command(args: argparse.Namespace) -> None:
     rows = []
     for location in list_jobs():
         try:
-            rows.append(status.job_status(location))
+            rows.append(reports.job_status(location))
         except CheckpointError as e:
             rows.append(
                 {
@@ -117,7 +117,7 @@ def list_jobs_command(args: argparse.Namespace) -> None:
 @providers_configuration_loaded
 def history(args: argparse.Namespace) -> None:
     with _refusals():
-        page = status.history(find_job(args.job_id).storage(), args.offset, args.limit)
+        page = reports.history(find_job(args.job_id).storage(), args.offset, args.limit)
     _print(page["rows"], args.output, _history_cells)
     if args.output in ("table", "plain") and page["total"] > args.offset + len(page["rows"]):
         print(f"({page['total']} checkpoints; next page: --offset {args.offset + args.limit})")
@@ -127,7 +127,7 @@ def history(args: argparse.Namespace) -> None:
 def show(args: argparse.Namespace) -> None:
     with _refusals():
         storage = find_job(args.job_id).storage()
-        row = status.checkpoint_stats(storage, args.checkpoint_id)
+        row = reports.checkpoint_stats(storage, args.checkpoint_id)
         completed = storage.load_completed(args.checkpoint_id) if storage.is_completed(args.checkpoint_id) else None
     if row is None and completed is None:
         print(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", file=sys.stderr)
@@ -198,7 +198,7 @@ def restore(args: argparse.Namespace) -> None:
 
 @providers_configuration_loaded
 def audit(args: argparse.Namespace) -> None:
-    from airflow_provider_checkpoint.audit import audit_job
+    from airflow_provider_checkpoint.jobs.audit import audit_job
 
     with _refusals():
         location = find_job(args.job_id)

@@ -16,8 +16,9 @@ from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.exceptions import CheckpointError
-from airflow_provider_checkpoint.job import CheckpointJob, allowed_roots, default_savepoint_roots
-from airflow_provider_checkpoint.registry import register
+from airflow_provider_checkpoint.jobs.definition import CheckpointJob
+from airflow_provider_checkpoint.jobs.registry import register
+from airflow_provider_checkpoint.storage.config import allowed_roots, default_savepoint_roots
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
 
 SKIPPED_KEY = "skipped"

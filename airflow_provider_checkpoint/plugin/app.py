@@ -17,9 +17,10 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.staticfiles import StaticFiles
 
-from airflow_provider_checkpoint import status
-from airflow_provider_checkpoint.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.jobs.registry import JobLocation, list_jobs
 from airflow_provider_checkpoint.plugin.models import (
     HistoryPage,
     JobDetail,
@@ -30,7 +31,6 @@ from airflow_provider_checkpoint.plugin.models import (
     SavepointTriggered,
     UnreadableJob,
 )
-from airflow_provider_checkpoint.registry import JobLocation, list_jobs
 
 STATIC = Path(__file__).parent / "static"
 
@@ -80,7 +80,7 @@ def create_app() -> FastAPI:
             details = DagDetails(id=job.dag_id, team_name=DagModel.get_team_name(job.dag_id))
             if manager.is_authorized_dag(method="GET", details=details, user=user):
                 try:
-                    out.append(JobStatus.model_validate(status.job_status(job)))
+                    out.append(JobStatus.model_validate(reports.job_status(job)))
                 except CheckpointError as e:
                     out.append(UnreadableJob(job_id=job.job_id, dag_id=job.dag_id, status="UNREADABLE", error=str(e)))
         return out
@@ -89,7 +89,9 @@ def create_app() -> FastAPI:
     def job_status(dag_id: str) -> JobDetail:
         job = _job(dag_id)
         try:
-            return JobDetail.model_validate({**status.job_status(job), "savepoints": status.savepoints(job.storage())})
+            return JobDetail.model_validate(
+                {**reports.job_status(job), "savepoints": reports.savepoints(job.storage())}
+            )
         except CheckpointError as e:
             raise _refused(e) from e
 
@@ -97,10 +99,10 @@ def create_app() -> FastAPI:
     def history(
         dag_id: str,
         offset: Annotated[int, Query(ge=0)] = 0,
-        limit: Annotated[int, Query(ge=1, le=status.MAX_PAGE)] = 20,
+        limit: Annotated[int, Query(ge=1, le=reports.MAX_PAGE)] = 20,
     ) -> HistoryPage:
         try:
-            return HistoryPage.model_validate(status.history(_job(dag_id).storage(), offset, limit))
+            return HistoryPage.model_validate(reports.history(_job(dag_id).storage(), offset, limit))
         except CheckpointError as e:
             raise _refused(e) from e
 

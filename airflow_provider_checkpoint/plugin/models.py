@@ -1,6 +1,6 @@
 """Request and response bodies of the Checkpoints page's JSON endpoints.
 
-The response models spell the JSON that :mod:`airflow_provider_checkpoint.status` and the
+The response models spell the JSON that :mod:`airflow_provider_checkpoint.jobs.reports` and the
 restore produce and the page's script reads; the row models keep keys they do not
 declare (``extra="allow"``), so a field added to a row reaches the page unchanged.
 """

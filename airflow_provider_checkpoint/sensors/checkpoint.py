@@ -17,7 +17,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.exceptions import CheckpointError
-from airflow_provider_checkpoint.job import CheckpointJob, default_storage_root, job_storage
+from airflow_provider_checkpoint.jobs.definition import CheckpointJob
+from airflow_provider_checkpoint.storage.config import default_storage_root, job_storage
 from airflow_provider_checkpoint.triggers.checkpoint import (
     CheckpointCompletedTrigger,
     CheckpointInputTrigger,

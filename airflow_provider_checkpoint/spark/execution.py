@@ -36,7 +36,7 @@ from airflow_provider_checkpoint.spark.state import StateTooLargeError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 
 if TYPE_CHECKING:
-    from airflow_provider_checkpoint.job import CheckpointJob
+    from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 
 log = logging.getLogger(__name__)
 DRIVER = Path(__file__).with_name("submit.py")
@@ -95,7 +95,7 @@ def decline_for(e: BaseException) -> StepDeclined:
 
 def resolve_execution(spark_conn_id: str | None) -> Execution:
     """The execution of a job's steps from its options and the ``[checkpoint]`` section."""
-    from airflow_provider_checkpoint.job import config_value
+    from airflow_provider_checkpoint.storage.config import config_value
 
     conn_id = spark_conn_id or config_value("spark_conn_id") or None
     if conn_id:
@@ -216,7 +216,7 @@ class SubmittedStep:
     ) -> Ack:
         from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-        from airflow_provider_checkpoint.job import default_storage_root
+        from airflow_provider_checkpoint.storage.config import default_storage_root
 
         attempt_dir = storage.attempt_dir(plan.checkpoint_id, step, attempt)
         storage.delete(attempt_dir)  # whatever an earlier driver of this attempt number left

@@ -13,11 +13,11 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.arrow_state import check_file, read_inline
 from airflow_provider_checkpoint.core.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import DELETED
+from airflow_provider_checkpoint.state.files import check_file, read_inline
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def read_state(
 
     Every file (or the inline state) is checked first: present with its size, its Parquet
     footer holding the recorded columns (else
-    :class:`~airflow_provider_checkpoint.arrow_state.StateFileError`), and with ``verify`` its
+    :class:`~airflow_provider_checkpoint.state.files.StateFileError`), and with ``verify`` its
     SHA-256 too (a step continuing its own checkpoints skips the re-hash: each file was
     hashed when written, and Parquet page checksums are verified on read).
     """

@@ -25,7 +25,7 @@ import logging  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
-    from airflow_provider_checkpoint.job import CheckpointJob
+    from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 
 log = logging.getLogger("airflow_provider_checkpoint.spark.submit")
 
@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow_provider_checkpoint.core.documents import Fields, relative_path
     from airflow_provider_checkpoint.core.model import ChannelSnapshot, CheckpointPlan
-    from airflow_provider_checkpoint.job import job_storage
     from airflow_provider_checkpoint.spark.execution import ACK_FILE, CHANNELS_KEY, decline_for, write_decline
     from airflow_provider_checkpoint.spark.runner import run_step
+    from airflow_provider_checkpoint.storage.config import job_storage
 
     with open(args.plan_file) as f:
         document = json.load(f)

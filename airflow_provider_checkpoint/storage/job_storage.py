@@ -33,7 +33,7 @@ from fsspec import AbstractFileSystem
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import MAX_TIMESTAMP, DocumentError, load_json, shorten
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
 from airflow_provider_checkpoint.core.model import (
     CompletedCheckpoint,
     JsonDict,

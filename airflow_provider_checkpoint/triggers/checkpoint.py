@@ -17,8 +17,8 @@ from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.exceptions import CheckpointError
-from airflow_provider_checkpoint.job import job_storage
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.config import job_storage
 
 _MODULE = __name__
 

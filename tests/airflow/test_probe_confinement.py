@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.audit import audit_job
+from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
 from airflow_provider_checkpoint.testing.neighbours import fingerprints, plant_neighbours, tree
 from tests.airflow.test_untrusted_snapshots import JOB, scene  # noqa: F401 - the fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.snapshots import read_state, request_restore
+from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, mismatches, normalized
 

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
 from airflow_provider_checkpoint.dataflow import DimensionEnrichment, FileSource, ParquetTableSink, Union
-from airflow_provider_checkpoint.snapshots import read_state
+from airflow_provider_checkpoint.jobs.snapshots import read_state
 from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from tests.spark.helpers import table
 from tests.spark.test_multi_input import CUSTOMER, ORDER, Landing, assert_equal

@@ -22,7 +22,7 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     Union,
 )
-from airflow_provider_checkpoint.snapshots import request_restore
+from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from airflow_provider_checkpoint.testing.orders import enriched, land_changes
 from tests.spark.helpers import table, write_json

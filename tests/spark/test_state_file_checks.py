@@ -15,9 +15,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_checkpoint.arrow_state import StateFileError
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.snapshots import read_state, request_restore, write_savepoint
+from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
+from airflow_provider_checkpoint.state.files import StateFileError
+from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.testing.inprocess import make_job

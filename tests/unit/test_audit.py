@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.audit import audit_job
+from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.unit.helpers import JOB, STEP, T0, Env, make_ack, make_env, run_checkpoint, state_rel
 

@@ -20,7 +20,7 @@ from airflow_provider_checkpoint.core.faults import InjectedFault
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType, StateHandle
 from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.sources import FileSource
-from airflow_provider_checkpoint.snapshots import open_snapshot
+from airflow_provider_checkpoint.state.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import CheckpointStorageError
 from tests.unit.helpers import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, state_rel, target_name
 from tests.unit.state_files import state_file as parquet_state

@@ -23,7 +23,7 @@ import pytest
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import DocumentError, load_json
-from airflow_provider_checkpoint.core.job import JobRecord
+from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
     Ack,
     Barrier,
@@ -36,7 +36,7 @@ from airflow_provider_checkpoint.core.model import (
 )
 from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
-from airflow_provider_checkpoint.snapshots import Snapshot
+from airflow_provider_checkpoint.state.snapshot import Snapshot
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 from airflow_provider_checkpoint.storage.paths import UnsafePathError
 from tests.unit.state_files import SCHEMA, state_file

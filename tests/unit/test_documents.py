@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import DocumentError, relative_path
-from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
 from airflow_provider_checkpoint.core.model import Ack, HandleScope, RestoreRequest, StateHandle
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location

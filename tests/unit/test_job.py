@@ -7,7 +7,7 @@ import json
 import pytest
 
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
 
 
 def test_allocated_ids_strictly_increase() -> None:

@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from airflow_provider_checkpoint import status
+from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs.registry import JobLocation
+from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.plugin.models import HistoryPage, JobDetail, RestoreSummary, SavepointTriggered
-from airflow_provider_checkpoint.registry import JobLocation
-from airflow_provider_checkpoint.snapshots import request_restore
 from tests.unit.helpers import JOB, T0, make_env, run_checkpoint
 
 
@@ -26,11 +26,11 @@ def test_status_history_and_restore_keep_their_json(tmp_path: Path) -> None:
         run_checkpoint(env, f"run-{n}", now=T0 + 100 * n)
     summary = request_restore(env.storage, env.storage.url("chk-1"), False, dry_run=False)
     location = JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")
-    pending = {**status.job_status(location), "savepoints": []}
+    pending = {**reports.job_status(location), "savepoints": []}
     assert pending["pending_restore"] and served(JobDetail, pending) == json.loads(json.dumps(pending))
     run_checkpoint(env, "run-3", now=T0 + 300)  # restores checkpoint 1
-    detail = {**status.job_status(location), "savepoints": status.savepoints(env.storage)}
-    page = status.history(env.storage, 0, 2)
+    detail = {**reports.job_status(location), "savepoints": reports.savepoints(env.storage)}
+    page = reports.history(env.storage, 0, 2)
 
     assert detail["last_restore"] and page["total"] == 3
     assert served(JobDetail, detail) == json.loads(json.dumps(detail))
@@ -44,9 +44,9 @@ def test_status_history_and_restore_keep_their_json(tmp_path: Path) -> None:
 def test_rows_keep_keys_they_do_not_declare(tmp_path: Path) -> None:
     env = make_env(tmp_path)
     run_checkpoint(env, "run-1", now=T0)
-    page = status.history(env.storage)
+    page = reports.history(env.storage)
     page["rows"][0]["malformed_records"] = 4
-    detail = {**status.job_status(JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")), "savepoints": []}
+    detail = {**reports.job_status(JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")), "savepoints": []}
     detail["malformed_records"] = 4
 
     assert served(HistoryPage, page)["rows"][0]["malformed_records"] == 4

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint import status
-from airflow_provider_checkpoint.registry import JobLocation, RegistryError, decode_entry, find_job, list_jobs
+from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs.registry import JobLocation, RegistryError, decode_entry, find_job, list_jobs
 
 
 def entry(**overrides: object) -> bytes:
@@ -88,11 +88,11 @@ def test_unknown_and_invalid_job_ids(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("doc", [None, [], {"checkpoint_id": -1}, {"checkpoint_id": "3"}, {"status": "COMPLETED"}])
 def test_stats_without_a_valid_id_make_no_row(doc):
-    assert status.checkpoint_row(doc) is None
+    assert reports.checkpoint_row(doc) is None
 
 
 def test_stats_values_of_the_wrong_type_are_unknown():
-    row = status.checkpoint_row(
+    row = reports.checkpoint_row(
         {
             "checkpoint_id": 4,
             "status": "<script>",
@@ -126,9 +126,9 @@ def test_stats_values_of_the_wrong_type_are_unknown():
     ],
 )
 def test_human_duration(seconds, text):
-    assert status.human_duration(seconds) == text
+    assert reports.human_duration(seconds) == text
 
 
 @pytest.mark.parametrize(("size", "text"), [(None, "-"), (512, "512 B"), (1536, "1.5 KiB"), (5 * 2**20, "5.0 MiB")])
 def test_human_bytes(size, text):
-    assert status.human_bytes(size) == text
+    assert reports.human_bytes(size) == text

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.core.job import JobRecord
+from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld
 from airflow_provider_checkpoint.storage.job_storage import create_exclusive
 

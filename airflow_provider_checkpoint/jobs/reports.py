@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow_provider_checkpoint.core.documents import MAX_TIMESTAMP
 from airflow_provider_checkpoint.core.metadata import MetadataError
-from airflow_provider_checkpoint.registry import JobLocation
+from airflow_provider_checkpoint.jobs.registry import JobLocation
 from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
 
 JsonDict = dict[str, Any]

@@ -1,7 +1,7 @@
 """Keyed state read with pyarrow alone (no Spark): full versions merged with their deltas.
 
 Used where the provider runs without Spark — savepoints written by finalize,
-:func:`~airflow_provider_checkpoint.snapshots.read_state` — with the same merge as
+:func:`~airflow_provider_checkpoint.jobs.snapshots.read_state` — with the same merge as
 :func:`airflow_provider_checkpoint.spark.state.merge`: per key the newest delta row wins,
 a tombstone deletes the key, a null key is a key like any other.
 """

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, load_json, shorten
-from airflow_provider_checkpoint.core.job import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
 from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
 
 if TYPE_CHECKING:
-    from airflow_provider_checkpoint.job import CheckpointJob
+    from airflow_provider_checkpoint.jobs.definition import CheckpointJob
     from airflow_provider_checkpoint.storage import JobStorage
 
 REGISTRY_DIR = "_registry"
@@ -50,18 +50,18 @@ class JobLocation:
     retained_checkpoints: int | None = None
 
     def storage(self) -> JobStorage:
-        from airflow_provider_checkpoint.job import job_storage
+        from airflow_provider_checkpoint.storage.config import job_storage
 
         return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
 
     def allowed_roots(self) -> list[str]:
         """Where restore paths of this job may point: the savepoint roots and its storage root."""
-        from airflow_provider_checkpoint.job import allowed_roots
+        from airflow_provider_checkpoint.storage.config import allowed_roots
 
         return allowed_roots(self.storage_root)
 
     def retained(self) -> int:
-        from airflow_provider_checkpoint.job import config_value
+        from airflow_provider_checkpoint.storage.config import config_value
 
         return self.retained_checkpoints or int(config_value("retained_checkpoints", "3"))
 
@@ -69,7 +69,7 @@ class JobLocation:
 def _default_root() -> Location:
     from airflow.sdk import ObjectStoragePath
 
-    from airflow_provider_checkpoint.job import default_storage_root
+    from airflow_provider_checkpoint.storage.config import default_storage_root
 
     root = ObjectStoragePath(default_storage_root())
     path: Any = root.path

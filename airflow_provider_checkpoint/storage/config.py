@@ -1,18 +1,17 @@
-"""A checkpointed job as the Airflow operators see it: graph, storage and settings."""
+"""The ``[checkpoint]`` section of Airflow's configuration and the storage it names.
+
+Storage root, savepoint roots, the roots UI-given paths may point under, and a job's
+:class:`JobStorage` through Airflow's ObjectStoragePath (connections apply).
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.documents import shorten
-from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError
-from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.job_storage import JobStorage
 
 SECTION = "checkpoint"
 
@@ -58,33 +57,3 @@ def job_storage(job_id: str, storage_root: str | None = None, conn_id: str | Non
         raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
     path: Any = root.path
     return JobStorage(root.fs, str(path).rstrip("/"), job_id)
-
-
-@dataclass(frozen=True)
-class CheckpointJob:
-    """Everything needed to run the protocol for one job; built at DAG-parse time, cheaply."""
-
-    job_id: str
-    graph: PipelineGraph
-    storage_root: str | None = None
-    storage_conn_id: str | None = None
-    settings: CheckpointSettings | None = None
-    spark_conf: dict[str, str] = field(default_factory=dict)
-    dag_id: str | None = None
-    spark_conn_id: str | None = None
-    """A ``spark`` or ``spark_connect`` connection the steps run through (default ``[checkpoint] spark_conn_id``)."""
-
-    def resolved_settings(self) -> CheckpointSettings:
-        settings = self.settings or CheckpointSettings()
-        if settings.retained_checkpoints is None:
-            retained = int(config_value("retained_checkpoints", "3"))
-            settings = dataclasses.replace(settings, retained_checkpoints=retained)
-        return settings
-
-    def storage(self) -> JobStorage:
-        return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
-
-    def coordinator(self) -> CheckpointCoordinator:
-        return CheckpointCoordinator(
-            self.storage(), self.graph, self.resolved_settings(), self.dag_id, allowed_roots(self.storage_root)
-        )

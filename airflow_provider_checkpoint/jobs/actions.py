@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_checkpoint.registry import JobLocation, find_job, list_jobs
-from airflow_provider_checkpoint.snapshots import request_restore, resolve_pointer
+from airflow_provider_checkpoint.jobs.registry import JobLocation, find_job, list_jobs
+from airflow_provider_checkpoint.jobs.snapshots import request_restore, resolve_pointer
 from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
 
 
@@ -33,7 +33,7 @@ def savepoint_conf(location: JobLocation | None, savepoint_dir: str | None, stop
 
 
 def _default_roots() -> list[str]:
-    from airflow_provider_checkpoint.job import allowed_roots
+    from airflow_provider_checkpoint.storage.config import allowed_roots
 
     return allowed_roots()
 
