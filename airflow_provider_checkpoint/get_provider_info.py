@@ -37,7 +37,12 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_provider_checkpoint.triggers.checkpoint"],
             }
         ],
-        "hooks": [],
+        "hooks": [
+            {
+                "integration-name": "Checkpoint",
+                "python-modules": ["airflow_provider_checkpoint.hooks.checkpoint"],
+            }
+        ],
         "plugins": [{"name": "checkpoints", "plugin-class": "airflow_provider_checkpoint.plugin.CheckpointsPlugin"}],
         "cli": ["airflow_provider_checkpoint.cli.definition.get_cli_commands"],
         "config": {

@@ -26,6 +26,7 @@ from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordErro
 from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
 
 if TYPE_CHECKING:
+    from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
     from airflow_provider_checkpoint.jobs.definition import CheckpointJob
     from airflow_provider_checkpoint.storage import JobStorage
 
@@ -49,10 +50,13 @@ class JobLocation:
     storage_conn_id: str | None = None
     retained_checkpoints: int | None = None
 
-    def storage(self) -> JobStorage:
-        from airflow_provider_checkpoint.storage.config import job_storage
+    def hook(self) -> CheckpointStorageHook:
+        from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
 
-        return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
+        return CheckpointStorageHook(self.job_id, self.storage_root, self.storage_conn_id)
+
+    def storage(self) -> JobStorage:
+        return self.hook().get_storage()
 
     def allowed_roots(self) -> list[str]:
         """Where restore paths of this job may point: the savepoint roots and its storage root."""

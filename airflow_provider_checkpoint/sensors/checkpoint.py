@@ -17,14 +17,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
-from airflow_provider_checkpoint.storage.config import default_storage_root, job_storage
+from airflow_provider_checkpoint.storage.config import default_storage_root
 from airflow_provider_checkpoint.triggers.checkpoint import (
     CheckpointCompletedTrigger,
     CheckpointInputTrigger,
-    committed_after,
-    latest_committed_id,
-    new_input,
     source_spec,
 )
 
@@ -106,7 +104,8 @@ class CheckpointInputSensor(_DeferrableSensor):
         self.job = job
 
     def _found(self) -> JsonDict | None:
-        found = new_input(self.job.storage(), self.job.graph.sources)
+        hook = CheckpointStorageHook(self.job.job_id, self.job.storage_root, self.job.storage_conn_id)
+        found = hook.new_input(self.job.graph.sources)
         self.log.info("job %s: new input in %s", self.job.job_id, found or "no source")
         return {"sources": found} if found else None
 
@@ -168,10 +167,12 @@ class CheckpointCompletedSensor(_DeferrableSensor):
     def _storage_root(self) -> str:
         return self.storage or default_storage_root()
 
+    def _hook(self) -> CheckpointStorageHook:
+        return CheckpointStorageHook(self.job_id, self._storage_root(), self.storage_conn_id)
+
     def execute(self, context: Context) -> Any:
-        storage = job_storage(self.job_id, self._storage_root(), self.storage_conn_id)
         if self.after_checkpoint_id is None or self.after_checkpoint_id == "":
-            self._after = latest_committed_id(storage)
+            self._after = self._hook().latest_committed_id()
         else:
             try:
                 self._after = int(self.after_checkpoint_id)
@@ -183,8 +184,7 @@ class CheckpointCompletedSensor(_DeferrableSensor):
 
     def _found(self) -> JsonDict | None:
         assert self._after is not None
-        storage = job_storage(self.job_id, self._storage_root(), self.storage_conn_id)
-        return committed_after(storage, self._after, self.savepoint)
+        return self._hook().committed_after(self._after, self.savepoint)
 
     def _trigger(self) -> CheckpointCompletedTrigger:
         assert self._after is not None

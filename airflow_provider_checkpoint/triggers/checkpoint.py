@@ -1,14 +1,14 @@
-"""Triggers of the checkpoint sensors, and the conditions they (and the sensors) check.
+"""Triggers of the checkpoint sensors.
 
-The conditions are plain synchronous functions over the job's storage and the
-pipeline's sources. The triggers run them with :func:`asyncio.to_thread`, so a slow
-filesystem never blocks the triggerer's event loop.
+Each polls a condition of :class:`~airflow_provider_checkpoint.hooks.checkpoint.CheckpointStorageHook`
+(synchronous) through :func:`asyncio.to_thread`, so a slow filesystem never blocks the
+triggerer's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -17,58 +17,9 @@ from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.exceptions import CheckpointError
-from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.storage.config import job_storage
+from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
 
 _MODULE = __name__
-
-
-# -- conditions (synchronous) ------------------------------------------------------------
-def new_input(storage: JobStorage, sources: Sequence[Source]) -> list[str]:
-    """Uids of the sources holding input beyond the latest completed checkpoint's positions.
-
-    A pending restore request counts as input for every source: the next checkpoint
-    restores, whatever the sources hold.
-    """
-    if storage.load_restore_request() is not None:
-        return [s.uid for s in sources]
-    latest = storage.latest_completed()
-    positions = latest.source_positions if latest else {}
-    found = []
-    for source in sources:
-        previous = positions.get(source.uid) or source.initial_position()
-        if source.barrier_position(previous) != previous:
-            found.append(source.uid)
-    return found
-
-
-def committed_after(storage: JobStorage, after_checkpoint_id: int, savepoint: bool = False) -> JsonDict | None:
-    """The newest checkpoint (or savepoint) of the job newer than ``after_checkpoint_id``
-    whose sinks are committed, as ``{"checkpoint_id", "end_time"[, "savepoint"]}``; else ``None``.
-
-    A checkpoint counts once its statistics say ``COMPLETED``: these are written after
-    the sink commit, so a reader sees the checkpoint's output in the tables.
-    """
-    if savepoint:
-        newer = [sp for sp in storage.load_job().savepoints if int(sp["checkpoint_id"]) > after_checkpoint_id]
-        if not newer:
-            return None
-        latest = max(newer, key=lambda sp: int(sp["checkpoint_id"]))
-        return {"checkpoint_id": int(latest["checkpoint_id"]), "savepoint": str(latest["path"])}
-    for checkpoint_id in reversed(storage.completed_ids()):
-        if checkpoint_id <= after_checkpoint_id:
-            return None
-        record = storage.load_stats(checkpoint_id)
-        if record is not None and record.get("status") == "COMPLETED":
-            end_time = record.get("end_time")
-            return {"checkpoint_id": checkpoint_id, "end_time": end_time if isinstance(end_time, int | float) else None}
-    return None
-
-
-def latest_committed_id(storage: JobStorage) -> int:
-    """Id of the newest completed checkpoint of the job (0 when there is none)."""
-    ids = storage.completed_ids()
-    return ids[-1] if ids else 0
 
 
 # -- source specs: how a trigger gets the pipeline's sources ----------------------------
@@ -120,11 +71,11 @@ class _StorageTrigger(BaseTrigger):
             "poke_interval": self.poke_interval,
         }
 
-    def _check(self, storage: JobStorage) -> JsonDict | None:
+    def _check(self, hook: CheckpointStorageHook) -> JsonDict | None:
         raise NotImplementedError
 
     def _poll(self) -> JsonDict | None:
-        return self._check(job_storage(self.job_id, self.storage_root, self.storage_conn_id))
+        return self._check(CheckpointStorageHook(self.job_id, self.storage_root, self.storage_conn_id))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
@@ -168,15 +119,15 @@ class CheckpointInputTrigger(_StorageTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{_MODULE}.CheckpointInputTrigger", {**self._common(), "sources": self.sources}
 
-    def _check(self, storage: JobStorage) -> JsonDict | None:
-        found = new_input(storage, [source_from_spec(s) for s in self.sources])
+    def _check(self, hook: CheckpointStorageHook) -> JsonDict | None:
+        found = hook.new_input([source_from_spec(s) for s in self.sources])
         return {"sources": found} if found else None
 
 
 class CheckpointCompletedTrigger(_StorageTrigger):
     """Fires once the job has committed a checkpoint (or savepoint) newer than ``after_checkpoint_id``.
 
-    The event carries what :func:`committed_after` returns (``"checkpoint_id"``, ...).
+    The event carries what :meth:`CheckpointStorageHook.committed_after` returns (``"checkpoint_id"``, ...).
 
     :param job_id: The job whose storage it polls.
     :param storage_root: URL of the checkpoint storage root holding the job.
@@ -206,5 +157,5 @@ class CheckpointCompletedTrigger(_StorageTrigger):
             "savepoint": self.savepoint,
         }
 
-    def _check(self, storage: JobStorage) -> JsonDict | None:
-        return committed_after(storage, self.after_checkpoint_id, self.savepoint)
+    def _check(self, hook: CheckpointStorageHook) -> JsonDict | None:
+        return hook.committed_after(self.after_checkpoint_id, self.savepoint)

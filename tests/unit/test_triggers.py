@@ -16,11 +16,10 @@ from airflow.sdk.module_loading import import_string
 from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_checkpoint.core.model import RestoreRequest
+from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
 from airflow_provider_checkpoint.triggers.checkpoint import (
     CheckpointCompletedTrigger,
     CheckpointInputTrigger,
-    committed_after,
-    new_input,
     source_spec,
 )
 from tests.unit.helpers import JOB, T0, Env, run_checkpoint
@@ -33,6 +32,10 @@ def run_isolated(coroutine: Any) -> Any:
     this thread (Playwright's sync API in the live UI tests) cannot interfere."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
+
+
+def hook(env: Env) -> CheckpointStorageHook:
+    return CheckpointStorageHook(JOB, str(env.root / "ckpt"))
 
 
 def input_trigger(env: Env) -> CheckpointInputTrigger:
@@ -82,9 +85,9 @@ def test_triggers_serialize_round_trip(env: Env) -> None:
 
 def test_input_trigger_fires_on_new_input_only(env: Env) -> None:
     sources = env.coordinator.graph.sources
-    assert new_input(env.storage, sources) == ["events"], "a.json before any checkpoint is new input"
+    assert hook(env).new_input(sources) == ["events"], "a.json before any checkpoint is new input"
     run_checkpoint(env, "run-1", T0)
-    assert new_input(env.storage, sources) == []
+    assert hook(env).new_input(sources) == []
 
     # rebuilt from its serialized form, as the triggerer does
     event = run_isolated(
@@ -96,12 +99,12 @@ def test_input_trigger_fires_on_new_input_only(env: Env) -> None:
 def test_input_trigger_counts_a_restore_request_as_input(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
     env.storage.write_restore_request(RestoreRequest("1" * 32, env.storage.url("chk-1"), 1, False, T0))
-    assert new_input(env.storage, env.coordinator.graph.sources) == ["events"]
+    assert hook(env).new_input(env.coordinator.graph.sources) == ["events"]
 
 
 def test_completed_trigger_fires_when_a_newer_checkpoint_is_committed(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
-    assert committed_after(env.storage, 0) == {"checkpoint_id": 1, "end_time": env.stats(1)["end_time"]}
+    assert hook(env).committed_after(0) == {"checkpoint_id": 1, "end_time": env.stats(1)["end_time"]}
 
     def second_checkpoint() -> None:
         (env.landing / "b.json").write_text('{"k": 2}\n')
@@ -114,12 +117,12 @@ def test_completed_trigger_fires_when_a_newer_checkpoint_is_committed(env: Env) 
 def test_completed_trigger_ignores_metadata_whose_sinks_are_not_committed(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
     (env.job_dir / "_stats" / "1.json").unlink()  # as after a crash right after _metadata
-    assert committed_after(env.storage, 0) is None
+    assert hook(env).committed_after(0) is None
 
 
 def test_completed_trigger_for_savepoints(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
-    assert committed_after(env.storage, 0, savepoint=True) is None
+    assert hook(env).committed_after(0, savepoint=True) is None
     job = env.storage.load_job()
     job.savepoints.append({"checkpoint_id": 1, "path": "file:///sp/savepoint-1", "time": T0})
     env.storage.save_job(job)
