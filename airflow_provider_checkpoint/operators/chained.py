@@ -6,12 +6,12 @@ saves the two task hops (scheduler latency) between trigger, step and finalize.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_checkpoint.core.documents import DocumentError, load_json
 from airflow_provider_checkpoint.core.faults import fault_scope
 from airflow_provider_checkpoint.core.model import CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.exceptions import CheckpointAbortedError, CheckpointError
@@ -102,7 +102,7 @@ class ChainedCheckpointOperator(SparkCheckpointOperator):
         if not storage.exists(path):
             return None
         try:
-            plan = CheckpointPlan.from_dict(json.loads(storage.read_bytes(path)), storage.url(path))
-        except ValueError as e:  # not JSON, or a DocumentError
+            plan = CheckpointPlan.from_dict(load_json(storage.read_bytes(path), storage.url(path)), storage.url(path))
+        except DocumentError as e:
             raise AirflowFailException(f"refusing the plan of checkpoint {ids[-1]}: {e}") from e
         return plan if plan.run_id == run_id else None
