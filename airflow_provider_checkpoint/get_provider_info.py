@@ -22,7 +22,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Checkpoint",
-                "python-modules": ["airflow_provider_checkpoint.operators.checkpoint"],
+                "python-modules": [
+                    "airflow_provider_checkpoint.operators.checkpoint",
+                    "airflow_provider_checkpoint.operators.chained",
+                ],
             }
         ],
         "sensors": [

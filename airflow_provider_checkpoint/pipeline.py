@@ -9,7 +9,8 @@
                          mode="upsert", keys=["page"])
 
 builds ``trigger_checkpoint >> <one task per step> >> finalize_checkpoint`` with
-``max_active_runs=1``: one DAG run is one checkpoint.
+``max_active_runs=1``: one DAG run is one checkpoint. With ``chain=True`` a pipeline
+that plans into one step gets a single ``checkpoint`` task instead.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from airflow.sdk import DAG, Param
 
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
-from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
+from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, PipelineGraph, collecting
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
+from airflow_provider_checkpoint.operators.chained import ChainedCheckpointOperator
 from airflow_provider_checkpoint.operators.checkpoint import (
     CheckpointFinalizeOperator,
     CheckpointTriggerOperator,
@@ -35,6 +37,7 @@ from airflow_provider_checkpoint.storage.config import default_storage_root
 TRIGGER_TASK_ID = "trigger_checkpoint"
 WAIT_FOR_INPUT_TASK_ID = "wait_for_input"
 FINALIZE_TASK_ID = "finalize_checkpoint"
+CHAINED_TASK_ID = "checkpoint"
 
 
 def savepoint_params() -> dict[str, Param]:
@@ -86,6 +89,11 @@ class CheckpointedPipeline:
     (no checkpoint, no failure counted) instead of producing an empty checkpoint. Other
     keyword arguments go to ``DAG``.
 
+    ``chain=True`` runs trigger, step and finalize of a pipeline that plans into one
+    step in one task (:class:`~airflow_provider_checkpoint.operators.chained.ChainedCheckpointOperator`,
+    ``step_retries`` retries, each cutting a new barrier); a pipeline of more steps is
+    refused at DAG-parse time.
+
     ``on_malformed`` (``"fail"`` or ``"dead_letter"``) and ``max_malformed_fraction``
     (default 0.5) are the defaults of every source that sets none (see
     :class:`~airflow_provider_checkpoint.dataflow.sources.FileSource`); dead letters go to
@@ -117,6 +125,7 @@ class CheckpointedPipeline:
         on_malformed: str = "fail",
         max_malformed_fraction: float = 0.5,
         dead_letter_path: str | None = None,
+        chain: bool = False,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -148,6 +157,7 @@ class CheckpointedPipeline:
         self.spark_conf = dict(spark_conf or {})
         self.spark_conn_id = spark_conn_id
         self.wait_for_input = wait_for_input
+        self.chain = chain
         if dead_letter_path is None and storage_conn_id is None:
             dead_letter_path = f"{(storage or default_storage_root()).rstrip('/')}/{self.job_id}/dead_letters"
         self.source_defaults = SourceDefaults(on_malformed, max_malformed_fraction, dead_letter_path)
@@ -179,6 +189,24 @@ class CheckpointedPipeline:
             dag_id=self.dag.dag_id,
             spark_conn_id=self.spark_conn_id,
         )
+        first = self._chained_task(graph) if self.chain else self._tasks(graph)
+        if self.wait_for_input is not None:
+            from airflow_provider_checkpoint.sensors.checkpoint import CheckpointInputSensor
+
+            seconds = self.wait_for_input.total_seconds()
+            sensor = CheckpointInputSensor(
+                task_id=WAIT_FOR_INPUT_TASK_ID,
+                job=self.job,
+                timeout=seconds,
+                poke_interval=min(30.0, max(1.0, seconds / 10)),
+                soft_fail=True,
+                retries=0,
+            )
+            sensor >> first
+
+    def _tasks(self, graph: PipelineGraph) -> CheckpointTriggerOperator:
+        """``trigger >> steps >> finalize``; returns the trigger."""
+        assert self.job is not None
         trigger = CheckpointTriggerOperator(task_id=TRIGGER_TASK_ID, job=self.job, retries=0)
         steps = [
             SparkCheckpointOperator(
@@ -204,16 +232,20 @@ class CheckpointedPipeline:
         for step in steps:
             for upstream in graph.upstream_steps(step.task_id):
                 tasks[upstream] >> step
-        if self.wait_for_input is not None:
-            from airflow_provider_checkpoint.sensors.checkpoint import CheckpointInputSensor
+        return trigger
 
-            seconds = self.wait_for_input.total_seconds()
-            sensor = CheckpointInputSensor(
-                task_id=WAIT_FOR_INPUT_TASK_ID,
-                job=self.job,
-                timeout=seconds,
-                poke_interval=min(30.0, max(1.0, seconds / 10)),
-                soft_fail=True,
-                retries=0,
+    def _chained_task(self, graph: PipelineGraph) -> ChainedCheckpointOperator:
+        """The one task of a chained single-step pipeline."""
+        assert self.job is not None
+        if len(graph.steps) != 1:
+            raise PipelineDefinitionError(
+                f"pipeline {self.dag.dag_id}: chain=True needs a pipeline that plans into one step, this one plans "
+                f"into {len(graph.steps)} ({', '.join(graph.steps)}); drop chain=True or split the pipeline"
             )
-            sensor >> trigger
+        return ChainedCheckpointOperator(
+            task_id=CHAINED_TASK_ID,
+            job=self.job,
+            step=next(iter(graph.steps)),
+            retries=self.step_retries,
+            retry_delay=self.retry_delay,
+        )

@@ -10,20 +10,27 @@ by ``CHECKPOINT_FAULTS_PAUSE_DIR`` and waits (at most ten minutes) until a test 
 ``<point>.resume`` there — so a test can act at an exact moment, e.g. kill an executor
 in the middle of a step.
 
+Within :func:`fault_scope` every fault point also matches the scope's keys: a chained
+checkpoint task passes ``attempt`` (its try number) to the trigger and finalize points too.
+
 ``CHECKPOINT_FAULTS_FILE`` names a file with more specs (one per line), re-read at every
 fault point: a test can change the faults of running Airflow services between DAG runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 ENV = "CHECKPOINT_FAULTS"
 FILE_ENV = "CHECKPOINT_FAULTS_FILE"
 PAUSE_DIR_ENV = "CHECKPOINT_FAULTS_PAUSE_DIR"
 PAUSE_LIMIT_SECONDS = 600.0
+_SCOPE: ContextVar[tuple[tuple[str, object], ...]] = ContextVar("fault_scope", default=())
 
 
 class InjectedFault(RuntimeError):
@@ -42,9 +49,20 @@ def _specs() -> list[str]:
     return specs
 
 
+@contextlib.contextmanager
+def fault_scope(**where: object) -> Iterator[None]:
+    """Add ``where`` to every fault point inside (keys a point passes itself win)."""
+    token = _SCOPE.set(tuple({**dict(_SCOPE.get()), **where}.items()))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
 def fault_point(name: str, **where: object) -> None:
     if ENV not in os.environ and FILE_ENV not in os.environ:
         return
+    where = {**dict(_SCOPE.get()), **where}
     for spec in _specs():
         point, *conditions = spec.strip().split(":")
         if point != name:

@@ -51,6 +51,101 @@ def _was_skipped(ti: Any, task_id: str) -> bool:
     )
 
 
+def sink_assets(job: CheckpointJob) -> list[Asset]:
+    """The Asset of every sink that names one: outlets of the task that commits the sinks."""
+    return [Asset(uri) for s in job.graph.sinks if (uri := s.asset_uri())]
+
+
+def trigger_checkpoint(task: BaseOperator, job: CheckpointJob, context: Context) -> CheckpointPlan:
+    """Cut the barrier of ``job`` for this DAG run (see :class:`CheckpointTriggerOperator`); returns the plan."""
+    options = savepoint_options(job, context.get("params") or {})
+    checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
+    ti = context["ti"]
+    dag_run = context["dag_run"]
+    _register(task, job)
+    try:
+        plan = job.coordinator().trigger(
+            context["run_id"],
+            checkpoint_type,
+            options=options,
+            periodic=getattr(dag_run, "run_type", None) == DagRunType.SCHEDULED,
+            holder_alive=lambda holder: _run_is_active(ti, holder),
+        )
+    except JobNotRunning as e:
+        if e.status is JobStatus.STOPPED:
+            _skip(task, ti, str(e))
+        raise AirflowFailException(str(e)) from e
+    except CheckpointAborted as e:
+        if e.reason is AbortReason.MIN_PAUSE:
+            _skip(task, ti, e.message)
+        raise AirflowFailException(str(e)) from e
+    except CheckpointError as e:  # refused input or unreadable storage: a retry cannot help
+        raise AirflowFailException(str(e)) from e
+    task.log.info(
+        "checkpoint %d of job %s: barrier cut, restoring from %s",
+        plan.checkpoint_id,
+        plan.job_id,
+        plan.restore_point.location_url if plan.restore_point else "nothing (first checkpoint)",
+    )
+    return plan
+
+
+def _register(task: BaseOperator, job: CheckpointJob) -> None:
+    """Record where the job lives, so the restore DAG, the CLI and the UI find it."""
+    try:
+        register(job)
+    except OSError as e:
+        task.log.warning(
+            "could not record job %s in the job registry under [checkpoint] storage_root (%s); the restore "
+            "DAG, the CLI and the Checkpoints page will not find it unless it lives under that root",
+            job.job_id,
+            e,
+        )
+
+
+def _skip(task: BaseOperator, ti: Any, reason: str) -> None:
+    task.log.info("skipping this run: %s", reason)
+    ti.xcom_push(key=SKIPPED_KEY, value=reason)
+    raise AirflowSkipException(reason)
+
+
+def savepoint_options(job: CheckpointJob, params: Mapping[str, Any]) -> JsonDict:
+    """Validate the trigger form's savepoint params before anything is written."""
+    if not params.get("savepoint"):
+        if params.get("stop_after_savepoint") or params.get("savepoint_dir"):
+            raise AirflowFailException("savepoint_dir and stop_after_savepoint need savepoint=true")
+        return {}
+    requested = params.get("savepoint_dir") or default_savepoint_roots()[0]
+    try:
+        directory = resolve_under_roots(str(requested), allowed_roots(job.storage_root))
+    except UnsafePathError as e:
+        raise AirflowFailException(f"savepoint_dir refused: {e}") from e
+    name = f"savepoint-{job.job_id[:6]}-{uuid.uuid4().hex[:12]}"
+    return {
+        "savepoint_target": f"{directory}/{name}",
+        "stop_after_savepoint": bool(params.get("stop_after_savepoint")),
+    }
+
+
+def commit_checkpoint(
+    job: CheckpointJob,
+    context: Context,
+    outlets: Sequence[Any],
+    plan: CheckpointPlan,
+    acks: Sequence[Ack | None],
+    declines: Mapping[str, JsonDict],
+) -> JsonDict:
+    """Finalize ``plan`` (complete and commit, or abort and raise); emit the sinks' Asset events.
+
+    Raises :class:`CheckpointError` unchanged: the caller decides whether a retry can help.
+    """
+    completed = job.coordinator().finalize(plan, acks, declines=declines)
+    for asset in outlets:
+        if isinstance(asset, Asset):
+            context["outlet_events"][asset].extra = {"job_id": plan.job_id, "checkpoint_id": plan.checkpoint_id}
+    return {"checkpoint_id": completed.checkpoint_id, **completed.stats}
+
+
 class CheckpointTriggerOperator(BaseOperator):
     """Cuts the barrier: recovers and cleans the job's storage, allocates the id, pushes the plan.
 
@@ -73,71 +168,7 @@ class CheckpointTriggerOperator(BaseOperator):
         self.job = job
 
     def execute(self, context: Context) -> JsonDict:
-        options = self._savepoint_options(context.get("params") or {})
-        checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
-        ti = context["ti"]
-        dag_run = context["dag_run"]
-        self._register()
-        try:
-            plan = self.job.coordinator().trigger(
-                context["run_id"],
-                checkpoint_type,
-                options=options,
-                periodic=getattr(dag_run, "run_type", None) == DagRunType.SCHEDULED,
-                holder_alive=lambda holder: _run_is_active(ti, holder),
-            )
-        except JobNotRunning as e:
-            if e.status is JobStatus.STOPPED:
-                self._skip(ti, str(e))
-            raise AirflowFailException(str(e)) from e
-        except CheckpointAborted as e:
-            if e.reason is AbortReason.MIN_PAUSE:
-                self._skip(ti, e.message)
-            raise AirflowFailException(str(e)) from e
-        except CheckpointError as e:  # refused input or unreadable storage: a retry cannot help
-            raise AirflowFailException(str(e)) from e
-        self.log.info(
-            "checkpoint %d of job %s: barrier cut, restoring from %s",
-            plan.checkpoint_id,
-            plan.job_id,
-            plan.restore_point.location_url if plan.restore_point else "nothing (first checkpoint)",
-        )
-        return plan.to_dict()
-
-    def _register(self) -> None:
-        """Record where the job lives, so the restore DAG, the CLI and the UI find it."""
-        try:
-            register(self.job)
-        except OSError as e:
-            self.log.warning(
-                "could not record job %s in the job registry under [checkpoint] storage_root (%s); the restore "
-                "DAG, the CLI and the Checkpoints page will not find it unless it lives under that root",
-                self.job.job_id,
-                e,
-            )
-
-    def _skip(self, ti: Any, reason: str) -> None:
-        self.log.info("skipping this run: %s", reason)
-        ti.xcom_push(key=SKIPPED_KEY, value=reason)
-        raise AirflowSkipException(reason)
-
-    def _savepoint_options(self, params: Mapping[str, Any]) -> JsonDict:
-        """Validate the trigger form's savepoint params before anything is written."""
-        if not params.get("savepoint"):
-            if params.get("stop_after_savepoint") or params.get("savepoint_dir"):
-                raise AirflowFailException("savepoint_dir and stop_after_savepoint need savepoint=true")
-            return {}
-        storage_root = self.job.storage_root
-        requested = params.get("savepoint_dir") or default_savepoint_roots()[0]
-        try:
-            directory = resolve_under_roots(str(requested), allowed_roots(storage_root))
-        except UnsafePathError as e:
-            raise AirflowFailException(f"savepoint_dir refused: {e}") from e
-        name = f"savepoint-{self.job.job_id[:6]}-{uuid.uuid4().hex[:12]}"
-        return {
-            "savepoint_target": f"{directory}/{name}",
-            "stop_after_savepoint": bool(params.get("stop_after_savepoint")),
-        }
+        return trigger_checkpoint(self, self.job, context).to_dict()
 
 
 class SparkCheckpointOperator(BaseOperator):
@@ -162,11 +193,15 @@ class SparkCheckpointOperator(BaseOperator):
         self.trigger_task_id = trigger_task_id
 
     def execute(self, context: Context) -> JsonDict:
+        ti = context["ti"]
+        plan = _plan(ti.xcom_pull(task_ids=self.trigger_task_id), self.trigger_task_id)
+        return self._step(ti, plan).to_dict()
+
+    def _step(self, ti: Any, plan: CheckpointPlan) -> Ack:
+        """Run this step of ``plan`` as attempt ``try_number``; on failure push the decline and raise."""
         from airflow_provider_checkpoint.spark.execution import decline_for
         from airflow_provider_checkpoint.spark.runner import describe_metrics
 
-        ti = context["ti"]
-        plan = _plan(ti.xcom_pull(task_ids=self.trigger_task_id), self.trigger_task_id)
         if plan.restore_point is not None:
             try:
                 for url in filter(None, (plan.restore_point.location_url, plan.restore_point.base_url)):
@@ -190,7 +225,7 @@ class SparkCheckpointOperator(BaseOperator):
             attempt,
             describe_metrics(ack.metrics),
         )
-        return ack.to_dict()
+        return ack
 
     def _upstream_channels(self, ti: Any, plan: CheckpointPlan) -> dict[str, tuple[str, ChannelSnapshot]]:
         """The channels of this checkpoint from the upstream steps' acks (their latest attempts)."""
@@ -250,7 +285,7 @@ class CheckpointFinalizeOperator(BaseOperator):
         self, *, job: CheckpointJob, trigger_task_id: str, step_task_ids: Sequence[str], **kwargs: Any
     ) -> None:
         kwargs.setdefault("trigger_rule", "all_done")
-        kwargs.setdefault("outlets", [Asset(uri) for s in job.graph.sinks if (uri := s.asset_uri())])
+        kwargs.setdefault("outlets", sink_assets(job))
         super().__init__(**kwargs)
         self.job = job
         self.trigger_task_id = trigger_task_id
@@ -278,10 +313,6 @@ class CheckpointFinalizeOperator(BaseOperator):
                 declines[task_id] = {"reason": AbortReason.CORRUPT_STATE.value, "message": str(e)}
                 acks.append(None)
         try:
-            completed = self.job.coordinator().finalize(plan, acks, declines=declines)
+            return commit_checkpoint(self.job, context, self.outlets, plan, acks, declines)
         except CheckpointError as e:  # aborted, or a refused document: a retry cannot help
             raise AirflowFailException(str(e)) from e
-        for asset in self.outlets:
-            if isinstance(asset, Asset):
-                context["outlet_events"][asset].extra = {"job_id": plan.job_id, "checkpoint_id": plan.checkpoint_id}
-        return {"checkpoint_id": completed.checkpoint_id, **completed.stats}

@@ -34,7 +34,7 @@ def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[CheckpointJob, 
     """The job and step of task ``task_id`` of DAG ``dag_id`` defined in ``dag_file``."""
     from airflow.sdk import DAG
 
-    from airflow_provider_checkpoint.operators.checkpoint import SparkCheckpointOperator
+    from airflow_provider_checkpoint.operators.checkpoint import SparkCheckpointOperator  # chained ones too
 
     spec = importlib.util.spec_from_file_location(f"checkpoint_dag_{abs(hash(dag_file))}", dag_file)
     if spec is None or spec.loader is None:

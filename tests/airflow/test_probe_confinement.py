@@ -99,7 +99,7 @@ def test_restore_dag_refuses_a_checkpoint_placed_in_another_jobs_directory(
     job_dir = tmp_path / "checkpoints" / JOB
     latest = max(int(p.name[4:]) for p in job_dir.glob("chk-*") if (p / "_metadata").exists())
     copied = neighbours["job"] / f"chk-{latest}"
-    shutil.copytree(job_dir / f"chk-{latest}", copied)
+    shutil.copytree(job_dir / f"chk-{latest}", copied, dirs_exist_ok=True)
     own, others = tree(job_dir), fingerprints(neighbours)
     conf = {"job_id": JOB, "checkpoint": str(copied), "trigger_pipeline": False}
     assert restore_dag.dag.test(run_conf=conf).state == "failed"

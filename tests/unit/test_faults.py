@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.core.faults import ENV, InjectedFault, fault_point
+from airflow_provider_checkpoint.core.faults import ENV, InjectedFault, fault_point, fault_scope
 
 
 def test_env_name() -> None:
@@ -72,3 +72,15 @@ def test_pause_waits_for_resume(monkeypatch: pytest.MonkeyPatch, tmp_path) -> No
     (tmp_path / "step.before_ack.resume").touch()
     paused.join(timeout=10)
     assert not paused.is_alive()
+
+
+def test_fault_scope_adds_keys_that_points_may_override(monkeypatch):
+    monkeypatch.setenv(ENV, "finalize.after_metadata:checkpoint=2:attempt=1")
+    fault_point("finalize.after_metadata", checkpoint=2)  # no attempt outside a scope: no match
+    with fault_scope(attempt=2):
+        fault_point("finalize.after_metadata", checkpoint=2)
+        with pytest.raises(InjectedFault):
+            fault_point("finalize.after_metadata", checkpoint=2, attempt=1)
+    with fault_scope(attempt=1), pytest.raises(InjectedFault):
+        fault_point("finalize.after_metadata", checkpoint=2)
+    fault_point("finalize.after_metadata", checkpoint=2)  # the scope ended
