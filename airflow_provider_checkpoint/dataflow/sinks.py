@@ -238,7 +238,7 @@ class ParquetTableSink(Sink):
         self, ctx: StepContext, changed: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
     ) -> list[list[str]]:
         """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
-        from airflow_provider_checkpoint.spark.state import keys_match, other_side
+        from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 
         changed = changed.cache()
         per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}

@@ -15,7 +15,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     PipelineDefinitionError,
     StatefulOperator,
 )
-from airflow_provider_checkpoint.spark.state import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -21,13 +21,11 @@ from airflow_provider_checkpoint.core.keygroups import index_for_key_group
 from airflow_provider_checkpoint.core.model import Barrier, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
+from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.spark.state import (
-    OTHER,
     SEQ,
     delta_schema,
-    keys_match,
     merge,
-    other_side,
     range_index,
     read_files,
     read_state,

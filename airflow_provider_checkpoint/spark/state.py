@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.core.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import DELETED
+from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 from airflow_provider_checkpoint.state.files import check_file, read_inline
 from airflow_provider_checkpoint.storage import Location
 
@@ -42,27 +43,6 @@ def range_index(keys: tuple[str, ...], max_parallelism: int, parallelism: int) -
     from pyspark.sql import functions as F
 
     return F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
-
-
-OTHER = "__other_"
-"""Prefix of the columns of a join's other side (:func:`other_side`): joins by name stay unambiguous."""
-
-
-def other_side(df: DataFrame) -> DataFrame:
-    """``df`` with every column prefixed by :data:`OTHER`, for :func:`keys_match`."""
-    from pyspark.sql import functions as F
-
-    return df.select(*[F.col(c).alias(OTHER + c) for c in df.columns])
-
-
-def keys_match(keys: Sequence[str]) -> Column:
-    """Join condition with an :func:`other_side`: equal keys, a null key equal to a null key
-    (state has one row per key, null or not)."""
-    from functools import reduce
-
-    from pyspark.sql import functions as F
-
-    return reduce(lambda a, b: a & b, [F.col(k).eqNullSafe(F.col(OTHER + k)) for k in keys])
 
 
 class StateTooLargeError(ValueError):

@@ -22,7 +22,7 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import TYPE_CHECKING, Protocol, runtime_checkable  # noqa: E402
 
 if TYPE_CHECKING:
     from airflow_provider_checkpoint.jobs.definition import CheckpointJob
@@ -30,11 +30,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_checkpoint.spark.submit")
 
 
+@runtime_checkable
+class StepTask(Protocol):
+    """A task that runs a step of a checkpointed pipeline (``SparkCheckpointOperator``): its job and step."""
+
+    job: CheckpointJob
+    step: str
+
+
 def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[CheckpointJob, str]:
     """The job and step of task ``task_id`` of DAG ``dag_id`` defined in ``dag_file``."""
     from airflow.sdk import DAG
-
-    from airflow_provider_checkpoint.operators.checkpoint import SparkCheckpointOperator  # chained ones too
 
     spec = importlib.util.spec_from_file_location(f"checkpoint_dag_{abs(hash(dag_file))}", dag_file)
     if spec is None or spec.loader is None:
@@ -44,7 +50,7 @@ def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[CheckpointJob, 
     for value in vars(module).values():
         if isinstance(value, DAG) and value.dag_id == dag_id:
             task = value.get_task(task_id)
-            if not isinstance(task, SparkCheckpointOperator):
+            if not isinstance(task, StepTask):  # SparkCheckpointOperator, chained ones too
                 raise TypeError(f"{dag_id}.{task_id} is a {type(task).__name__}, not a step of a checkpointed pipeline")
             return task.job, task.step
     raise LookupError(f"DAG {dag_id} not found in {dag_file}")
