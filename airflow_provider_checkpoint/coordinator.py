@@ -12,11 +12,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
-from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import (
     Ack,
     Barrier,
@@ -27,34 +25,29 @@ from airflow_provider_checkpoint.core.model import (
     RestorePoint,
     RestoreRequest,
 )
-from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
+from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.exceptions import CheckpointError, RefusedInputError
-from airflow_provider_checkpoint.state.savepoints import check_savepoint_target, write_savepoint
-from airflow_provider_checkpoint.state.snapshot import (
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointAborted,
+    CheckpointStorageError,
+    JobNotRunning,
+    LeaseHeld,
+    MetadataError,
+    RefusedInputError,
     RestoreError,
-    Snapshot,
-    check_compatible,
-    open_snapshot,
-    verify_state,
+    UnsafePathError,
 )
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld, Location
+from airflow_provider_checkpoint.state.savepoints import check_savepoint_target, write_savepoint
+from airflow_provider_checkpoint.state.snapshot import Snapshot, check_compatible, open_snapshot, verify_state
+from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_storage import METADATA
-from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 log = logging.getLogger(__name__)
 RestoreSource = tuple[Snapshot, RestoreRequest | None]
 """A validated snapshot to restore from, and the restore request that names it (none for the latest)."""
-
-
-class JobNotRunning(CheckpointError):
-    """The job is FAILED or STOPPED: no checkpoint is triggered until a restore resets it."""
-
-    def __init__(self, status: JobStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class CheckpointCoordinator:
@@ -322,7 +315,7 @@ class CheckpointCoordinator:
                 )
             self.abort(plan, e.reason, e.message, now)
             raise e from None
-        except (CheckpointStorageError, DocumentError, UnsafePathError) as e:
+        except (CheckpointStorageError, RefusedInputError) as e:
             self.abort(plan, AbortReason.CORRUPT_STATE, str(e), now)
             raise CheckpointAborted(AbortReason.CORRUPT_STATE, str(e)) from e
         except Exception as e:

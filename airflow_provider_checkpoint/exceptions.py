@@ -1,4 +1,4 @@
-"""The exceptions the provider raises on purpose: one small hierarchy.
+"""Every exception the provider raises on purpose, in one small hierarchy.
 
 - :class:`CheckpointError` — the base; catch it to catch anything the provider refuses
   or aborts on purpose.
@@ -8,13 +8,32 @@
   exits 2, the plugin answers HTTP 400 with it. The message names the document (or
   param), the field and the rule.
 - :class:`CheckpointStorageError` — a checkpoint file is missing, corrupt or unreadable.
-- :class:`CheckpointAbortedError` — a pending checkpoint cannot complete.
+- :class:`CheckpointAbortedError` — a checkpoint cannot start or complete.
 
-Subclasses live next to the code that raises them (``DocumentError`` with the decoders,
-``UnsafePathError`` with path confinement, …); callers catch these bases.
+Callers catch these bases. :class:`InjectedFault` stands outside on purpose: it plays a
+crash, which no ``except CheckpointError`` may turn into a clean refusal.
 """
 
 from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
+    from airflow_provider_checkpoint.core.model import JsonDict
+
+MAX_TIMESTAMP = 253_402_300_799.0
+"""9999-12-31T23:59:59Z: the last second a datetime can show."""
+REQUIRED: Any = object()
+"""Default of a field that must be present (and of :class:`DocumentError`'s value: none shown)."""
+
+
+def shorten(value: Any) -> str:
+    """``repr(value)``, cut to 120 characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class CheckpointError(Exception):
@@ -30,4 +49,129 @@ class CheckpointStorageError(CheckpointError, RuntimeError):
 
 
 class CheckpointAbortedError(CheckpointError):
-    """A checkpoint cannot complete; subclasses carry the abort reason."""
+    """A checkpoint cannot start or complete; subclasses carry the abort reason."""
+
+
+# -- refused input -----------------------------------------------------------------------
+class DocumentError(RefusedInputError):
+    """A document is malformed or names an unsafe value; nothing was read, moved or written.
+
+    The message names the document, the field and the (shortened) value.
+    """
+
+    def __init__(self, document: str, field: str, problem: str, value: Any = REQUIRED) -> None:
+        shown = "" if value is REQUIRED else f" (got {shorten(value)})"
+        where = f"field {field} " if field else ""
+        super().__init__(f"{document}: {where}{problem}{shown}")
+        self.document = document
+        self.field = field
+
+
+class MetadataError(DocumentError):
+    """``_metadata`` cannot be read: not ours, corrupt, unsafe, or written by a newer version."""
+
+    def __init__(self, document: str, problem: str) -> None:
+        ValueError.__init__(self, f"{document}: {problem}")
+        self.document = document
+        self.field = ""
+
+
+class JobRecordError(DocumentError):
+    """``_job.json`` is unreadable, unsafe, or from an unsupported version."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.document = "_job.json"
+        self.field = ""
+
+
+class UnsafePathError(RefusedInputError):
+    """A user-given path lies outside every allowed root, or is not a plain path."""
+
+
+class PipelineDefinitionError(RefusedInputError):
+    """The pipeline graph is not valid; the message says which node and why."""
+
+
+class InvalidPositionError(RefusedInputError):
+    """A stored source position is not of the shape the source writes."""
+
+
+class MalformedInputError(RefusedInputError):
+    """Input records do not match the source's format or schema; the message names file and line."""
+
+
+class TooManyMalformedError(MalformedInputError):
+    """More of a checkpoint's records are malformed than the source's ``max_malformed_fraction``."""
+
+
+class InputChangedError(MalformedInputError):
+    """A file cut into the barrier changed or vanished before the step read it."""
+
+
+class RestoreError(RefusedInputError):
+    """A snapshot cannot be restored into this job; the message lists every reason."""
+
+
+class StateTooLargeError(RefusedInputError):
+    """State exceeds ``max_state_size`` of memory checkpoint storage; the message says what to change."""
+
+
+# -- storage -----------------------------------------------------------------------------
+class StateFileError(CheckpointStorageError):
+    """A state file (or inline state) does not hold the columns its ``_metadata`` records."""
+
+
+class RegistryError(CheckpointStorageError):
+    """A job is unknown, or its registry entry is malformed or points where the job is not."""
+
+
+# -- aborted -----------------------------------------------------------------------------
+class CheckpointAborted(CheckpointAbortedError):
+    """A pending checkpoint cannot complete; ``reason`` says why."""
+
+    def __init__(self, reason: AbortReason, message: str) -> None:
+        super().__init__(f"checkpoint aborted ({reason.value}): {message}")
+        self.reason = reason
+        self.message = message
+
+
+class StepDeclined(CheckpointAbortedError):
+    """The step declined the checkpoint; ``fatal`` ones are not retried (bad input, corrupt state)."""
+
+    def __init__(self, reason: AbortReason, message: str, fatal: bool) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.fatal = fatal
+
+
+class LeaseHeld(CheckpointAbortedError, RuntimeError):
+    """Another checkpoint of this job is in flight."""
+
+    def __init__(self, holder: JsonDict) -> None:
+        super().__init__(
+            f"another checkpoint of this job is in flight (run {holder.get('run_id')!r}, "
+            f"lease expires at {_utc(holder.get('expires_at'))})"
+        )
+        self.holder = holder
+
+
+class JobNotRunning(CheckpointError):
+    """The job is FAILED or STOPPED: no checkpoint is triggered until a restore resets it."""
+
+    def __init__(self, status: JobStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _utc(timestamp: Any) -> str:
+    if timestamp is None or timestamp == math.inf:
+        return "never"
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not 0 <= timestamp <= MAX_TIMESTAMP:
+        return f"{str(timestamp)[:40]!r} (not a time)"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+# -- outside the hierarchy ---------------------------------------------------------------
+class InjectedFault(RuntimeError):
+    """Raised at a fault point that a test switched on."""

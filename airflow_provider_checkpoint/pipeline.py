@@ -24,7 +24,8 @@ from airflow.sdk import DAG, Param
 
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
-from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, PipelineGraph, collecting
+from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.operators.chained import ChainedCheckpointOperator
 from airflow_provider_checkpoint.operators.checkpoint import (

@@ -67,12 +67,14 @@ with DAG(
 
     @task
     def request_restore() -> dict[str, Any]:
-        from airflow_provider_checkpoint.core.documents import DocumentError
+        from airflow_provider_checkpoint.exceptions import (
+            CheckpointStorageError,
+            DocumentError,
+            RestoreError,
+            UnsafePathError,
+        )
         from airflow_provider_checkpoint.jobs.registry import find_job
         from airflow_provider_checkpoint.jobs.snapshots import request_restore, resolve_pointer
-        from airflow_provider_checkpoint.state.snapshot import RestoreError
-        from airflow_provider_checkpoint.storage import CheckpointStorageError
-        from airflow_provider_checkpoint.storage.paths import UnsafePathError
 
         params = get_current_context()["params"]
         try:

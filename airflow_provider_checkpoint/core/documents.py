@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.exceptions import MAX_TIMESTAMP, REQUIRED, DocumentError
 
 T = TypeVar("T")
 JsonDict = dict[str, Any]
@@ -30,24 +30,6 @@ CHECKSUM = re.compile(r"^sha256:[0-9a-f]{64}$")
 _SEGMENT = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9_.=+-]{1,255}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-MAX_TIMESTAMP = 253_402_300_799.0
-"""9999-12-31T23:59:59Z: the last second a datetime can show."""
-REQUIRED: Any = object()
-"""Default of a field that must be present."""
-
-
-class DocumentError(RefusedInputError):
-    """A document is malformed or names an unsafe value; nothing was read, moved or written.
-
-    The message names the document, the field and the (shortened) value.
-    """
-
-    def __init__(self, document: str, field: str, problem: str, value: Any = REQUIRED) -> None:
-        shown = "" if value is REQUIRED else f" (got {shorten(value)})"
-        where = f"field {field} " if field else ""
-        super().__init__(f"{document}: {where}{problem}{shown}")
-        self.document = document
-        self.field = field
 
 
 def load_json(data: bytes | str, document: str) -> Any:
@@ -56,12 +38,6 @@ def load_json(data: bytes | str, document: str) -> Any:
         return json.loads(data)
     except (ValueError, RecursionError, UnicodeDecodeError) as e:
         raise DocumentError(document, "", f"is not valid JSON ({str(e)[:200]})") from None
-
-
-def shorten(value: Any) -> str:
-    """``repr(value)``, cut to 120 characters for an error message."""
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def path_problem(value: str, strict: bool = True) -> str | None:

@@ -26,15 +26,13 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+from airflow_provider_checkpoint.exceptions import InjectedFault
+
 ENV = "CHECKPOINT_FAULTS"
 FILE_ENV = "CHECKPOINT_FAULTS_FILE"
 PAUSE_DIR_ENV = "CHECKPOINT_FAULTS_PAUSE_DIR"
 PAUSE_LIMIT_SECONDS = 600.0
 _SCOPE: ContextVar[tuple[tuple[str, object], ...]] = ContextVar("fault_scope", default=())
-
-
-class InjectedFault(RuntimeError):
-    """Raised at a fault point that a test switched on."""
 
 
 def _specs() -> list[str]:

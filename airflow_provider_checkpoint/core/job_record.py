@@ -7,19 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, Fields, JsonDict, enum_value, load_json
+from airflow_provider_checkpoint.core.documents import JOB_ID, Fields, JsonDict, enum_value, load_json
 from airflow_provider_checkpoint.core.failures import FailureAccounting, JobStatus
+from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError
 
 JOB_FORMAT_VERSION = 1
-
-
-class JobRecordError(DocumentError):
-    """``_job.json`` is unreadable, unsafe, or from an unsupported version."""
-
-    def __init__(self, message: str) -> None:
-        ValueError.__init__(self, message)
-        self.document = "_job.json"
-        self.field = ""
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, Fields, enum_value, load_json, shorten
+from airflow_provider_checkpoint.core.documents import JOB_ID, Fields, enum_value, load_json
 from airflow_provider_checkpoint.core.model import (
     Barrier,
     CheckpointType,
@@ -14,18 +14,10 @@ from airflow_provider_checkpoint.core.model import (
     operator_snapshots,
     sink_committables,
 )
+from airflow_provider_checkpoint.exceptions import DocumentError, MetadataError, shorten
 
 FORMAT = "airflow-checkpoint"
 VERSION = 1
-
-
-class MetadataError(DocumentError):
-    """``_metadata`` cannot be read: not ours, corrupt, unsafe, or written by a newer version."""
-
-    def __init__(self, document: str, problem: str) -> None:
-        ValueError.__init__(self, f"{document}: {problem}")
-        self.document = document
-        self.field = ""
 
 
 def encode(checkpoint: CompletedCheckpoint) -> bytes:

@@ -17,13 +17,13 @@ from typing import Any
 from airflow_provider_checkpoint.core.documents import (
     CHECKSUM,
     JOB_ID,
-    REQUIRED,
     STEP,
     Fields,
     JsonDict,
     enum_value,
     relative_path,
 )
+from airflow_provider_checkpoint.exceptions import REQUIRED
 
 __all__ = ["JsonDict"]
 _CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, OperatorSnapshot
-from airflow_provider_checkpoint.exceptions import CheckpointAbortedError
+from airflow_provider_checkpoint.exceptions import CheckpointAborted
 
 
 class AckOutcome(enum.StrEnum):
@@ -28,15 +28,6 @@ class AckOutcome(enum.StrEnum):
     """An ack of another job: ignored (its files are not ours to discard)."""
     EXPIRED = "expired"
     """Arrived after the checkpoint timed out: the checkpoint expires."""
-
-
-class CheckpointAborted(CheckpointAbortedError):
-    """A pending checkpoint cannot complete; ``reason`` says why."""
-
-    def __init__(self, reason: AbortReason, message: str) -> None:
-        super().__init__(f"checkpoint aborted ({reason.value}): {message}")
-        self.reason = reason
-        self.message = message
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
-    PipelineDefinitionError,
     PipelineGraph,
     Sink,
     Source,
@@ -13,8 +12,9 @@ from airflow_provider_checkpoint.dataflow.graph import (
 )
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
-from airflow_provider_checkpoint.dataflow.sources import FileSource, MalformedInputError, TooManyMalformedError
+from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
+from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
 __all__ = [
     "Channel",

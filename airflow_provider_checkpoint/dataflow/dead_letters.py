@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from airflow_provider_checkpoint.core.model import JsonDict
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
+from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -27,15 +27,10 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from airflow_provider_checkpoint.core.documents import shorten
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.exceptions import InvalidPositionError, shorten
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-class InvalidPositionError(RefusedInputError):
-    """A stored source position is not of the shape the source writes."""
 
 
 def check_relative_name(uid: str, name: object) -> str:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_provider_checkpoint.core.model import Barrier, JsonDict
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.spark.context import StepContext
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-
-
-class PipelineDefinitionError(RefusedInputError):
-    """The pipeline graph is not valid; the message says which node and why."""
 
 
 def _step_name(uid: str, step: str | None) -> str | None:
@@ -244,7 +240,7 @@ class Sink(Node):
         raise NotImplementedError
 
     def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
-        """Raise :class:`~airflow_provider_checkpoint.core.documents.DocumentError` unless ``committables``
+        """Raise :class:`~airflow_provider_checkpoint.exceptions.DocumentError` unless ``committables``
         have exactly the shape this sink's ``stage`` writes for ``checkpoint_id``.
 
         Committables come back from stored documents (``_metadata``, savepoints, acks), which

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.core.documents import DocumentError, Fields, load_json, relative_path
+from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
-from airflow_provider_checkpoint.dataflow.graph import Node, PipelineDefinitionError, Sink
+from airflow_provider_checkpoint.dataflow.graph import Node, Sink
+from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:

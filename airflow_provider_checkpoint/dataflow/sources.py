@@ -13,9 +13,14 @@ import fsspec
 
 from airflow_provider_checkpoint.dataflow import dead_letters, file_positions
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Sink, Source
+from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.exceptions import (
+    InputChangedError,
+    MalformedInputError,
+    PipelineDefinitionError,
+    TooManyMalformedError,
+)
 from airflow_provider_checkpoint.storage.paths import owned_path
 
 if TYPE_CHECKING:
@@ -28,18 +33,6 @@ log = logging.getLogger(__name__)
 _CORRUPT = "_corrupt_record"
 _FORMATS = ("json", "csv", "parquet")
 _CLEAN_SOURCE = ("off", "archive", "delete")
-
-
-class MalformedInputError(RefusedInputError):
-    """Input records do not match the source's format or schema; the message names file and line."""
-
-
-class TooManyMalformedError(MalformedInputError):
-    """More of a checkpoint's records are malformed than the source's ``max_malformed_fraction``."""
-
-
-class InputChangedError(MalformedInputError):
-    """A file cut into the barrier changed or vanished before the step read it."""
 
 
 def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str | None) -> None:

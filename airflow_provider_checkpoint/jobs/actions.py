@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider_checkpoint.exceptions import UnsafePathError
 from airflow_provider_checkpoint.jobs.registry import JobLocation, find_job, list_jobs
 from airflow_provider_checkpoint.jobs.snapshots import request_restore, resolve_pointer
-from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 
 def job_of_dag(dag_id: str) -> JobLocation | None:

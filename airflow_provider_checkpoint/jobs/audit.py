@@ -9,12 +9,11 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.dataflow.graph import Sink
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.exceptions import MetadataError, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import METADATA, RESTORE_REQUEST
-from airflow_provider_checkpoint.storage.paths import UnsafePathError
 
 _JOB_FILES = {"_job.json", "_stats", RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
 _CHECKPOINT_FILES = {METADATA, "_plan.json"}
@@ -39,7 +38,7 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         try:
             if storage.is_completed(checkpoint_id):
                 completed.append(storage.load_completed(checkpoint_id))
-        except (metadata.MetadataError, UnsafePathError) as e:
+        except (MetadataError, UnsafePathError) as e:
             findings.append(str(e))
     if len(completed) > retained:
         ids = ", ".join(str(c.checkpoint_id) for c in completed)

@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from airflow_provider_checkpoint.core.documents import JOB_ID, DocumentError, load_json, shorten
-from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
-from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
+from airflow_provider_checkpoint.core.documents import JOB_ID, load_json
+from airflow_provider_checkpoint.core.job_record import JobRecord
+from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError, RegistryError, shorten
+from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
     from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
@@ -34,10 +35,6 @@ REGISTRY_DIR = "_registry"
 REGISTRY_VERSION = 1
 _CONN_ID = re.compile(r"^[A-Za-z0-9_.-]{1,250}$")
 log = logging.getLogger(__name__)
-
-
-class RegistryError(CheckpointStorageError):
-    """A job is unknown, or its registry entry is malformed or points where the job is not."""
 
 
 @dataclass(frozen=True)

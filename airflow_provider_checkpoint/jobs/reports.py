@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from airflow_provider_checkpoint.core.documents import MAX_TIMESTAMP
-from airflow_provider_checkpoint.core.metadata import MetadataError
+from airflow_provider_checkpoint.exceptions import MAX_TIMESTAMP, CheckpointStorageError, MetadataError
 from airflow_provider_checkpoint.jobs.registry import JobLocation
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
+from airflow_provider_checkpoint.storage import JobStorage
 
 JsonDict = dict[str, Any]
 MAX_PAGE = 500

@@ -14,8 +14,9 @@ from airflow_provider_checkpoint.core.model import (
 )
 from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError
 from airflow_provider_checkpoint.state.files import read_table
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
+from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-from airflow_provider_checkpoint.state.snapshot import RestoreError, check_compatible, open_snapshot, verify_state
+from airflow_provider_checkpoint.exceptions import RestoreError
+from airflow_provider_checkpoint.state.snapshot import check_compatible, open_snapshot, verify_state
 
 _ID = re.compile(r"^[0-9]+$")
 

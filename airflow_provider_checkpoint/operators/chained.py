@@ -11,10 +11,10 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_checkpoint.core.documents import DocumentError, load_json
+from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.faults import fault_scope
 from airflow_provider_checkpoint.core.model import CheckpointPlan, JsonDict
-from airflow_provider_checkpoint.exceptions import CheckpointAbortedError, CheckpointError
+from airflow_provider_checkpoint.exceptions import CheckpointAbortedError, CheckpointError, DocumentError
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.operators.checkpoint import (
     DECLINE_KEY,

@@ -10,16 +10,19 @@ from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceS
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.utils.types import DagRunType
 
-from airflow_provider_checkpoint.coordinator import JobNotRunning
-from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, CheckpointType, JsonDict
-from airflow_provider_checkpoint.core.pending import CheckpointAborted
-from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointAborted,
+    CheckpointError,
+    DocumentError,
+    JobNotRunning,
+    UnsafePathError,
+)
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.jobs.registry import register
 from airflow_provider_checkpoint.storage.config import allowed_roots, default_savepoint_roots
-from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 SKIPPED_KEY = "skipped"
 DECLINE_KEY = "decline"

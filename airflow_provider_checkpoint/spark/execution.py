@@ -30,10 +30,13 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
-from airflow_provider_checkpoint.exceptions import CheckpointAbortedError, RefusedInputError
-from airflow_provider_checkpoint.spark.state import StateTooLargeError
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    PipelineDefinitionError,
+    RefusedInputError,
+    StepDeclined,
+)
+from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
     from airflow_provider_checkpoint.jobs.definition import CheckpointJob
@@ -74,22 +77,13 @@ class Execution:
         return f"{how} through connection {self.conn_id!r}"
 
 
-class StepDeclined(CheckpointAbortedError):
-    """The step declined the checkpoint; ``fatal`` ones are not retried (bad input, corrupt state)."""
-
-    def __init__(self, reason: AbortReason, message: str, fatal: bool) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.fatal = fatal
-
-
 def decline_for(e: BaseException) -> StepDeclined:
     """How an exception of a step declines its checkpoint."""
     if isinstance(e, StepDeclined):
         return e
     reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
     reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
-    fatal = isinstance(e, RefusedInputError | CheckpointStorageError | StateTooLargeError)
+    fatal = isinstance(e, RefusedInputError | CheckpointStorageError)  # StateTooLargeError is refused input
     return StepDeclined(reason, str(e), fatal)
 
 

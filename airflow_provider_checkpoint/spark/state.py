@@ -18,6 +18,7 @@ from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
+from airflow_provider_checkpoint.exceptions import StateTooLargeError
 from airflow_provider_checkpoint.state.files import check_file, read_inline
 from airflow_provider_checkpoint.storage import Location
 
@@ -43,10 +44,6 @@ def range_index(keys: tuple[str, ...], max_parallelism: int, parallelism: int) -
     from pyspark.sql import functions as F
 
     return F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
-
-
-class StateTooLargeError(ValueError):
-    """State exceeds ``max_state_size`` of memory checkpoint storage; the message says what to change."""
 
 
 def write_state(
@@ -158,7 +155,7 @@ def read_state(
 
     Every file (or the inline state) is checked first: present with its size, its Parquet
     footer holding the recorded columns (else
-    :class:`~airflow_provider_checkpoint.state.files.StateFileError`), and with ``verify`` its
+    :class:`~airflow_provider_checkpoint.exceptions.StateFileError`), and with ``verify`` its
     SHA-256 too (a step continuing its own checkpoints skips the re-hash: each file was
     hashed when written, and Parquet page checksums are verified on read).
     """

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.core.model import OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.exceptions import StateFileError
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet
 
@@ -36,10 +36,6 @@ _ARROW_NAMES = {
     "date": ("date32[day]",),
 }
 """Spark's simple types and the pyarrow types Parquet files of them read as."""
-
-
-class StateFileError(CheckpointStorageError):
-    """A state file (or inline state) does not hold the columns its ``_metadata`` records."""
 
 
 def check_file(base: Location, handle: StateHandle, state: OperatorSnapshot, uid: str) -> None:

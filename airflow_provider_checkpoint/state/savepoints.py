@@ -16,10 +16,11 @@ from airflow_provider_checkpoint.core.model import (
     OperatorSnapshot,
     StateHandle,
 )
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
 from airflow_provider_checkpoint.state.files import check_file, range_tables
-from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
+from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
-from airflow_provider_checkpoint.storage.paths import UnsafePathError, is_local, within
+from airflow_provider_checkpoint.storage.paths import is_local, within
 
 if TYPE_CHECKING:
     pass

@@ -18,17 +18,13 @@ from airflow_provider_checkpoint.core.model import (
     OperatorSnapshot,
     RestorePoint,
 )
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
 from airflow_provider_checkpoint.state.files import check_file, read_inline
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
+from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
 
 if TYPE_CHECKING:
     pass
-
-
-class RestoreError(RefusedInputError):
-    """A snapshot cannot be restored into this job; the message lists every reason."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +48,7 @@ def verify_state(base: Location, uid: str, state: OperatorSnapshot, new_in: str 
     """The state files, or the inline state, of operator ``uid`` are intact.
 
     Without ``new_in`` (a snapshot to restore or read), each also holds the recorded
-    columns (:class:`~airflow_provider_checkpoint.state.files.StateFileError` otherwise).
+    columns (:class:`~airflow_provider_checkpoint.exceptions.StateFileError` otherwise).
     With ``new_in`` (a directory; finalize), files outside it — kept from older
     checkpoints, each hashed when it was written — are checked by size only.
     """

@@ -1,10 +1,5 @@
 """Checkpoint storage: the job directory layout and atomic operations over fsspec."""
 
-from airflow_provider_checkpoint.storage.job_storage import (
-    CheckpointStorageError,
-    JobStorage,
-    LeaseHeld,
-    Location,
-)
+from airflow_provider_checkpoint.storage.job_storage import JobStorage, Location
 
-__all__ = ["CheckpointStorageError", "JobStorage", "LeaseHeld", "Location"]
+__all__ = ["JobStorage", "Location"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MetadataError
+from airflow_provider_checkpoint.storage import JobStorage
 
 log = logging.getLogger(__name__)
 

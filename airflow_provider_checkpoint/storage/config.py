@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from airflow_provider_checkpoint.core.documents import shorten
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, shorten
 from airflow_provider_checkpoint.storage.job_storage import JobStorage
 
 SECTION = "checkpoint"

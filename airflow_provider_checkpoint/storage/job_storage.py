@@ -31,9 +31,9 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.documents import MAX_TIMESTAMP, DocumentError, load_json, shorten
+from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
     CompletedCheckpoint,
     JsonDict,
@@ -41,31 +41,19 @@ from airflow_provider_checkpoint.core.model import (
     RestoreRequest,
     StateHandle,
 )
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    JobRecordError,
+    LeaseHeld,
+    MetadataError,
+    shorten,
+)
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
 _CHK = re.compile(r"^chk-(\d+)$")
-
-
-class LeaseHeld(RuntimeError):
-    """Another checkpoint of this job is in flight."""
-
-    def __init__(self, holder: JsonDict) -> None:
-        super().__init__(
-            f"another checkpoint of this job is in flight (run {holder.get('run_id')!r}, "
-            f"lease expires at {_utc(holder.get('expires_at'))})"
-        )
-        self.holder = holder
-
-
-def _utc(timestamp: Any) -> str:
-    if timestamp is None or timestamp == math.inf:
-        return "never"
-    if isinstance(timestamp, bool) or not isinstance(timestamp, int | float) or not 0 <= timestamp <= MAX_TIMESTAMP:
-        return f"{str(timestamp)[:40]!r} (not a time)"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
 
 
 def file_checksum(fs: AbstractFileSystem, path: str) -> str:
@@ -359,7 +347,7 @@ class JobStorage(Location):
             problem = "is a relocatable savepoint, not a checkpoint of this job"
         else:
             return checkpoint
-        raise metadata.MetadataError(
+        raise MetadataError(
             document,
             f"{problem}: a _metadata in a job directory must be that job's own checkpoint in its own "
             f"chk-<id>/; refused before any effect (remove {self.chk_dir(checkpoint_id)}/ or restore the job)",

@@ -21,17 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_checkpoint.core.documents import path_problem, shorten
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.core.documents import path_problem
+from airflow_provider_checkpoint.exceptions import UnsafePathError, shorten
 
 _LOCAL = {"", "file", "local"}
 _LOCAL_PROTOCOLS = {"file", "local"}
 OUTSIDE_RULE = "outside the directory that owns it (no effect follows a link out of its owner)"
 _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f\\?#%]")
-
-
-class UnsafePathError(RefusedInputError):
-    """A user-given path lies outside every allowed root, or is not a plain path."""
 
 
 def _split(url: str) -> tuple[str, str, str]:

@@ -20,11 +20,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.core.documents import DocumentError
 from airflow_provider_checkpoint.core.model import RestoreRequest
+from airflow_provider_checkpoint.exceptions import DocumentError, UnsafePathError
 from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.storage.paths import UnsafePathError
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
 
 pytestmark = pytest.mark.airflow

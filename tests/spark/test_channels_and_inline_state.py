@@ -13,11 +13,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow import Channel, FileSource, KeyedAggregate, ParquetTableSink, Transform
+from airflow_provider_checkpoint.exceptions import CheckpointAborted, StateTooLargeError
 from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
-from airflow_provider_checkpoint.spark.state import StateTooLargeError
 from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.testing.inprocess import make_job

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, MalformedInputError, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
-from airflow_provider_checkpoint.dataflow.sources import TooManyMalformedError
+from airflow_provider_checkpoint.exceptions import MalformedInputError, TooManyMalformedError
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from airflow_provider_checkpoint.testing.malformed import (

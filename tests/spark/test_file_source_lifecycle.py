@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
-from airflow_provider_checkpoint.core.faults import InjectedFault
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
+from airflow_provider_checkpoint.exceptions import InjectedFault
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized, read_table

@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, StateFileError
 from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
-from airflow_provider_checkpoint.state.files import StateFileError
 from airflow_provider_checkpoint.state.savepoints import write_savepoint
-from airflow_provider_checkpoint.storage import CheckpointStorageError, Location
+from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.test_dimension_enrichment import declare

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, MalformedInputError, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.exceptions import MalformedInputError
 from airflow_provider_checkpoint.testing.clickstream import land_events, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 

@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import JobNotRunning
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.faults import InjectedFault
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType, StateHandle
-from airflow_provider_checkpoint.core.pending import CheckpointAborted
 from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointAborted,
+    CheckpointStorageError,
+    InjectedFault,
+    JobNotRunning,
+)
 from airflow_provider_checkpoint.state.snapshot import open_snapshot
-from airflow_provider_checkpoint.storage import CheckpointStorageError
 from tests.unit.helpers import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, state_rel, target_name
 from tests.unit.state_files import state_file as parquet_state
 

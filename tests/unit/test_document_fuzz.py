@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.documents import DocumentError, load_json
+from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
     Ack,
@@ -34,11 +34,16 @@ from airflow_provider_checkpoint.core.model import (
     RestorePoint,
     RestoreRequest,
 )
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
+from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    PipelineDefinitionError,
+    UnsafePathError,
+)
 from airflow_provider_checkpoint.state.snapshot import Snapshot
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage
-from airflow_provider_checkpoint.storage.paths import UnsafePathError
+from airflow_provider_checkpoint.storage import JobStorage
 from tests.unit.state_files import SCHEMA, state_file
 
 SEED = int(os.environ.get("FUZZ_SEED", "20261122"))

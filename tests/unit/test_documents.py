@@ -8,12 +8,19 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.documents import DocumentError, relative_path
-from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.documents import relative_path
+from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import Ack, HandleScope, RestoreRequest, StateHandle
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, Location
-from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    JobRecordError,
+    MetadataError,
+    UnsafePathError,
+)
+from airflow_provider_checkpoint.storage import JobStorage, Location
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 from tests.unit.helpers import sample
 
 SHA = "sha256:" + "0" * 64
@@ -80,7 +87,7 @@ def test_a_delta_lies_in_the_directory_of_its_checkpoint() -> None:
 def test_metadata_with_an_escaping_handle_names_the_field() -> None:
     doc = json.loads(metadata.encode(sample()))
     doc["operators"]["counts"]["handles"][1]["path"] = "chk-7/../../../elsewhere/file"
-    with pytest.raises(metadata.MetadataError, match=r"operators\.counts\.handles\[1\]\.path.*elsewhere"):
+    with pytest.raises(MetadataError, match=r"operators\.counts\.handles\[1\]\.path.*elsewhere"):
         metadata.decode(json.dumps(doc).encode(), "file:///x/_metadata")
 
 
@@ -99,12 +106,12 @@ def test_metadata_with_an_escaping_handle_names_the_field() -> None:
 def test_metadata_values_are_typed_and_bounded(field: str, value: object) -> None:
     doc = json.loads(metadata.encode(sample()))
     doc[field] = value
-    with pytest.raises(metadata.MetadataError, match=field):
+    with pytest.raises(MetadataError, match=field):
         metadata.decode(json.dumps(doc).encode())
 
 
 def test_deep_nesting_and_huge_numbers_are_document_errors() -> None:
-    with pytest.raises(metadata.MetadataError, match="not valid JSON"):
+    with pytest.raises(MetadataError, match="not valid JSON"):
         metadata.decode(b"[" * 200_000 + b"]" * 200_000)
     with pytest.raises(JobRecordError):
         JobRecord.decode(b'{"version": 1, "job_id": "j", "last_checkpoint_id": ' + b"9" * 5000 + b"}")

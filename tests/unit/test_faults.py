@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.core.faults import ENV, InjectedFault, fault_point, fault_scope
+from airflow_provider_checkpoint.core.faults import ENV, fault_point, fault_scope
+from airflow_provider_checkpoint.exceptions import InjectedFault
 
 
 def test_env_name() -> None:

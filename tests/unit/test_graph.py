@@ -6,7 +6,6 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow.graph import (
     Node,
-    PipelineDefinitionError,
     PipelineGraph,
     Sink,
     Source,
@@ -14,6 +13,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Transform,
     collecting,
 )
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 
 class Join(Node):

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.job_record import JobRecord, JobRecordError
+from airflow_provider_checkpoint.core.job_record import JobRecord
+from airflow_provider_checkpoint.exceptions import JobRecordError
 
 
 def test_allocated_ids_strictly_increase() -> None:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.metadata import MetadataError
 from airflow_provider_checkpoint.core.model import CheckpointType
+from airflow_provider_checkpoint.exceptions import MetadataError
 from tests.unit.helpers import sample
 
 

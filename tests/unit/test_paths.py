@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.storage.paths import UnsafePathError, resolve_under_roots
+from airflow_provider_checkpoint.exceptions import UnsafePathError
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from airflow_provider_checkpoint.core.model import (
     OperatorSnapshot,
     StateHandle,
 )
-from airflow_provider_checkpoint.core.pending import AckOutcome, CheckpointAborted, PendingCheckpoint
+from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoint
+from airflow_provider_checkpoint.exceptions import CheckpointAborted
 
 JOB = "job-a"
 CID = 5

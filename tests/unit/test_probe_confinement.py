@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_checkpoint.core.model import CheckpointType, RestoreRequest
-from airflow_provider_checkpoint.exceptions import RefusedInputError
+from airflow_provider_checkpoint.exceptions import RefusedInputError, UnsafePathError
 from airflow_provider_checkpoint.jobs.audit import audit_job
-from airflow_provider_checkpoint.storage.paths import UnsafePathError
 from airflow_provider_checkpoint.testing.neighbours import fingerprints, plant_neighbours, tree
 from tests.unit.helpers import JOB, T0, Env, make_ack, make_env, run_checkpoint
 

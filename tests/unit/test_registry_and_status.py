@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.exceptions import RegistryError
 from airflow_provider_checkpoint.jobs import reports
-from airflow_provider_checkpoint.jobs.registry import JobLocation, RegistryError, decode_entry, find_job, list_jobs
+from airflow_provider_checkpoint.jobs.registry import JobLocation, decode_entry, find_job, list_jobs
 
 
 def entry(**overrides: object) -> bytes:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError, Source
+from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 
 def stage(table: Path, checkpoint_id: int, name: str, data: bytes) -> str:

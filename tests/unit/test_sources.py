@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.core.faults import InjectedFault
-from airflow_provider_checkpoint.dataflow.file_positions import InvalidPositionError
-from airflow_provider_checkpoint.dataflow.graph import PipelineDefinitionError
 from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.exceptions import InjectedFault, InvalidPositionError, PipelineDefinitionError
 from tests.unit.helpers import T0, make_ack, make_env
 
 

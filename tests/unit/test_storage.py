@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_checkpoint.core.job_record import JobRecord
-from airflow_provider_checkpoint.storage import CheckpointStorageError, JobStorage, LeaseHeld
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, LeaseHeld
+from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import create_exclusive
 
 T0 = 1_700_000_000.0

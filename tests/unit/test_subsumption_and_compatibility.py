@@ -12,7 +12,7 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
-from airflow_provider_checkpoint.state.snapshot import RestoreError
+from airflow_provider_checkpoint.exceptions import RestoreError
 from tests.unit.helpers import T0, make_env, run_checkpoint
 
 
