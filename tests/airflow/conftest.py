@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,22 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         code = int(e.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+
+
+def own_dags_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str) -> ModuleType:
+    """``source`` as ``<name>.py`` in a DAGs folder of its own, registered as a bundle beside ``dags/``; loaded."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / f"{name}.py").write_text(source)
+    bundles = [
+        {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(REPO / "dags")}},
+        {"name": name, "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(dags)}},
+    ]
+    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
+    return load_dag_module(dags / f"{name}.py")
 
 
 def load_dag_module(path: Path) -> ModuleType:

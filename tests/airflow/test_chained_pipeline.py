@@ -21,7 +21,7 @@ from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.pipeline import CHAINED_TASK_ID, WAIT_FOR_INPUT_TASK_ID
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized, read_table
-from tests.airflow.conftest import cli, load_dag_module
+from tests.airflow.conftest import cli, load_dag_module, own_dags_folder
 from tests.airflow.test_example_clickstream import asset_event_checkpoints
 from tests.conftest import REPO
 
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.airflow
 JOB = "chained_clickstream"
 
 
-LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 CHAINED_DAGS = """
 import datetime
 import os
@@ -57,18 +56,10 @@ for dag_id, wait in (("chained_clickstream", None), ("chained_sensed", datetime.
 @pytest.fixture
 def chained(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """Two chained pipelines (one with ``wait_for_input``) in a DAGs folder of their own."""
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "chained.py").write_text(CHAINED_DAGS)
-    bundles = [
-        {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(REPO / "dags")}},
-        {"name": "chained", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(dags)}},
-    ]
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
     monkeypatch.setenv("CHAINED_DIR", str(tmp_path / "clickstream"))
     monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"file://{tmp_path}/checkpoints")
     monkeypatch.setenv("AIRFLOW__CHECKPOINT__SAVEPOINT_ROOTS", f"file://{tmp_path}/savepoints")
-    yield load_dag_module(dags / "chained.py")
+    yield own_dags_folder(tmp_path, monkeypatch, "chained", CHAINED_DAGS)
     os.environ.pop("CHECKPOINT_FAULTS", None)
 
 

@@ -21,9 +21,8 @@ from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.malformed import DEAD_LETTER_KEY, ground_truth, land_mixed, sorted_frame
-from tests.airflow.conftest import load_dag_module
+from tests.airflow.conftest import own_dags_folder
 from tests.airflow.test_cli_and_own_storage import cli
-from tests.airflow.test_sensors import LOCAL_BUNDLE
 
 pytestmark = pytest.mark.airflow
 JOB = "dead_letter_clicks"
@@ -75,12 +74,7 @@ def test_dead_letters_are_committed_exactly_once_through_faults(airflow_db, tmp_
     base = tmp_path / "data"
     monkeypatch.setenv("DEAD_LETTER_DIR", str(base))
     monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"file://{tmp_path}/checkpoints")
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "dead_letter_clicks.py").write_text(DAG_FILE)
-    bundles = [{"name": "dead-letters", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(dags)}}]
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
-    module = load_dag_module(dags / "dead_letter_clicks.py")
+    module = own_dags_folder(tmp_path, monkeypatch, "dead_letter_clicks", DAG_FILE)
     job_dir = tmp_path / "checkpoints" / JOB
     dead_letters = job_dir / "dead_letters"  # the documented default place
     landed: dict[str, dict[int, list[str]]] = {"json": {}, "csv": {}}

@@ -14,12 +14,10 @@ import pytest
 
 from airflow_provider_checkpoint.pipeline import WAIT_FOR_INPUT_TASK_ID
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized
-from tests.airflow.conftest import load_dag_module
-from tests.conftest import REPO
+from tests.airflow.conftest import own_dags_folder
 
 pytestmark = pytest.mark.airflow
 JOB = "sensed_clickstream"
-LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
 
 
 SENSED_DAGS = """
@@ -68,18 +66,10 @@ for after, timeout in ((1, 30), (2, 1)):
 @pytest.fixture
 def sensed_dags(airflow_db, tmp_path, monkeypatch):
     """The pipeline (with ``wait_for_input``) and two downstream DAGs, in a DAGs folder of their own."""
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "sensed.py").write_text(SENSED_DAGS)
-    bundles = [
-        {"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(REPO / "dags")}},
-        {"name": "sensed", "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(dags)}},
-    ]
-    monkeypatch.setenv("AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST", json.dumps(bundles))
     monkeypatch.setenv("SENSED_DIR", str(tmp_path / "clickstream"))
     monkeypatch.setenv("SENSED_STORAGE", f"file://{tmp_path}/checkpoints")
     (tmp_path / "clickstream" / "landing").mkdir(parents=True)
-    return load_dag_module(dags / "sensed.py")
+    return own_dags_folder(tmp_path, monkeypatch, "sensed", SENSED_DAGS)
 
 
 def states(run) -> dict[str, str]:
