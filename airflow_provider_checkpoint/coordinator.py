@@ -42,7 +42,7 @@ from airflow_provider_checkpoint.state.savepoints import check_savepoint_target,
 from airflow_provider_checkpoint.state.snapshot import Snapshot, check_compatible, open_snapshot, verify_state
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
-from airflow_provider_checkpoint.storage.job_storage import METADATA
+from airflow_provider_checkpoint.storage.job_storage import METADATA, PLAN_FILE
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class CheckpointCoordinator:
                 options=options,
             )
             self.storage.save_job(job)
-            self.storage.write_atomic(f"{self.storage.chk_dir(checkpoint_id)}/_plan.json", _json(plan.to_dict()))
+            self.storage.write_atomic(self.storage.plan_path(checkpoint_id), _json(plan.to_dict()))
         except BaseException:
             self.storage.release_lease(run_id)
             raise
@@ -225,7 +225,7 @@ class CheckpointCoordinator:
             chk = self.storage.chk_dir(checkpoint_id)
             if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
                 continue
-            if not self.storage.exists(f"{chk}/_plan.json"):  # leftover of retention, not a checkpoint attempt
+            if not self.storage.exists(f"{chk}/{PLAN_FILE}"):  # leftover of retention, not a checkpoint attempt
                 self.storage.delete(chk)
                 continue
             reason = AbortReason.SUBSUMED if checkpoint_id < latest_id else AbortReason.ABANDONED
@@ -415,7 +415,7 @@ class CheckpointCoordinator:
         if "restore_request_id" in completed.options:
             self.storage.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
-        if not self.storage.exists(f"_stats/{completed.checkpoint_id}.json"):
+        if not self.storage.exists(self.storage.stats_path(completed.checkpoint_id)):
             stats = {
                 "checkpoint_id": completed.checkpoint_id,
                 "type": completed.type.value,

@@ -13,10 +13,17 @@ from airflow_provider_checkpoint.dataflow.graph import Sink
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import MetadataError, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.storage.job_storage import METADATA, RESTORE_REQUEST
+from airflow_provider_checkpoint.storage.job_storage import (
+    JOB_FILE,
+    LEASE_FILE,
+    METADATA,
+    PLAN_FILE,
+    RESTORE_REQUEST,
+    STATS_DIR,
+)
 
-_JOB_FILES = {"_job.json", "_stats", RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
-_CHECKPOINT_FILES = {METADATA, "_plan.json"}
+_JOB_FILES = {JOB_FILE, STATS_DIR, RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
+_CHECKPOINT_FILES = {METADATA, PLAN_FILE}
 
 
 def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) -> list[str]:
@@ -31,7 +38,7 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
     fs = storage.fs
     if not fs.exists(storage.job_dir):
         return [f"{storage.url()} does not exist"]
-    if storage.exists("_lease"):
+    if storage.exists(LEASE_FILE):
         findings.append(f"stale lease {storage.url('_lease')}: {storage.lease_holder()}")
     completed = []
     for checkpoint_id in storage.checkpoint_ids():
@@ -60,7 +67,7 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         except UnsafePathError as e:
             findings.append(str(e))
             continue
-        if name in _JOB_FILES or name == "_lease":
+        if name in _JOB_FILES or name == LEASE_FILE:
             continue
         if not name.startswith("chk-"):
             findings.append(f"unexpected entry {storage.url(name)}")

@@ -25,6 +25,7 @@ from airflow_provider_checkpoint.core.documents import JOB_ID, load_json
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError, RegistryError, shorten
 from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.storage.job_storage import JOB_FILE
 
 if TYPE_CHECKING:
     from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
@@ -136,7 +137,7 @@ def _plain_url(value: Any) -> bool:
 
 def _check_lives_there(location: JobLocation, source: str) -> JobLocation:
     storage = location.storage()
-    if not storage.exists("_job.json"):
+    if not storage.exists(JOB_FILE):
         raise RegistryError(f"{source} says job {location.job_id} lives in {storage.url()}, but it has no _job.json")
     try:
         storage.load_job()  # refuses a record of another job
@@ -158,7 +159,7 @@ def find_job(job_id: str) -> JobLocation:
             decode_entry(registry.read_bytes(name), registry.url(name), job_id), registry.url(name)
         )
     root = _default_root()
-    if not root.exists(f"{job_id}/_job.json"):
+    if not root.exists(f"{job_id}/{JOB_FILE}"):
         known = ", ".join(j.job_id for j in list_jobs()) or "none"
         raise RegistryError(
             f"unknown job {job_id!r}: not registered in {registry.url()} and not in {root.url()} (known jobs: {known})"
@@ -169,9 +170,9 @@ def find_job(job_id: str) -> JobLocation:
 def _unregistered(root: Location, job_id: str) -> JobLocation:
     """A job under the default root without a registry entry; its DAG is the one its ``_job.json`` names."""
     try:
-        dag_id = JobRecord.decode(root.read_bytes(f"{job_id}/_job.json"), root.url(f"{job_id}/_job.json")).topology.get(
-            "dag_id"
-        )
+        dag_id = JobRecord.decode(
+            root.read_bytes(f"{job_id}/{JOB_FILE}"), root.url(f"{job_id}/{JOB_FILE}")
+        ).topology.get("dag_id")
     except JobRecordError as e:
         raise RegistryError(str(e)) from e
     return JobLocation(job_id, dag_id if isinstance(dag_id, str) and JOB_ID.match(dag_id) else job_id)
@@ -182,7 +183,7 @@ def list_jobs() -> list[JobLocation]:
     found: dict[str, JobLocation] = {}
     root = _default_root()
     for name in _names(root):
-        if JOB_ID.match(name) and root.exists(f"{name}/_job.json"):
+        if JOB_ID.match(name) and root.exists(f"{name}/{JOB_FILE}"):
             try:
                 found[name] = _unregistered(root, name)
             except RegistryError as e:

@@ -17,7 +17,7 @@ from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError
 from airflow_provider_checkpoint.state.files import read_table
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.storage.job_storage import METADATA
+from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
     stateful = {uid: n.get("keys", []) for uid, n in nodes.items() if n.get("kind") == "stateful"}
     if not nodes:
         raise RestoreError(
-            f"job {storage.job_id} has no recorded topology in {storage.url('_job.json')}: has it ever run here?"
+            f"job {storage.job_id} has no recorded topology in {storage.url(JOB_FILE)}: has it ever run here?"
         )
     starting_empty = check_compatible(snapshot, storage.job_id, stateful, allow_non_restored_state)
     cp = snapshot.checkpoint

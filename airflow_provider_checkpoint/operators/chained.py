@@ -98,7 +98,7 @@ class ChainedCheckpointOperator(SparkCheckpointOperator):
         ids = storage.checkpoint_ids()
         if not ids or not storage.is_completed(ids[-1]):
             return None
-        path = f"{storage.chk_dir(ids[-1])}/_plan.json"
+        path = storage.plan_path(ids[-1])
         if not storage.exists(path):
             return None
         try:

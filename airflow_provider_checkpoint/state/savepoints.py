@@ -19,7 +19,7 @@ from airflow_provider_checkpoint.core.model import (
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
 from airflow_provider_checkpoint.state.files import check_file, range_tables
 from airflow_provider_checkpoint.storage import Location
-from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
+from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA, inline_parquet
 from airflow_provider_checkpoint.storage.paths import is_local, within
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def check_savepoint_target(target: Location, storage_root: str, own: CompletedCh
         raise UnsafePathError(f"{refused}: it lies in a job's checkpoint tree {root}/<job>/")
     ancestor = real
     while ancestor not in ("", "/"):
-        if _CHK_DIR.match(posixpath.basename(ancestor)) or fs.exists(f"{ancestor}/_job.json"):
+        if _CHK_DIR.match(posixpath.basename(ancestor)) or fs.exists(f"{ancestor}/{JOB_FILE}"):
             raise UnsafePathError(
                 f"{refused}: {ancestor} is part of a job's checkpoint tree (a chk-<n> or job directory)"
             )

@@ -49,6 +49,10 @@ class CompletedCheckpointStore:
                 continue
             if any(p.startswith(chk + "/") for p in still_needed):
                 # a kept checkpoint still reads files here: keep only those
-                self.storage.delete_paths([self.storage.metadata_path(checkpoint_id), f"{chk}/_plan.json"])
-            elif self.storage.is_completed(checkpoint_id) or not self.storage.exists(f"{chk}/_plan.json"):
+                self.storage.delete_paths(
+                    [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
+                )
+            elif self.storage.is_completed(checkpoint_id) or not self.storage.exists(
+                self.storage.plan_path(checkpoint_id)
+            ):
                 self.storage.delete(chk)

@@ -53,6 +53,10 @@ from airflow_provider_checkpoint.storage.paths import is_local, owned_path
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
+JOB_FILE = "_job.json"
+PLAN_FILE = "_plan.json"
+LEASE_FILE = "_lease"
+STATS_DIR = "_stats"
 _CHK = re.compile(r"^chk-(\d+)$")
 
 
@@ -214,6 +218,16 @@ class JobStorage(Location):
 
     # -- layout ------------------------------------------------------------------------
     @staticmethod
+    def plan_path(checkpoint_id: int) -> str:
+        """The plan of checkpoint ``checkpoint_id``, written when it is triggered."""
+        return f"{JobStorage.chk_dir(checkpoint_id)}/{PLAN_FILE}"
+
+    @staticmethod
+    def stats_path(checkpoint_id: int) -> str:
+        """The statistics of checkpoint ``checkpoint_id`` (written for every attempt, never pruned)."""
+        return f"{STATS_DIR}/{checkpoint_id}.json"
+
+    @staticmethod
     def chk_dir(checkpoint_id: int) -> str:
         return f"chk-{checkpoint_id}"
 
@@ -227,15 +241,15 @@ class JobStorage(Location):
 
     # -- job record --------------------------------------------------------------------
     def load_job(self) -> JobRecord:
-        if not self.exists("_job.json"):
+        if not self.exists(JOB_FILE):
             return JobRecord(job_id=self.job_id)
-        record = JobRecord.decode(self.read_bytes("_job.json"), self.url("_job.json"))
+        record = JobRecord.decode(self.read_bytes(JOB_FILE), self.url(JOB_FILE))
         if record.job_id != self.job_id:
             raise JobRecordError(f"{self.url('_job.json')}: belongs to job {record.job_id!r}, not {self.job_id!r}")
         return record
 
     def save_job(self, record: JobRecord) -> None:
-        self.write_atomic("_job.json", record.encode())
+        self.write_atomic(JOB_FILE, record.encode())
 
     # -- restore request ---------------------------------------------------------------
     def load_restore_request(self) -> RestoreRequest | None:
@@ -275,13 +289,13 @@ class JobStorage(Location):
             {**(owner or {}), "run_id": run_id, "acquired_at": now, "expires_at": now + ttl_seconds}
         ).encode()
         for _ in range(3):
-            if create_exclusive(self.fs, self.path("_lease"), body):
+            if create_exclusive(self.fs, self.path(LEASE_FILE), body):
                 return
             holder = self.lease_holder()
             if holder is None:
                 continue
             if holder.get("run_id") == run_id:
-                self.write_atomic("_lease", body)
+                self.write_atomic(LEASE_FILE, body)
                 return
             expired = float(holder.get("expires_at", math.inf)) <= now
             if not expired and (holder_alive is None or holder_alive(holder)):
@@ -292,11 +306,11 @@ class JobStorage(Location):
     def _break_lease(self, holder: JsonDict) -> None:
         """Delete the lease only if it is still ``holder``'s (another trigger may have broken it)."""
         if self.lease_holder() == holder:
-            self.delete("_lease")
+            self.delete(LEASE_FILE)
 
     def lease_holder(self) -> JsonDict | None:
         try:
-            holder = load_json(self.fs.cat_file(self.path("_lease")), self.url("_lease"))
+            holder = load_json(self.fs.cat_file(self.path(LEASE_FILE)), self.url(LEASE_FILE))
         except FileNotFoundError:
             return None
         except DocumentError:
@@ -310,7 +324,7 @@ class JobStorage(Location):
     def release_lease(self, run_id: str) -> None:
         holder = self.lease_holder()
         if holder is not None and holder.get("run_id") == run_id:
-            self.delete("_lease")
+            self.delete(LEASE_FILE)
 
     # -- checkpoints -------------------------------------------------------------------
     def checkpoint_ids(self) -> list[int]:
@@ -362,14 +376,14 @@ class JobStorage(Location):
         self.write_atomic(self.metadata_path(checkpoint.checkpoint_id), metadata.encode(checkpoint))
 
     def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
-        self.write_atomic(f"_stats/{checkpoint_id}.json", json.dumps(stats, indent=1, sort_keys=True).encode())
+        self.write_atomic(self.stats_path(checkpoint_id), json.dumps(stats, indent=1, sort_keys=True).encode())
 
     def load_stats(self, checkpoint_id: int) -> JsonDict | None:
         """The stats of ``checkpoint_id``; ``None`` when missing or not a JSON object of that id.
 
         Stats are informational: an unreadable file is skipped, never trusted.
         """
-        name = f"_stats/{checkpoint_id}.json"
+        name = self.stats_path(checkpoint_id)
         try:
             stats = load_json(self.fs.cat_file(self.path(name)), self.url(name))
         except (FileNotFoundError, DocumentError):
