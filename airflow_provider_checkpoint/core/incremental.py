@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from airflow_provider_checkpoint.core.keygroups import index_for_key_group, range_for_index
-from airflow_provider_checkpoint.core.model import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 
 RANGE_ROWS = 250_000
 """Rows per key-group range of a full version (a range is the unit of compaction)."""

@@ -9,11 +9,10 @@ from airflow_provider_checkpoint.core.model import (
     Barrier,
     CheckpointType,
     CompletedCheckpoint,
-    HandleScope,
     checkpoint_options,
-    operator_snapshots,
     sink_committables,
 )
+from airflow_provider_checkpoint.core.state_handles import HandleScope, operator_snapshots
 from airflow_provider_checkpoint.exceptions import DocumentError, MetadataError, shorten
 
 FORMAT = "airflow-checkpoint"

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.core.failures import AbortReason
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, OperatorSnapshot
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 
 

@@ -11,7 +11,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.utils.types import DagRunType
 
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, CheckpointType, JsonDict
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
+from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointError,

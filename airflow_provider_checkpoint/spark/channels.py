@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.core.model import ChannelSnapshot
+from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.incremental import FULL_VERSION_SHARE, StateLayout
 from airflow_provider_checkpoint.core.keygroups import index_for_key_group
-from airflow_provider_checkpoint.core.model import Barrier, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.spark.state import (

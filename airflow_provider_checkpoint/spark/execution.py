@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.failures import AbortReason
-from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
+from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     PipelineDefinitionError,

@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.core.model import Ack, ChannelSnapshot, CheckpointPlan, JsonDict, OperatorSnapshot
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,

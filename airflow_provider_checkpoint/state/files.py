@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.incremental import StateLayout, merge_order
-from airflow_provider_checkpoint.core.model import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import StateFileError
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet

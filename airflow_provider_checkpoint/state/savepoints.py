@@ -10,12 +10,8 @@ import shutil
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.model import (
-    CheckpointType,
-    CompletedCheckpoint,
-    OperatorSnapshot,
-    StateHandle,
-)
+from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
 from airflow_provider_checkpoint.state.files import check_file, range_tables
 from airflow_provider_checkpoint.storage import Location

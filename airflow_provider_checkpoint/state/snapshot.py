@@ -13,11 +13,8 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.core.model import (
-    CompletedCheckpoint,
-    OperatorSnapshot,
-    RestorePoint,
-)
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, RestorePoint
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
 from airflow_provider_checkpoint.state.files import check_file, read_inline
 from airflow_provider_checkpoint.storage import JobStorage, Location

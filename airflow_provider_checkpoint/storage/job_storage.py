@@ -34,13 +34,8 @@ from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
-from airflow_provider_checkpoint.core.model import (
-    CompletedCheckpoint,
-    JsonDict,
-    OperatorSnapshot,
-    RestoreRequest,
-    StateHandle,
-)
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestoreRequest
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,

@@ -13,16 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
-from airflow_provider_checkpoint.core.model import (
-    Ack,
-    Barrier,
-    CheckpointPlan,
-    CheckpointType,
-    CompletedCheckpoint,
-    OperatorSnapshot,
-    StateHandle,
-)
+from airflow_provider_checkpoint.core.model import Ack, Barrier, CheckpointPlan, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource

@@ -15,7 +15,8 @@ import pytest
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType, StateHandle
+from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType
+from airflow_provider_checkpoint.core.state_handles import StateHandle
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,

@@ -30,10 +30,10 @@ from airflow_provider_checkpoint.core.model import (
     CheckpointPlan,
     CheckpointType,
     CompletedCheckpoint,
-    OperatorSnapshot,
     RestorePoint,
     RestoreRequest,
 )
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import (

@@ -10,7 +10,8 @@ import pytest
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import relative_path
 from airflow_provider_checkpoint.core.job_record import JobRecord
-from airflow_provider_checkpoint.core.model import Ack, HandleScope, RestoreRequest, StateHandle
+from airflow_provider_checkpoint.core.model import Ack, RestoreRequest
+from airflow_provider_checkpoint.core.state_handles import HandleScope, StateHandle
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,

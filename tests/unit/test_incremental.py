@@ -7,7 +7,7 @@ import pytest
 from airflow_provider_checkpoint.core import incremental
 from airflow_provider_checkpoint.core.incremental import StateLayout, merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
-from airflow_provider_checkpoint.core.model import InlineState, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.state_handles import InlineState, OperatorSnapshot, StateHandle
 
 MAXP = 128
 

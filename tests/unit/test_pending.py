@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_checkpoint.core.failures import AbortReason
-from airflow_provider_checkpoint.core.model import (
-    Ack,
-    Barrier,
-    CheckpointPlan,
-    CheckpointType,
-    OperatorSnapshot,
-    StateHandle,
-)
+from airflow_provider_checkpoint.core.model import Ack, Barrier, CheckpointPlan, CheckpointType
 from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoint
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 
 JOB = "job-a"
