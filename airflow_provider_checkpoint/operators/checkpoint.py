@@ -203,7 +203,7 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _step(self, ti: Any, plan: CheckpointPlan) -> Ack:
         """Run this step of ``plan`` as attempt ``try_number``; on failure push the decline and raise."""
-        from airflow_provider_checkpoint.spark.execution import decline_for
+        from airflow_provider_checkpoint.spark.acks import decline_for
         from airflow_provider_checkpoint.spark.runner import describe_metrics
 
         if plan.restore_point is not None:
@@ -246,9 +246,10 @@ class SparkCheckpointOperator(BaseOperator):
         return channels
 
     def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
-        from airflow_provider_checkpoint.spark.execution import ExecutionMode, SubmittedStep, resolve_execution
+        from airflow_provider_checkpoint.spark.execution import ExecutionMode, resolve_execution
         from airflow_provider_checkpoint.spark.runner import run_step
         from airflow_provider_checkpoint.spark.session import get_spark
+        from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
         execution = resolve_execution(self.job.spark_conn_id)
         self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())

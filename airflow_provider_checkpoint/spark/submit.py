@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow_provider_checkpoint.core.documents import Fields, relative_path
     from airflow_provider_checkpoint.core.model import ChannelSnapshot, CheckpointPlan
-    from airflow_provider_checkpoint.spark.execution import ACK_FILE, CHANNELS_KEY, decline_for, write_decline
+    from airflow_provider_checkpoint.spark.acks import ACK_FILE, decline_for, write_decline
     from airflow_provider_checkpoint.spark.runner import run_step
+    from airflow_provider_checkpoint.spark.submitted import CHANNELS_KEY
     from airflow_provider_checkpoint.storage.config import job_storage
 
     with open(args.plan_file) as f:

@@ -140,7 +140,7 @@ def test_example_pipeline_through_a_spark_connect_connection(example_dag, tmp_pa
 
 def test_killing_the_step_kills_its_driver(example_dag, tmp_path, monkeypatch):
     """``on_kill`` of a submitted step (here with a ``local[1]`` spark connection) leaves no driver process."""
-    from airflow_provider_checkpoint.spark.execution import SubmittedStep
+    from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
     use_connection(monkeypatch, "spark_local", {"conn_type": "spark", "host": "local[1]"})
     land_events(tmp_path / "clickstream" / "landing", "events-1.json", 50, 1)

@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_checkpoint.core.model import Ack
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, StepDeclined
-from airflow_provider_checkpoint.spark.execution import ACK_FILE, read_ack
+from airflow_provider_checkpoint.spark.acks import ACK_FILE, read_ack
 from tests.unit.helpers import STEP, T0, Env, make_ack
 
 
