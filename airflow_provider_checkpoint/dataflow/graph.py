@@ -1,4 +1,4 @@
-"""The dataflow graph of a pipeline: sources, operators and sinks, and how they form steps.
+"""The dataflow graph of a pipeline: sources, operators, channels and sinks.
 
 Nodes are declared at DAG-parse time and import no Spark: Spark is only touched when a
 step runs. Every node has a stable ``uid`` that keys its state and its position in
@@ -28,10 +28,6 @@ def _step_name(uid: str, step: str | None) -> str | None:
     if step is not None and not _UID.match(step):
         raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
     return step
-
-
-def _step_of(label: str) -> str:
-    return "step_" + label.replace(".", "_").replace("-", "_")
 
 
 class Node:
@@ -300,12 +296,7 @@ def collecting() -> Iterator[list[Node]]:
 
 
 class PipelineGraph:
-    """A validated graph, and its split into steps.
-
-    A step is one Spark job: every sink with all of its upstream nodes. Sinks that share
-    a stateful operator run in the same step, because an operator's state must be
-    written by exactly one step.
-    """
+    """A validated graph, and its split into steps (:func:`~.planner.plan_steps`)."""
 
     def __init__(self, nodes: Sequence[Node], defaults: SourceDefaults | None = None) -> None:
         with collecting():  # what sources bring along is not declared in the caller's block
@@ -322,7 +313,9 @@ class PipelineGraph:
                     raise PipelineDefinitionError(f"{node.uid}: input {inp.uid} is not part of this pipeline")
         if not self.sinks:
             raise PipelineDefinitionError("a pipeline needs at least one sink")
-        self.steps = self._plan_steps()
+        from airflow_provider_checkpoint.dataflow.planner import plan_steps  # builds on the node classes above
+
+        self.steps, self.channel_steps = plan_steps(list(self.nodes.values()))
 
     @property
     def sources(self) -> list[Source]:
@@ -336,25 +329,6 @@ class PipelineGraph:
     def channels(self) -> list[Channel]:
         return [n for n in self.nodes.values() if isinstance(n, Channel)]
 
-    def upstream(self, node: Node) -> list[Node]:
-        """``node`` and everything it reads from in its step, in topological order.
-
-        A channel other than ``node`` is a boundary: it is included (its step reads it),
-        what feeds it is not.
-        """
-        seen: dict[str, Node] = {}
-
-        def visit(n: Node) -> None:
-            if n.uid in seen:
-                return
-            if not (isinstance(n, Channel) and n is not node):
-                for i in n.inputs:
-                    visit(i)
-            seen[n.uid] = n
-
-        visit(node)
-        return list(seen.values())
-
     def reads(self, step: str) -> list[str]:
         """Uids of the channels ``step`` reads from other steps."""
         return [n.uid for n in self.steps[step] if isinstance(n, Channel) and self.channel_steps[n.uid] != step]
@@ -362,67 +336,6 @@ class PipelineGraph:
     def upstream_steps(self, step: str) -> list[str]:
         """The steps whose channels ``step`` reads: its Airflow task depends on theirs."""
         return sorted({self.channel_steps[uid] for uid in self.reads(step)})
-
-    def _plan_steps(self) -> dict[str, list[Node]]:
-        """Steps from terminals (sinks and channels): each with its upstream up to channels.
-
-        Terminals sharing a stateful operator or a ``step`` name run in one step. The
-        steps, ordered so that every step comes after the steps whose channels it reads.
-        """
-        terminals: list[Sink | Channel] = [
-            n for n in self.nodes.values() if isinstance(n, Channel) or (isinstance(n, Sink) and not n.follows_input)
-        ]
-        groups: list[tuple[set[str], list[Sink | Channel]]] = []
-        for terminal in terminals:
-            tags = {n.uid for n in self.upstream(terminal) if isinstance(n, StatefulOperator)}
-            if terminal.step:
-                tags.add(f"step:{terminal.step}")
-            elif isinstance(terminal, Channel):
-                tags.add(f"channel:{terminal.uid}")
-            merged = [g for g in groups if g[0] & tags]
-            for g in merged:
-                groups.remove(g)
-            groups.append((tags.union(*(g[0] for g in merged)), [t for g in merged for t in g[1]] + [terminal]))
-        steps: dict[str, list[Node]] = {}
-        self.channel_steps: dict[str, str] = {}
-        for _, members in groups:
-            named = sorted({t.step for t in members if t.step})
-            label = "__".join(named) if named else "__".join(t.uid for t in members)
-            name = _step_of(label)
-            if name in steps:
-                raise PipelineDefinitionError(
-                    f"{', '.join(t.uid for t in members)} would run as step {name!r}, which another "
-                    "step already has; rename one of them"
-                )
-            ordered: dict[str, Node] = {}
-            for terminal in members:
-                ordered.update((n.uid, n) for n in self.upstream(terminal))
-                if isinstance(terminal, Channel):
-                    self.channel_steps[terminal.uid] = name
-            steps[name] = list(ordered.values())
-        steps = self._in_dependency_order(steps)
-        for sink in (n for n in self.nodes.values() if isinstance(n, Sink) and n.follows_input):
-            host = next((name for name, nodes in steps.items() if sink.inputs[0] in nodes), _step_of(sink.uid))
-            steps.setdefault(host, list(self.upstream(sink)[:-1])).append(sink)
-        return steps
-
-    def _in_dependency_order(self, steps: dict[str, list[Node]]) -> dict[str, list[Node]]:
-        needs = {
-            name: {self.channel_steps[n.uid] for n in nodes if isinstance(n, Channel)} - {name}
-            for name, nodes in steps.items()
-        }
-        ordered: dict[str, list[Node]] = {}
-        while needs:
-            ready = sorted(name for name, deps in needs.items() if deps <= set(ordered))
-            if not ready:
-                raise PipelineDefinitionError(
-                    f"steps {', '.join(sorted(needs))} read each other's channels in a cycle; "
-                    "move a channel or a stateful operator so the steps form a chain"
-                )
-            for name in ready:
-                ordered[name] = steps[name]
-                del needs[name]
-        return ordered
 
     def topology(self) -> JsonDict:
         return {
