@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot
+from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, stray_handles
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 
 
@@ -109,14 +109,12 @@ class PendingCheckpoint:
         point's snapshot of the same operator (``inheritable``), kept by incremental state."""
         for ack in self.acks.values():
             for uid, snapshot in sorted(ack.operators.items()):
-                allowed = set(inheritable[uid].handles) if uid in inheritable else set()
-                for handle in snapshot.handles:
-                    if not handle.path.startswith(ack.attempt_dir + "/") and handle not in allowed:
-                        raise CheckpointAborted(
-                            AbortReason.CORRUPT_STATE,
-                            f"checkpoint {self.checkpoint_id}: step {ack.step} lists state file {handle.path} "
-                            f"of operator {uid}, which is neither its own nor one of its restore point",
-                        )
+                for handle in stray_handles(snapshot, ack.attempt_dir, inheritable.get(uid)):
+                    raise CheckpointAborted(
+                        AbortReason.CORRUPT_STATE,
+                        f"checkpoint {self.checkpoint_id}: step {ack.step} lists state file {handle.path} "
+                        f"of operator {uid}, which is neither its own nor one of its restore point",
+                    )
 
     def complete(
         self,

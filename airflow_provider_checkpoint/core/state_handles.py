@@ -235,3 +235,15 @@ def operator_snapshots(f: Fields, key: str, scope: HandleScope) -> dict[str, Ope
     return {
         uid: OperatorSnapshot.from_dict(v, f.document, f"{f.name(key)}.{uid}", scope, uid) for uid, v in raw.items()
     }
+
+
+def is_own(handle: StateHandle, attempt_dir: str) -> bool:
+    """Whether the step attempt writing to ``attempt_dir`` wrote ``handle`` itself."""
+    return handle.path.startswith(f"{attempt_dir}/")
+
+
+def stray_handles(snapshot: OperatorSnapshot, attempt_dir: str, restored: OperatorSnapshot | None) -> list[StateHandle]:
+    """The rule for the state files a step lists: each is its own (:func:`is_own`) or kept from
+    ``restored``, its restore point's snapshot of the same operator. Returns those that are neither."""
+    kept = set(restored.handles) if restored is not None else set()
+    return [h for h in snapshot.handles if not is_own(h, attempt_dir) and h not in kept]

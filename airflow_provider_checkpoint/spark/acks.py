@@ -11,6 +11,7 @@ import json
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
+from airflow_provider_checkpoint.core.state_handles import is_own, stray_handles
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError, StepDeclined
 from airflow_provider_checkpoint.storage import JobStorage
 
@@ -49,16 +50,14 @@ def read_ack(storage: JobStorage, plan: CheckpointPlan, step: str, attempt: int)
         raise StepDeclined(AbortReason.DECLINED, f"ack {where} is for {got}, expected {want}", False)
     restored = plan.restore_point.operators if plan.restore_point else {}
     for uid, snapshot in ack.operators.items():
-        kept = set(restored[uid].handles) if uid in restored else set()
+        for handle in stray_handles(snapshot, attempt_dir, restored.get(uid)):
+            raise StepDeclined(
+                AbortReason.DECLINED,
+                f"ack {where} names {handle.path}, neither in {attempt_dir} nor kept from its restore point",
+                False,
+            )
         for handle in snapshot.handles:
-            own = handle.path.startswith(f"{attempt_dir}/")
-            if not own and handle not in kept:
-                raise StepDeclined(
-                    AbortReason.DECLINED,
-                    f"ack {where} names {handle.path}, neither in {attempt_dir} nor kept from its restore point",
-                    False,
-                )
-            storage.verify(handle, deep=own)
+            storage.verify(handle, deep=is_own(handle, attempt_dir))
     storage.delete(f"{attempt_dir}/{ACK_FILE}")
     return ack
 

@@ -35,6 +35,7 @@ from airflow_provider_checkpoint.spark.state import (
     write_ranges,
     write_state,
 )
+from airflow_provider_checkpoint.state.ownership import keeps_files_of
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def checkpoint_operator(
 
     ``where`` names the step attempt at fault points (``step`` and ``attempt``).
     """
-    own = restore_base.url() == storage.url()
+    own = keeps_files_of(storage, restore_base)
     incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
     layout = StateLayout.of(restored) if restored is not None and own and incremental else None
     if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):

@@ -28,7 +28,8 @@ from airflow_provider_checkpoint.dataflow.graph import (
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
 from airflow_provider_checkpoint.spark.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.spark.context import StepContext
-from airflow_provider_checkpoint.storage import JobStorage, Location
+from airflow_provider_checkpoint.state.ownership import restore_base
+from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -131,7 +132,7 @@ def run_step(
     ctx = StepContext(spark, storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
     restore = plan.restore_point
-    restore_base = Location.from_url(restore.base_url) if restore and restore.base_url else storage
+    base = restore_base(storage, restore)
     outputs: dict[str, DataFrame] = {}
     snapshots: dict[str, OperatorSnapshot] = {}
     committables: dict[str, list[JsonDict]] = {}
@@ -166,7 +167,7 @@ def run_step(
                     {n.uid: outputs[n.uid] for n in node.inputs},
                     plan.barrier,
                     restore.operators.get(node.uid) if restore else None,
-                    restore_base,
+                    base,
                     settings,
                     {"step": step, "attempt": attempt},
                 )
