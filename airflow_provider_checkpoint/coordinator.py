@@ -36,13 +36,13 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     RefusedInputError,
     RestoreError,
-    UnsafePathError,
 )
-from airflow_provider_checkpoint.state.savepoints import check_savepoint_target, write_savepoint
+from airflow_provider_checkpoint.state.ownership import keeps_restored_files
+from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
 from airflow_provider_checkpoint.state.snapshot import Snapshot, check_compatible, open_snapshot, verify_state
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
-from airflow_provider_checkpoint.storage.job_storage import METADATA, PLAN_FILE
+from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,23 @@ class CheckpointCoordinator:
         """
         now = time.time() if now is None else now
         options = dict(options or {})
-        self._savepoint_target(options)
+        savepoint_target(options, self.allowed_roots, self.storage.root)
+        job = self._running_job()
+        self._hold_lease(run_id, now, holder_alive)
+        try:
+            restore_from, job = self._recover(job, now, periodic and checkpoint_type is CheckpointType.CHECKPOINT)
+            self._clean_up(job, now)
+            self._record_topology(job)
+            restore_point = self._restore_point(restore_from, options)
+            plan = self._plan(job, run_id, checkpoint_type, now, restore_point, options)
+        except BaseException:
+            self.storage.release_lease(run_id)
+            raise
+        log.info("triggered checkpoint %d of job %s (run %s)", plan.checkpoint_id, job.job_id, run_id)
+        return plan
+
+    def _running_job(self) -> JobRecord:
+        """The job record; :class:`JobNotRunning` unless the job runs."""
         job = self.storage.load_job()
         if job.status is not JobStatus.RUNNING:
             raise JobNotRunning(
@@ -105,56 +121,77 @@ class CheckpointCoordinator:
                 f"job {job.job_id} is {job.status.value}: {job.status_reason or 'no reason recorded'}. "
                 "Restore it from a checkpoint or savepoint (restore_from_checkpoint DAG) to resume.",
             )
+        return job
+
+    def _hold_lease(self, run_id: str, now: float, holder_alive: Callable[[JsonDict], bool] | None) -> None:
+        """One checkpoint at a time: another run's live lease aborts with ``TOO_MANY_CONCURRENT``."""
         try:
             self.storage.acquire_lease(
                 run_id, self.settings.checkpoint_timeout_seconds, now, {"dag_id": self.dag_id}, holder_alive
             )
         except LeaseHeld as e:
             raise CheckpointAborted(AbortReason.TOO_MANY_CONCURRENT, str(e)) from e
+
+    def _recover(self, job: JobRecord, now: float, periodic: bool) -> tuple[RestoreSource | None, JobRecord]:
+        """Validate what the checkpoint restores from, then finish the latest checkpoint's commit.
+
+        Returns the restore source and the job record as the recovery left it. A ``periodic``
+        checkpoint within the minimum pause after the latest one aborts with ``MIN_PAUSE``.
+        """
+        latest = self._latest_completed()
         try:
-            latest = self._latest_completed()
-            try:
-                restore_from = self._restore_source(latest)
-            except RestoreError:
-                self._record_topology(job)  # so that the restore DAG can validate a restore for it
-                raise
-            if latest is not None:
-                self._finish(latest)
-                job = self.storage.load_job()
-                if job.status is not JobStatus.RUNNING:  # e.g. a stop-with-savepoint finished just now
-                    raise JobNotRunning(job.status, f"job {job.job_id} is {job.status.value}: {job.status_reason}")
-                pause = self.settings.min_pause_between_checkpoints_seconds
-                if periodic and checkpoint_type is CheckpointType.CHECKPOINT and now - latest.completion_time < pause:
-                    raise CheckpointAborted(
-                        AbortReason.MIN_PAUSE,
-                        f"checkpoint {latest.checkpoint_id} completed {now - latest.completion_time:.0f}s ago, "
-                        f"within min_pause_between_checkpoints={pause:.0f}s",
-                    )
-            for existing in self.storage.checkpoint_ids():
-                job.observe_checkpoint_id(existing)
-            self._abort_abandoned(job, now)
-            self._record_topology(job)
-            restore_point = self._restore_point(restore_from, options)
-            checkpoint_id = job.allocate_checkpoint_id()
-            positions: JsonDict = {}
-            for source in self.graph.sources:
-                previous = restore_point.source_positions.get(source.uid) if restore_point else None
-                positions[source.uid] = source.barrier_position(previous)
-            plan = CheckpointPlan(
-                job_id=self.storage.job_id,
-                run_id=run_id,
-                barrier=Barrier(checkpoint_id, now, checkpoint_type, positions),
-                steps=tuple(self.graph.steps),
-                timeout_seconds=self.settings.checkpoint_timeout_seconds,
-                restore_point=restore_point,
-                options=options,
-            )
-            self.storage.save_job(job)
-            self.storage.write_atomic(self.storage.plan_path(checkpoint_id), _json(plan.to_dict()))
-        except BaseException:
-            self.storage.release_lease(run_id)
+            restore_from = self._restore_source(latest)
+        except RestoreError:
+            self._record_topology(job)  # so that the restore DAG can validate a restore for it
             raise
-        log.info("triggered checkpoint %d of job %s (run %s)", checkpoint_id, job.job_id, run_id)
+        if latest is None:
+            return restore_from, job
+        self._finish(latest)
+        job = self._running_job()  # e.g. a stop-with-savepoint finished just now
+        pause = self.settings.min_pause_between_checkpoints_seconds
+        if periodic and now - latest.completion_time < pause:
+            raise CheckpointAborted(
+                AbortReason.MIN_PAUSE,
+                f"checkpoint {latest.checkpoint_id} completed {now - latest.completion_time:.0f}s ago, "
+                f"within min_pause_between_checkpoints={pause:.0f}s",
+            )
+        return restore_from, job
+
+    def _clean_up(self, job: JobRecord, now: float) -> None:
+        """Never reuse an id found in storage; abort the attempts no run will finish."""
+        for existing in self.storage.checkpoint_ids():
+            job.observe_checkpoint_id(existing)
+        for checkpoint_id, reason, message in self.store.abandoned_attempts():
+            log.warning("aborting %s checkpoint %d of job %s", reason.value, checkpoint_id, job.job_id)
+            self._discard(checkpoint_id)
+            self._count_failure(job, checkpoint_id, reason, message, now)
+
+    def _plan(
+        self,
+        job: JobRecord,
+        run_id: str,
+        checkpoint_type: CheckpointType,
+        now: float,
+        restore_point: RestorePoint | None,
+        options: JsonDict,
+    ) -> CheckpointPlan:
+        """Allocate the next id, cut the barrier at every source's position, and write the plan."""
+        checkpoint_id = job.allocate_checkpoint_id()
+        positions: JsonDict = {}
+        for source in self.graph.sources:
+            previous = restore_point.source_positions.get(source.uid) if restore_point else None
+            positions[source.uid] = source.barrier_position(previous)
+        plan = CheckpointPlan(
+            job_id=self.storage.job_id,
+            run_id=run_id,
+            barrier=Barrier(checkpoint_id, now, checkpoint_type, positions),
+            steps=tuple(self.graph.steps),
+            timeout_seconds=self.settings.checkpoint_timeout_seconds,
+            restore_point=restore_point,
+            options=options,
+        )
+        self.storage.save_job(job)
+        self.storage.write_atomic(self.storage.plan_path(checkpoint_id), _json(plan.to_dict()))
         return plan
 
     def _record_topology(self, job: JobRecord) -> None:
@@ -211,33 +248,6 @@ class CheckpointCoordinator:
             log.warning("latest checkpoint unreadable (%s); a restore is requested, continuing", e)
             return None
 
-    def _abort_abandoned(self, job: JobRecord, now: float) -> None:
-        """Abort every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs.
-
-        We hold the lease, so no checkpoint is in flight. A directory that retention kept
-        for the shared files of a newer checkpoint is not abandoned. One older than the
-        latest completed checkpoint is ``SUBSUMED`` (not counted), a newer one ``ABANDONED``.
-        """
-        completed = self.store.checkpoints()
-        needed = set().union(*(c.referenced_paths() for c in completed))
-        latest_id = max((c.checkpoint_id for c in completed), default=0)
-        for checkpoint_id in self.storage.checkpoint_ids():
-            chk = self.storage.chk_dir(checkpoint_id)
-            if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
-                continue
-            if not self.storage.exists(f"{chk}/{PLAN_FILE}"):  # leftover of retention, not a checkpoint attempt
-                self.storage.delete(chk)
-                continue
-            reason = AbortReason.SUBSUMED if checkpoint_id < latest_id else AbortReason.ABANDONED
-            log.warning("aborting %s checkpoint %d of job %s", reason.value, checkpoint_id, job.job_id)
-            self._discard(checkpoint_id)
-            message = (
-                f"subsumed by completed checkpoint {latest_id}"
-                if reason is AbortReason.SUBSUMED
-                else ("abandoned: its run died before finalize decided")
-            )
-            self._count_failure(job, checkpoint_id, reason, message, now)
-
     # -- finalize ----------------------------------------------------------------------
     def finalize(
         self,
@@ -271,7 +281,7 @@ class CheckpointCoordinator:
                     )
                 self._own_snapshot(completed)
             else:
-                self._savepoint_target(plan.options)
+                savepoint_target(plan.options, self.allowed_roots, self.storage.root)
                 completed = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
             self._finish(completed)
@@ -291,13 +301,13 @@ class CheckpointCoordinator:
             if outcome is not AckOutcome.ACCEPTED:
                 log.warning("ack of step %s attempt %d: %s", ack.step, ack.attempt, outcome.value)
         try:
-            self._discard_unaccepted_attempts(pending)
+            self.store.discard_attempts_except(
+                plan.checkpoint_id, plan.steps, {a.attempt_dir for a in pending.acks.values()}
+            )
             point = plan.restore_point
-            own = point is not None and (
-                point.base_url is None or Location.from_url(point.base_url).url() == self.storage.url()
-            )  # as the step decides whether to keep the restore point's files
+            keeps = keeps_restored_files(self.storage, point)
             completed = pending.complete(
-                now, point.checkpoint_id if point else None, point.operators if point and own else None
+                now, point.checkpoint_id if point else None, point.operators if point and keeps else None
             )
             for ack in pending.acks.values():
                 self._check_committables(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
@@ -325,25 +335,13 @@ class CheckpointCoordinator:
             raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, repr(e)) from e
         return completed
 
-    def _discard_unaccepted_attempts(self, pending: PendingCheckpoint) -> None:
-        keep = {ack.attempt_dir for ack in pending.acks.values()}
-        chk = self.storage.chk_dir(pending.checkpoint_id)
-        for step in pending.plan.steps:
-            step_dir = self.storage.path(f"{chk}/{step}")
-            if not self.storage.fs.exists(step_dir):
-                continue
-            for entry in self.storage.fs.ls(step_dir, detail=False):
-                rel = self.storage.relative(entry)
-                if rel not in keep:
-                    self.storage.delete(rel)
-
     def abort(self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None) -> None:
         """Discard everything of the checkpoint and account for the failure."""
         now = time.time() if now is None else now
         log.error("aborting checkpoint %d of job %s: %s", plan.checkpoint_id, plan.job_id, message)
         self._discard(plan.checkpoint_id)
         job = self.storage.load_job()
-        self._count_failure(job, plan.checkpoint_id, reason, message, now, self._stats_base(plan))
+        self._count_failure(job, plan.checkpoint_id, reason, message, now, plan.stats_base())
 
     def _discard(self, checkpoint_id: int) -> None:
         for sink in self.graph.sinks:
@@ -359,13 +357,7 @@ class CheckpointCoordinator:
         now: float,
         base: JsonDict | None = None,
     ) -> None:
-        counted = job.failures.on_abort(checkpoint_id, reason)
-        if counted and job.failures.exceeds(self.settings.tolerable_failed_checkpoints):
-            job.status = JobStatus.FAILED
-            job.status_reason = (
-                f"{job.failures.count} failed checkpoints (ids {job.failures.failed_ids}) exceed "
-                f"tolerable_failed_checkpoints={self.settings.tolerable_failed_checkpoints}; last: {message}"
-            )
+        counted = job.count_failure(checkpoint_id, reason, message, self.settings.tolerable_failed_checkpoints)
         self.storage.save_job(job)
         self.storage.write_stats(
             checkpoint_id,
@@ -380,25 +372,16 @@ class CheckpointCoordinator:
             },
         )
 
-    @staticmethod
-    def _stats_base(plan: CheckpointPlan) -> JsonDict:
-        return {
-            "checkpoint_id": plan.checkpoint_id,
-            "run_id": plan.run_id,
-            "type": plan.barrier.type.value,
-            "trigger_time": plan.barrier.trigger_time,
-        }
-
     # -- after the commit point ------------------------------------------------------
     def _finish(self, completed: CompletedCheckpoint) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
         self.commit_sinks(completed)
-        self._discard_channels(completed.checkpoint_id)
+        self.store.discard_channels(completed.checkpoint_id)
         fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
         for source in self.graph.sources:
             if source.uid in completed.source_positions:
                 source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
-        savepoint = self._savepoint_target(completed.options, completed)
+        savepoint = savepoint_target(completed.options, self.allowed_roots, self.storage.root, completed)
         target = savepoint.url() if savepoint else None
         if savepoint:
             write_savepoint(self.storage, completed, savepoint)
@@ -416,32 +399,7 @@ class CheckpointCoordinator:
             self.storage.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self.storage.exists(self.storage.stats_path(completed.checkpoint_id)):
-            stats = {
-                "checkpoint_id": completed.checkpoint_id,
-                "type": completed.type.value,
-                "trigger_time": completed.trigger_time,
-                **completed.stats,
-                "status": "COMPLETED",
-                "end_time": time.time(),
-            }
-            self.storage.write_stats(completed.checkpoint_id, stats)
-
-    def _savepoint_target(self, options: JsonDict, own: CompletedCheckpoint | None = None) -> Location | None:
-        """The savepoint directory ``options`` name: under an allowed root, fresh (see check_savepoint_target)."""
-        target = options.get("savepoint_target")
-        if not target:
-            return None
-        try:
-            location = Location.from_url(resolve_under_roots(str(target), self.allowed_roots))
-            check_savepoint_target(location, self.storage.root, own)
-        except UnsafePathError as e:
-            raise UnsafePathError(f"savepoint_target {target!r} refused: {e}") from e
-        return location
-
-    def _discard_channels(self, checkpoint_id: int) -> None:
-        """Channels are exchanged within one checkpoint: once it completes, nobody reads them again."""
-        pattern = self.storage.path(f"{self.storage.chk_dir(checkpoint_id)}/*/attempt-*/channels")
-        self.storage.delete_paths(self.storage.relative(p) for p in self.storage.fs.glob(pattern))
+            self.storage.write_stats(completed.checkpoint_id, completed.stats_record(time.time()))
 
     def _check_committables(self, checkpoint_id: int, sinks: Mapping[str, list[JsonDict]], document: str) -> None:
         """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""

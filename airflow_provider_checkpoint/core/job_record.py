@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_checkpoint.core.documents import JOB_ID, Fields, JsonDict, enum_value, load_json
-from airflow_provider_checkpoint.core.failures import FailureAccounting, JobStatus
+from airflow_provider_checkpoint.core.failures import AbortReason, FailureAccounting, JobStatus
 from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError
 
 JOB_FORMAT_VERSION = 1
@@ -39,6 +39,20 @@ class JobRecord:
         self.status = JobStatus.RUNNING
         self.status_reason = ""
         self.failures = FailureAccounting(last_completed_id=self.failures.last_completed_id)
+
+    def count_failure(self, checkpoint_id: int, reason: AbortReason, message: str, tolerable: int) -> bool:
+        """Account for an aborted checkpoint; past ``tolerable`` counted failures the job is FAILED.
+
+        Returns whether the abort counted as a failure.
+        """
+        counted = self.failures.on_abort(checkpoint_id, reason)
+        if counted and self.failures.exceeds(tolerable):
+            self.status = JobStatus.FAILED
+            self.status_reason = (
+                f"{self.failures.count} failed checkpoints (ids {self.failures.failed_ids}) exceed "
+                f"tolerable_failed_checkpoints={tolerable}; last: {message}"
+            )
+        return counted
 
     def observe_checkpoint_id(self, checkpoint_id: int) -> None:
         """Never hand out an id at or below one that exists in storage."""

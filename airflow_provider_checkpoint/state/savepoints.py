@@ -7,22 +7,38 @@ import os
 import posixpath
 import re
 import shutil
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
 from airflow_provider_checkpoint.state.files import check_file, range_tables
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA, inline_parquet
-from airflow_provider_checkpoint.storage.paths import is_local, within
+from airflow_provider_checkpoint.storage.paths import is_local, resolve_under_roots, within
 
 if TYPE_CHECKING:
     pass
 
 
 _CHK_DIR = re.compile(r"^chk-\d+$")
+
+
+def savepoint_target(
+    options: JsonDict, allowed_roots: Sequence[str], storage_root: str, own: CompletedCheckpoint | None = None
+) -> Location | None:
+    """The savepoint directory ``options`` name: under an allowed root, fresh (see :func:`check_savepoint_target`)."""
+    target = options.get("savepoint_target")
+    if not target:
+        return None
+    try:
+        location = Location.from_url(resolve_under_roots(str(target), allowed_roots))
+        check_savepoint_target(location, storage_root, own)
+    except UnsafePathError as e:
+        raise UnsafePathError(f"savepoint_target {target!r} refused: {e}") from e
+    return location
 
 
 def check_savepoint_target(target: Location, storage_root: str, own: CompletedCheckpoint | None = None) -> None:

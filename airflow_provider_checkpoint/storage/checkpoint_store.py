@@ -8,7 +8,9 @@ and removes the leftovers of discarded checkpoints.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MetadataError
@@ -32,6 +34,49 @@ class CompletedCheckpointStore:
             except (MetadataError, CheckpointStorageError) as e:
                 log.warning("skipping unreadable checkpoint %d: %s", checkpoint_id, e)
         return completed
+
+    def abandoned_attempts(self) -> list[tuple[int, AbortReason, str]]:
+        """Every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs, with why it
+        is aborted: older than the latest completed checkpoint ``SUBSUMED`` (not counted), newer
+        ``ABANDONED``. Call it holding the lease, so no checkpoint is in flight.
+
+        A directory that retention kept for the shared files of a newer checkpoint is not
+        abandoned; one without a plan is a leftover of retention, deleted here.
+        """
+        completed = self.checkpoints()
+        needed = set().union(*(c.referenced_paths() for c in completed))
+        latest_id = max((c.checkpoint_id for c in completed), default=0)
+        abandoned = []
+        for checkpoint_id in self.storage.checkpoint_ids():
+            chk = self.storage.chk_dir(checkpoint_id)
+            if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
+                continue
+            if not self.storage.exists(self.storage.plan_path(checkpoint_id)):
+                self.storage.delete(chk)
+            elif checkpoint_id < latest_id:
+                abandoned.append((checkpoint_id, AbortReason.SUBSUMED, f"subsumed by completed checkpoint {latest_id}"))
+            else:
+                abandoned.append(
+                    (checkpoint_id, AbortReason.ABANDONED, "abandoned: its run died before finalize decided")
+                )
+        return abandoned
+
+    def discard_attempts_except(self, checkpoint_id: int, steps: Sequence[str], keep: set[str]) -> None:
+        """Delete every attempt directory of ``steps`` in checkpoint ``checkpoint_id`` but those in ``keep``."""
+        chk = self.storage.chk_dir(checkpoint_id)
+        for step in steps:
+            step_dir = self.storage.path(f"{chk}/{step}")
+            if not self.storage.fs.exists(step_dir):
+                continue
+            for entry in self.storage.fs.ls(step_dir, detail=False):
+                rel = self.storage.relative(entry)
+                if rel not in keep:
+                    self.storage.delete(rel)
+
+    def discard_channels(self, checkpoint_id: int) -> None:
+        """Channels are exchanged within one checkpoint: once it completes, nobody reads them again."""
+        pattern = self.storage.path(f"{self.storage.chk_dir(checkpoint_id)}/*/attempt-*/channels")
+        self.storage.delete_paths(self.storage.relative(p) for p in self.storage.fs.glob(pattern))
 
     def retain(self, retained: int) -> None:
         """Discard all but the ``retained`` newest completed checkpoints."""
