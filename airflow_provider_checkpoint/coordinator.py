@@ -39,11 +39,10 @@ from airflow_provider_checkpoint.exceptions import (
 )
 from airflow_provider_checkpoint.state.ownership import keeps_restored_files
 from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
-from airflow_provider_checkpoint.state.snapshot import Snapshot, check_compatible, open_snapshot, verify_state
+from airflow_provider_checkpoint.state.snapshot import Snapshot, check_compatible, open_restore_snapshot, verify_state
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_storage import METADATA
-from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 log = logging.getLogger(__name__)
 RestoreSource = tuple[Snapshot, RestoreRequest | None]
@@ -138,7 +137,7 @@ class CheckpointCoordinator:
         Returns the restore source and the job record as the recovery left it. A ``periodic``
         checkpoint within the minimum pause after the latest one aborts with ``MIN_PAUSE``.
         """
-        latest = self._latest_completed()
+        latest = self.store.latest()
         try:
             restore_from = self._restore_source(latest)
         except RestoreError:
@@ -191,7 +190,9 @@ class CheckpointCoordinator:
             options=options,
         )
         self.storage.save_job(job)
-        self.storage.write_atomic(self.storage.plan_path(checkpoint_id), _json(plan.to_dict()))
+        self.storage.write_atomic(
+            self.storage.plan_path(checkpoint_id), json.dumps(plan.to_dict(), indent=1, sort_keys=True).encode()
+        )
         return plan
 
     def _record_topology(self, job: JobRecord) -> None:
@@ -209,9 +210,7 @@ class CheckpointCoordinator:
         request = self.storage.load_restore_request()
         if request is None:
             return None if latest is None else (self._own_snapshot(latest), None)
-        snapshot = open_snapshot(resolve_under_roots(request.location_url, self.allowed_roots))
-        snapshot.verify()
-        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), request.allow_non_restored_state)
+        snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage.job_id, self.graph.stateful_keys())
         restored = snapshot.checkpoint
         self._check_committables(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
         return snapshot, request
@@ -237,16 +236,6 @@ class CheckpointCoordinator:
         options["restore_request_id"] = request.request_id
         log.info("restoring job %s from %s", self.storage.job_id, snapshot.location.url())
         return snapshot.restore_point()
-
-    def _latest_completed(self) -> CompletedCheckpoint | None:
-        """The latest completed checkpoint; unreadable is an error unless a restore is requested."""
-        try:
-            return self.storage.latest_completed()
-        except (MetadataError, CheckpointStorageError) as e:
-            if self.storage.load_restore_request() is None:
-                raise
-            log.warning("latest checkpoint unreadable (%s); a restore is requested, continuing", e)
-            return None
 
     # -- finalize ----------------------------------------------------------------------
     def finalize(
@@ -316,13 +305,7 @@ class CheckpointCoordinator:
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
             self.storage.commit_metadata(completed)
         except CheckpointAborted as e:
-            declined = [declines[s] for s in pending.missing_steps if isinstance(declines.get(s), dict)]
-            if e.reason is AbortReason.DECLINED and declined:
-                reasons = {r.value: r for r in AbortReason}
-                e = CheckpointAborted(
-                    reasons.get(str(declined[0].get("reason")), AbortReason.DECLINED),
-                    f"{e.message}: " + "; ".join(str(d.get("message"))[:2000] for d in declined),
-                )
+            e = pending.with_declines(e, declines)
             self.abort(plan, e.reason, e.message, now)
             raise e from None
         except (CheckpointStorageError, RefusedInputError) as e:
@@ -421,7 +404,3 @@ class CheckpointCoordinator:
                 continue
             sinks[uid].commit(completed.checkpoint_id, committables)
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
-
-
-def _json(d: JsonDict) -> bytes:
-    return json.dumps(d, indent=1, sort_keys=True).encode()

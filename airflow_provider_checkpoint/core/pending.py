@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.core.failures import AbortReason
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, stray_handles
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 
@@ -115,6 +115,18 @@ class PendingCheckpoint:
                         f"checkpoint {self.checkpoint_id}: step {ack.step} lists state file {handle.path} "
                         f"of operator {uid}, which is neither its own nor one of its restore point",
                     )
+
+    def with_declines(self, aborted: CheckpointAborted, declines: Mapping[str, JsonDict]) -> CheckpointAborted:
+        """``aborted`` for missing acks, given the reason and message of the steps that declined
+        (``declines``: step → ``{"reason", "message"}``); any other abort unchanged."""
+        declined = [declines[s] for s in self.missing_steps if isinstance(declines.get(s), dict)]
+        if aborted.reason is not AbortReason.DECLINED or not declined:
+            return aborted
+        reasons = {r.value: r for r in AbortReason}
+        return CheckpointAborted(
+            reasons.get(str(declined[0].get("reason")), AbortReason.DECLINED),
+            f"{aborted.message}: " + "; ".join(str(d.get("message"))[:2000] for d in declined),
+        )
 
     def complete(
         self,

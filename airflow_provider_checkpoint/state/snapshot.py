@@ -13,12 +13,13 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint, RestorePoint
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, RestorePoint, RestoreRequest
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
 from airflow_provider_checkpoint.state.files import check_file, read_inline
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA, inline_parquet
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 if TYPE_CHECKING:
     pass
@@ -84,6 +85,17 @@ def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
             "state elsewhere"
         )
     return Snapshot(checkpoint, location, Location(location.fs, posixpath.dirname(location.base)))
+
+
+def open_restore_snapshot(
+    request: RestoreRequest, allowed_roots: Sequence[str], job_id: str, stateful_keys: Mapping[str, Sequence[str]]
+) -> Snapshot:
+    """The snapshot ``request`` names: confined to ``allowed_roots``, its state files verified, and
+    compatible with the job's stateful operators (:func:`check_compatible`)."""
+    snapshot = open_snapshot(resolve_under_roots(request.location_url, allowed_roots))
+    snapshot.verify()
+    check_compatible(snapshot, job_id, stateful_keys, request.allow_non_restored_state)
+    return snapshot
 
 
 def check_compatible(

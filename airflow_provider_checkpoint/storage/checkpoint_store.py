@@ -25,6 +25,16 @@ class CompletedCheckpointStore:
     def __init__(self, storage: JobStorage) -> None:
         self.storage = storage
 
+    def latest(self) -> CompletedCheckpoint | None:
+        """The latest completed checkpoint; unreadable is an error unless a restore is requested."""
+        try:
+            return self.storage.latest_completed()
+        except (MetadataError, CheckpointStorageError) as e:
+            if self.storage.load_restore_request() is None:
+                raise
+            log.warning("latest checkpoint unreadable (%s); a restore is requested, continuing", e)
+            return None
+
     def checkpoints(self) -> list[CompletedCheckpoint]:
         """Every readable completed checkpoint, oldest first (unreadable ones are logged and skipped)."""
         completed = []
