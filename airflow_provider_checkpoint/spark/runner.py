@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
@@ -113,6 +113,107 @@ def _count_records(ctx: StepContext, source: str, records: int) -> None:
     ctx.metrics.setdefault("source_records", {})[source] = records
 
 
+class _StepRun:
+    """One attempt of one step: runs its nodes in order, each by the runner of its kind (:data:`RUNNERS`)."""
+
+    def __init__(
+        self,
+        ctx: StepContext,
+        graph: PipelineGraph,
+        settings: CheckpointSettings,
+        channels: Mapping[str, tuple[str, ChannelSnapshot]],
+    ) -> None:
+        self.ctx, self.graph, self.settings, self.channels = ctx, graph, settings, channels
+        self.restore = ctx.plan.restore_point
+        self.restore_base = restore_base(ctx.storage, self.restore)
+        self.outputs: dict[str, DataFrame] = {}
+        self.snapshots: dict[str, OperatorSnapshot] = {}
+        self.committables: dict[str, list[JsonDict]] = {}
+        self.produced: dict[str, ChannelSnapshot] = {}
+        self.inputs: dict[str, str] = {}
+        self.read_once = _read_once(graph, ctx.step)
+        self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
+
+    def run(self, node: Node) -> None:
+        for kind in type(node).__mro__:
+            if kind in RUNNERS:
+                return RUNNERS[kind](self, node)
+        raise TypeError(f"{node!r}: unsupported node type")
+
+    def input_of(self, node: Node) -> DataFrame:
+        return self.outputs[node.inputs[0].uid]
+
+    def source(self, node: Source) -> None:
+        ctx, barrier = self.ctx, self.ctx.plan.barrier.positions[node.uid]
+        previous = self.restore.source_positions.get(node.uid) if self.restore else None
+        if node.uid in self.read_once:
+            df, count = node.read_once(ctx, previous, barrier)
+            self.counting[self.read_once[node.uid]] = (node.uid, count)
+        else:
+            df, records = node.read_counted(ctx, previous, barrier)
+            _count_records(ctx, node.uid, records)
+        self.outputs[node.uid] = df
+
+    def transform(self, node: Transform) -> None:
+        self.outputs[node.uid] = node.apply(self.input_of(node))
+
+    def union(self, node: Union) -> None:
+        self.outputs[node.uid] = node.apply([self.outputs[n.uid] for n in node.inputs])
+
+    def stateful(self, node: StatefulOperator) -> None:
+        ctx = self.ctx
+        result = checkpoint_operator(
+            ctx.spark,
+            ctx.storage,
+            f"{ctx.attempt_dir}/state/{node.uid}",
+            ctx.checkpoint_id,
+            node,
+            {n.uid: self.outputs[n.uid] for n in node.inputs},
+            ctx.plan.barrier,
+            self.restore.operators.get(node.uid) if self.restore else None,
+            self.restore_base,
+            self.settings,
+            {"step": ctx.step, "attempt": ctx.attempt},
+        )
+        self.snapshots[node.uid] = result.snapshot
+        for name, value in result.metrics.items():
+            ctx.add_metric(name, value)
+        if node.uid in self.counting:  # its one pass over the source ran: counted and checked
+            source, count = self.counting.pop(node.uid)
+            _count_records(ctx, source, count())
+        self.outputs[node.uid] = result.output
+
+    def channel(self, node: Channel) -> None:
+        """Write the channel in the step that produces it; read the producer's accepted attempt elsewhere."""
+        ctx, producer = self.ctx, self.graph.channel_steps[node.uid]
+        if producer == ctx.step:
+            produced = write_channel(ctx.storage, f"{ctx.attempt_dir}/channels/{node.uid}", self.input_of(node))
+            self.produced[node.uid] = produced
+            ctx.add_metric("channel_rows_out", produced.rows)
+            ctx.add_metric("channel_bytes_out", produced.size)
+            self.outputs[node.uid] = self.input_of(node)
+            return
+        if node.uid not in self.channels:
+            raise ValueError(f"step {ctx.step}: no accepted channel {node.uid} from step {producer}")
+        self.inputs[node.uid], channel = self.channels[node.uid]
+        self.outputs[node.uid] = read_channel(ctx.spark, ctx.storage, channel)
+        ctx.add_metric("channel_rows_in", channel.rows)
+
+    def sink(self, node: Sink) -> None:
+        self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
+
+
+RUNNERS: dict[type[Node], Callable[[_StepRun, Any], None]] = {
+    Source: _StepRun.source,
+    Transform: _StepRun.transform,
+    Union: _StepRun.union,
+    StatefulOperator: _StepRun.stateful,
+    Channel: _StepRun.channel,
+    Sink: _StepRun.sink,
+}
+"""How each kind of node runs in a step, by node class (the nearest registered base class applies)."""
+
+
 def run_step(
     spark: SparkSession,
     storage: JobStorage,
@@ -128,75 +229,14 @@ def run_step(
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
-    settings = settings or CheckpointSettings()
     ctx = StepContext(spark, storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
-    restore = plan.restore_point
-    base = restore_base(storage, restore)
-    outputs: dict[str, DataFrame] = {}
-    snapshots: dict[str, OperatorSnapshot] = {}
-    committables: dict[str, list[JsonDict]] = {}
-    produced: dict[str, ChannelSnapshot] = {}
-    inputs: dict[str, str] = {}
+    run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {})
     phases = _Phases(ctx)
-    read_once = _read_once(graph, step)
-    counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
     try:
         for node in graph.steps[step]:
             phases.next(node)
-            if isinstance(node, Source):
-                previous = restore.source_positions.get(node.uid) if restore else None
-                if node.uid in read_once:
-                    df, count = node.read_once(ctx, previous, plan.barrier.positions[node.uid])
-                    counting[read_once[node.uid]] = (node.uid, count)
-                else:
-                    df, records = node.read_counted(ctx, previous, plan.barrier.positions[node.uid])
-                    _count_records(ctx, node.uid, records)
-                outputs[node.uid] = df
-            elif isinstance(node, Transform):
-                outputs[node.uid] = node.apply(outputs[node.inputs[0].uid])
-            elif isinstance(node, Union):
-                outputs[node.uid] = node.apply([outputs[n.uid] for n in node.inputs])
-            elif isinstance(node, StatefulOperator):
-                result = checkpoint_operator(
-                    spark,
-                    storage,
-                    f"{ctx.attempt_dir}/state/{node.uid}",
-                    ctx.checkpoint_id,
-                    node,
-                    {n.uid: outputs[n.uid] for n in node.inputs},
-                    plan.barrier,
-                    restore.operators.get(node.uid) if restore else None,
-                    base,
-                    settings,
-                    {"step": step, "attempt": attempt},
-                )
-                snapshots[node.uid] = result.snapshot
-                for name, value in result.metrics.items():
-                    ctx.add_metric(name, value)
-                if node.uid in counting:  # its one pass over the source ran: counted and checked
-                    source, count = counting.pop(node.uid)
-                    _count_records(ctx, source, count())
-                outputs[node.uid] = result.output
-            elif isinstance(node, Channel) and graph.channel_steps[node.uid] == step:
-                produced[node.uid] = write_channel(
-                    storage, f"{ctx.attempt_dir}/channels/{node.uid}", outputs[node.inputs[0].uid]
-                )
-                ctx.add_metric("channel_rows_out", produced[node.uid].rows)
-                ctx.add_metric("channel_bytes_out", produced[node.uid].size)
-                outputs[node.uid] = outputs[node.inputs[0].uid]
-            elif isinstance(node, Channel):
-                if node.uid not in (channels or {}):
-                    raise ValueError(
-                        f"step {step}: no accepted channel {node.uid} from step {graph.channel_steps[node.uid]}"
-                    )
-                inputs[node.uid], channel = (channels or {})[node.uid]
-                outputs[node.uid] = read_channel(spark, storage, channel)
-                ctx.add_metric("channel_rows_in", channel.rows)
-            elif isinstance(node, Sink):
-                committables[node.uid] = node.stage(ctx, outputs[node.inputs[0].uid])
-            else:
-                raise TypeError(f"{node!r}: unsupported node type")
+            run.run(node)
         phases.next(None)
         fault_point("step.before_ack", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
     finally:
@@ -207,10 +247,10 @@ def run_step(
         checkpoint_id=ctx.checkpoint_id,
         step=step,
         attempt=attempt,
-        operators=snapshots,
-        sinks=committables,
+        operators=run.snapshots,
+        sinks=run.committables,
         metrics=ctx.metrics,
         attempt_dir=ctx.attempt_dir,
-        channels=produced,
-        inputs=inputs,
+        channels=run.produced,
+        inputs=run.inputs,
     )
