@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import fsspec
 
@@ -15,11 +15,10 @@ from airflow_provider_checkpoint.dataflow import dead_letters, file_positions
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
+from airflow_provider_checkpoint.dataflow.malformed import CORRUPT, dead_letter_rows, good_records, judge
 from airflow_provider_checkpoint.exceptions import (
     InputChangedError,
-    MalformedInputError,
     PipelineDefinitionError,
-    TooManyMalformedError,
 )
 from airflow_provider_checkpoint.storage.paths import owned_path
 
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_CORRUPT = "_corrupt_record"
 _FORMATS = ("json", "csv", "parquet")
 _CLEAN_SOURCE = ("off", "archive", "delete")
 
@@ -160,24 +158,26 @@ class FileSource(Source):
         self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
         if self.on_malformed == "fail":
             return ()
+        letters = functools.partial(dead_letter_rows, self)
         if self.dead_letter_path is not None:
-            return [dead_letters.DeadLetterSink(self, self.dead_letter_path, self.dead_letters, self.storage_options)]
+            return [dead_letters.DeadLetterSink(self, self.dead_letter_path, letters, self.storage_options)]
         if defaults.dead_letter_path is None:
             raise PipelineDefinitionError(
                 f"{self.uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
                 "on the source or on the pipeline (a pipeline whose storage uses a connection has no default)"
             )
         path = f"{defaults.dead_letter_path.rstrip('/')}/{self.uid}"
-        return [dead_letters.DeadLetterSink(self, path, self.dead_letters)]
+        return [dead_letters.DeadLetterSink(self, path, letters)]
 
     # -- positions (no Spark) ----------------------------------------------------------
-    def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
+    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The filesystem of the landing directory and its path on it."""
         fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         return fs, root.rstrip("/")
 
     def listing(self, partition_floor: datetime | None = None) -> Listing:
         """Visible files now present (partitions before ``partition_floor`` not listed)."""
-        fs, root = self._fs()
+        fs, root = self.filesystem()
         if not fs.exists(root):
             raise FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
         return list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
@@ -218,7 +218,7 @@ class FileSource(Source):
             return
         processed = file_positions.validate_position(self.uid, position)
         visible = self.listing(processed.partition_floor).files
-        fs, root = self._fs()
+        fs, root = self.filesystem()
         done: dict[str, int] = {}
         for name, size in processed.files.items():
             if name in visible and visible[name][0] == size:
@@ -237,7 +237,7 @@ class FileSource(Source):
 
     # -- reading (Spark) ---------------------------------------------------------------
     def url(self, relative: str) -> str:
-        fs, root = self._fs()
+        fs, root = self.filesystem()
         protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
         protocol = "file" if protocol in ("file", "local") else protocol
         return f"{protocol}://{root}/{relative}"
@@ -255,12 +255,12 @@ class FileSource(Source):
 
         todo = self._todo(ctx, previous, barrier)
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema).cache(), self._judge(ctx, todo, 0, 0)
-        df = self._load(ctx, todo).cache()
+            return ctx.spark.createDataFrame([], self.schema).cache(), judge(self, ctx, todo, 0, 0)
+        df = self.load(ctx, todo).cache()
         if self.format == "parquet":
             return df, df.count()
-        (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(_CORRUPT))).collect()  # no limit: one job
-        return self._good(df), self._judge(ctx, todo, int(counts[0]), int(counts[1]))  # served from the cache
+        (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(CORRUPT))).collect()  # no limit: one job
+        return good_records(self, df), judge(self, ctx, todo, int(counts[0]), int(counts[1]))  # served from the cache
 
     def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
         """The (good) records in ``[previous, barrier)``, uncached, counted and checked on the consumer's one pass.
@@ -274,71 +274,20 @@ class FileSource(Source):
 
         todo = self._todo(ctx, previous, barrier)
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema), lambda: self._judge(ctx, todo, 0, 0)
+            return ctx.spark.createDataFrame([], self.schema), lambda: judge(self, ctx, todo, 0, 0)
         observation = Observation()
         metrics = [F.count(F.lit(1)).alias("records")]
-        df = self._load(ctx, todo)
+        df = self.load(ctx, todo)
         if self.format != "parquet":  # every declared column is parsed and checked, used downstream or not
-            declared = F.hash(*[F.col(c) for c in df.columns if c != _CORRUPT])  # not optimized away
-            metrics += [F.count(F.col(_CORRUPT)).alias("malformed"), F.max(declared).alias("parsed")]
+            declared = F.hash(*[F.col(c) for c in df.columns if c != CORRUPT])  # not optimized away
+            metrics += [F.count(F.col(CORRUPT)).alias("malformed"), F.max(declared).alias("parsed")]
         observed = df.observe(observation, *metrics)
 
         def records() -> int:
             counts = observation.get
-            return self._judge(ctx, todo, int(counts["records"]), int(counts.get("malformed") or 0))
+            return judge(self, ctx, todo, int(counts["records"]), int(counts.get("malformed") or 0))
 
-        return (observed if self.format == "parquet" else self._good(observed)), records
-
-    def _good(self, df: DataFrame) -> DataFrame:
-        """The records of ``df`` that go on into the pipeline (all of them with ``on_malformed="fail"``,
-        which refuses malformed ones)."""
-        from pyspark.sql import functions as F
-
-        return (df.where(F.col(_CORRUPT).isNull()) if self.on_malformed == "dead_letter" else df).drop(_CORRUPT)
-
-    def _judge(self, ctx: StepContext, todo: dict[str, int], records: int, malformed: int) -> int:
-        """The number of good records of ``records``; raises :class:`MalformedInputError` on any malformed one
-        with ``on_malformed="fail"``, :class:`TooManyMalformedError` above ``max_malformed_fraction``."""
-        if malformed and self.on_malformed == "fail":
-            self._raise_malformed(ctx, todo, MalformedInputError, "")
-        if records and malformed / records > self.max_malformed_fraction:
-            header = (
-                f"{malformed:,} of the {records:,} records of this checkpoint are malformed "
-                f"({malformed / records:.1%}), more than max_malformed_fraction {self.max_malformed_fraction:g}: "
-                "the checkpoint is declined. "
-            )
-            self._raise_malformed(ctx, todo, TooManyMalformedError, header)
-        if self.on_malformed == "dead_letter":
-            ctx.add_metric("malformed_records", malformed)
-            ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
-        return records - malformed
-
-    def dead_letters(self, ctx: StepContext) -> DataFrame | None:
-        """This checkpoint's malformed records as dead-letter rows (:data:`.dead_letters.SCHEMA`), read
-        again only when the step's read counted some; ``None`` when there are none."""
-        if not ctx.metrics.get("source_malformed", {}).get(self.uid):
-            return None
-        from pyspark.sql.types import StructType
-
-        restore = ctx.plan.restore_point
-        previous = restore.source_positions.get(self.uid) if restore else None
-        todo = self.split(previous, ctx.plan.barrier.positions[self.uid])
-        fs, root = self._fs()
-        declared = StructType.fromDDL(self.schema)
-        assert isinstance(declared, StructType)
-        columns = len(declared.fields)
-        rows = [
-            (
-                self.uid,
-                posixpath.relpath(path, root),
-                line,
-                raw,
-                dead_letters.reason(self.format, raw, self.schema, columns, self.options),
-                ctx.checkpoint_id,
-            )
-            for path, line, raw in dead_letters.locate_all(fs, self._malformed_rows(ctx, todo))
-        ]
-        return ctx.spark.createDataFrame(rows, dead_letters.SCHEMA)
+        return (observed if self.format == "parquet" else good_records(self, observed)), records
 
     def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
         """The files to read, checked unchanged since the barrier was cut."""
@@ -347,7 +296,7 @@ class FileSource(Source):
         ctx.add_metric("files_in", len(todo))
         return todo
 
-    def _load(self, ctx: StepContext, todo: dict[str, int]) -> DataFrame:
+    def load(self, ctx: StepContext, todo: dict[str, int]) -> DataFrame:
         """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``."""
         reader = ctx.spark.read.format(self.format).options(**self.options)
         if self.format == "csv":
@@ -358,36 +307,9 @@ class FileSource(Source):
 
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
-        schema = StructType([*declared.fields, StructField(_CORRUPT, StringType(), True)])
-        reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
+        schema = StructType([*declared.fields, StructField(CORRUPT, StringType(), True)])
+        reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
         return reader.load([self.url(n) for n in sorted(todo)])
-
-    def _malformed_rows(
-        self, ctx: StepContext, todo: dict[str, int], limit: int | None = None
-    ) -> list[tuple[str, str]]:
-        """``(file path, raw text)`` of the malformed records of ``todo`` (the first ``limit``)."""
-        from pyspark.sql import functions as F
-
-        fs, _ = self._fs()
-        df = self._load(ctx, todo).withColumn("_source_file", F.col("_metadata.file_path")).cache()
-        bad = df.where(F.col(_CORRUPT).isNotNull()).select("_source_file", _CORRUPT)
-        rows = (bad if limit is None else bad.limit(limit)).collect()
-        df.unpersist()
-        return [(fs._strip_protocol(unquote(r[0])), r[1]) for r in rows]
-
-    def _raise_malformed(
-        self, ctx: StepContext, todo: dict[str, int], error: type[MalformedInputError], header: str
-    ) -> None:
-        """Raise ``error`` naming the first malformed records of ``todo`` (file and line) after ``header``."""
-        lines = [
-            f"  {self.url(posixpath.relpath(path, self._fs()[1]))} line {line or '?'}: {raw[:200]!r}"
-            for path, line, raw in dead_letters.locate_all(self._fs()[0], self._malformed_rows(ctx, todo, 5))
-        ]
-        raise error(
-            f"source {self.uid}: {header}malformed {self.format} record(s) not matching schema "
-            f"<{self.schema}>:\n" + "\n".join(lines) + "\nFix or remove the file; nothing of this "
-            "checkpoint was committed and the next run will read it again."
-        )
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:
