@@ -69,7 +69,7 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
             continue
         if name in _JOB_FILES or name == LEASE_FILE:
             continue
-        if not name.startswith("chk-"):
+        if not storage.is_chk_dir(name):
             findings.append(f"unexpected entry {storage.url(name)}")
             continue
         if not fs.find(entry):

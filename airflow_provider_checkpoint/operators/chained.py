@@ -11,7 +11,6 @@ from typing import Any
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.faults import fault_scope
 from airflow_provider_checkpoint.core.model import CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.exceptions import CheckpointAbortedError, CheckpointError, DocumentError
@@ -23,6 +22,7 @@ from airflow_provider_checkpoint.operators.checkpoint import (
     sink_assets,
     trigger_checkpoint,
 )
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 
 PLAN_KEY = "plan"
 ACK_KEY = "ack"
@@ -94,15 +94,7 @@ class ChainedCheckpointOperator(SparkCheckpointOperator):
 
     def _completed_by_earlier_try(self, run_id: str) -> CheckpointPlan | None:
         """The plan of this run's checkpoint if an earlier try wrote its ``_metadata``, else None."""
-        storage = self.job.storage()
-        ids = storage.checkpoint_ids()
-        if not ids or not storage.is_completed(ids[-1]):
-            return None
-        path = storage.plan_path(ids[-1])
-        if not storage.exists(path):
-            return None
         try:
-            plan = CheckpointPlan.from_dict(load_json(storage.read_bytes(path), storage.url(path)), storage.url(path))
+            return CompletedCheckpointStore(self.job.storage()).completed_plan_of(run_id)
         except DocumentError as e:
-            raise AirflowFailException(f"refusing the plan of checkpoint {ids[-1]}: {e}") from e
-        return plan if plan.run_id == run_id else None
+            raise AirflowFailException(f"refusing the plan of an earlier try of run {run_id}: {e}") from e

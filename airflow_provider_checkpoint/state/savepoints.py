@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-import re
 import shutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -15,15 +14,12 @@ from airflow_provider_checkpoint.core.model import CheckpointType, CompletedChec
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
 from airflow_provider_checkpoint.state.files import check_file, range_tables
-from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA, inline_parquet
 from airflow_provider_checkpoint.storage.paths import is_local, resolve_under_roots, within
 
 if TYPE_CHECKING:
     pass
-
-
-_CHK_DIR = re.compile(r"^chk-\d+$")
 
 
 def savepoint_target(
@@ -58,7 +54,7 @@ def check_savepoint_target(target: Location, storage_root: str, own: CompletedCh
         raise UnsafePathError(f"{refused}: it lies in a job's checkpoint tree {root}/<job>/")
     ancestor = real
     while ancestor not in ("", "/"):
-        if _CHK_DIR.match(posixpath.basename(ancestor)) or fs.exists(f"{ancestor}/{JOB_FILE}"):
+        if JobStorage.is_chk_dir(posixpath.basename(ancestor)) or fs.exists(f"{ancestor}/{JOB_FILE}"):
             raise UnsafePathError(
                 f"{refused}: {ancestor} is part of a job's checkpoint tree (a chk-<n> or job directory)"
             )

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.failures import AbortReason
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import CheckpointPlan, CompletedCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MetadataError
 from airflow_provider_checkpoint.storage import JobStorage
@@ -34,6 +35,22 @@ class CompletedCheckpointStore:
                 raise
             log.warning("latest checkpoint unreadable (%s); a restore is requested, continuing", e)
             return None
+
+    def completed_plan_of(self, run_id: str) -> CheckpointPlan | None:
+        """The plan of the newest checkpoint if it completed (has ``_metadata``) and run ``run_id`` planned it.
+
+        Raises :class:`DocumentError` when that plan is unreadable.
+        """
+        ids = self.storage.checkpoint_ids()
+        if not ids or not self.storage.is_completed(ids[-1]):
+            return None
+        path = self.storage.plan_path(ids[-1])
+        if not self.storage.exists(path):
+            return None
+        plan = CheckpointPlan.from_dict(
+            load_json(self.storage.read_bytes(path), self.storage.url(path)), self.storage.url(path)
+        )
+        return plan if plan.run_id == run_id else None
 
     def checkpoints(self) -> list[CompletedCheckpoint]:
         """Every readable completed checkpoint, oldest first (unreadable ones are logged and skipped)."""

@@ -226,6 +226,11 @@ class JobStorage(Location):
     def chk_dir(checkpoint_id: int) -> str:
         return f"chk-{checkpoint_id}"
 
+    @staticmethod
+    def is_chk_dir(name: str) -> bool:
+        """Whether ``name`` (a path segment) is a checkpoint directory ``chk-<id>``."""
+        return _CHK.match(name) is not None
+
     @classmethod
     def metadata_path(cls, checkpoint_id: int) -> str:
         return f"{cls.chk_dir(checkpoint_id)}/{METADATA}"
