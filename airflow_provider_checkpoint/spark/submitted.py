@@ -19,6 +19,7 @@ from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
 from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 from airflow_provider_checkpoint.spark.acks import read_ack, read_decline
 from airflow_provider_checkpoint.spark.processes import SUBMITTED_STEP_ENV, kill_step_processes
+from airflow_provider_checkpoint.spark.session import DEFAULT_CONF
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
@@ -27,15 +28,9 @@ if TYPE_CHECKING:
 DRIVER = Path(__file__).with_name("submit.py")
 CHANNELS_KEY = "_channels"
 """In the plan file handed to the driver: the upstream channels the step reads."""
-# the defaults of the embedded session that make sense on any cluster (no loopback binding)
-SUBMIT_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "8",
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.sources.partitionOverwriteMode": "static",
-    "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
-}
+_EMBEDDED_ONLY = ("spark.driver.", "spark.ui.showConsoleProgress", "spark.hadoop.parquet.", "spark.sql.inMemory")
+SUBMIT_CONF = {key: value for key, value in DEFAULT_CONF.items() if not key.startswith(_EMBEDDED_ONLY)}
+"""The defaults of the embedded session that make sense on any cluster (no loopback binding)."""
 
 
 def submit_conf(spark_conf: dict[str, str]) -> dict[str, str]:
