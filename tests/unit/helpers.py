@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, Barrier, CheckpointPlan, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
@@ -140,3 +141,23 @@ def sample(type_: CheckpointType = CheckpointType.CHECKPOINT, restored_from: int
         sinks={"table": [{"checkpoint_id": 7, "moves": [["_staging/chk-7/x.parquet", "part-c7.parquet"]]}]},
         stats={"run_id": "r1", "records_in": 5},
     )
+
+
+SharedState = tuple[Env, StateHandle]
+"""The ``shared_state`` fixture: a job whose checkpoint 2 references a state file of checkpoint 1."""
+
+# which abort reasons count towards tolerable_failed_checkpoints (Flink's CheckpointFailureManager)
+COUNTED = {
+    AbortReason.DECLINED,
+    AbortReason.EXPIRED,
+    AbortReason.IO_ERROR,
+    AbortReason.CORRUPT_STATE,
+    AbortReason.FINALIZE_FAILURE,
+    AbortReason.ABANDONED,
+}
+NOT_COUNTED = {
+    AbortReason.SUBSUMED,
+    AbortReason.TOO_MANY_CONCURRENT,
+    AbortReason.MIN_PAUSE,
+    AbortReason.JOB_NOT_RUNNING,
+}

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
-from tests.unit.helpers import JOB, STEP, T0, Env, make_ack, make_env, run_checkpoint, state_rel
+from tests.unit.helpers import JOB, STEP, T0, Env, SharedState, make_ack, make_env, run_checkpoint, state_rel
 
 RETAINED = 3
 
@@ -41,13 +41,9 @@ def test_clean_job_has_no_findings(env: Env) -> None:
     assert audit(env) == []
 
 
-def test_clean_job_with_files_shared_across_retention(tmp_path: Path) -> None:
+def test_clean_job_with_files_shared_across_retention(shared_state: SharedState) -> None:
     """chk-1 lost its _metadata to retention but keeps the file chk-2 still references: not a leftover."""
-    env = make_env(tmp_path, retained=1)
-    _, first_ack = run_checkpoint(env, "run-1", T0)
-    shared = first_ack.operators["counts"].handles[0]
-    plan = env.coordinator.trigger("run-2", now=T0 + 10)
-    env.coordinator.finalize(plan, [make_ack(env, plan, extra_handles=(shared,))], now=T0 + 11)
+    env, shared = shared_state
     assert env.storage.completed_ids() == [2]
     assert env.chk(1).is_dir()
     assert audit_job(env.storage, 1, env.coordinator.graph.sinks) == []
@@ -102,12 +98,8 @@ def test_leftover_checkpoint_directory_without_metadata(env: Env) -> None:
     assert env.storage.url("chk-9/step_table/attempt-1/state/counts/kgr=0/part-00000.parquet") in findings[0]
 
 
-def test_empty_leftover_checkpoint_directory(tmp_path: Path) -> None:
-    env = make_env(tmp_path, retained=1)
-    _, first_ack = run_checkpoint(env, "run-1", T0)
-    shared = first_ack.operators["counts"].handles[0]
-    plan = env.coordinator.trigger("run-2", now=T0 + 10)
-    env.coordinator.finalize(plan, [make_ack(env, plan, extra_handles=(shared,))], now=T0 + 11)
+def test_empty_leftover_checkpoint_directory(shared_state: SharedState) -> None:
+    env, shared = shared_state
     run_checkpoint(env, "run-3", T0 + 20)  # chk-1's last referenced file goes, and retention removes chk-1
     assert not env.chk(1).exists()
     assert audit_job(env.storage, 1, env.coordinator.graph.sinks) == []

@@ -16,7 +16,6 @@ import pytest
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType
-from airflow_provider_checkpoint.core.state_handles import StateHandle
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
@@ -25,7 +24,19 @@ from airflow_provider_checkpoint.exceptions import (
     JobNotRunning,
 )
 from airflow_provider_checkpoint.state.snapshot import open_snapshot
-from tests.unit.helpers import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, state_rel, target_name
+from tests.unit.helpers import (
+    JOB,
+    STEP,
+    T0,
+    TIMEOUT,
+    Env,
+    SharedState,
+    make_ack,
+    make_env,
+    run_checkpoint,
+    state_rel,
+    target_name,
+)
 from tests.unit.state_files import state_file as parquet_state
 
 
@@ -386,25 +397,14 @@ def test_retention_never_deletes_savepoints(tmp_path: Path, monkeypatch: pytest.
     assert [sp["checkpoint_id"] for sp in env.storage.load_job().savepoints] == [1]
 
 
-def shared_state_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Env, StateHandle]:
-    """retained=1; checkpoint 2 references a state file of checkpoint 1 (as incremental state would)."""
-    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
-    env = make_env(tmp_path, retained=1)
-    _, first_ack = run_checkpoint(env, "run-1", T0)
-    shared = first_ack.operators["counts"].handles[0]
-    plan = env.coordinator.trigger("run-2", now=T0 + 10)
-    env.coordinator.finalize(plan, [make_ack(env, plan, extra_handles=(shared,))], now=T0 + 11)
-    return env, shared
-
-
-def test_retention_keeps_files_shared_with_a_kept_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    env, shared = shared_state_checkpoints(tmp_path, monkeypatch)
+def test_retention_keeps_files_shared_with_a_kept_checkpoint(shared_state: SharedState) -> None:
+    env, shared = shared_state
     assert env.storage.completed_ids() == [2]
     env.storage.verify(shared)
 
 
-def test_shared_files_survive_the_next_trigger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    env, shared = shared_state_checkpoints(tmp_path, monkeypatch)
+def test_shared_files_survive_the_next_trigger(shared_state: SharedState) -> None:
+    env, shared = shared_state
     nxt = env.coordinator.trigger("run-3", now=T0 + 20)
     assert nxt.restore_point is not None
     for snapshot in nxt.restore_point.operators.values():

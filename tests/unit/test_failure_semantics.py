@@ -30,22 +30,20 @@ from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, JobNotRunning, LeaseHeld
 from airflow_provider_checkpoint.storage import JobStorage
-from tests.unit.helpers import JOB, STEP, T0, TIMEOUT, Env, make_ack, make_env, run_checkpoint, target_name
-
-COUNTED = {
-    AbortReason.DECLINED,
-    AbortReason.EXPIRED,
-    AbortReason.IO_ERROR,
-    AbortReason.CORRUPT_STATE,
-    AbortReason.FINALIZE_FAILURE,
-    AbortReason.ABANDONED,
-}
-NOT_COUNTED = {
-    AbortReason.SUBSUMED,
-    AbortReason.TOO_MANY_CONCURRENT,
-    AbortReason.MIN_PAUSE,
-    AbortReason.JOB_NOT_RUNNING,
-}
+from tests.unit.helpers import (
+    COUNTED,
+    JOB,
+    NOT_COUNTED,
+    STEP,
+    T0,
+    TIMEOUT,
+    Env,
+    SharedState,
+    make_ack,
+    make_env,
+    run_checkpoint,
+    target_name,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -76,16 +74,6 @@ def chk_dirs(env: Env) -> list[str]:
 
 
 # -- which reasons count -------------------------------------------------------------
-def test_every_reason_is_classified() -> None:
-    assert set(AbortReason) == COUNTED | NOT_COUNTED
-    assert not COUNTED & NOT_COUNTED
-
-
-@pytest.mark.parametrize("reason", sorted(AbortReason), ids=str)
-def test_reason_counts_as_failure(reason: AbortReason) -> None:
-    assert reason.counts_as_failure is (reason in COUNTED)
-
-
 @pytest.mark.parametrize("reason", sorted(AbortReason), ids=str)
 def test_coordinator_abort_counts_only_counted_reasons(tmp_path: Path, reason: AbortReason) -> None:
     env = make_env(tmp_path, tolerable=0)
@@ -380,12 +368,8 @@ def test_holder_alive_is_not_asked_for_our_own_lease(env: Env) -> None:
     assert env.storage.lease_holder()["run_id"] == "run-1"
 
 
-def test_retention_leftovers_do_not_rewrite_a_completed_checkpoint_as_abandoned(tmp_path: Path) -> None:
-    env = make_env(tmp_path, retained=1)
-    _, first_ack = run_checkpoint(env, "run-1", T0)
-    shared = first_ack.operators["counts"].handles[0]
-    plan = env.coordinator.trigger("run-2", now=T0 + 10)
-    env.coordinator.finalize(plan, [make_ack(env, plan, extra_handles=(shared,))], now=T0 + 11)
+def test_retention_leftovers_do_not_rewrite_a_completed_checkpoint_as_abandoned(shared_state: SharedState) -> None:
+    env, shared = shared_state
     run_checkpoint(env, "run-3", T0 + 20)  # discards chk-2, and with it the last reference to chk-1's file
     assert env.stats(1)["status"] == "COMPLETED"
 

@@ -5,39 +5,20 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_checkpoint.core.failures import AbortReason, FailureAccounting
-
-COUNTED = [
-    AbortReason.DECLINED,
-    AbortReason.EXPIRED,
-    AbortReason.IO_ERROR,
-    AbortReason.CORRUPT_STATE,
-    AbortReason.FINALIZE_FAILURE,
-    AbortReason.ABANDONED,
-]
-NOT_COUNTED = [
-    AbortReason.MIN_PAUSE,
-    AbortReason.TOO_MANY_CONCURRENT,
-    AbortReason.SUBSUMED,
-    AbortReason.JOB_NOT_RUNNING,
-]
+from tests.unit.helpers import COUNTED, NOT_COUNTED
 
 
 def test_reason_classification_is_total() -> None:
-    assert set(COUNTED) | set(NOT_COUNTED) == set(AbortReason)
+    assert set(AbortReason) == COUNTED | NOT_COUNTED
+    assert not COUNTED & NOT_COUNTED
 
 
-@pytest.mark.parametrize("reason", COUNTED)
-def test_counted_reasons(reason: AbortReason) -> None:
+@pytest.mark.parametrize("reason", sorted(AbortReason), ids=str)
+def test_only_counted_reasons_count(reason: AbortReason) -> None:
     acc = FailureAccounting()
-    assert acc.on_abort(1, reason) is True
-    assert acc.count == 1
-
-
-@pytest.mark.parametrize("reason", NOT_COUNTED)
-def test_non_counted_reasons(reason: AbortReason) -> None:
-    acc = FailureAccounting()
-    assert acc.on_abort(1, reason) is False
-    assert acc.count == 0
+    assert reason.counts_as_failure is (reason in COUNTED)
+    assert acc.on_abort(1, reason) is (reason in COUNTED)
+    assert acc.count == (1 if reason in COUNTED else 0)
 
 
 def test_each_id_counts_once() -> None:

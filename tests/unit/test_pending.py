@@ -111,24 +111,18 @@ def test_ack_of_another_job_is_ignored_not_discarded() -> None:
     assert pending.discarded == [], "files of another job must never be scheduled for deletion"
 
 
-def test_stale_attempt_is_discarded_and_newer_attempt_kept() -> None:
+@pytest.mark.parametrize(
+    ("first", "second", "outcome"),
+    [(3, 2, AckOutcome.STALE_ATTEMPT), (1, 2, AckOutcome.ACCEPTED)],
+    ids=["stale attempt discarded", "newer attempt replaces older"],
+)
+def test_the_newest_attempt_is_kept_and_the_other_discarded(first: int, second: int, outcome: AckOutcome) -> None:
     pending = PendingCheckpoint(make_plan())
-    newer = make_ack("step_one", attempt=3)
-    stale = make_ack("step_one", attempt=2)
-    pending.acknowledge(newer, NOW)
-    assert pending.acknowledge(stale, NOW) is AckOutcome.STALE_ATTEMPT
-    assert pending.acks["step_one"] is newer
-    assert pending.discarded == [stale]
-
-
-def test_newer_attempt_replaces_older_which_is_discarded() -> None:
-    pending = PendingCheckpoint(make_plan())
-    older = make_ack("step_one", attempt=1)
-    newer = make_ack("step_one", attempt=2)
-    pending.acknowledge(older, NOW)
-    assert pending.acknowledge(newer, NOW) is AckOutcome.ACCEPTED
-    assert pending.acks["step_one"] is newer
-    assert pending.discarded == [older]
+    acks = {n: make_ack("step_one", attempt=n) for n in (first, second)}
+    pending.acknowledge(acks[first], NOW)
+    assert pending.acknowledge(acks[second], NOW) is outcome
+    assert pending.acks["step_one"] is acks[max(first, second)]
+    assert pending.discarded == [acks[min(first, second)]]
 
 
 def test_ack_after_deadline_expires_the_checkpoint() -> None:
