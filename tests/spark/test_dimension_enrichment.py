@@ -7,45 +7,25 @@ emitted facts are compared with a pure-Python model of the documented rules.
 
 from __future__ import annotations
 
-import datetime
 import os
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
-from airflow_provider_checkpoint.dataflow import DimensionEnrichment, FileSource, ParquetTableSink, Union
+from airflow_provider_checkpoint.dataflow import DimensionEnrichment, FileSource
 from airflow_provider_checkpoint.jobs.snapshots import read_state
 from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from tests.spark.helpers import table
-from tests.spark.test_multi_input import CUSTOMER, ORDER, Landing, assert_equal
+from tests.spark.orders import CUSTOMER, HOLD, ORDER, RETENTION, Landing, assert_equal, enrichment_pipeline
 
 pytestmark = pytest.mark.spark
 SEED = int(os.environ.get("ENRICHMENT_SEED", "11"))
-RETENTION = datetime.timedelta(seconds=250)  # checkpoints are 100 s apart: a tombstone lives 2.5 checkpoints
-HOLD = datetime.timedelta(seconds=350)
 
 
-def declare(tmp: Path) -> None:
-    a = FileSource("orders_a", str(tmp / "orders_a"), "json", ORDER)
-    b = FileSource("orders_b", str(tmp / "orders_b"), "json", ORDER)
-    customers = FileSource("customers", str(tmp / "customers"), "csv", CUSTOMER)
-    enriched = DimensionEnrichment(
-        "enrich",
-        facts=Union("orders", [a, b]),
-        dimension=customers,
-        keys=["customer_id"],
-        version="updated_at",
-        columns=["segment"],
-        delete_when="op = 'D'",
-        on_missing="hold",
-        hold_ttl=HOLD,
-        tombstone_retention=RETENTION,
-    )
-    ParquetTableSink("enriched", enriched, str(tmp / "marts" / "enriched"), mode="append")
+declare = enrichment_pipeline("hold", hold_ttl=HOLD, tombstone_retention=RETENTION)
 
 
 @dataclass

@@ -22,8 +22,7 @@ from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.testing.inprocess import make_job
-from tests.spark.test_dimension_enrichment import declare
-from tests.spark.test_multi_input import Landing, changes
+from tests.spark.orders import HOLD, RETENTION, Landing, changes, enrichment_pipeline
 
 pytestmark = pytest.mark.spark
 
@@ -43,6 +42,7 @@ def drop_column(location: Location, base: Location, column: str) -> str:
 
 
 def test_state_without_its_key_column_is_refused_everywhere(spark, tmp_path):
+    declare = enrichment_pipeline("hold", hold_ttl=HOLD, tombstone_retention=RETENTION)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     Landing(tmp_path, seed=3).land(1, 6, changes(("c0", "gold", 1, "U"), ("c1", "x", 1, "D")))
     savepoint = tmp_path / "savepoints" / "sp-1"
