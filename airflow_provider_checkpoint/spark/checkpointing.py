@@ -81,7 +81,8 @@ def checkpoint_operator(
             new_state, output = node.process(inputs, state, barrier)
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
         if changelog is not None and _same_columns(changelog, restored):
-            return _incremental(storage, directory, checkpoint_id, node, restored, layout, changelog, output, where)
+            operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
+            return operator.incremental(layout, changelog, output)
     state = (
         read_state(spark, restore_base, restored, verify=False, uid=node.uid)
         if restored is not None
@@ -140,133 +141,139 @@ def _same_columns(df: DataFrame, snapshot: OperatorSnapshot) -> bool:
     return columns == [(f.name, f.dataType) for f in schema.fields]
 
 
-def _incremental(
-    storage: Location,
-    directory: str,
-    checkpoint_id: int,
-    node: StatefulOperator,
-    restored: OperatorSnapshot,
-    layout: StateLayout,
-    changelog: DataFrame,
-    output: DataFrame | None,
-    where: Mapping[str, object],
-) -> OperatorCheckpoint:
-    """Write the changed keys as deltas (compacting the chosen ranges instead) next to the kept files.
+@dataclass(frozen=True)
+class _OperatorState:
+    """One operator's state in one step attempt: what it restored, where its new state goes."""
 
-    ``output`` ``None``: the output is the new rows of the changed keys (:meth:`StatefulOperator.changes`).
-    """
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
+    storage: Location
+    directory: str
+    checkpoint_id: int
+    node: StatefulOperator
+    restored: OperatorSnapshot
+    where: Mapping[str, object]
 
-    keys, max_parallelism, parallelism = node.keys, node.max_parallelism, layout.parallelism
-    columns = state_schema(restored).fieldNames()
-    every_key = CHANGED in changelog.columns  # unchanged keys listed too, the changed ones marked
-    changelog = changelog.select(
-        *columns,
-        F.col(DELETED).cast("boolean"),
-        F.col(NEW).cast("boolean"),
-        *([F.col(CHANGED).cast("boolean")] if every_key else []),
-    ).persist()
-    if every_key:
-        if not layout.has_deltas:  # recent checkpoints may have changed most keys: count
-            totals = (
-                changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
-                .agg(
-                    F.count(F.lit(1)).alias("keys"),
-                    F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
-                    F.coalesce(F.sum((~F.col(DELETED)).cast("long")), F.lit(0)).alias("rows"),
+    def fault(self, point: str) -> None:
+        fault_point(point, checkpoint=self.checkpoint_id, **self.where)
+
+    def incremental(self, layout: StateLayout, changelog: DataFrame, output: DataFrame | None) -> OperatorCheckpoint:
+        """Write the changed keys as deltas (compacting the chosen ranges instead) next to the kept files.
+
+        ``output`` ``None``: the output is the new rows of the changed keys (:meth:`StatefulOperator.changes`).
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        keys, max_parallelism, parallelism = self.node.keys, self.node.max_parallelism, layout.parallelism
+        columns = state_schema(self.restored).fieldNames()
+        every_key = CHANGED in changelog.columns  # unchanged keys listed too, the changed ones marked
+        changelog = changelog.select(
+            *columns,
+            F.col(DELETED).cast("boolean"),
+            F.col(NEW).cast("boolean"),
+            *([F.col(CHANGED).cast("boolean")] if every_key else []),
+        ).persist()
+        if every_key:
+            if not layout.has_deltas:  # recent checkpoints may have changed most keys: count
+                totals = (
+                    changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
+                    .agg(
+                        F.count(F.lit(1)).alias("keys"),
+                        F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
+                        F.coalesce(F.sum((~F.col(DELETED)).cast("long")), F.lit(0)).alias("rows"),
+                    )
+                    .first()
                 )
-                .first()
+                assert totals is not None
+                if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
+                    return self.full_version_from(changelog, totals, output)
+            changelog = changelog.where(F.col(CHANGED)).drop(CHANGED)
+        changelog = changelog.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+        compact = layout.to_compact()
+        self.fault("step.before_state_write")
+        observation = Observation()  # the counts come from the pass that writes the deltas
+        newest = changelog.withColumn(SEQ, F.lit(self.checkpoint_id).cast("long")).drop(NEW)
+        delta = (
+            changelog.observe(
+                observation,
+                F.count(F.lit(1)).alias("changed"),
+                F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
+                F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
             )
-            assert totals is not None
-            if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
-                return _full_version(
-                    storage, directory, checkpoint_id, node, restored, changelog, totals, output, where
-                )
-        changelog = changelog.where(F.col(CHANGED)).drop(CHANGED)
-    changelog = changelog.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-    compact = layout.to_compact()
-    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
-    observation = Observation()  # the counts come from the pass that writes the deltas
-    newest = changelog.withColumn(SEQ, F.lit(checkpoint_id).cast("long")).drop(NEW)
-    delta = (
-        changelog.observe(
-            observation,
-            F.count(F.lit(1)).alias("changed"),
-            F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
-            F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
+            .where(~F.col("kgr").isin(compact))
+            .withColumn(SEQ, F.lit(self.checkpoint_id).cast("long"))
+            .drop(NEW, "kgr")
         )
-        .where(~F.col("kgr").isin(compact))
-        .withColumn(SEQ, F.lit(checkpoint_id).cast("long"))
-        .drop(NEW, "kgr")
-    )
-    written: dict[int, list[StateHandle]] = {}
-    for handle in write_ranges(
-        storage, f"{directory}/delta", delta, keys, max_parallelism, parallelism, checkpoint_id, spread=False
-    ):
-        written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
-    counts = observation.get
-    compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
-    if compact:
-        fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)
-        kept = [h for i in compact for h in layout.ranges[i].handles]
-        spark = changelog.sparkSession
-        schema = state_schema(restored)
-        full = read_files(spark, storage, [h for h in kept if h.delta is None], schema)
-        older = read_files(spark, storage, [h for h in kept if h.delta is not None], delta_schema(schema))
-        layers = 1 + len({h.delta for h in kept if h.delta is not None})
-        merged = merge(
-            full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys, True, layers
+        written: dict[int, list[StateHandle]] = {}
+        for handle in write_ranges(
+            self.storage,
+            f"{self.directory}/delta",
+            delta,
+            keys,
+            max_parallelism,
+            parallelism,
+            self.checkpoint_id,
+            spread=False,
+        ):
+            written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
+        counts = observation.get
+        compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
+        if compact:
+            self.fault("step.during_compaction")
+            kept = [h for i in compact for h in layout.ranges[i].handles]
+            spark = changelog.sparkSession
+            schema = state_schema(self.restored)
+            full = read_files(spark, self.storage, [h for h in kept if h.delta is None], schema)
+            older = read_files(spark, self.storage, [h for h in kept if h.delta is not None], delta_schema(schema))
+            layers = 1 + len({h.delta for h in kept if h.delta is not None})
+            merged = merge(
+                full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys, True, layers
+            )
+            for handle in write_ranges(
+                self.storage, f"{self.directory}/compacted", merged, keys, max_parallelism, parallelism
+            ):
+                compacted[_index(handle, max_parallelism, parallelism)].append(handle)
+        self.fault("step.after_state_write")
+        new_files = [h for hs in (*written.values(), *compacted.values()) for h in hs]
+        snapshot = OperatorSnapshot(
+            handles=layout.handles_after(written, compacted),
+            schema=self.restored.schema,
+            keys=keys,
+            max_parallelism=max_parallelism,
+            rows=self.restored.rows + counts["inserted"] - counts["deleted"],
         )
-        for handle in write_ranges(storage, f"{directory}/compacted", merged, keys, max_parallelism, parallelism):
-            compacted[_index(handle, max_parallelism, parallelism)].append(handle)
-    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
-    new_files = [h for hs in (*written.values(), *compacted.values()) for h in hs]
-    snapshot = OperatorSnapshot(
-        handles=layout.handles_after(written, compacted),
-        schema=restored.schema,
-        keys=keys,
-        max_parallelism=max_parallelism,
-        rows=restored.rows + counts["inserted"] - counts["deleted"],
-    )
-    metrics = {
-        "state_rows": snapshot.rows,
-        "state_bytes": sum(h.size for h in new_files),
-        "state_files": len(new_files),
-        "state_keys_changed": counts["changed"],
-        "state_ranges_compacted": len(compact),
-        "state_size": snapshot.size,
-    }
-    if output is None:
-        output = changelog.where(~F.col(DELETED)).select(*columns)
-    return OperatorCheckpoint(snapshot, output, metrics)
+        metrics = {
+            "state_rows": snapshot.rows,
+            "state_bytes": sum(h.size for h in new_files),
+            "state_files": len(new_files),
+            "state_keys_changed": counts["changed"],
+            "state_ranges_compacted": len(compact),
+            "state_size": snapshot.size,
+        }
+        if output is None:
+            output = changelog.where(~F.col(DELETED)).select(*columns)
+        return OperatorCheckpoint(snapshot, output, metrics)
 
+    def full_version_from(self, changelog: DataFrame, totals: Row, output: DataFrame | None) -> OperatorCheckpoint:
+        """Write every key's new state as a full version (``changelog`` lists every key)."""
+        from pyspark.sql import functions as F
 
-def _full_version(
-    storage: Location,
-    directory: str,
-    checkpoint_id: int,
-    node: StatefulOperator,
-    restored: OperatorSnapshot,
-    changelog: DataFrame,
-    totals: Row,
-    output: DataFrame | None,
-    where: Mapping[str, object],
-) -> OperatorCheckpoint:
-    """Write every key's new state as a full version (``changelog`` lists every key)."""
-    from pyspark.sql import functions as F
-
-    columns = state_schema(restored).fieldNames()
-    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
-    state = changelog.where(~F.col(DELETED)).select(*columns)
-    snapshot = write_full_version(
-        storage, directory, state, int(totals["rows"]), restored.schema, node.keys, node.max_parallelism
-    )
-    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
-    if output is None:
-        output = changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns)
-    metrics = {**_full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
-    return OperatorCheckpoint(snapshot, output, metrics)
+        columns = state_schema(self.restored).fieldNames()
+        self.fault("step.before_state_write")
+        state = changelog.where(~F.col(DELETED)).select(*columns)
+        snapshot = write_full_version(
+            self.storage,
+            self.directory,
+            state,
+            int(totals["rows"]),
+            self.restored.schema,
+            self.node.keys,
+            self.node.max_parallelism,
+        )
+        self.fault("step.after_state_write")
+        if output is None:
+            output = changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns)
+        metrics = {**_full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
+        return OperatorCheckpoint(snapshot, output, metrics)
 
 
 def _index(handle: StateHandle, max_parallelism: int, parallelism: int) -> int:
