@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     from airflow_provider_checkpoint.core.documents import Fields, relative_path
-    from airflow_provider_checkpoint.core.model import ChannelSnapshot, CheckpointPlan
+    from airflow_provider_checkpoint.core.model import CheckpointPlan
+    from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
     from airflow_provider_checkpoint.spark.acks import ACK_FILE, decline_for, write_decline
     from airflow_provider_checkpoint.spark.runner import run_step
     from airflow_provider_checkpoint.spark.submitted import CHANNELS_KEY

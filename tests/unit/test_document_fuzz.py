@@ -121,7 +121,7 @@ def valid_documents(canary: Path) -> dict[str, Any]:
 
 
 def _scope() -> Any:
-    from airflow_provider_checkpoint.core.model import HandleScope
+    from airflow_provider_checkpoint.core.state_handles import HandleScope
 
     return HandleScope(3)
 

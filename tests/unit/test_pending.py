@@ -192,7 +192,7 @@ def test_complete_merges_every_accepted_ack() -> None:
 def test_a_step_must_read_the_channel_of_the_accepted_upstream_attempt() -> None:
     from dataclasses import replace
 
-    from airflow_provider_checkpoint.core.model import ChannelSnapshot
+    from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 
     pending = PendingCheckpoint(make_plan())
     channel = ChannelSnapshot((), "{}", rows=3)
