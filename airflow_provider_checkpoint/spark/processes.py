@@ -28,7 +28,7 @@ def kill_step_processes(hook: Any, tag: str) -> None:
     hook.on_kill()
     deadline = time.monotonic() + KILL_SECONDS
     while True:
-        alive = [p for p in {*started, *_tagged(tag)} if _running(p)]
+        alive = [p for p in {*started, *tagged_processes(tag)} if _running(p)]
         if not alive or time.monotonic() > deadline:
             break
         for p in alive:
@@ -48,7 +48,8 @@ def _running(process: Any) -> bool:
         return False
 
 
-def _tagged(tag: str) -> list[Any]:
+def tagged_processes(tag: str) -> list[Any]:
+    """Every local process whose environment carries ``tag`` (:data:`SUBMITTED_STEP_ENV`)."""
     import psutil
 
     found = []

@@ -140,6 +140,7 @@ def test_example_pipeline_through_a_spark_connect_connection(example_dag, tmp_pa
 
 def test_killing_the_step_kills_its_driver(example_dag, tmp_path, monkeypatch):
     """``on_kill`` of a submitted step (here with a ``local[1]`` spark connection) leaves no driver process."""
+    from airflow_provider_checkpoint.spark.processes import tagged_processes
     from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
     use_connection(monkeypatch, "spark_local", {"conn_type": "spark", "host": "local[1]"})
@@ -165,7 +166,7 @@ def test_killing_the_step_kills_its_driver(example_dag, tmp_path, monkeypatch):
     poll("the driver to pause mid-step", lambda: (pause_dir / f"{PAUSE_POINT}.paused").exists(), 240, 0.2)
     driver = psutil.Process(step.hook._submit_sp.pid)
     processes = [driver, *driver.children(recursive=True)]
-    tagged = step._tagged()
+    tagged = tagged_processes(step.tag)
     assert any("submit.py" in " ".join(_cmdline(p)) for p in tagged), "the Python driver runs under spark-submit"
     assert any("SparkSubmit" in " ".join(_cmdline(p)) for p in tagged), "the driver JVM is found by its tag"
     step.kill()
@@ -174,7 +175,7 @@ def test_killing_the_step_kills_its_driver(example_dag, tmp_path, monkeypatch):
     gone, alive = psutil.wait_procs([*processes, *tagged], timeout=30)
     alive = [p for p in alive if _cmdline(p)]  # an exited, not yet reaped process has no command line
     assert alive == [], f"still running after on_kill: {[(p.pid, _cmdline(p)[:3]) for p in alive]}"
-    assert step._tagged() == [], "no process of the attempt is left, reparented ones included"
+    assert tagged_processes(step.tag) == [], "no process of the attempt is left, reparented ones included"
     assert not (
         tmp_path / "checkpoints" / "example_clickstream" / "chk-1" / "step_page_views_table" / "attempt-1" / "_ack.json"
     ).exists()
