@@ -109,6 +109,12 @@ class InputChangedError(MalformedInputError):
     """A file cut into the barrier changed or vanished before the step read it."""
 
 
+class DeltaSourceError(RefusedInputError):
+    """A Delta source table cannot give a checkpoint its changes: history vacuumed past the position,
+    a replaced table, data removed without change data feed, or a feature it does not read; the
+    message names the table and the versions."""
+
+
 class RestoreError(RefusedInputError):
     """A snapshot cannot be restored into this job; the message lists every reason."""
 
