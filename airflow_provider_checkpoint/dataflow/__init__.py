@@ -1,5 +1,6 @@
 """Building blocks of a checkpointed pipeline: sources, transforms, stateful operators, sinks."""
 
+from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
@@ -18,6 +19,7 @@ from airflow_provider_checkpoint.exceptions import MalformedInputError, Pipeline
 
 __all__ = [
     "Channel",
+    "DeltaSource",
     "DimensionEnrichment",
     "FileSource",
     "IntervalJoin",
