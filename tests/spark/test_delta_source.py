@@ -12,9 +12,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
+from airflow_provider_checkpoint.dataflow import DeltaSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import DeltaSourceError
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.testing.clickstream import read_table
+from airflow_provider_checkpoint.testing.inprocess import make_job
 
 from .helpers import step_context
 
@@ -171,3 +173,34 @@ def test_a_replaced_table_is_refused(spark, tmp_path: Path) -> None:
     append(table, frame(5, 2))
     with pytest.raises(DeltaSourceError, match="was replaced"):
         source.barrier_position(first)
+
+
+def test_a_pipeline_over_a_delta_table_counts_every_commit_once(spark, tmp_path: Path, monkeypatch) -> None:
+    """DeltaSource → KeyedAggregate → upsert table over checkpoints, commits landing mid-checkpoint
+    and a step retry: the table equals pandas over every frame written."""
+    table = tmp_path / "source"
+    written = [frame(0, 8)]
+    append(table, written[0])
+
+    def declare(base: Path) -> None:
+        rows_in = DeltaSource("rows", str(table))
+        totals = KeyedAggregate("per_day", rows_in, keys=["day"], aggs={"n": "count", "top": "max(k)"})
+        ParquetTableSink("per_day_table", totals, f"{base}/per_day", mode="upsert", keys=["day"])
+
+    job = make_job(spark, tmp_path, declare)
+
+    def land() -> None:
+        written.append(frame(100 * len(written), 5))
+        append(table, written[-1])
+
+    job.checkpoint(during=land)
+    land()
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=2:attempt=1")
+    job.checkpoint(during=land)
+    monkeypatch.delenv("CHECKPOINT_FAULTS")
+    job.checkpoint()
+    everything = pd.concat(written)
+    truth = everything.groupby("day").agg(n=("k", "count"), top=("k", "max")).reset_index()
+    got = read_table(tmp_path / "per_day")[["day", "n", "top"]].sort_values("day", ignore_index=True)
+    pd.testing.assert_frame_equal(got, truth.sort_values("day", ignore_index=True), check_dtype=False)
+    assert [r for r in job.step_runs if r[2] > 1], "the injected fault made a step retry"
