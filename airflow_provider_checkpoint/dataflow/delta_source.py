@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import posixpath
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
@@ -241,35 +241,49 @@ class DeltaSource(Source):
     def _load(
         self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: Sequence[DataFile]
     ) -> DataFrame:
-        """``files`` read by Spark, one scan per (partition values, change type, commit version)."""
+        """``files`` read by Spark in one scan (one per group of files with distinct base names)."""
+        if not files:
+            return spark.createDataFrame([], self.output_schema(schema))
+        rounds: list[dict[str, DataFile]] = []
+        for f in files:
+            name = posixpath.basename(f.path)
+            free = next((r for r in rounds if name not in r), None)
+            if free is None:
+                rounds.append(free := {})
+            free[name] = f
+        scans = [self._scan(spark, schema, partition_columns, r) for r in rounds]
+        return reduce(lambda a, b: a.unionAll(b), scans)
+
+    def _scan(
+        self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: dict[str, DataFile]
+    ) -> DataFrame:
+        """One Parquet scan of ``files`` (keyed by base name); what the log says per file (partition
+        values, change type, commit version) is looked up by the row's ``_metadata.file_name``."""
+        from pyspark.sql import Column
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 
-        if not files:
-            return spark.createDataFrame([], self.output_schema(schema))
-        fs, root = self._fs()
-        groups: dict[tuple[Any, ...], list[str]] = defaultdict(list)
-        for f in files:
-            groups[(f.partition_values, f.change_type, f.commit_version)].append(
-                fs.unstrip_protocol(f"{root}/{f.path}")
-            )
+        def per_file(value: Callable[[DataFile], Any]) -> Column:
+            pairs = [F.lit(x) for name, f in files.items() for x in (name, value(f))]
+            return F.element_at(F.create_map(*pairs), F.col("_metadata.file_name"))
+
+        def partition_value(column: str) -> Callable[[DataFile], str | None]:
+            return lambda f: dict(f.partition_values).get(column)
+
+        feed = self.change_data_feed
         stored = [f for f in schema.fields if f.name not in partition_columns]
-        parts = []
-        for (values, change_type, version), urls in groups.items():
-            in_file = self.change_data_feed and change_type is None  # a cdc file holds its change type
-            read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if in_file else [])])
-            df = spark.read.schema(read).parquet(*urls)
-            literal = dict(values)
-            columns = [
-                F.lit(literal.get(f.name)).cast(f.dataType).alias(f.name)
-                if f.name in partition_columns
-                else F.col(f.name)
-                for f in schema.fields
+        read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if feed else [])])
+        fs, root = self._fs()
+        df = spark.read.schema(read).parquet(*[fs.unstrip_protocol(f"{root}/{f.path}") for f in files.values()])
+        columns = [
+            per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
+            if c.name in partition_columns
+            else F.col(c.name)
+            for c in schema.fields
+        ]
+        if feed:  # a cdc file holds its change type, a whole data file is an insert or a delete
+            columns += [
+                F.coalesce(F.col(CHANGE_TYPE), per_file(lambda f: f.change_type)).alias(CHANGE_TYPE),
+                per_file(lambda f: f.commit_version).cast("long").alias(COMMIT_VERSION),
             ]
-            if self.change_data_feed:
-                columns += [
-                    F.col(CHANGE_TYPE) if in_file else F.lit(change_type).alias(CHANGE_TYPE),
-                    F.lit(version).cast("long").alias(COMMIT_VERSION),
-                ]
-            parts.append(df.select(*columns))
-        return reduce(lambda a, b: a.unionAll(b), parts)
+        return df.select(*columns)

@@ -9,10 +9,13 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pyspark.sql.types import StructType
 
 from airflow_provider_checkpoint.dataflow import DeltaSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.exceptions import DeltaSourceError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import read_table
@@ -204,3 +207,15 @@ def test_a_pipeline_over_a_delta_table_counts_every_commit_once(spark, tmp_path:
     got = read_table(tmp_path / "per_day")[["day", "n", "top"]].sort_values("day", ignore_index=True)
     pd.testing.assert_frame_equal(got, truth.sort_values("day", ignore_index=True), check_dtype=False)
     assert [r for r in job.step_runs if r[2] > 1], "the injected fault made a step retry"
+
+
+def test_files_with_the_same_base_name_keep_their_own_partition_values(spark, tmp_path: Path) -> None:
+    """The per-file values are looked up by base name: files sharing one are read in separate scans."""
+    for day, start in (("d1", 0), ("d2", 10)):
+        (tmp_path / f"day={day}").mkdir()
+        pq.write_table(pa.Table.from_pandas(frame(start, 3)[["k", "v"]]), tmp_path / f"day={day}" / "part-0.parquet")
+    files = [DataFile(f"day={day}/part-0.parquet", (("day", day),)) for day in ("d1", "d2")]
+    schema = StructType.fromDDL("k LONG, v STRING, day STRING")
+    got = DeltaSource("src", str(tmp_path))._load(spark, schema, ["day"], files)
+    truth = pd.concat([frame(0, 3).assign(day="d1"), frame(10, 3).assign(day="d2")])
+    pd.testing.assert_frame_equal(rows(got), rows(truth), check_dtype=False)
