@@ -28,6 +28,8 @@ LOG_DIR = "_delta_log"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _MAX_VERSION = 2**63 - 1
+_GLOB = re.compile(r"[*?\[\]{}]")
+"""Spark reads paths as glob patterns; Delta writers escape these characters in file names."""
 
 
 class Position(NamedTuple):
@@ -66,7 +68,7 @@ class DataFile(NamedTuple):
 def data_file(action: Fields, change_type: str | None, version: int | None) -> DataFile:
     raw = action.string("path")
     path = unquote(raw)
-    problem = path_problem(path, strict=False)
+    problem = path_problem(path, strict=False) or ("has a glob character" if _GLOB.search(path) else None)
     if problem:
         raise action.error("path", f"is not a relative path inside the table: it {problem}", raw)
     values = action.data("partitionValues", default={})

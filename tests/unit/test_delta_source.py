@@ -88,7 +88,17 @@ def test_definition_errors(tmp_path: Path, kwargs: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["../outside.parquet", "/etc/passwd", "s3://other/x.parquet", "a/%2E%2E/%2E%2E/b.parquet", "a//b", "x\\y"]
+    "path",
+    [
+        "../outside.parquet",
+        "/etc/passwd",
+        "s3://other/x.parquet",
+        "a/%2E%2E/%2E%2E/b.parquet",
+        "a//b",
+        "x\\y",
+        "day=*/x.parquet",
+        "a{b,c}.parquet",
+    ],
 )
 def test_log_paths_outside_the_table_are_refused(tmp_path: Path, path: str) -> None:
     with pytest.raises(DocumentError, match=r"tbl/_delta_log/00000000000000000000\.json: field line 2\.add\.path"):
