@@ -8,8 +8,10 @@ Delta log (anyone may write it): both are validated before a path in them is use
 
 Commit ``n`` of a table is ``_delta_log/<n, 20 digits>.json``, one action per line. A
 checkpoint reads the ``add`` actions with ``dataChange`` of the commits in its range or,
-with change data feed, Delta's change rows: a commit's ``cdc`` files when it has some,
-else its data-changing adds as inserts and removes as deletes (as Delta's own reader does).
+with change data feed, change rows: a commit's ``cdc`` files when it has some (written by
+a writer with ``delta.enableChangeDataFeed``), else its data-changing adds as inserts and
+removes as deletes (as Delta's own reader does). Whole-file changes are exact as a net
+change: the unchanged rows of a rewritten file come out once deleted and once inserted.
 """
 
 from __future__ import annotations
@@ -156,26 +158,20 @@ def changed_files(commit: Commit, table: str, change_data_feed: bool) -> list[Da
         raise DeltaSourceError(
             f"Delta table {table}: commit {commit.version} ({commit.operation or 'unknown operation'}) removes "
             f"{len(commit.removes)} file(s) with data changes; a DeltaSource without change_data_feed reads "
-            "append-only tables (compaction with dataChange=false is fine). Enable the table property "
-            "delta.enableChangeDataFeed and set change_data_feed=True to read updates and deletes"
+            "append-only tables (compaction with dataChange=false is fine); set change_data_feed=True to "
+            "read updates and deletes as change rows"
         )
     return [f._replace(change_type=None, commit_version=None) for f in commit.adds]
 
 
-def check_metadata(metadata: Mapping[str, Any], table: str, version: int, change_data_feed: bool) -> None:
-    """Refuse table properties the source cannot read at ``version`` (column mapping; change data
-    feed off while the source reads it)."""
+def check_metadata(metadata: Mapping[str, Any], table: str, version: int) -> None:
+    """Refuse table properties the source cannot read at ``version`` (column mapping)."""
     config = Fields(metadata, f"{table} metadata at version {version}").data("configuration", default={})
     mapping = config.get("delta.columnMapping.mode", "none")
     if mapping != "none":
         raise DeltaSourceError(
             f"Delta table {table}: version {version} uses column mapping ({shorten(mapping)}), which "
             "DeltaSource does not read"
-        )
-    if change_data_feed and str(config.get("delta.enableChangeDataFeed", "false")).lower() != "true":
-        raise DeltaSourceError(
-            f"Delta table {table}: change data feed is off at version {version} "
-            "(table property delta.enableChangeDataFeed), so change_data_feed=True cannot read its changes"
         )
 
 

@@ -45,9 +45,13 @@ class DeltaSource(Source):
       ones: a compaction is not read again). A commit that removes data (update, delete,
       merge, overwrite) is refused with :class:`DeltaSourceError`: read such tables with
       the change data feed.
-    - ``change_data_feed=True`` (table property ``delta.enableChangeDataFeed=true`` over the
-      whole range): Delta's change rows, with ``_change_type`` (``insert``, ``delete``,
-      ``update_preimage``, ``update_postimage``) and ``_commit_version``.
+    - ``change_data_feed=True``: every change as a row with ``_change_type`` and
+      ``_commit_version``. Where the writer recorded Delta's change data (table property
+      ``delta.enableChangeDataFeed=true``): its rows (``insert``, ``delete``,
+      ``update_preimage``, ``update_postimage``). Elsewhere (any writer, e.g. our
+      ``DeltaTableSink``'s upserts): the rows of the files a commit removes as ``delete`` and
+      of those it adds as ``insert`` — exact as a net change, the unchanged rows of a
+      rewritten file coming out once deleted and once inserted.
 
     **First checkpoint.** ``starting_version=None`` (default) reads the table as of the
     first barrier's version — its current rows, as inserts of that version with the change
@@ -59,8 +63,7 @@ class DeltaSource(Source):
     **Refusals** (:class:`DeltaSourceError`, no retry, nothing committed): the log no
     longer holds a commit of the range, or a file of it was vacuumed (the message names the
     versions: restore from a newer checkpoint, or start the job afresh); the table was
-    replaced (another ``metaData.id``); column mapping, deletion vectors; change data feed
-    off while ``change_data_feed=True``.
+    replaced (another ``metaData.id``); column mapping, deletion vectors.
 
     :param uid: Stable id of the source (keys its position in checkpoints).
     :param path: URL of the table root (a local path, ``s3://...``).
@@ -124,9 +127,7 @@ class DeltaSource(Source):
                 f"source {self.uid}: Delta table {self.path} was replaced (table id {metadata.id}, "
                 f"the job read {table_id}); start the job afresh to read the new table"
             )
-        delta_log.check_metadata(
-            {"configuration": metadata.configuration}, self.path, table.version(), self.change_data_feed
-        )
+        delta_log.check_metadata({"configuration": metadata.configuration}, self.path, table.version())
         return table
 
     def _start(self, previous: Any) -> Position | None:
@@ -167,11 +168,9 @@ class DeltaSource(Source):
             return []
         fs, root = self._fs()
         commits = [delta_log.read_commit(fs, root, v, self.path) for v in range(start + 1, end + 1)]
-        if self.change_data_feed and any(c.metadata is not None for c in commits):
-            self._table(start + 1)  # the feed was on before the range's first property change too
         for commit in commits:
             if commit.metadata is not None:
-                delta_log.check_metadata(commit.metadata, self.path, commit.version, self.change_data_feed)
+                delta_log.check_metadata(commit.metadata, self.path, commit.version)
         return [f for c in commits for f in delta_log.changed_files(c, self.path, self.change_data_feed)]
 
     def _snapshot(self, end: Position) -> list[DataFile]:

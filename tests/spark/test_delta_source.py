@@ -142,8 +142,27 @@ def test_a_delete_without_change_data_feed_is_refused_naming_the_commit(spark, t
     DeltaTable(str(table)).delete("k = 1")
     with pytest.raises(DeltaSourceError, match=r"commit 1 \(DELETE\) removes 1 file"):
         source.barrier_position(first)
-    with pytest.raises(DeltaSourceError, match="change data feed is off"):
-        DeltaSource("cdf", str(table), change_data_feed=True).barrier_position(None)
+
+
+def test_without_recorded_change_data_whole_files_are_the_net_change(spark, tmp_path: Path) -> None:
+    """A writer without delta.enableChangeDataFeed rewrites files: the removed file's rows come out as
+    deletes, the added file's as inserts, and their signed sum per row is the actual change."""
+    table = tmp_path / "table"
+    append(table, frame(0, 6))
+    source = DeltaSource("src", str(table), change_data_feed=True)
+    reader = Reader(spark, tmp_path, source)
+    first = source.barrier_position(None)
+    DeltaTable(str(table)).delete("k = 1")
+    DeltaTable(str(table)).update(updates={"v": "'changed'"}, predicate="k = 4")
+    got = reader.read(first, source.barrier_position(first))
+    assert set(got["_change_type"]) == {"insert", "delete"} and set(got["_commit_version"]) == {1, 2}
+    signed = got.assign(sign=got["_change_type"].map({"insert": 1, "delete": -1}))
+    net = signed.groupby(["k", "v", "day"], as_index=False)["sign"].sum().query("sign != 0")
+    before, after = frame(0, 6), frame(0, 6).query("k != 1").assign(v=lambda d: d["v"].where(d["k"] != 4, "changed"))
+    truth = pd.concat([before.assign(sign=-1), after.assign(sign=1)]).groupby(["k", "v", "day"], as_index=False)["sign"]
+    pd.testing.assert_frame_equal(
+        net.reset_index(drop=True), truth.sum().query("sign != 0").reset_index(drop=True), check_dtype=False
+    )
 
 
 def test_a_table_vacuumed_past_the_position_is_refused_naming_the_versions(spark, tmp_path: Path) -> None:
