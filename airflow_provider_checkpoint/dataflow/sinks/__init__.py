@@ -1,6 +1,7 @@
 """Transactional sinks: the shared writer/committer machinery (:mod:`.base`) and the tables built on it."""
 
 from airflow_provider_checkpoint.dataflow.sinks.base import TableDirectorySink, TransactionalSink
+from airflow_provider_checkpoint.dataflow.sinks.delta_table import DeltaTableSink
 from airflow_provider_checkpoint.dataflow.sinks.parquet_table import (
     FORMAT,
     ParquetTableSink,
@@ -10,6 +11,7 @@ from airflow_provider_checkpoint.dataflow.sinks.parquet_table import (
 
 __all__ = [
     "FORMAT",
+    "DeltaTableSink",
     "ParquetTableSink",
     "TableDirectorySink",
     "TransactionalSink",

@@ -83,7 +83,11 @@ class TransactionalSink(Sink):
         """``chk-<id>/<job>/<step>/attempt-<n>``: unique per attempt, so retries never mix files."""
         return f"chk-{ctx.checkpoint_id}/{ctx.attempt_tag}"
 
+    def check_target(self) -> None:
+        """Refuse a target this sink must not write (e.g. not its format), before the claim touches it."""
+
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        self.check_target()
         self.claim(ctx.plan.job_id)
         return self.write(ctx, df)
 
