@@ -263,8 +263,10 @@ class DeltaTableSink(TableDirectorySink):
                 raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
         now = int(time.time() * 1000)
         actions: list[Any] = [RemoveAction(r.path, True, now, r.size, {}) for r in commit.removes]
-        stats = lambda f: json.dumps({"numRecords": f.num_records})  # noqa: E731
-        actions += [AddAction(a.path, a.size, a.partition_values, now, True, stats(a)) for a in commit.adds]
+        actions += [
+            AddAction(a.path, a.size, a.partition_values, now, True, json.dumps({"numRecords": a.num_records}))
+            for a in commit.adds
+        ]
         started = time.monotonic()
         table.create_write_transaction(
             actions,
@@ -286,7 +288,7 @@ class DeltaTableSink(TableDirectorySink):
             len(commit.removes),
             time.monotonic() - started,
         )
-        self.abort(checkpoint_id)
+        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds})
 
     def committed_versions(self) -> dict[int, int]:
         """Checkpoint id → the Delta version that committed it, from the table's history."""
@@ -329,22 +331,26 @@ class DeltaTableSink(TableDirectorySink):
         table.restore(version, commit_properties=CommitProperties(custom_metadata=metadata))
         log.info("sink %s: Delta table restored to version %d (checkpoint %d)", self.uid, version, checkpoint_id)
 
-    def _leftovers(self, checkpoint_id: int) -> list[str]:
-        """Files under ``chk-<id>/`` no commit of that checkpoint added (other attempts, aborted ones)."""
+    def _leftovers(self, checkpoint_id: int, kept: set[str] | None = None) -> list[str]:
+        """Files under ``chk-<id>/`` but not in ``kept`` (default: what the commit of that checkpoint added)."""
         location = self.table()
         prefix = f"chk-{checkpoint_id}"
         if not location.exists(prefix):
             return []
-        version = self.committed_versions().get(checkpoint_id)
-        kept = _paths(self._open(version)) if version is not None else set()
+        if kept is None:
+            version = self.committed_versions().get(checkpoint_id)
+            kept = _paths(self._open(version)) if version is not None else set()
         return [p for p in (location.relative(f) for f in location.fs.find(location.path(prefix))) if p not in kept]
 
-    def abort(self, checkpoint_id: int) -> None:
-        """Delete every file of ``checkpoint_id`` its commit (if any) did not add."""
+    def _delete_all_but(self, checkpoint_id: int, kept: set[str] | None = None) -> None:
         location = self.table()
-        location.delete_paths(self._leftovers(checkpoint_id))
+        location.delete_paths(self._leftovers(checkpoint_id, kept))
         if location.exists(f"chk-{checkpoint_id}") and not location.fs.find(location.path(f"chk-{checkpoint_id}")):
             location.delete(f"chk-{checkpoint_id}")
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Delete every file of ``checkpoint_id`` its commit (if any) did not add: other and aborted attempts."""
+        self._delete_all_but(checkpoint_id)
 
     def audit(self) -> list[str]:
         fs, root = self._fs()
