@@ -145,7 +145,7 @@ class DeltaTableSink(TableDirectorySink):
         from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        schema = to_arrow_schema(df.schema)
+        schema = to_arrow_schema(df.schema, timezone="UTC")
         table = self._delta()
         if table is None:
             table = DeltaTable.create(
