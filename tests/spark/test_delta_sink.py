@@ -105,13 +105,15 @@ def test_upsert_rewrites_only_the_changed_buckets(spark, tmp_path):
 
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     sink = DeltaTableSink("latest", SOURCE, str(tmp_path / "t"), "upsert", ["k"], buckets=16)
-    base = pd.DataFrame({"k": [f"k{i}" for i in range(2000)], "v": range(2000)})
+    at = pd.to_datetime([1_700_000_000 + i for i in range(2000)], unit="s")  # a timestamp column round-trips
+    base = pd.DataFrame({"k": [f"k{i}" for i in range(2000)], "v": range(2000), "at": at})
     sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(base)))
-    one_key = pd.DataFrame({"k": ["k7"], "v": [-1]})
+    one_key = pd.DataFrame({"k": ["k7"], "v": [-1], "at": pd.to_datetime([0], unit="s")})
     committables = sink.stage(step_context(spark, storage, 2), spark.createDataFrame(one_key))
     assert [len(committables[0]["adds"]), len(committables[0]["removes"])] == [1, 1]
     sink.commit(2, committables)
     got = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pandas()
+    got["at"] = got["at"].dt.tz_convert("UTC").dt.tz_localize(None)
     truth = pd.concat([base[base.k != "k7"], one_key])
     pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
 
