@@ -67,9 +67,9 @@ class DeltaSource(Source):
 
     :param uid: Stable id of the source (keys its position in checkpoints).
     :param path: URL of the table root (a local path, ``s3://...``).
-    :param storage_options: Options of delta-rs (object_store) for the table, as for ``write_deltalake``.
-    :param filesystem_options: fsspec options of the table's filesystem, used to read the log
-        and list files (Spark reads the data files with its own Hadoop configuration).
+    :param storage_options: Options of the table's storage, for fsspec (the log, file checks) and
+        delta-rs (metadata), as ``DeltaTableSink`` takes them; Spark reads the data files with
+        its own Hadoop configuration.
     :param change_data_feed: Read inserts, updates and deletes as change rows (see above).
     :param starting_version: The first commit the job reads; ``None``: the table's rows at the
         first barrier, then its commits.
@@ -80,8 +80,7 @@ class DeltaSource(Source):
         self,
         uid: str,
         path: str,
-        storage_options: dict[str, str] | None = None,
-        filesystem_options: dict[str, Any] | None = None,
+        storage_options: dict[str, Any] | None = None,
         change_data_feed: bool = False,
         starting_version: int | None = None,
         max_commits_per_checkpoint: int | None = None,
@@ -93,7 +92,6 @@ class DeltaSource(Source):
             raise PipelineDefinitionError(f"{uid}: max_commits_per_checkpoint must be at least 1")
         self.path = path
         self.storage_options = dict(storage_options or {})
-        self.filesystem_options = dict(filesystem_options or {})
         self.change_data_feed = change_data_feed
         self.starting_version = starting_version
         self.max_commits_per_checkpoint = max_commits_per_checkpoint
@@ -103,7 +101,7 @@ class DeltaSource(Source):
 
     # -- positions and the log (no Spark) ------------------------------------------------
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        fs, root = fsspec.core.url_to_fs(self.path, **self.filesystem_options)
+        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         return fs, root.rstrip("/")
 
     def _table(self, version: int | None = None, table_id: str | None = None, files: bool = False) -> DeltaTable:
