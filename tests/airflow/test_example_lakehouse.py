@@ -76,6 +76,9 @@ def test_two_pipelines_chained_through_a_delta_table_exactly_once(lakehouse, tmp
             assert run.state == "failed"
             run = tiers.test()
         assert run.state == "success", f"round {number}: tiers run ended {run.state}"
+        if fault and fault.startswith("step"):
+            tries = [ti.try_number for ti in run.get_task_instances() if ti.task_id.startswith("step_")]
+            assert tries == [2], "the step died once before acking and was retried"
         assert_table(base, "tiers", truth["tiers"], ["tier"])
 
     assert asset_event_checkpoints(uri) == [1, 2, 3, 4]
