@@ -173,11 +173,3 @@ def check_metadata(metadata: Mapping[str, Any], table: str, version: int) -> Non
             f"Delta table {table}: version {version} uses column mapping ({shorten(mapping)}), which "
             "DeltaSource does not read"
         )
-
-
-def check_partition_columns(metadata: Mapping[str, Any], table: str, version: int) -> list[str]:
-    """The partition columns of ``metadata`` (validated)."""
-    columns = Fields(metadata, f"{table} metadata at version {version}").items("partitionColumns", default=[])
-    if not all(isinstance(c, str) and c for c in columns):
-        raise DocumentError(f"{table} metadata at version {version}", "partitionColumns", "must be names", columns)
-    return list(columns)

@@ -117,7 +117,7 @@ class DeltaSource(Source):
         except DeltaError as e:
             raise DeltaSourceError(
                 f"source {self.uid}: Delta table {self.path} cannot be loaded{at} ({str(e)[:300]}): "
-                "its log was cleaned up or the table vacuumed past this job's position"
+                "its log may have been cleaned up past this version"
             ) from None
         metadata = table.metadata()
         if table_id is not None and metadata.id != table_id:
@@ -216,14 +216,12 @@ class DeltaSource(Source):
         table = self._table(end.version, end.table_id)
         schema = StructType.fromJson(delta_log.load_schema(table.schema().to_json(), self.path))
         ctx.add_metric("files_in", len(files))
-        log.info(
-            "source %s: %d file(s) of %s version %s..%d",
-            self.uid,
-            len(files),
-            self.path,
-            "snapshot" if start is None else start.version + 1,
-            end.version,
+        read = (
+            f"the snapshot at version {end.version}"
+            if start is None
+            else f"versions {start.version + 1}..{end.version}"
         )
+        log.info("source %s: %d file(s) of %s, %s", self.uid, len(files), self.path, read)
         return self._load(ctx.spark, schema, table.metadata().partition_columns, files).cache()
 
     def output_schema(self, schema: StructType) -> StructType:
