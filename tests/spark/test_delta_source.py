@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 from airflow_provider_checkpoint.dataflow import DeltaSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.exceptions import DeltaSourceError
+from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -198,8 +199,8 @@ def test_a_replaced_table_is_refused(spark, tmp_path: Path) -> None:
 
 
 def test_a_pipeline_over_a_delta_table_counts_every_commit_once(spark, tmp_path: Path, monkeypatch) -> None:
-    """DeltaSource → KeyedAggregate → upsert table over checkpoints, commits landing mid-checkpoint
-    and a step retry: the table equals pandas over every frame written."""
+    """DeltaSource → KeyedAggregate → upsert table over checkpoints, commits landing mid-checkpoint,
+    a step retry and a restore to checkpoint 1: the table equals pandas over every frame written."""
     table = tmp_path / "source"
     written = [frame(0, 8)]
     append(table, written[0])
@@ -221,6 +222,10 @@ def test_a_pipeline_over_a_delta_table_counts_every_commit_once(spark, tmp_path:
     job.checkpoint(during=land)
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     job.checkpoint()
+    land()
+    request_restore(job.storage, job.storage.url(job.storage.chk_dir(1)), False, False)
+    restored = job.checkpoint()  # state and position of checkpoint 1: its later commits are read again, once
+    assert restored.restored_from == 1
     everything = pd.concat(written)
     truth = everything.groupby("day").agg(n=("k", "count"), top=("k", "max")).reset_index()
     got = read_table(tmp_path / "per_day")[["day", "n", "top"]].sort_values("day", ignore_index=True)
