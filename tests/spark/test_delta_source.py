@@ -17,6 +17,7 @@ from pyspark.sql.types import StructType
 from airflow_provider_checkpoint.dataflow import DeltaSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.exceptions import DeltaSourceError
+from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
 from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import read_table
@@ -231,6 +232,10 @@ def test_a_pipeline_over_a_delta_table_counts_every_commit_once(spark, tmp_path:
     got = read_table(tmp_path / "per_day")[["day", "n", "top"]].sort_values("day", ignore_index=True)
     pd.testing.assert_frame_equal(got, truth.sort_values("day", ignore_index=True), check_dtype=False)
     assert [r for r in job.step_runs if r[2] > 1], "the injected fault made a step retry"
+    sensor = CheckpointStorageHook(job.storage.job_id, f"file://{tmp_path}/ckpt")
+    assert sensor.new_input(job.graph.sources) == [], "every commit is read"
+    land()
+    assert sensor.new_input(job.graph.sources) == ["rows"]
 
 
 def test_files_with_the_same_base_name_keep_their_own_partition_values(spark, tmp_path: Path) -> None:

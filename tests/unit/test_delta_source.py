@@ -158,3 +158,13 @@ def test_column_mapping_is_refused() -> None:
 def test_not_a_delta_table(tmp_path: Path) -> None:
     with pytest.raises(DeltaSourceError, match="is not a Delta table"):
         DeltaSource("src", str(tmp_path)).barrier_position(None)
+
+
+def test_a_deferred_input_sensor_rebuilds_the_source_from_its_json_spec(tmp_path: Path) -> None:
+    from airflow_provider_checkpoint.triggers.checkpoint import source_from_spec, source_spec
+
+    source = DeltaSource("src", str(tmp_path), {"timeout": "5s"}, True, 3, 10)
+    spec = json.loads(json.dumps(source_spec(source)))  # stored in the metadata DB as JSON
+    rebuilt = source_from_spec(spec)
+    assert isinstance(rebuilt, DeltaSource) and source_spec(rebuilt) == spec
+    assert (rebuilt.path, rebuilt.change_data_feed, rebuilt.starting_version) == (str(tmp_path), True, 3)
