@@ -109,6 +109,20 @@ class InputChangedError(MalformedInputError):
     """A file cut into the barrier changed or vanished before the step read it."""
 
 
+class DeltaSourceError(RefusedInputError):
+    """A Delta source table cannot give a checkpoint its changes: history vacuumed past the position,
+    a replaced table, data removed without change data feed, or a feature it does not read; the
+    message names the table and the versions."""
+
+
+class SinkClaimedError(PipelineDefinitionError):
+    """A sink's target belongs to another (job, sink uid) or was written with another layout."""
+
+
+class SinkSchemaError(RefusedInputError):
+    """The input's columns do not match the sink's table; the message names the table and the columns."""
+
+
 class RestoreError(RefusedInputError):
     """A snapshot cannot be restored into this job; the message lists every reason."""
 

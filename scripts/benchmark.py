@@ -7,6 +7,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py long-run --increments 100 --events 200 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
+    .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -24,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import inprocess, longrun, report, scheduler  # noqa: E402
+from bench import inprocess, longrun, report, scheduler, sinkupsert  # noqa: E402
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,6 +34,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "large-state": (6, 20_000, 1_000_000),
     "long-run": (100, 200, 20_000),
     "scheduler": (4, 50_000, 20_000),
+    "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
 }
 PNG = "benchmark-long-run.png"
 
@@ -47,6 +49,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pages", type=int, default=500, help="distinct pages")
     parser.add_argument("--workload", choices=WORKLOADS, default="clickstream", help="scheduler mode's workload")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--buckets", type=int, default=1024, help="sink-upsert mode's bucket files per table")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
@@ -73,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = args.work.resolve()
     # the long run builds its whole key set in checkpoint 1, so any later growth is the job's age
-    workload = {"long-run": "large-state", "scheduler": args.workload}.get(args.mode, args.mode)
+    workload = {"long-run": "large-state", "scheduler": args.workload, "sink-upsert": "large-state"}.get(
+        args.mode, args.mode
+    )
     section = f"scheduler-{workload}" if args.mode == "scheduler" else args.mode
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
@@ -81,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         longrun.plot(result["rows"], (work / "run" if args.no_doc else args.doc.parent) / PNG)
         text = report.render_longrun(result, PNG)
         ok = True
+    elif args.mode == "sink-upsert":
+        changed = [max(args.events // 10 ** (args.increments - i), 1) for i in range(1, args.increments + 1)]
+        result = sinkupsert.run(args.users, changed, args.buckets, work, args.seed)
+        text = sinkupsert.render(result)
+        ok = not result["problems"]
     elif args.mode == "scheduler":
         result = scheduler.run(spec, work)
         text = report.render_scheduler(result)

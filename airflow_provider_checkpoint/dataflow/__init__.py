@@ -1,5 +1,6 @@
 """Building blocks of a checkpointed pipeline: sources, transforms, stateful operators, sinks."""
 
+from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
@@ -11,13 +12,15 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Union,
 )
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink, ParquetTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
 __all__ = [
     "Channel",
+    "DeltaSource",
+    "DeltaTableSink",
     "DimensionEnrichment",
     "FileSource",
     "IntervalJoin",

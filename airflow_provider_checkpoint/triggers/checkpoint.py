@@ -14,6 +14,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.exceptions import CheckpointError
@@ -25,6 +26,16 @@ _MODULE = __name__
 # -- source specs: how a trigger gets the pipeline's sources ----------------------------
 def source_spec(source: Source) -> JsonDict:
     """A JSON description of ``source`` from which :func:`source_from_spec` rebuilds it."""
+    if isinstance(source, DeltaSource):
+        return {
+            "kind": "delta",
+            "uid": source.uid,
+            "path": source.path,
+            "storage_options": source.storage_options,
+            "change_data_feed": source.change_data_feed,
+            "starting_version": source.starting_version,
+            "max_commits_per_checkpoint": source.max_commits_per_checkpoint,
+        }
     if not isinstance(source, FileSource):
         raise TypeError(f"source {source.uid}: {type(source).__name__} cannot be watched by a deferred sensor")
     return {
@@ -39,7 +50,10 @@ def source_spec(source: Source) -> JsonDict:
 
 
 def source_from_spec(spec: JsonDict) -> Source:
-    return FileSource(**spec)
+    fields = dict(spec)
+    if fields.pop("kind", None) == "delta":
+        return DeltaSource(**fields)
+    return FileSource(**fields)
 
 
 # -- triggers ----------------------------------------------------------------------------

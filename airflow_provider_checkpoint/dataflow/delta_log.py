@@ -1,0 +1,175 @@
+"""Positions of a :class:`~airflow_provider_checkpoint.dataflow.delta_source.DeltaSource` and the
+commits of a Delta table between two of them (pure Python, no Spark).
+
+A position is ``{"version": v, "table_id": id}``: every change of the table up to and
+including version ``v`` has been read; ``table_id`` (the table's ``metaData.id``) tells a
+replaced table from the one read so far. Positions are stored documents, and so is the
+Delta log (anyone may write it): both are validated before a path in them is used.
+
+Commit ``n`` of a table is ``_delta_log/<n, 20 digits>.json``, one action per line. A
+checkpoint reads the ``add`` actions with ``dataChange`` of the commits in its range or,
+with change data feed, change rows: a commit's ``cdc`` files when it has some (written by
+a writer with ``delta.enableChangeDataFeed``), else its data-changing adds as inserts and
+removes as deletes (as Delta's own reader does). Whole-file changes are exact as a net
+change: the unchanged rows of a rewritten file come out once deleted and once inserted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+from urllib.parse import unquote
+
+import fsspec
+
+from airflow_provider_checkpoint.core.documents import Fields, load_json, path_problem
+from airflow_provider_checkpoint.exceptions import DeltaSourceError, DocumentError, InvalidPositionError, shorten
+
+LOG_DIR = "_delta_log"
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+_MAX_VERSION = 2**63 - 1
+_GLOB = re.compile(r"[*?\[\]{}]")
+"""Spark reads paths as glob patterns; Delta writers escape these characters in file names."""
+
+
+class Position(NamedTuple):
+    version: int
+    """The last table version read; -1: none."""
+    table_id: str | None = None
+
+
+def validate_position(uid: str, position: object) -> Position | None:
+    """A stored position, validated; ``None`` stays ``None`` (nothing read yet)."""
+    if position is None:
+        return None
+    version = position.get("version") if isinstance(position, Mapping) else None
+    if isinstance(version, bool) or not isinstance(version, int) or not -1 <= version <= _MAX_VERSION:
+        raise InvalidPositionError(
+            f"source {uid}: stored position {shorten(position)} has no 'version' integer in [-1, 2^63-1]"
+        )
+    assert isinstance(position, Mapping)
+    table_id = position.get("table_id")
+    if table_id is not None and not (isinstance(table_id, str) and _TABLE_ID.fullmatch(table_id)):
+        raise InvalidPositionError(f"source {uid}: table_id {shorten(table_id)} in a stored position is not an id")
+    return Position(version, table_id)
+
+
+class DataFile(NamedTuple):
+    """A Parquet file to read: ``path`` relative to the table root (decoded, validated)."""
+
+    path: str
+    partition_values: tuple[tuple[str, str | None], ...]
+    change_type: str | None = None
+    """``"insert"``/``"delete"`` for a whole data file; ``None`` for plain reads and ``cdc`` files
+    (which hold ``_change_type`` themselves)."""
+    commit_version: int | None = None
+
+
+def data_file(action: Fields, change_type: str | None, version: int | None) -> DataFile:
+    raw = action.string("path")
+    path = unquote(raw)
+    problem = path_problem(path, strict=False) or ("has a glob character" if _GLOB.search(path) else None)
+    if problem:
+        raise action.error("path", f"is not a relative path inside the table: it {problem}", raw)
+    values = action.data("partitionValues", default={})
+    for key, value in values.items():
+        if not (value is None or isinstance(value, str)):
+            raise action.error(f"partitionValues.{key}", "must be a string or null", value)
+    if action.has("deletionVector"):
+        raise action.error("deletionVector", "is not supported: the source reads whole Parquet files")
+    return DataFile(path, tuple(sorted(values.items())), change_type, version)
+
+
+def load_schema(text: str, table: str) -> dict[str, Any]:
+    """The table schema (Delta's JSON form, which is Spark's), checked to be a struct."""
+    schema = load_json(text, f"{table} schema")
+    if not isinstance(schema, dict) or schema.get("type") != "struct" or not isinstance(schema.get("fields"), list):
+        raise DocumentError(f"{table} schema", "type", "must be a struct with fields", schema)
+    return schema
+
+
+class Commit(NamedTuple):
+    version: int
+    operation: str
+    adds: list[DataFile]
+    removes: list[DataFile]
+    cdc: list[DataFile]
+    metadata: dict[str, Any] | None
+
+
+def commit_versions(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
+    """The versions whose commit file is in the table's log, ascending."""
+    try:
+        names = fs.ls(f"{root}/{LOG_DIR}", detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in (_COMMIT.match(n.rsplit("/", 1)[-1]) for n in names) if m)
+
+
+def read_commit(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> Commit:
+    """Commit ``version`` of the table at ``root``, its actions validated; :class:`DeltaSourceError`
+    when the log no longer holds it."""
+    name = f"{LOG_DIR}/{version:020d}.json"
+    document = f"{table}/{name}"
+    try:
+        with fs.open(f"{root}/{name}", "rb") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        available = commit_versions(fs, root)
+        oldest = f"its oldest commit is {available[0]}" if available else "it has no commits"
+        raise DeltaSourceError(
+            f"Delta table {table}: commit {version} is no longer in its log ({oldest}): the table was "
+            "vacuumed, its log cleaned up or the table replaced past this job's position"
+        ) from None
+    adds, removes, cdc = [], [], []
+    operation, metadata = "", None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        action = Fields(load_json(line, document), document, f"line {number}")
+        if action.has("add"):
+            add = action.obj("add")
+            if add.flag("dataChange", default=True):
+                adds.append(data_file(add, "insert", version))
+        elif action.has("remove"):
+            remove = action.obj("remove")
+            if remove.flag("dataChange", default=True):
+                removes.append(data_file(remove, "delete", version))
+        elif action.has("cdc"):
+            cdc.append(data_file(action.obj("cdc"), None, version))
+        elif action.has("commitInfo"):
+            operation = action.obj("commitInfo").text("operation", max_length=200, default="")
+        elif action.has("metaData"):
+            metadata = action.data("metaData")
+    return Commit(version, operation, adds, removes, cdc, metadata)
+
+
+def changed_files(commit: Commit, table: str, change_data_feed: bool) -> list[DataFile]:
+    """The files holding ``commit``'s changes (see the module docstring).
+
+    Without change data feed a commit that removes data is refused: its rows cannot be
+    told apart from the table's other rows without the feed.
+    """
+    if change_data_feed:
+        return commit.cdc or [*commit.adds, *commit.removes]
+    if commit.removes:
+        raise DeltaSourceError(
+            f"Delta table {table}: commit {commit.version} ({commit.operation or 'unknown operation'}) removes "
+            f"{len(commit.removes)} file(s) with data changes; a DeltaSource without change_data_feed reads "
+            "append-only tables (compaction with dataChange=false is fine); set change_data_feed=True to "
+            "read updates and deletes as change rows"
+        )
+    return [f._replace(change_type=None, commit_version=None) for f in commit.adds]
+
+
+def check_metadata(metadata: Mapping[str, Any], table: str, version: int) -> None:
+    """Refuse table properties the source cannot read at ``version`` (column mapping)."""
+    config = Fields(metadata, f"{table} metadata at version {version}").data("configuration", default={})
+    mapping = config.get("delta.columnMapping.mode", "none")
+    if mapping != "none":
+        raise DeltaSourceError(
+            f"Delta table {table}: version {version} uses column mapping ({shorten(mapping)}), which "
+            "DeltaSource does not read"
+        )

@@ -1,0 +1,284 @@
+"""A Delta Lake table as a replayable source: the barrier records the table version."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+from airflow_provider_checkpoint.core.documents import Fields, JsonDict
+from airflow_provider_checkpoint.dataflow import delta_log
+from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from airflow_provider_checkpoint.spark.context import StepContext
+
+log = logging.getLogger(__name__)
+
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+
+
+class DeltaSource(Source):
+    """The changes of a Delta table (written by anyone: Spark, delta-rs, our ``DeltaTableSink``).
+
+    The barrier position is ``{"version": v, "table_id": id}``: the table version current
+    at trigger time. A checkpoint reads exactly the changes of the commits after the
+    restore point's version up to the barrier's, so every commit is read by one completed
+    checkpoint, and a retry reads the same rows (commits are immutable). Only the list of
+    files passes through the driver; Spark reads the Parquet files, with the partition
+    columns taken from the log's partition values and the columns of the table's schema
+    at the barrier version (a column added later reads as null in older files).
+
+    - ``change_data_feed=False``: the rows of the files the commits add (``dataChange``
+      ones: a compaction is not read again). A commit that removes data (update, delete,
+      merge, overwrite) is refused with :class:`DeltaSourceError`: read such tables with
+      the change data feed.
+    - ``change_data_feed=True``: every change as a row with ``_change_type`` and
+      ``_commit_version``. Where the writer recorded Delta's change data (table property
+      ``delta.enableChangeDataFeed=true``): its rows (``insert``, ``delete``,
+      ``update_preimage``, ``update_postimage``). Elsewhere (any writer, e.g. our
+      ``DeltaTableSink``'s upserts): the rows of the files a commit removes as ``delete`` and
+      of those it adds as ``insert`` — exact as a net change, the unchanged rows of a
+      rewritten file coming out once deleted and once inserted.
+
+    **First checkpoint.** ``starting_version=None`` (default) reads the table as of the
+    first barrier's version — its current rows, as inserts of that version with the change
+    data feed — and the commits after it from then on (Delta's streaming source does the
+    same); the history before it need not be retained. ``starting_version=n`` reads the
+    changes of commits ``n`` onwards instead (``0``: the whole history, which must still be
+    in the log and not vacuumed).
+
+    **Refusals** (:class:`DeltaSourceError`, no retry, nothing committed): the log no
+    longer holds a commit of the range, or a file of it was vacuumed (the message names the
+    versions: restore from a newer checkpoint, or start the job afresh); the table was
+    replaced (another ``metaData.id``); column mapping, deletion vectors.
+
+    :param uid: Stable id of the source (keys its position in checkpoints).
+    :param path: URL of the table root (a local path, ``s3://...``).
+    :param storage_options: Options of the table's storage, for fsspec (the log, file checks) and
+        delta-rs (metadata), as ``DeltaTableSink`` takes them; Spark reads the data files with
+        its own Hadoop configuration.
+    :param change_data_feed: Read inserts, updates and deletes as change rows (see above).
+    :param starting_version: The first commit the job reads; ``None``: the table's rows at the
+        first barrier, then its commits.
+    :param max_commits_per_checkpoint: Split a backlog of commits over several checkpoints.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        path: str,
+        storage_options: dict[str, Any] | None = None,
+        change_data_feed: bool = False,
+        starting_version: int | None = None,
+        max_commits_per_checkpoint: int | None = None,
+    ) -> None:
+        super().__init__(uid)
+        if starting_version is not None and (isinstance(starting_version, bool) or starting_version < 0):
+            raise PipelineDefinitionError(f"{uid}: starting_version must be a table version (>= 0) or None")
+        if max_commits_per_checkpoint is not None and max_commits_per_checkpoint < 1:
+            raise PipelineDefinitionError(f"{uid}: max_commits_per_checkpoint must be at least 1")
+        self.path = path
+        self.storage_options = dict(storage_options or {})
+        self.change_data_feed = change_data_feed
+        self.starting_version = starting_version
+        self.max_commits_per_checkpoint = max_commits_per_checkpoint
+
+    def describe(self) -> JsonDict:
+        return {**super().describe(), "path": self.path, "change_data_feed": self.change_data_feed}
+
+    # -- positions and the log (no Spark) ------------------------------------------------
+    def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
+        return fs, root.rstrip("/")
+
+    def _table(self, version: int | None = None, table_id: str | None = None, files: bool = False) -> DeltaTable:
+        """The table (at ``version``), checked readable and, given ``table_id``, the same table."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError, TableNotFoundError
+
+        at = "" if version is None else f" at version {version}"
+        try:
+            table = DeltaTable(self.path, version, self.storage_options or None, without_files=not files)
+        except TableNotFoundError:
+            raise DeltaSourceError(f"source {self.uid}: {self.path} is not a Delta table") from None
+        except DeltaError as e:
+            raise DeltaSourceError(
+                f"source {self.uid}: Delta table {self.path} cannot be loaded{at} ({str(e)[:300]}): "
+                "its log may have been cleaned up past this version"
+            ) from None
+        metadata = table.metadata()
+        if table_id is not None and metadata.id != table_id:
+            raise DeltaSourceError(
+                f"source {self.uid}: Delta table {self.path} was replaced (table id {metadata.id}, "
+                f"the job read {table_id}); start the job afresh to read the new table"
+            )
+        delta_log.check_metadata({"configuration": metadata.configuration}, self.path, table.version())
+        return table
+
+    def _start(self, previous: Any) -> Position | None:
+        """The position a checkpoint reads from; ``None``: the table's rows at the barrier."""
+        start = delta_log.validate_position(self.uid, previous)
+        if start is None and self.starting_version is not None:
+            return Position(self.starting_version - 1)
+        return start
+
+    def initial_position(self) -> JsonDict | None:
+        return None if self.starting_version is None else {"version": self.starting_version - 1}
+
+    def barrier_position(self, previous: Any) -> JsonDict:
+        """The table version now (at most ``max_commits_per_checkpoint`` commits ahead); the
+        commits of the range are checked readable here, before the checkpoint starts."""
+        start = self._start(previous)
+        table = self._table(table_id=start.table_id if start else None)
+        current, table_id = table.version(), table.metadata().id
+        end = current
+        if start is not None:
+            if self.max_commits_per_checkpoint is not None:
+                end = min(end, start.version + self.max_commits_per_checkpoint)
+            end = max(end, start.version)
+            self._changes(start.version, end)
+        return {"version": end, "table_id": table_id}
+
+    def split(self, previous: Any, barrier: Any) -> list[DataFile]:
+        """The files holding the changes in ``(previous, barrier]`` (positions validated)."""
+        start, end = self._start(previous), delta_log.validate_position(self.uid, barrier)
+        if end is None:
+            raise InvalidPositionError(f"source {self.uid}: a barrier position is missing")
+        if start is None:
+            return self._snapshot(end)
+        return self._changes(start.version, end.version)
+
+    def _changes(self, start: int, end: int) -> list[DataFile]:
+        if end <= start:
+            return []
+        fs, root = self._fs()
+        commits = [delta_log.read_commit(fs, root, v, self.path) for v in range(start + 1, end + 1)]
+        for commit in commits:
+            if commit.metadata is not None:
+                delta_log.check_metadata(commit.metadata, self.path, commit.version)
+        return [f for c in commits for f in delta_log.changed_files(c, self.path, self.change_data_feed)]
+
+    def _snapshot(self, end: Position) -> list[DataFile]:
+        """The files of the table at ``end``: its rows (inserts of that version with the feed)."""
+        import pyarrow as pa
+
+        actions = pa.table(self._table(end.version, end.table_id, files=True).get_add_actions(flatten=False))
+        partitions = actions.column("partition").to_pylist() if "partition" in actions.column_names else None
+        change, version = ("insert", end.version) if self.change_data_feed else (None, None)
+        document = f"{self.path} files at version {end.version}"
+        return [
+            delta_log.data_file(
+                Fields({"path": path, "partitionValues": (partitions[i] if partitions else None) or {}}, document),
+                change,
+                version,
+            )
+            for i, path in enumerate(actions.column("path").to_pylist())
+        ]
+
+    def _check_present(self, files: Sequence[DataFile], start: Position | None, end: Position) -> None:
+        """Every file is still there: a vacuumed one is a :class:`DeltaSourceError` naming the versions."""
+        fs, root = self._fs()
+        by_dir: dict[str, set[str]] = defaultdict(set)
+        for f in files:
+            by_dir[posixpath.dirname(f"{root}/{f.path}")].add(posixpath.basename(f.path))
+        for directory, names in by_dir.items():
+            present = {posixpath.basename(p) for p in fs.ls(directory, detail=False)} if fs.isdir(directory) else set()
+            missing = sorted(names - present)
+            if missing:
+                read = f"versions {start.version + 1}..{end.version}" if start else f"version {end.version}"
+                raise DeltaSourceError(
+                    f"source {self.uid}: Delta table {self.path} was vacuumed past this job's position: "
+                    f"{len(missing)} file(s) of {read} are gone (e.g. {posixpath.relpath(directory, root)}/"
+                    f"{missing[0]}); restore from a newer checkpoint or start the job afresh"
+                )
+
+    # -- reading (Spark) -------------------------------------------------------------------
+    def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        from pyspark.sql.types import StructType
+
+        start, end = self._start(previous), delta_log.validate_position(self.uid, barrier)
+        files = self.split(previous, barrier)
+        assert end is not None  # split refused a missing barrier
+        self._check_present(files, start, end)
+        table = self._table(end.version, end.table_id)
+        schema = StructType.fromJson(delta_log.load_schema(table.schema().to_json(), self.path))
+        ctx.add_metric("files_in", len(files))
+        read = (
+            f"the snapshot at version {end.version}"
+            if start is None
+            else f"versions {start.version + 1}..{end.version}"
+        )
+        log.info("source %s: %d file(s) of %s, %s", self.uid, len(files), self.path, read)
+        return self._load(ctx.spark, schema, table.metadata().partition_columns, files).cache()
+
+    def output_schema(self, schema: StructType) -> StructType:
+        """The columns this source gives: the table's, plus the change columns with the feed."""
+        from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+        if not self.change_data_feed:
+            return schema
+        extra = [StructField(CHANGE_TYPE, StringType(), False), StructField(COMMIT_VERSION, LongType(), False)]
+        return StructType([*schema.fields, *extra])
+
+    def _load(
+        self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: Sequence[DataFile]
+    ) -> DataFrame:
+        """``files`` read by Spark in one scan (one per group of files with distinct base names)."""
+        if not files:
+            return spark.createDataFrame([], self.output_schema(schema))
+        rounds: list[dict[str, DataFile]] = []
+        for f in files:
+            name = posixpath.basename(f.path)
+            free = next((r for r in rounds if name not in r), None)
+            if free is None:
+                rounds.append(free := {})
+            free[name] = f
+        scans = [self._scan(spark, schema, partition_columns, r) for r in rounds]
+        return reduce(lambda a, b: a.unionAll(b), scans)
+
+    def _scan(
+        self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: dict[str, DataFile]
+    ) -> DataFrame:
+        """One Parquet scan of ``files`` (keyed by base name); what the log says per file (partition
+        values, change type, commit version) is looked up by the row's ``_metadata.file_name``."""
+        from pyspark.sql import Column
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        def per_file(value: Callable[[DataFile], Any]) -> Column:
+            pairs = [F.lit(x) for name, f in files.items() for x in (name, value(f))]
+            return F.element_at(F.create_map(*pairs), F.col("_metadata.file_name"))
+
+        def partition_value(column: str) -> Callable[[DataFile], str | None]:
+            return lambda f: dict(f.partition_values).get(column)
+
+        feed = self.change_data_feed
+        stored = [f for f in schema.fields if f.name not in partition_columns]
+        read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if feed else [])])
+        fs, root = self._fs()
+        df = spark.read.schema(read).parquet(*[fs.unstrip_protocol(f"{root}/{f.path}") for f in files.values()])
+        columns = [
+            per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
+            if c.name in partition_columns
+            else F.col(c.name)
+            for c in schema.fields
+        ]
+        if feed:  # a cdc file holds its change type, a whole data file is an insert or a delete
+            columns += [
+                F.coalesce(F.col(CHANGE_TYPE), per_file(lambda f: f.change_type)).alias(CHANGE_TYPE),
+                per_file(lambda f: f.commit_version).cast("long").alias(COMMIT_VERSION),
+            ]
+        return df.select(*columns)

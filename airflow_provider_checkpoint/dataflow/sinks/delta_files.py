@@ -1,0 +1,140 @@
+"""The Delta sink's committables and input checks, pure Python (no Spark, no delta-rs).
+
+Committables of checkpoint ``N`` (one item per staging attempt that reached the ack)::
+
+    {"checkpoint_id": N,
+     "adds": [{"path": "chk-N/<job>/<step>/attempt-<n>/…/part-….parquet", "size": bytes,
+               "num_records": rows, "partition_values": {column: text | null}, "bucket": b?}],
+     "removes": [{"path": "chk-M/…/part-b<bucket>.parquet", "size": bytes}]}   # upsert, M < N
+
+Every path is relative to the table, normalized, and has the shape the writer gives it:
+an add lies under ``chk-N/``, a remove names a bucket file of an earlier checkpoint; no
+path appears twice and an upsert adds each bucket at most once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_checkpoint.core.documents import Fields, path_problem
+from airflow_provider_checkpoint.exceptions import DocumentError, SinkSchemaError
+
+_UPSERT_FILE = re.compile(r"^chk-(\d+)/(?:[^/]+/)*part-b(\d{5})\.parquet$")
+_APPEND_FILE = re.compile(r"^chk-(\d+)/(?:[^/]+/)*part-[^/]+\.parquet$")
+
+
+def bucket_of_path(path: str) -> int | None:
+    """The bucket of an upsert table's data file ``path``, ``None`` if it is not one."""
+    match = _UPSERT_FILE.fullmatch(path)
+    return int(match.group(2)) if match else None
+
+
+@dataclass(frozen=True)
+class DeltaFile:
+    """One data file of a Delta commit: an add (with records and partition values) or a remove."""
+
+    path: str
+    size: int
+    num_records: int = 0
+    partition_values: dict[str, str | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "size": self.size,
+            "num_records": self.num_records,
+            "partition_values": self.partition_values,
+        }
+
+
+@dataclass(frozen=True)
+class DeltaCommit:
+    """The validated file actions of one checkpoint."""
+
+    adds: list[DeltaFile]
+    removes: list[DeltaFile]
+
+
+def _data_path(f: Fields, key: str, pattern: re.Pattern[str]) -> tuple[str, int]:
+    """A table-relative data file path of ``pattern`` (partition directories may hold any printable
+    name, as Spark escapes them); with the checkpoint id in its first segment."""
+    value = f.raw.get(key)
+    if not isinstance(value, str):
+        raise f.error(key, "must be a path string", value)
+    problem = path_problem(value, strict=False)
+    if problem:
+        raise f.error(key, f"is not a safe relative path: it {problem}", value)
+    match = pattern.fullmatch(value)
+    if not match:
+        raise f.error(key, f"does not have the expected shape {pattern.pattern}", value)
+    return value, int(match.group(1))
+
+
+def read_delta_committables(
+    checkpoint_id: int, committables: Any, upsert: bool, partition_by: list[str], buckets: int, document: str
+) -> DeltaCommit:
+    """The file actions of ``committables`` if they have exactly the shape the Delta writer stages."""
+    reader = Fields({"committables": committables}, document)
+    pattern = _UPSERT_FILE if upsert else _APPEND_FILE
+    adds: list[DeltaFile] = []
+    removes: list[DeltaFile] = []
+    for i, item in enumerate(reader.items("committables")):
+        c = Fields(item, document, f"committables[{i}]")
+        if c.integer("checkpoint_id", 1) != checkpoint_id:
+            raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
+        for j, raw in enumerate(c.items("adds")):
+            a = Fields(raw, document, f"{c.where}.adds[{j}]")
+            path, owner = _data_path(a, "path", pattern)
+            if owner != checkpoint_id:
+                raise a.error("path", f"must lie under chk-{checkpoint_id}/", path)
+            values = a.obj("partition_values").raw
+            if sorted(values) != sorted(partition_by) or not all(
+                v is None or isinstance(v, str) for v in values.values()
+            ):
+                raise a.error("partition_values", f"must map exactly {partition_by} to strings or null", values)
+            adds.append(DeltaFile(path, a.integer("size"), a.integer("num_records"), dict(values)))
+        for j, raw in enumerate(c.items("removes")):
+            r = Fields(raw, document, f"{c.where}.removes[{j}]")
+            if not upsert:
+                raise r.error("path", "an append commit removes nothing", r.raw.get("path"))
+            path, owner = _data_path(r, "path", _UPSERT_FILE)
+            if owner >= checkpoint_id:
+                raise r.error("path", f"must be a file of a checkpoint before {checkpoint_id}", path)
+            removes.append(DeltaFile(path, r.integer("size")))
+    paths = [f.path for f in adds + removes]
+    if len(set(paths)) != len(paths):
+        raise DocumentError(document, "committables", "name a file twice")
+    if upsert:
+        added = [bucket_of_path(f.path) for f in adds]
+        if len(set(added)) != len(added) or any(b is None or b >= buckets for b in added):
+            raise DocumentError(document, "committables", f"must add each bucket below {buckets} at most once")
+    return DeltaCommit(adds, removes)
+
+
+def check_input_columns(table: str, table_columns: dict[str, str], input_columns: dict[str, str]) -> None:
+    """Refuse input whose columns (name → Delta type) differ from the table's: missing, retyped or added.
+
+    Schema evolution is not automatic: add the column to the table first (``DeltaTable.alter.add_columns``).
+    """
+    missing = sorted(set(table_columns) - set(input_columns))
+    added = sorted(set(input_columns) - set(table_columns))
+    retyped = sorted(c for c in set(table_columns) & set(input_columns) if table_columns[c] != input_columns[c])
+    problems = []
+    if missing:
+        problems.append(f"missing column(s) {missing}")
+    if retyped:
+        problems.append(
+            "retyped column(s) "
+            + ", ".join(f"{c} ({table_columns[c]} in the table, {input_columns[c]} in the input)" for c in retyped)
+        )
+    if added:
+        problems.append(
+            f"added column(s) {added} (no automatic schema evolution: add them to the table first, "
+            "e.g. DeltaTable.alter.add_columns, then restart the job)"
+        )
+    if problems:
+        raise SinkSchemaError(
+            f"Delta table {table}: the input does not match the table's schema: {'; '.join(problems)}"
+        )

@@ -1,0 +1,370 @@
+"""An exactly-once Delta Lake table written with delta-rs (``deltalake``; no JVM connector).
+
+Writer (the step): Spark's executors write the checkpoint's Parquet files straight into the
+table directory under ``chk-<id>/<job>/<step>/attempt-<n>/``, names no log entry has; the
+committables are their file actions (path, size, records, partition values), validated on
+read (:mod:`.delta_files`).
+
+Committer (finalize, recovery): **one** Delta commit per checkpoint holds its adds (upsert:
+also the removes of the bucket files it rewrote) and a ``txn`` action with app id
+``airflow-checkpoint:<job>:<sink uid>`` and version = checkpoint id. A checkpoint whose id
+is at most the table's ``transaction_version(app id)`` is not committed again. Readers of
+the log (delta-rs, DuckDB, Spark with Delta) see whole checkpoints only. Restore to
+checkpoint N (:meth:`DeltaTableSink.rollback`) is one ``RESTORE`` commit back to the version
+N committed. The claim (job, sink, layout) lives in ``_table.json`` beside ``_delta_log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
+from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDirectorySink
+from airflow_provider_checkpoint.dataflow.sinks.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
+from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
+    DeltaCommit,
+    DeltaFile,
+    bucket_of_path,
+    check_input_columns,
+    read_delta_committables,
+)
+from airflow_provider_checkpoint.exceptions import (
+    DocumentError,
+    PipelineDefinitionError,
+    RestoreError,
+    SinkSchemaError,
+)
+
+if TYPE_CHECKING:
+    import fsspec
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.spark.context import StepContext
+
+log = logging.getLogger(__name__)
+
+FORMAT = "delta_table"
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+class DeltaTableSink(TableDirectorySink):
+    """Exactly-once Delta table in ``append`` or ``upsert`` (by ``keys``) mode; one commit per checkpoint.
+
+    ``upsert`` hashes ``keys`` into ``buckets`` files and rewrites only the buckets whose
+    keys changed (removes + adds in the checkpoint's commit): its cost grows with the
+    changed keys, not the table. ``partition_by`` is for ``append`` tables. The input's
+    columns must equal the table's (no automatic schema evolution).
+
+    :param uid: Unique id of the sink in the pipeline.
+    :param input: The node whose records the table receives.
+    :param path: The table directory (a local path or URL delta-rs and fsspec both read).
+    :param mode: ``"append"`` or ``"upsert"``.
+    :param keys: The key columns of an upsert table.
+    :param partition_by: Partition columns of an append table (created with them).
+    :param buckets: Number of bucket files of an upsert table (1 to 4096; fixed once written).
+    :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver.
+    :param storage_options: Options of the table's storage, for fsspec and delta-rs.
+    :param step: Name of the step (Airflow task) the sink runs in.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        input: Node,
+        path: str,
+        mode: str = "append",
+        keys: list[str] | None = None,
+        partition_by: list[str] | None = None,
+        buckets: int = 16,
+        driver_merge_rows: int = DRIVER_MERGE_ROWS,
+        storage_options: dict[str, Any] | None = None,
+        step: str | None = None,
+    ) -> None:
+        super().__init__(uid, input, path, storage_options, step)
+        if mode not in ("append", "upsert"):
+            raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
+        if mode == "upsert" and partition_by:
+            raise PipelineDefinitionError(f"{uid}: partition_by is for append mode; upsert buckets by keys")
+        self.mode = mode
+        self.keys = list(keys or [])
+        self.partition_by = list(partition_by or [])
+        self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
+
+    def claim_document(self, job_id: str) -> JsonDict:
+        claim = {**super().claim_document(job_id), "format": FORMAT, "mode": self.mode, "keys": self.keys}
+        return {**claim, "buckets": self.upsert.buckets} if self.upsert else claim
+
+    # -- the table -----------------------------------------------------------------------
+    def _delta(self) -> DeltaTable | None:
+        """The Delta table's latest version, ``None`` if there is no table yet."""
+        from deltalake import DeltaTable
+
+        return self._open() if DeltaTable.is_deltatable(self.asset_uri(), self.storage_options) else None
+
+    def _open(self, version: int | None = None) -> DeltaTable:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.asset_uri(), version=version, storage_options=self.storage_options)
+
+    def app_id(self) -> str | None:
+        """The ``txn`` app id of this (job, sink): from the claim, ``None`` before the first stage."""
+        claim = self.load_claim()
+        if claim is None:
+            return None
+        fields = Fields(claim, self.table().url(CLAIM_FILE))
+        if fields.string("sink", max_length=100) != self.uid:
+            raise fields.error("sink", f"must be {self.uid}", claim.get("sink"))
+        return f"airflow-checkpoint:{fields.string('job_id', JOB_ID)}:{self.uid}"
+
+    def check_target(self) -> None:
+        """Refuse a directory that holds anything but a Delta table (and this sink's claim and files)."""
+        fs, root = self._fs()
+        if not fs.exists(root) or self._delta() is not None:
+            return
+        foreign = sorted(
+            name
+            for name in (posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False))
+            if name != CLAIM_FILE and not name.startswith("chk-")
+        )
+        if foreign:
+            raise SinkSchemaError(f"{self.asset_uri()} is not a Delta table (no _delta_log) but holds {foreign[:5]}")
+
+    # -- writer (in the step) ------------------------------------------------------------
+    def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        from deltalake import DeltaTable
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        schema = to_arrow_schema(df.schema, timezone="UTC")
+        table = self._delta()
+        if table is None:
+            table = DeltaTable.create(
+                self.asset_uri(),
+                schema,
+                mode="ignore",
+                partition_by=self.partition_by or None,
+                storage_options=self.storage_options,
+            )
+        self._check_input(table, schema)
+        fs, root = self._fs()
+        staging = self.table().path(self.staging_name(ctx))
+        if fs.exists(staging):
+            fs.rm(staging, recursive=True)
+        removes: list[DeltaFile] = []
+        if self.upsert is None:
+            writer = df.write.partitionBy(*self.partition_by) if self.partition_by else df.write
+            writer.parquet(self.url(staging))
+            files = sorted(fs.find(staging))
+        else:
+            current = self._bucket_files(table)
+            existing = {b: self.table().path(f.path) for b, f in current.items()}
+            staged = self.upsert.write(
+                ctx, df, fs, staging, lambda bs: {b: existing[b] for b in bs if b in existing}, self.url
+            )
+            files = []
+            for b, full in staged:
+                named = f"{staging}/{bucket_file(b)}"
+                if full != named:
+                    fs.mv(full, named)
+                files.append(named)
+                if b in current:
+                    removes.append(current[b])
+        adds = [self._add(fs, root, full, staging) for full in files if full.endswith(".parquet")]
+        adds = [a for a in adds if a.num_records or self.upsert]
+        ctx.add_metric("sink_files_staged", len(adds))
+        if self.upsert is None:  # the upsert writer counts its changed rows itself
+            ctx.add_metric("sink_rows", sum(a.num_records for a in adds))
+        return [
+            {
+                "checkpoint_id": ctx.checkpoint_id,
+                "adds": [a.to_json() for a in adds],
+                "removes": [{"path": r.path, "size": r.size} for r in removes],
+            }
+        ]
+
+    def _add(self, fs: fsspec.AbstractFileSystem, root: str, full: str, staging: str) -> DeltaFile:
+        """The add action of a staged file: size, records from its footer, partition values from its directories."""
+        import pyarrow.parquet as pq
+
+        with fs.open(full, "rb") as f:
+            rows = pq.ParquetFile(f).metadata.num_rows
+        dirs = posixpath.relpath(posixpath.dirname(full), staging).split("/")
+        values = dict(d.split("=", 1) for d in dirs if "=" in d)
+        partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
+        return DeltaFile(full[len(root) + 1 :], fs.size(full), rows, partition)
+
+    def _check_input(self, table: DeltaTable, schema: Any) -> None:
+        """Refuse input not matching the table: columns (:func:`check_input_columns`), partitioning, keys."""
+        from deltalake.schema import Schema
+
+        url = self.asset_uri()
+        check_input_columns(url, _columns(table.schema()), _columns(Schema.from_arrow(schema)))
+        partitioned = list(table.metadata().partition_columns)
+        if partitioned != self.partition_by:
+            raise SinkSchemaError(f"Delta table {url} is partitioned by {partitioned}, the sink by {self.partition_by}")
+        if self.upsert and partitioned:
+            raise SinkSchemaError(f"Delta table {url}: an upsert sink needs an unpartitioned table, not {partitioned}")
+
+    def _bucket_files(self, table: DeltaTable) -> dict[int, DeltaFile]:
+        """The current file of each bucket of an upsert table (refused if the table holds other files)."""
+        actions = table.get_add_actions(flatten=True)
+        current: dict[int, DeltaFile] = {}
+        for path, size in zip(
+            actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True
+        ):
+            bucket = bucket_of_path(path)
+            if bucket is None or bucket in current:
+                raise SinkSchemaError(
+                    f"Delta table {self.asset_uri()}: {path} is not the one file of a bucket this upsert sink wrote"
+                )
+            current[bucket] = DeltaFile(path, int(size))
+        return current
+
+    # -- committer (finalize / recovery) -------------------------------------------------
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> DeltaCommit:
+        buckets = self.upsert.buckets if self.upsert else 0
+        return read_delta_committables(
+            checkpoint_id, committables, self.upsert is not None, self.partition_by, buckets, document
+        )
+
+    def is_committed(self, checkpoint_id: int) -> bool:
+        app_id, table = self.app_id(), self._delta()
+        version = table.transaction_version(app_id) if app_id and table else None
+        return version is not None and version >= checkpoint_id
+
+    def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
+        """One Delta commit: the adds, the removes and ``txn(app id, checkpoint id)``; retried on conflicts
+        with other writers by delta-rs. Every added file must exist with the size its committable names."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake._internal import RemoveAction
+        from deltalake.transaction import AddAction
+
+        commit: DeltaCommit = committables
+        app_id, table = self.app_id(), self._delta()
+        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
+        if app_id is None or table is None:
+            raise DocumentError(
+                document, "committables", f"name files of {self.asset_uri()}, which nothing staged into"
+            )
+        location = self.table()
+        for add in commit.adds:
+            full = location.path(add.path)
+            if not location.fs.exists(full) or location.fs.size(full) != add.size:
+                raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
+        now = int(time.time() * 1000)
+        actions: list[Any] = [RemoveAction(r.path, True, now, r.size, {}) for r in commit.removes]
+        actions += [
+            AddAction(a.path, a.size, a.partition_values, now, True, json.dumps({"numRecords": a.num_records}))
+            for a in commit.adds
+        ]
+        started = time.monotonic()
+        table.create_write_transaction(
+            actions,
+            "append",
+            table.schema(),
+            partition_by=self.partition_by or None,
+            commit_properties=CommitProperties(
+                custom_metadata={"checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id},
+                app_transactions=[Transaction(app_id, checkpoint_id)],
+                max_commit_retries=20,
+            ),
+        )
+        log.info(
+            "sink %s: checkpoint %d committed as Delta version %s (%d adds, %d removes) in %.3fs",
+            self.uid,
+            checkpoint_id,
+            self._open().version(),
+            len(commit.adds),
+            len(commit.removes),
+            time.monotonic() - started,
+        )
+        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds})
+
+    def committed_versions(self) -> dict[int, int]:
+        """Checkpoint id → the Delta version that committed it, from the table's history."""
+        app_id, table = self.app_id(), self._delta()
+        if app_id is None or table is None:
+            return {}
+        versions: dict[int, int] = {}
+        for entry in table.history():
+            if entry.get("checkpoint_app_id") == app_id and entry.get("operation") != "RESTORE":
+                f = Fields(entry, f"{self.asset_uri()} commit info")
+                versions.setdefault(f.integer("checkpoint_id", 1), f.integer("version"))
+        return versions
+
+    def describe_commit(self, checkpoint_id: int) -> JsonDict:
+        version = self.committed_versions().get(checkpoint_id)
+        return {} if version is None else {"delta_version": version}
+
+    def rollback(self, checkpoint_id: int) -> None:
+        """Return the table to the version checkpoint ``checkpoint_id`` committed, in one ``RESTORE`` commit.
+
+        Undoes every later commit (of any writer); a no-op when the table already holds
+        exactly that version's files. Refused if the version is not in the log any more.
+        """
+        from deltalake import CommitProperties
+
+        table = self._delta()
+        app_id = self.app_id()
+        if table is None or app_id is None or (table.transaction_version(app_id) or 0) <= checkpoint_id:
+            return
+        versions = self.committed_versions()
+        version = versions.get(checkpoint_id)
+        if version is None:
+            raise RestoreError(
+                f"Delta table {self.asset_uri()} has no commit of checkpoint {checkpoint_id} in its log "
+                f"(it has checkpoints {sorted(versions)}): cannot return the table to it"
+            )
+        if _paths(table) == _paths(self._open(version)):
+            return
+        metadata = {"checkpoint_app_id": app_id, "restored_checkpoint": checkpoint_id}
+        table.restore(version, commit_properties=CommitProperties(custom_metadata=metadata))
+        log.info("sink %s: Delta table restored to version %d (checkpoint %d)", self.uid, version, checkpoint_id)
+
+    def _leftovers(self, checkpoint_id: int, kept: set[str] | None = None) -> list[str]:
+        """Files under ``chk-<id>/`` but not in ``kept`` (default: what the commit of that checkpoint added)."""
+        location = self.table()
+        prefix = f"chk-{checkpoint_id}"
+        if not location.exists(prefix):
+            return []
+        if kept is None:
+            version = self.committed_versions().get(checkpoint_id)
+            kept = _paths(self._open(version)) if version is not None else set()
+        return [p for p in (location.relative(f) for f in location.fs.find(location.path(prefix))) if p not in kept]
+
+    def _delete_all_but(self, checkpoint_id: int, kept: set[str] | None = None) -> None:
+        location = self.table()
+        location.delete_paths(self._leftovers(checkpoint_id, kept))
+        if location.exists(f"chk-{checkpoint_id}") and not location.fs.find(location.path(f"chk-{checkpoint_id}")):
+            location.delete(f"chk-{checkpoint_id}")
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Delete every file of ``checkpoint_id`` its commit (if any) did not add: other and aborted attempts."""
+        self._delete_all_but(checkpoint_id)
+
+    def audit(self) -> list[str]:
+        fs, root = self._fs()
+        if not fs.exists(root):
+            return []
+        names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
+        ids = sorted(int(n[4:]) for n in names if n.startswith("chk-") and n[4:].isdigit())
+        return [f"unreferenced sink file left behind: {self.table().url(p)}" for i in ids for p in self._leftovers(i)]
+
+
+def _columns(schema: Any) -> dict[str, str]:
+    """Column name → Delta type of a delta-rs schema."""
+    return {f.name: f.type.to_json().strip('"') for f in schema.fields}
+
+
+def _paths(table: DeltaTable) -> set[str]:
+    return set(table.get_add_actions().column("path").to_pylist())

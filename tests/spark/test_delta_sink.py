@@ -1,0 +1,271 @@
+"""DeltaTableSink with Spark against pandas ground truth, read back by delta-rs, DuckDB and Spark."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
+from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
+from airflow_provider_checkpoint.storage import JobStorage
+from tests.spark.helpers import step_context
+
+pytestmark = pytest.mark.spark
+
+SOURCE = FileSource("src", "/nonexistent", "json", "x STRING")
+
+
+def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    return df.sort_values(by).reset_index(drop=True)[sorted(df.columns)]
+
+
+def _duckdb(path: Path) -> pd.DataFrame:
+    """The table through DuckDB's delta extension, loaded from the PyPI package (never downloaded)."""
+    import duckdb
+    import duckdb_extension_delta
+
+    ext = pathlib.Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}"
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    con.load_extension(str(ext / "delta.duckdb_extension"))
+    return con.sql(f"SELECT * FROM delta_scan('{path}')").df()
+
+
+def _readers(spark: Any, path: Path) -> dict[str, pd.DataFrame]:
+    """The latest version as delta-rs (pyarrow), DuckDB and Spark (the version's files) read it."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(path))
+    return {
+        "pyarrow": table.to_pyarrow_table().to_pandas(),
+        "duckdb": _duckdb(path),
+        "spark": spark.read.parquet(*table.file_uris()).toPandas(),
+    }
+
+
+def _commits_per_checkpoint(path: Path) -> Counter[int]:
+    """How many log entries carry a ``txn`` action for each checkpoint id (read from ``_delta_log`` directly)."""
+    counts: Counter[int] = Counter()
+    for log in (path / "_delta_log").glob("*.json"):
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                counts[action["txn"]["version"]] += 1
+    return counts
+
+
+def _batch(checkpoint_id: int, n: int = 40) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "k": [f"k{(checkpoint_id * 7 + i * 3) % 50}" for i in range(n)],
+            "region": [("eu", "us", "ap")[i % 3] for i in range(n)],
+            "v": [checkpoint_id * 1000 + i for i in range(n)],
+        }
+    )
+
+
+def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    appended = DeltaTableSink("events", SOURCE, str(tmp_path / "events"), partition_by=["region"])
+    upserted = DeltaTableSink("latest", SOURCE, str(tmp_path / "latest"), "upsert", ["k"], buckets=4)
+    all_rows: list[pd.DataFrame] = []
+    latest: pd.DataFrame | None = None
+    for checkpoint_id in range(1, 5):
+        batch = _batch(checkpoint_id)
+        changed = batch.drop_duplicates("k", keep="last")
+        for sink, df in ((appended, batch), (upserted, changed)):
+            ctx = step_context(spark, storage, checkpoint_id)
+            sink.commit(checkpoint_id, sink.stage(ctx, spark.createDataFrame(df)))
+        all_rows.append(batch)
+        latest = changed if latest is None else pd.concat([latest[~latest.k.isin(changed.k)], changed])
+        for name, got in _readers(spark, tmp_path / "events").items():
+            if name == "spark":  # the version's files hold no partition column (it is in the log)
+                assert len(got) == sum(map(len, all_rows))
+                continue
+            pd.testing.assert_frame_equal(
+                _sorted(got, ["v"]), _sorted(pd.concat(all_rows), ["v"]), check_dtype=False, obj=name
+            )
+        for name, got in _readers(spark, tmp_path / "latest").items():
+            assert got.k.is_unique, name
+            pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(latest, ["k"]), check_dtype=False, obj=name)
+        assert upserted.describe_commit(checkpoint_id) == {"delta_version": checkpoint_id}  # version 0: the create
+    for path in (tmp_path / "events", tmp_path / "latest"):
+        assert _commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert appended.audit() == [] and upserted.audit() == []
+
+
+def test_upsert_rewrites_only_the_changed_buckets(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    sink = DeltaTableSink("latest", SOURCE, str(tmp_path / "t"), "upsert", ["k"], buckets=16)
+    at = pd.to_datetime([1_700_000_000 + i for i in range(2000)], unit="s")  # a timestamp column round-trips
+    base = pd.DataFrame({"k": [f"k{i}" for i in range(2000)], "v": range(2000), "at": at})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(base)))
+    one_key = pd.DataFrame({"k": ["k7"], "v": [-1], "at": pd.to_datetime([0], unit="s")})
+    committables = sink.stage(step_context(spark, storage, 2), spark.createDataFrame(one_key))
+    assert [len(committables[0]["adds"]), len(committables[0]["removes"])] == [1, 1]
+    sink.commit(2, committables)
+    got = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pandas()
+    got["at"] = got["at"].dt.tz_convert("UTC").dt.tz_localize(None)
+    truth = pd.concat([base[base.k != "k7"], one_key])
+    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+
+
+def test_commit_is_idempotent_and_other_attempts_are_deleted(spark, tmp_path):
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path))
+    first = sink.stage(step_context(spark, storage, 1, attempt=1), spark.createDataFrame(_batch(1)))
+    second = sink.stage(step_context(spark, storage, 1, attempt=2), spark.createDataFrame(_batch(1)))
+    assert len(sink.audit()) == len(first[0]["adds"]) + len(second[0]["adds"])  # staged, nothing committed
+    sink.commit(1, second)
+    sink.commit(1, second)  # finalize retry
+    sink.commit(1, first)  # recovery with another attempt's committables: already committed
+    assert _commits_per_checkpoint(path) == {1: 1}
+    assert not any((path / a["path"]).exists() for a in first[0]["adds"])
+    assert sink.audit() == []
+    got = _readers(spark, path)["pyarrow"]
+    pd.testing.assert_frame_equal(_sorted(got, ["v"]), _sorted(_batch(1), ["v"]), check_dtype=False)
+
+
+def test_abort_deletes_the_checkpoints_files(spark, tmp_path):
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path))
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1))))
+    staged = sink.stage(step_context(spark, storage, 2), spark.createDataFrame(_batch(2)))
+    assert all((path / a["path"]).exists() for a in staged[0]["adds"]) and sink.audit()
+    sink.abort(2)
+    assert not (path / "chk-2").exists() and sink.audit() == []
+    assert _commits_per_checkpoint(path) == {1: 1}
+
+
+def test_restore_returns_the_table_to_the_checkpoints_version(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "latest"
+    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=4)
+    states = {}
+    for checkpoint_id in (1, 2, 3):
+        batch = _batch(checkpoint_id).drop_duplicates("k", keep="last")
+        sink.commit(
+            checkpoint_id, sink.stage(step_context(spark, storage, checkpoint_id), spark.createDataFrame(batch))
+        )
+        states[checkpoint_id] = DeltaTable(str(path)).to_pyarrow_table().to_pandas()
+    sink.rollback(1)
+    table = DeltaTable(str(path))
+    assert table.history(1)[0]["operation"] == "RESTORE" and table.version() == 4
+    pd.testing.assert_frame_equal(_sorted(table.to_pyarrow_table().to_pandas(), ["k"]), _sorted(states[1], ["k"]))
+    sink.rollback(1)  # the trigger's recovery repeats it: no second commit
+    sink.commit(1, [])  # and re-commits the restored checkpoint: already in the log
+    assert DeltaTable(str(path)).version() == 4
+    batch = _batch(4).drop_duplicates("k", keep="last")  # replay continues from the restored table
+    sink.commit(4, sink.stage(step_context(spark, storage, 4), spark.createDataFrame(batch)))
+    truth = pd.concat([states[1][~states[1].k.isin(batch.k)], batch])
+    got = DeltaTable(str(path)).to_pyarrow_table().to_pandas()
+    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+    assert _commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
+
+
+def test_a_reader_never_sees_a_partial_checkpoint(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path))
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1)).repartition(3)))
+    seen: list[Counter[int]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.append(Counter(v // 1000 for v in DeltaTable(str(path)).to_pyarrow_table().column("v").to_pylist()))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for checkpoint_id in range(2, 7):
+            staged = sink.stage(
+                step_context(spark, storage, checkpoint_id), spark.createDataFrame(_batch(checkpoint_id)).repartition(3)
+            )
+            assert len(staged[0]["adds"]) == 3  # several files per checkpoint
+            sink.commit(checkpoint_id, staged)
+    finally:
+        done.set()
+        reader.join()
+    assert seen
+    for counts in seen:  # every checkpoint whole or absent, and a prefix of the checkpoints
+        assert set(counts.values()) == {40}
+        assert sorted(counts) == list(range(1, len(counts) + 1))
+
+
+def test_refusals_before_anything_commits(spark, tmp_path):
+    from deltalake import DeltaTable
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "data.csv").write_text("a\n1\n")
+    with pytest.raises(SinkSchemaError, match="not a Delta table"):
+        DeltaTableSink("s", SOURCE, str(plain)).stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1)))
+    assert sorted(p.name for p in plain.iterdir()) == ["data.csv"]
+
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path))
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1))))
+    other = JobStorage.for_job(str(tmp_path / "chk"), "other-job")
+    with pytest.raises(SinkClaimedError, match="belongs to"):
+        sink.stage(step_context(spark, other, 2), spark.createDataFrame(_batch(2)))
+    cases = {
+        "missing column\\(s\\) \\['region'\\]": _batch(2).drop(columns=["region"]),
+        "retyped column\\(s\\) v \\(long in the table, string in the input\\)": _batch(2).astype({"v": str}),
+        "added column\\(s\\) \\['w'\\]": _batch(2).assign(w=1.5),
+    }
+    for message, df in cases.items():
+        with pytest.raises(SinkSchemaError, match=message):
+            sink.stage(step_context(spark, storage, 2), spark.createDataFrame(df))
+    assert DeltaTable(str(path)).version() == 1 and not (path / "chk-2").exists()
+
+
+def test_commits_alongside_another_writer_on_another_partition(spark, tmp_path):
+    """Another writer appends to its own partition in a loop: Delta's conflict rules let both commit
+    (delta-rs retries ours on a newer version), and every row of both is in the table once."""
+    from deltalake import DeltaTable, write_deltalake
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path), partition_by=["region"])
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1))))
+    theirs: list[int] = []
+    done = threading.Event()
+
+    def other_writer() -> None:
+        while not done.is_set() or len(theirs) < 3:
+            row = pd.DataFrame({"k": ["x"], "region": ["other"], "v": [-len(theirs) - 1]})
+            write_deltalake(str(path), row, mode="append")
+            theirs.append(-len(theirs) - 1)
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    try:
+        for checkpoint_id in range(2, 5):
+            sink.commit(
+                checkpoint_id,
+                sink.stage(step_context(spark, storage, checkpoint_id), spark.createDataFrame(_batch(checkpoint_id))),
+            )
+    finally:
+        done.set()
+        writer.join()
+    got = DeltaTable(str(path)).to_pyarrow_table().to_pandas()
+    truth = pd.concat([_batch(c) for c in range(1, 5)])
+    pd.testing.assert_frame_equal(_sorted(got[got.region != "other"], ["v"]), _sorted(truth, ["v"]), check_dtype=False)
+    assert sorted(got[got.region == "other"].v) == sorted(theirs)
+    assert _commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}

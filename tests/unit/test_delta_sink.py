@@ -1,0 +1,135 @@
+"""DeltaTableSink committer without Spark: committables are untrusted; commits are idempotent."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink
+from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError, RefusedInputError
+
+ROWS = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([1, 2], pa.int64())})
+
+
+def _sink(table: Path, **kwargs: Any) -> DeltaTableSink:
+    from deltalake import DeltaTable
+
+    sink = DeltaTableSink("t", Source("src"), str(table), **kwargs)
+    sink.claim("job")
+    DeltaTable.create(str(table), ROWS.schema)
+    return sink
+
+
+def _staged(table: Path, checkpoint_id: int, name: str = "part-00000.parquet") -> dict[str, Any]:
+    relative = f"chk-{checkpoint_id}/job/step/attempt-1/{name}"
+    (table / relative).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(ROWS, table / relative)
+    size = (table / relative).stat().st_size
+    return {"path": relative, "size": size, "num_records": 2, "partition_values": {}}
+
+
+def _committables(checkpoint_id: int, *adds: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"checkpoint_id": checkpoint_id, "adds": list(adds), "removes": []}]
+
+
+def _log_versions(table: Path) -> int:
+    return len(list((table / "_delta_log").glob("*.json")))
+
+
+def test_commit_once_per_checkpoint(tmp_path):
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table)
+    committables = _committables(3, _staged(table, 3))
+    assert not sink.is_committed(3)
+    sink.commit(3, committables)
+    sink.commit(3, committables)
+    assert sink.is_committed(3) and sink.is_committed(2) and not sink.is_committed(4)
+    assert _log_versions(table) == 2  # the create and one commit
+    assert DeltaTable(str(table)).transaction_version("airflow-checkpoint:job:t") == 3
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+    assert sink.describe_commit(3) == {"delta_version": 1}
+
+
+def _forged(table: Path) -> dict[str, Any]:
+    good = _committables(3, _staged(table, 3))
+    outside = table.parent / "outside" / "part-0.parquet"  # a real file: a commit naming it would succeed
+    outside.parent.mkdir()
+    pq.write_table(ROWS, outside)
+    bad: dict[str, Any] = {}
+
+    def variant(name: str, change: Any) -> None:
+        doc = copy.deepcopy(good)
+        change(doc[0])
+        bad[name] = doc
+
+    variant("parent segment", lambda c: c["adds"][0].update(path="chk-3/../../outside/part-0.parquet"))
+    variant("symlink", lambda c: c["adds"][0].update(path="chk-3/job/link/part-0.parquet"))
+    variant("absolute", lambda c: c["adds"][0].update(path=str(outside)))
+    variant("scheme", lambda c: c["adds"][0].update(path="s3://bucket/chk-3/part-0.parquet"))
+    variant("another checkpoint's file", lambda c: c["adds"][0].update(path="chk-2/job/step/attempt-1/part-0.parquet"))
+    variant("outside the checkpoint", lambda c: c["adds"][0].update(path="_delta_log/part-0.parquet"))
+    variant("not a data file", lambda c: c["adds"][0].update(path="chk-3/job/_table.json"))
+    variant("wrong checkpoint id", lambda c: c.update(checkpoint_id=4))
+    variant("negative size", lambda c: c["adds"][0].update(size=-1))
+    variant("partition values", lambda c: c["adds"][0].update(partition_values={"region": "eu"}))
+    variant("remove in append", lambda c: c.update(removes=[{"path": "chk-1/a/part-b00000.parquet", "size": 1}]))
+    variant("file twice", lambda c: c.update(adds=c["adds"] * 2))
+    variant("wrong size", lambda c: c["adds"][0].update(size=c["adds"][0]["size"] + 1))
+    variant("missing file", lambda c: c["adds"][0].update(path="chk-3/job/step/attempt-1/part-00009.parquet"))
+    return bad
+
+
+def test_forged_committables_commit_nothing(tmp_path):
+    table = tmp_path / "t"
+    sink = _sink(table)
+    (table / "chk-3" / "job").mkdir(parents=True)
+    (table / "chk-3" / "job" / "link").symlink_to(tmp_path / "outside")
+    for name, committables in _forged(table).items():
+        with pytest.raises(RefusedInputError):  # DocumentError, or UnsafePathError for the link
+            sink.commit(3, committables)
+        assert _log_versions(table) == 1 and not sink.is_committed(3), name
+
+
+def test_upsert_committables_name_each_bucket_once_and_remove_older_files(tmp_path):
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    add = _staged(table, 5, "part-b00001.parquet")
+    check = sink.check_committables
+    check(
+        5, [{"checkpoint_id": 5, "adds": [add], "removes": [{"path": "chk-2/j/part-b00001.parquet", "size": 9}]}], "d"
+    )
+    refused = {
+        "bucket out of range": [
+            {"checkpoint_id": 5, "adds": [{**add, "path": "chk-5/j/part-b00007.parquet"}], "removes": []}
+        ],
+        "not a bucket file": [
+            {"checkpoint_id": 5, "adds": [{**add, "path": "chk-5/j/part-00001.parquet"}], "removes": []}
+        ],
+        "remove a newer file": [
+            {"checkpoint_id": 5, "adds": [], "removes": [{"path": "chk-5/j/part-b00001.parquet", "size": 1}]}
+        ],
+        "bucket twice": [
+            {"checkpoint_id": 5, "adds": [add, {**add, "path": "chk-5/k/part-b00001.parquet"}], "removes": []}
+        ],
+    }
+    for name, committables in refused.items():
+        with pytest.raises(DocumentError):
+            check(5, committables, "d")
+            pytest.fail(name)
+
+
+def test_definition_errors():
+    with pytest.raises(PipelineDefinitionError):
+        DeltaTableSink("a", Source("s"), "/x", mode="merge")
+    with pytest.raises(PipelineDefinitionError):
+        DeltaTableSink("b", Source("s"), "/x", mode="upsert")
+    with pytest.raises(PipelineDefinitionError):
+        DeltaTableSink("c", Source("s"), "/x", mode="upsert", keys=["k"], partition_by=["p"])
