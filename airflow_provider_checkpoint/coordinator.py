@@ -405,9 +405,9 @@ class CheckpointCoordinator:
         job = self.storage.load_job()
         job.failures.on_complete(completed.checkpoint_id)
         if target and all(sp["checkpoint_id"] != completed.checkpoint_id for sp in job.savepoints):
-            job.savepoints.append(
-                {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
-            )
+            entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
+            described = self.describe_sink_commits(completed.checkpoint_id)
+            job.savepoints.append({**entry, "sinks": described} if described else entry)
             if completed.options.get("stop_after_savepoint"):
                 job.status = JobStatus.STOPPED
                 job.status_reason = f"stopped with savepoint {target} (checkpoint {completed.checkpoint_id})"
@@ -448,6 +448,11 @@ class CheckpointCoordinator:
         for sink in self.graph.sinks:
             if sink.uid in sinks:
                 sink.check_committables(checkpoint_id, sinks[sink.uid], document)
+
+    def describe_sink_commits(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """What each sink records about its commit of ``checkpoint_id`` (e.g. a table version), by uid."""
+        described = {s.uid: s.describe_commit(checkpoint_id) for s in self.graph.sinks}
+        return {uid: d for uid, d in described.items() if d}
 
     def commit_sinks(self, completed: CompletedCheckpoint) -> None:
         """Commit every sink transaction of ``completed`` (idempotent, also for recovery)."""

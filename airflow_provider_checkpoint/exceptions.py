@@ -109,6 +109,14 @@ class InputChangedError(MalformedInputError):
     """A file cut into the barrier changed or vanished before the step read it."""
 
 
+class SinkClaimedError(PipelineDefinitionError):
+    """A sink's target belongs to another (job, sink uid) or was written with another layout."""
+
+
+class SinkSchemaError(RefusedInputError):
+    """The input's columns do not match the sink's table; the message names the table and the columns."""
+
+
 class RestoreError(RefusedInputError):
     """A snapshot cannot be restored into this job; the message lists every reason."""
 

@@ -84,13 +84,12 @@ class DeadLetterSink(ParquetTableSink):
         super().__init__(f"{source.uid}.dead_letters", source, path, storage_options=storage_options)
         self.letters = letters
 
-    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+    def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage the source's malformed records of this checkpoint (``df``, its good records, is not used)."""
         letters = self.letters(ctx)
         if letters is None:
-            self._claim(ctx.plan.job_id)
             return [{"checkpoint_id": ctx.checkpoint_id, "moves": []}]
-        return super().stage(ctx, letters.coalesce(1))
+        return super().write(ctx, letters.coalesce(1))
 
 
 def locate(fs: fsspec.AbstractFileSystem, path: str, malformed: Iterable[str]) -> list[tuple[int | None, str]]:

@@ -261,6 +261,11 @@ class Sink(Node):
         """The Airflow Asset URI of what this sink writes, if any."""
         return None
 
+    def describe_commit(self, checkpoint_id: int) -> JsonDict:
+        """What a savepoint and the Asset event record about the commit of ``checkpoint_id``
+        (e.g. a table version); empty when the sink has nothing to add."""
+        return {}
+
 
 class Channel(Node):
     """A step boundary: everything upstream runs in one step, which stages this node's records

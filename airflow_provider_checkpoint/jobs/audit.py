@@ -10,7 +10,7 @@ import posixpath
 from collections.abc import Sequence
 
 from airflow_provider_checkpoint.dataflow.graph import Sink
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+from airflow_provider_checkpoint.dataflow.sinks import TransactionalSink
 from airflow_provider_checkpoint.exceptions import MetadataError, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import (
@@ -80,12 +80,6 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
             if relative not in referenced and not is_metadata:
                 findings.append(f"orphaned file {storage.url(relative)}")
     for sink in sinks:
-        if isinstance(sink, ParquetTableSink):
-            table = sink.table()
-            try:
-                staged = table.fs.find(table.path("_staging")) if table.exists("_staging") else []
-            except UnsafePathError as e:
-                findings.append(str(e))
-                continue
-            findings.extend(f"staged sink data left behind: {p}" for p in staged)
+        if isinstance(sink, TransactionalSink):
+            findings.extend(sink.audit())
     return list(dict.fromkeys(findings))

@@ -143,9 +143,13 @@ def commit_checkpoint(
     Raises :class:`CheckpointError` unchanged: the caller decides whether a retry can help.
     """
     completed = job.coordinator().finalize(plan, acks, declines=declines)
+    described = {
+        Asset(uri).uri: s.describe_commit(plan.checkpoint_id) for s in job.graph.sinks if (uri := s.asset_uri())
+    }
     for asset in outlets:
         if isinstance(asset, Asset):
-            context["outlet_events"][asset].extra = {"job_id": plan.job_id, "checkpoint_id": plan.checkpoint_id}
+            extra: JsonDict = {"job_id": plan.job_id, "checkpoint_id": plan.checkpoint_id}
+            context["outlet_events"][asset].extra = {**extra, **described.get(asset.uri, {})}
     return {"checkpoint_id": completed.checkpoint_id, **completed.stats}
 
 

@@ -241,7 +241,7 @@ def test_fuzzed_documents_give_documented_errors_and_never_touch_the_canary(root
 
     def use_claim(data: bytes) -> None:
         (table / "_table.json").write_bytes(data)
-        sink._claim(JOB)
+        sink.claim(JOB)
 
     def use_commit_log(data: bytes) -> None:
         (table / "_commits" / "0000000003.json").write_bytes(data)

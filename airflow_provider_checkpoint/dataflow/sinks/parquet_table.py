@@ -25,22 +25,25 @@ import fsspec
 
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
-from airflow_provider_checkpoint.dataflow.graph import Node, Sink
+from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.sinks.base import TableDirectorySink
+from airflow_provider_checkpoint.dataflow.sinks.bucketed import (
+    DRIVER_MERGE_ROWS,
+    BucketedUpsert,
+    bucket_file,
+    check_buckets,
+)
 from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.spark.context import StepContext
 
-_BUCKET = "_bucket"
 FORMAT = "parquet_table"
 _APPEND_FILE = re.compile(r"^part-c(\d{10})-\d{5}\.parquet$")
 _BUCKET_FILE = re.compile(r"^part-b\d{5}\.parquet$")
-DRIVER_MERGE_ROWS = 250_000
-"""Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
 
 
 def table_file_pattern(mode: str, checkpoint_id: int) -> re.Pattern[str]:
@@ -77,18 +80,25 @@ def check_table_committables(
     return moves
 
 
-class ParquetTableSink(Sink):
+class ParquetTableSink(TableDirectorySink):
     """Exactly-once Parquet table in ``append`` or ``upsert`` (by ``keys``) mode.
 
     ``append`` adds the checkpoint's rows as new files ``part-c<checkpoint>-<n>.parquet``.
     ``upsert`` hashes ``keys`` into ``buckets`` files ``part-b<bucket>.parquet`` and
-    rewrites only the buckets whose keys changed, replacing each atomically: a key is in
-    the table exactly once (a null key too). One job writes a table.
+    rewrites only the buckets whose keys changed, replacing each atomically
+    (:class:`~.bucketed.BucketedUpsert`): a key is in the table exactly once (a null key
+    too). One job writes a table.
 
-    An upsert of at most ``driver_merge_rows`` changed rows collects them to the driver
-    and merges each affected bucket there with pyarrow, streaming the old file (no Spark
-    shuffle; memory: the changed rows plus one batch). Larger upserts, or ``0``, rewrite
-    the buckets with Spark, one shuffle of the old and changed rows.
+    :param uid: Unique id of the sink in the pipeline.
+    :param input: The node whose records the table receives.
+    :param path: The table directory (a local path or fsspec URL).
+    :param mode: ``"append"`` or ``"upsert"``.
+    :param keys: The key columns of an upsert table.
+    :param buckets: Number of bucket files of an upsert table (1 to 4096; fixed once written).
+    :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver
+        with pyarrow (no shuffle); ``0`` always merges with Spark.
+    :param storage_options: fsspec options of the table's filesystem.
+    :param step: Name of the step (Airflow task) the sink runs in.
     """
 
     def __init__(
@@ -103,47 +113,21 @@ class ParquetTableSink(Sink):
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
     ) -> None:
-        super().__init__(uid, input, step)
+        super().__init__(uid, input, path, storage_options, step)
         if mode not in ("append", "upsert"):
             raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
-        if mode == "upsert" and not keys:
-            raise PipelineDefinitionError(f"{uid}: upsert mode needs keys")
-        if not 1 <= buckets <= 4096:
-            raise PipelineDefinitionError(f"{uid}: buckets must be in [1, 4096]")
-        if driver_merge_rows < 0:
-            raise PipelineDefinitionError(f"{uid}: driver_merge_rows must not be negative")
-        self.path = path
         self.mode = mode
         self.keys = list(keys or [])
         self.buckets = buckets
-        self.driver_merge_rows = driver_merge_rows
-        self.storage_options = dict(storage_options or {})
+        self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
+        check_buckets(uid, buckets, driver_merge_rows)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
 
-    # -- paths -------------------------------------------------------------------------
-    def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
-        if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-            root = posixpath.abspath(root)
-        return fs, root.rstrip("/")
-
-    def table(self) -> Location:
-        """The table directory: every path in it is confined to it (``..``, absolute, a symlink out)."""
-        return Location(*self._fs())
-
-    def _url(self, path: str) -> str:
-        fs, _ = self._fs()
-        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-        return f"{'file' if protocol in ('file', 'local') else protocol}://{path}"
-
-    def asset_uri(self) -> str:
-        return self._url(self._fs()[1])
-
-    @staticmethod
-    def _staging(checkpoint_id: int) -> str:
-        return f"_staging/chk-{checkpoint_id}"
+    def claim_document(self, job_id: str) -> JsonDict:
+        claim = {**super().claim_document(job_id), "mode": self.mode, "keys": self.keys}
+        return {**claim, "buckets": self.buckets} if self.keys else claim
 
     @staticmethod
     def _rolled_back(checkpoint_id: int) -> str:
@@ -153,33 +137,15 @@ class ParquetTableSink(Sink):
     def _commit_log(checkpoint_id: int) -> str:
         return f"_commits/{checkpoint_id:010d}.json"
 
-    # -- phase one: stage (in the step) ------------------------------------------------
-    def _claim(self, job_id: str) -> None:
-        """Record this job and sink as the table's only writer; refuse another or a changed layout."""
-        table = self.table()
-        claim = {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys, "buckets": self.buckets}
-        if not self.keys:
-            claim.pop("buckets")
-        if table.exists("_table.json"):
-            existing = load_json(table.read_bytes("_table.json"), table.url("_table.json"))
-            if existing != claim:
-                raise PipelineDefinitionError(
-                    f"sink {self.uid}: table {self.asset_uri()} belongs to {existing}, not {claim}; "
-                    "one job and sink write a table, and its mode, keys and buckets cannot change"
-                )
-            return
-        table.write_atomic("_table.json", json.dumps(claim, sort_keys=True).encode())
-
-    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+    # -- writer (in the step) ----------------------------------------------------------
+    def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root = self._fs()
-        self._claim(ctx.plan.job_id)
-        staging = self.table().path(f"{self._staging(ctx.checkpoint_id)}/{ctx.attempt_tag}")
-        if fs.exists(staging):
-            fs.rm(staging, recursive=True)
-        if self.mode == "append":
+        staging = self.attempt_staging(ctx)
+        if self.upsert is None:
             moves = self._stage_append(ctx, df, fs, root, staging)
         else:
-            moves = self._stage_upsert(ctx, df, fs, root, staging)
+            staged = self.upsert.write(ctx, df, fs, staging, self._existing_buckets, self.url)
+            moves = [[path[len(root) + 1 :], bucket_file(b)] for b, path in staged]
         ctx.add_metric("sink_files_staged", len(moves))
         return [{"checkpoint_id": ctx.checkpoint_id, "moves": moves}]
 
@@ -188,7 +154,7 @@ class ParquetTableSink(Sink):
     ) -> list[list[str]]:
         import pyarrow.parquet as pq
 
-        df.write.parquet(self._url(staging))
+        df.write.parquet(self.url(staging))
         moves: list[list[str]] = []
         for full in sorted(fs.glob(f"{staging}/part-*.parquet")):
             with fs.open(full, "rb") as f:
@@ -199,111 +165,32 @@ class ParquetTableSink(Sink):
                 moves.append([full[len(root) + 1 :], target])
         return moves
 
-    def _stage_upsert(
-        self, ctx: StepContext, df: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
-    ) -> list[list[str]]:
-        changed = df.withColumn(_BUCKET, self._bucket_of())
-        if self.driver_merge_rows:
-            small = changed.limit(self.driver_merge_rows + 1).toArrow()
-            if small.num_rows <= self.driver_merge_rows:
-                moves = self._merge_in_driver(ctx, small, fs, root, staging)
-                if moves is not None:
-                    return moves
-        return self._merge_in_spark(ctx, changed, fs, root, staging)
-
-    def _merge_in_driver(
-        self, ctx: StepContext, changed: pa.Table, fs: fsspec.AbstractFileSystem, root: str, staging: str
-    ) -> list[list[str]] | None:
-        """Each affected bucket merged with pyarrow (:mod:`.bucket_merge`); ``None`` if a file's columns differ."""
-        import numpy as np
-
-        from airflow_provider_checkpoint.dataflow import bucket_merge
-
-        rows = changed.num_rows
-        changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
-        affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
-        changed = changed.drop_columns([_BUCKET])
-        old = self._existing_buckets(affected.tolist())
-        if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
-            return None
-        ctx.add_metric("sink_rows", rows)
-        fs.makedirs(staging, exist_ok=True)
-        moves: list[list[str]] = []
-        for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
-            out = f"{staging}/{self._bucket_file(b)}"
-            bucket_merge.merge_bucket(fs, old.get(b), changed.slice(start, count), self.keys, out)
-            moves.append([out[len(root) + 1 :], self._bucket_file(b)])
-        return moves
-
-    def _merge_in_spark(
-        self, ctx: StepContext, changed: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
-    ) -> list[list[str]]:
-        """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
-        from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
-
-        changed = changed.cache()
-        per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
-        affected = sorted(per_bucket)
-        ctx.add_metric("sink_rows", sum(per_bucket.values()))
-        if not affected:
-            changed.unpersist()
-            return []
-        existing = list(self._existing_buckets(affected).values())
-        merged = changed
-        if existing:
-            old = ctx.spark.read.parquet(*[self._url(p) for p in existing]).withColumn(_BUCKET, self._bucket_of())
-            kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
-            merged = kept.unionByName(changed, allowMissingColumns=True)
-        # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
-        merged.repartition(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(self._url(staging))
-        changed.unpersist()
-        moves: list[list[str]] = []
-        for b in affected:
-            files = fs.glob(f"{staging}/{_BUCKET}={b}/part-*.parquet")
-            if len(files) != 1:
-                raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
-            moves.append([files[0][len(root) + 1 :], self._bucket_file(b)])
-        return moves
-
-    def _bucket_of(self) -> Column:
-        """The bucket of a row: a hash of its keys (stable across Spark versions)."""
-        from pyspark.sql import functions as F
-
-        return F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
-
     def _existing_buckets(self, buckets: list[int]) -> dict[int, str]:
         """The committed files of ``buckets`` that exist (refused if one resolves outside the table)."""
         table = self.table()
-        paths = {b: table.path(self._bucket_file(b)) for b in buckets}
+        paths = {b: table.path(bucket_file(b)) for b in buckets}
         return {b: path for b, path in paths.items() if table.fs.exists(path)}
-
-    @staticmethod
-    def _bucket_file(bucket: int) -> str:
-        return f"part-b{bucket:05d}.parquet"
 
     # -- phase two: commit or abort (in finalize / recovery) ---------------------------
     def is_committed(self, checkpoint_id: int) -> bool:
         return self.table().exists(self._commit_log(checkpoint_id))
 
-    def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
-        check_table_committables(checkpoint_id, committables, self.mode, document)
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[list[str]]:
+        return check_table_committables(checkpoint_id, committables, self.mode, document)
 
-    def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
-        """Move the staged files into the table, then log the commit; idempotent.
+    def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
+        """Move the staged files into the table, then log the commit.
 
         Every move is checked first (shape, and on local filesystems that neither end
         resolves outside the table), so a forged committable moves nothing.
         """
         table = self.table()
-        if self.is_committed(checkpoint_id):
-            return
-        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
-        moves = check_table_committables(checkpoint_id, committables, self.mode, document)
+        moves: list[list[str]] = committables
         parked = self._rolled_back(checkpoint_id)
         resolved = [
             (table.path(staged), table.path(f"{parked}/{target}"), table.path(target)) for staged, target in moves
         ]
-        for touched in (self._staging(checkpoint_id), parked, self._commit_log(checkpoint_id)):
+        for touched in (self.staging_dir(checkpoint_id), parked, self._commit_log(checkpoint_id)):
             table.path(touched)  # everything this commit touches is confined before the first move
         for staged, parked_file, target in resolved:
             for source in (staged, parked_file):
@@ -349,6 +236,3 @@ class ParquetTableSink(Sink):
         return checkpoint_id, log_fields.each(
             "files", lambda v, name: relative_path(v, document, name, pattern=pattern)
         )
-
-    def abort(self, checkpoint_id: int) -> None:
-        self.table().delete(self._staging(checkpoint_id))

@@ -1,0 +1,18 @@
+"""Transactional sinks: the shared writer/committer machinery (:mod:`.base`) and the tables built on it."""
+
+from airflow_provider_checkpoint.dataflow.sinks.base import TableDirectorySink, TransactionalSink
+from airflow_provider_checkpoint.dataflow.sinks.parquet_table import (
+    FORMAT,
+    ParquetTableSink,
+    check_table_committables,
+    table_file_pattern,
+)
+
+__all__ = [
+    "FORMAT",
+    "ParquetTableSink",
+    "TableDirectorySink",
+    "TransactionalSink",
+    "check_table_committables",
+    "table_file_pattern",
+]
