@@ -139,6 +139,8 @@ def run_step(
     phases = _Phases(ctx)
     read_once = _read_once(graph, step)
     counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
+    for sink in (n for n in graph.steps[step] if isinstance(n, Sink)):
+        sink.prepare(ctx)
     try:
         for node in graph.steps[step]:
             phases.next(node)
