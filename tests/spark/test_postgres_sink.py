@@ -77,9 +77,7 @@ def _table(server: PostgresServer, schema: str) -> pd.DataFrame:
 
 
 def _normalised(df: pd.DataFrame) -> pd.DataFrame:
-    df = df.assign(
-        ts=[t.astimezone(UTC) for t in df.ts], tags=[tuple(t) if t is not None else None for t in df.tags]
-    )
+    df = df.assign(ts=[t.astimezone(UTC) for t in df.ts], tags=[tuple(t) if t is not None else None for t in df.tags])
     return df.sort_values(["k", "v"]).reset_index(drop=True)
 
 
@@ -104,7 +102,9 @@ def test_checkpoints_match_pandas_and_commit_twice_is_once(spark, postgres_serve
     batches = [_rows(1, range(0, 40)), _rows(2, range(30, 70)), _rows(3, range(60, 65))]
     for checkpoint_id, batch in enumerate(batches, start=1):
         committables = _stage(spark, sink, "job", checkpoint_id, batch)
-        assert committables == [{"checkpoint_id": checkpoint_id, "staging_table": committables[0]["staging_table"], "rows": len(batch)}]
+        assert committables == [
+            {"checkpoint_id": checkpoint_id, "staging_table": committables[0]["staging_table"], "rows": len(batch)}
+        ]
         assert _table(postgres_server, target).shape[0] == _truth(mode, batches[: checkpoint_id - 1]).shape[0]
         sink.commit(checkpoint_id, committables)
         sink.commit(checkpoint_id, committables)  # a finalize retry / the trigger's recovery: nothing more
@@ -163,10 +163,14 @@ def test_refused_values_name_column_and_key_and_commit_nothing(spark, postgres_s
     with pytest.raises(SinkValueError, match=r"column tags, key \(k='nul-key'\)"):
         _stage(spark, sink, "job", 1, bad)
     with postgres_server.connect() as db:
-        db.execute(f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, v smallint, amount numeric, ts timestamptz, tags text[])")
+        db.execute(
+            f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, "
+            "v smallint, amount numeric, ts timestamptz, tags text[])"
+        )
     narrow = PostgresTableSink("narrow", Source("src2"), "pg_test", f"{target}.narrow", "upsert", keys=["k"])
     with pytest.raises(SinkValueError, match=r"column v, key \(k='k2-é✓𝄞'\).*out of range"):
-        _stage(spark, narrow, "job", 1, [(r[0], 70000 if r[0].startswith("k2") else 1, *r[2:]) for r in _rows(1, range(4))])
+        wide = [(r[0], 70000 if r[0].startswith("k2") else 1, *r[2:]) for r in _rows(1, range(4))]
+        _stage(spark, narrow, "job", 1, wide)
     with pytest.raises(SinkValueError, match=r"key \(k='dup'\) is staged twice"):
         _stage(spark, sink, "job", 2, [("dup", *_rows(1, range(1))[0][1:])] * 2)
     assert _table(postgres_server, target).empty
@@ -177,7 +181,9 @@ def test_a_table_not_matching_the_input_is_refused(spark, postgres_server, targe
         db.execute(f"CREATE TABLE {target}.facts (k text, v bigint, other int, {CHECKPOINT_COLUMN} bigint)")
     with pytest.raises(SinkSchemaError, match=r"missing columns \['amount', 'ts', 'tags'\].*\['other'\]"):
         _stage(spark, _sink(target), "job", 1, _rows(1, range(3)))
-    upsert = PostgresTableSink("u", Source("s"), "pg_test", f"{target}.absent", "upsert", keys=["k"], create_table=False)
+    upsert = PostgresTableSink(
+        "u", Source("s"), "pg_test", f"{target}.absent", "upsert", keys=["k"], create_table=False
+    )
     with pytest.raises(SinkSchemaError, match="does not exist"):
         _stage(spark, upsert, "job", 1, _rows(1, range(3)))
 

@@ -120,8 +120,8 @@ class PostgresTableSink(TransactionalSink):
 
         db.execute(
             sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (schema_name text, table_name text, job_id text NOT NULL, "
-                "sink_uid text NOT NULL, mode text NOT NULL, keys text[] NOT NULL, PRIMARY KEY (schema_name, table_name))"
+                "CREATE TABLE IF NOT EXISTS {} (schema_name text, table_name text, job_id text NOT NULL, sink_uid "
+                "text NOT NULL, mode text NOT NULL, keys text[] NOT NULL, PRIMARY KEY (schema_name, table_name))"
             ).format(self._table(pg.CLAIMS))
         )
         db.execute(
@@ -184,7 +184,10 @@ class PostgresTableSink(TransactionalSink):
     def _create_target(self, db: psycopg.Connection[Any], df: DataFrame) -> None:
         from psycopg import sql
 
-        columns = [sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(self.uid, f.name, f.dataType))) for f in df.schema.fields]
+        columns = [
+            sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(self.uid, f.name, f.dataType)))
+            for f in df.schema.fields
+        ]
         if self.mode == "append":
             columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
         else:
@@ -197,7 +200,9 @@ class PostgresTableSink(TransactionalSink):
         target = self._target_columns(db)
         if not target:
             if not self.create_table:
-                raise SinkSchemaError(f"sink {self.uid}: table {self.target_name()} does not exist (create_table=False)")
+                raise SinkSchemaError(
+                    f"sink {self.uid}: table {self.target_name()} does not exist (create_table=False)"
+                )
             self._create_target(db, df)
             target = self._target_columns(db)
         expected = [f.name for f in df.schema.fields]

@@ -91,9 +91,9 @@ def _record_before_images(
 
     undo, target = sink._table(pg.undo_table(sink.digest)), sink._table()
     db.execute(
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} AS SELECT 0::bigint AS {}, false AS {}, {} FROM {} WITH NO DATA"
-        ).format(undo, pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED), pg.idents(columns), target)
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} AS SELECT 0::bigint AS {}, false AS {}, {} FROM {} WITH NO DATA").format(
+            undo, pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED), pg.idents(columns), target
+        )
     )
     picked = sql.SQL(", ").join(pg.ident("s" if c in sink.keys else "t", c) for c in columns)
     db.execute(
@@ -121,7 +121,8 @@ def write_marker(
     owner = [claim["job_id"], claim["sink"]]
     db.execute(
         sql.SQL(
-            "INSERT INTO {} (job_id, sink_uid, checkpoint_id, table_name, rows, undo_kept) VALUES (%s, %s, %s, %s, %s, %s)"
+            "INSERT INTO {} (job_id, sink_uid, checkpoint_id, table_name, rows, undo_kept) "
+            "VALUES (%s, %s, %s, %s, %s, %s)"
         ).format(markers),
         [*owner, checkpoint_id, sink.table_name, rows, sink.mode == "upsert"],
     )
