@@ -121,6 +121,10 @@ class SinkConnectionError(RefusedInputError):
     """A sink's connection is undefined, of the wrong type, or refused (credentials, host); never names a secret."""
 
 
+class SinkUnavailableError(CheckpointError, OSError):
+    """A sink's server cannot be reached (refused, timed out, went away): the step is retried."""
+
+
 class SinkValueError(MalformedInputError):
     """The target refused a value of the checkpoint's output; the message names the column and the key."""
 

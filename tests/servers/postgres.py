@@ -10,6 +10,7 @@ let a test crash and restart it.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -71,6 +72,17 @@ class PostgresServer:
 
     def kill(self) -> None:
         self.stop("immediate")
+
+    def to_json(self) -> str:
+        """What another process (a Spark executor) needs to control this server: :func:`from_json`."""
+        return json.dumps(
+            {"pgdata": str(self.pgdata), "port": self.port, "password": self.password, "run_as": self.run_as}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> PostgresServer:
+        spec = json.loads(text)
+        return cls(Path(spec["pgdata"]), spec["port"], spec["password"], spec["run_as"])
 
     def uri(self, password: str | None = None) -> str:
         """The Airflow connection URI (``AIRFLOW_CONN_<ID>``) of this server."""

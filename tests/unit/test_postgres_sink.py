@@ -11,7 +11,12 @@ from pyspark.sql import types as T
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
 from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
-from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError, SinkConnectionError
+from airflow_provider_checkpoint.exceptions import (
+    DocumentError,
+    PipelineDefinitionError,
+    SinkConnectionError,
+    SinkUnavailableError,
+)
 
 
 def _sink(uid: str = "out", table: str = "marts.facts", **kwargs: Any) -> PostgresTableSink:
@@ -93,7 +98,7 @@ def test_an_unreachable_server_is_refused_naming_it_but_not_the_password(monkeyp
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
     monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", f"postgres://u:s3cret-pw@127.0.0.1:{port}/db")
-    with pytest.raises(SinkConnectionError, match=f"127.0.0.1:{port}/db as 'u'") as refused:
+    with pytest.raises(SinkUnavailableError, match=f"127.0.0.1:{port}/db as 'u'") as refused:
         _sink().load_claim()
     assert "s3cret-pw" not in str(refused.value)
     connection = pg.PgConnection.from_airflow("pg_unit")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkConnectionError
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkConnectionError, SinkUnavailableError
 
 if TYPE_CHECKING:
     import psycopg
@@ -67,7 +67,8 @@ class PgConnection:
         )
 
     def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
-        """A psycopg connection; a failure names the Airflow connection and the server, never the password."""
+        """A psycopg connection. The server refusing us (credentials, database) raises
+        :class:`SinkConnectionError`; no answer :class:`SinkUnavailableError` (retried). Neither names the password."""
         import psycopg
 
         kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, **dict(self.options)}
@@ -82,11 +83,12 @@ class PgConnection:
                 **kwargs,
             )
         except psycopg.OperationalError as e:
-            reason = str(e).replace(self.password or "\0", "***").strip().splitlines()
-            raise SinkConnectionError(
+            lines = str(e).replace(self.password or "\0", "***").strip().splitlines()
+            message = (
                 f"cannot connect to PostgreSQL {self.host}:{self.port}/{self.dbname} as {self.user!r} "
-                f"(Airflow connection {self.conn_id!r}): {reason[-1] if reason else type(e).__name__}"
-            ) from None
+                f"(Airflow connection {self.conn_id!r}): {lines[-1] if lines else type(e).__name__}"
+            )
+            raise (SinkConnectionError if e.sqlstate else SinkUnavailableError)(message) from None
 
 
 def split_table(uid: str, table: str) -> tuple[str, str]:

@@ -330,6 +330,7 @@ class PostgresTableSink(TransactionalSink):
             for staging, expected in committables:
                 rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
             undo.write_marker(self, db, claim, checkpoint_id, rows)
+        self.abort(checkpoint_id)  # the staging tables of the checkpoint's other attempts
         log.info(
             "sink %s: committed checkpoint %d (%d rows) into %s in %.2fs",
             self.uid, checkpoint_id, rows, self.target_name(), time.monotonic() - started,
