@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT = 10
 """Seconds to wait for the server before a connection attempt fails (unless the connection sets it)."""
 _EXTRAS = ("sslmode", "sslcert", "sslkey", "sslrootcert", "connect_timeout", "application_name", "options")
+_TRANSIENT = ("starting up", "shutting down", "recovery mode", "too many clients", "remaining connection slots")
+"""Server answers at connect time that a retry can get past (other ``FATAL`` answers are refusals)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 CLAIMS = "checkpoint_sink_claims"
 MARKERS = "checkpoint_sink_markers"
@@ -68,7 +70,8 @@ class PgConnection:
 
     def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
         """A psycopg connection. The server refusing us (credentials, database) raises
-        :class:`SinkConnectionError`; no answer :class:`SinkUnavailableError` (retried). Neither names the password."""
+        :class:`SinkConnectionError`; no answer, or a passing state, :class:`SinkUnavailableError`
+        (the step is retried). Neither names the password."""
         import psycopg
 
         kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, **dict(self.options)}
@@ -88,7 +91,8 @@ class PgConnection:
                 f"cannot connect to PostgreSQL {self.host}:{self.port}/{self.dbname} as {self.user!r} "
                 f"(Airflow connection {self.conn_id!r}): {lines[-1] if lines else type(e).__name__}"
             )
-            raise (SinkConnectionError if e.sqlstate else SinkUnavailableError)(message) from None
+            refused = "FATAL:" in message and not any(t in message for t in _TRANSIENT)
+            raise (SinkConnectionError if refused else SinkUnavailableError)(message) from None
 
 
 def split_table(uid: str, table: str) -> tuple[str, str]:
