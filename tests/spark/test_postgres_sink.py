@@ -55,9 +55,17 @@ def _rows(checkpoint_id: int, keys: range) -> list[tuple[Any, ...]]:
     ]
 
 
-def _stage(spark: Any, sink: PostgresTableSink, job: str, checkpoint_id: int, rows: list[Any], attempt: int = 1) -> Any:
+def _stage(
+    spark: Any,
+    sink: PostgresTableSink,
+    job: str,
+    checkpoint_id: int,
+    rows: list[Any],
+    attempt: int = 1,
+    schema: str = SCHEMA,
+) -> Any:
     storage = JobStorage.for_job(f"{tempfile.gettempdir()}/pg-sink-jobs", job)  # the sink writes no files
-    df = spark.createDataFrame(rows, SCHEMA).repartition(3)
+    df = spark.createDataFrame(rows, schema).repartition(3)
     ctx = step_context(spark, storage, checkpoint_id, attempt)
     sink.prepare(ctx)
     return sink.stage(ctx, df)
@@ -163,14 +171,15 @@ def test_refused_values_name_column_and_key_and_commit_nothing(spark, postgres_s
     with pytest.raises(SinkValueError, match=r"column tags, key \(k='nul-key'\)"):
         _stage(spark, sink, "job", 1, bad)
     with postgres_server.connect() as db:
-        db.execute(
-            f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, "
-            "v smallint, amount numeric, ts timestamptz, tags text[])"
-        )
+        db.execute(f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, v smallint, note text)")
     narrow = PostgresTableSink("narrow", Source("src2"), "pg_test", f"{target}.narrow", "upsert", keys=["k"])
-    with pytest.raises(SinkValueError, match=r"column v, key \(k='k2-é✓𝄞'\).*out of range"):
-        wide = [(r[0], 70000 if r[0].startswith("k2") else 1, *r[2:]) for r in _rows(1, range(4))]
-        _stage(spark, narrow, "job", 1, wide)
+    multiline = [(f"k{i}", 1, 'two\nlines, "quoted"') for i in range(6)]  # sent as CSV: no arrays
+    for rows, refused in (
+        ([(k, 70000 if k == "k4" else v, note) for k, v, note in multiline], r"column v, key \(k='k4'\).*out of range"),
+        ([(k, v, "nul\x00" if k == "k3" else note) for k, v, note in multiline], r"column note, key \(k='k3'\)"),
+    ):
+        with pytest.raises(SinkValueError, match=refused):
+            _stage(spark, narrow, "job", 1, rows, schema="k string, v long, note string")
     with pytest.raises(SinkValueError, match=r"key \(k='dup'\) is staged twice"):
         _stage(spark, sink, "job", 2, [("dup", *_rows(1, range(1))[0][1:])] * 2)
     assert _table(postgres_server, target).empty

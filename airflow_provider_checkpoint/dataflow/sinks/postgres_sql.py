@@ -204,11 +204,41 @@ def _refusal(error: psycopg.Error, rows: list[dict[str, Any]], sent: int, keys: 
     return f"column {column}, {where}: {(error.diag.message_primary or str(error)).strip()}"
 
 
+def _as_csv(batch: pa.RecordBatch) -> bytes | None:
+    """``batch`` as headerless CSV (Arrow's writer, no Python per row); ``None`` if a column has no CSV form."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    if any(pa.types.is_nested(f.type) or pa.types.is_binary(f.type) for f in batch.schema):
+        return None
+    out = pa.BufferOutputStream()
+    pacsv.write_csv(batch, out, write_options=pacsv.WriteOptions(include_header=False))
+    return bytes(out.getvalue())
+
+
+def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[dict[str, Any]]) -> int:
+    """``COPY`` of ``rows`` value by value (psycopg adapts arrays, bytes); raises with ``sent`` set on the error."""
+    sent = 0
+    try:
+        with cur.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(tuple(row.values()))
+                sent += 1
+    except Exception as e:
+        e.sent = sent  # type: ignore[attr-defined]
+        raise
+    return sent
+
+
 def copy_partitions(
     conn: PgConnection, schema: str, staging: str, columns: list[str], keys: list[str]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function loading each partition into ``staging`` (one transaction per
-    partition); it yields ``(rows, error)``: the rows loaded, or the value PostgreSQL refused."""
+    partition); it yields ``(rows, error)``: the rows loaded, or the value PostgreSQL refused.
+
+    A batch goes as CSV written by Arrow where its columns allow, else value by value; a refused
+    CSV batch is sent again value by value (then rolled back) to name the exact column and row.
+    """
 
     def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import psycopg
@@ -218,21 +248,30 @@ def copy_partitions(
 
         task = TaskContext.get()
         partition = task.partitionId() if task else 0
-        statement = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
+        target = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
+        as_csv = target + sql.SQL(" (FORMAT csv)")
         loaded, error = 0, ""
         with conn.connect() as db, db.cursor() as cur:
             for batch in batches:
-                rows = batch.to_pylist()
-                sent = 0
+                batch = batch.select(columns)
+                text = _as_csv(batch)
                 try:
-                    with cur.copy(statement) as copy:
-                        for row in rows:
-                            copy.write_row(tuple(row[c] for c in columns))
-                            sent += 1
+                    if text is None:
+                        _write_rows(cur, target, batch.to_pylist())
+                    else:
+                        with cur.copy(as_csv) as copy:
+                            copy.write(text)
                 except psycopg.DataError as e:
-                    error = _refusal(e, rows, sent, keys, partition)
+                    db.rollback()
+                    rows = batch.to_pylist()
+                    try:
+                        _write_rows(cur, target, rows)
+                        failed, sent = e, 0
+                    except psycopg.DataError as exact:
+                        failed, sent = exact, getattr(exact, "sent", 0)
+                    error = _refusal(failed, rows, sent, keys, partition)
                     break
-                loaded += len(rows)
+                loaded += batch.num_rows
             if error:
                 db.rollback()
             else:
