@@ -251,8 +251,7 @@ class PostgresTableSink(TransactionalSink):
         if refused:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {refused[0]}")
         rows = sum(int(r["rows"]) for r in results)
-        if self.mode == "upsert":
-            self._check_staged_keys(conn, staging)
+        self._check_staged(conn, staging)
         ctx.add_metric("sink_rows", rows)
         log.info(
             "sink %s: staged %d rows into %s.%s from %d partitions in %.2fs",
@@ -260,10 +259,15 @@ class PostgresTableSink(TransactionalSink):
         )  # fmt: skip
         return [{"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}]
 
-    def _check_staged_keys(self, conn: pg.PgConnection, staging: str) -> None:
-        """Upsert: every staged key is non-null and staged once (else the commit could not succeed)."""
+    def _check_staged(self, conn: pg.PgConnection, staging: str) -> None:
+        """``ANALYZE`` the staging table (so the commit joins it with the table by index), and in
+        upsert mode refuse a null key or a key staged twice (the commit could not succeed)."""
         from psycopg import sql
 
+        with conn.connect(autocommit=True) as db:
+            db.execute(sql.SQL("ANALYZE {}").format(self._table(staging)))
+        if self.mode != "upsert":
+            return
         keys = pg.idents(self.keys)
         null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
         with conn.connect() as db:
