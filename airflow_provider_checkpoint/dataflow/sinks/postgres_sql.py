@@ -28,6 +28,8 @@ _EXTRAS = ("sslmode", "sslcert", "sslkey", "sslrootcert", "connect_timeout", "ap
 _TRANSIENT = ("starting up", "shutting down", "recovery mode", "too many clients", "remaining connection slots")
 """Server answers at connect time that a retry can get past (other ``FATAL`` answers are refusals)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+CHECKPOINT_COLUMN = "_checkpoint_id"
+"""Append mode: the checkpoint that wrote each row (what a restore deletes by)."""
 CLAIMS = "checkpoint_sink_claims"
 MARKERS = "checkpoint_sink_markers"
 

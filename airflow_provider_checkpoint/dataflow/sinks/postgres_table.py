@@ -25,12 +25,13 @@ from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
+from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
 from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink
+from airflow_provider_checkpoint.dataflow.sinks.postgres_sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
     PipelineDefinitionError,
-    RestoreError,
     SinkSchemaError,
     SinkValueError,
 )
@@ -42,9 +43,6 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.spark.context import StepContext
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_COLUMN = "_checkpoint_id"
-"""Append mode: the checkpoint that wrote each row (what a restore deletes by)."""
 
 
 class PostgresTableSink(TransactionalSink):
@@ -100,10 +98,6 @@ class PostgresTableSink(TransactionalSink):
 
     def target_name(self) -> str:
         return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
-
-    def asset_uri(self) -> str:
-        conn = self._connection()
-        return f"postgres://{conn.host}:{conn.port}/{conn.dbname}/{self.schema}/{self.table_name}"
 
     def _connection(self) -> pg.PgConnection:
         return pg.PgConnection.from_airflow(self.conn_id)
@@ -322,8 +316,6 @@ class PostgresTableSink(TransactionalSink):
 
     def commit_checked(self, checkpoint_id: int, committables: list[tuple[str, int]]) -> None:
         """The one commit transaction (see the module docstring); a marker already there: nothing."""
-        from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
-
         started = time.monotonic()
         with self._tx() as db:
             claim = self._locked_claim(db)
@@ -342,8 +334,6 @@ class PostgresTableSink(TransactionalSink):
 
     def rollback(self, checkpoint_id: int) -> None:
         """Return the table to its state when ``checkpoint_id`` committed, in one transaction."""
-        from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
-
         with self._tx() as db:
             if self._read_claim(db) is None:
                 return
@@ -373,10 +363,3 @@ class PostgresTableSink(TransactionalSink):
 
     def audit(self) -> list[str]:
         return [f"staging table left behind: {self.schema}.{name}" for name in self._staging_tables()]
-
-
-def refuse_older(sink: PostgresTableSink, checkpoint_id: int, missing: list[int]) -> RestoreError:
-    return RestoreError(
-        f"sink {sink.uid}: cannot return {sink.target_name()} to checkpoint {checkpoint_id}: the before-images "
-        f"of checkpoints {missing} were purged (undo_checkpoints={sink.undo_checkpoints})"
-    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
 
 if TYPE_CHECKING:
     import psycopg
@@ -43,8 +43,6 @@ def move_rows(
     """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop it."""
     from psycopg import sql
 
-    from airflow_provider_checkpoint.dataflow.sinks.postgres_table import CHECKPOINT_COLUMN
-
     exists = db.execute("SELECT to_regclass(%s)", [f'"{sink.schema}"."{staging}"']).fetchone()
     if not exists or exists[0] is None:
         raise CheckpointStorageError(
@@ -62,7 +60,7 @@ def move_rows(
     if sink.mode == "append":
         db.execute(
             sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, %s FROM {}").format(
-                target, cols, pg.ident(CHECKPOINT_COLUMN), cols, stg
+                target, cols, pg.ident(pg.CHECKPOINT_COLUMN), cols, stg
             ),
             [checkpoint_id],
         )
@@ -149,8 +147,6 @@ def undo_newer(sink: PostgresTableSink, db: psycopg.Connection[Any], claim: Json
     """Undo every committed checkpoint newer than ``checkpoint_id``; their ids (refused if an undo was purged)."""
     from psycopg import sql
 
-    from airflow_provider_checkpoint.dataflow.sinks.postgres_table import CHECKPOINT_COLUMN, refuse_older
-
     markers, target = sink._table(pg.MARKERS), sink._table()
     owner = [claim["job_id"], claim["sink"]]
     newer = db.execute(
@@ -163,11 +159,16 @@ def undo_newer(sink: PostgresTableSink, db: psycopg.Connection[Any], claim: Json
     if not newer:
         return []
     if sink.mode == "append":
-        db.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(target, pg.ident(CHECKPOINT_COLUMN)), [checkpoint_id])
+        db.execute(
+            sql.SQL("DELETE FROM {} WHERE {} > %s").format(target, pg.ident(pg.CHECKPOINT_COLUMN)), [checkpoint_id]
+        )
     else:
         missing = [c for c, kept in newer if not kept]
         if missing:
-            raise refuse_older(sink, checkpoint_id, missing)
+            raise RestoreError(
+                f"sink {sink.uid}: cannot return {sink.target_name()} to checkpoint {checkpoint_id}: the before-images "
+                f"of checkpoints {missing} were purged (undo_checkpoints={sink.undo_checkpoints})"
+            )
         undo, keys = sink._table(pg.undo_table(sink.digest)), pg.idents(sink.keys)
         columns = pg.idents([c for c in sink._target_columns(db)])
         db.execute(
