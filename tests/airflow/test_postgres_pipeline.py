@@ -4,8 +4,10 @@ Click events land in increments; one step writes the raw events (append) and vie
 (upsert) to PostgreSQL. Run 2 kills the server in the middle of the step's bulk load and
 restarts it (the Spark job fails, Airflow retries the step); run 3 dies in finalize between
 the two sinks' commits (the finalize retry dies there too; the next trigger's recovery commits
-the second sink, the first one's marker makes its repeat a no-op). After every run both tables
-equal pandas over the events of the committed checkpoints: nothing lost, nothing doubled.
+the second sink, the first one's marker makes its repeat a no-op); run 5 has a wrong password
+(refused by the trigger, which asks the table whether checkpoint 4 is committed). After every
+run both tables equal pandas over the events of the committed checkpoints: nothing lost,
+nothing doubled.
 """
 
 from __future__ import annotations
@@ -117,13 +119,21 @@ def test_exactly_once_into_postgres_through_a_server_crash_and_finalize_faults(
             assert (postgres_server.pgdata.parent / "chaos-done").exists(), "the server was killed during the step"
             step = next(ti for ti in run.get_task_instances() if ti.task_id.startswith("step_"))
             assert step.try_number == 2, "the step failed with the server and was retried"
+    monkeypatch.setenv("AIRFLOW_CONN_PG_CHAOS", postgres_server.uri(password="wrong"))
+    landed.append(land_events(tmp_path / "landing", "events-5.json", 200, seed=5))
+    run = module.dag.test()  # refused by the trigger's recovery (is checkpoint 4 committed?): no step runs
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert run.state == "failed" and states["trigger_checkpoint"] == "failed" and states["step_main"] != "success"
+    monkeypatch.setenv("AIRFLOW_CONN_PG_CHAOS", postgres_server.uri())
+    assert module.dag.test().state == "success"  # checkpoint 5
+    _assert_tables(postgres_server, landed, landed)
     with postgres_server.connect() as db:
         staged = db.execute(
             "SELECT count(*) FROM pg_tables WHERE schemaname = 'clicks' AND tablename LIKE '\\_cks\\_%\\_c%'"
         )
         assert staged.fetchone() == (0,), "no staging table left behind"
         markers = db.execute("SELECT sink_uid, checkpoint_id FROM clicks.checkpoint_sink_markers ORDER BY 1, 2")
-        assert markers.fetchall() == [(s, c) for s in ("a_views", "b_events") for c in range(1, 5)]
+        assert markers.fetchall() == [(s, c) for s in ("a_views", "b_events") for c in range(1, 6)]
     written = [p for root in (tmp_path / "checkpoints", Path(os.environ["AIRFLOW_HOME"])) for p in root.rglob("*")]
     leaked = [p for p in written if p.is_file() and postgres_server.password.encode() in p.read_bytes()]
     assert len(written) > 20 and leaked == [], "the password is in no checkpoint document and no task log"

@@ -32,7 +32,9 @@ from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
     PipelineDefinitionError,
+    SinkConnectionError,
     SinkSchemaError,
+    SinkUnavailableError,
     SinkValueError,
 )
 
@@ -351,14 +353,20 @@ class PostgresTableSink(TransactionalSink):
         return sorted(n[0] for n in names if pattern.match(n[0]))
 
     def abort(self, checkpoint_id: int) -> None:
-        """Drop every attempt's staging table of ``checkpoint_id``."""
+        """Drop every attempt's staging table of ``checkpoint_id``. Best effort: when the server cannot
+        be reached (the reason a checkpoint often aborts), they stay behind and :meth:`audit` lists them."""
         from psycopg import sql
 
-        dropped = self._staging_tables(checkpoint_id)
+        try:
+            dropped = self._staging_tables(checkpoint_id)
+            if dropped:
+                with self._tx() as db:
+                    for name in dropped:
+                        db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(name)))
+        except (SinkConnectionError, SinkUnavailableError) as e:
+            log.warning("sink %s: staging tables of checkpoint %d not dropped: %s", self.uid, checkpoint_id, e)
+            return
         if dropped:
-            with self._tx() as db:
-                for name in dropped:
-                    db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(name)))
             log.info("sink %s: dropped %d staging tables of checkpoint %d", self.uid, len(dropped), checkpoint_id)
 
     def audit(self) -> list[str]:
