@@ -7,7 +7,8 @@ the two sinks' commits (the finalize retry dies there too; the next trigger's re
 the second sink, the first one's marker makes its repeat a no-op); run 5 has a wrong password
 (refused by the trigger, which asks the table whether checkpoint 4 is committed). After every
 run both tables equal pandas over the events of the committed checkpoints: nothing lost,
-nothing doubled.
+nothing doubled; so do they after the restore DAG returns the job to checkpoint 3 and the next
+run replays events 4 and 5 (the rows of checkpoints 4 and 5 were undone, not doubled).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import land_events
-from tests.airflow.conftest import own_dags_folder
+from tests.airflow.conftest import load_dag_module, own_dags_folder
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.airflow
 DAG_FILE = """
@@ -127,13 +129,20 @@ def test_exactly_once_into_postgres_through_a_server_crash_and_finalize_faults(
     monkeypatch.setenv("AIRFLOW_CONN_PG_CHAOS", postgres_server.uri())
     assert module.dag.test().state == "success"  # checkpoint 5
     _assert_tables(postgres_server, landed, landed)
+
+    restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
+    assert (
+        restore.test(run_conf={"job_id": "pg_clicks", "checkpoint": "3", "trigger_pipeline": False}).state == "success"
+    )
+    assert module.dag.test().state == "success"  # checkpoint 6: both tables back to 3, then events 4 and 5 again
+    _assert_tables(postgres_server, landed, landed)
     with postgres_server.connect() as db:
         staged = db.execute(
             "SELECT count(*) FROM pg_tables WHERE schemaname = 'clicks' AND tablename LIKE '\\_cks\\_%\\_c%'"
         )
         assert staged.fetchone() == (0,), "no staging table left behind"
         markers = db.execute("SELECT sink_uid, checkpoint_id FROM clicks.checkpoint_sink_markers ORDER BY 1, 2")
-        assert markers.fetchall() == [(s, c) for s in ("a_views", "b_events") for c in range(1, 6)]
+        assert markers.fetchall() == [(s, c) for s in ("a_views", "b_events") for c in (1, 2, 3, 6)]
     written = [p for root in (tmp_path / "checkpoints", Path(os.environ["AIRFLOW_HOME"])) for p in root.rglob("*")]
     leaked = [p for p in written if p.is_file() and postgres_server.password.encode() in p.read_bytes()]
     assert len(written) > 20 and leaked == [], "the password is in no checkpoint document and no task log"
