@@ -328,7 +328,7 @@ class PostgresTableSink(TransactionalSink):
             for staging, expected in committables:
                 rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
             undo.write_marker(self, db, claim, checkpoint_id, rows)
-        self.abort(checkpoint_id)  # the staging tables of the checkpoint's other attempts
+            self._drop_staging(db, checkpoint_id)  # the staging tables of the checkpoint's other attempts
         log.info(
             "sink %s: committed checkpoint %d (%d rows) into %s in %.2fs",
             self.uid, checkpoint_id, rows, self.target_name(), time.monotonic() - started,
@@ -343,31 +343,34 @@ class PostgresTableSink(TransactionalSink):
         if undone:
             log.info("sink %s: rolled back checkpoints %s of %s", self.uid, undone, self.target_name())
 
-    def _staging_tables(self, checkpoint_id: int | None = None) -> list[str]:
-        with self._tx() as db:
-            names = db.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
-                [self.schema, f"_cks_{self.digest}_c"],
-            ).fetchall()
+    def _staging_tables(self, db: psycopg.Connection[Any], checkpoint_id: int | None = None) -> list[str]:
+        names = db.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
+            [self.schema, f"_cks_{self.digest}_c"],
+        ).fetchall()
         pattern = pg.staging_pattern(self.digest, checkpoint_id)
         return sorted(n[0] for n in names if pattern.match(n[0]))
+
+    def _drop_staging(self, db: psycopg.Connection[Any], checkpoint_id: int) -> int:
+        from psycopg import sql
+
+        dropped = self._staging_tables(db, checkpoint_id)
+        for name in dropped:
+            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(name)))
+        return len(dropped)
 
     def abort(self, checkpoint_id: int) -> None:
         """Drop every attempt's staging table of ``checkpoint_id``. Best effort: when the server cannot
         be reached (the reason a checkpoint often aborts), they stay behind and :meth:`audit` lists them."""
-        from psycopg import sql
-
         try:
-            dropped = self._staging_tables(checkpoint_id)
-            if dropped:
-                with self._tx() as db:
-                    for name in dropped:
-                        db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(name)))
+            with self._tx() as db:
+                dropped = self._drop_staging(db, checkpoint_id)
         except (SinkConnectionError, SinkUnavailableError) as e:
             log.warning("sink %s: staging tables of checkpoint %d not dropped: %s", self.uid, checkpoint_id, e)
             return
         if dropped:
-            log.info("sink %s: dropped %d staging tables of checkpoint %d", self.uid, len(dropped), checkpoint_id)
+            log.info("sink %s: dropped %d staging tables of checkpoint %d", self.uid, dropped, checkpoint_id)
 
     def audit(self) -> list[str]:
-        return [f"staging table left behind: {self.schema}.{name}" for name in self._staging_tables()]
+        with self._tx() as db:
+            return [f"staging table left behind: {self.schema}.{name}" for name in self._staging_tables(db)]
