@@ -123,6 +123,18 @@ class SinkSchemaError(RefusedInputError):
     """The input's columns do not match the sink's table; the message names the table and the columns."""
 
 
+class SinkConnectionError(RefusedInputError):
+    """A sink's connection is undefined, of the wrong type, or refused (credentials, host); never names a secret."""
+
+
+class SinkUnavailableError(CheckpointError, OSError):
+    """A sink's server cannot be reached (refused, timed out, went away): the step is retried."""
+
+
+class SinkValueError(MalformedInputError):
+    """The target refused a value of the checkpoint's output; the message names the column and the key."""
+
+
 class RestoreError(RefusedInputError):
     """A snapshot cannot be restored into this job; the message lists every reason."""
 

@@ -229,6 +229,10 @@ class Sink(Node):
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
 
+    def prepare(self, ctx: StepContext) -> None:
+        """Called before the step does any Spark work: check the target (reachable, writable by
+        this job) so a bad connection fails fast. No-op here."""
+
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         raise NotImplementedError
 

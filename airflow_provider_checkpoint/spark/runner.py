@@ -233,6 +233,8 @@ def run_step(
     storage.delete(ctx.attempt_dir)
     run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {})
     phases = _Phases(ctx)
+    for sink in (n for n in graph.steps[step] if isinstance(n, Sink)):
+        sink.prepare(ctx)
     try:
         for node in graph.steps[step]:
             phases.next(node)

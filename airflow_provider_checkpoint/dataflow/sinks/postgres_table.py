@@ -1,0 +1,376 @@
+"""Exactly-once into a PostgreSQL table through an Airflow ``postgres`` connection.
+
+- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into an UNLOGGED
+  staging table unique to the checkpoint attempt (:func:`~.postgres_sql.staging_table`); the
+  driver never holds rows. A value PostgreSQL refuses fails the step, naming column and key.
+  The committable is ``{"checkpoint_id", "staging_table", "rows"}``: names and counts only.
+- **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
+  or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
+  checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
+  the trigger's recovery, finds the marker and does nothing.
+- **Restore** to checkpoint N, in one transaction: ``append`` deletes the rows whose
+  ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
+  the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
+  committed checkpoints (older ones are purged by the commit that passes them).
+- **Claim**: a row in ``checkpoint_sink_claims`` gives the table to one (job, sink uid, mode, keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
+from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
+from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink
+from airflow_provider_checkpoint.dataflow.sinks.postgres_sql import CHECKPOINT_COLUMN
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    PipelineDefinitionError,
+    SinkConnectionError,
+    SinkSchemaError,
+    SinkUnavailableError,
+    SinkValueError,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.spark.context import StepContext
+
+log = logging.getLogger(__name__)
+
+
+class PostgresTableSink(TransactionalSink):
+    """Exactly-once PostgreSQL table in ``append`` or ``upsert`` (by ``keys``) mode; one short
+    transaction per checkpoint, no lock held across it, no prepared transactions.
+
+    :param uid: stable id of the sink (names its staging tables, marker and claim rows).
+    :param input: the node whose records are written.
+    :param conn_id: an Airflow connection of type ``postgres`` (host, port, login, password,
+        database in ``schema``; ``sslmode``/``sslrootcert``/``connect_timeout``/… in extras).
+    :param table: ``name`` or ``schema.name``; its schema also holds the sink's bookkeeping tables.
+    :param mode: ``append`` (every checkpoint adds its rows, tagged in ``_checkpoint_id``) or
+        ``upsert`` (one row per key, replaced by newer checkpoints).
+    :param keys: upsert key columns (a unique index on them is required; ``create_table``
+        makes them the primary key).
+    :param create_table: create the table from the input's columns when it does not exist.
+    :param undo_checkpoints: upsert mode: how many newest committed checkpoints a restore can
+        return to (keep it ≥ the job's ``retained_checkpoints``); before-images older than that
+        are purged.
+    :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        input: Node,
+        conn_id: str,
+        table: str,
+        mode: str = "append",
+        keys: list[str] | None = None,
+        create_table: bool = True,
+        undo_checkpoints: int = 3,
+        step: str | None = None,
+    ) -> None:
+        super().__init__(uid, input, step)
+        if mode not in ("append", "upsert"):
+            raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
+        if mode == "upsert" and not keys:
+            raise PipelineDefinitionError(f"{uid}: upsert mode needs keys")
+        if undo_checkpoints < 1:
+            raise PipelineDefinitionError(f"{uid}: undo_checkpoints must be at least 1")
+        self.conn_id = conn_id
+        self.schema, self.table_name = pg.split_table(uid, table)
+        self.mode = mode
+        self.keys = list(keys or [])
+        pg.check_identifiers(uid, "keys", self.keys)
+        self.create_table = create_table
+        self.undo_checkpoints = undo_checkpoints
+        self.digest = pg.sink_digest(self.schema, self.table_name, uid)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
+
+    def target_name(self) -> str:
+        return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
+
+    def _connection(self) -> pg.PgConnection:
+        return pg.PgConnection.from_airflow(self.conn_id)
+
+    def _tx(self) -> psycopg.Connection[Any]:
+        return self._connection().connect()
+
+    def _table(self, name: str | None = None) -> Any:
+        return pg.ident(self.schema, name or self.table_name)
+
+    # -- bookkeeping tables and claim -------------------------------------------------
+    def _ensure_bookkeeping(self, db: psycopg.Connection[Any]) -> None:
+        from psycopg import sql
+
+        db.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (schema_name text, table_name text, job_id text NOT NULL, sink_uid "
+                "text NOT NULL, mode text NOT NULL, keys text[] NOT NULL, PRIMARY KEY (schema_name, table_name))"
+            ).format(self._table(pg.CLAIMS))
+        )
+        db.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (job_id text, sink_uid text, checkpoint_id bigint, table_name text "
+                "NOT NULL, rows bigint NOT NULL, undo_kept boolean NOT NULL, committed_at timestamptz NOT NULL "
+                "DEFAULT now(), PRIMARY KEY (job_id, sink_uid, checkpoint_id))"
+            ).format(self._table(pg.MARKERS))
+        )
+
+    def claim_document(self, job_id: str) -> JsonDict:
+        return {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys}
+
+    def load_claim(self) -> JsonDict | None:
+        with self._tx() as db:
+            return self._read_claim(db)
+
+    def _read_claim(self, db: psycopg.Connection[Any], lock: bool = False) -> JsonDict | None:
+        from psycopg import sql
+
+        exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{self.schema}"."{pg.CLAIMS}"']).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = db.execute(
+            sql.SQL("SELECT job_id, sink_uid, mode, keys FROM {} WHERE schema_name = %s AND table_name = %s{}").format(
+                self._table(pg.CLAIMS), sql.SQL(" FOR UPDATE" if lock else "")
+            ),
+            [self.schema, self.table_name],
+        ).fetchone()
+        return None if row is None else {"job_id": row[0], "sink": row[1], "mode": row[2], "keys": list(row[3])}
+
+    def store_claim(self, claim: JsonDict) -> None:
+        from psycopg import sql
+
+        with self._tx() as db:
+            self._ensure_bookkeeping(db)
+            db.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(
+                    self._table(pg.CLAIMS)
+                ),
+                [self.schema, self.table_name, claim["job_id"], claim["sink"], claim["mode"], claim["keys"]],
+            )
+        if self.load_claim() != claim:  # another job claimed it between our read and insert
+            self.claim(str(claim["job_id"]))
+
+    def prepare(self, ctx: StepContext) -> None:
+        """Before any Spark work of the step: the connection works, the table is this job's."""
+        self.claim(ctx.plan.job_id)
+
+    # -- writer (step side) ------------------------------------------------------------
+    def _target_columns(self, db: psycopg.Connection[Any]) -> dict[str, str]:
+        """Column → PostgreSQL type of the target table (empty if it does not exist)."""
+        rows = db.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            [f'"{self.schema}"."{self.table_name}"'],
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def _create_target(self, db: psycopg.Connection[Any], df: DataFrame) -> None:
+        from psycopg import sql
+
+        columns = [
+            sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(self.uid, f.name, f.dataType)))
+            for f in df.schema.fields
+        ]
+        if self.mode == "append":
+            columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
+        else:
+            columns.append(sql.SQL("PRIMARY KEY ({})").format(pg.idents(self.keys)))
+        db.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(self._table(), sql.SQL(", ").join(columns)))
+        log.info("sink %s: created table %s", self.uid, self.target_name())
+
+    def _check_target(self, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
+        """The target's types of the input columns; refused unless its columns are exactly the input's."""
+        target = self._target_columns(db)
+        if not target:
+            if not self.create_table:
+                raise SinkSchemaError(
+                    f"sink {self.uid}: table {self.target_name()} does not exist (create_table=False)"
+                )
+            self._create_target(db, df)
+            target = self._target_columns(db)
+        expected = [f.name for f in df.schema.fields]
+        own = [CHECKPOINT_COLUMN] if self.mode == "append" else []
+        missing = [c for c in [*expected, *own] if c not in target]
+        extra = [c for c in target if c not in expected and c not in own]
+        if missing or extra:
+            raise SinkSchemaError(
+                f"sink {self.uid}: table {self.target_name()} does not match the input: "
+                f"missing columns {missing}, columns the input does not have {extra}"
+            )
+        if self.mode == "upsert" and not self._has_unique_keys(db):
+            raise SinkSchemaError(
+                f"sink {self.uid}: table {self.target_name()} has no unique index on exactly {self.keys} (upsert keys)"
+            )
+        return {c: target[c] for c in expected}
+
+    def _has_unique_keys(self, db: psycopg.Connection[Any]) -> bool:
+        row = db.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique "
+            "AND i.indpred IS NULL AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute "
+            "WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey)) = %s::name[])",
+            [f'"{self.schema}"."{self.table_name}"', sorted(self.keys)],
+        ).fetchone()
+        return bool(row and row[0])
+
+    def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        from psycopg import sql
+
+        started = time.monotonic()
+        conn = self._connection()
+        staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
+        columns = [f.name for f in df.schema.fields]
+        pg.check_identifiers(self.uid, "columns", columns)
+        if CHECKPOINT_COLUMN in columns:
+            raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
+        with conn.connect() as db:
+            types = self._check_target(db, df)
+            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(staging)))
+            definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
+            db.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(self._table(staging), definition))
+        results = df.mapInArrow(
+            pg.copy_partitions(conn, self.schema, staging, columns, self.keys), "rows long, error string"
+        ).collect()
+        refused = [r["error"] for r in results if r["error"]]
+        if refused:
+            raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {refused[0]}")
+        rows = sum(int(r["rows"]) for r in results)
+        self._check_staged(conn, staging)
+        ctx.add_metric("sink_rows", rows)
+        log.info(
+            "sink %s: staged %d rows into %s.%s from %d partitions in %.2fs",
+            self.uid, rows, self.schema, staging, len(results), time.monotonic() - started,
+        )  # fmt: skip
+        return [{"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}]
+
+    def _check_staged(self, conn: pg.PgConnection, staging: str) -> None:
+        """``ANALYZE`` the staging table (so the commit joins it with the table by index), and in
+        upsert mode refuse a null key or a key staged twice (the commit could not succeed)."""
+        from psycopg import sql
+
+        with conn.connect(autocommit=True) as db:
+            db.execute(sql.SQL("ANALYZE {}").format(self._table(staging)))
+        if self.mode != "upsert":
+            return
+        keys = pg.idents(self.keys)
+        null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
+        with conn.connect() as db:
+            bad = db.execute(
+                sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
+                        "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=self._table(staging), n=null)
+            ).fetchone()  # fmt: skip
+        if bad:
+            key = ", ".join(f"{k}={v!r}" for k, v in zip(self.keys, bad[:-1], strict=True))
+            raise SinkValueError(f"sink {self.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
+
+    # -- committer (finalize / recovery side) ------------------------------------------
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int]]:
+        """``[(staging table, rows)]``: each table named by this sink's pattern for ``checkpoint_id``."""
+        pattern = pg.staging_pattern(self.digest, checkpoint_id)
+        reader = Fields({"committables": committables}, document)
+        staged: list[tuple[str, int]] = []
+        for i, item in enumerate(reader.items("committables")):
+            c = Fields(item, document, f"committables[{i}]")
+            if c.integer("checkpoint_id", 1) != checkpoint_id:
+                raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
+            name = c.raw.get("staging_table")
+            if not isinstance(name, str) or not pattern.match(name):
+                raise c.error("staging_table", f"must be a staging table of sink {self.uid} for this checkpoint", name)
+            staged.append((name, c.integer("rows", 0)))
+        if len({n for n, _ in staged}) != len(staged):
+            raise DocumentError(document, "committables", "name a staging table twice")
+        return staged
+
+    def is_committed(self, checkpoint_id: int) -> bool:
+        with self._tx() as db:
+            return self._marker(db, checkpoint_id) is not None
+
+    def _marker(self, db: psycopg.Connection[Any], checkpoint_id: int, claim: JsonDict | None = None) -> Any:
+        from psycopg import sql
+
+        claim = claim or self._read_claim(db)
+        if claim is None:
+            return None
+        return db.execute(
+            sql.SQL("SELECT rows FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s").format(
+                self._table(pg.MARKERS)
+            ),
+            [claim["job_id"], claim["sink"], checkpoint_id],
+        ).fetchone()
+
+    def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
+        claim = self._read_claim(db, lock=True)
+        if claim is None or claim["sink"] != self.uid:
+            raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
+        return claim
+
+    def commit_checked(self, checkpoint_id: int, committables: list[tuple[str, int]]) -> None:
+        """The one commit transaction (see the module docstring); a marker already there: nothing."""
+        started = time.monotonic()
+        with self._tx() as db:
+            claim = self._locked_claim(db)
+            if self._marker(db, checkpoint_id, claim) is not None:
+                return
+            columns = [c for c in self._target_columns(db) if c != CHECKPOINT_COLUMN]
+            rows = 0
+            for staging, expected in committables:
+                rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
+            undo.write_marker(self, db, claim, checkpoint_id, rows)
+            self._drop_staging(db, checkpoint_id)  # the staging tables of the checkpoint's other attempts
+        log.info(
+            "sink %s: committed checkpoint %d (%d rows) into %s in %.2fs",
+            self.uid, checkpoint_id, rows, self.target_name(), time.monotonic() - started,
+        )  # fmt: skip
+
+    def rollback(self, checkpoint_id: int) -> None:
+        """Return the table to its state when ``checkpoint_id`` committed, in one transaction."""
+        with self._tx() as db:
+            if self._read_claim(db) is None:
+                return
+            undone = undo.undo_newer(self, db, self._locked_claim(db), checkpoint_id)
+        if undone:
+            log.info("sink %s: rolled back checkpoints %s of %s", self.uid, undone, self.target_name())
+
+    def _staging_tables(self, db: psycopg.Connection[Any], checkpoint_id: int | None = None) -> list[str]:
+        names = db.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
+            [self.schema, f"_cks_{self.digest}_c"],
+        ).fetchall()
+        pattern = pg.staging_pattern(self.digest, checkpoint_id)
+        return sorted(n[0] for n in names if pattern.match(n[0]))
+
+    def _drop_staging(self, db: psycopg.Connection[Any], checkpoint_id: int) -> int:
+        from psycopg import sql
+
+        dropped = self._staging_tables(db, checkpoint_id)
+        for name in dropped:
+            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(name)))
+        return len(dropped)
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop every attempt's staging table of ``checkpoint_id``. Best effort: when the server cannot
+        be reached (the reason a checkpoint often aborts), they stay behind and :meth:`audit` lists them."""
+        try:
+            with self._tx() as db:
+                dropped = self._drop_staging(db, checkpoint_id)
+        except (SinkConnectionError, SinkUnavailableError) as e:
+            log.warning("sink %s: staging tables of checkpoint %d not dropped: %s", self.uid, checkpoint_id, e)
+            return
+        if dropped:
+            log.info("sink %s: dropped %d staging tables of checkpoint %d", self.uid, dropped, checkpoint_id)
+
+    def audit(self) -> list[str]:
+        with self._tx() as db:
+            return [f"staging table left behind: {self.schema}.{name}" for name in self._staging_tables(db)]

@@ -1,0 +1,214 @@
+"""PostgresTableSink against a real PostgreSQL server and local Spark, checked against pandas."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.dataflow.sinks.postgres_table import CHECKPOINT_COLUMN, PostgresTableSink
+from airflow_provider_checkpoint.exceptions import (
+    RestoreError,
+    SinkClaimedError,
+    SinkConnectionError,
+    SinkSchemaError,
+    SinkValueError,
+)
+from airflow_provider_checkpoint.storage import JobStorage
+from tests.servers.postgres import PostgresServer
+from tests.spark.helpers import step_context
+
+SCHEMA = "k string, v long, amount decimal(12,2), ts timestamp, tags array<string>"
+COLUMNS = ["k", "v", "amount", "ts", "tags"]
+_schemas = itertools.count()
+
+
+@pytest.fixture
+def target(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh schema for the test's table and bookkeeping, behind Airflow connection ``pg_test``."""
+    schema = f"t{next(_schemas)}"
+    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
+    with postgres_server.connect() as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    yield schema
+
+
+def _rows(checkpoint_id: int, keys: range) -> list[tuple[Any, ...]]:
+    """Rows with any unicode, decimals, zoned timestamps and arrays (a null among them)."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    return [
+        (
+            f"k{i}-é✓𝄞",
+            checkpoint_id * 1000 + i,
+            Decimal(f"{i}.{checkpoint_id:02d}"),
+            base + timedelta(hours=i, minutes=checkpoint_id),
+            None if i % 5 == 0 else [f"t{checkpoint_id}", "ü"],
+        )
+        for i in keys
+    ]
+
+
+def _stage(
+    spark: Any,
+    sink: PostgresTableSink,
+    job: str,
+    checkpoint_id: int,
+    rows: list[Any],
+    attempt: int = 1,
+    schema: str = SCHEMA,
+) -> Any:
+    storage = JobStorage.for_job(f"{tempfile.gettempdir()}/pg-sink-jobs", job)  # the sink writes no files
+    df = spark.createDataFrame(rows, schema).repartition(3)
+    ctx = step_context(spark, storage, checkpoint_id, attempt)
+    sink.prepare(ctx)
+    return sink.stage(ctx, df)
+
+
+def _sink(schema: str, mode: str = "append", **kwargs: Any) -> PostgresTableSink:
+    source = Source("src")
+    return PostgresTableSink(
+        "out", source, "pg_test", f"{schema}.facts", mode, keys=["k"] if mode == "upsert" else None, **kwargs
+    )
+
+
+def _table(server: PostgresServer, schema: str) -> pd.DataFrame:
+    with server.connect() as db:
+        rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM {schema}.facts").fetchall()
+    return _normalised(pd.DataFrame(rows, columns=COLUMNS))
+
+
+def _normalised(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.assign(ts=[t.astimezone(UTC) for t in df.ts], tags=[tuple(t) if t is not None else None for t in df.tags])
+    return df.sort_values(["k", "v"]).reset_index(drop=True)
+
+
+def _truth(mode: str, batches: list[list[tuple[Any, ...]]]) -> pd.DataFrame:
+    every = pd.DataFrame([r for batch in batches for r in batch], columns=COLUMNS)
+    if mode == "upsert":
+        every = every.drop_duplicates("k", keep="last")
+    return _normalised(every)
+
+
+def _staging_tables(server: PostgresServer, schema: str) -> list[str]:
+    with server.connect() as db:
+        rows = db.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE '\\_cks\\_%%\\_c%%'", [schema]
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_checkpoints_match_pandas_and_commit_twice_is_once(spark, postgres_server, target, mode):
+    sink = _sink(target, mode)
+    batches = [_rows(1, range(0, 40)), _rows(2, range(30, 70)), _rows(3, range(60, 65))]
+    for checkpoint_id, batch in enumerate(batches, start=1):
+        committables = _stage(spark, sink, "job", checkpoint_id, batch)
+        assert committables == [
+            {"checkpoint_id": checkpoint_id, "staging_table": committables[0]["staging_table"], "rows": len(batch)}
+        ]
+        assert _table(postgres_server, target).shape[0] == _truth(mode, batches[: checkpoint_id - 1]).shape[0]
+        sink.commit(checkpoint_id, committables)
+        sink.commit(checkpoint_id, committables)  # a finalize retry / the trigger's recovery: nothing more
+        assert sink.is_committed(checkpoint_id)
+        pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, batches[:checkpoint_id]))
+    assert _staging_tables(postgres_server, target) == []
+    assert sink.audit() == []
+
+
+def test_abort_drops_every_attempt_and_audit_lists_leftovers(spark, postgres_server, target):
+    sink = _sink(target)
+    _stage(spark, sink, "job", 1, _rows(1, range(10)), attempt=1)
+    _stage(spark, sink, "job", 1, _rows(1, range(10)), attempt=2)
+    kept = _stage(spark, sink, "job", 2, _rows(2, range(5)))
+    assert len(_staging_tables(postgres_server, target)) == 3
+    assert len(sink.audit()) == 3
+    sink.abort(1)
+    assert _staging_tables(postgres_server, target) == [kept[0]["staging_table"]]
+    sink.abort(2)
+    assert sink.audit() == []
+    with pytest.raises(Exception, match="is gone"):
+        sink.commit(2, kept)
+    assert _table(postgres_server, target).empty
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_restore_returns_the_table_to_an_earlier_checkpoint(spark, postgres_server, target, mode):
+    sink = _sink(target, mode)
+    batches = [_rows(c, range(10 * c, 10 * c + 25)) for c in range(1, 5)]
+    for checkpoint_id, batch in enumerate(batches, start=1):
+        sink.commit(checkpoint_id, _stage(spark, sink, "job", checkpoint_id, batch))
+    sink.rollback(2)
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, batches[:2]))
+    assert not sink.is_committed(3)
+    sink.rollback(2)  # nothing newer any more
+    replay = _rows(5, range(0, 50))
+    sink.commit(5, _stage(spark, sink, "job", 5, replay))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [*batches[:2], replay]))
+
+
+def test_upsert_restore_beyond_undo_retention_is_refused_and_changes_nothing(spark, postgres_server, target):
+    sink = _sink(target, "upsert", undo_checkpoints=2)
+    batches = [_rows(c, range(c, c + 10)) for c in range(1, 5)]
+    for checkpoint_id, batch in enumerate(batches, start=1):
+        sink.commit(checkpoint_id, _stage(spark, sink, "job", checkpoint_id, batch))
+    with pytest.raises(RestoreError, match=r"checkpoints \[2\] were purged"):
+        sink.rollback(1)
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("upsert", batches))
+    sink.rollback(2)
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("upsert", batches[:2]))
+
+
+def test_refused_values_name_column_and_key_and_commit_nothing(spark, postgres_server, target):
+    sink = _sink(target, "upsert")
+    bad = [*_rows(1, range(3)), ("nul-key", 1, Decimal(1), datetime(2026, 1, 1, tzinfo=UTC), ["a\x00b"])]
+    with pytest.raises(SinkValueError, match=r"column tags, key \(k='nul-key'\)"):
+        _stage(spark, sink, "job", 1, bad)
+    with postgres_server.connect() as db:
+        db.execute(f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, v smallint, note text)")
+    narrow = PostgresTableSink("narrow", Source("src2"), "pg_test", f"{target}.narrow", "upsert", keys=["k"])
+    multiline = [(f"k{i}", 1, 'two\nlines, "quoted"') for i in range(6)]  # sent as CSV: no arrays
+    for rows, refused in (
+        ([(k, 70000 if k == "k4" else v, note) for k, v, note in multiline], r"column v, key \(k='k4'\).*out of range"),
+        ([(k, v, "nul\x00" if k == "k3" else note) for k, v, note in multiline], r"column note, key \(k='k3'\)"),
+    ):
+        with pytest.raises(SinkValueError, match=refused):
+            _stage(spark, narrow, "job", 1, rows, schema="k string, v long, note string")
+    with pytest.raises(SinkValueError, match=r"key \(k='dup'\) is staged twice"):
+        _stage(spark, sink, "job", 2, [("dup", *_rows(1, range(1))[0][1:])] * 2)
+    assert _table(postgres_server, target).empty
+
+
+def test_a_table_not_matching_the_input_is_refused(spark, postgres_server, target):
+    with postgres_server.connect() as db:
+        db.execute(f"CREATE TABLE {target}.facts (k text, v bigint, other int, {CHECKPOINT_COLUMN} bigint)")
+    with pytest.raises(SinkSchemaError, match=r"missing columns \['amount', 'ts', 'tags'\].*\['other'\]"):
+        _stage(spark, _sink(target), "job", 1, _rows(1, range(3)))
+    upsert = PostgresTableSink(
+        "u", Source("s"), "pg_test", f"{target}.absent", "upsert", keys=["k"], create_table=False
+    )
+    with pytest.raises(SinkSchemaError, match="does not exist"):
+        _stage(spark, upsert, "job", 1, _rows(1, range(3)))
+
+
+def test_another_jobs_table_is_refused_before_any_spark_work(spark, postgres_server, target):
+    sink = _sink(target)
+    sink.commit(1, _stage(spark, sink, "job-a", 1, _rows(1, range(3))))
+    with pytest.raises(SinkClaimedError, match="job-a"):
+        _stage(spark, sink, "job-b", 2, _rows(2, range(3)))
+    with pytest.raises(SinkClaimedError, match="upsert"):
+        _stage(spark, _sink(target, "upsert"), "job-a", 2, _rows(2, range(3)))
+    assert _table(postgres_server, target).shape[0] == 3
+
+
+def test_a_wrong_password_is_refused_without_naming_it(postgres_server, target, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri(password="not-the-password"))
+    with pytest.raises(SinkConnectionError, match="password authentication failed") as refused:
+        _sink(target).load_claim()
+    assert "not-the-password" not in str(refused.value) and postgres_server.password not in str(refused.value)

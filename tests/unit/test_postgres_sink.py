@@ -1,0 +1,105 @@
+"""PostgresTableSink without a server: names, committable validation, types, connection refusals."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from pyspark.sql import types as T
+
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
+from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
+from airflow_provider_checkpoint.exceptions import (
+    DocumentError,
+    PipelineDefinitionError,
+    SinkConnectionError,
+    SinkUnavailableError,
+)
+
+
+def _sink(uid: str = "out", table: str = "marts.facts", **kwargs: Any) -> PostgresTableSink:
+    return PostgresTableSink(uid, Source("src"), "pg_unit", table, **kwargs)
+
+
+def test_staging_names_are_unique_per_attempt_short_and_match_only_their_sink_and_checkpoint():
+    sink = _sink()
+    names = {pg.staging_table(sink.digest, 7, f"job/step/attempt-{n}") for n in range(1, 4)}
+    assert len(names) == 3
+    assert all(len(n.encode()) <= 63 and pg.staging_pattern(sink.digest, 7).match(n) for n in names)
+    name = names.pop()
+    assert pg.staging_pattern(sink.digest).match(name)
+    assert not pg.staging_pattern(sink.digest, 8).match(name)
+    assert not pg.staging_pattern(_sink("other").digest, 7).match(name)
+    assert not pg.staging_pattern(_sink(table="marts.other").digest, 7).match(name)
+
+
+def test_committables_are_read_back_only_in_the_shape_the_step_writes():
+    sink = _sink()
+    name = pg.staging_table(sink.digest, 3, "job/step/attempt-1")
+    good = [{"checkpoint_id": 3, "staging_table": name, "rows": 12}]
+    assert sink.read_committables(3, good, "doc") == [(name, 12)]
+    forged = {
+        "another checkpoint": [{**good[0], "checkpoint_id": 2}],
+        "a table of the user": [{**good[0], "staging_table": "facts"}],
+        "another sink's staging": [{**good[0], "staging_table": pg.staging_table(_sink("x").digest, 3, "a")}],
+        "an injection": [{**good[0], "staging_table": name + '"; DROP TABLE facts; --'}],
+        "a negative count": [{**good[0], "rows": -1}],
+        "a table twice": good * 2,
+        "not a list": good[0],
+    }
+    for why, committables in forged.items():
+        with pytest.raises(DocumentError):
+            sink.read_committables(3, committables, f"doc ({why})")
+
+
+@pytest.mark.parametrize(
+    ("spark_type", "expected"),
+    [
+        (T.StringType(), "text"),
+        (T.LongType(), "bigint"),
+        (T.ByteType(), "smallint"),
+        (T.DecimalType(20, 4), "numeric(20,4)"),
+        (T.TimestampType(), "timestamp with time zone"),
+        (T.TimestampNTZType(), "timestamp without time zone"),
+        (T.ArrayType(T.DoubleType()), "double precision[]"),
+        (T.BinaryType(), "bytea"),
+    ],
+)
+def test_spark_types_map_to_postgres(spark_type, expected):
+    assert pg.pg_type("out", "c", spark_type) == expected
+
+
+def test_types_without_a_mapping_and_bad_definitions_are_refused():
+    for unmapped in (T.MapType(T.StringType(), T.LongType()), T.ArrayType(T.ArrayType(T.LongType()))):
+        with pytest.raises(PipelineDefinitionError, match="column 'c' has Spark type"):
+            pg.pg_type("out", "c", unmapped)
+    with pytest.raises(PipelineDefinitionError, match="schema.name"):
+        _sink(table='a.b.c"')
+    with pytest.raises(PipelineDefinitionError, match="upsert mode needs keys"):
+        _sink(mode="upsert")
+    with pytest.raises(PipelineDefinitionError, match="not plain PostgreSQL identifiers"):
+        _sink(mode="upsert", keys=["k; drop"])
+    assert (_sink(table="facts").schema, _sink(table="facts").table_name) == ("public", "facts")
+
+
+def test_a_missing_connection_or_another_type_is_refused(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_PG_UNIT", raising=False)
+    with pytest.raises(SinkConnectionError, match="'pg_unit' is not defined"):
+        _sink().load_claim()
+    monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", "mysql://u:p@127.0.0.1:3306/db")
+    with pytest.raises(SinkConnectionError, match="type 'mysql', not 'postgres'"):
+        _sink().load_claim()
+
+
+def test_an_unreachable_server_is_refused_naming_it_but_not_the_password(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", f"postgres://u:s3cret-pw@127.0.0.1:{port}/db")
+    with pytest.raises(SinkUnavailableError, match=f"127.0.0.1:{port}/db as 'u'") as refused:
+        _sink().load_claim()
+    assert "s3cret-pw" not in str(refused.value)
+    connection = pg.PgConnection.from_airflow("pg_unit")
+    assert connection.password == "s3cret-pw" and "s3cret-pw" not in repr(connection)
