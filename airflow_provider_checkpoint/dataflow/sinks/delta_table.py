@@ -204,16 +204,14 @@ class DeltaTableSink(TableDirectorySink):
         return DeltaFile(full[len(root) + 1 :], fs.size(full), rows, partition)
 
     def _check_input(self, table: DeltaTable, schema: Any) -> None:
-        """Refuse input not matching the table: columns (:func:`check_input_columns`), partitioning, keys."""
+        """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning."""
         from deltalake.schema import Schema
 
         url = self.asset_uri()
         check_input_columns(url, _columns(table.schema()), _columns(Schema.from_arrow(schema)))
         partitioned = list(table.metadata().partition_columns)
-        if partitioned != self.partition_by:
+        if partitioned != self.partition_by:  # an upsert sink has none
             raise SinkSchemaError(f"Delta table {url} is partitioned by {partitioned}, the sink by {self.partition_by}")
-        if self.upsert and partitioned:
-            raise SinkSchemaError(f"Delta table {url}: an upsert sink needs an unpartitioned table, not {partitioned}")
 
     def _bucket_files(self, table: DeltaTable) -> dict[int, DeltaFile]:
         """The current file of each bucket of an upsert table (refused if the table holds other files)."""
