@@ -256,8 +256,11 @@ class DeltaTableSink(TableDirectorySink):
             )
         location = self.table()
         for add in commit.adds:
-            full = location.path(add.path)
-            if not location.fs.exists(full) or location.fs.size(full) != add.size:
+            try:
+                size = location.fs.size(location.path(add.path))
+            except FileNotFoundError:
+                size = None
+            if size != add.size:
                 raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
         now = int(time.time() * 1000)
         actions: list[Any] = [RemoveAction(r.path, True, now, r.size, {}) for r in commit.removes]
