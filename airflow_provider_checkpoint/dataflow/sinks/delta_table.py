@@ -217,9 +217,8 @@ class DeltaTableSink(TableDirectorySink):
         """The current file of each bucket of an upsert table (refused if the table holds other files)."""
         actions = table.get_add_actions(flatten=True)
         current: dict[int, DeltaFile] = {}
-        for path, size in zip(
-            actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True
-        ):
+        for raw, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True):
+            path = unquote(raw)
             bucket = bucket_of_path(path)
             if bucket is None or bucket in current:
                 raise SinkSchemaError(
@@ -368,4 +367,5 @@ def _columns(schema: Any) -> dict[str, str]:
 
 
 def _paths(table: DeltaTable) -> set[str]:
-    return set(table.get_add_actions().column("path").to_pylist())
+    """The table-relative paths of a version's files (the log holds them URI-encoded)."""
+    return {unquote(p) for p in table.get_add_actions().column("path").to_pylist()}
