@@ -124,6 +124,11 @@ def test_upsert_committables_name_each_bucket_once_and_remove_older_files(tmp_pa
         with pytest.raises(DocumentError):
             check(5, committables, "d")
             pytest.fail(name)
+    with pytest.raises(DocumentError, match="the table does not hold"):  # shape fine, but not in the table
+        sink.commit(
+            5, [{"checkpoint_id": 5, "adds": [add], "removes": [{"path": "chk-2/j/part-b00001.parquet", "size": 9}]}]
+        )
+    assert not sink.is_committed(5)
 
 
 def test_definition_errors():

@@ -241,7 +241,8 @@ class DeltaTableSink(TableDirectorySink):
 
     def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
         """One Delta commit: the adds, the removes and ``txn(app id, checkpoint id)``; retried on conflicts
-        with other writers by delta-rs. Every added file must exist with the size its committable names."""
+        with other writers by delta-rs. Every added file must exist with the size its committable names,
+        every removed one must be in the table."""
         from deltalake import CommitProperties, Transaction
         from deltalake._internal import RemoveAction
         from deltalake.transaction import AddAction
@@ -261,6 +262,9 @@ class DeltaTableSink(TableDirectorySink):
                 size = None
             if size != add.size:
                 raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
+        gone = sorted({r.path for r in commit.removes} - _paths(table))
+        if gone:
+            raise DocumentError(document, "removes", "name files the table does not hold", gone[:5])
         now = int(time.time() * 1000)
         actions: list[Any] = [RemoveAction(r.path, True, now, r.size, {}) for r in commit.removes]
         actions += [
