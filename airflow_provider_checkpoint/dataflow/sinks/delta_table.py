@@ -317,6 +317,7 @@ class DeltaTableSink(TableDirectorySink):
         exactly that version's files. Refused if the version is not in the log any more.
         """
         from deltalake import CommitProperties
+        from deltalake.exceptions import DeltaError
 
         table = self._delta()
         app_id = self.app_id()
@@ -332,7 +333,12 @@ class DeltaTableSink(TableDirectorySink):
         if _paths(table) == _paths(self._open(version)):
             return
         metadata = {"checkpoint_app_id": app_id, "restored_checkpoint": checkpoint_id}
-        table.restore(version, commit_properties=CommitProperties(custom_metadata=metadata))
+        try:
+            table.restore(version, commit_properties=CommitProperties(custom_metadata=metadata))
+        except (DeltaError, OSError) as e:  # e.g. the version's files were vacuumed
+            raise RestoreError(
+                f"Delta table {self.asset_uri()} cannot return to version {version} (checkpoint {checkpoint_id}): {e}"
+            ) from e
         log.info("sink %s: Delta table restored to version %d (checkpoint %d)", self.uid, version, checkpoint_id)
 
     def _leftovers(self, checkpoint_id: int, kept: set[str] | None = None) -> list[str]:
@@ -357,12 +363,21 @@ class DeltaTableSink(TableDirectorySink):
         self._delete_all_but(checkpoint_id)
 
     def audit(self) -> list[str]:
+        """Files under ``chk-<id>/`` that checkpoint's commit did not add, and files the log no longer
+        references beyond the table's ``delta.deletedFileRetentionDuration`` (a ``VACUUM`` deletes them)."""
         fs, root = self._fs()
-        if not fs.exists(root):
+        table, location = self._delta(), self.table()
+        if table is None:
             return []
         names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
         ids = sorted(int(n[4:]) for n in names if n.startswith("chk-") and n[4:].isdigit())
-        return [f"unreferenced sink file left behind: {self.table().url(p)}" for i in ids for p in self._leftovers(i)]
+        leftovers = [location.url(p) for i in ids for p in self._leftovers(i)]
+        expired = [location.url(p) for p in map(unquote, table.vacuum(dry_run=True)) if location.exists(p)]
+        return [f"unreferenced sink file left behind: {u}" for u in leftovers] + [
+            f"file the Delta log no longer references beyond its retention (VACUUM deletes it): {u}"
+            for u in expired
+            if u not in leftovers
+        ]
 
 
 def _columns(schema: Any) -> dict[str, str]:
