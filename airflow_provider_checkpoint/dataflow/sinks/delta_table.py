@@ -244,8 +244,7 @@ class DeltaTableSink(TableDirectorySink):
         with other writers by delta-rs. Every added file must exist with the size its committable names,
         every removed one must be in the table."""
         from deltalake import CommitProperties, Transaction
-        from deltalake._internal import RemoveAction
-        from deltalake.transaction import AddAction
+        from deltalake.transaction import AddAction, RemoveAction
 
         commit: DeltaCommit = committables
         app_id, table = self.app_id(), self._delta()
