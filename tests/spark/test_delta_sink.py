@@ -59,6 +59,8 @@ def _batch(checkpoint_id: int, n: int = 40) -> pd.DataFrame:
 
 
 def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
+    from deltalake import DeltaTable
+
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     appended = DeltaTableSink("events", SOURCE, str(tmp_path / "events"), partition_by=["region"])
     upserted = DeltaTableSink("latest", SOURCE, str(tmp_path / "latest"), "upsert", ["k"], buckets=4)
@@ -83,6 +85,9 @@ def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
             assert got.k.is_unique, name
             pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(latest, ["k"]), check_dtype=False, obj=name)
         assert upserted.describe_commit(checkpoint_id) == {"delta_version": checkpoint_id}  # version 0: the create
+        for path, rows in ((tmp_path / "events", sum(map(len, all_rows))), (tmp_path / "latest", len(latest))):
+            stats = DeltaTable(str(path)).get_add_actions().column("num_records").to_pylist()
+            assert sum(stats) == rows, f"{path.name}: the files' numRecords stats must add up to the table's rows"
     for path in (tmp_path / "events", tmp_path / "latest"):
         assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
     assert appended.audit() == [] and upserted.audit() == []

@@ -161,10 +161,11 @@ class DeltaTableSink(TableDirectorySink):
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
         removes: list[DeltaFile] = []
+        files: list[tuple[str, int | None]]  # staged file, its rows if known
         if self.upsert is None:
             writer = df.write.partitionBy(*self.partition_by) if self.partition_by else df.write
             writer.parquet(self.url(staging))
-            files = sorted(fs.find(staging))
+            files = [(full, None) for full in sorted(fs.find(staging))]
         else:
             current = self._bucket_files(table)
             existing = {b: self.table().path(f.path) for b, f in current.items()}
@@ -172,14 +173,14 @@ class DeltaTableSink(TableDirectorySink):
                 ctx, df, fs, staging, lambda bs: {b: existing[b] for b in bs if b in existing}, self.url
             )
             files = []
-            for b, full in staged:
+            for b, full, rows in staged:
                 named = f"{staging}/{bucket_file(b)}"
                 if full != named:
                     fs.mv(full, named)
-                files.append(named)
+                files.append((named, rows))
                 if b in current:
                     removes.append(current[b])
-        adds = [self._add(fs, root, full, staging) for full in files if full.endswith(".parquet")]
+        adds = [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
         adds = [a for a in adds if a.num_records or self.upsert]
         ctx.add_metric("sink_files_staged", len(adds))
         if self.upsert is None:  # the upsert writer counts its changed rows itself
@@ -192,12 +193,14 @@ class DeltaTableSink(TableDirectorySink):
             }
         ]
 
-    def _add(self, fs: fsspec.AbstractFileSystem, root: str, full: str, staging: str) -> DeltaFile:
-        """The add action of a staged file: size, records from its footer, partition values from its directories."""
+    def _add(self, fs: fsspec.AbstractFileSystem, root: str, full: str, staging: str, rows: int | None) -> DeltaFile:
+        """The add action of a staged file: size, records (from its footer unless known), partition values
+        from its directories."""
         import pyarrow.parquet as pq
 
-        with fs.open(full, "rb") as f:
-            rows = pq.ParquetFile(f).metadata.num_rows
+        if rows is None:
+            with fs.open(full, "rb") as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
         dirs = posixpath.relpath(posixpath.dirname(full), staging).split("/")
         values = dict(d.split("=", 1) for d in dirs if "=" in d)
         partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
