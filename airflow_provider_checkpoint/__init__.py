@@ -14,6 +14,7 @@ _LAZY = {
     "Channel": "airflow_provider_checkpoint.dataflow",
     "CheckpointedPipeline": "airflow_provider_checkpoint.pipeline",
     "DeltaSource": "airflow_provider_checkpoint.dataflow",
+    "DeltaTableSink": "airflow_provider_checkpoint.dataflow",
     "DimensionEnrichment": "airflow_provider_checkpoint.dataflow",
     "FileSource": "airflow_provider_checkpoint.dataflow",
     "IntervalJoin": "airflow_provider_checkpoint.dataflow",

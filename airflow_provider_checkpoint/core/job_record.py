@@ -104,6 +104,21 @@ class JobRecord:
 def _savepoint_entry(source: str) -> Callable[[Any, str], JsonDict]:
     def read(value: Any, name: str) -> JsonDict:
         f = Fields(value, source, name)
-        return {"checkpoint_id": f.integer("checkpoint_id", 1), "path": f.text("path"), "time": f.timestamp("time")}
+        entry = {"checkpoint_id": f.integer("checkpoint_id", 1), "path": f.text("path"), "time": f.timestamp("time")}
+        sinks = f.mapping("sinks", _sink_commit(source), default={})
+        return {**entry, "sinks": sinks} if sinks else entry
+
+    return read
+
+
+def _sink_commit(source: str) -> Callable[[Any, str], JsonDict]:
+    """What a sink recorded about its commit (``Sink.describe_commit``): an object of short scalars."""
+
+    def read(value: Any, name: str) -> JsonDict:
+        f = Fields(value, source, name)
+        for key, item in f.raw.items():
+            if not isinstance(item, (int, float, str, bool)) or len(str(item)) > 256:
+                raise f.error(key, "must be a number, a string of at most 256 characters or a boolean", item)
+        return dict(f.raw)
 
     return read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,3 +40,14 @@ def write_json(path: Path, rows: list[dict[str, Any]]) -> None:
 def table(path: Path) -> pd.DataFrame:
     """A Parquet table as any reader sees it."""
     return ds.dataset(str(path), format="parquet").to_table().to_pandas() if path.exists() else pd.DataFrame()
+
+
+def delta_commits_per_checkpoint(table: Path) -> Counter[int]:
+    """How many entries of a Delta table's ``_delta_log`` carry a ``txn`` action, per checkpoint id."""
+    counts: Counter[int] = Counter()
+    for log in (table / "_delta_log").glob("*.json"):
+        for line in log.read_text().splitlines():
+            action = json.loads(line)
+            if "txn" in action:
+                counts[action["txn"]["version"]] += 1
+    return counts

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 import threading
 from collections import Counter
@@ -15,7 +14,7 @@ import pytest
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
 from airflow_provider_checkpoint.storage import JobStorage
-from tests.spark.helpers import step_context
+from tests.spark.helpers import delta_commits_per_checkpoint, step_context
 
 pytestmark = pytest.mark.spark
 
@@ -49,28 +48,19 @@ def _readers(spark: Any, path: Path) -> dict[str, pd.DataFrame]:
     }
 
 
-def _commits_per_checkpoint(path: Path) -> Counter[int]:
-    """How many log entries carry a ``txn`` action for each checkpoint id (read from ``_delta_log`` directly)."""
-    counts: Counter[int] = Counter()
-    for log in (path / "_delta_log").glob("*.json"):
-        for line in log.read_text().splitlines():
-            action = json.loads(line)
-            if "txn" in action:
-                counts[action["txn"]["version"]] += 1
-    return counts
-
-
 def _batch(checkpoint_id: int, n: int = 40) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "k": [f"k{(checkpoint_id * 7 + i * 3) % 50}" for i in range(n)],
-            "region": [("eu", "us", "ap")[i % 3] for i in range(n)],
+            "region": [("eu", "us/west", "ap south%")[i % 3] for i in range(n)],  # escaped in directory names
             "v": [checkpoint_id * 1000 + i for i in range(n)],
         }
     )
 
 
 def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
+    from deltalake import DeltaTable
+
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     appended = DeltaTableSink("events", SOURCE, str(tmp_path / "events"), partition_by=["region"])
     upserted = DeltaTableSink("latest", SOURCE, str(tmp_path / "latest"), "upsert", ["k"], buckets=4)
@@ -95,9 +85,15 @@ def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
             assert got.k.is_unique, name
             pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(latest, ["k"]), check_dtype=False, obj=name)
         assert upserted.describe_commit(checkpoint_id) == {"delta_version": checkpoint_id}  # version 0: the create
+        for path, rows in ((tmp_path / "events", sum(map(len, all_rows))), (tmp_path / "latest", len(latest))):
+            stats = DeltaTable(str(path)).get_add_actions().column("num_records").to_pylist()
+            assert sum(stats) == rows, f"{path.name}: the files' numRecords stats must add up to the table's rows"
     for path in (tmp_path / "events", tmp_path / "latest"):
-        assert _commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
+        assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
     assert appended.audit() == [] and upserted.audit() == []
+    appended.abort(4)  # an abort of a committed checkpoint (a late one) deletes none of its files
+    got = _readers(spark, tmp_path / "events")["pyarrow"]
+    pd.testing.assert_frame_equal(_sorted(got, ["v"]), _sorted(pd.concat(all_rows), ["v"]), check_dtype=False)
 
 
 def test_upsert_rewrites_only_the_changed_buckets(spark, tmp_path):
@@ -128,7 +124,7 @@ def test_commit_is_idempotent_and_other_attempts_are_deleted(spark, tmp_path):
     sink.commit(1, second)
     sink.commit(1, second)  # finalize retry
     sink.commit(1, first)  # recovery with another attempt's committables: already committed
-    assert _commits_per_checkpoint(path) == {1: 1}
+    assert delta_commits_per_checkpoint(path) == {1: 1}
     assert not any((path / a["path"]).exists() for a in first[0]["adds"])
     assert sink.audit() == []
     got = _readers(spark, path)["pyarrow"]
@@ -144,7 +140,7 @@ def test_abort_deletes_the_checkpoints_files(spark, tmp_path):
     assert all((path / a["path"]).exists() for a in staged[0]["adds"]) and sink.audit()
     sink.abort(2)
     assert not (path / "chk-2").exists() and sink.audit() == []
-    assert _commits_per_checkpoint(path) == {1: 1}
+    assert delta_commits_per_checkpoint(path) == {1: 1}
 
 
 def test_restore_returns_the_table_to_the_checkpoints_version(spark, tmp_path):
@@ -172,7 +168,7 @@ def test_restore_returns_the_table_to_the_checkpoints_version(spark, tmp_path):
     truth = pd.concat([states[1][~states[1].k.isin(batch.k)], batch])
     got = DeltaTable(str(path)).to_pyarrow_table().to_pandas()
     pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
-    assert _commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
 
 
 def test_a_reader_never_sees_a_partial_checkpoint(spark, tmp_path):
@@ -268,4 +264,4 @@ def test_commits_alongside_another_writer_on_another_partition(spark, tmp_path):
     truth = pd.concat([_batch(c) for c in range(1, 5)])
     pd.testing.assert_frame_equal(_sorted(got[got.region != "other"], ["v"]), _sorted(truth, ["v"]), check_dtype=False)
     assert sorted(got[got.region == "other"].v) == sorted(theirs)
-    assert _commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}

@@ -12,7 +12,12 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink
-from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError, RefusedInputError
+from airflow_provider_checkpoint.exceptions import (
+    DocumentError,
+    PipelineDefinitionError,
+    RefusedInputError,
+    RestoreError,
+)
 
 ROWS = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([1, 2], pa.int64())})
 
@@ -124,6 +129,11 @@ def test_upsert_committables_name_each_bucket_once_and_remove_older_files(tmp_pa
         with pytest.raises(DocumentError):
             check(5, committables, "d")
             pytest.fail(name)
+    with pytest.raises(DocumentError, match="the table does not hold"):  # shape fine, but not in the table
+        sink.commit(
+            5, [{"checkpoint_id": 5, "adds": [add], "removes": [{"path": "chk-2/j/part-b00001.parquet", "size": 9}]}]
+        )
+    assert not sink.is_committed(5)
 
 
 def test_definition_errors():
@@ -133,3 +143,24 @@ def test_definition_errors():
         DeltaTableSink("b", Source("s"), "/x", mode="upsert")
     with pytest.raises(PipelineDefinitionError):
         DeltaTableSink("c", Source("s"), "/x", mode="upsert", keys=["k"], partition_by=["p"])
+
+
+def test_audit_finds_files_past_the_tables_retention_and_restore_refuses_a_vacuumed_version(tmp_path):
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    first = _staged(table, 1, "part-b00001.parquet")
+    sink.commit(1, [{"checkpoint_id": 1, "adds": [first], "removes": []}])
+    second = _staged(table, 2, "part-b00001.parquet")
+    removes = [{"path": first["path"], "size": first["size"]}]
+    sink.commit(2, [{"checkpoint_id": 2, "adds": [second], "removes": removes}])
+    assert sink.audit() == []  # the removed file is within the default retention (a week)
+    DeltaTable(str(table)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 hours"})
+    (finding,) = sink.audit()
+    assert "VACUUM" in finding and finding.endswith(first["path"])
+
+    DeltaTable(str(table)).vacuum(dry_run=False)
+    assert not (table / first["path"]).exists() and sink.audit() == []  # the log keeps its tombstone
+    with pytest.raises(RestoreError, match=r"cannot return to version 1 \(checkpoint 1\)"):
+        sink.rollback(1)  # its bucket file is gone

@@ -222,3 +222,13 @@ def test_unreadable_lease_shapes_are_never_broken(tmp_path: Path) -> None:
     for body in (b"[1]", b'{"run_id": "r", "expires_at": "never"}', b"\xff"):
         storage.write_atomic("_lease", body)
         assert "unreadable lease" in str(storage.lease_holder())
+
+
+def test_savepoint_entries_keep_what_sinks_recorded_and_refuse_other_shapes() -> None:
+    record = JobRecord("j")
+    record.savepoints = [{"checkpoint_id": 2, "path": "file:///sp", "time": 1.0, "sinks": {"t": {"delta_version": 7}}}]
+    assert JobRecord.decode(record.encode()).savepoints == record.savepoints
+    for sinks in ({"t": {"v": [1]}}, {"t": 3}, {"../x": {"v": 1}}, {"t": {"v": "x" * 300}}):
+        record.savepoints[0]["sinks"] = sinks
+        with pytest.raises(JobRecordError):
+            JobRecord.decode(record.encode())

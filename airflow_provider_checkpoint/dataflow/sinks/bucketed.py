@@ -29,13 +29,16 @@ _BUCKET = "_bucket"
 DRIVER_MERGE_ROWS = 250_000
 """Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
 
+Staged = tuple[int, str, int | None]
+"""``(bucket, staged file, rows)``: ``rows`` is known when the driver merged the bucket, else ``None``."""
+
 ExistingBuckets = Callable[[list[int]], dict[int, str]]
 """The committed file (a path on the table's filesystem) of each of the given buckets that has one."""
 
 
 @dataclass(frozen=True)
 class BucketedUpsert:
-    """The upsert writer of a bucketed table; :meth:`write` returns ``(bucket, staged file)`` pairs."""
+    """The upsert writer of a bucketed table; :meth:`write` returns a :data:`Staged` per affected bucket."""
 
     uid: str
     keys: list[str]
@@ -55,7 +58,7 @@ class BucketedUpsert:
         staging: str,
         existing: ExistingBuckets,
         url: Callable[[str], str],
-    ) -> list[tuple[int, str]]:
+    ) -> list[Staged]:
         """Merge ``df`` (the changed rows) into the affected buckets, staged under ``staging``."""
         changed = df.withColumn(_BUCKET, self.bucket_of())
         if self.driver_merge_rows:
@@ -73,7 +76,7 @@ class BucketedUpsert:
         fs: fsspec.AbstractFileSystem,
         staging: str,
         existing: ExistingBuckets,
-    ) -> list[tuple[int, str]] | None:
+    ) -> list[Staged] | None:
         """Each affected bucket merged with pyarrow; ``None`` if a file's columns differ."""
         import numpy as np
 
@@ -88,11 +91,11 @@ class BucketedUpsert:
             return None
         ctx.add_metric("sink_rows", rows)
         fs.makedirs(staging, exist_ok=True)
-        staged: list[tuple[int, str]] = []
+        staged: list[Staged] = []
         for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
             out = f"{staging}/{bucket_file(b)}"
-            bucket_merge.merge_bucket(fs, old.get(b), changed.slice(start, count), self.keys, out)
-            staged.append((b, out))
+            rows = bucket_merge.merge_bucket(fs, old.get(b), changed.slice(start, count), self.keys, out)
+            staged.append((b, out, rows))
         return staged
 
     def _merge_in_spark(
@@ -103,7 +106,7 @@ class BucketedUpsert:
         staging: str,
         existing: ExistingBuckets,
         url: Callable[[str], str],
-    ) -> list[tuple[int, str]]:
+    ) -> list[Staged]:
         """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
         from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 
@@ -123,12 +126,12 @@ class BucketedUpsert:
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         merged.repartition(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(url(staging))
         changed.unpersist()
-        staged: list[tuple[int, str]] = []
+        staged: list[Staged] = []
         for b in affected:
             files = fs.glob(f"{staging}/{_BUCKET}={b}/part-*.parquet")
             if len(files) != 1:
                 raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
-            staged.append((b, files[0]))
+            staged.append((b, files[0], None))
         return staged
 
     def bucket_of(self) -> Column:

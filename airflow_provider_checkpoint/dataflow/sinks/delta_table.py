@@ -161,10 +161,11 @@ class DeltaTableSink(TableDirectorySink):
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
         removes: list[DeltaFile] = []
+        files: list[tuple[str, int | None]]  # staged file, its rows if known
         if self.upsert is None:
             writer = df.write.partitionBy(*self.partition_by) if self.partition_by else df.write
             writer.parquet(self.url(staging))
-            files = sorted(fs.find(staging))
+            files = [(full, None) for full in sorted(fs.find(staging))]
         else:
             current = self._bucket_files(table)
             existing = {b: self.table().path(f.path) for b, f in current.items()}
@@ -172,14 +173,14 @@ class DeltaTableSink(TableDirectorySink):
                 ctx, df, fs, staging, lambda bs: {b: existing[b] for b in bs if b in existing}, self.url
             )
             files = []
-            for b, full in staged:
+            for b, full, rows in staged:
                 named = f"{staging}/{bucket_file(b)}"
                 if full != named:
                     fs.mv(full, named)
-                files.append(named)
+                files.append((named, rows))
                 if b in current:
                     removes.append(current[b])
-        adds = [self._add(fs, root, full, staging) for full in files if full.endswith(".parquet")]
+        adds = [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
         adds = [a for a in adds if a.num_records or self.upsert]
         ctx.add_metric("sink_files_staged", len(adds))
         if self.upsert is None:  # the upsert writer counts its changed rows itself
@@ -192,36 +193,35 @@ class DeltaTableSink(TableDirectorySink):
             }
         ]
 
-    def _add(self, fs: fsspec.AbstractFileSystem, root: str, full: str, staging: str) -> DeltaFile:
-        """The add action of a staged file: size, records from its footer, partition values from its directories."""
+    def _add(self, fs: fsspec.AbstractFileSystem, root: str, full: str, staging: str, rows: int | None) -> DeltaFile:
+        """The add action of a staged file: size, records (from its footer unless known), partition values
+        from its directories."""
         import pyarrow.parquet as pq
 
-        with fs.open(full, "rb") as f:
-            rows = pq.ParquetFile(f).metadata.num_rows
+        if rows is None:
+            with fs.open(full, "rb") as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
         dirs = posixpath.relpath(posixpath.dirname(full), staging).split("/")
         values = dict(d.split("=", 1) for d in dirs if "=" in d)
         partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
         return DeltaFile(full[len(root) + 1 :], fs.size(full), rows, partition)
 
     def _check_input(self, table: DeltaTable, schema: Any) -> None:
-        """Refuse input not matching the table: columns (:func:`check_input_columns`), partitioning, keys."""
+        """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning."""
         from deltalake.schema import Schema
 
         url = self.asset_uri()
         check_input_columns(url, _columns(table.schema()), _columns(Schema.from_arrow(schema)))
         partitioned = list(table.metadata().partition_columns)
-        if partitioned != self.partition_by:
+        if partitioned != self.partition_by:  # an upsert sink has none
             raise SinkSchemaError(f"Delta table {url} is partitioned by {partitioned}, the sink by {self.partition_by}")
-        if self.upsert and partitioned:
-            raise SinkSchemaError(f"Delta table {url}: an upsert sink needs an unpartitioned table, not {partitioned}")
 
     def _bucket_files(self, table: DeltaTable) -> dict[int, DeltaFile]:
         """The current file of each bucket of an upsert table (refused if the table holds other files)."""
         actions = table.get_add_actions(flatten=True)
         current: dict[int, DeltaFile] = {}
-        for path, size in zip(
-            actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True
-        ):
+        for raw, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True):
+            path = unquote(raw)
             bucket = bucket_of_path(path)
             if bucket is None or bucket in current:
                 raise SinkSchemaError(
@@ -244,10 +244,10 @@ class DeltaTableSink(TableDirectorySink):
 
     def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
         """One Delta commit: the adds, the removes and ``txn(app id, checkpoint id)``; retried on conflicts
-        with other writers by delta-rs. Every added file must exist with the size its committable names."""
+        with other writers by delta-rs. Every added file must exist with the size its committable names,
+        every removed one must be in the table."""
         from deltalake import CommitProperties, Transaction
-        from deltalake._internal import RemoveAction
-        from deltalake.transaction import AddAction
+        from deltalake.transaction import AddAction, RemoveAction
 
         commit: DeltaCommit = committables
         app_id, table = self.app_id(), self._delta()
@@ -258,9 +258,15 @@ class DeltaTableSink(TableDirectorySink):
             )
         location = self.table()
         for add in commit.adds:
-            full = location.path(add.path)
-            if not location.fs.exists(full) or location.fs.size(full) != add.size:
+            try:
+                size = location.fs.size(location.path(add.path))
+            except FileNotFoundError:
+                size = None
+            if size != add.size:
                 raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
+        gone = sorted({r.path for r in commit.removes} - _paths(table))
+        if gone:
+            raise DocumentError(document, "removes", "name files the table does not hold", gone[:5])
         now = int(time.time() * 1000)
         actions: list[Any] = [RemoveAction(r.path, True, now, r.size, {}) for r in commit.removes]
         actions += [
@@ -313,6 +319,7 @@ class DeltaTableSink(TableDirectorySink):
         exactly that version's files. Refused if the version is not in the log any more.
         """
         from deltalake import CommitProperties
+        from deltalake.exceptions import DeltaError
 
         table = self._delta()
         app_id = self.app_id()
@@ -328,7 +335,12 @@ class DeltaTableSink(TableDirectorySink):
         if _paths(table) == _paths(self._open(version)):
             return
         metadata = {"checkpoint_app_id": app_id, "restored_checkpoint": checkpoint_id}
-        table.restore(version, commit_properties=CommitProperties(custom_metadata=metadata))
+        try:
+            table.restore(version, commit_properties=CommitProperties(custom_metadata=metadata))
+        except (DeltaError, OSError) as e:  # e.g. the version's files were vacuumed
+            raise RestoreError(
+                f"Delta table {self.asset_uri()} cannot return to version {version} (checkpoint {checkpoint_id}): {e}"
+            ) from e
         log.info("sink %s: Delta table restored to version %d (checkpoint %d)", self.uid, version, checkpoint_id)
 
     def _leftovers(self, checkpoint_id: int, kept: set[str] | None = None) -> list[str]:
@@ -353,12 +365,21 @@ class DeltaTableSink(TableDirectorySink):
         self._delete_all_but(checkpoint_id)
 
     def audit(self) -> list[str]:
+        """Files under ``chk-<id>/`` that checkpoint's commit did not add, and files the log no longer
+        references beyond the table's ``delta.deletedFileRetentionDuration`` (a ``VACUUM`` deletes them)."""
         fs, root = self._fs()
-        if not fs.exists(root):
+        table, location = self._delta(), self.table()
+        if table is None:
             return []
         names = [posixpath.basename(p.rstrip("/")) for p in fs.ls(root, detail=False)]
         ids = sorted(int(n[4:]) for n in names if n.startswith("chk-") and n[4:].isdigit())
-        return [f"unreferenced sink file left behind: {self.table().url(p)}" for i in ids for p in self._leftovers(i)]
+        leftovers = [location.url(p) for i in ids for p in self._leftovers(i)]
+        expired = [location.url(p) for p in map(unquote, table.vacuum(dry_run=True)) if location.exists(p)]
+        return [f"unreferenced sink file left behind: {u}" for u in leftovers] + [
+            f"file the Delta log no longer references beyond its retention (VACUUM deletes it): {u}"
+            for u in expired
+            if u not in leftovers
+        ]
 
 
 def _columns(schema: Any) -> dict[str, str]:
@@ -367,4 +388,5 @@ def _columns(schema: Any) -> dict[str, str]:
 
 
 def _paths(table: DeltaTable) -> set[str]:
-    return set(table.get_add_actions().column("path").to_pylist())
+    """The table-relative paths of a version's files (the log holds them URI-encoded)."""
+    return {unquote(p) for p in table.get_add_actions().column("path").to_pylist()}

@@ -145,7 +145,7 @@ class ParquetTableSink(TableDirectorySink):
             moves = self._stage_append(ctx, df, fs, root, staging)
         else:
             staged = self.upsert.write(ctx, df, fs, staging, self._existing_buckets, self.url)
-            moves = [[path[len(root) + 1 :], bucket_file(b)] for b, path in staged]
+            moves = [[path[len(root) + 1 :], bucket_file(b)] for b, path, _ in staged]
         ctx.add_metric("sink_files_staged", len(moves))
         return [{"checkpoint_id": ctx.checkpoint_id, "moves": moves}]
 
