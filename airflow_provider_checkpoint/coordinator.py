@@ -304,7 +304,7 @@ class CheckpointCoordinator:
             for uid, snapshot in sorted(completed.operators.items()):
                 verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
-            self.storage.commit_metadata(completed)
+            committed = self.storage.commit_metadata(completed)
         except CheckpointAborted as e:
             declined = [declines[s] for s in pending.missing_steps if isinstance(declines.get(s), dict)]
             if e.reason is AbortReason.DECLINED and declined:
@@ -323,6 +323,9 @@ class CheckpointCoordinator:
                 raise
             self.abort(plan, AbortReason.FINALIZE_FAILURE, repr(e), now)
             raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, repr(e)) from e
+        if not committed:  # a concurrent finalize committed first: finish its checkpoint
+            log.warning("checkpoint %d: another finalize committed _metadata first", plan.checkpoint_id)
+            return self.storage.load_completed(plan.checkpoint_id)
         return completed
 
     def _discard_unaccepted_attempts(self, pending: PendingCheckpoint) -> None:

@@ -21,3 +21,5 @@ os.environ["AIRFLOW__CHECKPOINT__STORAGE_ROOT"] = f"file://{_HOME}/checkpoints"
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.pop("CHECKPOINT_FAULTS", None)
 os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
+
+pytest_plugins = ["tests.servers.s3"]

@@ -49,6 +49,13 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     shorten,
 )
+from airflow_provider_checkpoint.storage.object_store import (
+    check_reachable,
+    delete_objects,
+    is_s3,
+    precondition_failed,
+    with_defaults,
+)
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
 
 METADATA = "_metadata"
@@ -77,10 +84,14 @@ def inline_parquet(state: OperatorSnapshot, uid: str) -> bytes:
 
 
 def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
-    """Readers see the old content or the new, never a partial file."""
+    """Readers see the old content or the new, never a partial file.
+
+    Locally: a temporary name renamed into place. On object stores: one PUT of the whole
+    object (never a rename, which object stores do not have atomically).
+    """
     fault_point("storage.write", file=posixpath.basename(path))
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
     if is_local(fs):
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
         fs.pipe_file(tmp, data)
         fs.mv(tmp, path)
@@ -91,12 +102,16 @@ def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
 def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     """Create ``path`` with ``data`` only if it does not exist; True if this call created it.
 
-    Nobody ever sees the file without its content: locally it is written under a
-    temporary name and hard-linked into place (``link`` fails if the name exists); on
-    object stores it is one conditional PUT (``xb``).
+    Exactly one of any number of concurrent callers gets True, and nobody ever sees the
+    file without its content: locally it is written under a temporary name and
+    hard-linked into place (``link`` fails if the name exists); on object stores it is one
+    conditional PUT (``If-None-Match: *``), which the store refuses if the key exists.
+    A retried PUT whose first attempt landed also reports False: callers re-read the
+    winner's document, which is then their own.
     """
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    fault_point("storage.write", file=posixpath.basename(path))
     if is_local(fs):
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
         fs.pipe_file(tmp, data)
         try:
@@ -107,10 +122,11 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
             os.unlink(tmp)
         return True
     try:
-        with fs.open(path, "xb") as f:
-            f.write(data)
-    except FileExistsError:
-        return False
+        fs.pipe_file(path, data, mode="create")
+    except OSError as e:
+        if isinstance(e, FileExistsError) or precondition_failed(e):
+            return False
+        raise
     return True
 
 
@@ -124,7 +140,8 @@ class Location:
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> Location:
         try:
-            fs, path = fsspec.core.url_to_fs(url, **storage_options)
+            protocol, _ = fsspec.core.split_protocol(url)
+            fs, path = fsspec.core.url_to_fs(url, **with_defaults(protocol or "file", storage_options))
         except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
             raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
         if is_local(fs):
@@ -163,8 +180,12 @@ class Location:
         write_atomic(self.fs, self.path(relative), data)
 
     def delete(self, relative: str) -> None:
-        if self.fs.exists(self.path(relative)):
-            self.fs.rm(self.path(relative), recursive=True)
+        """Delete the file or directory ``relative`` if it exists."""
+        path = self.path(relative)
+        if is_s3(self.fs):
+            delete_objects(self.fs, path)
+        elif self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
 
     def delete_paths(self, relatives: Iterable[str]) -> None:
         for rel in sorted(relatives):
@@ -206,7 +227,9 @@ class JobStorage(Location):
 
     @classmethod
     def for_job(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
+        """The job ``job_id`` under ``storage_root``; an object store is probed first (:func:`check_reachable`)."""
         location = Location.from_url(storage_root, **storage_options)
+        check_reachable(location.fs, location.base, storage_root)
         return cls(location.fs, location.base, job_id)
 
     @property
@@ -371,9 +394,13 @@ class JobStorage(Location):
         ids = self.completed_ids()
         return self.load_completed(ids[-1]) if ids else None
 
-    def commit_metadata(self, checkpoint: CompletedCheckpoint) -> None:
-        """Write ``_metadata``: the commit point of the checkpoint."""
-        self.write_atomic(self.metadata_path(checkpoint.checkpoint_id), metadata.encode(checkpoint))
+    def commit_metadata(self, checkpoint: CompletedCheckpoint) -> bool:
+        """Create ``_metadata``, the commit point of the checkpoint; False if it already exists.
+
+        An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
+        the others get False and must continue with the committed document.
+        """
+        return create_exclusive(self.fs, self.path(self.metadata_path(checkpoint.checkpoint_id)), metadata.encode(checkpoint))
 
     def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
         self.write_atomic(self.stats_path(checkpoint_id), json.dumps(stats, indent=1, sort_keys=True).encode())
