@@ -400,7 +400,9 @@ class JobStorage(Location):
         An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
         the others get False and must continue with the committed document.
         """
-        return create_exclusive(self.fs, self.path(self.metadata_path(checkpoint.checkpoint_id)), metadata.encode(checkpoint))
+        return create_exclusive(
+            self.fs, self.path(self.metadata_path(checkpoint.checkpoint_id)), metadata.encode(checkpoint)
+        )
 
     def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
         self.write_atomic(self.stats_path(checkpoint_id), json.dumps(stats, indent=1, sort_keys=True).encode())

@@ -94,7 +94,9 @@ def _answers(endpoint: str) -> bool:
 def start_server(directory: Path, bucket: str = "checkpoints") -> tuple[subprocess.Popen[bytes], S3Server]:
     """Start ``weed mini`` in ``directory``; return once the bucket is usable."""
     ports = dict(zip(_PORTS, free_ports(len(_PORTS)), strict=True))
-    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", "AK" + secrets.token_hex(8), secrets.token_hex(20), bucket)
+    server = S3Server(
+        f"http://127.0.0.1:{ports['s3.port']}", "AK" + secrets.token_hex(8), secrets.token_hex(20), bucket
+    )
     identity = {"name": "tests", "credentials": [{"accessKey": server.key, "secretKey": server.secret}]}
     config = directory / "s3.json"
     config.write_text(json.dumps({"identities": [{**identity, "actions": ["Read", "Write", "List"]}]}))

@@ -1,0 +1,62 @@
+"""Finalize on a real S3 server (SeaweedFS): two finalizes of one checkpoint commit one ``_metadata``.
+
+The job's storage root is on S3; the landing directory and the table stay local.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
+from airflow_provider_checkpoint.storage import JobStorage
+from tests.servers.s3 import S3Server
+from tests.unit.helpers import JOB, T0, Env, make_ack, make_env, state_rel, target_name
+
+
+def coordinator_on(env: Env, storage: JobStorage) -> CheckpointCoordinator:
+    return CheckpointCoordinator(storage, env.coordinator.graph, env.coordinator.settings)
+
+
+def s3_ack(env: Env, storage: JobStorage, plan: CheckpointPlan) -> Ack:
+    """The ack of a step attempt whose state file was written to ``storage`` on S3."""
+    ack = make_ack(env, plan)
+    rel = state_rel(plan.checkpoint_id, 1)
+    storage.write_atomic(rel, (env.job_dir / rel).read_bytes())
+    return ack
+
+
+def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_winners(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deterministic interleaving: the contender completes the checkpoint while the first finalize
+    is about to create ``_metadata``; the first one's conditional PUT loses and it finishes the
+    committed checkpoint instead of its own."""
+    env = make_env(tmp_path)
+    url = s3_server.url(f"finalize-{uuid.uuid4().hex[:8]}")
+    first = coordinator_on(env, JobStorage.for_job(url, JOB, **s3_server.storage_options()))
+    contender = coordinator_on(env, JobStorage.for_job(url, JOB, **s3_server.storage_options()))
+    plan = first.trigger("run-1", now=T0)
+    ack = s3_ack(env, first.storage, plan)
+    commit = JobStorage.commit_metadata
+    contended: list[CompletedCheckpoint] = []
+
+    def interleaved(storage: JobStorage, checkpoint: CompletedCheckpoint) -> bool:
+        if storage is first.storage and not contended:
+            contended.append(contender.finalize(plan, [ack], now=T0 + 2))
+        return commit(storage, checkpoint)
+
+    monkeypatch.setattr(JobStorage, "commit_metadata", interleaved)
+    outcome = first.finalize(plan, [ack], now=T0 + 1)
+
+    assert contended[0].completion_time == T0 + 2
+    assert outcome == contended[0], "the loser finishes the committed checkpoint, not its own"
+    assert first.storage.load_completed(plan.checkpoint_id) == contended[0]
+    chk = first.storage.path(first.storage.chk_dir(plan.checkpoint_id))
+    assert [p for p in first.storage.fs.find(chk) if p.endswith("/_metadata")] == [f"{chk}/_metadata"]
+    staged = f"rows of chk {plan.checkpoint_id} attempt 1".encode()
+    assert env.table_parts() == {target_name(plan.checkpoint_id): staged}, "the sink committed exactly once"
+    assert first.storage.lease_holder() is None
