@@ -10,6 +10,7 @@ with backoff, then surface as errors.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -24,9 +25,22 @@ S3_DEFAULTS: dict[str, Any] = {
 """Options :func:`with_defaults` adds for ``s3://`` unless given: fresh listings, bounded retries and timeouts."""
 
 
+CHATTY_LOGGERS = ("botocore.credentials", "aiobotocore.credentials", "botocore.configprovider")
+"""Loggers that say at INFO, on every new client, where credentials and endpoint came from."""
+
+
 def with_defaults(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
-    """``storage_options`` with the defaults of ``protocol``'s filesystem filled in."""
-    return {**S3_DEFAULTS, **storage_options} if protocol in S3_PROTOCOLS else storage_options
+    """``storage_options`` with the defaults of ``protocol``'s filesystem filled in.
+
+    For S3 it also quiets :data:`CHATTY_LOGGERS` to WARNING unless their level was set:
+    their INFO lines would interleave with every task log and the CLI's JSON output.
+    """
+    if protocol not in S3_PROTOCOLS:
+        return storage_options
+    for name in CHATTY_LOGGERS:
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    return {**S3_DEFAULTS, **storage_options}
 
 
 def precondition_failed(error: BaseException) -> bool:

@@ -10,23 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
-from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.s3 import S3Server
-from tests.unit.helpers import JOB, T0, Env, make_ack, make_env, state_rel, target_name
-
-
-def coordinator_on(env: Env, storage: JobStorage) -> CheckpointCoordinator:
-    return CheckpointCoordinator(storage, env.coordinator.graph, env.coordinator.settings)
-
-
-def s3_ack(env: Env, storage: JobStorage, plan: CheckpointPlan) -> Ack:
-    """The ack of a step attempt whose state file was written to ``storage`` on S3."""
-    ack = make_ack(env, plan)
-    rel = state_rel(plan.checkpoint_id, 1)
-    storage.write_atomic(rel, (env.job_dir / rel).read_bytes())
-    return ack
+from tests.unit.helpers import JOB, T0, make_env, target_name
+from tests.unit.s3_job import coordinator_on, s3_ack
 
 
 def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_winners(

@@ -1,0 +1,24 @@
+"""A job of the unit tests' pipeline (:mod:`tests.unit.helpers`) whose storage root is on the S3 server.
+
+The landing directory and the table stay local; the state files a step would write go to S3.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
+from airflow_provider_checkpoint.storage import JobStorage
+from tests.unit.helpers import Env, make_ack, state_rel
+
+
+def coordinator_on(env: Env, storage: JobStorage) -> CheckpointCoordinator:
+    """``env``'s pipeline and settings, with its checkpoints in ``storage``."""
+    return CheckpointCoordinator(storage, env.coordinator.graph, env.coordinator.settings)
+
+
+def s3_ack(env: Env, storage: JobStorage, plan: CheckpointPlan) -> Ack:
+    """The ack of a step attempt whose state file was written to ``storage``."""
+    ack = make_ack(env, plan)
+    rel = state_rel(plan.checkpoint_id, 1)
+    storage.write_atomic(rel, (env.job_dir / rel).read_bytes())
+    return ack
