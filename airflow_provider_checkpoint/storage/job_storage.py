@@ -8,9 +8,10 @@ Layout::
     chk-<id>/_metadata      the commit point of checkpoint <id>
     _stats/<id>.json        stats of every attempted checkpoint
 
-Writes that others rely on are atomic: a temporary name renamed into place on local
-filesystems, a single PUT on object stores. The lease is created with create-if-absent
-semantics, so two triggers can never both hold it.
+Writes that others rely on are atomic (:mod:`.writes`): a temporary name renamed into
+place on local filesystems, a single PUT on object stores. The lease and ``_metadata``
+are exclusive creates, so two triggers can never both hold the lease and two finalizes
+never both commit a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import posixpath
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,6 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
-from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
     CompletedCheckpoint,
@@ -49,14 +47,9 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     shorten,
 )
-from airflow_provider_checkpoint.storage.object_store import (
-    check_reachable,
-    delete_objects,
-    is_s3,
-    precondition_failed,
-    with_defaults,
-)
+from airflow_provider_checkpoint.storage.object_store import check_reachable, delete_objects, is_s3, with_defaults
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
+from airflow_provider_checkpoint.storage.writes import create_exclusive, write_atomic
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
@@ -81,53 +74,6 @@ def inline_parquet(state: OperatorSnapshot, uid: str) -> bytes:
     if data is None:
         raise CheckpointStorageError(f"inline state of operator {uid} is missing or corrupt: size or checksum mismatch")
     return data
-
-
-def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
-    """Readers see the old content or the new, never a partial file.
-
-    Locally: a temporary name renamed into place. On object stores: one PUT of the whole
-    object (never a rename, which object stores do not have atomically).
-    """
-    fault_point("storage.write", file=posixpath.basename(path))
-    if is_local(fs):
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
-        fs.pipe_file(tmp, data)
-        fs.mv(tmp, path)
-    else:
-        fs.pipe_file(path, data)
-
-
-def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
-    """Create ``path`` with ``data`` only if it does not exist; True if this call created it.
-
-    Exactly one of any number of concurrent callers gets True, and nobody ever sees the
-    file without its content: locally it is written under a temporary name and
-    hard-linked into place (``link`` fails if the name exists); on object stores it is one
-    conditional PUT (``If-None-Match: *``), which the store refuses if the key exists.
-    A retried PUT whose first attempt landed also reports False: callers re-read the
-    winner's document, which is then their own.
-    """
-    fault_point("storage.write", file=posixpath.basename(path))
-    if is_local(fs):
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
-        fs.pipe_file(tmp, data)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-        return True
-    try:
-        fs.pipe_file(path, data, mode="create")
-    except OSError as e:
-        if isinstance(e, FileExistsError) or precondition_failed(e):
-            return False
-        raise
-    return True
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ from airflow_provider_checkpoint.storage import JobStorage
 from tests.unit.helpers import Env, make_ack, state_rel
 
 
-def coordinator_on(env: Env, storage: JobStorage) -> CheckpointCoordinator:
-    """``env``'s pipeline and settings, with its checkpoints in ``storage``."""
-    return CheckpointCoordinator(storage, env.coordinator.graph, env.coordinator.settings)
+def coordinator_on(env: Env, storage: JobStorage, *allowed_roots: str) -> CheckpointCoordinator:
+    """``env``'s pipeline and settings on ``storage``; savepoints may also go under ``allowed_roots``."""
+    roots = [storage.url().rsplit("/", 1)[0], *allowed_roots] if allowed_roots else None
+    return CheckpointCoordinator(storage, env.coordinator.graph, env.coordinator.settings, None, roots)
 
 
 def s3_ack(env: Env, storage: JobStorage, plan: CheckpointPlan) -> Ack:

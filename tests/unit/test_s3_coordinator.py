@@ -1,4 +1,4 @@
-"""Finalize on a real S3 server (SeaweedFS): two finalizes of one checkpoint commit one ``_metadata``.
+"""The coordinator on a real S3 server (SeaweedFS): one ``_metadata`` of two finalizes, savepoints to S3.
 
 The job's storage root is on S3; the landing directory and the table stay local.
 """
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint
+from airflow_provider_checkpoint.exceptions import UnsafePathError
+from airflow_provider_checkpoint.state.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import JOB, T0, make_env, target_name
@@ -48,3 +50,31 @@ def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_win
     staged = f"rows of chk {plan.checkpoint_id} attempt 1".encode()
     assert env.table_parts() == {target_name(plan.checkpoint_id): staged}, "the sink committed exactly once"
     assert first.storage.lease_holder() is None
+
+
+def test_savepoint_to_s3_is_self_contained_and_the_next_checkpoint_restores_on_s3(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention keeps one checkpoint; the savepoint on S3 survives it, complete and verifiable."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    env = make_env(tmp_path, retained=1)
+    root, savepoints = (s3_server.url(f"{kind}-{uuid.uuid4().hex[:8]}") for kind in ("ckpt", "savepoints"))
+    coordinator = coordinator_on(env, JobStorage.for_job(root, JOB), savepoints)
+    target = f"{savepoints}/savepoint-{JOB}-1"
+    plan = coordinator.trigger("run-1", CheckpointType.SAVEPOINT, now=T0, options={"savepoint_target": target})
+    coordinator.finalize(plan, [s3_ack(env, coordinator.storage, plan)], now=T0 + 1)
+    for checkpoint_id in (2, 3):
+        nxt = coordinator.trigger(f"run-{checkpoint_id}", now=T0 + 10 * checkpoint_id)
+        assert nxt.restore_point is not None and nxt.restore_point.location_url.startswith(f"{root}/{JOB}/chk-")
+        coordinator.finalize(nxt, [s3_ack(env, coordinator.storage, nxt)], now=T0 + 10 * checkpoint_id + 1)
+
+    assert coordinator.storage.completed_ids() == [3]
+    savepoint = open_snapshot(target)
+    assert savepoint.checkpoint.type is CheckpointType.SAVEPOINT and savepoint.checkpoint.relocatable
+    savepoint.verify()
+    assert savepoint.location.url() == target
+    with pytest.raises(UnsafePathError, match="checkpoint tree"):
+        coordinator.trigger(
+            "run-4", CheckpointType.SAVEPOINT, now=T0 + 40, options={"savepoint_target": f"{root}/{JOB}/sp"}
+        )
