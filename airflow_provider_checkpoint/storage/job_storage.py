@@ -129,7 +129,7 @@ class Location:
         """Delete the file or directory ``relative`` if it exists."""
         path = self.path(relative)
         if is_s3(self.fs):
-            delete_objects(self.fs, path)
+            delete_objects(self.fs, path, self.base)
         elif self.fs.exists(path):
             self.fs.rm(path, recursive=True)
 

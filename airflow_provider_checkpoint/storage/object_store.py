@@ -11,6 +11,7 @@ with backoff, then surface as errors.
 from __future__ import annotations
 
 import logging
+import posixpath
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -80,18 +81,24 @@ def is_s3(fs: AbstractFileSystem) -> bool:
     return bool(S3_PROTOCOLS & set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)))
 
 
-def delete_objects(fs: AbstractFileSystem, path: str) -> None:
+def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
     """Delete the object ``path`` or every object under ``path/`` on S3, with their directory markers.
 
-    Stores backed by a file tree (SeaweedFS) keep an empty directory after its objects are
-    gone, and listings would still show it: the ``<dir>/`` keys are deleted too, deepest
-    first (S3 ignores keys that do not exist). One listing, then bulk DELETEs of ≤1000 keys.
+    Stores backed by a file tree (SeaweedFS) keep a directory after its objects are gone,
+    and listings would still show it: the ``<dir>/`` keys under ``path`` and of its
+    ancestors below ``owner`` are deleted too, deepest first. Such a store keeps a
+    directory that is not empty; S3 ignores keys that do not exist. One listing, then
+    bulk DELETEs of at most 1000 keys.
     """
     found = fs.find(path, withdirs=True, detail=True)
     files = [p for p, info in found.items() if info["type"] != "directory"]
     if files:
         fs.rm(files)
     markers = sorted((p for p, info in found.items() if info["type"] == "directory"), key=lambda p: -p.count("/"))
+    parent = posixpath.dirname(path)
+    while parent.startswith(owner.rstrip("/") + "/"):
+        markers.append(parent)
+        parent = posixpath.dirname(parent)
     bucket = path.split("/", 1)[0]
     for start in range(0, len(markers), 1000):
         keys = [{"Key": p.split("/", 1)[1] + "/"} for p in markers[start : start + 1000]]

@@ -5,6 +5,11 @@ The landing directory and the table stay local; the state files a step would wri
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
 from airflow_provider_checkpoint.storage import JobStorage
@@ -23,3 +28,20 @@ def s3_ack(env: Env, storage: JobStorage, plan: CheckpointPlan) -> Ack:
     rel = state_rel(plan.checkpoint_id, 1)
     storage.write_atomic(rel, (env.job_dir / rel).read_bytes())
     return ack
+
+
+@contextmanager
+def counted_requests(storage: JobStorage) -> Iterator[Counter[str]]:
+    """Count the S3 API calls ``storage``'s real client makes (botocore's own event hooks)."""
+    storage.fs.connect()
+    events = storage.fs.s3.meta.events
+    counts: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        counts[model.name] += 1
+
+    events.register("before-call.s3", count)
+    try:
+        yield counts
+    finally:
+        events.unregister("before-call.s3", count)

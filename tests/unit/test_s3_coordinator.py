@@ -16,7 +16,7 @@ from airflow_provider_checkpoint.state.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import JOB, T0, make_env, target_name
-from tests.unit.s3_job import coordinator_on, s3_ack
+from tests.unit.s3_job import coordinator_on, counted_requests, s3_ack
 
 
 def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_winners(
@@ -78,3 +78,20 @@ def test_savepoint_to_s3_is_self_contained_and_the_next_checkpoint_restores_on_s
         coordinator.trigger(
             "run-4", CheckpointType.SAVEPOINT, now=T0 + 40, options={"savepoint_target": f"{root}/{JOB}/sp"}
         )
+
+
+def test_requests_per_checkpoint_stay_flat_as_the_job_ages(tmp_path: Path, s3_server: S3Server) -> None:
+    """Trigger, the step's state upload, finalize and retention of checkpoint 4 and of checkpoint 9 make
+    the same S3 requests: nothing lists or reads what earlier checkpoints left behind."""
+    env = make_env(tmp_path, retained=2)
+    url = s3_server.url(f"age-{uuid.uuid4().hex[:8]}")
+    coordinator = coordinator_on(env, JobStorage.for_job(url, JOB, **s3_server.storage_options()))
+    costs = {}
+    for checkpoint_id in range(1, 10):
+        (env.landing / f"f{checkpoint_id}.json").write_bytes(b'{"k": 1}\n')
+        with counted_requests(coordinator.storage) as counts:
+            plan = coordinator.trigger(f"run-{checkpoint_id}", now=T0 + 10 * checkpoint_id)
+            coordinator.finalize(plan, [s3_ack(env, coordinator.storage, plan)], now=T0 + 10 * checkpoint_id + 1)
+        costs[checkpoint_id] = counts
+    assert costs[4] == costs[9], costs
+    assert coordinator.storage.checkpoint_ids() == [8, 9]

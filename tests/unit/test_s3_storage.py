@@ -8,9 +8,8 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import create_exclusive
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import T0, sample
+from tests.unit.s3_job import counted_requests
 
 WRITERS = 6
 
@@ -52,23 +52,6 @@ def race(n: int, action: Callable[[int], Any]) -> list[Any]:
 
     with ThreadPoolExecutor(n) as pool:
         return list(pool.map(run, range(n)))
-
-
-@contextmanager
-def counted_requests(storage: JobStorage) -> Iterator[Counter[str]]:
-    """Count the S3 API calls ``storage``'s real client makes (botocore's own event hooks)."""
-    storage.fs.connect()
-    events = storage.fs.s3.meta.events
-    counts: Counter[str] = Counter()
-
-    def count(model: Any, **_: Any) -> None:
-        counts[model.name] += 1
-
-    events.register("before-call.s3", count)
-    try:
-        yield counts
-    finally:
-        events.unregister("before-call.s3", count)
 
 
 def test_documents_round_trip_without_temporary_objects(storage: JobStorage, s3_server: S3Server) -> None:
