@@ -10,13 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint
-from airflow_provider_checkpoint.exceptions import UnsafePathError
+from airflow_provider_checkpoint.exceptions import CheckpointAborted, UnsafePathError
 from airflow_provider_checkpoint.state.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import JOB, T0, make_env, target_name
 from tests.unit.s3_job import coordinator_on, counted_requests, s3_ack
+
+
+def new_job(server: S3Server, kind: str = "job") -> JobStorage:
+    return JobStorage.for_job(server.url(f"{kind}-{uuid.uuid4().hex[:8]}"), JOB, **server.storage_options())
 
 
 def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_winners(
@@ -26,9 +31,10 @@ def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_win
     is about to create ``_metadata``; the first one's conditional PUT loses and it finishes the
     committed checkpoint instead of its own."""
     env = make_env(tmp_path)
-    url = s3_server.url(f"finalize-{uuid.uuid4().hex[:8]}")
-    first = coordinator_on(env, JobStorage.for_job(url, JOB, **s3_server.storage_options()))
-    contender = coordinator_on(env, JobStorage.for_job(url, JOB, **s3_server.storage_options()))
+    first = coordinator_on(env, new_job(s3_server, "finalize"))
+    contender = coordinator_on(
+        env, JobStorage.for_job(first.storage.url().rsplit("/", 1)[0], JOB, **s3_server.storage_options())
+    )
     plan = first.trigger("run-1", now=T0)
     ack = s3_ack(env, first.storage, plan)
     commit = JobStorage.commit_metadata
@@ -84,8 +90,7 @@ def test_requests_per_checkpoint_stay_flat_as_the_job_ages(tmp_path: Path, s3_se
     """Trigger, the step's state upload, finalize and retention of checkpoint 4 and of checkpoint 9 make
     the same S3 requests: nothing lists or reads what earlier checkpoints left behind."""
     env = make_env(tmp_path, retained=2)
-    url = s3_server.url(f"age-{uuid.uuid4().hex[:8]}")
-    coordinator = coordinator_on(env, JobStorage.for_job(url, JOB, **s3_server.storage_options()))
+    coordinator = coordinator_on(env, new_job(s3_server, "age"))
     costs = {}
     for checkpoint_id in range(1, 10):
         (env.landing / f"f{checkpoint_id}.json").write_bytes(b'{"k": 1}\n')
@@ -95,3 +100,20 @@ def test_requests_per_checkpoint_stay_flat_as_the_job_ages(tmp_path: Path, s3_se
         costs[checkpoint_id] = counts
     assert costs[4] == costs[9], costs
     assert coordinator.storage.checkpoint_ids() == [8, 9]
+
+
+def test_failed_metadata_put_aborts_and_leaves_no_metadata(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit point's PUT fails: the checkpoint is aborted, nothing of it is left to be taken as committed."""
+    env = make_env(tmp_path)
+    coordinator = coordinator_on(env, new_job(s3_server))
+    plan = coordinator.trigger("run-1", now=T0)
+    ack = s3_ack(env, coordinator.storage, plan)
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "storage.write:file=_metadata:action=oserror")
+    with pytest.raises(CheckpointAborted) as info:
+        coordinator.finalize(plan, [ack], now=T0 + 1)
+    assert info.value.reason is AbortReason.FINALIZE_FAILURE
+    assert not coordinator.storage.fs.exists(coordinator.storage.path(coordinator.storage.chk_dir(1)))
+    assert coordinator.storage.completed_ids() == [] and coordinator.storage.latest_completed() is None
+    assert env.table_parts() == {}, "no sink output was committed"
