@@ -14,7 +14,7 @@ import uuid
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core.faults import fault_point
-from airflow_provider_checkpoint.storage.object_store import precondition_failed
+from airflow_provider_checkpoint.storage.object_store import is_s3, precondition_failed
 from airflow_provider_checkpoint.storage.paths import is_local
 
 
@@ -25,8 +25,9 @@ def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
     object (never a rename, which object stores do not have atomically).
     """
     fault_point("storage.write", file=posixpath.basename(path))
+    if not is_s3(fs):
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)  # object stores have no directories to make
     if is_local(fs):
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
         fs.pipe_file(tmp, data)
         fs.mv(tmp, path)
@@ -40,13 +41,15 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     Exactly one of any number of concurrent callers gets True, and nobody ever sees the
     file without its content: locally it is written under a temporary name and
     hard-linked into place (``link`` fails if the name exists); on object stores it is one
-    conditional PUT (``If-None-Match: *``), which the store refuses if the key exists.
+    conditional PUT (``If-None-Match: *``), which the store refuses if the key exists
+    (other filesystems: their own exclusive open, ``xb``).
     A retried PUT whose first attempt landed also reports False: callers re-read the
     winner's document, which is then their own.
     """
     fault_point("storage.write", file=posixpath.basename(path))
-    if is_local(fs):
+    if not is_s3(fs):
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    if is_local(fs):
         tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
         fs.pipe_file(tmp, data)
         try:
@@ -57,7 +60,11 @@ def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
             os.unlink(tmp)
         return True
     try:
-        fs.pipe_file(path, data, mode="create")
+        if is_s3(fs):
+            fs.pipe_file(path, data, mode="create")  # s3fs: PUT with If-None-Match: *
+        else:
+            with fs.open(path, "xb") as f:
+                f.write(data)
     except OSError as e:
         if isinstance(e, FileExistsError) or precondition_failed(e):
             return False
