@@ -150,3 +150,77 @@ def s3_server() -> Iterator[S3Server]:
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class ThrottlingProxy:
+    """A pass-through HTTP proxy to the real S3 server that answers the next ``throttle`` requests with
+    HTTP 503 SlowDown, as S3 does under load. Requests are forwarded unchanged (their signatures stay
+    valid: the client signs for the proxy's host, which is passed on); ``requests`` counts them all.
+    """
+
+    def __init__(self, server: S3Server) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        self.throttle = 0
+        self.requests = 0
+        proxy = self
+        target = urlsplit(server.endpoint)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # answers "Expect: 100-continue", which botocore sends with PUTs
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests += 1
+                if proxy.throttle > 0:
+                    proxy.throttle -= 1
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
+                    self.end_headers()
+                    self.wfile.write(SLOW_DOWN)
+                    return
+                connection = http.client.HTTPConnection(str(target.hostname), target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "expect"}
+                connection.request(self.command, self.path, body or None, headers)
+                response = connection.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for name, value in response.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+                return
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._http.server_address[1]}"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+@pytest.fixture
+def throttling_proxy(s3_server: S3Server) -> Iterator[ThrottlingProxy]:
+    proxy = ThrottlingProxy(s3_server)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -6,6 +6,7 @@ No mock stands in for S3: every request goes to the server ``tests/servers/s3.py
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -21,11 +22,13 @@ from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, LeaseHeld, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import create_exclusive
-from tests.servers.s3 import S3Server
+from tests.servers.s3 import S3Server, ThrottlingProxy
 from tests.unit.helpers import T0, sample
 from tests.unit.s3_job import counted_requests
 
 WRITERS = 6
+MAX_REQUESTS = 5 * 4
+"""s3fs tries a throttled call 5 times; each is botocore's request with at most 3 retries."""
 
 
 def new_storage(server: S3Server, job_id: str = "job") -> JobStorage:
@@ -166,3 +169,25 @@ def test_job_storage_takes_credentials_from_the_aws_environment(
     storage.save_job(JobRecord(job_id="job", last_checkpoint_id=1))
     assert storage.load_job().last_checkpoint_id == 1
     assert s3_server.secret not in repr(storage.url())
+
+
+def test_throttling_is_retried_a_bounded_number_of_times(
+    s3_server: S3Server, throttling_proxy: ThrottlingProxy
+) -> None:
+    """HTTP 503 SlowDown: two throttled attempts are retried and the write lands once; throttling that
+    does not stop fails after a bounded number of requests, and nothing is left that could be taken as written."""
+    options = {**s3_server.storage_options(), "endpoint_url": throttling_proxy.endpoint}
+    storage = JobStorage.for_job(s3_server.url(f"throttled-{uuid.uuid4().hex[:8]}"), "job", **options)
+    throttling_proxy.throttle, throttling_proxy.requests = 2, 0
+    assert create_exclusive(storage.fs, storage.path("_lease"), b"held") is True
+    assert throttling_proxy.requests == 3 and storage.read_bytes("_lease") == b"held"
+
+    throttling_proxy.throttle, throttling_proxy.requests = 10**6, 0
+    started = time.monotonic()
+    with pytest.raises(OSError, match="reduce your request rate"):
+        storage.write_atomic("_job.json", b"{}")
+    attempts, elapsed = throttling_proxy.requests, time.monotonic() - started
+    throttling_proxy.throttle = 0
+    assert attempts == MAX_REQUESTS, f"{attempts} requests in {elapsed:.1f}s"
+    assert elapsed < 60
+    assert not storage.exists("_job.json")
