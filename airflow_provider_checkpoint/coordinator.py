@@ -303,7 +303,7 @@ class CheckpointCoordinator:
             for uid, snapshot in sorted(completed.operators.items()):
                 verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
-            self.storage.commit_metadata(completed)
+            committed = self.storage.commit_metadata(completed)
         except CheckpointAborted as e:
             e = pending.with_declines(e, declines)
             self.abort(plan, e.reason, e.message, now)
@@ -316,6 +316,9 @@ class CheckpointCoordinator:
                 raise
             self.abort(plan, AbortReason.FINALIZE_FAILURE, repr(e), now)
             raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, repr(e)) from e
+        if not committed:  # a concurrent finalize committed first: finish its checkpoint
+            log.warning("checkpoint %d: another finalize committed _metadata first", plan.checkpoint_id)
+            return self.storage.load_completed(plan.checkpoint_id)
         return completed
 
     def abort(self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None) -> None:

@@ -22,4 +22,4 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.pop("CHECKPOINT_FAULTS", None)
 os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
 
-pytest_plugins = ["tests.servers.postgres"]
+pytest_plugins = ["tests.servers.postgres", "tests.servers.s3"]

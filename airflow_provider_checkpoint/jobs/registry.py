@@ -69,13 +69,9 @@ class JobLocation:
 
 
 def _default_root() -> Location:
-    from airflow.sdk import ObjectStoragePath
+    from airflow_provider_checkpoint.storage.config import default_storage_root, storage_location
 
-    from airflow_provider_checkpoint.storage.config import default_storage_root
-
-    root = ObjectStoragePath(default_storage_root())
-    path: Any = root.path
-    return Location(root.fs, str(path).rstrip("/"))
+    return storage_location(default_storage_root())
 
 
 def _registry() -> Location:

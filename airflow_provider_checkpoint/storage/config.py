@@ -7,10 +7,10 @@ Storage root, savepoint roots, the roots UI-given paths may point under, and a j
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, shorten
-from airflow_provider_checkpoint.storage.job_storage import JobStorage
+from airflow_provider_checkpoint.storage.job_storage import JobStorage, Location
+from airflow_provider_checkpoint.storage.object_store import check_reachable
 
 SECTION = "checkpoint"
 
@@ -45,14 +45,28 @@ def allowed_roots(storage_root: str | None = None) -> list[str]:
     return [*default_savepoint_roots(), storage_root or default_storage_root()]
 
 
-def job_storage(job_id: str, storage_root: str | None = None, conn_id: str | None = None) -> JobStorage:
-    """The storage of ``job_id`` through Airflow's ObjectStoragePath (connections apply)."""
+def storage_location(url: str, conn_id: str | None = None) -> Location:
+    """The directory ``url`` through Airflow's ObjectStoragePath (connections apply).
+
+    Without a connection, a scheme no Airflow provider registers (``s3://`` without the
+    Amazon provider) is served by fsspec directly, with credentials and endpoint from the
+    standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``).
+    An object store is probed once (:func:`~.object_store.check_reachable`).
+    """
     from airflow.sdk import ObjectStoragePath
 
-    url = storage_root or default_storage_root()
     try:
         root = ObjectStoragePath(url, conn_id=conn_id)
+        location = Location(root.fs, str(root.path).rstrip("/"))
     except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
-        raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
-    path: Any = root.path
-    return JobStorage(root.fs, str(path).rstrip("/"), job_id)
+        if conn_id is not None:
+            raise CheckpointStorageError(f"no filesystem serves {shorten(url)} with connection {conn_id!r}: {e}") from e
+        location = Location.from_url(url)
+    check_reachable(location.fs, location.base, url)
+    return location
+
+
+def job_storage(job_id: str, storage_root: str | None = None, conn_id: str | None = None) -> JobStorage:
+    """The storage of ``job_id`` under ``storage_root`` (:func:`storage_location`)."""
+    location = storage_location(storage_root or default_storage_root(), conn_id)
+    return JobStorage(location.fs, location.base, job_id)

@@ -8,9 +8,10 @@ Layout::
     chk-<id>/_metadata      the commit point of checkpoint <id>
     _stats/<id>.json        stats of every attempted checkpoint
 
-Writes that others rely on are atomic: a temporary name renamed into place on local
-filesystems, a single PUT on object stores. The lease is created with create-if-absent
-semantics, so two triggers can never both hold it.
+Writes that others rely on are atomic (:mod:`.writes`): a temporary name renamed into
+place on local filesystems, a single PUT on object stores. The lease and ``_metadata``
+are exclusive creates, so two triggers can never both hold the lease and two finalizes
+never both commit a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import posixpath
 import re
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,6 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
-from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestoreRequest
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
@@ -44,7 +42,9 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     shorten,
 )
+from airflow_provider_checkpoint.storage.object_store import check_reachable, delete_objects, is_s3, with_defaults
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
+from airflow_provider_checkpoint.storage.writes import create_exclusive, write_atomic
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
@@ -71,44 +71,6 @@ def inline_parquet(state: OperatorSnapshot, uid: str) -> bytes:
     return data
 
 
-def write_atomic(fs: AbstractFileSystem, path: str, data: bytes) -> None:
-    """Readers see the old content or the new, never a partial file."""
-    fault_point("storage.write", file=posixpath.basename(path))
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    if is_local(fs):
-        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
-        fs.pipe_file(tmp, data)
-        fs.mv(tmp, path)
-    else:
-        fs.pipe_file(path, data)
-
-
-def create_exclusive(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
-    """Create ``path`` with ``data`` only if it does not exist; True if this call created it.
-
-    Nobody ever sees the file without its content: locally it is written under a
-    temporary name and hard-linked into place (``link`` fails if the name exists); on
-    object stores it is one conditional PUT (``xb``).
-    """
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    if is_local(fs):
-        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
-        fs.pipe_file(tmp, data)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
-        return True
-    try:
-        with fs.open(path, "xb") as f:
-            f.write(data)
-    except FileExistsError:
-        return False
-    return True
-
-
 @dataclass(frozen=True)
 class Location:
     """A directory on an fsspec filesystem; paths given to it are relative to ``base``."""
@@ -119,7 +81,8 @@ class Location:
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> Location:
         try:
-            fs, path = fsspec.core.url_to_fs(url, **storage_options)
+            protocol, _ = fsspec.core.split_protocol(url)
+            fs, path = fsspec.core.url_to_fs(url, **with_defaults(protocol or "file", storage_options))
         except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
             raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
         if is_local(fs):
@@ -158,8 +121,12 @@ class Location:
         write_atomic(self.fs, self.path(relative), data)
 
     def delete(self, relative: str) -> None:
-        if self.fs.exists(self.path(relative)):
-            self.fs.rm(self.path(relative), recursive=True)
+        """Delete the file or directory ``relative`` if it exists."""
+        path = self.path(relative)
+        if is_s3(self.fs):
+            delete_objects(self.fs, path, self.base)
+        elif self.fs.exists(path):
+            self.fs.rm(path, recursive=True)
 
     def delete_paths(self, relatives: Iterable[str]) -> None:
         for rel in sorted(relatives):
@@ -201,7 +168,9 @@ class JobStorage(Location):
 
     @classmethod
     def for_job(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
+        """The job ``job_id`` under ``storage_root``; an object store is probed first (:func:`check_reachable`)."""
         location = Location.from_url(storage_root, **storage_options)
+        check_reachable(location.fs, location.base, storage_root)
         return cls(location.fs, location.base, job_id)
 
     @property
@@ -371,9 +340,15 @@ class JobStorage(Location):
         ids = self.completed_ids()
         return self.load_completed(ids[-1]) if ids else None
 
-    def commit_metadata(self, checkpoint: CompletedCheckpoint) -> None:
-        """Write ``_metadata``: the commit point of the checkpoint."""
-        self.write_atomic(self.metadata_path(checkpoint.checkpoint_id), metadata.encode(checkpoint))
+    def commit_metadata(self, checkpoint: CompletedCheckpoint) -> bool:
+        """Create ``_metadata``, the commit point of the checkpoint; False if it already exists.
+
+        An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
+        the others get False and must continue with the committed document.
+        """
+        return create_exclusive(
+            self.fs, self.path(self.metadata_path(checkpoint.checkpoint_id)), metadata.encode(checkpoint)
+        )
 
     def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
         self.write_atomic(self.stats_path(checkpoint_id), json.dumps(stats, indent=1, sort_keys=True).encode())

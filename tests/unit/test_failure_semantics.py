@@ -523,11 +523,11 @@ def test_race_with_a_slow_lease_write_has_exactly_one_winner(tmp_path: Path, via
 
 def test_lease_is_never_visible_without_its_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Deterministic interleaving: run-2 tries right before run-1 links its complete lease into place."""
-    import airflow_provider_checkpoint.storage.job_storage as job_storage
+    import airflow_provider_checkpoint.storage.writes as writes
 
     winner = JobStorage.for_job(str(tmp_path), JOB)
     contender = JobStorage.for_job(str(tmp_path), JOB)
-    original = job_storage.os.link
+    original = writes.os.link
     seen: list[str] = []
 
     def link(src: str, dst: str) -> None:
@@ -540,7 +540,7 @@ def test_lease_is_never_visible_without_its_content(tmp_path: Path, monkeypatch:
                 seen.append("run-2 refused")
         original(src, dst)
 
-    monkeypatch.setattr(job_storage.os, "link", link)
+    monkeypatch.setattr(writes.os, "link", link)
     with pytest.raises(LeaseHeld):
         winner.acquire_lease("run-1", 600, now=T0)
     monkeypatch.undo()

@@ -1,0 +1,105 @@
+"""Object stores (``s3://`` through fsspec's ``s3fs``): connection options, a first-contact probe, clear errors.
+
+Credentials and the endpoint come from the storage options or the standard AWS
+environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, profiles);
+they are never written into documents or logs — errors name the URL, never the options.
+Listings are not cached (another process may have written since), and retries are
+bounded: throttling (HTTP 503 SlowDown) and connection errors are retried a few times
+with backoff, then surface as errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+
+S3_PROTOCOLS = frozenset({"s3", "s3a"})
+S3_DEFAULTS: dict[str, Any] = {
+    "use_listings_cache": False,
+    "config_kwargs": {"retries": {"max_attempts": 3, "mode": "standard"}, "connect_timeout": 5, "read_timeout": 60},
+}
+"""Options :func:`with_defaults` adds for ``s3://`` unless given: fresh listings, bounded retries and timeouts."""
+
+
+CHATTY_LOGGERS = ("botocore.credentials", "aiobotocore.credentials", "botocore.configprovider")
+"""Loggers that say at INFO, on every new client, where credentials and endpoint came from."""
+
+
+def with_defaults(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """``storage_options`` with the defaults of ``protocol``'s filesystem filled in.
+
+    For S3 it also quiets :data:`CHATTY_LOGGERS` to WARNING unless their level was set:
+    their INFO lines would interleave with every task log and the CLI's JSON output.
+    """
+    if protocol not in S3_PROTOCOLS:
+        return storage_options
+    for name in CHATTY_LOGGERS:
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    return {**S3_DEFAULTS, **storage_options}
+
+
+def precondition_failed(error: BaseException) -> bool:
+    """Whether ``error`` is an object store's refusal of a conditional request (HTTP 412)."""
+    response = getattr(error.__cause__, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = response.get("Error", {}).get("Code")
+    return code in ("PreconditionFailed", "412") or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412
+
+
+def check_reachable(fs: AbstractFileSystem, base: str, url: str) -> None:
+    """Raise :class:`CheckpointStorageError` naming ``url`` and the likely fix unless its bucket answers.
+
+    One ``HeadBucket`` request on S3; nothing for other filesystems.
+    """
+    if not is_s3(fs):
+        return
+    bucket = base.split("/", 1)[0]
+    try:
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except PermissionError as e:
+        raise CheckpointStorageError(
+            f"access to {url} denied ({e}): check the access key and secret (storage options key/secret, "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS profile) and that they may read and write the bucket"
+        ) from e
+    except FileNotFoundError as e:
+        raise CheckpointStorageError(f"bucket {bucket!r} of {url} does not exist: create it first") from e
+    except Exception as e:  # botocore's connection and timeout errors share no base with the above
+        raise CheckpointStorageError(
+            f"cannot reach the object store of {url} ({type(e).__name__}: {e}): check the endpoint "
+            "(storage option endpoint_url or AWS_ENDPOINT_URL) and the network"
+        ) from e
+
+
+def is_s3(fs: AbstractFileSystem) -> bool:
+    return bool(S3_PROTOCOLS & set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)))
+
+
+def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
+    """Delete the object ``path`` or every object under ``path/`` on S3, with their directory markers.
+
+    Stores backed by a file tree (SeaweedFS) keep a directory after its objects are gone,
+    and listings would still show it: the ``<dir>/`` keys under ``path`` and of its
+    ancestors below ``owner`` are deleted too, deepest first. Such a store keeps a
+    directory that is not empty; S3 ignores keys that do not exist. One listing, then
+    bulk DELETEs of at most 1000 keys.
+    """
+    found = fs.find(path, withdirs=True, detail=True)
+    files = [p for p, info in found.items() if info["type"] != "directory"]
+    if files:
+        fs.rm(files)
+    markers = sorted((p for p, info in found.items() if info["type"] == "directory"), key=lambda p: -p.count("/"))
+    parent = posixpath.dirname(path)
+    while parent.startswith(owner.rstrip("/") + "/"):
+        markers.append(parent)
+        parent = posixpath.dirname(parent)
+    bucket = path.split("/", 1)[0]
+    for start in range(0, len(markers), 1000):
+        keys = [{"Key": p.split("/", 1)[1] + "/"} for p in markers[start : start + 1000]]
+        fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})

