@@ -22,9 +22,9 @@ from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, LeaseHeld, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import create_exclusive
+from tests.s3.s3_job import counted_requests
 from tests.servers.s3 import S3Server, ThrottlingProxy
 from tests.unit.helpers import T0, sample
-from tests.unit.s3_job import counted_requests
 
 WRITERS = 6
 MAX_REQUESTS = 5 * 4

@@ -15,9 +15,9 @@ from airflow_provider_checkpoint.core.model import CheckpointType, CompletedChec
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, UnsafePathError
 from airflow_provider_checkpoint.state.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import JobStorage
+from tests.s3.s3_job import coordinator_on, counted_requests, s3_ack
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import JOB, T0, make_env, target_name
-from tests.unit.s3_job import coordinator_on, counted_requests, s3_ack
 
 
 def new_job(server: S3Server, kind: str = "job") -> JobStorage:
