@@ -29,7 +29,7 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
-from airflow_provider_checkpoint.exceptions import SinkClaimedError, UnsafePathError
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError, UnsafePathError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
@@ -40,6 +40,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLAIM_FILE = "_table.json"
+
+
+MODES = ("append", "upsert")
+
+
+def check_mode(uid: str, mode: str) -> None:
+    """Refuse a sink ``mode`` other than ``append`` or ``upsert`` when the pipeline is defined."""
+    if mode not in MODES:
+        raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
 
 
 class TransactionalSink(Sink):

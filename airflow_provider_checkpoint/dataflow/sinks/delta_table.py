@@ -26,7 +26,7 @@ from urllib.parse import unquote
 from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
-from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDirectorySink
+from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDirectorySink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
 from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
     DeltaCommit,
@@ -89,8 +89,7 @@ class DeltaTableSink(TableDirectorySink):
         step: str | None = None,
     ) -> None:
         super().__init__(uid, input, path, storage_options, step)
-        if mode not in ("append", "upsert"):
-            raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
+        check_mode(uid, mode)
         if mode == "upsert" and partition_by:
             raise PipelineDefinitionError(f"{uid}: partition_by is for append mode; upsert buckets by keys")
         self.mode = mode

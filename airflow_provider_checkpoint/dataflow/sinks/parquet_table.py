@@ -26,14 +26,14 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
-from airflow_provider_checkpoint.dataflow.sinks.base import TableDirectorySink
+from airflow_provider_checkpoint.dataflow.sinks.base import TableDirectorySink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import (
     DRIVER_MERGE_ROWS,
     BucketedUpsert,
     bucket_file,
     check_buckets,
 )
-from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError
+from airflow_provider_checkpoint.exceptions import DocumentError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
@@ -114,8 +114,7 @@ class ParquetTableSink(TableDirectorySink):
         step: str | None = None,
     ) -> None:
         super().__init__(uid, input, path, storage_options, step)
-        if mode not in ("append", "upsert"):
-            raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
+        check_mode(uid, mode)
         self.mode = mode
         self.keys = list(keys or [])
         self.buckets = buckets

@@ -26,7 +26,7 @@ from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
 from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
-from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink
+from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.postgres_sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
@@ -80,8 +80,7 @@ class PostgresTableSink(TransactionalSink):
         step: str | None = None,
     ) -> None:
         super().__init__(uid, input, step)
-        if mode not in ("append", "upsert"):
-            raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
+        check_mode(uid, mode)
         if mode == "upsert" and not keys:
             raise PipelineDefinitionError(f"{uid}: upsert mode needs keys")
         if undo_checkpoints < 1:
