@@ -28,6 +28,7 @@ from airflow_provider_checkpoint.core.model import (
 from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.dataflow.sinks.committer import SinkCommitter
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointStorageError,
@@ -71,6 +72,7 @@ class CheckpointCoordinator:
         self.dag_id = dag_id or storage.job_id
         self.allowed_roots = list(allowed_roots or [Location(storage.fs, storage.root).url()])
         self.store = CompletedCheckpointStore(storage)
+        self.sink_committer = SinkCommitter(graph.sinks)
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -212,7 +214,7 @@ class CheckpointCoordinator:
             return None if latest is None else (self._own_snapshot(latest), None)
         snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage.job_id, self.graph.stateful_keys())
         restored = snapshot.checkpoint
-        self._check_committables(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
+        self.sink_committer.check(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
         return snapshot, request
 
     def _own_snapshot(self, completed: CompletedCheckpoint) -> Snapshot:
@@ -299,7 +301,7 @@ class CheckpointCoordinator:
                 now, point.checkpoint_id if point else None, point.operators if point and keeps else None
             )
             for ack in pending.acks.values():
-                self._check_committables(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
+                self.sink_committer.check(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
             for uid, snapshot in sorted(completed.operators.items()):
                 verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
@@ -361,7 +363,7 @@ class CheckpointCoordinator:
     # -- after the commit point ------------------------------------------------------
     def _finish(self, completed: CompletedCheckpoint) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
-        self.commit_sinks(completed)
+        self.sink_committer.commit(completed)
         self.store.discard_channels(completed.checkpoint_id)
         fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
         for source in self.graph.sources:
@@ -375,7 +377,7 @@ class CheckpointCoordinator:
         job.failures.on_complete(completed.checkpoint_id)
         if target and all(sp["checkpoint_id"] != completed.checkpoint_id for sp in job.savepoints):
             entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
-            described = self.describe_sink_commits(completed.checkpoint_id)
+            described = self.sink_committer.describe(completed.checkpoint_id)
             job.savepoints.append({**entry, "sinks": described} if described else entry)
             if completed.options.get("stop_after_savepoint"):
                 job.status = JobStatus.STOPPED
@@ -386,29 +388,3 @@ class CheckpointCoordinator:
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self.storage.exists(self.storage.stats_path(completed.checkpoint_id)):
             self.storage.write_stats(completed.checkpoint_id, completed.stats_record(time.time()))
-
-    def _check_committables(self, checkpoint_id: int, sinks: Mapping[str, list[JsonDict]], document: str) -> None:
-        """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""
-        for sink in self.graph.sinks:
-            if sink.uid in sinks:
-                sink.check_committables(checkpoint_id, sinks[sink.uid], document)
-
-    def describe_sink_commits(self, checkpoint_id: int) -> dict[str, JsonDict]:
-        """What each sink records about its commit of ``checkpoint_id`` (e.g. a table version), by uid."""
-        described = {s.uid: s.describe_commit(checkpoint_id) for s in self.graph.sinks}
-        return {uid: d for uid, d in described.items() if d}
-
-    def commit_sinks(self, completed: CompletedCheckpoint) -> None:
-        """Commit every sink transaction of ``completed`` (idempotent, also for recovery)."""
-        self._check_committables(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")
-        sinks = {s.uid: s for s in self.graph.sinks}
-        for uid, committables in sorted(completed.sinks.items()):
-            if uid not in sinks:
-                log.warning(
-                    "checkpoint %d has output for sink %r, which this pipeline no longer has: not committed",
-                    completed.checkpoint_id,
-                    uid,
-                )
-                continue
-            sinks[uid].commit(completed.checkpoint_id, committables)
-            fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)

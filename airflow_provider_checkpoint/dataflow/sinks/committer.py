@@ -1,0 +1,48 @@
+"""The committer side of a pipeline's sinks, as the coordinator uses it after the commit point."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Sink
+
+log = logging.getLogger(__name__)
+
+
+class SinkCommitter:
+    """Checks, commits and describes the sink transactions of a checkpoint, for every sink of a pipeline.
+
+    Committing is idempotent per sink (see :class:`~.base.TransactionalSink`), so the trigger's
+    recovery and a finalize retry may both commit the same completed checkpoint.
+    """
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.sinks = {s.uid: s for s in sinks}
+
+    def check(self, checkpoint_id: int, committables: Mapping[str, list[JsonDict]], document: str) -> None:
+        """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""
+        for uid, sink in self.sinks.items():
+            if uid in committables:
+                sink.check_committables(checkpoint_id, committables[uid], document)
+
+    def describe(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """What each sink records about its commit of ``checkpoint_id`` (e.g. a table version), by uid."""
+        described = {uid: s.describe_commit(checkpoint_id) for uid, s in self.sinks.items()}
+        return {uid: d for uid, d in described.items() if d}
+
+    def commit(self, completed: CompletedCheckpoint) -> None:
+        """Commit every sink transaction of ``completed``; output for a sink the pipeline lost is skipped."""
+        self.check(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")
+        for uid, committables in sorted(completed.sinks.items()):
+            if uid not in self.sinks:
+                log.warning(
+                    "checkpoint %d has output for sink %r, which this pipeline no longer has: not committed",
+                    completed.checkpoint_id,
+                    uid,
+                )
+                continue
+            self.sinks[uid].commit(completed.checkpoint_id, committables)
+            fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
