@@ -22,6 +22,7 @@ _LAZY = {
     "KeyedAggregate": "airflow_provider_checkpoint.dataflow",
     "KeyedStateFunction": "airflow_provider_checkpoint.dataflow",
     "ParquetTableSink": "airflow_provider_checkpoint.dataflow",
+    "PostgresTableSink": "airflow_provider_checkpoint.dataflow",
     "Transform": "airflow_provider_checkpoint.dataflow",
     "Union": "airflow_provider_checkpoint.dataflow",
 }

@@ -8,6 +8,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
+    .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -25,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import inprocess, longrun, report, scheduler, sinkupsert  # noqa: E402
+from bench import inprocess, longrun, postgres, report, scheduler, sinkupsert  # noqa: E402
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +36,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "long-run": (100, 200, 20_000),
     "scheduler": (4, 50_000, 20_000),
     "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
+    "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
 }
 PNG = "benchmark-long-run.png"
 
@@ -76,9 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     work = args.work.resolve()
     # the long run builds its whole key set in checkpoint 1, so any later growth is the job's age
-    workload = {"long-run": "large-state", "scheduler": args.workload, "sink-upsert": "large-state"}.get(
-        args.mode, args.mode
-    )
+    workload = {
+        "long-run": "large-state",
+        "scheduler": args.workload,
+        "sink-upsert": "large-state",
+        "postgres": "large-state",
+    }.get(args.mode, args.mode)
     section = f"scheduler-{workload}" if args.mode == "scheduler" else args.mode
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
@@ -90,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         changed = [max(args.events // 10 ** (args.increments - i), 1) for i in range(1, args.increments + 1)]
         result = sinkupsert.run(args.users, changed, args.buckets, work, args.seed)
         text = sinkupsert.render(result)
+        ok = not result["problems"]
+    elif args.mode == "postgres":
+        result = postgres.run(args.users, args.events, args.increments, work, args.seed)
+        text = postgres.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":
         result = scheduler.run(spec, work)

@@ -12,7 +12,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Union,
 )
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
-from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink, ParquetTableSink
+from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink, ParquetTableSink, PostgresTableSink
 from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
@@ -30,6 +30,7 @@ __all__ = [
     "MalformedInputError",
     "Node",
     "ParquetTableSink",
+    "PostgresTableSink",
     "PipelineDefinitionError",
     "PipelineGraph",
     "Sink",

@@ -8,11 +8,13 @@ from airflow_provider_checkpoint.dataflow.sinks.parquet_table import (
     check_table_committables,
     table_file_pattern,
 )
+from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
 
 __all__ = [
     "FORMAT",
     "DeltaTableSink",
     "ParquetTableSink",
+    "PostgresTableSink",
     "TableDirectorySink",
     "TransactionalSink",
     "check_table_committables",
