@@ -1,18 +1,26 @@
 """Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
 
-The real Airflow services (LocalExecutor) run, alternately, a single-step variant of the
-example pipeline and a two-input, two-step pipeline (orders enriched with customers,
-joined by a channel), both keeping incremental state in files, while input keeps
-growing (every sixth run lands a file mixing good and malformed lines, which the
-clickstream pipeline routes to its dead-letter table); their steps run in ``connect``
-mode, through a ``spark_connect`` connection, on a Spark Connect server started by the
-test (the other tests cover the embedded ``local`` mode). Before every DAG run the test
-writes one fault from the list below into
-``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a
-step fault hits both steps of the two-step pipeline); the run may succeed, be retried by
-Airflow, or fail. After a last clean run of each, every table must equal the ground
-truth computed by pandas over all input (the dead-letter table: the malformed lines by
-Python's own parse, each once), and the storage audit must find nothing orphaned.
+The real Airflow services (LocalExecutor) run, in turn, the three pipelines of
+:mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
+Delta (user totals, upsert) and PostgreSQL (page views, upsert) tables; a two-input,
+two-step pipeline (orders enriched with customers, joined by a channel); and a chained
+pipeline (``chain=True``: one task per checkpoint) appending events to PostgreSQL and
+upserting user totals into Delta. All keep incremental state in files while input keeps
+growing (every sixth run lands a file mixing good and malformed lines, which the clickstream
+pipeline routes to its dead-letter table). Steps run in ``connect`` mode, through a
+``spark_connect`` connection, on a Spark Connect server started by the test; PostgreSQL is
+the session's server (:mod:`tests.servers.postgres`), reached through an Airflow ``postgres``
+connection. Before every DAG run the test writes one fault from the list below into
+``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a step
+fault hits both steps of the two-step pipeline); the run may succeed, be retried by Airflow,
+or fail. After a last clean run of each pipeline every table must equal the ground truth
+computed by pandas over all input (the dead-letter table: the malformed lines by Python's
+own parse, each once); each Delta table holds at most one commit per checkpoint id, and only
+of completed checkpoints; each PostgreSQL sink has exactly one marker row per committed
+checkpoint. Then the restore DAG returns the clickstream job to its second-newest retained
+checkpoint and runs it once more on new input: all its tables must equal the ground truth
+again (the undone checkpoints' commits and markers gone). Finally the storage audit, with
+every sink's own audit (staged files, staging tables), must find nothing left behind.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
 """
@@ -25,94 +33,41 @@ import os
 import random
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches, read_table
+from airflow_provider_checkpoint.testing.clickstream import (
+    expected_tables,
+    land_events,
+    mismatches,
+    normalized,
+    read_table,
+)
 from airflow_provider_checkpoint.testing.malformed import ground_truth, land_mixed, sorted_frame
 from airflow_provider_checkpoint.testing.orders import enriched, land_changes, land_orders, revenue_by_segment
+from tests.airflow.conftest import load_dag_module
+from tests.conftest import REPO
 from tests.live.airflow_live import running_airflow
+from tests.live.chaos_dags import CHAINED_DAG_ID, DAG_ID, DAG_SOURCES, ROTATION
 from tests.live.spark_connect import spark_connect_server
+from tests.live.storage_view import completed_ids, latest_metadata
+from tests.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.live
-DAG_ID = "chaos_clickstream"
+RESTORE_DAG_ID = "restore_from_checkpoint"
 
-CHAOS_DAG = """
-import datetime
-import os
-
-from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink
-
-BASE = os.environ["CHAOS_DIR"]
-
-with CheckpointedPipeline(
-    dag_id="chaos_clickstream",
-    schedule=None,
-    retained_checkpoints=3,
-    inline_state_threshold=0,  # state in files: incremental, deltas and compactions in most checkpoints
-    tolerable_failed_checkpoints=10_000,
-    step_retries=2,
-    finalize_retries=1,
-    retry_delay=datetime.timedelta(seconds=1),
-    on_malformed="dead_letter",  # to <storage root>/chaos_clickstream/dead_letters/events
-) as pipeline:
-    events = FileSource(uid="events", path=f"{BASE}/landing", format="json", schema="user STRING, page STRING, ts LONG")
-    views = KeyedAggregate(uid="page_views", input=events, keys=["page"],
-                           aggs={"views": "count", "last_seen": "max(ts)"})
-    ParquetTableSink(uid="page_views_table", input=views, path=f"{BASE}/marts/page_views", mode="upsert",
-                     keys=["page"], step="main")
-    users = KeyedAggregate(uid="user_totals", input=events, keys=["user"],
-                           aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"})
-    ParquetTableSink(uid="user_totals_table", input=users, path=f"{BASE}/marts/user_totals", mode="upsert",
-                     keys=["user"], step="main")
-    ParquetTableSink(uid="events_archive", input=events, path=f"{BASE}/marts/events", mode="append", step="main")
-
-dag = pipeline.dag
-"""
-
-ORDERS_DAG_ID = "chaos_orders"
-ORDERS_DAG = """
-import datetime
-import os
-
-from airflow_provider_checkpoint import (
-    Channel, CheckpointedPipeline, DimensionEnrichment, FileSource, KeyedAggregate, ParquetTableSink,
-)
-
-BASE = os.environ["CHAOS_DIR"] + "/orders"
-
-with CheckpointedPipeline(
-    dag_id="chaos_orders",
-    schedule=None,
-    retained_checkpoints=3,
-    inline_state_threshold=0,
-    tolerable_failed_checkpoints=10_000,
-    step_retries=2,
-    finalize_retries=1,
-    retry_delay=datetime.timedelta(seconds=1),
-) as pipeline:
-    orders = FileSource(uid="orders", path=f"{BASE}/orders", format="json",
-                        schema="order_id LONG, customer_id STRING, amount LONG")
-    customers = FileSource(uid="customers", path=f"{BASE}/customers", format="csv",
-                           schema="customer_id STRING, segment STRING, updated_at LONG, op STRING")
-    enriched = DimensionEnrichment(uid="enrich_orders", facts=orders, dimension=customers, keys=["customer_id"],
-                                   version="updated_at", columns=["segment"], on_missing="hold",
-                                   hold_ttl=datetime.timedelta(days=1))
-    channel = Channel(uid="enriched_orders", input=enriched, step="enrich")
-    revenue = KeyedAggregate(uid="revenue", input=channel, keys=["segment"],
-                             aggs={"revenue": "sum(amount)", "orders": "count"})
-    ParquetTableSink(uid="revenue_table", input=revenue, path=f"{BASE}/marts/revenue_by_segment", mode="upsert",
-                     keys=["segment"], step="publish")
-    ParquetTableSink(uid="orders_archive", input=channel, path=f"{BASE}/marts/enriched_orders", step="publish")
-
-dag = pipeline.dag
-"""
-
-# name → fault specs (see airflow_provider_checkpoint.core.faults); weights favour the cheap ones
+# name → fault specs (see airflow_provider_checkpoint.core.faults); weights favour the cheap ones.
+# ``{next}`` is the id the run's barrier gets: the trigger's recovery of the previous checkpoint
+# reaches finalize.between_sink_commits too, and must not stop the run before its own finalize.
+# Sinks commit in the order of their uids: clickstream events.dead_letters, events_archive,
+# page_views_pg, page_views_table, user_totals_delta, user_totals_table; chained events_pg,
+# user_totals_delta; orders orders_archive, revenue_table.
 FAULTS: dict[str, tuple[int, list[str]]] = {
     "none": (3, []),
     "step fails before writing state (attempt 1)": (2, ["step.before_state_write:attempt=1"]),
@@ -125,10 +80,47 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
     "finalize fails before _metadata": (2, ["finalize.before_metadata"]),
     "finalize fails after _metadata (every attempt)": (2, ["finalize.after_metadata"]),
     "finalize SIGKILLed after _metadata": (1, ["finalize.after_metadata:action=kill"]),
-    "finalize fails between two sink commits": (
+    "finalize fails before the PostgreSQL commit": (
         2,
-        ["finalize.between_sink_commits:sink=page_views_table", "finalize.between_sink_commits:sink=orders_archive"],
+        [
+            "finalize.between_sink_commits:checkpoint={next}:sink=events_archive",
+            "finalize.between_sink_commits:checkpoint={next}:sink=orders_archive",
+        ],
     ),
+    "finalize fails after the PostgreSQL commit": (
+        2,
+        [
+            "finalize.between_sink_commits:checkpoint={next}:sink=page_views_pg",
+            "finalize.between_sink_commits:checkpoint={next}:sink=events_pg",
+        ],
+    ),
+    "finalize SIGKILLed after the PostgreSQL commit": (
+        1,
+        [
+            "finalize.between_sink_commits:checkpoint={next}:sink=page_views_pg:action=kill",
+            "finalize.between_sink_commits:checkpoint={next}:sink=events_pg:action=kill",
+        ],
+    ),  # fmt: skip
+    "finalize fails before the Delta commit": (
+        2,
+        ["finalize.between_sink_commits:checkpoint={next}:sink=page_views_table"],
+    ),
+    "finalize fails after the Delta commit": (
+        2,
+        ["finalize.between_sink_commits:checkpoint={next}:sink=user_totals_delta"],
+    ),
+    "finalize SIGKILLed after the Delta commit": (
+        1,
+        ["finalize.between_sink_commits:checkpoint={next}:sink=user_totals_delta:action=kill"],
+    ),
+    "trigger's recovery fails between two sink commits": (
+        1,
+        [
+            "finalize.between_sink_commits:sink=page_views_table",
+            "finalize.between_sink_commits:sink=orders_archive",
+            "finalize.between_sink_commits:sink=events_pg",
+        ],
+    ),  # fmt: skip
     "storage error writing _metadata": (2, ["storage.write:file=_metadata:action=oserror"]),
     "storage error writing _job.json": (1, ["storage.write:file=_job.json:action=oserror"]),
     "trigger SIGKILLed holding the lease": (1, ["storage.write:file=_plan.json:action=kill"]),
@@ -171,7 +163,102 @@ class ChaosOrders:
         return out
 
 
-def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory) -> None:
+def delta_commits(table: Path, app_id: str) -> Counter[int]:
+    """Checkpoint id → how many entries of ``table``'s ``_delta_log`` carry a ``txn`` action of ``app_id``."""
+    counts: Counter[int] = Counter()
+    for entry in (table / "_delta_log").glob("*.json"):
+        for line in entry.read_text().splitlines():
+            txn = json.loads(line).get("txn")
+            if txn and txn["appId"] == app_id:
+                counts[int(txn["version"])] += 1
+    return counts
+
+
+def pg_frame(db: Any, query: str, *params: object) -> pd.DataFrame:
+    cursor = db.execute(query, params)
+    return pd.DataFrame(cursor.fetchall(), columns=[c.name for c in cursor.description])
+
+
+def table_mismatch(got: pd.DataFrame, truth: pd.DataFrame, table: str) -> str | None:
+    """How ``got`` differs from ``truth`` (``table``: a table of the clickstream ground truth), ``None`` if equal."""
+    try:
+        pd.testing.assert_frame_equal(normalized(got[truth.columns.tolist()], table), normalized(truth, table))
+    except (AssertionError, KeyError) as e:
+        return f"{len(got)} rows vs {len(truth)} expected: {str(e).splitlines()[0]}"
+    return None
+
+
+@dataclass
+class ChaosJob:
+    """One chaos job's checkpoints: its storage, and which checkpoints committed its sinks."""
+
+    checkpoints: Path
+    job_id: str
+    rolled_back: set[int] = field(default_factory=set)  # completed, then undone by a restore
+
+    @property
+    def storage(self) -> JobStorage:
+        return JobStorage.for_job(f"file://{self.checkpoints}", self.job_id)
+
+    @property
+    def job_dir(self) -> Path:
+        return self.checkpoints / self.job_id
+
+    def next_checkpoint_id(self) -> int:
+        """The id the job's next barrier gets (from its id counter)."""
+        record = self.job_dir / "_job.json"
+        return int(json.loads(record.read_text())["last_checkpoint_id"]) + 1 if record.exists() else 1
+
+    def committed(self) -> set[int]:
+        stats = (json.loads(p.read_text()) for p in (self.job_dir / "_stats").glob("*.json"))
+        return {int(s["checkpoint_id"]) for s in stats if s["status"] == "COMPLETED"} - self.rolled_back
+
+    def delta_problems(self, table: Path, sink: str, truth: pd.DataFrame) -> dict[str, str]:
+        """The Delta table equals ``truth`` (user totals); one commit per committed checkpoint, no other."""
+        from deltalake import DeltaTable
+
+        out = {}
+        if problem := table_mismatch(DeltaTable(str(table)).to_pandas(), truth, "user_totals"):
+            out[sink] = problem
+        commits = delta_commits(table, f"airflow-checkpoint:{self.job_id}:{sink}")
+        if set(commits) - self.committed() - self.rolled_back or max(commits.values(), default=0) > 1:
+            out[f"{sink} commits"] = f"Delta commits per checkpoint {dict(commits)}, committed {self.committed()}"
+        return out
+
+    def pg_problems(self, db: Any, table: str, sink: str, truth: pd.DataFrame, kind: str) -> dict[str, str]:
+        """The PostgreSQL table equals ``truth``; exactly one marker per committed checkpoint."""
+        out = {}
+        if problem := table_mismatch(pg_frame(db, f"SELECT * FROM chaos.{table}"), truth, kind):
+            out[sink] = problem
+        markers = pg_frame(
+            db, "SELECT checkpoint_id FROM chaos.checkpoint_sink_markers WHERE job_id = %s AND sink_uid = %s",
+            self.job_id, sink,
+        )["checkpoint_id"].tolist()  # fmt: skip
+        if sorted(markers) != sorted(self.committed()):
+            out[f"{sink} markers"] = f"markers {sorted(markers)}, committed checkpoints {sorted(self.committed())}"
+        return out
+
+
+def clickstream_problems(
+    base: Path, clicks: ChaosJob, db: Any, events: pd.DataFrame, dead: pd.DataFrame
+) -> dict[str, str]:
+    """Every table of the clickstream job (Parquet, Delta, PostgreSQL, dead letters) against the ground truth."""
+    truth = expected_tables(events)
+    problems = {
+        **mismatches(base / "marts", events),
+        **clicks.delta_problems(base / "lake" / "user_totals", "user_totals_delta", truth["user_totals"]),
+        **clicks.pg_problems(db, "page_views", "page_views_pg", truth["page_views"], "page_views"),
+    }
+    dead_letters = read_table(clicks.job_dir / "dead_letters" / "events")
+    key = ["source", "file", "line", "raw"]  # checkpoint ids depend on how failed runs regrouped the input
+    if not sorted_frame(dead_letters, key).equals(sorted_frame(dead, key)):
+        problems["dead_letters"] = f"{len(dead_letters)} dead letters vs {len(dead)} malformed lines"
+    return problems
+
+
+def test_chaos_under_the_real_scheduler(
+    tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
     runs = int(os.environ.get("CHAOS_RUNS", "30"))
     print(f"\nchaos seed {seed} ({runs} runs); reproduce with CHAOS_SEED={seed}")
@@ -180,21 +267,30 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
     base = root / "chaos-data"
     dags = root / "chaos-dags"
     dags.mkdir()
-    (dags / "chaos_clickstream.py").write_text(CHAOS_DAG)
-    (dags / "chaos_orders.py").write_text(ORDERS_DAG)
+    for dag_id, source in DAG_SOURCES.items():
+        (dags / f"{dag_id}.py").write_text(source)
+    (dags / f"{RESTORE_DAG_ID}.py").write_text((REPO / "dags" / f"{RESTORE_DAG_ID}.py").read_text())
+    with postgres_server.connect() as db:
+        db.execute("CREATE SCHEMA chaos")
+    monkeypatch.setenv("CHAOS_DIR", str(base))  # the DAG files, loaded here too for their sinks' audit
+    monkeypatch.setenv("AIRFLOW_CONN_CHAOS_PG", postgres_server.uri())
     orders = ChaosOrders(base / "orders")
     faults_file = root / "faults.txt"
     started = time.monotonic()
     names = list(FAULTS)
     weights = [FAULTS[n][0] for n in names]
     landed: list[pd.DataFrame] = []
+    chained: list[pd.DataFrame] = []
     mixed: list[str] = []  # files of good and malformed lines
     outcomes: Counter[str] = Counter()
+    jobs = {job: ChaosJob(root / "airflow" / "checkpoints", job) for job in ROTATION}
+    clicks, chained_job = jobs[DAG_ID], jobs[CHAINED_DAG_ID]
     with contextlib.ExitStack() as stack:
         remote = stack.enter_context(spark_connect_server(root / "spark-connect.log"))
         env = {
             "CHAOS_DIR": str(base),
             "CHECKPOINT_FAULTS_FILE": str(faults_file),
+            "AIRFLOW_CONN_CHAOS_PG": postgres_server.uri(),
             # connect mode through a spark_connect connection: no JVM per step attempt
             "AIRFLOW_CONN_CHAOS_SPARK_CONNECT": json.dumps(
                 {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(remote.rsplit(":", 1)[1])}
@@ -202,11 +298,11 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
             "AIRFLOW__CHECKPOINT__SPARK_CONN_ID": "chaos_spark_connect",
         }
         live = stack.enter_context(
-            running_airflow(root / "airflow", dags_folder=dags, dag_ids=(DAG_ID, ORDERS_DAG_ID), extra_env=env)
+            running_airflow(root / "airflow", dags_folder=dags, dag_ids=(*ROTATION, RESTORE_DAG_ID), extra_env=env)
         )
         final: dict[str, str] = {}
-        for run in range(1, runs + 3):
-            dag_id = DAG_ID if run % 2 else ORDERS_DAG_ID
+        for run in range(1, runs + len(ROTATION) + 1):
+            dag_id = ROTATION[(run - 1) % len(ROTATION)]
             if dag_id == DAG_ID:
                 for part in range(rng.choice((1, 1, 2))):
                     size = rng.randrange(50, 400)
@@ -214,39 +310,61 @@ def test_chaos_under_the_real_scheduler(tmp_path_factory: pytest.TempPathFactory
                 if run % 6 == 1:  # no draw from rng: a seed lands the same events as before
                     mixed.append(f"mixed-{run:03d}.json")
                     land_mixed(base / "landing", mixed[-1], "json", 60, seed=run)
+            elif dag_id == CHAINED_DAG_ID:
+                chained.append(
+                    land_events(base / "chained" / "landing", f"c-{run:03d}.json", rng.randrange(50, 400), run)
+                )
             else:
                 orders.land(run, rng)
             fault = "none" if run > runs else rng.choices(names, weights)[0]
-            faults_file.write_text("\n".join(FAULTS[fault][1]) + "\n")
+            specs = [spec.format(next=jobs[dag_id].next_checkpoint_id()) for spec in FAULTS[fault][1]]
+            faults_file.write_text("\n".join(specs) + "\n")
             run_id = live.trigger(dag_id, {})
             final[dag_id] = state = live.wait_for_run(dag_id, run_id, timeout=300, expect_success=False)
             outcomes[f"{fault} → {state}"] += 1
             print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {dag_id:<18} {fault:<48} {state}", flush=True)
         faults_file.write_text("")
-        assert final == {DAG_ID: "success", ORDERS_DAG_ID: "success"}, "the last, fault-free runs must succeed"
+        assert final == dict.fromkeys(ROTATION, "success"), "the last, fault-free runs must succeed"
+        good, dead = ground_truth("events", base / "landing", "json", {0: mixed})
+        with postgres_server.connect() as db:
+            chained_truth = expected_tables(pd.concat(chained))
+            problems = {
+                **clickstream_problems(base, clicks, db, pd.concat([*landed, good]), dead),
+                **orders.mismatches(),
+                **chained_job.delta_problems(
+                    base / "chained" / "lake" / "user_totals", "user_totals_delta", chained_truth["user_totals"]
+                ),
+                **chained_job.pg_problems(db, "chained_events", "events_pg", chained_truth["events"], "events"),
+            }
 
-    good, dead = ground_truth("events", base / "landing", "json", {0: mixed})
-    problems = {**mismatches(base / "marts", pd.concat([*landed, good])), **orders.mismatches()}
-    storage = JobStorage.for_job(f"file://{root / 'airflow' / 'checkpoints'}", DAG_ID)
-    dead_letters = read_table(Path(storage.job_dir) / "dead_letters" / "events")
-    key = ["source", "file", "line", "raw"]  # checkpoint ids depend on how failed runs regrouped the input
-    if not sorted_frame(dead_letters, key).equals(sorted_frame(dead, key)):
-        problems["dead_letters"] = f"{len(dead_letters)} dead letters vs {len(dead)} malformed lines"
-    orders_storage = JobStorage.for_job(f"file://{root / 'airflow' / 'checkpoints'}", ORDERS_DAG_ID)
-    findings = audit_job(storage, retained=3) + audit_job(orders_storage, retained=3)
-    stats = [json.loads(p.read_text()) for p in sorted((Path(storage.job_dir) / "_stats").glob("*.json"))]
+            # restore the clickstream job to its second-newest retained checkpoint through the restore
+            # DAG (which runs the pipeline once more, on more input): every table equals the truth again
+            retained = completed_ids(clicks.job_dir)
+            assert len(retained) >= 2, f"seed {seed}: at least two retained checkpoints expected, found {retained}"
+            clicks.rolled_back = {c for c in clicks.committed() if c > retained[-2]}
+            landed.append(land_events(base / "landing", "e-restore.json", 200, 1000 * (runs + len(ROTATION) + 1)))
+            conf = {"job_id": DAG_ID, "checkpoint": str(retained[-2]), "allow_non_restored_state": False,
+                    "dry_run": False, "trigger_pipeline": True}  # fmt: skip
+            live.wait_for_run(RESTORE_DAG_ID, live.trigger(RESTORE_DAG_ID, conf), timeout=480)
+            print(f"restored {DAG_ID} to checkpoint {retained[-2]} [{time.monotonic() - started:6.0f}s]", flush=True)
+            assert latest_metadata(clicks.job_dir)["restored_from"] == retained[-2]
+            restored = clickstream_problems(base, clicks, db, pd.concat([*landed, good]), dead)
+            problems.update({f"after the restore: {table}": problem for table, problem in restored.items()})
+
+    findings = [
+        finding
+        for job in jobs.values()
+        for finding in audit_job(job.storage, 3, load_dag_module(dags / f"{job.job_id}.py").pipeline.job.graph.sinks)
+    ]
+    stats = [json.loads(p.read_text()) for p in sorted((clicks.job_dir / "_stats").glob("*.json"))]
     print("outcomes:", dict(outcomes))
     print("checkpoints:", Counter((s["status"], s.get("reason", "")) for s in stats))
     elapsed = time.monotonic() - started
     print(f"chaos finished in {elapsed:.0f}s (seed {seed})")
     assert problems == {}, f"seed {seed}: tables differ from the ground truth: {problems}"
     assert findings == [], f"seed {seed}: storage audit: {findings}"
-    staged = [
-        *(base / "marts").glob("*/_staging/chk-*"),
-        *(base / "orders" / "marts").glob("*/_staging/chk-*"),
-        *(Path(storage.job_dir) / "dead_letters").glob("*/_staging/chk-*"),
-    ]
-    assert staged == [], f"seed {seed}: staged sink data left behind: {staged}"
+    staged = [p for p in (clicks.job_dir / "dead_letters").glob("*/_staging/chk-*")]
+    assert staged == [], f"seed {seed}: staged dead letters left behind: {staged}"
     steps = [m for s in stats if s["status"] == "COMPLETED" for m in s.get("steps", {}).values()]
     assert any(m.get("state_keys_changed") for m in steps), "no checkpoint continued its state incrementally"
     assert elapsed < 20 * 60, f"chaos took {elapsed:.0f}s, more than 20 minutes"

@@ -1,0 +1,120 @@
+"""The DAG files of the chaos test (:mod:`tests.live.test_chaos`), written into its own DAGs folder.
+
+* ``chaos_clickstream``: the example pipeline in one step, with dead letters, and besides its
+  Parquet tables a Delta table (user totals, upsert) and a PostgreSQL table (page views, upsert).
+* ``chaos_orders``: two inputs, two steps (orders enriched with customers, through a channel).
+* ``chaos_chained``: ``chain=True`` (one task per checkpoint): events appended to PostgreSQL,
+  user totals upserted into Delta.
+"""
+
+DAG_ID = "chaos_clickstream"
+
+CHAOS_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import DeltaTableSink
+from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
+
+BASE = os.environ["CHAOS_DIR"]
+
+with CheckpointedPipeline(
+    dag_id="chaos_clickstream",
+    schedule=None,
+    retained_checkpoints=3,
+    inline_state_threshold=0,  # state in files: incremental, deltas and compactions in most checkpoints
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    finalize_retries=1,
+    retry_delay=datetime.timedelta(seconds=1),
+    on_malformed="dead_letter",  # to <storage root>/chaos_clickstream/dead_letters/events
+) as pipeline:
+    events = FileSource(uid="events", path=f"{BASE}/landing", format="json", schema="user STRING, page STRING, ts LONG")
+    views = KeyedAggregate(uid="page_views", input=events, keys=["page"],
+                           aggs={"views": "count", "last_seen": "max(ts)"})
+    ParquetTableSink(uid="page_views_table", input=views, path=f"{BASE}/marts/page_views", mode="upsert",
+                     keys=["page"], step="main")
+    PostgresTableSink(uid="page_views_pg", input=views, conn_id="chaos_pg", table="chaos.page_views", mode="upsert",
+                      keys=["page"], step="main")
+    users = KeyedAggregate(uid="user_totals", input=events, keys=["user"],
+                           aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"})
+    ParquetTableSink(uid="user_totals_table", input=users, path=f"{BASE}/marts/user_totals", mode="upsert",
+                     keys=["user"], step="main")
+    DeltaTableSink(uid="user_totals_delta", input=users, path=f"{BASE}/lake/user_totals", mode="upsert",
+                   keys=["user"], step="main")
+    ParquetTableSink(uid="events_archive", input=events, path=f"{BASE}/marts/events", mode="append", step="main")
+
+dag = pipeline.dag
+"""
+
+ORDERS_DAG_ID = "chaos_orders"
+ORDERS_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import (
+    Channel, CheckpointedPipeline, DimensionEnrichment, FileSource, KeyedAggregate, ParquetTableSink,
+)
+
+BASE = os.environ["CHAOS_DIR"] + "/orders"
+
+with CheckpointedPipeline(
+    dag_id="chaos_orders",
+    schedule=None,
+    retained_checkpoints=3,
+    inline_state_threshold=0,
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    finalize_retries=1,
+    retry_delay=datetime.timedelta(seconds=1),
+) as pipeline:
+    orders = FileSource(uid="orders", path=f"{BASE}/orders", format="json",
+                        schema="order_id LONG, customer_id STRING, amount LONG")
+    customers = FileSource(uid="customers", path=f"{BASE}/customers", format="csv",
+                           schema="customer_id STRING, segment STRING, updated_at LONG, op STRING")
+    enriched = DimensionEnrichment(uid="enrich_orders", facts=orders, dimension=customers, keys=["customer_id"],
+                                   version="updated_at", columns=["segment"], on_missing="hold",
+                                   hold_ttl=datetime.timedelta(days=1))
+    channel = Channel(uid="enriched_orders", input=enriched, step="enrich")
+    revenue = KeyedAggregate(uid="revenue", input=channel, keys=["segment"],
+                             aggs={"revenue": "sum(amount)", "orders": "count"})
+    ParquetTableSink(uid="revenue_table", input=revenue, path=f"{BASE}/marts/revenue_by_segment", mode="upsert",
+                     keys=["segment"], step="publish")
+    ParquetTableSink(uid="orders_archive", input=channel, path=f"{BASE}/marts/enriched_orders", step="publish")
+
+dag = pipeline.dag
+"""
+
+CHAINED_DAG_ID = "chaos_chained"
+CHAINED_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate
+from airflow_provider_checkpoint.dataflow import DeltaTableSink
+from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
+
+BASE = os.environ["CHAOS_DIR"] + "/chained"
+
+with CheckpointedPipeline(
+    dag_id="chaos_chained",
+    schedule=None,
+    chain=True,  # trigger, step and finalize in one task; a retry cuts a new barrier
+    retained_checkpoints=3,
+    inline_state_threshold=0,
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    retry_delay=datetime.timedelta(seconds=1),
+) as pipeline:
+    events = FileSource(uid="events", path=f"{BASE}/landing", format="json", schema="user STRING, page STRING, ts LONG")
+    PostgresTableSink(uid="events_pg", input=events, conn_id="chaos_pg", table="chaos.chained_events", step="main")
+    users = KeyedAggregate(uid="user_totals", input=events, keys=["user"],
+                           aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"})
+    DeltaTableSink(uid="user_totals_delta", input=users, path=f"{BASE}/lake/user_totals", mode="upsert",
+                   keys=["user"], step="main")
+
+dag = pipeline.dag
+"""
+DAG_SOURCES = {DAG_ID: CHAOS_DAG, ORDERS_DAG_ID: ORDERS_DAG, CHAINED_DAG_ID: CHAINED_DAG}
+ROTATION = (DAG_ID, ORDERS_DAG_ID, CHAINED_DAG_ID)
