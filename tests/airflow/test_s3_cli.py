@@ -14,9 +14,9 @@ import pytest
 
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.airflow.conftest import cli
+from tests.s3.s3_job import coordinator_on, s3_ack
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import JOB, T0, make_env
-from tests.unit.s3_job import coordinator_on, s3_ack
 
 pytestmark = pytest.mark.airflow
 
