@@ -83,7 +83,9 @@ class CheckpointedPipeline:
     (declining above ``max_state_size`` bytes per operator); with the default
     ``"filesystem"`` only state up to ``inline_state_threshold`` bytes is inline, and with
     ``incremental_state`` (the default) a checkpoint writes only the keys that changed,
-    compacting key-group ranges as their changes accumulate.
+    compacting key-group ranges as their changes accumulate. A ``KeyedAggregate`` state of up
+    to ``driver_merge_rows`` rows is merged on the Spark driver with pyarrow (one Spark job
+    per checkpoint; ``0``: always in Spark), see ``docs/concepts.md``.
 
     ``wait_for_input`` puts a :class:`CheckpointInputSensor` (``soft_fail``, this timeout)
     in front of the trigger: a run whose sources hold no new input within it is skipped
@@ -121,6 +123,7 @@ class CheckpointedPipeline:
         inline_state_threshold: int = 20 << 10,
         max_state_size: int = 5 << 20,
         incremental_state: bool = True,
+        driver_merge_rows: int = 1_000_000,
         spark_conn_id: str | None = None,
         wait_for_input: datetime.timedelta | None = None,
         on_malformed: str = "fail",
@@ -151,6 +154,7 @@ class CheckpointedPipeline:
             inline_state_threshold=inline_state_threshold,
             max_state_size=max_state_size,
             incremental_state=incremental_state,
+            driver_merge_rows=driver_merge_rows,
         )
         self.step_retries = step_retries
         self.finalize_retries = finalize_retries

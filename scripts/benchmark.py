@@ -4,6 +4,7 @@ Modes (see docs/benchmarks.md):
 
     .venv/bin/python scripts/benchmark.py clickstream --increments 6 --events 200000
     .venv/bin/python scripts/benchmark.py large-state --users 1000000 --events 20000
+    .venv/bin/python scripts/benchmark.py small-state --users 100000 --events 10000 --increments 8
     .venv/bin/python scripts/benchmark.py long-run --increments 100 --events 200 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {  # mode: (increments, events per increment, users)
     "clickstream": (6, 200_000, 50_000),
     "large-state": (6, 20_000, 1_000_000),
+    "small-state": (8, 10_000, 100_000),  # the large-state shape at the size most pipelines have
     "long-run": (100, 200, 20_000),
     "scheduler": (4, 50_000, 20_000),
     "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
@@ -49,7 +51,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--events", type=int, help="events per increment (large-state: after the first)")
     parser.add_argument("--users", type=int, help="distinct keys")
     parser.add_argument("--pages", type=int, default=500, help="distinct pages")
-    parser.add_argument("--workload", choices=WORKLOADS, default="clickstream", help="scheduler mode's workload")
+    parser.add_argument(
+        "--workload", choices=[*WORKLOADS, "small-state"], default="clickstream", help="scheduler mode's workload"
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--buckets", type=int, default=1024, help="sink-upsert mode's bucket files per table")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
@@ -58,7 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--doc", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args(argv)
-    increments, events, users = DEFAULTS[args.mode]
+    increments, events, users = DEFAULTS["small-state" if args.workload == "small-state" else args.mode]
     args.increments = args.increments or increments
     args.events = args.events or events
     args.users = args.users or users
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         "sink-upsert": "large-state",
         "postgres": "large-state",
     }.get(args.mode, args.mode)
-    section = f"scheduler-{workload}" if args.mode == "scheduler" else args.mode
+    section = f"scheduler-{args.workload}" if args.mode == "scheduler" else args.mode
+    workload = {"small-state": "large-state"}.get(workload, workload)
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
         result = longrun.run(spec, work)
@@ -101,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         text = postgres.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":
-        result = scheduler.run(spec, work)
+        result = {**scheduler.run(spec, work), "title": args.workload}
         text = report.render_scheduler(result)
         ok = not result["problems"]
     else:
-        result = inprocess.run(spec, work, warmup=not args.no_warmup)
+        result = {**inprocess.run(spec, work, warmup=not args.no_warmup), "title": section}
         text = report.render_inprocess(result)
         ok = not result["problems"]
     (work / "run" / f"{section}.json").write_text(json.dumps(result, indent=1, default=jsonable))

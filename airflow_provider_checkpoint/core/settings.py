@@ -22,12 +22,18 @@ class CheckpointSettings:
     """Memory checkpoint storage declines a checkpoint whose state of one operator exceeds this (at most 64 MiB)."""
     incremental_state: bool = True
     """State in files: a checkpoint writes only the keys that changed (see ``core.incremental``)."""
+    driver_merge_rows: int = 1_000_000
+    """An incremental checkpoint of an operator with a per-key partial form (``KeyedAggregate``)
+    whose state has at most this many rows merges it on the Spark driver with pyarrow: one
+    Spark job instead of five to seven (0: always merge in Spark)."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_storage not in ("filesystem", "memory"):
             raise ValueError(f"checkpoint_storage must be 'filesystem' or 'memory', got {self.checkpoint_storage!r}")
         if not 0 <= self.inline_state_threshold <= 1 << 20:
             raise ValueError(f"inline_state_threshold must be in [0, 1 MiB], got {self.inline_state_threshold}")
+        if self.driver_merge_rows < 0:
+            raise ValueError(f"driver_merge_rows must be at least 0, got {self.driver_merge_rows}")
         if not 0 < self.max_state_size <= 64 << 20:
             raise ValueError(f"max_state_size must be in (0, 64 MiB], got {self.max_state_size}")
 

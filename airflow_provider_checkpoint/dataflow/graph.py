@@ -16,6 +16,7 @@ from airflow_provider_checkpoint.core.model import Barrier, JsonDict
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
@@ -185,6 +186,18 @@ class StatefulOperator(Node):
         state as a full version instead of a delta.
         """
         return None
+
+    def partials(self, inputs: Mapping[str, DataFrame]) -> DataFrame | None:
+        """This checkpoint's input reduced to at most one row per key, which :meth:`merge_arrow`
+        combines with the keys' state rows; ``None`` (the default): the operator has no such
+        form, and its state is merged by Spark only."""
+        return None
+
+    def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:
+        """The new state rows of the keys in ``partials`` (rows of :meth:`partials`), given the
+        ``state`` rows of at least those keys: the state columns, boolean ``__new`` (the key had
+        no state row), and every other column of ``partials`` as it was."""
+        raise NotImplementedError
 
 
 class Union(Node):

@@ -12,6 +12,7 @@ from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, o
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
 StateFunction = Callable[["DataFrame", "DataFrame"], "tuple[DataFrame, DataFrame]"]
@@ -136,6 +137,53 @@ class KeyedAggregate(StatefulOperator):
         batch = self._partial(input).persist()  # used twice: the input is read once
         touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
         return self._merged(touched, batch).withColumn(DELETED, F.lit(False))
+
+    def partials(self, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        """The input's aggregates per key (one row per key in the input)."""
+        return self._partial(inputs[self.inputs[0].uid])
+
+    def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:
+        """The keys of ``partials`` with their aggregates combined with their ``state`` rows, as
+        :meth:`_aggregated_with` combines them (a null key is a key too), in pyarrow."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        columns = [*self.keys, *self.aggs]
+        extra = [c for c in partials.column_names if c not in columns]
+        target = state.select(columns).schema
+        keys = partials.select(list(self.keys)).cast(state.select(list(self.keys)).schema)
+        state = state.select(columns)
+        if not any(keys[k].null_count for k in self.keys):  # else group all: joins never match null keys
+            state = state.join(keys, list(self.keys), join_type="left semi", use_threads=False)
+        old = state.append_column("__input", pa.array(np.zeros(len(state), np.int8)))
+        for c in extra:
+            old = old.append_column(c, pa.nulls(len(state), partials.schema.field(c).type))
+        new = partials.select(columns).cast(target).append_column("__input", pa.array(np.ones(len(partials), np.int8)))
+        for c in extra:
+            new = new.append_column(c, partials[c])
+        combine = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
+        grouped = (
+            pa.concat_tables([old, new])
+            .group_by(list(self.keys), use_threads=False)
+            .aggregate(
+                [(out, combine[fn]) for out, (fn, _) in self.aggs.items()]
+                + [("__input", "max"), ("__input", "min")]
+                + [(c, "max") for c in extra]
+            )
+        )
+        touched = grouped.filter(pc.equal(grouped["__input_max"], 1))
+        return pa.table(
+            {
+                **{k: touched[k] for k in self.keys},
+                **{
+                    out: touched[f"{out}_{combine[fn]}"].cast(target.field(out).type)
+                    for out, (fn, _) in self.aggs.items()
+                },
+                NEW: pc.equal(touched["__input_min"], 1),
+                **{c: touched[f"{c}_max"] for c in extra},
+            }
+        )
 
     def _aggregated_with(self, state: DataFrame, input: DataFrame) -> DataFrame:
         """Every key of ``state`` and ``input`` with its new aggregates, from one aggregation of

@@ -23,6 +23,7 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.spark.driver_state import fits_driver, merge_on_driver
 from airflow_provider_checkpoint.spark.state import (
     SEQ,
     delta_schema,
@@ -75,13 +76,17 @@ def checkpoint_operator(
         fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
         layout = None
     if layout is not None and restored is not None:
+        operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
+        if fits_driver(node, inputs, restored, settings.driver_merge_rows):
+            return OperatorCheckpoint(
+                *merge_on_driver(storage, directory, checkpoint_id, node, inputs, restored, layout, operator.fault)
+            )
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = node.changes(inputs, state, barrier, restored.rows), None
         if changelog is None:
             new_state, output = node.process(inputs, state, barrier)
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
         if changelog is not None and _same_columns(changelog, restored):
-            operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
             return operator.incremental(layout, changelog, output)
     state = (
         read_state(spark, restore_base, restored, verify=False, uid=node.uid)

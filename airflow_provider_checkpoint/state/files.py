@@ -114,7 +114,7 @@ def read_table(base: Location, state: OperatorSnapshot, uid: str) -> pa.Table:
     """The whole state of operator ``uid`` (checksums unchecked: verify them first; columns checked)."""
     if state.inline is not None:
         return read_inline(state, uid)
-    return _merged(base, state, state.handles, uid)
+    return merged_rows(base, state, state.handles, uid)
 
 
 def read_inline(state: OperatorSnapshot, uid: str) -> pa.Table:
@@ -130,30 +130,83 @@ def range_tables(base: Location, state: OperatorSnapshot, uid: str) -> Iterator[
     """The merged state per key-group range (all key groups at once if the files have no ranges)."""
     layout = StateLayout.of(state)
     if layout is None:
-        yield (0, state.max_parallelism - 1), _merged(base, state, state.handles, uid)
+        yield (0, state.max_parallelism - 1), merged_rows(base, state, state.handles, uid)
         return
     for r in layout.ranges:
-        yield r.key_groups, _merged(base, state, r.handles, uid)
+        yield r.key_groups, merged_rows(base, state, r.handles, uid)
 
 
-def _merged(base: Location, state: OperatorSnapshot, handles: Sequence[StateHandle], uid: str) -> pa.Table:
-    import pyarrow as pa
-
+def merged_rows(base: Location, state: OperatorSnapshot, handles: Sequence[StateHandle], uid: str) -> pa.Table:
+    """The state rows held by ``handles`` (full versions overlaid with their deltas; columns checked)."""
     full, deltas = merge_order(tuple(handles))
     table = _concat(base, full, state, uid)
     if not deltas:
         return table
-    changes = _concat(base, [h for _, hs in deltas for h in hs], state, uid)
-    rows = len(table)
-    table = table.append_column(DELETED, pa.array([False] * rows)).append_column(SEQ, pa.array([-1] * rows, pa.int64()))
-    both = pa.concat_tables([table, changes.select(table.column_names)], promote_options="permissive")
-    both = both.sort_by([(SEQ, "descending")])
-    both = both.append_column("__row", pa.array(range(len(both)), pa.int64()))
-    newest = both.group_by(list(state.keys), use_threads=False).aggregate([("__row", "min")])
-    latest = both.take(newest["__row_min"]).sort_by("__row")
+    return overlay(table, _concat(base, [h for _, hs in deltas for h in hs], state, uid), state.keys)
+
+
+def overlay(table: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``table`` (one row per key) with ``changes`` applied: rows of its columns plus ``__deleted``
+    and ``__seq``; per key the row with the highest ``__seq`` wins over older ones and over
+    ``table``'s row, and a tombstone deletes the key (a null key is a key like any other)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    return latest.filter(pc.invert(pc.fill_null(latest[DELETED], False))).drop_columns([DELETED, SEQ, "__row"])
+    changes = changes.select([*table.column_names, DELETED, SEQ])
+    if any(changes[k].null_count for k in keys):  # joins never match null keys: group instead
+        return _newest(table, changes, keys)
+    if len(pc.unique(changes[SEQ])) > 1:  # several checkpoints' deltas: the newest row per key
+        changes = _newest(changes.slice(0, 0), changes, keys, drop=False)
+    kept = (
+        table.join(changes.select(list(keys)), list(keys), join_type="left anti", use_threads=False)
+        if len(table)
+        else table
+    )
+    alive = changes.filter(pc.invert(pc.fill_null(changes[DELETED], False))).drop_columns([DELETED, SEQ])
+    return pa.concat_tables([kept.select(table.column_names), alive], promote_options="permissive")
+
+
+def _newest(table: pa.Table, changes: pa.Table, keys: Sequence[str], drop: bool = True) -> pa.Table:
+    """Per key the row of ``changes`` with the highest ``__seq``, else ``table``'s row, by
+    grouping (null keys group together); ``drop``: without tombstones and their columns."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if DELETED not in table.column_names:
+        rows = len(table)
+        table = table.append_column(DELETED, pa.array(np.zeros(rows, np.bool_)))
+        table = table.append_column(SEQ, pa.array(np.full(rows, -1, np.int64)))
+    both = pa.concat_tables([table, changes.select(table.column_names)], promote_options="permissive")
+    both = both.append_column("__row", pa.array(np.arange(len(both), dtype=np.int64)))
+    newest = both.sort_by([(SEQ, "descending"), ("__row", "ascending")])
+    first = newest.group_by(list(keys), use_threads=False).aggregate([("__row", "first")])["__row_first"]
+    latest = both.take(pc.take(first, pc.sort_indices(first))).drop_columns(["__row"])
+    if not drop:
+        return latest
+    return latest.filter(pc.invert(pc.fill_null(latest[DELETED], False))).drop_columns([DELETED, SEQ])
+
+
+def write_state_file(
+    base: Location,
+    relative: str,
+    table: pa.Table,
+    key_groups: tuple[int, int] | None,
+    delta: int | None = None,
+) -> StateHandle:
+    """Write ``table`` as the Parquet file ``relative`` and return its handle, hashed from the
+    bytes written rather than read back. Zstandard without dictionaries (state rows are mostly
+    distinct keys and values: a third smaller than Spark's default Snappy with dictionaries),
+    with page checksums."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", use_dictionary=False, write_page_checksum=True)
+    data = buffer.getvalue()
+    base.write_atomic(relative, data)
+    return StateHandle(relative, len(data), "sha256:" + hashlib.sha256(data).hexdigest(), key_groups, delta)
 
 
 def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnapshot, uid: str) -> pa.Table:
@@ -163,7 +216,7 @@ def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnaps
     tables = []
     for handle in handles:
         with base.fs.open(base.path(handle.path), "rb") as f:
-            file = pq.ParquetFile(f)
+            file = pq.ParquetFile(f, page_checksum_verification=True)
             check_columns(file.schema_arrow, state, handle.delta is not None, base.url(handle.path), uid)
             tables.append(file.read())
     if tables:

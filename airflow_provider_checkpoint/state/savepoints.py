@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
-from airflow_provider_checkpoint.state.files import check_file, range_tables
+from airflow_provider_checkpoint.state.files import check_file, range_tables, write_state_file
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA, inline_parquet
 from airflow_provider_checkpoint.storage.paths import is_local, resolve_under_roots, within
@@ -122,17 +122,8 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
 
 
 def _write_merged(source: Location, state: OperatorSnapshot, target: Location, uid: str) -> list[StateHandle]:
-    import io
-
-    import pyarrow.parquet as pq
-
-    handles = []
-    for (lo, hi), table in range_tables(source, state, uid):
-        if not len(table):
-            continue
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer, compression="zstd")
-        relative = f"state/{uid}/kg-{lo:05d}-{hi:05d}-0000.parquet"
-        target.write_atomic(relative, buffer.getvalue())
-        handles.append(target.handle_for(relative, (lo, hi)))
-    return handles
+    return [
+        write_state_file(target, f"state/{uid}/kg-{lo:05d}-{hi:05d}-0000.parquet", table, (lo, hi))
+        for (lo, hi), table in range_tables(source, state, uid)
+        if len(table)
+    ]

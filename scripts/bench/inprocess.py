@@ -87,6 +87,7 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
         changed = set(frame["user"].unique())
         seen |= changed
         land(data_file, landing)
+        sides[0].profile = i == len(files)  # type: ignore[attr-defined]  # the last increment: where time goes
         results = run_round(sides, i, spark)
         wrong = {name: r.records_in for name, r in results.items() if r.records_in != len(frame)}
         if wrong:

@@ -1,9 +1,10 @@
-"""Scheduler mode: both sides as DAGs under the real Airflow scheduler (LocalExecutor).
+"""Scheduler mode: every side as a DAG under the real Airflow scheduler (LocalExecutor).
 
 Services come from the live-test harness (``tests/live/airflow_live.py``: isolated
-AIRFLOW_HOME, 127.0.0.1). Per increment the data is landed, then each DAG runs once, in
-alternating order; every task is a fresh process starting its own SparkSession. Task
-durations and scheduler gaps (run time not covered by any task) come from the REST API.
+AIRFLOW_HOME, 127.0.0.1). Per increment the data is landed, then each DAG (ours in three
+tasks, ours chained into one task, SS) runs once, the order rotating per increment; every
+task is a fresh process starting its own SparkSession. Task durations and scheduler gaps
+(run time not covered by any task) come from the REST API.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from bench.measure import log
 from bench.workloads import DataSpec, generate, ground_truth, land, normalized, read_parquet_dir
 
 REPO = Path(__file__).resolve().parents[2]
-DAG_IDS = ("bench_ours", "bench_ss")
+DAG_IDS = ("bench_ours", "bench_chained", "bench_ss")
 
 
 def seconds_covered(intervals: list[tuple[datetime, datetime]]) -> float:
@@ -71,8 +72,10 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
         for i, data_file in enumerate(files, start=1):
             frames.append(spec.increment(i))
             land(data_file, base / "landing")
-            row: dict[str, Any] = {"increment": i, "first": DAG_IDS[(i - 1) % 2]}
-            for dag_id in DAG_IDS if i % 2 else reversed(DAG_IDS):
+            shift = (i - 1) % len(DAG_IDS)  # the order rotates by one per increment
+            order = DAG_IDS[shift:] + DAG_IDS[:shift]
+            row: dict[str, Any] = {"increment": i, "first": order[0]}
+            for dag_id in order:
                 run_id = live.trigger(dag_id, {"increment": i})
                 live.wait_for_run(dag_id, run_id, timeout=900)
                 row[dag_id] = timings(live, dag_id, run_id)
@@ -80,7 +83,7 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
             log(f"increment {i}: " + " | ".join(f"{d} {row[d]['run_seconds']:.1f}s" for d in DAG_IDS))
     truth = ground_truth(pd.concat(frames, ignore_index=True))
     problems: dict[str, str] = {}
-    for name, table in (("bench_ours", base / "ours" / "table"), ("bench_ss", base / "ss" / "table")):
+    for name, table in ((dag_id, base / dag_id.removeprefix("bench_") / "table") for dag_id in DAG_IDS):
         try:
             pd.testing.assert_frame_equal(normalized(read_parquet_dir(table)), truth)
         except AssertionError as e:

@@ -12,12 +12,14 @@ import re
 import shutil
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
+from bench.breakdown import recorded
 from bench.measure import footprint, listing, measured, written
 from bench.workloads import AGGS, COLUMNS, SCHEMA, read_parquet_dir
 
@@ -91,11 +93,13 @@ class Ours:
         self.coordinator = CheckpointCoordinator(self.storage, self.graph, settings)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         self.table.mkdir(parents=True, exist_ok=True)
+        self.profile = False  # record where the next checkpoints' time goes (bench.breakdown)
 
     def run(self, i: int) -> SideResult:
         from airflow_provider_checkpoint.spark.runner import run_step
 
-        with measured(self.spark, (self.job_dir, self.table)) as m:
+        profile = recorded(self.spark) if self.profile else nullcontext({})
+        with measured(self.spark, (self.job_dir, self.table)) as m, profile as breakdown:
             t0 = time.perf_counter()
             plan = self.coordinator.trigger(f"bench-run-{i}")
             t1 = time.perf_counter()
@@ -119,7 +123,11 @@ class Ours:
             cpu_ours=m["cpu"][0],
             cpu_other=m["cpu"][1],
             records_in=int(acks[0].metrics.get("records_in") or 0),
-            info={"checkpoint_id": completed.checkpoint_id, "metadata_bytes": self.metadata_bytes()},
+            info={
+                "checkpoint_id": completed.checkpoint_id,
+                "metadata_bytes": self.metadata_bytes(),
+                **({"breakdown": breakdown} if self.profile else {}),
+            },
         )
 
     def metadata_bytes(self) -> int:

@@ -1,7 +1,8 @@
 """The scheduler mode's two DAGs over one landing directory (``BENCH_DIR``, set by the benchmark).
 
 ``bench_ours``: the provider's pipeline (``FileSource`` → ``KeyedAggregate`` → upsert
-``ParquetTableSink``), one checkpoint per run. ``bench_ss``: one ``@task`` running the same job
+``ParquetTableSink``), one checkpoint per run in three tasks; ``bench_chained``: the same with
+``chain=True`` (trigger, step and finalize in one task). ``bench_ss``: one ``@task`` running the same job
 as a Structured Streaming query with ``availableNow`` on the RocksDB state store with changelog
 checkpointing, in the provider's embedded session (``get_spark``: same JVM options).
 """
@@ -20,19 +21,29 @@ from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedA
 BASE = Path(os.environ.get("BENCH_DIR", "/tmp/checkpoint-bench/scheduler"))
 SCHEMA = "user STRING, page STRING, ts LONG"
 
-with CheckpointedPipeline(dag_id="bench_ours", schedule=None, retained_checkpoints=3) as pipeline:
-    events = FileSource(uid="events", path=str(BASE / "landing"), format="json", schema=SCHEMA)
-    totals = KeyedAggregate(
-        uid="user_totals",
-        input=events,
-        keys=["user"],
-        aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"},
-    )
-    ParquetTableSink(
-        uid="user_totals_table", input=totals, path=str(BASE / "ours" / "table"), mode="upsert", keys=["user"]
-    )
 
-bench_ours = pipeline.dag
+def pipeline(dag_id: str, chain: bool) -> CheckpointedPipeline:
+    """The benchmark's pipeline as DAG ``dag_id``, writing the table ``<BENCH_DIR>/<dag_id without bench_>/table``."""
+    with CheckpointedPipeline(dag_id=dag_id, schedule=None, retained_checkpoints=3, chain=chain) as declared:
+        events = FileSource(uid="events", path=str(BASE / "landing"), format="json", schema=SCHEMA)
+        totals = KeyedAggregate(
+            uid="user_totals",
+            input=events,
+            keys=["user"],
+            aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"},
+        )
+        ParquetTableSink(
+            uid="user_totals_table",
+            input=totals,
+            path=str(BASE / dag_id.removeprefix("bench_") / "table"),
+            mode="upsert",
+            keys=["user"],
+        )
+    return declared
+
+
+bench_ours = pipeline("bench_ours", chain=False).dag
+bench_chained = pipeline("bench_chained", chain=True).dag
 
 
 @dag(
