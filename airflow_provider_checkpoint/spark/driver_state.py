@@ -36,11 +36,17 @@ def fits_driver(
     node: StatefulOperator, inputs: Mapping[str, DataFrame], restored: OperatorSnapshot, max_rows: int
 ) -> bool:
     """Whether this checkpoint of ``node`` is merged on the driver: its state has at most
-    ``max_rows`` rows and its input is small."""
+    ``max_rows`` rows and its input is small (by Spark's estimate; none over Spark Connect)."""
     if restored.rows > max_rows or node.partials(inputs) is None:
         return False
-    size = sum(int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())) for df in inputs.values())
-    return size <= DRIVER_INPUT_BYTES
+    sizes = [_estimated_bytes(df) for df in inputs.values()]
+    return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
+
+
+def _estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's estimate of ``df``'s size (its optimized plan's statistics); ``None`` if unknown."""
+    jdf = getattr(df, "_jdf", None)  # a Spark Connect DataFrame has no JVM side here
+    return None if jdf is None else int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
 
 
 def merge_on_driver(

@@ -31,8 +31,9 @@ CATEGORIES = (  # (category, substrings of a function's file or name), first mat
     ("PySpark's Python side", ("pyspark/",)),
     ("this provider's Python", ("airflow_provider_checkpoint/",)),
 )
-_FS_CALLS = {"info", "exists", "isdir", "isfile", "ls", "glob", "find", "open", "_open", "cat_file", "pipe_file"}
-_FS_CALLS |= {"rm", "rm_file", "mv", "makedirs", "size", "put_file", "touch", "link"}
+_FS_CALLS = {"info", "exists", "isdir", "isfile", "ls", "glob", "find", "walk", "open", "cat_file", "pipe_file"}
+_FS_CALLS |= {"rm", "rm_file", "mv", "makedirs", "size", "put_file", "touch", "link", "cp_file", "delete"}
+"""fsspec filesystem operations (each a round trip on an object store), counted where code outside fsspec calls them."""
 
 
 class _Lines(logging.Handler):
@@ -93,12 +94,12 @@ def _driver(stats: pstats.Stats) -> dict[str, Any]:
     """Exclusive driver time by category, and the number of filesystem calls."""
     seconds = {name: 0.0 for name, _ in CATEGORIES} | {"other Python": 0.0}
     fs_calls = 0
-    for (file, _, name), (_, calls, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+    for (file, _, name), (_, _, own, _, callers) in stats.stats.items():  # type: ignore[attr-defined]
         where = f"{file} {name}"
         category = next((c for c, marks in CATEGORIES if any(m in where for m in marks)), "other Python")
         seconds[category] += own
         if "fsspec/" in file and name in _FS_CALLS:
-            fs_calls += calls
+            fs_calls += sum(c[1] for (caller, _, _), c in callers.items() if "fsspec/" not in caller)
     return {"seconds": {k: round(v, 3) for k, v in seconds.items()}, "fs_calls": fs_calls}
 
 

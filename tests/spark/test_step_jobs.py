@@ -14,6 +14,7 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import MalformedInputError
+from airflow_provider_checkpoint.spark import driver_state
 from airflow_provider_checkpoint.testing.clickstream import land_events, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 
@@ -21,12 +22,12 @@ pytestmark = pytest.mark.spark
 
 FIRST_JOBS = 7
 """The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
-INCREMENTAL_JOBS = {"driver": 3, "spark": 5}
+INCREMENTAL_JOBS = {"driver": 3, "spark": 5, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
 input (two jobs: the shuffle stage runs as one), upsert the table. ``spark``: read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
-SWITCH_JOBS = {"driver": 10, "spark": 10}
+SWITCH_JOBS = {"driver": 10, "spark": 10, "large input": 10}
 """Where few changed keys turn into most: a delta as large as the state, then the full version
 it makes due (the state read with its deltas merged, by Spark on either path)."""
 
@@ -38,9 +39,12 @@ def declare(base: Path) -> None:
     ParquetTableSink("totals_table", totals, f"{base}/totals", mode="upsert", keys=["user"])
 
 
-@pytest.mark.parametrize("merge", ["driver", "spark"])
-def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, merge: str) -> None:
-    rows = {"driver": 1_000_000, "spark": 0}[merge]
+@pytest.mark.parametrize("merge", ["driver", "spark", "large input"])
+def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, merge: str, monkeypatch) -> None:
+    """``large input``: a small state, but an input above the driver's bound merges with Spark."""
+    if merge == "large input":
+        monkeypatch.setattr(driver_state, "DRIVER_INPUT_BYTES", 1000)
+    rows = 0 if merge == "spark" else 1_000_000
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0, driver_merge_rows=rows)
     tracker = spark.sparkContext.statusTracker()
     landed: list[pd.DataFrame] = []
@@ -54,6 +58,8 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
         completed = job.checkpoint()
         jobs.append(len(set(tracker.getJobIdsForGroup()) - before))
         deltas.append(any(h.delta is not None for h in completed.operators["totals"].handles))
+        on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+        assert on_driver is (merge == "driver" and i in (2, 3, 4, 6)), (i, completed.stats["steps"])
         truth = pd.concat(landed).groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
         pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
