@@ -147,7 +147,9 @@ class CheckpointCoordinator:
             raise
         if latest is None:
             return restore_from, job
-        self._finish(latest)
+        # a pending restore sets the sinks to its own checkpoint: one of its earlier triggers may
+        # have rolled them back past ``latest`` already, so ``latest`` is not committed to them again
+        self._finish(latest, commit_sinks=restore_from is None or restore_from[1] is None)
         job = self._running_job()  # e.g. a stop-with-savepoint finished just now
         pause = self.settings.min_pause_between_checkpoints_seconds
         if periodic and now - latest.completion_time < pause:
@@ -361,9 +363,10 @@ class CheckpointCoordinator:
         )
 
     # -- after the commit point ------------------------------------------------------
-    def _finish(self, completed: CompletedCheckpoint) -> None:
+    def _finish(self, completed: CompletedCheckpoint, commit_sinks: bool = True) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
-        self.sink_committer.commit(completed)
+        if commit_sinks:
+            self.sink_committer.commit(completed)
         self.store.discard_channels(completed.checkpoint_id)
         fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
         for source in self.graph.sources:

@@ -24,12 +24,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def start_spark() -> tuple[SparkSession, float]:
-    """The provider's embedded session (same builder and options as a step task) and its start time."""
+def start_spark(conf: dict[str, str] | None = None) -> tuple[SparkSession, float]:
+    """The provider's embedded session (same builder and options as a step task, ``conf`` over them)
+    and its start time."""
     from airflow_provider_checkpoint.spark.session import get_spark
 
     started = time.perf_counter()
-    spark = get_spark(master="local[2]")
+    spark = get_spark(master="local[2]", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")  # SS warns about AQE and state-store loading on every start
     return spark, elapsed(started)
 

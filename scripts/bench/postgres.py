@@ -10,6 +10,10 @@ in a fresh schema, with narrow rows ``(id bigint, label text, value double preci
 - **upsert**: the same, keyed by ``id``; checkpoint 2 changes ``changed`` existing keys.
 
 Both tables are compared with a pandas ground truth at the end of every round.
+
+The step runs in the session a data-heavy step is advised to use (docs/operations.md): the full
+JIT (:data:`JVM_OPTIONS`). With the default C1-only JIT, the JVM's conversion of the rows to
+Arrow batches for the Python workers takes about three times as long and dominates the load.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from bench.inprocess import machine_facts, start_spark
-from bench.measure import elapsed, log, settle
+from bench.measure import CpuMeter, elapsed, log, settle
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -34,6 +38,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 CONN_ID = "bench_pg"
 COLUMNS = "id bigint, label text, value double precision"
+JVM_OPTIONS = "-XX:TieredStopAtLevel=4"
+"""The full JIT (C1, then C2 for hot code) over the embedded default C1 only."""
 
 
 def _rows(n: int, start: int, seed: int) -> pd.DataFrame:
@@ -134,10 +140,12 @@ def run(rows: int, changed: int, rounds: int, work: Path, seed: int) -> dict[str
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     (work / "run").mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    cpu_all = CpuMeter()
     server = start_server(root)
     try:
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = server.uri()
-        spark, session_seconds = start_spark()
+        spark, session_seconds = start_spark({"spark.driver.extraJavaOptions": JVM_OPTIONS})
         _warm_up(spark, server)
         results = [_round(spark, server, n, rows, changed, seed) for n in range(1, rounds + 1)]
     finally:
@@ -145,6 +153,10 @@ def run(rows: int, changed: int, rounds: int, work: Path, seed: int) -> dict[str
         shutil.rmtree(root, ignore_errors=True)
     return {
         "machine": machine_facts(spark, session_seconds),
+        "jvm_options": JVM_OPTIONS,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "other_processes_cores": round(cpu_all.stop()[1], 2),
         "rounds": results,
         "problems": [p for r in results for p in r["problems"]],
     }
@@ -161,7 +173,9 @@ def render(result: dict[str, Any]) -> str:
         "",
         *machine_lines(result),
         "- Narrow rows `(id bigint, label text, value double precision)`, server from `tests/servers/postgres.py` "
-        "(`fsync=off`); the step's input is cached in Spark in `spark.sql.shuffle.partitions` partitions.",
+        "(`fsync=off`); the step's input is cached in Spark in `spark.sql.shuffle.partitions` partitions; "
+        f"the driver JVM runs with `{result['jvm_options']}` (full JIT, as docs/operations.md advises for "
+        "data-heavy steps; the embedded default is C1 only).",
         "- **floor**: one psycopg `COPY` of the same rows from the driver (Arrow CSV of the in-memory rows, into an "
         "UNLOGGED table), measured before and after the sinks in the same round; the ratio uses the faster one.",
         "- **step**: `prepare` + `stage` of checkpoint 1 (claim, table check and creation, staging table, the "

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import psycopg
     import pyarrow as pa
     from psycopg import sql
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType
 
 CONNECT_TIMEOUT = 10
@@ -230,6 +231,15 @@ def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[di
         e.sent = sent  # type: ignore[attr-defined]
         raise
     return sent
+
+
+def one_stream_per_core(df: DataFrame) -> DataFrame:
+    """``df`` in at most as many partitions as the session has cores (merged without a shuffle):
+    one ``COPY`` stream per core. Each Python task costs a fixed start (worker, connection,
+    transaction) that, with more partitions than cores, is paid several times per core. Under
+    Spark Connect, where the client does not see the cores, ``df`` as it is."""
+    context = getattr(df.sparkSession, "sparkContext", None)
+    return df if context is None else df.coalesce(max(int(context.defaultParallelism), 1))
 
 
 def copy_partitions(

@@ -239,9 +239,11 @@ class PostgresTableSink(TransactionalSink):
             db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(staging)))
             definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
             db.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(self._table(staging), definition))
-        results = df.mapInArrow(
-            pg.copy_partitions(conn, self.schema, staging, columns, self.keys), "rows long, error string"
-        ).collect()
+        results = (
+            pg.one_stream_per_core(df)
+            .mapInArrow(pg.copy_partitions(conn, self.schema, staging, columns, self.keys), "rows long, error string")
+            .collect()
+        )
         refused = [r["error"] for r in results if r["error"]]
         if refused:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {refused[0]}")
@@ -261,11 +263,10 @@ class PostgresTableSink(TransactionalSink):
 
         with conn.connect(autocommit=True) as db:
             db.execute(sql.SQL("ANALYZE {}").format(self._table(staging)))
-        if self.mode != "upsert":
-            return
-        keys = pg.idents(self.keys)
-        null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
-        with conn.connect() as db:
+            if self.mode != "upsert":
+                return
+            keys = pg.idents(self.keys)
+            null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
             bad = db.execute(
                 sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
                         "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=self._table(staging), n=null)
