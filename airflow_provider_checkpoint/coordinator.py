@@ -149,7 +149,8 @@ class CheckpointCoordinator:
             return restore_from, job
         # a pending restore sets the sinks to its own checkpoint: one of its earlier triggers may
         # have rolled them back past ``latest`` already, so ``latest`` is not committed to them again
-        self._finish(latest, commit_sinks=restore_from is None or restore_from[1] is None)
+        restore_requested = restore_from is not None and restore_from[1] is not None
+        self._finish(latest, commit_sinks=not restore_requested)
         job = self._running_job()  # e.g. a stop-with-savepoint finished just now
         pause = self.settings.min_pause_between_checkpoints_seconds
         if periodic and now - latest.completion_time < pause:
