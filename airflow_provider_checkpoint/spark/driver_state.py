@@ -30,15 +30,22 @@ if TYPE_CHECKING:
 DRIVER_INPUT_BYTES = 64 << 20
 """The largest input (Spark's size estimate) whose per-key partials the driver collects."""
 _RANGE = "__kgr"
+_ARROW_MERGEABLE = {"string", "byte", "short", "integer", "long", "boolean", "date", "timestamp", "timestamp_ntz"}
+_ARROW_MERGEABLE |= {"decimal"}
+"""Spark types (``typeName``) of state columns pyarrow groups, sums and compares as Spark does
+(not floating point: Spark orders NaN above every number, pyarrow skips it)."""
 
 
 def fits_driver(
     node: StatefulOperator, inputs: Mapping[str, DataFrame], restored: OperatorSnapshot, max_rows: int
 ) -> bool:
     """Whether this checkpoint of ``node`` is merged on the driver: its state has at most
-    ``max_rows`` rows and its input is small (by Spark's estimate; none over Spark Connect)."""
+    ``max_rows`` rows of simple types and its input is small (by Spark's estimate; none over
+    Spark Connect)."""
     if restored.rows > max_rows or node.partials(inputs) is None:
         return False
+    if any(f.dataType.typeName() not in _ARROW_MERGEABLE for f in state_schema(restored).fields):
+        return False  # e.g. a struct key: pyarrow cannot group by it
     sizes = [_estimated_bytes(df) for df in inputs.values()]
     return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
 
