@@ -264,5 +264,7 @@ def read_positions(fs: fsspec.AbstractFileSystem, root: str, dv: Descriptor, whe
             raise DocumentError(where, "deletionVector", f"fails its checksum in {path}")
     positions = deserialize(data, where)
     if len(positions) != dv.cardinality:
-        raise DocumentError(where, "deletionVector", f"names {len(positions)} rows, not its cardinality", dv.cardinality)
+        raise DocumentError(
+            where, "deletionVector", f"names {len(positions)} rows, not its cardinality", dv.cardinality
+        )
     return positions

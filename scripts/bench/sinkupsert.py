@@ -34,17 +34,24 @@ def _sinks(root: Path, buckets: int) -> dict[str, Any]:
 
 
 def _staged_bytes(table: Path, committables: list[dict[str, Any]]) -> int:
-    """Bytes the step wrote: the staged files the committables name (before the commit moves them)."""
+    """Bytes the step wrote: the staged files the committables name (before the commit moves them), with
+    the deletion vector files of a Delta upsert."""
+    from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor
+
     adds = [a["size"] for c in committables for a in c.get("adds", [])]
     moves = [(table / staged).stat().st_size for c in committables for staged, _ in c.get("moves", [])]
-    return sum(adds) + sum(moves)
+    dvs = {
+        Descriptor("u", d["new"]["pathOrInlineDv"], None, 1, 1).file() for c in committables for d in c.get("deletes", [])
+    }
+    return sum(adds) + sum(moves) + sum((table / str(p)).stat().st_size for p in dvs)
 
 
 def _read(name: str, table: Path) -> pd.DataFrame:
     if name == "delta":
+        import pyarrow as pa
         from deltalake import DeltaTable
 
-        return DeltaTable(str(table)).to_pyarrow_table().to_pandas()
+        return pa.table(DeltaTable(str(table)).scan()).to_pandas()  # scan() applies deletion vectors
     import pyarrow.dataset as ds
 
     return ds.dataset(str(table), format="parquet").to_table().to_pandas()
@@ -109,7 +116,7 @@ def render(result: dict[str, Any]) -> str:
         f"### Upsert sinks: Delta vs Parquet ({result['users']:,} keys, {result['buckets']} buckets)",
         "",
         "Checkpoint 1 writes the table; each later one changes N uniformly drawn existing keys. "
-        "`written` = bytes the step wrote (rewritten buckets); `commit` = finalize's commit.",
+        "`written` = bytes the step wrote (Parquet: rewritten buckets; Delta: changed rows, deletion vectors, compacted files); `commit` = finalize's commit.",
         "",
         "| changed keys | sink | step s | commit s | written MB | written / Parquet's |",
         "|---:|---|---:|---:|---:|---:|",
