@@ -360,7 +360,7 @@ class DeltaTableSink(TableDirectorySink):
                 f"Delta table {self.asset_uri()} has no commit of checkpoint {checkpoint_id} in its log "
                 f"(it has checkpoints {sorted(versions)}): cannot return the table to it"
             )
-        if self._files() == self._files(version):
+        if _identities(self._files()) == _identities(self._files(version)):
             return
         metadata = {"checkpoint_app_id": app_id, "restored_checkpoint": checkpoint_id}
         try:
@@ -419,6 +419,11 @@ def _kept(files: dict[str, DataFile]) -> set[str]:
     """The table-relative paths a version references: its data files and their DV files."""
     dvs = {f.deletion_vector.file() for f in files.values() if f.deletion_vector is not None}
     return set(files) | {p for p in dvs if p is not None}
+
+
+def _identities(files: dict[str, DataFile]) -> dict[str, Any]:
+    """A version's files as Delta tells them apart: path and deletion vector."""
+    return {path: f.deletion_vector for path, f in files.items()}
 
 
 def _dv_files(commit: DeltaCommit) -> set[str]:
