@@ -48,7 +48,7 @@ def z85_encode(data: bytes) -> str:
     """Z85 (ZeroMQ base-85) of ``data``, whose length is a multiple of 4."""
     if len(data) % 4:
         raise ValueError("Z85 encodes whole 4-byte words")
-    out = []
+    out: list[str] = []
     for (word,) in struct.iter_unpack(">I", data):
         chars = []
         for _ in range(5):
@@ -167,7 +167,9 @@ class _Reader:
             if runs and runs[i // 8] >> (i % 8) & 1:
                 (n,) = self.unpack("<H")
                 pairs = np.frombuffer(self.take(4 * n), dtype="<u2").reshape(-1, 2).astype(np.uint32)
-                low = np.concatenate([np.arange(s, s + length + 1, dtype=np.uint32) for s, length in pairs] or [[]])
+                low = np.concatenate(
+                    [np.arange(s, s + length + 1, dtype=np.uint32) for s, length in pairs] or [np.zeros(0, np.uint32)]
+                )
             elif card + 1 > _ARRAY_MAX:
                 bits = np.unpackbits(np.frombuffer(self.take(8192), dtype=np.uint8), bitorder="little")
                 low = np.flatnonzero(bits).astype(np.uint32)

@@ -41,7 +41,9 @@ def _staged_bytes(table: Path, committables: list[dict[str, Any]]) -> int:
     adds = [a["size"] for c in committables for a in c.get("adds", [])]
     moves = [(table / staged).stat().st_size for c in committables for staged, _ in c.get("moves", [])]
     dvs = {
-        Descriptor("u", d["new"]["pathOrInlineDv"], None, 1, 1).file() for c in committables for d in c.get("deletes", [])
+        Descriptor("u", d["new"]["pathOrInlineDv"], None, 1, 1).file()
+        for c in committables
+        for d in c.get("deletes", [])
     }
     return sum(adds) + sum(moves) + sum((table / str(p)).stat().st_size for p in dvs)
 
@@ -116,7 +118,8 @@ def render(result: dict[str, Any]) -> str:
         f"### Upsert sinks: Delta vs Parquet ({result['users']:,} keys, {result['buckets']} buckets)",
         "",
         "Checkpoint 1 writes the table; each later one changes N uniformly drawn existing keys. "
-        "`written` = bytes the step wrote (Parquet: rewritten buckets; Delta: changed rows, deletion vectors, compacted files); `commit` = finalize's commit.",
+        "`written` = bytes the step wrote (Parquet: rewritten buckets; Delta: changed rows, deletion vectors, "
+        "compacted files); `commit` = finalize's commit.",
         "",
         "| changed keys | sink | step s | commit s | written MB | written / Parquet's |",
         "|---:|---|---:|---:|---:|---:|",

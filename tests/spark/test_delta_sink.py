@@ -8,10 +8,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pandas as pd
 import pytest
-
-import fsspec
 
 from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource, delta_log
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
@@ -67,7 +66,6 @@ def _batch(checkpoint_id: int, n: int = 40) -> pd.DataFrame:
 
 
 def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
-    from deltalake import DeltaTable
 
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     appended = DeltaTableSink("events", SOURCE, str(tmp_path / "events"), partition_by=["region"])
@@ -92,7 +90,9 @@ def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
         assert upserted.describe_commit(checkpoint_id) == {"delta_version": checkpoint_id}  # version 0: the create
         for path, rows in ((tmp_path / "events", sum(map(len, all_rows))), (tmp_path / "latest", len(latest))):
             files = delta_log.snapshot(LOCAL, str(path), path.name).values()
-            live = sum((f.num_records or 0) - (f.deletion_vector.cardinality if f.deletion_vector else 0) for f in files)
+            live = sum(
+                (f.num_records or 0) - (f.deletion_vector.cardinality if f.deletion_vector else 0) for f in files
+            )
             assert live == rows, f"{path.name}: numRecords less the DVs' cardinalities must be the table's rows"
     for path in (tmp_path / "events", tmp_path / "latest"):
         assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}

@@ -1,5 +1,5 @@
-"""The Delta commit of an upsert checkpoint, written by us: delta-rs's transaction API has no
-deletion vectors.
+"""The Delta commit of a checkpoint: an append's by delta-rs, an upsert's written by us (delta-rs's
+transaction API has no deletion vectors).
 
 One commit file ``_delta_log/<version>.json`` created exclusively (a hard link locally, a
 conditional PUT on object stores): ``commitInfo``, ``txn(app id, checkpoint id)``, the
@@ -24,6 +24,7 @@ from airflow_provider_checkpoint.storage.writes import create_exclusive
 
 if TYPE_CHECKING:
     import fsspec
+    from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +106,27 @@ def _file(path: str, size: int, now: int, dv: Any, remove: bool = False) -> dict
 
 def _stats(records: int) -> str:
     return json.dumps({"numRecords": records})
+
+
+def commit_append(
+    table: DeltaTable, app_id: str, checkpoint_id: int, changes: DeltaCommit, partition_by: list[str]
+) -> None:
+    """The commit of an append table, by delta-rs (which retries on conflicts)."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.transaction import AddAction
+
+    now = int(time.time() * 1000)
+    actions: list[Any] = [
+        AddAction(a.path, a.size, a.partition_values, now, True, _stats(a.num_records)) for a in changes.adds
+    ]
+    table.create_write_transaction(
+        actions,
+        "append",
+        table.schema(),
+        partition_by=partition_by or None,
+        commit_properties=CommitProperties(
+            custom_metadata={"checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id},
+            app_transactions=[Transaction(app_id, checkpoint_id)],
+            max_commit_retries=RETRIES,
+        ),
+    )

@@ -25,6 +25,7 @@ from typing import Any
 
 from airflow_provider_checkpoint.core.documents import Fields, path_problem
 from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor, read_descriptor
+from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.exceptions import DocumentError, SinkSchemaError
 
 _UPSERT_FILE = re.compile(r"^chk-(\d+)/(?:[^/]+/)*part-(?:b(\d{5})|u\d{10}-\d{5})\.parquet$")
@@ -155,7 +156,7 @@ def read_delta_committables(
     if len(set(paths)) != len(paths):
         raise DocumentError(document, "committables", "name a file twice")
     if upsert:
-        added = [bucket_of_path(f.path) for f in adds if bucket_of_path(f.path) is not None]
+        added = [b for b in (bucket_of_path(f.path) for f in adds) if b is not None]
         if len(set(added)) != len(added) or any(b >= buckets for b in added):
             raise DocumentError(document, "committables", f"must add each bucket below {buckets} at most once")
     return DeltaCommit(adds, removes, deletes)
@@ -177,6 +178,22 @@ def _deletes(d: Fields, checkpoint_id: int, upsert: bool) -> DeltaDeletes:
     if new.cardinality > records or (old is not None and old.cardinality > new.cardinality):
         raise d.error("new", f"must delete at most the file's {records} rows and keep the rows deleted before")
     return DeltaDeletes(path, d.integer("size"), records, old, new)
+
+
+def kept_files(files: dict[str, DataFile]) -> set[str]:
+    """The table-relative paths a version references: its data files and their DV files."""
+    dvs = {f.deletion_vector.file() for f in files.values() if f.deletion_vector is not None}
+    return set(files) | {p for p in dvs if p is not None}
+
+
+def file_identities(files: dict[str, DataFile]) -> dict[str, Any]:
+    """A version's files as Delta tells them apart: path and deletion vector."""
+    return {path: f.deletion_vector for path, f in files.items()}
+
+
+def dv_files(commit: DeltaCommit) -> set[str]:
+    """The DV files a commit's new deletion vectors are stored in."""
+    return {p for p in (d.new.file() for d in commit.deletes) if p is not None}
 
 
 def check_input_columns(table: str, table_columns: dict[str, str], input_columns: dict[str, str]) -> None:

@@ -20,7 +20,6 @@ N committed. The claim (job, sink, layout) lives in ``_table.json`` beside ``_de
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import time
@@ -40,7 +39,10 @@ from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
     DeltaDeletes,
     DeltaFile,
     check_input_columns,
+    dv_files,
+    file_identities,
     is_upsert_file,
+    kept_files,
     read_delta_committables,
 )
 from airflow_provider_checkpoint.exceptions import (
@@ -272,12 +274,12 @@ class DeltaTableSink(TableDirectorySink):
                 size = None
             if size != add.size:
                 raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
-        missing = sorted(str(f) for f in _dv_files(commit) if not location.exists(f))
+        missing = sorted(str(f) for f in dv_files(commit) if not location.exists(f))
         if missing:
             raise DocumentError(document, "deletes", "name deletion vector files that do not exist", missing[:5])
         started = time.monotonic()
         if self.upsert is None:
-            self._commit_append(table, app_id, checkpoint_id, commit, document)
+            delta_commit.commit_append(table, app_id, checkpoint_id, commit, self.partition_by)
             version: int | None = self._open().version()
         else:
             fs, root = self._fs()
@@ -298,31 +300,7 @@ class DeltaTableSink(TableDirectorySink):
             len(commit.deletes),
             time.monotonic() - started,
         )
-        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | _dv_files(commit))
-
-    def _commit_append(
-        self, table: DeltaTable, app_id: str, checkpoint_id: int, commit: DeltaCommit, document: str
-    ) -> None:
-        """The commit of an append table, by delta-rs (which retries on conflicts)."""
-        from deltalake import CommitProperties, Transaction
-        from deltalake.transaction import AddAction
-
-        now = int(time.time() * 1000)
-        actions = [
-            AddAction(a.path, a.size, a.partition_values, now, True, json.dumps({"numRecords": a.num_records}))
-            for a in commit.adds
-        ]
-        table.create_write_transaction(
-            actions,
-            "append",
-            table.schema(),
-            partition_by=self.partition_by or None,
-            commit_properties=CommitProperties(
-                custom_metadata={"checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id},
-                app_transactions=[Transaction(app_id, checkpoint_id)],
-                max_commit_retries=20,
-            ),
-        )
+        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit))
 
     def committed_versions(self) -> dict[int, int]:
         """Checkpoint id → the Delta version that committed it, from the table's history."""
@@ -360,7 +338,7 @@ class DeltaTableSink(TableDirectorySink):
                 f"Delta table {self.asset_uri()} has no commit of checkpoint {checkpoint_id} in its log "
                 f"(it has checkpoints {sorted(versions)}): cannot return the table to it"
             )
-        if _identities(self._files()) == _identities(self._files(version)):
+        if file_identities(self._files()) == file_identities(self._files(version)):
             return
         metadata = {"checkpoint_app_id": app_id, "restored_checkpoint": checkpoint_id}
         try:
@@ -379,7 +357,7 @@ class DeltaTableSink(TableDirectorySink):
             return []
         if kept is None:
             version = self.committed_versions().get(checkpoint_id)
-            kept = _kept(self._files(version)) if version is not None else set()
+            kept = kept_files(self._files(version)) if version is not None else set()
         return [p for p in (location.relative(f) for f in location.fs.find(location.path(prefix))) if p not in kept]
 
     def _delete_all_but(self, checkpoint_id: int, kept: set[str] | None = None) -> None:
@@ -413,19 +391,3 @@ class DeltaTableSink(TableDirectorySink):
 def _columns(schema: Any) -> dict[str, str]:
     """Column name → Delta type of a delta-rs schema."""
     return {f.name: f.type.to_json().strip('"') for f in schema.fields}
-
-
-def _kept(files: dict[str, DataFile]) -> set[str]:
-    """The table-relative paths a version references: its data files and their DV files."""
-    dvs = {f.deletion_vector.file() for f in files.values() if f.deletion_vector is not None}
-    return set(files) | {p for p in dvs if p is not None}
-
-
-def _identities(files: dict[str, DataFile]) -> dict[str, Any]:
-    """A version's files as Delta tells them apart: path and deletion vector."""
-    return {path: f.deletion_vector for path, f in files.items()}
-
-
-def _dv_files(commit: DeltaCommit) -> set[str]:
-    """The DV files a commit's new deletion vectors are stored in."""
-    return {p for p in (d.new.file() for d in commit.deletes) if p is not None}
