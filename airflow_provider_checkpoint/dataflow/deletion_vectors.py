@@ -230,6 +230,13 @@ def new_descriptor_path(prefix: str) -> tuple[str, str]:
     return prefix + z85_encode(new.bytes), f"{prefix}/deletion_vector_{new}.bin"
 
 
+def inline(positions: np.ndarray) -> Descriptor:
+    """An inline (``'i'``) descriptor of ``positions``: the bitmap Z85-encoded in the log itself, padded
+    to whole 4-byte words (``sizeInBytes`` is the unpadded size)."""
+    data = serialize(positions)
+    return Descriptor("i", z85_encode(data + b"\0" * (-len(data) % 4)), None, len(data), len(positions))
+
+
 def write_file(
     fs: fsspec.AbstractFileSystem, path: str, prefix_and_name: str, bitmaps: Sequence[np.ndarray]
 ) -> list[Descriptor]:
@@ -250,6 +257,8 @@ def read_positions(fs: fsspec.AbstractFileSystem, root: str, dv: Descriptor, whe
     path = dv.file()
     if path is None:
         data = z85_decode(dv.path_or_inline) or b""
+        if len(data) < dv.size:
+            raise DocumentError(where, "deletionVector", "is shorter than its sizeInBytes", dv.size)
         data = data[: dv.size]
     else:
         assert dv.offset is not None

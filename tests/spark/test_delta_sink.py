@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource, delta_log
+from airflow_provider_checkpoint.dataflow.sinks import delta_upsert
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.spark.helpers import delta_commits_per_checkpoint, step_context
@@ -121,7 +122,9 @@ def test_upsert_writes_the_changed_rows_and_a_deletion_vector(spark, tmp_path):
     assert sink.audit() == []
 
 
-def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path):
+@pytest.mark.parametrize("inline_bytes", [delta_upsert.INLINE_DV_BYTES, 0])  # 0: every DV in a DV file
+def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline_bytes):
+    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", inline_bytes)
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "t"
     sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=1)
@@ -140,6 +143,15 @@ def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path):
     # checkpoint 2's file 10 of 30 (a DV); 4: checkpoint 2's file reaches 15 of 30 (rewritten)
     assert kinds == [(0, 1), (1, 1), (1, 0)]
     assert sink.audit() == []
+    changed = spark.createDataFrame(pd.DataFrame({"k": ["k70"], "v": [-5]}))
+    (staged,) = sink.stage(step_context(spark, storage, 5), changed)  # an attempt that never commits
+    dv_files = [p for p in (path / "chk-5").rglob("deletion_vector_*.bin")]
+    assert len(dv_files) == (0 if inline_bytes else 1) and len(staged["deletes"]) == 1
+    assert len(sink.audit()) == 1 + len(dv_files)  # its update file and DV file are orphans
+    sink.abort(5)
+    assert sink.audit() == [] and not (path / "chk-5").exists()
+    for name, got in _readers(spark, path).items():
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
 
 
 def test_commit_is_idempotent_and_other_attempts_are_deleted(spark, tmp_path):

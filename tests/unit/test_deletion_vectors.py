@@ -38,6 +38,9 @@ def test_z85_matches_the_zeromq_reference_vector():
 def test_bitmaps_round_trip(positions):
     values = np.asarray(positions, dtype=np.uint64)
     assert np.array_equal(dv.deserialize(dv.serialize(values), "dv"), values)
+    inline = dv.inline(values)  # Z85 in the log, padded to whole words
+    assert inline.file() is None and len(inline.path_or_inline) % 5 == 0
+    assert np.array_equal(dv.read_positions(LOCAL, "/nonexistent", inline, "dv"), values)
 
 
 def test_run_containers_of_other_writers_are_read():

@@ -11,7 +11,7 @@ Committables of checkpoint ``N`` (one item per staging attempt that reached the 
 
 An upsert table holds bucket files ``part-b<bucket>.parquet`` and update files
 ``part-u<checkpoint>-<n>.parquet`` (the changed rows of one checkpoint); a ``delete`` gives
-an earlier file a new deletion vector (``new``, in a DV file under ``chk-N/``) replacing
+an earlier file a new deletion vector (``new``, inline or in a DV file under ``chk-N/``) replacing
 ``old``. Every path is relative to the table, normalized, and has the shape the writer gives
 it: an add lies under ``chk-N/``, a remove or delete names a file of an earlier checkpoint;
 no path appears twice and an upsert adds each bucket at most once.
@@ -172,8 +172,8 @@ def _deletes(d: Fields, checkpoint_id: int, upsert: bool) -> DeltaDeletes:
     old = read_descriptor(d.obj("old")) if d.has("old") else None
     new = read_descriptor(d.obj("new"))
     dv_file = new.file()
-    if dv_file is None or not dv_file.startswith(f"chk-{checkpoint_id}/"):
-        raise d.error("new", f"must be a DV file under chk-{checkpoint_id}/", new.path_or_inline)
+    if dv_file is not None and not dv_file.startswith(f"chk-{checkpoint_id}/"):
+        raise d.error("new", f"must be inline or a DV file under chk-{checkpoint_id}/", new.path_or_inline)
     records = d.integer("num_records", 1)
     if new.cardinality > records or (old is not None and old.cardinality > new.cardinality):
         raise d.error("new", f"must delete at most the file's {records} rows and keep the rows deleted before")

@@ -3,7 +3,8 @@
 A checkpoint's upsert writes its changed rows once, as new *update files*
 (``part-u<checkpoint>-<n>.parquet``, by Spark), and deletes the rows they replace with
 deletion vectors: for each earlier file holding a changed key, the positions of those rows
-(and of the rows its DV deleted before) go into one DV file of the attempt. Nothing else
+(and of the rows its DV deleted before) become its new DV: inline in the log when small, else in
+one DV file of the attempt. Nothing else
 is rewritten, so the bytes written grow with the changed keys, not the table.
 
 Where a changed key can be: the bucket file (``part-b<bucket>``) of its bucket and any
@@ -49,6 +50,10 @@ COMPACT_FRACTION = 0.5
 """A file with at least this fraction of its rows deleted is rewritten with its live rows."""
 UPDATE_FILE_ROWS = 1_000_000
 """Rows per update file Spark writes (coalesced to ``ceil(rows / this)`` files)."""
+INLINE_DV_BYTES = 2048
+"""DVs up to this size go inline into the log (Z85: 5/4 of it); larger ones into a DV file. delta-rs
+1.6 (``scan()``, ``deletion_vectors()``) was seen to hang reading ~1,000 files' DVs from DV files and
+reads the same DVs inline; inline DVs also spare a reader one file read per data file."""
 THREADS = 8
 """Files whose keys are looked up (and compacted) at once."""
 _BUCKET = "_bucket"
@@ -176,11 +181,15 @@ def _remove(file: DataFile) -> DeltaFile:
 
 
 def _write_dvs(fs: fsspec.AbstractFileSystem, root: str, staging: str, found: list[_Found]) -> list[DeltaDeletes]:
-    """One DV file under ``staging`` holding the new DV of every file in ``found``."""
-    if not found:
-        return []
-    stored, path = deletion_vectors.new_descriptor_path(staging[len(root) + 1 :])
-    descriptors = deletion_vectors.write_file(fs, f"{root}/{path}", stored, [f.deleted for f in found])
+    """The new DV of every file in ``found``: inline in the log up to :data:`INLINE_DV_BYTES`, the larger
+    ones in one DV file under ``staging``."""
+    descriptors = [deletion_vectors.inline(f.deleted) for f in found]
+    large = [i for i, d in enumerate(descriptors) if d.size > INLINE_DV_BYTES]
+    if large:
+        stored, path = deletion_vectors.new_descriptor_path(staging[len(root) + 1 :])
+        written = deletion_vectors.write_file(fs, f"{root}/{path}", stored, [found[i].deleted for i in large])
+        for i, dv in zip(large, written, strict=True):
+            descriptors[i] = dv
     return [
         DeltaDeletes(f.file.path, f.file.size or 0, f.rows, f.file.deletion_vector, dv)
         for f, dv in zip(found, descriptors, strict=True)
