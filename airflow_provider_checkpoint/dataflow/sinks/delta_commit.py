@@ -7,7 +7,9 @@ removes, per file with new deletes a ``remove`` (with its old DV) and an ``add``
 same path with the new DV, and the adds. Another writer's commit in between is a conflict
 only if it touched a file this commit removes or deletes from (Delta's rule for deletes);
 otherwise the commit is retried on top of it. Every :data:`CHECKPOINT_INTERVAL` versions
-delta-rs writes a log checkpoint (it keeps the DVs).
+delta-rs writes a log checkpoint (it keeps the DVs): the log replay of each stage and commit
+(:func:`~airflow_provider_checkpoint.dataflow.delta_log.snapshot`) reads at most that many
+commits after it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRIES = 20
-CHECKPOINT_INTERVAL = 100
+CHECKPOINT_INTERVAL = 10
 
 
 def commit(
