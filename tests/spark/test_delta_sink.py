@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource, delta_log
-from airflow_provider_checkpoint.dataflow.sinks import delta_upsert
+from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.spark.helpers import delta_commits_per_checkpoint, step_context
@@ -125,6 +125,7 @@ def test_upsert_writes_the_changed_rows_and_a_deletion_vector(spark, tmp_path):
 @pytest.mark.parametrize("inline_bytes", [delta_upsert.INLINE_DV_BYTES, 0])  # 0: every DV in a DV file
 def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline_bytes):
     monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", inline_bytes)
+    monkeypatch.setattr(delta_commit, "CHECKPOINT_INTERVAL", 2)  # the log replay starts from a log checkpoint
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "t"
     sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=1)
@@ -142,6 +143,7 @@ def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, 
     # 2: 30 of the bucket file's 100 rows deleted (a DV); 3: the bucket file reaches 60 of 100 (rewritten),
     # checkpoint 2's file 10 of 30 (a DV); 4: checkpoint 2's file reaches 15 of 30 (rewritten)
     assert kinds == [(0, 1), (1, 1), (1, 0)]
+    assert (path / "_delta_log" / f"{4:020d}.checkpoint.parquet").exists()
     assert sink.audit() == []
     changed = spark.createDataFrame(pd.DataFrame({"k": ["k70"], "v": [-5]}))
     (staged,) = sink.stage(step_context(spark, storage, 5), changed)  # an attempt that never commits
