@@ -35,17 +35,20 @@ def _sinks(root: Path, buckets: int) -> dict[str, Any]:
 
 def _staged_bytes(table: Path, committables: list[dict[str, Any]]) -> int:
     """Bytes the step wrote: the staged files the committables name (before the commit moves them), with
-    the deletion vector files of a Delta upsert."""
-    from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor
-
+    a Delta upsert's deletion vectors (inline ones go into the commit)."""
     adds = [a["size"] for c in committables for a in c.get("adds", [])]
     moves = [(table / staged).stat().st_size for c in committables for staged, _ in c.get("moves", [])]
-    dvs = {
-        Descriptor("u", d["new"]["pathOrInlineDv"], None, 1, 1).file()
-        for c in committables
-        for d in c.get("deletes", [])
-    }
-    return sum(adds) + sum(moves) + sum((table / str(p)).stat().st_size for p in dvs)
+    dvs = [d["new"] for c in committables for d in c.get("deletes", [])]
+    dv_files = {next(table.glob(f"chk-*/**/{p.name}")) for p in map(Path, _dv_file_names(dvs))}
+    inline = [d["sizeInBytes"] for d in dvs if d["storageType"] == "i"]
+    return sum(adds) + sum(moves) + sum(inline) + sum(p.stat().st_size for p in dv_files)
+
+
+def _dv_file_names(dvs: list[dict[str, Any]]) -> set[str]:
+    from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor
+
+    files = (Descriptor("u", d["pathOrInlineDv"], d["offset"], 1, 1).file() for d in dvs if d["storageType"] == "u")
+    return {f for f in files if f}
 
 
 def _read(name: str, table: Path) -> pd.DataFrame:
