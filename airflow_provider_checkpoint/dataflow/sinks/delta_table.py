@@ -72,8 +72,8 @@ class DeltaTableSink(TableDirectorySink):
     ``upsert`` writes the first load into ``buckets`` files hashed by ``keys``; later
     checkpoints write their changed rows as new files and delete the replaced rows with
     deletion vectors (readers must apply them: delta-rs ``scan()``, DuckDB, Spark with
-    Delta): cost grows with the changed keys, not the table. ``partition_by`` is for ``append`` tables. The input's
-    columns must equal the table's (no automatic schema evolution).
+    Delta): cost grows with the changed keys, not the table. ``partition_by`` is for
+    ``append`` tables. The input's columns must equal the table's (no automatic schema evolution).
 
     :param uid: Unique id of the sink in the pipeline.
     :param input: The node whose records the table receives.
@@ -81,8 +81,8 @@ class DeltaTableSink(TableDirectorySink):
     :param mode: ``"append"`` or ``"upsert"``.
     :param keys: The key columns of an upsert table.
     :param partition_by: Partition columns of an append table (created with them).
-    :param buckets: Number of bucket files of an upsert table (1 to 4096; fixed once written).
-    :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver.
+    :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
+    :param driver_merge_rows: A first load of at most this many rows is bucketed in the driver (pyarrow).
     :param storage_options: Options of the table's storage, for fsspec and delta-rs.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
