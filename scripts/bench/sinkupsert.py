@@ -124,17 +124,18 @@ def render(result: dict[str, Any]) -> str:
         "`written` = bytes the step wrote (Parquet: rewritten buckets; Delta: changed rows, deletion vectors, "
         "compacted files); `commit` = finalize's commit.",
         "",
-        "| changed keys | sink | step s | commit s | written MB | written / Parquet's |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| changed keys | sink | step s | step / Parquet's | commit s | written MB | written / Parquet's |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     by = {(r["checkpoint"], r["sink"]): r for r in result["rows"]}
     for (checkpoint, sink), r in sorted(by.items()):
         if checkpoint == 1:
             continue
-        ratio = r["written_bytes"] / max(by[(checkpoint, "parquet")]["written_bytes"], 1)
+        parquet = by[(checkpoint, "parquet")]
+        ratio = r["written_bytes"] / max(parquet["written_bytes"], 1)
         lines.append(
-            f"| {r['changed']:,} | {sink} | {r['step_s']:.2f} | {r['commit_s']:.3f} | "
-            f"{r['written_bytes'] / MB:.1f} | {ratio:.2f} |"
+            f"| {r['changed']:,} | {sink} | {r['step_s']:.2f} | {r['step_s'] / parquet['step_s']:.2f} | "
+            f"{r['commit_s']:.3f} | {r['written_bytes'] / MB:.2f} | {ratio:.3f} |"
         )
     lines.append("")
     lines.append(

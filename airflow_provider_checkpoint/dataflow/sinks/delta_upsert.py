@@ -87,11 +87,15 @@ def stage(
     url: Callable[[str], str],
 ) -> StagedUpsert:
     """Stage the upsert of ``df`` (the changed rows) into a table whose files are ``live``."""
-    keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
-    ctx.add_metric("sink_rows", keys.num_rows)
-    if not keys.num_rows:
-        return StagedUpsert([], [], [])
-    adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging, url)
+    df = df.cache()  # read twice: its keys, then its rows
+    try:
+        keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
+        ctx.add_metric("sink_rows", keys.num_rows)
+        if not keys.num_rows:
+            return StagedUpsert([], [], [])
+        adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging, url)
+    finally:
+        df.unpersist()
     affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
     candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
     changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
