@@ -38,7 +38,9 @@ MAGIC = 1681511377
 _NO_RUNS, _RUNS = 12346, 12347  # Roaring portable cookies
 _ARRAY_MAX = 4096
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
-_Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
+_Z85_TABLE = np.full(256, -1, dtype=np.int64)
+_Z85_TABLE[np.frombuffer(_Z85.encode(), dtype=np.uint8)] = np.arange(85)
+_Z85_POWERS = np.array([85**4, 85**3, 85**2, 85, 1], dtype=np.uint64)
 _UUID_CHARS = 20
 MAX_POSITIONS = 2**31
 """A DV never names more rows than a Parquet file of ours can hold."""
@@ -60,17 +62,14 @@ def z85_encode(data: bytes) -> str:
 
 def z85_decode(text: str) -> bytes | None:
     """The bytes of Z85 ``text``; ``None`` if it is not Z85."""
-    if len(text) % 5 or any(c not in _Z85_VALUE for c in text):
+    raw = np.frombuffer(text.encode("latin-1", errors="replace"), dtype=np.uint8)
+    digits = _Z85_TABLE[raw]
+    if len(text) % 5 or (digits < 0).any():
         return None
-    words = []
-    for i in range(0, len(text), 5):
-        word = 0
-        for c in text[i : i + 5]:
-            word = word * 85 + _Z85_VALUE[c]
-        if word >= 2**32:
-            return None
-        words.append(word)
-    return struct.pack(f">{len(words)}I", *words)
+    words = digits.reshape(-1, 5).astype(np.uint64) @ _Z85_POWERS
+    if (words >= 2**32).any():
+        return None
+    return words.astype(">u4").tobytes()
 
 
 # -- bitmaps ---------------------------------------------------------------------------------

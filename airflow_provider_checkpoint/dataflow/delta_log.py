@@ -188,17 +188,26 @@ def check_metadata(metadata: Mapping[str, Any], table: str, version: int) -> Non
         )
 
 
-def _file_key(f: DataFile) -> tuple[str, str | None]:
-    """A file's identity in the log: its path and its DV's unique id (Delta's reconciliation key)."""
-    dv = f.deletion_vector
-    return f.path, None if dv is None else f"{dv.storage_type}{dv.path_or_inline}@{dv.offset}"
+def dv_id(dv: Any) -> str | None:
+    """A (raw) deletion vector descriptor's unique id, ``None`` for none: with the path, the identity
+    of a file in the log (Delta's reconciliation key)."""
+    if not isinstance(dv, Mapping):
+        return None
+    return f"{dv.get('storageType')}{dv.get('pathOrInlineDv')}@{dv.get('offset')}"
 
 
-def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None) -> dict[str, DataFile]:
-    """The live files of the table at ``version`` (default: the latest) by path, with their DVs.
+RawFile = tuple[int, dict[str, Any]]
+"""A live ``add`` action as the log holds it (not validated) and the version of its commit."""
+
+
+def live_actions(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None
+) -> dict[tuple[str, str | None], RawFile]:
+    """The live ``add`` actions of the table at ``version`` (default: the latest) by (path, DV id).
 
     Replays the log from its last classic checkpoint (single or multi-part Parquet) at or
-    before ``version``, then the commits after it, reconciling actions by path and DV.
+    before ``version``, then the commits after it. The actions are not validated: callers
+    validate what they use (:func:`snapshot`) or only compare identities.
     """
     import pyarrow.parquet as pq
 
@@ -206,28 +215,40 @@ def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int 
     end = versions[-1] if version is None and versions else version
     if end is None:
         raise DeltaSourceError(f"Delta table {table} has no commits")
-    live: dict[tuple[str, str | None], DataFile] = {}
+    live: dict[tuple[str, str | None], RawFile] = {}
     start = 0
     checkpoints = _checkpoints(fs, root, end)
     if checkpoints:
         start, parts = checkpoints
         for part in parts:
-            document = f"{table}/{LOG_DIR}/{part.rsplit('/', 1)[-1]}"
             with fs.open(part, "rb") as f:
                 rows = pq.read_table(f, columns=["add"]).column("add").to_pylist()
-            for i, row in enumerate(rows):
+            for row in rows:
                 if row is not None:
                     row["partitionValues"] = dict(row.get("partitionValues") or [])
-                    added = data_file(Fields(row, document, f"add[{i}]"), None, start)
-                    live[_file_key(added)] = added
+                    live[_key(row)] = (start, row)
         start += 1
     for v in range(start, end + 1):
-        for kind, f in read_actions(fs, root, v, table):
+        for kind, raw in _raw_actions(fs, root, v, table):
             if kind == "add":
-                live[_file_key(f)] = f
+                live[_key(raw)] = (v, raw)
             else:
-                live.pop(_file_key(f), None)
-    return {f.path: f for f in live.values()}
+                live.pop(_key(raw), None)
+    return live
+
+
+def _key(raw: dict[str, Any]) -> tuple[str, str | None]:
+    path = raw.get("path")
+    return unquote(path) if isinstance(path, str) else "", dv_id(raw.get("deletionVector"))
+
+
+def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None) -> dict[str, DataFile]:
+    """The live files of the table at ``version`` (default: the latest) by path, with their DVs, validated."""
+    files = {}
+    for i, (v, raw) in enumerate(live_actions(fs, root, table, version).values()):
+        f = data_file(Fields(raw, f"{table}/{LOG_DIR} at version {v}", f"live add[{i}]"), None, v)
+        files[f.path] = f
+    return files
 
 
 def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[int, list[str]] | None:
@@ -246,17 +267,16 @@ def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[in
     return None
 
 
-def read_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> list[tuple[str, DataFile]]:
-    """The ``add`` and ``remove`` actions of commit ``version`` in order, data change or not."""
+def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> list[tuple[str, Any]]:
+    """The ``add`` and ``remove`` actions of commit ``version`` in order, as the log holds them."""
     name = f"{LOG_DIR}/{version:020d}.json"
-    document = f"{table}/{name}"
     with fs.open(f"{root}/{name}", "rb") as f:
         lines = f.read().splitlines()
     out = []
-    for number, line in enumerate(lines, 1):
+    for line in lines:
         if line.strip():
-            action = Fields(load_json(line, document), document, f"line {number}")
+            action = load_json(line, f"{table}/{name}")
             for kind in ("add", "remove"):
-                if action.has(kind):
-                    out.append((kind, data_file(action.obj(kind), None, version)))
+                if isinstance(action, dict) and isinstance(action.get(kind), dict):
+                    out.append((kind, action[kind]))
     return out

@@ -47,10 +47,9 @@ def commit(
     """Commit ``changes`` with ``txn(app_id, checkpoint_id)``; the new version, ``None`` if
     ``committed()`` says another attempt committed the checkpoint meanwhile."""
     for _ in range(RETRIES):
-        versions = delta_log.commit_versions(fs, root)
-        live = delta_log.snapshot(fs, root, table, versions[-1])
-        _check(live, changes, document)
-        version = versions[-1] + 1
+        latest = delta_log.commit_versions(fs, root)[-1]
+        _check(delta_log.live_actions(fs, root, table, latest), changes, document)
+        version = latest + 1
         if create_exclusive(
             fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", _body(app_id, checkpoint_id, changes)
         ):
@@ -61,10 +60,11 @@ def commit(
     raise CheckpointStorageError(f"Delta table {table}: no commit version free after {RETRIES} attempts")
 
 
-def _check(live: dict[str, delta_log.DataFile], changes: DeltaCommit, document: str) -> None:
-    """Every file removed or deleted from is live in the table with the DV the step saw."""
+def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: DeltaCommit, document: str) -> None:
+    """Every file removed or deleted from is live in the table with the DV the step saw (identities
+    compared only: the live actions need no validation here)."""
     seen = [(r.path, r.deletion_vector) for r in changes.removes] + [(d.path, d.old) for d in changes.deletes]
-    stale = [path for path, dv in seen if path not in live or live[path].deletion_vector != dv]
+    stale = [path for path, dv in seen if (path, delta_log.dv_id(dv.to_json() if dv else None)) not in live]
     if stale:
         raise DocumentError(
             document, "removes", "name files the table does not hold as staged (another commit changed them)", stale[:5]
