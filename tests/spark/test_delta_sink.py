@@ -129,23 +129,25 @@ def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, 
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "t"
     sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=1)
-    truth = pd.DataFrame({"k": [f"k{i}" for i in range(100)], "v": range(100)})
+    at = pd.to_datetime([1_700_000_000 + i for i in range(100)], unit="s")  # timestamps survive compaction
+    truth = pd.DataFrame({"k": [f"k{i}" for i in range(100)], "v": range(100), "at": at})
     sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(truth)))
     kinds = []
     for checkpoint_id, keys in ((2, range(0, 30)), (3, range(20, 60)), (4, range(0, 5))):
-        changed = pd.DataFrame({"k": [f"k{i}" for i in keys], "v": [-checkpoint_id] * len(keys)})
+        changed = pd.DataFrame({"k": [f"k{i}" for i in keys], "v": [-checkpoint_id] * len(keys), "at": at[0]})
         (staged,) = sink.stage(step_context(spark, storage, checkpoint_id), spark.createDataFrame(changed))
         kinds.append((len(staged["removes"]), len(staged["deletes"])))
         sink.commit(checkpoint_id, [staged])
         truth = pd.concat([truth[~truth.k.isin(changed.k)], changed])
         for name, got in _readers(spark, path).items():
+            got["at"] = pd.to_datetime(got["at"], utc=True).dt.tz_localize(None)
             pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
     # 2: 30 of the bucket file's 100 rows deleted (a DV); 3: the bucket file reaches 60 of 100 (rewritten),
     # checkpoint 2's file 10 of 30 (a DV); 4: checkpoint 2's file reaches 15 of 30 (rewritten)
     assert kinds == [(0, 1), (1, 1), (1, 0)]
     assert (path / "_delta_log" / f"{4:020d}.checkpoint.parquet").exists()
     assert sink.audit() == []
-    changed = spark.createDataFrame(pd.DataFrame({"k": ["k70"], "v": [-5]}))
+    changed = spark.createDataFrame(pd.DataFrame({"k": ["k70"], "v": [-5], "at": at[:1]}))
     (staged,) = sink.stage(step_context(spark, storage, 5), changed)  # an attempt that never commits
     dv_files = [p for p in (path / "chk-5").rglob("deletion_vector_*.bin")]
     assert len(dv_files) == (0 if inline_bytes else 1) and len(staged["deletes"]) == 1
@@ -153,6 +155,7 @@ def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, 
     sink.abort(5)
     assert sink.audit() == [] and not (path / "chk-5").exists()
     for name, got in _readers(spark, path).items():
+        got["at"] = pd.to_datetime(got["at"], utc=True).dt.tz_localize(None)
         pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
 
 

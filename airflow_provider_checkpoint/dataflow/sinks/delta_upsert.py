@@ -42,6 +42,7 @@ from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
 if TYPE_CHECKING:
     import fsspec
     import pyarrow as pa
+    import pyarrow.parquet as pq
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.spark.context import StepContext
@@ -166,7 +167,7 @@ def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) 
     written, at = 0, 0
     with fs.open(f"{root}/{found.file.path}", "rb") as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
-        schema = pa.schema([f.with_nullable(True) for f in reader.schema_arrow])
+        schema = _rewrite_schema(reader)
         with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
             for batch in reader.iter_batches(batch_size=BATCH_ROWS):
                 positions = np.arange(at, at + batch.num_rows, dtype=np.uint64)
@@ -178,6 +179,20 @@ def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) 
     if not written:
         fs.rm(out)
     return out, written
+
+
+def _rewrite_schema(reader: pq.ParquetFile) -> pa.Schema:
+    """The schema a compacted file is written with: its own, every column nullable, and Spark's INT96
+    timestamps (UTC instants) as UTC timestamps, as the table's ``timestamp`` type means."""
+    import pyarrow as pa
+
+    int96 = {c.path for c in reader.schema if c.physical_type == "INT96"}
+    return pa.schema(
+        [
+            (f.with_type(pa.timestamp("us", "UTC")) if f.name in int96 else f).with_nullable(True)
+            for f in reader.schema_arrow
+        ]
+    )
 
 
 def _remove(file: DataFile) -> DeltaFile:
