@@ -24,10 +24,13 @@ from urllib.parse import unquote
 import fsspec
 
 from airflow_provider_checkpoint.core.documents import Fields, load_json, path_problem
+from airflow_provider_checkpoint.dataflow import deletion_vectors
+from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, DocumentError, InvalidPositionError, shorten
 
 LOG_DIR = "_delta_log"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _MAX_VERSION = 2**63 - 1
 _GLOB = re.compile(r"[*?\[\]{}]")
@@ -65,6 +68,10 @@ class DataFile(NamedTuple):
     """``"insert"``/``"delete"`` for a whole data file; ``None`` for plain reads and ``cdc`` files
     (which hold ``_change_type`` themselves)."""
     commit_version: int | None = None
+    deletion_vector: Descriptor | None = None
+    """The rows of the file this action marks deleted (its other rows are the action's rows)."""
+    size: int | None = None
+    num_records: int | None = None
 
 
 def data_file(action: Fields, change_type: str | None, version: int | None) -> DataFile:
@@ -77,9 +84,15 @@ def data_file(action: Fields, change_type: str | None, version: int | None) -> D
     for key, value in values.items():
         if not (value is None or isinstance(value, str)):
             raise action.error(f"partitionValues.{key}", "must be a string or null", value)
-    if action.has("deletionVector"):
-        raise action.error("deletionVector", "is not supported: the source reads whole Parquet files")
-    return DataFile(path, tuple(sorted(values.items())), change_type, version)
+    dv = deletion_vectors.read_descriptor(action.obj("deletionVector")) if action.has("deletionVector") else None
+    size = action.integer("size", default=None)
+    records = None
+    stats = action.raw.get("stats")
+    if isinstance(stats, str) and stats:
+        parsed = load_json(stats, action.name("stats"))
+        count = parsed.get("numRecords") if isinstance(parsed, dict) else None
+        records = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+    return DataFile(path, tuple(sorted(values.items())), change_type, version, dv, size, records)
 
 
 def load_schema(text: str, table: str) -> dict[str, Any]:
@@ -173,3 +186,97 @@ def check_metadata(metadata: Mapping[str, Any], table: str, version: int) -> Non
             f"Delta table {table}: version {version} uses column mapping ({shorten(mapping)}), which "
             "DeltaSource does not read"
         )
+
+
+def dv_id(dv: Any) -> str | None:
+    """A (raw) deletion vector descriptor's unique id, ``None`` for none: with the path, the identity
+    of a file in the log (Delta's reconciliation key)."""
+    if not isinstance(dv, Mapping):
+        return None
+    return f"{dv.get('storageType')}{dv.get('pathOrInlineDv')}@{dv.get('offset')}"
+
+
+RawFile = tuple[int, dict[str, Any]]
+"""A live ``add`` action as the log holds it (not validated) and the version of its commit."""
+
+
+def live_actions(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None
+) -> dict[tuple[str, str | None], RawFile]:
+    """The live ``add`` actions of the table at ``version`` (default: the latest) by (path, DV id).
+
+    Replays the log from its last classic checkpoint (single or multi-part Parquet) at or
+    before ``version``, then the commits after it. The actions are not validated: callers
+    validate what they use (:func:`snapshot`) or only compare identities.
+    """
+    import pyarrow.parquet as pq
+
+    versions = commit_versions(fs, root)
+    end = versions[-1] if version is None and versions else version
+    if end is None:
+        raise DeltaSourceError(f"Delta table {table} has no commits")
+    live: dict[tuple[str, str | None], RawFile] = {}
+    start = 0
+    checkpoints = _checkpoints(fs, root, end)
+    if checkpoints:
+        start, parts = checkpoints
+        for part in parts:
+            with fs.open(part, "rb") as f:
+                rows = pq.read_table(f, columns=["add"]).column("add").to_pylist()
+            for row in rows:
+                if row is not None:
+                    row["partitionValues"] = dict(row.get("partitionValues") or [])
+                    live[_key(row)] = (start, row)
+        start += 1
+    for v in range(start, end + 1):
+        for kind, raw in _raw_actions(fs, root, v, table):
+            if kind == "add":
+                live[_key(raw)] = (v, raw)
+            else:
+                live.pop(_key(raw), None)
+    return live
+
+
+def _key(raw: dict[str, Any]) -> tuple[str, str | None]:
+    path = raw.get("path")
+    return unquote(path) if isinstance(path, str) else "", dv_id(raw.get("deletionVector"))
+
+
+def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None) -> dict[str, DataFile]:
+    """The live files of the table at ``version`` (default: the latest) by path, with their DVs, validated."""
+    files = {}
+    for i, (v, raw) in enumerate(live_actions(fs, root, table, version).values()):
+        f = data_file(Fields(raw, f"{table}/{LOG_DIR} at version {v}", f"live add[{i}]"), None, v)
+        files[f.path] = f
+    return files
+
+
+def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[int, list[str]] | None:
+    """The newest complete classic checkpoint at or before ``end``: its version and part files."""
+    names = [n.rsplit("/", 1)[-1] for n in fs.ls(f"{root}/{LOG_DIR}", detail=False)]
+    found: dict[int, dict[int, list[str]]] = {}
+    for name in names:
+        match = _CHECKPOINT.match(name)
+        if match and int(match.group(1)) <= end:
+            parts = int(match.group(3) or 1)
+            found.setdefault(int(match.group(1)), {}).setdefault(parts, []).append(f"{root}/{LOG_DIR}/{name}")
+    for v in sorted(found, reverse=True):
+        for parts, files in found[v].items():
+            if len(files) == parts:
+                return v, sorted(files)
+    return None
+
+
+def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> list[tuple[str, Any]]:
+    """The ``add`` and ``remove`` actions of commit ``version`` in order, as the log holds them."""
+    name = f"{LOG_DIR}/{version:020d}.json"
+    with fs.open(f"{root}/{name}", "rb") as f:
+        lines = f.read().splitlines()
+    out = []
+    for line in lines:
+        if line.strip():
+            action = load_json(line, f"{table}/{name}")
+            for kind in ("add", "remove"):
+                if isinstance(action, dict) and isinstance(action.get(kind), dict):
+                    out.append((kind, action[kind]))
+    return out

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.core.documents import Fields, JsonDict
-from airflow_provider_checkpoint.dataflow import delta_log
+from airflow_provider_checkpoint.core.documents import JsonDict
+from airflow_provider_checkpoint.dataflow import deletion_vectors, delta_log
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
@@ -51,7 +51,9 @@ class DeltaSource(Source):
       ``update_preimage``, ``update_postimage``). Elsewhere (any writer, e.g. our
       ``DeltaTableSink``'s upserts): the rows of the files a commit removes as ``delete`` and
       of those it adds as ``insert`` — exact as a net change, the unchanged rows of a
-      rewritten file coming out once deleted and once inserted.
+      rewritten file coming out once deleted and once inserted. A file's rows are those its
+      action's deletion vector leaves (Spark's ``_metadata.row_index``), so a commit giving
+      a file a new DV (our upserts, Spark's DELETE/MERGE) reads as the newly deleted rows.
 
     **First checkpoint.** ``starting_version=None`` (default) reads the table as of the
     first barrier's version — its current rows, as inserts of that version with the change
@@ -63,7 +65,7 @@ class DeltaSource(Source):
     **Refusals** (:class:`DeltaSourceError`, no retry, nothing committed): the log no
     longer holds a commit of the range, or a file of it was vacuumed (the message names the
     versions: restore from a newer checkpoint, or start the job afresh); the table was
-    replaced (another ``metaData.id``); column mapping, deletion vectors.
+    replaced (another ``metaData.id``); column mapping.
 
     :param uid: Stable id of the source (keys its position in checkpoints).
     :param path: URL of the table root (a local path, ``s3://...``).
@@ -104,14 +106,14 @@ class DeltaSource(Source):
         fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
         return fs, root.rstrip("/")
 
-    def _table(self, version: int | None = None, table_id: str | None = None, files: bool = False) -> DeltaTable:
+    def _table(self, version: int | None = None, table_id: str | None = None) -> DeltaTable:
         """The table (at ``version``), checked readable and, given ``table_id``, the same table."""
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
         at = "" if version is None else f" at version {version}"
         try:
-            table = DeltaTable(self.path, version, self.storage_options or None, without_files=not files)
+            table = DeltaTable(self.path, version, self.storage_options or None, without_files=True)
         except TableNotFoundError:
             raise DeltaSourceError(f"source {self.uid}: {self.path} is not a Delta table") from None
         except DeltaError as e:
@@ -172,21 +174,13 @@ class DeltaSource(Source):
         return [f for c in commits for f in delta_log.changed_files(c, self.path, self.change_data_feed)]
 
     def _snapshot(self, end: Position) -> list[DataFile]:
-        """The files of the table at ``end``: its rows (inserts of that version with the feed)."""
-        import pyarrow as pa
-
-        actions = pa.table(self._table(end.version, end.table_id, files=True).get_add_actions(flatten=False))
-        partitions = actions.column("partition").to_pylist() if "partition" in actions.column_names else None
+        """The files of the table at ``end`` with their deletion vectors: its rows (inserts of that version
+        with the feed)."""
+        self._table(end.version, end.table_id)  # the table is still the one read so far
+        fs, root = self._fs()
         change, version = ("insert", end.version) if self.change_data_feed else (None, None)
-        document = f"{self.path} files at version {end.version}"
-        return [
-            delta_log.data_file(
-                Fields({"path": path, "partitionValues": (partitions[i] if partitions else None) or {}}, document),
-                change,
-                version,
-            )
-            for i, path in enumerate(actions.column("path").to_pylist())
-        ]
+        files = delta_log.snapshot(fs, root, self.path, end.version).values()
+        return [f._replace(change_type=change, commit_version=version) for f in files]
 
     def _check_present(self, files: Sequence[DataFile], start: Position | None, end: Position) -> None:
         """Every file is still there: a vacuumed one is a :class:`DeltaSourceError` naming the versions."""
@@ -224,6 +218,18 @@ class DeltaSource(Source):
         log.info("source %s: %d file(s) of %s, %s", self.uid, len(files), self.path, read)
         return self._load(ctx.spark, schema, table.metadata().partition_columns, files).cache()
 
+    def read_version(self, spark: SparkSession, version: int | None = None) -> DataFrame:
+        """The table's rows at ``version`` (default: the latest) as Spark reads them from the version's
+        files: partition columns from the log, rows deleted by deletion vectors left out. For readers
+        without Delta's JVM connector; the change columns are not added."""
+        from pyspark.sql.types import StructType
+
+        plain = DeltaSource(self.uid, self.path, self.storage_options)  # no change columns
+        table = plain._table(version)
+        files = plain._snapshot(Position(table.version()))
+        schema = StructType.fromJson(delta_log.load_schema(table.schema().to_json(), self.path))
+        return plain._load(spark, schema, table.metadata().partition_columns, files)
+
     def output_schema(self, schema: StructType) -> StructType:
         """The columns this source gives: the table's, plus the change columns with the feed."""
         from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -260,7 +266,7 @@ class DeltaSource(Source):
 
         def per_file(value: Callable[[DataFile], Any]) -> Column:
             pairs = [F.lit(x) for name, f in files.items() for x in (name, value(f))]
-            return F.element_at(F.create_map(*pairs), F.col("_metadata.file_name"))
+            return F.element_at(F.create_map(*pairs), F.col(_FILE))
 
         def partition_value(column: str) -> Callable[[DataFile], str | None]:
             return lambda f: dict(f.partition_values).get(column)
@@ -270,6 +276,11 @@ class DeltaSource(Source):
         read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if feed else [])])
         fs, root = self._fs()
         df = spark.read.schema(read).parquet(*[fs.unstrip_protocol(f"{root}/{f.path}") for f in files.values()])
+        df = df.withColumn(_FILE, F.col("_metadata.file_name"))
+        deleted = _deleted_rows(fs, root, files)
+        if deleted is not None:  # rows a deletion vector deletes are not the file's rows
+            df = df.withColumn(_ROW, F.col("_metadata.row_index"))
+            df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
             if c.name in partition_columns
@@ -282,3 +293,24 @@ class DeltaSource(Source):
                 per_file(lambda f: f.commit_version).cast("long").alias(COMMIT_VERSION),
             ]
         return df.select(*columns)
+
+
+_FILE, _ROW = "__delta_file", "__delta_row"
+
+
+def _deleted_rows(fs: fsspec.AbstractFileSystem, root: str, files: dict[str, DataFile]) -> Any:
+    """``(file name, row index)`` of every row the files' deletion vectors delete, as an Arrow table;
+    ``None`` if no file has one."""
+    import numpy as np
+    import pyarrow as pa
+
+    names, rows = [], []
+    for name, f in files.items():
+        if f.deletion_vector is not None:
+            where = f"deletion vector of {f.path}"
+            positions = deletion_vectors.read_positions(fs, root, f.deletion_vector, where)
+            names.append(np.full(len(positions), name, dtype=object))
+            rows.append(positions.astype(np.int64))
+    if not names:
+        return None
+    return pa.table({_FILE: pa.array(np.concatenate(names), pa.string()), _ROW: np.concatenate(rows)})

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -41,7 +42,7 @@ def expected(events: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 def delta(path: Path, keys: list[str]) -> pd.DataFrame:
-    df = DeltaTable(str(path)).to_pandas()
+    df = pa.table(DeltaTable(str(path)).scan()).to_pandas()  # scan() applies deletion vectors
     return df.sort_values(keys, ignore_index=True)[sorted(df.columns)]
 
 

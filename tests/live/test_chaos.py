@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from airflow_provider_checkpoint.jobs.audit import audit_job
@@ -218,7 +219,7 @@ class ChaosJob:
         from deltalake import DeltaTable
 
         out = {}
-        if problem := table_mismatch(DeltaTable(str(table)).to_pandas(), truth, "user_totals"):
+        if problem := table_mismatch(pa.table(DeltaTable(str(table)).scan()).to_pandas(), truth, "user_totals"):
             out[sink] = problem
         commits = delta_commits(table, f"airflow-checkpoint:{self.job_id}:{sink}")
         if set(commits) - self.committed() - self.rolled_back or max(commits.values(), default=0) > 1:

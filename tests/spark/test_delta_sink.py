@@ -8,10 +8,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
+from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource, delta_log
+from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.spark.helpers import delta_commits_per_checkpoint, step_context
@@ -19,6 +21,7 @@ from tests.spark.helpers import delta_commits_per_checkpoint, step_context
 pytestmark = pytest.mark.spark
 
 SOURCE = FileSource("src", "/nonexistent", "json", "x STRING")
+LOCAL = fsspec.filesystem("file")
 
 
 def _sorted(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -36,15 +39,20 @@ def _duckdb(path: Path) -> pd.DataFrame:
     return con.sql(f"SELECT * FROM delta_scan('{path}')").df()
 
 
-def _readers(spark: Any, path: Path) -> dict[str, pd.DataFrame]:
-    """The latest version as delta-rs (pyarrow), DuckDB and Spark (the version's files) read it."""
+def _delta_rs(path: Path) -> pd.DataFrame:
+    """The latest version through delta-rs's ``scan()``, which applies deletion vectors."""
+    import pyarrow as pa
     from deltalake import DeltaTable
 
-    table = DeltaTable(str(path))
+    return pa.table(DeltaTable(str(path)).scan()).to_pandas()
+
+
+def _readers(spark: Any, path: Path) -> dict[str, pd.DataFrame]:
+    """The latest version as delta-rs, DuckDB and Spark (the version's files, DVs applied) read it."""
     return {
-        "pyarrow": table.to_pyarrow_table().to_pandas(),
+        "pyarrow": _delta_rs(path),
         "duckdb": _duckdb(path),
-        "spark": spark.read.parquet(*table.file_uris()).toPandas(),
+        "spark": DeltaSource("read", str(path)).read_version(spark).toPandas(),
     }
 
 
@@ -59,7 +67,6 @@ def _batch(checkpoint_id: int, n: int = 40) -> pd.DataFrame:
 
 
 def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
-    from deltalake import DeltaTable
 
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     appended = DeltaTableSink("events", SOURCE, str(tmp_path / "events"), partition_by=["region"])
@@ -75,9 +82,6 @@ def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
         all_rows.append(batch)
         latest = changed if latest is None else pd.concat([latest[~latest.k.isin(changed.k)], changed])
         for name, got in _readers(spark, tmp_path / "events").items():
-            if name == "spark":  # the version's files hold no partition column (it is in the log)
-                assert len(got) == sum(map(len, all_rows))
-                continue
             pd.testing.assert_frame_equal(
                 _sorted(got, ["v"]), _sorted(pd.concat(all_rows), ["v"]), check_dtype=False, obj=name
             )
@@ -86,8 +90,11 @@ def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
             pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(latest, ["k"]), check_dtype=False, obj=name)
         assert upserted.describe_commit(checkpoint_id) == {"delta_version": checkpoint_id}  # version 0: the create
         for path, rows in ((tmp_path / "events", sum(map(len, all_rows))), (tmp_path / "latest", len(latest))):
-            stats = DeltaTable(str(path)).get_add_actions().column("num_records").to_pylist()
-            assert sum(stats) == rows, f"{path.name}: the files' numRecords stats must add up to the table's rows"
+            files = delta_log.snapshot(LOCAL, str(path), path.name).values()
+            live = sum(
+                (f.num_records or 0) - (f.deletion_vector.cardinality if f.deletion_vector else 0) for f in files
+            )
+            assert live == rows, f"{path.name}: numRecords less the DVs' cardinalities must be the table's rows"
     for path in (tmp_path / "events", tmp_path / "latest"):
         assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
     assert appended.audit() == [] and upserted.audit() == []
@@ -96,9 +103,7 @@ def test_append_and_upsert_over_checkpoints_match_pandas(spark, tmp_path):
     pd.testing.assert_frame_equal(_sorted(got, ["v"]), _sorted(pd.concat(all_rows), ["v"]), check_dtype=False)
 
 
-def test_upsert_rewrites_only_the_changed_buckets(spark, tmp_path):
-    from deltalake import DeltaTable
-
+def test_upsert_writes_the_changed_rows_and_a_deletion_vector(spark, tmp_path):
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     sink = DeltaTableSink("latest", SOURCE, str(tmp_path / "t"), "upsert", ["k"], buckets=16)
     at = pd.to_datetime([1_700_000_000 + i for i in range(2000)], unit="s")  # a timestamp column round-trips
@@ -106,12 +111,52 @@ def test_upsert_rewrites_only_the_changed_buckets(spark, tmp_path):
     sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(base)))
     one_key = pd.DataFrame({"k": ["k7"], "v": [-1], "at": pd.to_datetime([0], unit="s")})
     committables = sink.stage(step_context(spark, storage, 2), spark.createDataFrame(one_key))
-    assert [len(committables[0]["adds"]), len(committables[0]["removes"])] == [1, 1]
+    (staged,) = committables
+    assert [len(staged["adds"]), len(staged["removes"]), len(staged["deletes"])] == [1, 0, 1]
+    assert staged["adds"][0]["size"] < 5000 and staged["deletes"][0]["new"]["cardinality"] == 1  # not a bucket
     sink.commit(2, committables)
-    got = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().to_pandas()
-    got["at"] = got["at"].dt.tz_convert("UTC").dt.tz_localize(None)
     truth = pd.concat([base[base.k != "k7"], one_key])
-    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+    for name, got in _readers(spark, tmp_path / "t").items():
+        got["at"] = pd.to_datetime(got["at"], utc=True).dt.tz_localize(None)
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
+    assert sink.audit() == []
+
+
+@pytest.mark.parametrize("inline_bytes", [delta_upsert.INLINE_DV_BYTES, 0])  # 0: every DV in a DV file
+def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline_bytes):
+    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", inline_bytes)
+    monkeypatch.setattr(delta_commit, "CHECKPOINT_INTERVAL", 2)  # the log replay starts from a log checkpoint
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "t"
+    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=1)
+    at = pd.to_datetime([1_700_000_000 + i for i in range(100)], unit="s")  # timestamps survive compaction
+    truth = pd.DataFrame({"k": [f"k{i}" for i in range(100)], "v": range(100), "at": at})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(truth)))
+    kinds = []
+    for checkpoint_id, keys in ((2, range(0, 30)), (3, range(20, 60)), (4, range(0, 5))):
+        changed = pd.DataFrame({"k": [f"k{i}" for i in keys], "v": [-checkpoint_id] * len(keys), "at": at[0]})
+        (staged,) = sink.stage(step_context(spark, storage, checkpoint_id), spark.createDataFrame(changed))
+        kinds.append((len(staged["removes"]), len(staged["deletes"])))
+        sink.commit(checkpoint_id, [staged])
+        truth = pd.concat([truth[~truth.k.isin(changed.k)], changed])
+        for name, got in _readers(spark, path).items():
+            got["at"] = pd.to_datetime(got["at"], utc=True).dt.tz_localize(None)
+            pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
+    # 2: 30 of the bucket file's 100 rows deleted (a DV); 3: the bucket file reaches 60 of 100 (rewritten),
+    # checkpoint 2's file 10 of 30 (a DV); 4: checkpoint 2's file reaches 15 of 30 (rewritten)
+    assert kinds == [(0, 1), (1, 1), (1, 0)]
+    assert (path / "_delta_log" / f"{4:020d}.checkpoint.parquet").exists()
+    assert sink.audit() == []
+    changed = spark.createDataFrame(pd.DataFrame({"k": ["k70"], "v": [-5], "at": at[:1]}))
+    (staged,) = sink.stage(step_context(spark, storage, 5), changed)  # an attempt that never commits
+    dv_files = [p for p in (path / "chk-5").rglob("deletion_vector_*.bin")]
+    assert len(dv_files) == (0 if inline_bytes else 1) and len(staged["deletes"]) == 1
+    assert len(sink.audit()) == 1 + len(dv_files)  # its update file and DV file are orphans
+    sink.abort(5)
+    assert sink.audit() == [] and not (path / "chk-5").exists()
+    for name, got in _readers(spark, path).items():
+        got["at"] = pd.to_datetime(got["at"], utc=True).dt.tz_localize(None)
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
 
 
 def test_commit_is_idempotent_and_other_attempts_are_deleted(spark, tmp_path):
@@ -155,20 +200,22 @@ def test_restore_returns_the_table_to_the_checkpoints_version(spark, tmp_path):
         sink.commit(
             checkpoint_id, sink.stage(step_context(spark, storage, checkpoint_id), spark.createDataFrame(batch))
         )
-        states[checkpoint_id] = DeltaTable(str(path)).to_pyarrow_table().to_pandas()
+        states[checkpoint_id] = _delta_rs(path)
     sink.rollback(1)
     table = DeltaTable(str(path))
     assert table.history(1)[0]["operation"] == "RESTORE" and table.version() == 4
-    pd.testing.assert_frame_equal(_sorted(table.to_pyarrow_table().to_pandas(), ["k"]), _sorted(states[1], ["k"]))
+    for name, got in _readers(spark, path).items():
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(states[1], ["k"]), check_dtype=False, obj=name)
     sink.rollback(1)  # the trigger's recovery repeats it: no second commit
     sink.commit(1, [])  # and re-commits the restored checkpoint: already in the log
     assert DeltaTable(str(path)).version() == 4
     batch = _batch(4).drop_duplicates("k", keep="last")  # replay continues from the restored table
     sink.commit(4, sink.stage(step_context(spark, storage, 4), spark.createDataFrame(batch)))
     truth = pd.concat([states[1][~states[1].k.isin(batch.k)], batch])
-    got = DeltaTable(str(path)).to_pyarrow_table().to_pandas()
-    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+    for name, got in _readers(spark, path).items():
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
     assert delta_commits_per_checkpoint(path) == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert sink.audit() == []
 
 
 def test_a_reader_never_sees_a_partial_checkpoint(spark, tmp_path):

@@ -248,3 +248,42 @@ def test_files_with_the_same_base_name_keep_their_own_partition_values(spark, tm
     got = DeltaSource("src", str(tmp_path))._load(spark, schema, ["day"], files)
     truth = pd.concat([frame(0, 3).assign(day="d1"), frame(10, 3).assign(day="d2")])
     pd.testing.assert_frame_equal(rows(got), rows(truth), check_dtype=False)
+
+
+def test_an_upsert_table_with_deletion_vectors_reads_as_its_net_changes(spark, tmp_path: Path, monkeypatch) -> None:
+    """Our DeltaTableSink's upserts give files new DVs: the snapshot leaves the deleted rows out, and
+    each later range's signed change rows sum to the difference of the table's states (pandas)."""
+    from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
+    from airflow_provider_checkpoint.dataflow.sinks import delta_upsert
+
+    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)  # DV files (inline ones: test_delta_sink)
+    table = tmp_path / "latest"
+    sink = DeltaTableSink("t", FileSource("s", "/none", "json", "x STRING"), str(table), "upsert", ["k"], buckets=2)
+    storage = JobStorage.for_job(str(tmp_path / "sink"), "job")
+    state = pd.DataFrame({"k": range(40), "v": [f"a{i}" for i in range(40)]})
+
+    def upsert(checkpoint_id: int, changed: pd.DataFrame) -> pd.DataFrame:
+        ctx = step_context(spark, storage, checkpoint_id)
+        sink.commit(checkpoint_id, sink.stage(ctx, spark.createDataFrame(changed)))
+        return pd.concat([state[~state.k.isin(changed.k)], changed])
+
+    state = upsert(1, state)
+    state = upsert(2, pd.DataFrame({"k": [3, 5, 40], "v": ["b3", "b5", "b40"]}))
+    source = DeltaSource("src", str(table), change_data_feed=True)
+    reader = Reader(spark, tmp_path, source)
+    first = source.barrier_position(None)
+    snapshot = reader.read(None, first)
+    assert set(snapshot["_change_type"]) == {"insert"}
+    pd.testing.assert_frame_equal(
+        snapshot[["k", "v"]].reset_index(drop=True), rows(state)[["k", "v"]], check_dtype=False
+    )
+    before = state
+    state = upsert(3, pd.DataFrame({"k": [5, 7, 41], "v": ["c5", "c7", "c41"]}))
+    state = upsert(4, pd.DataFrame({"k": [7, 8], "v": ["d7", "d8"]}))
+    got = reader.read(first, source.barrier_position(first))
+    signed = got.assign(sign=got["_change_type"].map({"insert": 1, "delete": -1}))
+    net = signed.groupby(["k", "v"], as_index=False)["sign"].sum().query("sign != 0")
+    truth = pd.concat([before.assign(sign=-1), state.assign(sign=1)]).groupby(["k", "v"], as_index=False)["sign"]
+    pd.testing.assert_frame_equal(
+        net.reset_index(drop=True), truth.sum().query("sign != 0").reset_index(drop=True), check_dtype=False
+    )

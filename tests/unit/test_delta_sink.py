@@ -164,3 +164,32 @@ def test_audit_finds_files_past_the_tables_retention_and_restore_refuses_a_vacuu
     assert not (table / first["path"]).exists() and sink.audit() == []  # the log keeps its tombstone
     with pytest.raises(RestoreError, match=r"cannot return to version 1 \(checkpoint 1\)"):
         sink.rollback(1)  # its bucket file is gone
+
+
+def test_deletion_vector_committables_are_checked(tmp_path):
+    from airflow_provider_checkpoint.dataflow.deletion_vectors import new_descriptor_path
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    stored, _ = new_descriptor_path("chk-5/job/step/attempt-1")
+    new = {"storageType": "u", "pathOrInlineDv": stored, "offset": 1, "sizeInBytes": 30, "cardinality": 2}
+    delete = {"path": "chk-2/j/part-b00001.parquet", "size": 9, "num_records": 4, "old": None, "new": new}
+    update = _staged(table, 5, "part-u0000000005-00000.parquet")
+    sink.check_committables(5, [{"checkpoint_id": 5, "adds": [update], "removes": [], "deletes": [delete]}], "d")
+    older, _ = new_descriptor_path("chk-4/job/step/attempt-1")
+    refused = {
+        "DV file of another checkpoint": {**delete, "new": {**new, "pathOrInlineDv": older}},
+        "DV outside the table": {**delete, "new": {**new, "pathOrInlineDv": "../../x" + stored[-20:]}},
+        "absolute DV path": {**delete, "new": {**new, "storageType": "p", "pathOrInlineDv": "/etc/passwd"}},
+        "more deleted rows than records": {**delete, "num_records": 1},
+        "fewer deleted rows than before": {**delete, "old": {**new, "cardinality": 3}},
+        "a newer file": {**delete, "path": "chk-5/j/part-b00001.parquet"},
+        "not a file of the sink": {**delete, "path": "chk-2/j/part-00001.parquet"},
+    }
+    for name, bad in refused.items():
+        with pytest.raises(DocumentError):
+            sink.check_committables(5, [{"checkpoint_id": 5, "adds": [], "removes": [], "deletes": [bad]}], "d")
+            pytest.fail(name)
+    with pytest.raises(DocumentError, match="deletion vector files that do not exist"):
+        sink.commit(5, [{"checkpoint_id": 5, "adds": [update], "removes": [], "deletes": [delete]}])
+    assert not sink.is_committed(5)

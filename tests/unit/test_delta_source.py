@@ -119,7 +119,7 @@ def test_log_values_are_checked(tmp_path: Path) -> None:
 
 def test_encoded_paths_are_decoded_once(tmp_path: Path) -> None:
     (file,) = commit(tmp_path, 0, add("day=a%2520b/part-0.parquet")).adds
-    assert file == DataFile("day=a%20b/part-0.parquet", (("day", "d1"),), "insert", 0)
+    assert file == DataFile("day=a%20b/part-0.parquet", (("day", "d1"),), "insert", 0, size=1)
 
 
 def test_appends_and_compactions_without_change_data_feed(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import fsspec
+    import numpy as np
     import pyarrow as pa
 
 BATCH_ROWS = 65_536
@@ -90,7 +91,7 @@ def merge_bucket(
     rows = 0
     with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
         if old is not None:
-            drop = _KeySet(changed, keys)
+            drop = KeySet(changed, keys)
             with fs.open(old, "rb") as source:
                 reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
                 for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=schema.names):
@@ -104,7 +105,7 @@ def merge_bucket(
     return rows
 
 
-class _KeySet:
+class KeySet:
     """The keys of the changed rows, to drop their old rows from batches (null-safe)."""
 
     def __init__(self, changed: pa.Table, keys: Sequence[str]) -> None:
@@ -120,23 +121,32 @@ class _KeySet:
         """The rows of ``table`` whose key did not change."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         if not self.table.num_rows:
             return table
+        return table.filter(pa.array(np.logical_not(self.changed(table))))
+
+    def changed(self, table: pa.Table) -> np.ndarray:
+        """Per row of ``table`` (which holds at least the key columns): whether its key changed."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not self.table.num_rows:
+            return np.zeros(table.num_rows, dtype=bool)
         if len(self.keys) == 1:  # is_in without skipping nulls is null-safe already
             (key,) = self.keys
-            return table.filter(pc.invert(pc.is_in(table[key], value_set=self.table[key], skip_nulls=False)))
+            mask = pc.is_in(table[key], value_set=self.table[key], skip_nulls=False)
+            return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
         keys = table.select(self.keys).append_column("__row", pa.array(np.arange(table.num_rows)))
         nulls = _any_null(keys)
-        plain = keys.filter(pc.invert(nulls)).join(self.without_nulls, self.keys, join_type="left anti")
-        rows = plain["__row"].to_numpy()
+        out = np.zeros(table.num_rows, dtype=bool)
+        plain = keys.filter(pc.invert(nulls)).join(self.without_nulls, self.keys, join_type="left semi")
+        out[plain["__row"].to_numpy()] = True
         if self.with_nulls:
             partial = keys.filter(nulls).to_pylist()
-            extra = [r["__row"] for r in partial if tuple(r[k] for k in self.keys) not in self.with_nulls]
-        else:
-            extra = keys.filter(nulls)["__row"].to_pylist()
-        return table.take(pa.array(np.sort(np.concatenate([rows, np.asarray(extra, dtype=rows.dtype)]))))
+            out[[r["__row"] for r in partial if tuple(r[k] for k in self.keys) in self.with_nulls]] = True
+        return out
 
 
 def _any_null(table: pa.Table) -> pa.ChunkedArray:

@@ -5,8 +5,12 @@ table directory under ``chk-<id>/<job>/<step>/attempt-<n>/``, names no log entry
 committables are their file actions (path, size, records, partition values), validated on
 read (:mod:`.delta_files`).
 
+Upsert (:mod:`.delta_upsert`) is merge-on-read: the changed rows go to new files and the
+rows they replace are deleted with deletion vectors, so its cost grows with the changed
+keys; its commit is written by :mod:`.delta_commit` (delta-rs's API has no DVs).
+
 Committer (finalize, recovery): **one** Delta commit per checkpoint holds its adds (upsert:
-also the removes of the bucket files it rewrote) and a ``txn`` action with app id
+also its removes and new deletion vectors) and a ``txn`` action with app id
 ``airflow-checkpoint:<job>:<sink uid>`` and version = checkpoint id. A checkpoint whose id
 is at most the table's ``transaction_version(app id)`` is not committed again. Readers of
 the log (delta-rs, DuckDB, Spark with Delta) see whole checkpoints only. Restore to
@@ -16,7 +20,6 @@ N committed. The claim (job, sink, layout) lives in ``_table.json`` beside ``_de
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import time
@@ -25,14 +28,21 @@ from urllib.parse import unquote
 
 from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow import delta_log
+from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
 from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDirectorySink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
 from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
     DeltaCommit,
+    DeltaDeletes,
     DeltaFile,
-    bucket_of_path,
     check_input_columns,
+    dv_files,
+    file_identities,
+    is_upsert_file,
+    kept_files,
     read_delta_committables,
 )
 from airflow_provider_checkpoint.exceptions import (
@@ -52,16 +62,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORMAT = "delta_table"
+_DV_PROPERTY = "delta.enableDeletionVectors"
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
 class DeltaTableSink(TableDirectorySink):
     """Exactly-once Delta table in ``append`` or ``upsert`` (by ``keys``) mode; one commit per checkpoint.
 
-    ``upsert`` hashes ``keys`` into ``buckets`` files and rewrites only the buckets whose
-    keys changed (removes + adds in the checkpoint's commit): its cost grows with the
-    changed keys, not the table. ``partition_by`` is for ``append`` tables. The input's
-    columns must equal the table's (no automatic schema evolution).
+    ``upsert`` writes the first load into ``buckets`` files hashed by ``keys``; later
+    checkpoints write their changed rows as new files and delete the replaced rows with
+    deletion vectors (readers must apply them: delta-rs ``scan()``, DuckDB, Spark with
+    Delta): cost grows with the changed keys, not the table. ``partition_by`` is for
+    ``append`` tables. The input's columns must equal the table's (no automatic schema evolution).
 
     :param uid: Unique id of the sink in the pipeline.
     :param input: The node whose records the table receives.
@@ -69,8 +81,8 @@ class DeltaTableSink(TableDirectorySink):
     :param mode: ``"append"`` or ``"upsert"``.
     :param keys: The key columns of an upsert table.
     :param partition_by: Partition columns of an append table (created with them).
-    :param buckets: Number of bucket files of an upsert table (1 to 4096; fixed once written).
-    :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver.
+    :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
+    :param driver_merge_rows: A first load of at most this many rows is bucketed in the driver (pyarrow).
     :param storage_options: Options of the table's storage, for fsspec and delta-rs.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -153,32 +165,32 @@ class DeltaTableSink(TableDirectorySink):
                 mode="ignore",
                 partition_by=self.partition_by or None,
                 storage_options=self.storage_options,
+                configuration={_DV_PROPERTY: "true"} if self.upsert else None,
             )
         self._check_input(table, schema)
+        if self.upsert and table.metadata().configuration.get(_DV_PROPERTY) != "true":
+            table.alter.set_table_properties({_DV_PROPERTY: "true"})  # a table of an earlier version of the sink
         fs, root = self._fs()
         staging = self.table().path(self.staging_name(ctx))
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
         removes: list[DeltaFile] = []
+        deletes: list[DeltaDeletes] = []
         files: list[tuple[str, int | None]]  # staged file, its rows if known
         if self.upsert is None:
             writer = df.write.partitionBy(*self.partition_by) if self.partition_by else df.write
             writer.parquet(self.url(staging))
             files = [(full, None) for full in sorted(fs.find(staging))]
-        else:
-            current = self._bucket_files(table)
-            existing = {b: self.table().path(f.path) for b, f in current.items()}
-            staged = self.upsert.write(
-                ctx, df, fs, staging, lambda bs: {b: existing[b] for b in bs if b in existing}, self.url
-            )
+        elif live := self._upsert_files():
+            staged = delta_upsert.stage(ctx, self.upsert, df, fs, root, staging, live, self.url)
+            files, removes, deletes = staged.adds, staged.removes, staged.deletes
+        else:  # the first load: one file per bucket
             files = []
-            for b, full, rows in staged:
+            for b, full, rows in self.upsert.write(ctx, df, fs, staging, lambda _: {}, self.url):
                 named = f"{staging}/{bucket_file(b)}"
                 if full != named:
                     fs.mv(full, named)
                 files.append((named, rows))
-                if b in current:
-                    removes.append(current[b])
         adds = [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
         adds = [a for a in adds if a.num_records or self.upsert]
         ctx.add_metric("sink_files_staged", len(adds))
@@ -188,7 +200,8 @@ class DeltaTableSink(TableDirectorySink):
             {
                 "checkpoint_id": ctx.checkpoint_id,
                 "adds": [a.to_json() for a in adds],
-                "removes": [{"path": r.path, "size": r.size} for r in removes],
+                "removes": [r.remove_json() for r in removes],
+                "deletes": [d.to_json() for d in deletes],
             }
         ]
 
@@ -215,19 +228,20 @@ class DeltaTableSink(TableDirectorySink):
         if partitioned != self.partition_by:  # an upsert sink has none
             raise SinkSchemaError(f"Delta table {url} is partitioned by {partitioned}, the sink by {self.partition_by}")
 
-    def _bucket_files(self, table: DeltaTable) -> dict[int, DeltaFile]:
-        """The current file of each bucket of an upsert table (refused if the table holds other files)."""
-        actions = table.get_add_actions(flatten=True)
-        current: dict[int, DeltaFile] = {}
-        for raw, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True):
-            path = unquote(raw)
-            bucket = bucket_of_path(path)
-            if bucket is None or bucket in current:
-                raise SinkSchemaError(
-                    f"Delta table {self.asset_uri()}: {path} is not the one file of a bucket this upsert sink wrote"
-                )
-            current[bucket] = DeltaFile(path, int(size))
-        return current
+    def _files(self, version: int | None = None) -> dict[str, DataFile]:
+        """The live files of the table (at ``version``) with their deletion vectors, from its log."""
+        fs, root = self._fs()
+        return delta_log.snapshot(fs, root, self.asset_uri(), version)
+
+    def _upsert_files(self) -> dict[str, DataFile]:
+        """The live files of an upsert table (refused if it holds files this sink did not write)."""
+        live = self._files()
+        foreign = sorted(p for p in live if not is_upsert_file(p))
+        if foreign:
+            raise SinkSchemaError(
+                f"Delta table {self.asset_uri()}: {foreign[0]} is not a bucket or update file this upsert sink wrote"
+            )
+        return live
 
     # -- committer (finalize / recovery) -------------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> DeltaCommit:
@@ -242,12 +256,9 @@ class DeltaTableSink(TableDirectorySink):
         return version is not None and version >= checkpoint_id
 
     def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
-        """One Delta commit: the adds, the removes and ``txn(app id, checkpoint id)``; retried on conflicts
-        with other writers by delta-rs. Every added file must exist with the size its committable names,
-        every removed one must be in the table."""
-        from deltalake import CommitProperties, Transaction
-        from deltalake.transaction import AddAction, RemoveAction
-
+        """One Delta commit: the adds, the removes, the new DVs and ``txn(app id, checkpoint id)``; retried
+        on conflicts with other writers. Every added file must exist with the size its committable names,
+        every DV file must exist, every removed file must be in the table."""
         commit: DeltaCommit = committables
         app_id, table = self.app_id(), self._delta()
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
@@ -263,37 +274,33 @@ class DeltaTableSink(TableDirectorySink):
                 size = None
             if size != add.size:
                 raise DocumentError(document, "adds", f"name a file that is missing or not {add.size} bytes", add.path)
-        gone = sorted({r.path for r in commit.removes} - _paths(table))
-        if gone:
-            raise DocumentError(document, "removes", "name files the table does not hold", gone[:5])
-        now = int(time.time() * 1000)
-        actions: list[Any] = [RemoveAction(r.path, True, now, r.size, {}) for r in commit.removes]
-        actions += [
-            AddAction(a.path, a.size, a.partition_values, now, True, json.dumps({"numRecords": a.num_records}))
-            for a in commit.adds
-        ]
+        missing = sorted(str(f) for f in dv_files(commit) if not location.exists(f))
+        if missing:
+            raise DocumentError(document, "deletes", "name deletion vector files that do not exist", missing[:5])
         started = time.monotonic()
-        table.create_write_transaction(
-            actions,
-            "append",
-            table.schema(),
-            partition_by=self.partition_by or None,
-            commit_properties=CommitProperties(
-                custom_metadata={"checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id},
-                app_transactions=[Transaction(app_id, checkpoint_id)],
-                max_commit_retries=20,
-            ),
-        )
+        if self.upsert is None:
+            delta_commit.commit_append(table, app_id, checkpoint_id, commit, self.partition_by)
+            version: int | None = self._open().version()
+        else:
+            fs, root = self._fs()
+            committed = lambda: self.is_committed(checkpoint_id)  # noqa: E731
+            version = delta_commit.commit(
+                fs, root, self.asset_uri(), app_id, checkpoint_id, commit, document, committed
+            )
+            if version is not None and version % delta_commit.CHECKPOINT_INTERVAL == 0:
+                self._open().create_checkpoint()
         log.info(
-            "sink %s: checkpoint %d committed as Delta version %s (%d adds, %d removes) in %.3fs",
+            "sink %s: checkpoint %d committed as Delta version %s (%d adds, %d removes, %d files with new deletes) "
+            "in %.3fs",
             self.uid,
             checkpoint_id,
-            self._open().version(),
+            version,
             len(commit.adds),
             len(commit.removes),
+            len(commit.deletes),
             time.monotonic() - started,
         )
-        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds})
+        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit))
 
     def committed_versions(self) -> dict[int, int]:
         """Checkpoint id → the Delta version that committed it, from the table's history."""
@@ -331,7 +338,7 @@ class DeltaTableSink(TableDirectorySink):
                 f"Delta table {self.asset_uri()} has no commit of checkpoint {checkpoint_id} in its log "
                 f"(it has checkpoints {sorted(versions)}): cannot return the table to it"
             )
-        if _paths(table) == _paths(self._open(version)):
+        if file_identities(self._files()) == file_identities(self._files(version)):
             return
         metadata = {"checkpoint_app_id": app_id, "restored_checkpoint": checkpoint_id}
         try:
@@ -350,7 +357,7 @@ class DeltaTableSink(TableDirectorySink):
             return []
         if kept is None:
             version = self.committed_versions().get(checkpoint_id)
-            kept = _paths(self._open(version)) if version is not None else set()
+            kept = kept_files(self._files(version)) if version is not None else set()
         return [p for p in (location.relative(f) for f in location.fs.find(location.path(prefix))) if p not in kept]
 
     def _delete_all_but(self, checkpoint_id: int, kept: set[str] | None = None) -> None:
@@ -384,8 +391,3 @@ class DeltaTableSink(TableDirectorySink):
 def _columns(schema: Any) -> dict[str, str]:
     """Column name → Delta type of a delta-rs schema."""
     return {f.name: f.type.to_json().strip('"') for f in schema.fields}
-
-
-def _paths(table: DeltaTable) -> set[str]:
-    """The table-relative paths of a version's files (the log holds them URI-encoded)."""
-    return {unquote(p) for p in table.get_add_actions().column("path").to_pylist()}
