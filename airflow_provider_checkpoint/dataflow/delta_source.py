@@ -14,6 +14,7 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import Fields, JsonDict
 from airflow_provider_checkpoint.dataflow import delta_log
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
+from airflow_provider_checkpoint.dataflow.file_io import FileColumn, read_parquet
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.spark.context import StepContext
 
 log = logging.getLogger(__name__)
+_FILE_NAME = "__file_name"
 
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -253,14 +255,14 @@ class DeltaSource(Source):
         self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: dict[str, DataFile]
     ) -> DataFrame:
         """One Parquet scan of ``files`` (keyed by base name); what the log says per file (partition
-        values, change type, commit version) is looked up by the row's ``_metadata.file_name``."""
+        values, change type, commit version) is looked up by the row's file name."""
         from pyspark.sql import Column
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 
         def per_file(value: Callable[[DataFile], Any]) -> Column:
             pairs = [F.lit(x) for name, f in files.items() for x in (name, value(f))]
-            return F.element_at(F.create_map(*pairs), F.col("_metadata.file_name"))
+            return F.element_at(F.create_map(*pairs), F.col(_FILE_NAME))
 
         def partition_value(column: str) -> Callable[[DataFile], str | None]:
             return lambda f: dict(f.partition_values).get(column)
@@ -269,7 +271,8 @@ class DeltaSource(Source):
         stored = [f for f in schema.fields if f.name not in partition_columns]
         read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if feed else [])])
         fs, root = self._fs()
-        df = spark.read.schema(read).parquet(*[fs.unstrip_protocol(f"{root}/{f.path}") for f in files.values()])
+        paths = [f"{root}/{f.path}" for f in files.values()]
+        df = read_parquet(spark, fs, paths, read, FileColumn(_FILE_NAME, "name"))
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
             if c.name in partition_columns

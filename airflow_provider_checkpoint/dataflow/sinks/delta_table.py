@@ -25,6 +25,7 @@ from urllib.parse import unquote
 
 from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDirectorySink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
@@ -162,15 +163,11 @@ class DeltaTableSink(TableDirectorySink):
         removes: list[DeltaFile] = []
         files: list[tuple[str, int | None]]  # staged file, its rows if known
         if self.upsert is None:
-            writer = df.write.partitionBy(*self.partition_by) if self.partition_by else df.write
-            writer.parquet(self.url(staging))
-            files = [(full, None) for full in sorted(fs.find(staging))]
+            files = [(f.path, f.rows) for f in write_parquet(df, fs, staging, self.partition_by)]
         else:
             current = self._bucket_files(table)
             existing = {b: self.table().path(f.path) for b, f in current.items()}
-            staged = self.upsert.write(
-                ctx, df, fs, staging, lambda bs: {b: existing[b] for b in bs if b in existing}, self.url
-            )
+            staged = self.upsert.write(ctx, df, fs, staging, lambda bs: {b: existing[b] for b in bs if b in existing})
             files = []
             for b, full, rows in staged:
                 named = f"{staging}/{bucket_file(b)}"
