@@ -268,13 +268,18 @@ def split_by(table: pa.Table, columns: Sequence[str]) -> Iterator[tuple[str, pa.
         yield "", table
         return
     rest = table.drop_columns(list(columns))
-    for combination in table.select(list(columns)).group_by(list(columns)).aggregate([]).to_pylist():
+    if len(columns) == 1:
+        combinations = [(v,) for v in pc.unique(table.column(columns[0])).to_pylist()]
+    else:  # in order of first occurrence
+        combinations = list(dict.fromkeys(zip(*[table.column(c).to_pylist() for c in columns], strict=True)))
+    for combination in combinations:
         mask = None
-        for column, value in combination.items():
-            values = table.column(column)
-            match = pc.is_null(values) if value is None else pc.equal(values, value)
+        for column, value in zip(columns, combination, strict=True):
+            found = table.column(column)
+            match = pc.is_null(found) if value is None else pc.equal(found, value)
             mask = match if mask is None else pc.and_(mask, match)
-        yield "/".join(f"{c}={partition_text(v)}" for c, v in combination.items()), rest.filter(mask)
+        within = "/".join(f"{c}={partition_text(v)}" for c, v in zip(columns, combination, strict=True))
+        yield within, rest.filter(mask)
 
 
 def partition_text(value: Any) -> str:
