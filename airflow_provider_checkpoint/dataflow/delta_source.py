@@ -14,7 +14,7 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import Fields, JsonDict
 from airflow_provider_checkpoint.dataflow import delta_log
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
-from airflow_provider_checkpoint.dataflow.file_io import FileColumn, read_parquet
+from airflow_provider_checkpoint.dataflow.file_scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
 

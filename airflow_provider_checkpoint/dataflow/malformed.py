@@ -84,7 +84,7 @@ def _malformed_rows(
     """``(file path, raw text)`` of the malformed records of ``todo`` (the first ``limit``)."""
     from pyspark.sql import functions as F
 
-    from airflow_provider_checkpoint.dataflow.file_io import FileColumn
+    from airflow_provider_checkpoint.dataflow.file_scans import FileColumn
 
     fs, _ = source.filesystem()
     df = source.load(ctx, todo, FileColumn("_source_file")).cache()

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.dataflow import dead_letters, file_io, file_positions
+from airflow_provider_checkpoint.dataflow import dead_letters, file_positions, file_scans
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
-from airflow_provider_checkpoint.dataflow.file_io import FileColumn
+from airflow_provider_checkpoint.dataflow.file_scans import FileColumn
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 from airflow_provider_checkpoint.dataflow.malformed import CORRUPT, dead_letter_rows, good_records, judge
@@ -307,8 +307,8 @@ class FileSource(Source):
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
         if self.format == "parquet":
-            return file_io.read_parquet(ctx.spark, fs, paths, declared, file_column)
-        return file_io.read_records(ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column)
+            return file_scans.read_parquet(ctx.spark, fs, paths, declared, file_column)
+        return file_scans.read_records(ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column)
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:

@@ -6,7 +6,8 @@ import json
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot, StateHandle
-from airflow_provider_checkpoint.dataflow.file_io import read_parquet, write_parquet
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
+from airflow_provider_checkpoint.dataflow.file_scans import read_parquet
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:

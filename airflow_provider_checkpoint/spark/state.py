@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.core.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.state_handles import InlineState, OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.dataflow.file_io import read_parquet, write_parquet
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
+from airflow_provider_checkpoint.dataflow.file_scans import read_parquet
 from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 from airflow_provider_checkpoint.exceptions import StateTooLargeError

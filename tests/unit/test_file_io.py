@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_checkpoint.dataflow import file_io, text_records
+from airflow_provider_checkpoint.dataflow import file_io, file_scans, text_records
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.storage.job_storage import file_checksum
 
@@ -157,7 +157,7 @@ def test_written_by_spark_lists_data_files_with_their_partitions(tmp_path: Path)
 def test_parquet_reader_conforms_files_to_the_schema(tmp_path: Path) -> None:
     pq.write_table(pa.table({"b": [1, 2], "a": ["x", "y"]}), tmp_path / "f.parquet")
     schema = pa.schema([("a", pa.string()), ("b", pa.int64()), ("c", pa.float64())])
-    reader = file_io.ParquetReader(fsspec.filesystem("file"), schema)
+    reader = file_scans.ParquetReader(fsspec.filesystem("file"), schema)
     (batch,) = list(reader(str(tmp_path / "f.parquet")))
     assert batch.schema == schema
     assert batch.to_pydict() == {"a": ["x", "y"], "b": [1, 2], "c": [None, None]}
@@ -166,12 +166,12 @@ def test_parquet_reader_conforms_files_to_the_schema(tmp_path: Path) -> None:
 def test_record_reader_yields_the_corrupt_column(tmp_path: Path) -> None:
     (tmp_path / "f.json").write_text('{"a": 1}\nbad\n')
     schema = pa.schema([("a", pa.int32()), ("_corrupt_record", pa.string())])
-    reader = file_io.RecordReader(fsspec.filesystem("file"), "json", schema, {})
+    reader = file_scans.RecordReader(fsspec.filesystem("file"), "json", schema, {})
     (batch,) = list(reader(str(tmp_path / "f.json")))
     assert batch.to_pydict() == {"a": [1, None], "_corrupt_record": [None, "bad"]}
 
 
 def test_file_column_labels_match_what_spark_gives() -> None:
     fs = fsspec.filesystem("file")
-    assert file_io.FileColumn("f").label(fs, "/d/a b%.json") == "file:///d/a%20b%25.json"
-    assert file_io.FileColumn("f", "name").label(fs, "/d/a b.json") == "a b.json"
+    assert file_scans.FileColumn("f").label(fs, "/d/a b%.json") == "file:///d/a%20b%25.json"
+    assert file_scans.FileColumn("f", "name").label(fs, "/d/a b.json") == "a b.json"
