@@ -48,8 +48,7 @@ def read_parquet(
     if engine_for(spark, fs, engine) == "hadoop":
         reader = spark.read.schema(schema) if schema is not None else spark.read
         return _with_path_column(reader.parquet(*[url(fs, p) for p in paths]), file_column)
-    if schema is None:
-        schema = footer_schema(fs, paths[0])
+    schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     return _scan(spark, fs, paths, schema, ParquetReader(for_executors(fs), _arrow(schema)), file_column)
 
 
@@ -68,7 +67,7 @@ def read_records(
     and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`)."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    schema = StructType([*declared.fields, StructField(corrupt, StringType(), True)])
+    schema = as_nullable(StructType([*declared.fields, StructField(corrupt, StringType(), True)]))
     if engine_for(spark, fs, engine) == "hadoop":
         reader = spark.read.format(format).options(**options)
         if format == "csv":
@@ -123,6 +122,19 @@ def _with_path_column(df: DataFrame, file_column: FileColumn | None) -> DataFram
     return df.withColumn(file_column.name, F.col(f"_metadata.file_{file_column.part}")) if file_column else df
 
 
+def as_nullable(schema: StructType) -> StructType:
+    """``schema`` with every column and nested value nullable, as Spark's file sources read any schema."""
+    from pyspark.sql.types import StructType
+
+    def loosen(value: Any) -> Any:
+        if isinstance(value, dict):
+            flags = ("nullable", "containsNull", "valueContainsNull")
+            return {k: True if k in flags else loosen(v) for k, v in value.items()}
+        return [loosen(v) for v in value] if isinstance(value, list) else value
+
+    return StructType.fromJson(loosen(schema.jsonValue()))
+
+
 def _scan(
     spark: SparkSession,
     fs: fsspec.AbstractFileSystem,
@@ -131,7 +143,7 @@ def _scan(
     read: Callable[[str], Iterator[pa.RecordBatch]],
     file_column: FileColumn | None,
 ) -> DataFrame:
-    """One row of ids per file, read by ``read`` on the executors (:class:`FileScan`)."""
+    """One row of ids per file, read by ``read`` on the executors (:class:`FileScan`); ``schema`` nullable."""
     labels = [file_column.label(fs, p) for p in paths] if file_column else None
     tasks = min(len(paths), MAX_READ_TASKS)
     scan = FileScan(list(paths), read, labels, file_column.name if file_column else "")
