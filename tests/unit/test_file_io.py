@@ -15,6 +15,7 @@ import pytest
 from airflow_provider_checkpoint.dataflow import file_io, file_scans, text_records
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.storage.job_storage import file_checksum
+from airflow_provider_checkpoint.storage.object_store import for_executors
 
 SCHEMA = pa.schema(
     [
@@ -175,3 +176,30 @@ def test_file_column_labels_match_what_spark_gives() -> None:
     fs = fsspec.filesystem("file")
     assert file_scans.FileColumn("f").label(fs, "/d/a b%.json") == "file:///d/a%20b%25.json"
     assert file_scans.FileColumn("f", "name").label(fs, "/d/a b.json") == "a b.json"
+
+
+def test_executors_get_the_drivers_aws_environment_unless_the_filesystem_has_credentials(monkeypatch) -> None:
+    import pickle
+
+    import s3fs
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    bare = for_executors(s3fs.S3FileSystem(skip_instance_cache=True))
+    shipped = pickle.loads(pickle.dumps(bare)).storage_options
+    assert (shipped["key"], shipped["secret"], shipped["endpoint_url"]) == ("AKENV", "env-secret", "http://127.0.0.1:1")
+    own = s3fs.S3FileSystem(skip_instance_cache=True, key="AKOWN", secret="own", endpoint_url="http://own")
+    assert for_executors(own).storage_options == own.storage_options
+    local = fsspec.filesystem("file")
+    assert for_executors(local) is local
+    assert "env-secret" not in repr(file_scans.ParquetReader(bare, pa.schema([])))
+
+
+def test_read_schemas_are_nullable_throughout() -> None:
+    from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
+    strict = StructType([StructField("a", LongType(), False), StructField("b", ArrayType(LongType(), False), False)])
+    loose = file_scans.as_nullable(strict)
+    assert [f.nullable for f in loose.fields] == [True, True] and loose.fields[1].dataType.containsNull
