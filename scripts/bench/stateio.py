@@ -29,6 +29,7 @@ import pandas as pd
 
 from bench.inprocess import start_spark
 from bench.measure import MB, elapsed, log
+from bench.report import verdict
 from bench.workloads import AGGS, SCHEMA, DataSpec, ground_truth, normalized
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,10 +37,12 @@ KINDS = ("LIST", "GET", "HEAD", "PUT", "POST", "DELETE")
 
 
 def run(spec: DataSpec, rounds: int, s3_users: int, work: Path) -> dict[str, Any]:
+    load = [os.getloadavg()[0]]
     spark, _ = start_spark()
     engines = engines_side_by_side(spark, spec, rounds, work)
     requests = requests_per_checkpoint(spark, spec, s3_users, work)
-    return {"engines": engines, "requests": requests, "problems": engines["problems"] + requests["problems"]}
+    problems = engines["problems"] + requests["problems"]
+    return {"engines": engines, "requests": requests, "problems": problems, "load": [*load, os.getloadavg()[0]]}
 
 
 def engines_side_by_side(spark: Any, spec: DataSpec, rounds: int, work: Path) -> dict[str, Any]:
@@ -151,8 +154,9 @@ def render(result: dict[str, Any]) -> str:
         files, size = engines["sizes"][name]
         rounds = ", ".join(f"{t:.2f}" for t in engines["times"][name])
         lines.append(f"| {name} | {engines['medians'][name]:.2f} | {rounds} | {files} | {size / MB:.1f} |")
-    verdict = "within" if ratio <= 1.3 else "OVER"
-    lines += ["", f"Python / Spark: **{ratio:.2f}×** (target ≤ 1.3×: {verdict}).", ""]
+    load = ", ".join(f"{x:.1f}" for x in result["load"])
+    lines += ["", f"Python / Spark: {verdict(ratio, 1.3)}.", ""]
+    lines += [f"Load average before and after the run (2 cores, shared with other jobs): {load}.", ""]
     lines += [
         f"### S3 requests per checkpoint ({requests['users']:,} keys, FileSource → KeyedAggregate → "
         "ParquetTableSink upsert, all on SeaweedFS)",

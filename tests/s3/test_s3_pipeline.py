@@ -19,12 +19,24 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized
-from tests.airflow.conftest import airflow_db, load_dag_module  # noqa: F401 - airflow_db is a fixture
+from tests.airflow.conftest import airflow_db, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
 from tests.conftest import REPO
 from tests.servers.s3 import S3Server
 
 pytestmark = pytest.mark.airflow
-JOB = "example_clickstream"
+JOB = "s3_clickstream"
+
+
+def s3_clickstream_source() -> str:
+    """The clickstream example as DAG ``s3_clickstream`` keeping every state in files (no inline state)."""
+    source = (REPO / "dags" / "example_clickstream.py").read_text()
+    for old, new in (
+        ('dag_id="example_clickstream"', f'dag_id="{JOB}"'),
+        ("retained_checkpoints=3,", "retained_checkpoints=3, inline_state_threshold=0,"),
+    ):
+        assert old in source, old
+        source = source.replace(old, new)
+    return source
 
 
 def s3fs_of(server: S3Server):  # type: ignore[no-untyped-def]
@@ -64,7 +76,7 @@ def test_clickstream_on_s3_is_exactly_once_through_a_retry_and_a_restore(
     monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"{prefix}/checkpoints")
     monkeypatch.setenv("AIRFLOW__CHECKPOINT__SAVEPOINT_ROOTS", f"{prefix}/savepoints")
     monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
-    pipeline = load_dag_module(REPO / "dags" / "example_clickstream.py").dag
+    pipeline = own_dags_folder(tmp_path, monkeypatch, JOB, s3_clickstream_source()).dag
     restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
     fs = s3fs_of(s3_server)
     bucket_path = prefix.removeprefix("s3://")
