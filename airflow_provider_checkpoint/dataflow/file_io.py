@@ -198,7 +198,9 @@ class _PartFile:
             if is_local(self.fs):  # object stores have no directories to make
                 self.fs.makedirs(posixpath.dirname(self.path), exist_ok=True)
             self.file = _HashingFile(self.fs.open(self.path, "wb"))
-            self.writer = pq.ParquetWriter(self.file, table.schema, compression=self.compression)
+            self.writer = pq.ParquetWriter(  # page CRCs: files kept from older checkpoints are checked on read
+                self.file, table.schema, compression=self.compression, write_page_checksum=True
+            )
         self.writer.write_table(table, row_group_size=max(1, table.num_rows))
         self.rows += table.num_rows
         self.pending, self.buffered = [], 0

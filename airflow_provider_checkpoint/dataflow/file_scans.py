@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -194,10 +195,27 @@ class ParquetReader:
         import pyarrow.parquet as pq
 
         with self.fs.open(path, "rb") as f:
-            file = pq.ParquetFile(f)
-            present = [n for n in self.schema.names if n in file.schema_arrow.names]
-            for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=present):
+            with named_if_corrupt(self.fs, path):
+                file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
+                present = [n for n in self.schema.names if n in file.schema_arrow.names]
+                batches = file.iter_batches(batch_size=BATCH_ROWS, columns=present)
+            while True:
+                with named_if_corrupt(self.fs, path):
+                    batch = next(batches, None)
+                if batch is None:
+                    return
                 yield conform(batch, self.schema)
+
+
+@contextmanager
+def named_if_corrupt(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
+    """Reading ``path`` inside: a damaged page (CRC) or structure raises an ``OSError`` naming the file."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        raise OSError(f"corrupt Parquet file {url(fs, path)}: {e}") from e
 
 
 @dataclass(frozen=True)

@@ -203,3 +203,16 @@ def test_read_schemas_are_nullable_throughout() -> None:
     strict = StructType([StructField("a", LongType(), False), StructField("b", ArrayType(LongType(), False), False)])
     loose = file_scans.as_nullable(strict)
     assert [f.nullable for f in loose.fields] == [True, True] and loose.fields[1].dataType.containsNull
+
+
+def test_a_damaged_page_is_caught_by_its_crc_and_names_the_file(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("file")
+    part = file_io._PartFile(fs, f"{tmp_path}/part-0.parquet", "none")
+    part.add(pa.table({"v": list(range(10_000))}))
+    path = part.close()[0]
+    data = bytearray(Path(path).read_bytes())
+    data[len(data) // 2] ^= 0x55  # inside the one data page
+    Path(path).write_bytes(bytes(data))
+    reader = file_scans.ParquetReader(fs, pa.schema([("v", pa.int64())]))
+    with pytest.raises(OSError, match=f"corrupt Parquet file file://{path}: .*CRC"):
+        list(reader(path))
