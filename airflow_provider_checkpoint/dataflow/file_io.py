@@ -269,14 +269,20 @@ def split_by(table: pa.Table, columns: Sequence[str]) -> Iterator[tuple[str, pa.
         combinations = [(v,) for v in pc.unique(table.column(columns[0])).to_pylist()]
     else:  # in order of first occurrence
         combinations = list(dict.fromkeys(zip(*[table.column(c).to_pylist() for c in columns], strict=True)))
+    if len(combinations) == 1:  # one partition in the batch, as a task writing one range has: no copy
+        yield _within(columns, combinations[0]), rest
+        return
     for combination in combinations:
         mask = None
         for column, value in zip(columns, combination, strict=True):
             found = table.column(column)
             match = pc.is_null(found) if value is None else pc.equal(found, value)
             mask = match if mask is None else pc.and_(mask, match)
-        within = "/".join(f"{c}={partition_text(v)}" for c, v in zip(columns, combination, strict=True))
-        yield within, rest.filter(mask)
+        yield _within(columns, combination), rest.filter(mask)
+
+
+def _within(columns: Sequence[str], values: Sequence[Any]) -> str:
+    return "/".join(f"{c}={partition_text(v)}" for c, v in zip(columns, values, strict=True))
 
 
 def partition_text(value: Any) -> str:

@@ -131,6 +131,8 @@ def test_split_by_writes_one_group_per_value_with_spark_directory_names() -> Non
     }
     assert [file_io.partition_values(w) for w in groups] == [("1", "a/b"), ("2", "x"), (None, "x")]
     assert list(file_io.split_by(table, [])) == [("", table)]
+    ((within, one),) = file_io.split_by(table.slice(1, 2), ["p"])  # one value: all rows, no copy
+    assert (within, one.to_pydict()) == ("p=x", {"k": [2, None], "v": [20, 30]})
     assert list(file_io.split_by(table.slice(0, 0), ["k"])) == []
 
 
