@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow_provider_checkpoint.dataflow.file_io import engine_for, url
+from airflow_provider_checkpoint.dataflow.text_records import check_options
 from airflow_provider_checkpoint.storage.object_store import for_executors
 
 if TYPE_CHECKING:
@@ -36,19 +37,23 @@ def read_parquet(
     schema: StructType | None = None,
     file_column: FileColumn | None = None,
     engine: str | None = None,
+    options: dict[str, str] | None = None,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
 
-    ``file_column``: also a column naming each row's file (:class:`FileColumn`).
+    ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
+    Spark's Parquet reader options (the Python engine takes none).
     """
     if not paths:
         if schema is None:
             raise ValueError("reading no files needs their schema")
         return spark.createDataFrame([], _with_file(schema, file_column))
     if engine_for(spark, fs, engine) == "hadoop":
-        reader = spark.read.schema(schema) if schema is not None else spark.read
+        reader = spark.read.options(**(options or {}))
+        reader = reader.schema(schema) if schema is not None else reader
         return _with_path_column(reader.parquet(*[url(fs, p) for p in paths]), file_column)
+    check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     return _scan(spark, fs, paths, schema, ParquetReader(for_executors(fs), _arrow(schema)), file_column)
 
@@ -75,7 +80,7 @@ def read_records(
             reader = reader.option("header", options.get("header", "true"))
         reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", corrupt)
         return _with_path_column(reader.load([url(fs, p) for p in paths]), file_column)
-    from airflow_provider_checkpoint.dataflow.text_records import check_options, converters
+    from airflow_provider_checkpoint.dataflow.text_records import converters
 
     check_options(format, options)
     converters(_arrow(declared), text=format == "csv")  # refuses unsupported column types in the driver

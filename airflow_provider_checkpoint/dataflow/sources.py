@@ -307,7 +307,7 @@ class FileSource(Source):
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
         if self.format == "parquet":
-            return file_scans.read_parquet(ctx.spark, fs, paths, declared, file_column)
+            return file_scans.read_parquet(ctx.spark, fs, paths, declared, file_column, options=self.options)
         return file_scans.read_records(ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column)
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
