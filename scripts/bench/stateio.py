@@ -38,6 +38,7 @@ KINDS = ("LIST", "GET", "HEAD", "PUT", "POST", "DELETE")
 
 def run(spec: DataSpec, rounds: int, s3_users: int, work: Path) -> dict[str, Any]:
     load = [os.getloadavg()[0]]
+    (work / "run").mkdir(parents=True, exist_ok=True)
     spark, _ = start_spark()
     engines = engines_side_by_side(spark, spec, rounds, work)
     requests = requests_per_checkpoint(spark, spec, s3_users, work)
