@@ -10,6 +10,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
+    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --increments 6 --events 2000 --rounds 3
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -27,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import inprocess, longrun, postgres, report, scheduler, sinkupsert  # noqa: E402
+from bench import inprocess, longrun, postgres, report, scheduler, sinkupsert, stateio  # noqa: E402
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +40,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "scheduler": (4, 50_000, 20_000),
     "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
+    "state-io": (6, 2_000, 1_000_000),  # users: state write's keys; increments/events: the S3 checkpoints
 }
 PNG = "benchmark-long-run.png"
 
@@ -56,6 +58,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--buckets", type=int, default=1024, help="sink-upsert mode's bucket files per table")
+    parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
+    parser.add_argument("--s3-users", type=int, default=20_000, help="state-io mode's keys of the S3 pipeline")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "scheduler": args.workload,
         "sink-upsert": "large-state",
         "postgres": "large-state",
+        "state-io": "large-state",
     }.get(args.mode, args.mode)
     section = f"scheduler-{args.workload}" if args.mode == "scheduler" else args.mode
     workload = {"small-state": "large-state"}.get(workload, workload)
@@ -104,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "postgres":
         result = postgres.run(args.users, args.events, args.increments, work, args.seed)
         text = postgres.render(result)
+        ok = not result["problems"]
+    elif args.mode == "state-io":
+        result = stateio.run(spec, args.rounds, args.s3_users, work)
+        text = stateio.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":
         result = {**scheduler.run(spec, work), "title": args.workload}

@@ -14,6 +14,8 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow import deletion_vectors, delta_log
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
+from airflow_provider_checkpoint.dataflow.file_io import engine_for, scheme
+from airflow_provider_checkpoint.dataflow.file_scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
 
@@ -259,7 +261,7 @@ class DeltaSource(Source):
         self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: dict[str, DataFile]
     ) -> DataFrame:
         """One Parquet scan of ``files`` (keyed by base name); what the log says per file (partition
-        values, change type, commit version) is looked up by the row's ``_metadata.file_name``."""
+        values, change type, commit version) is looked up by the row's file name."""
         from pyspark.sql import Column
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
@@ -275,9 +277,15 @@ class DeltaSource(Source):
         stored = [f for f in schema.fields if f.name not in partition_columns]
         read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if feed else [])])
         fs, root = self._fs()
-        df = spark.read.schema(read).parquet(*[fs.unstrip_protocol(f"{root}/{f.path}") for f in files.values()])
-        df = df.withColumn(_FILE, F.col("_metadata.file_name"))
+        paths = [f"{root}/{f.path}" for f in files.values()]
         deleted = _deleted_rows(fs, root, files)
+        if deleted is not None and engine_for(spark, fs) != "hadoop":
+            raise DeltaSourceError(
+                f"source {self.uid}: {self.path} has deletion vectors, which need Spark's own Parquet reader "
+                f"(row indexes) for {scheme(fs)}://: configure a Hadoop filesystem for that scheme "
+                f"(spark.hadoop.fs.{scheme(fs)}.impl, see docs/execution-modes.md)"
+            )
+        df = read_parquet(spark, fs, paths, read, FileColumn(_FILE, "name"))
         if deleted is not None:  # rows a deletion vector deletes are not the file's rows
             df = df.withColumn(_ROW, F.col("_metadata.row_index"))
             df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")

@@ -84,8 +84,10 @@ def _malformed_rows(
     """``(file path, raw text)`` of the malformed records of ``todo`` (the first ``limit``)."""
     from pyspark.sql import functions as F
 
+    from airflow_provider_checkpoint.dataflow.file_scans import FileColumn
+
     fs, _ = source.filesystem()
-    df = source.load(ctx, todo).withColumn("_source_file", F.col("_metadata.file_path")).cache()
+    df = source.load(ctx, todo, FileColumn("_source_file")).cache()
     bad = df.where(F.col(CORRUPT).isNotNull()).select("_source_file", CORRUPT)
     rows = (bad if limit is None else bad.limit(limit)).collect()
     df.unpersist()

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.dataflow import dead_letters, file_positions
+from airflow_provider_checkpoint.dataflow import dead_letters, file_io, file_positions, file_scans
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.file_scans import FileColumn
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.dataflow.landing import Listing, clean_file, hidden, list_landing
 from airflow_provider_checkpoint.dataflow.malformed import CORRUPT, dead_letter_rows, good_records, judge
@@ -267,11 +268,16 @@ class FileSource(Source):
 
         The count and the malformed-record check are observed on that pass
         (``DataFrame.observe``), so the returned function raises
-        :class:`MalformedInputError` once it has run, before the step acks.
+        :class:`MalformedInputError` once it has run, before the step acks. With the
+        Python file engine (:mod:`.file_io`) the records are cached and counted first, as
+        :meth:`read_counted` does: the observed metrics came back empty on S3 (an open issue).
         """
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        if file_io.engine_for(ctx.spark, self.filesystem()[0]) == "python":
+            df, good = self.read_counted(ctx, previous, barrier)
+            return df, lambda: good
         todo = self._todo(ctx, previous, barrier)
         if not todo:
             return ctx.spark.createDataFrame([], self.schema), lambda: judge(self, ctx, todo, 0, 0)
@@ -296,20 +302,18 @@ class FileSource(Source):
         ctx.add_metric("files_in", len(todo))
         return todo
 
-    def load(self, ctx: StepContext, todo: dict[str, int]) -> DataFrame:
-        """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``."""
-        reader = ctx.spark.read.format(self.format).options(**self.options)
-        if self.format == "csv":
-            reader = reader.option("header", self.options.get("header", "true"))
-        if self.format == "parquet":
-            return reader.schema(self.schema).load([self.url(n) for n in sorted(todo)])
-        from pyspark.sql.types import StringType, StructField, StructType
+    def load(self, ctx: StepContext, todo: dict[str, int], file_column: FileColumn | None = None) -> DataFrame:
+        """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``
+        (:mod:`.file_io`: Spark's readers where Hadoop serves the landing directory, else fsspec and pyarrow)."""
+        from pyspark.sql.types import StructType
 
+        fs, root = self.filesystem()
+        paths = [f"{root}/{n}" for n in sorted(todo)]
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
-        schema = StructType([*declared.fields, StructField(CORRUPT, StringType(), True)])
-        reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT)
-        return reader.load([self.url(n) for n in sorted(todo)])
+        if self.format == "parquet":
+            return file_scans.read_parquet(ctx.spark, fs, paths, declared, file_column, options=self.options)
+        return file_scans.read_records(ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column)
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
+from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot, StateHandle
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
+from airflow_provider_checkpoint.dataflow.file_scans import read_parquet
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
@@ -14,15 +16,9 @@ if TYPE_CHECKING:
 
 def write_channel(storage: Location, directory: str, df: DataFrame) -> ChannelSnapshot:
     """Write ``df`` under ``directory`` (job-relative); every file is hashed once, here."""
-    import pyarrow.parquet as pq
-
-    df.write.parquet(storage.url(directory))
-    handles, rows = [], 0
-    for full in sorted(storage.fs.glob(storage.path(f"{directory}/part-*.parquet"))):
-        with storage.fs.open(full, "rb") as f:
-            rows += pq.ParquetFile(f).metadata.num_rows
-        handles.append(storage.handle_for(storage.relative(full)))
-    return ChannelSnapshot(tuple(handles), df.schema.json(), rows)
+    files = write_parquet(df, storage.fs, storage.path(directory))
+    handles = [StateHandle(storage.relative(f.path), f.size, f.sha256(storage.fs)) for f in files]
+    return ChannelSnapshot(tuple(handles), df.schema.json(), sum(f.row_count(storage.fs) for f in files))
 
 
 def read_channel(spark: SparkSession, storage: Location, channel: ChannelSnapshot) -> DataFrame:
@@ -30,8 +26,6 @@ def read_channel(spark: SparkSession, storage: Location, channel: ChannelSnapsho
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(channel.schema))
-    if not channel.handles:
-        return spark.createDataFrame([], schema)
     for handle in channel.handles:
         storage.verify(handle)
-    return spark.read.schema(schema).parquet(*[storage.url(h.path) for h in channel.handles])
+    return read_parquet(spark, storage.fs, [storage.path(h.path) for h in channel.handles], schema)

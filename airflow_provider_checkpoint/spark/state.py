@@ -9,13 +9,14 @@ checkpoint: their new rows, or a tombstone (``__deleted``), and that checkpoint'
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.core.state_handles import InlineState, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
+from airflow_provider_checkpoint.dataflow.file_scans import read_parquet
 from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 from airflow_provider_checkpoint.exceptions import StateTooLargeError
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 SEQ = "__seq"
-_RANGE_DIR = re.compile(r"/kgr=(\d+)/[^/]+\.parquet$")
 BROADCAST_BYTES = 64 << 20
 """Deltas up to this size are broadcast when merged with a full version (no shuffle of the full version)."""
 
@@ -127,14 +127,11 @@ def write_ranges(
     """
     ranged = rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
     ranged = ranged.repartitionByRange(parallelism, "kgr") if spread and parallelism > 1 else ranged.coalesce(1)
-    ranged.write.partitionBy("kgr").parquet(storage.url(directory))
     handles = []
-    for full in sorted(storage.fs.glob(storage.path(f"{directory}/kgr=*/*.parquet"))):
-        match = _RANGE_DIR.search(full)
-        assert match, full
-        span = range_for_index(max_parallelism, parallelism, int(match.group(1)))
-        handle = storage.handle_for(storage.relative(full), span)
-        handles.append(StateHandle(handle.path, handle.size, handle.checksum, span, delta))
+    for file in write_parquet(ranged, storage.fs, storage.path(directory), partition_by=("kgr",)):
+        span = range_for_index(max_parallelism, parallelism, int(file.partition[0] or 0))
+        relative = storage.relative(file.path)
+        handles.append(StateHandle(relative, file.size, file.sha256(storage.fs), span, delta))
     return handles
 
 
@@ -211,6 +208,4 @@ def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool 
 
 def read_files(spark: SparkSession, storage: Location, handles: Sequence[StateHandle], schema: StructType) -> DataFrame:
     """The rows of the state files ``handles`` (unchecked), read with ``schema``."""
-    if not handles:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).parquet(*[storage.url(h.path) for h in handles])
+    return read_parquet(spark, storage.fs, [storage.path(h.path) for h in handles], schema)

@@ -11,6 +11,7 @@ with backoff, then surface as errors.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 from typing import Any
 
@@ -103,3 +104,31 @@ def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
     for start in range(0, len(markers), 1000):
         keys = [{"Key": p.split("/", 1)[1] + "/"} for p in markers[start : start + 1000]]
         fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+_ENVIRONMENT_OPTIONS = (
+    ("key", "AWS_ACCESS_KEY_ID"),
+    ("secret", "AWS_SECRET_ACCESS_KEY"),
+    ("token", "AWS_SESSION_TOKEN"),
+    ("endpoint_url", "AWS_ENDPOINT_URL"),
+)
+
+
+def for_executors(fs: AbstractFileSystem) -> AbstractFileSystem:
+    """``fs`` as Spark executors should open it: on S3 without credentials in its options, those of the
+    standard AWS environment variables here (the driver's) are added, so executors whose own
+    environment lacks them (a local session started earlier, a cluster) reach the same store.
+
+    The filesystem travels pickled inside Spark tasks: its options are never written to a
+    document or a log. Without those variables ``fs`` is returned unchanged and executors find
+    credentials their own way (profile, instance role).
+    """
+    if not is_s3(fs):
+        return fs
+    options = dict(fs.storage_options)
+    added = {o: os.environ[v] for o, v in _ENVIRONMENT_OPTIONS if o not in options and os.environ.get(v)}
+    if "key" in options or "key" not in added:
+        added = {o: v for o, v in added.items() if o == "endpoint_url"}
+    if not added:
+        return fs
+    return type(fs)(*fs.storage_args, **{**options, **added, "skip_instance_cache": True})

@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +162,8 @@ SLOW_DOWN = (
 class ThrottlingProxy:
     """A pass-through HTTP proxy to the real S3 server that answers the next ``throttle`` requests with
     HTTP 503 SlowDown, as S3 does under load. Requests are forwarded unchanged (their signatures stay
-    valid: the client signs for the proxy's host, which is passed on); ``requests`` counts them all.
+    valid: the client signs for the proxy's host, which is passed on); ``requests`` counts them all,
+    ``kinds`` by :func:`request_kind`.
     """
 
     def __init__(self, server: S3Server) -> None:
@@ -172,6 +174,7 @@ class ThrottlingProxy:
 
         self.throttle = 0
         self.requests = 0
+        self.kinds: Counter[str] = Counter()
         proxy = self
         target = urlsplit(server.endpoint)
 
@@ -181,6 +184,7 @@ class ThrottlingProxy:
             def _any(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 proxy.requests += 1
+                proxy.kinds[request_kind(self.command, self.path)] += 1
                 if proxy.throttle > 0:
                     proxy.throttle -= 1
                     self.send_response(503)
@@ -215,6 +219,18 @@ class ThrottlingProxy:
     def close(self) -> None:
         self._http.shutdown()
         self._http.server_close()
+
+
+def request_kind(method: str, path: str) -> str:
+    """``LIST``, ``GET``, ``HEAD``, ``PUT``, ``DELETE`` (also a bulk delete) or ``POST`` (multipart upload steps)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    query = parse_qs(urlsplit(path).query, keep_blank_values=True)
+    if method == "GET" and ("list-type" in query or "prefix" in query or "delimiter" in query):
+        return "LIST"
+    if method == "POST" and "delete" in query:
+        return "DELETE"
+    return method
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
+from airflow_provider_checkpoint.dataflow.file_scans import read_parquet
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
@@ -57,7 +59,6 @@ class BucketedUpsert:
         fs: fsspec.AbstractFileSystem,
         staging: str,
         existing: ExistingBuckets,
-        url: Callable[[str], str],
     ) -> list[Staged]:
         """Merge ``df`` (the changed rows) into the affected buckets, staged under ``staging``."""
         changed = df.withColumn(_BUCKET, self.bucket_of())
@@ -67,7 +68,7 @@ class BucketedUpsert:
                 staged = self._merge_in_driver(ctx, small, fs, staging, existing)
                 if staged is not None:
                     return staged
-        return self._merge_in_spark(ctx, changed, fs, staging, existing, url)
+        return self._merge_in_spark(ctx, changed, fs, staging, existing)
 
     def _merge_in_driver(
         self,
@@ -105,7 +106,6 @@ class BucketedUpsert:
         fs: fsspec.AbstractFileSystem,
         staging: str,
         existing: ExistingBuckets,
-        url: Callable[[str], str],
     ) -> list[Staged]:
         """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
         from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
@@ -120,15 +120,15 @@ class BucketedUpsert:
         old_files = list(existing(affected).values())
         merged = changed
         if old_files:
-            old = ctx.spark.read.parquet(*[url(p) for p in old_files]).withColumn(_BUCKET, self.bucket_of())
+            old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
             kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
             merged = kept.unionByName(changed, allowMissingColumns=True)
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
-        merged.repartition(len(affected), _BUCKET).write.partitionBy(_BUCKET).parquet(url(staging))
+        written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
         changed.unpersist()
         staged: list[Staged] = []
         for b in affected:
-            files = fs.glob(f"{staging}/{_BUCKET}={b}/part-*.parquet")
+            files = [f.path for f in written if f.partition == (str(b),)]
             if len(files) != 1:
                 raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
             staged.append((b, files[0], None))

@@ -30,6 +30,7 @@ from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow import delta_log
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
 from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDirectorySink, check_mode
@@ -178,15 +179,13 @@ class DeltaTableSink(TableDirectorySink):
         deletes: list[DeltaDeletes] = []
         files: list[tuple[str, int | None]]  # staged file, its rows if known
         if self.upsert is None:
-            writer = df.write.partitionBy(*self.partition_by) if self.partition_by else df.write
-            writer.parquet(self.url(staging))
-            files = [(full, None) for full in sorted(fs.find(staging))]
+            files = [(f.path, f.rows) for f in write_parquet(df, fs, staging, self.partition_by)]
         elif live := self._upsert_files():
-            staged = delta_upsert.stage(ctx, self.upsert, df, fs, root, staging, live, self.url)
+            staged = delta_upsert.stage(ctx, self.upsert, df, fs, root, staging, live)
             files, removes, deletes = staged.adds, staged.removes, staged.deletes
         else:  # the first load: one file per bucket
             files = []
-            for b, full, rows in self.upsert.write(ctx, df, fs, staging, lambda _: {}, self.url):
+            for b, full, rows in self.upsert.write(ctx, df, fs, staging, lambda _: {}):
                 named = f"{staging}/{bucket_file(b)}"
                 if full != named:
                     fs.mv(full, named)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import posixpath
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,6 +29,7 @@ import numpy as np
 
 from airflow_provider_checkpoint.dataflow import deletion_vectors
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
 from airflow_provider_checkpoint.dataflow.sinks.bucket_merge import BATCH_ROWS, KeySet
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import BucketedUpsert
 from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
@@ -85,7 +85,6 @@ def stage(
     root: str,
     staging: str,
     live: dict[str, DataFile],
-    url: Callable[[str], str],
 ) -> StagedUpsert:
     """Stage the upsert of ``df`` (the changed rows) into a table whose files are ``live``."""
     df = df.cache()  # read twice: its keys, then its rows
@@ -94,7 +93,7 @@ def stage(
         ctx.add_metric("sink_rows", keys.num_rows)
         if not keys.num_rows:
             return StagedUpsert([], [], [])
-        adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging, url)
+        adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging)
     finally:
         df.unpersist()
     affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
@@ -117,17 +116,16 @@ def stage(
 
 
 def _write_updates(
-    checkpoint_id: int, df: DataFrame, rows: int, fs: fsspec.AbstractFileSystem, staging: str, url: Callable[[str], str]
+    checkpoint_id: int, df: DataFrame, rows: int, fs: fsspec.AbstractFileSystem, staging: str
 ) -> list[tuple[str, int | None]]:
-    """The changed rows as update files ``staging/part-u<checkpoint>-<n>.parquet`` (Spark writes them)."""
-    spark_dir = f"{staging}/_changed"
-    df.coalesce(max(1, math.ceil(rows / UPDATE_FILE_ROWS))).write.parquet(url(spark_dir))
+    """The changed rows as update files ``staging/part-u<checkpoint>-<n>.parquet`` (the executors write them)."""
+    written = write_parquet(df.coalesce(max(1, math.ceil(rows / UPDATE_FILE_ROWS))), fs, f"{staging}/_changed")
     adds: list[tuple[str, int | None]] = []
-    for i, part in enumerate(sorted(p for p in fs.find(spark_dir) if p.endswith(".parquet"))):
+    for i, part in enumerate(written):
         named = f"{staging}/{update_file(checkpoint_id, i)}"
-        fs.mv(part, named)
-        adds.append((named, None))
-    fs.rm(spark_dir, recursive=True)
+        fs.mv(part.path, named)
+        adds.append((named, part.rows))
+    fs.rm(f"{staging}/_changed", recursive=True)
     return adds
 
 

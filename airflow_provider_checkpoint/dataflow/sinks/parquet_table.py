@@ -25,6 +25,7 @@ import fsspec
 
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.file_io import write_parquet
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks.base import TableDirectorySink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import (
@@ -143,7 +144,7 @@ class ParquetTableSink(TableDirectorySink):
         if self.upsert is None:
             moves = self._stage_append(ctx, df, fs, root, staging)
         else:
-            staged = self.upsert.write(ctx, df, fs, staging, self._existing_buckets, self.url)
+            staged = self.upsert.write(ctx, df, fs, staging, self._existing_buckets)
             moves = [[path[len(root) + 1 :], bucket_file(b)] for b, path, _ in staged]
         ctx.add_metric("sink_files_staged", len(moves))
         return [{"checkpoint_id": ctx.checkpoint_id, "moves": moves}]
@@ -151,17 +152,13 @@ class ParquetTableSink(TableDirectorySink):
     def _stage_append(
         self, ctx: StepContext, df: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
     ) -> list[list[str]]:
-        import pyarrow.parquet as pq
-
-        df.write.parquet(self.url(staging))
         moves: list[list[str]] = []
-        for full in sorted(fs.glob(f"{staging}/part-*.parquet")):
-            with fs.open(full, "rb") as f:
-                rows = pq.ParquetFile(f).metadata.num_rows
+        for file in write_parquet(df, fs, staging):
+            rows = file.row_count(fs)
             ctx.add_metric("sink_rows", rows)
             if rows:
                 target = f"part-c{ctx.checkpoint_id:010d}-{len(moves):05d}.parquet"
-                moves.append([full[len(root) + 1 :], target])
+                moves.append([file.path[len(root) + 1 :], target])
         return moves
 
     def _existing_buckets(self, buckets: list[int]) -> dict[int, str]:
