@@ -22,12 +22,12 @@ pytestmark = pytest.mark.spark
 
 FIRST_JOBS = 7
 """The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
-INCREMENTAL_JOBS = {"driver": 3, "spark": 5, "large input": 5}
+INCREMENTAL_JOBS = {"driver": 3, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
-input (two jobs: the shuffle stage runs as one), upsert the table. ``spark``: read the input
+input (two jobs: the shuffle stage runs as one), upsert the table. ``large input`` (Spark): read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
-SWITCH_JOBS = {"driver": 10, "spark": 10, "large input": 10}
+SWITCH_JOBS = {"driver": 10, "large input": 10}
 """Where few changed keys turn into most: a delta as large as the state, then the full version
 it makes due (the state read with its deltas merged, by Spark on either path)."""
 
@@ -39,13 +39,13 @@ def declare(base: Path) -> None:
     ParquetTableSink("totals_table", totals, f"{base}/totals", mode="upsert", keys=["user"])
 
 
-@pytest.mark.parametrize("merge", ["driver", "spark", "large input"])
+@pytest.mark.parametrize("merge", ["driver", "large input"])
 def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, merge: str, monkeypatch) -> None:
-    """``large input``: a small state, but an input above the driver's bound merges with Spark."""
+    """``large input``: a small state, but an input above the driver's bound merges with Spark jobs
+    (as ``driver_merge_rows=0`` does)."""
     if merge == "large input":
         monkeypatch.setattr(driver_state, "DRIVER_INPUT_BYTES", 1000)
-    rows = 0 if merge == "spark" else 1_000_000
-    job = make_job(spark, tmp_path, declare, inline_state_threshold=0, driver_merge_rows=rows)
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     tracker = spark.sparkContext.statusTracker()
     landed: list[pd.DataFrame] = []
     jobs: list[int] = []
