@@ -23,7 +23,7 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
-from airflow_provider_checkpoint.spark.driver_state import fits_driver, merge_on_driver
+from airflow_provider_checkpoint.spark.driver_state import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.spark.state import (
     SEQ,
     delta_schema,
@@ -77,9 +77,10 @@ def checkpoint_operator(
         layout = None
     if layout is not None and restored is not None:
         operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
-        if fits_driver(node, inputs, restored, settings.driver_merge_rows):
+        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows)
+        if partials is not None:
             return OperatorCheckpoint(
-                *merge_on_driver(storage, directory, checkpoint_id, node, inputs, restored, layout, operator.fault)
+                *merge_on_driver(storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault)
             )
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = node.changes(inputs, state, barrier, restored.rows), None

@@ -36,18 +36,20 @@ _ARROW_MERGEABLE |= {"decimal"}
 (not floating point: Spark orders NaN above every number, pyarrow skips it)."""
 
 
-def fits_driver(
+def driver_partials(
     node: StatefulOperator, inputs: Mapping[str, DataFrame], restored: OperatorSnapshot, max_rows: int
-) -> bool:
-    """Whether this checkpoint of ``node`` is merged on the driver: its state has at most
-    ``max_rows`` rows of simple types and its input is small (by Spark's estimate; none over
-    Spark Connect)."""
-    if restored.rows > max_rows or node.partials(inputs) is None:
-        return False
+) -> DataFrame | None:
+    """The input's per-key partials (:meth:`StatefulOperator.partials`) when this checkpoint of
+    ``node`` is merged on the driver: its state has at most ``max_rows`` rows of simple types and
+    its input is small (by Spark's estimate; none over Spark Connect). ``None``: Spark merges."""
+    partials = node.partials(inputs) if restored.rows <= max_rows else None
+    if partials is None:
+        return None
     if any(f.dataType.typeName() not in _ARROW_MERGEABLE for f in state_schema(restored).fields):
-        return False  # e.g. a struct key: pyarrow cannot group by it
+        return None  # e.g. a struct key: pyarrow cannot group by it
     sizes = [_estimated_bytes(df) for df in inputs.values()]
-    return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
+    small = all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
+    return partials if small else None
 
 
 def _estimated_bytes(df: DataFrame) -> int | None:
@@ -61,21 +63,20 @@ def merge_on_driver(
     directory: str,
     checkpoint_id: int,
     node: StatefulOperator,
-    inputs: Mapping[str, DataFrame],
+    partials: DataFrame,
     restored: OperatorSnapshot,
     layout: StateLayout,
     fault: Callable[[str], None],
 ) -> tuple[OperatorSnapshot, DataFrame, dict[str, int]]:
-    """Merge this checkpoint's input into ``restored`` and write the deltas (and the ranges
-    :meth:`StateLayout.to_compact` picks, or every range when most keys changed) under
-    ``directory``: the new snapshot, the new rows of the changed keys, and the ack metrics."""
+    """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`), into
+    ``restored`` and write the deltas (and the ranges :meth:`StateLayout.to_compact` picks, or
+    every range when most keys changed) under ``directory``: the new snapshot, the new rows of
+    the changed keys, and the ack metrics."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    partials = node.partials(inputs)
-    assert partials is not None
     spark = partials.sparkSession
     struct = state_schema(restored)
     schema = to_arrow_schema(struct, timezone="UTC")
