@@ -257,14 +257,15 @@ class PostgresTableSink(TransactionalSink):
         return [{"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}]
 
     def _check_staged(self, conn: pg.PgConnection, staging: str) -> None:
-        """``ANALYZE`` the staging table (so the commit joins it with the table by index), and in
-        upsert mode refuse a null key or a key staged twice (the commit could not succeed)."""
+        """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
+        index) and refuse a null key or a key staged twice (the commit could not succeed). An append
+        commit reads the staging table once, in order: nothing to check or plan."""
         from psycopg import sql
 
+        if self.mode != "upsert":
+            return
         with conn.connect(autocommit=True) as db:
             db.execute(sql.SQL("ANALYZE {}").format(self._table(staging)))
-            if self.mode != "upsert":
-                return
             keys = pg.idents(self.keys)
             null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
             bad = db.execute(
