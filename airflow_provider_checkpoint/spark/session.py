@@ -3,11 +3,13 @@
 An embedded session is quiet in the task log: no console progress bars, the driver's
 log4j output (warnings and errors only, :file:`log4j2.properties` next to this module)
 goes to stdout, and so do the JVM's own start-up lines. Airflow records a task's stderr
-at ERROR level, so a healthy step shows nothing at ERROR.
+at ERROR level, so a healthy step shows nothing at ERROR. py4j's per-connection lines
+("Closing down clientserver connection") are kept below WARNING out of the task log.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -75,6 +77,7 @@ def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remo
     loopback, reusing the active one in this process.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers run in this environment
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway

@@ -52,6 +52,7 @@ def test_a_healthy_step_writes_nothing_to_stderr_and_one_line_per_phase(tmp_path
     assert done.stderr == "", f"stderr (ERROR in an Airflow task log):\n{done.stderr}"
     assert not re.search(r"\[Stage \d+", done.stdout), "console progress bar"
     assert " ERROR " not in done.stdout and "log4j profile" not in done.stdout, done.stdout
+    assert "INFO py4j" not in done.stdout, "py4j's per-connection lines in the task log"
     phases = [line for line in done.stdout.splitlines() if line.startswith("INFO airflow_provider_checkpoint.spark")]
     assert [line.split(": ")[1] for line in phases] == ["source events", "stateful page_views", "sink views_table"]
     # the one pass over the input runs in the aggregate: the records are counted there
