@@ -54,16 +54,34 @@ def precondition_failed(error: BaseException) -> bool:
     return code in ("PreconditionFailed", "412") or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412
 
 
+PROBE_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 10}
+"""Upper bounds of the first-contact probe's timeouts; it tries twice, without s3fs's own retries."""
+
+
+def _probe(fs: AbstractFileSystem) -> AbstractFileSystem:
+    """A client of ``fs``'s store that gives up within seconds: an endpoint that accepts connections
+    but never answers fails the probe in at most ~2 × 10 s, not after every layer's retries of
+    :data:`S3_DEFAULTS` (5 × 4 reads of 60 s)."""
+    options = dict(fs.storage_options)
+    config = dict(options.get("config_kwargs") or {})
+    for name, bound in PROBE_TIMEOUTS.items():
+        config[name] = min(config.get(name, bound), bound)
+    config["retries"] = {"max_attempts": 2, "mode": "standard"}
+    probe = type(fs)(**{**options, "config_kwargs": config, "skip_instance_cache": True})
+    probe.retries = 1  # s3fs's own loop around botocore's, a class attribute
+    return probe
+
+
 def check_reachable(fs: AbstractFileSystem, base: str, url: str) -> None:
     """Raise :class:`CheckpointStorageError` naming ``url`` and the likely fix unless its bucket answers.
 
-    One ``HeadBucket`` request on S3; nothing for other filesystems.
+    One ``HeadBucket`` request on S3, within :data:`PROBE_TIMEOUTS`; nothing for other filesystems.
     """
     if not is_s3(fs):
         return
     bucket = base.split("/", 1)[0]
     try:
-        fs.call_s3("head_bucket", Bucket=bucket)
+        _probe(fs).call_s3("head_bucket", Bucket=bucket)
     except PermissionError as e:
         raise CheckpointStorageError(
             f"access to {url} denied ({e}): check the access key and secret (storage options key/secret, "

@@ -158,6 +158,27 @@ def test_unreachable_endpoint_fails_after_bounded_retries(s3_server: S3Server) -
         JobStorage.for_job(s3_server.url("root"), "job", **options)
 
 
+def test_an_endpoint_that_never_answers_fails_within_seconds(s3_server: S3Server) -> None:
+    """A store that accepts connections but never answers (a hung proxy): the first-contact probe gives
+    up within its own short bound and names the endpoint, whatever the (long) timeouts of later requests."""
+    import socket
+
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        threading.Thread(target=lambda: held.extend(silent.accept()[0] for _ in iter(int, 1)), daemon=True).start()
+        options = {
+            **s3_server.storage_options(),
+            "endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "config_kwargs": {"connect_timeout": 1, "read_timeout": 1},
+        }
+        started = time.monotonic()
+        with pytest.raises(CheckpointStorageError, match="cannot reach the object store of s3://.*(?i:timeout)"):
+            JobStorage.for_job(s3_server.url("root"), "job", **options)
+        elapsed = time.monotonic() - started
+    assert held, "the client never connected"
+    assert elapsed < 10, f"{elapsed:.1f}s, {len(held)} connections"
+
+
 def test_job_storage_takes_credentials_from_the_aws_environment(
     s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
