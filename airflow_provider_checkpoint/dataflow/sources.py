@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.dataflow import dead_letters, file_io, file_positions, file_scans
+from airflow_provider_checkpoint.dataflow import dead_letters, file_positions, file_scans
 from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults, check_malformed_policy
 from airflow_provider_checkpoint.dataflow.file_scans import FileColumn
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
@@ -268,16 +268,13 @@ class FileSource(Source):
 
         The count and the malformed-record check are observed on that pass
         (``DataFrame.observe``), so the returned function raises
-        :class:`MalformedInputError` once it has run, before the step acks. With the
-        Python file engine (:mod:`.file_io`) the records are cached and counted first, as
-        :meth:`read_counted` does: the observed metrics came back empty on S3 (an open issue).
+        :class:`MalformedInputError` once it has run, before the step acks.
         """
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        if file_io.engine_for(ctx.spark, self.filesystem()[0]) == "python":
-            df, good = self.read_counted(ctx, previous, barrier)
-            return df, lambda: good
+        from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+
         todo = self._todo(ctx, previous, barrier)
         if not todo:
             return ctx.spark.createDataFrame([], self.schema), lambda: judge(self, ctx, todo, 0, 0)
@@ -290,7 +287,7 @@ class FileSource(Source):
         observed = df.observe(observation, *metrics)
 
         def records() -> int:
-            counts = observation.get
+            counts = observed_metrics(observation, lambda: df.agg(*metrics).first())
             return judge(self, ctx, todo, int(counts["records"]), int(counts.get("malformed") or 0))
 
         return (observed if self.format == "parquet" else good_records(self, observed)), records

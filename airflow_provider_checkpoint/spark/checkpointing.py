@@ -23,6 +23,7 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.spark.driver_state import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.spark.state import (
     SEQ,
@@ -197,14 +198,14 @@ class _OperatorState:
         compact = layout.to_compact()
         self.fault("step.before_state_write")
         observation = Observation()  # the counts come from the pass that writes the deltas
+        delta_metrics = (
+            F.count(F.lit(1)).alias("changed"),
+            F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
+            F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
+        )
         newest = changelog.withColumn(SEQ, F.lit(self.checkpoint_id).cast("long")).drop(NEW)
         delta = (
-            changelog.observe(
-                observation,
-                F.count(F.lit(1)).alias("changed"),
-                F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
-                F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
-            )
+            changelog.observe(observation, *delta_metrics)
             .where(~F.col("kgr").isin(compact))
             .withColumn(SEQ, F.lit(self.checkpoint_id).cast("long"))
             .drop(NEW, "kgr")
@@ -221,7 +222,7 @@ class _OperatorState:
             spread=False,
         ):
             written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
-        counts = observation.get
+        counts = observed_metrics(observation, lambda: changelog.agg(*delta_metrics).first())
         compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
         if compact:
             self.fault("step.during_compaction")

@@ -66,3 +66,32 @@ def test_backlog_and_archiving_with_a_crash_between_commit_and_archiving(spark, 
     for table in ("user_totals", "events"):
         got = normalized(read_table(marts / table), table)
         pd.testing.assert_frame_equal(got, normalized(truth[table], table))
+
+
+@pytest.mark.parametrize("merge_rows", [1_000_000, 0], ids=["driver-merge", "spark-merge"])
+@pytest.mark.parametrize("engine", ["hadoop", "python"])
+def test_files_holding_no_record_checkpoint_as_zero_records(spark, tmp_path, engine, merge_rows):
+    """Empty files and files of blank lines are read and counted as zero records, before and after state
+    exists (Spark records no observed metrics when no row passes: the count is then a job of its own)."""
+    landing = tmp_path / "landing"
+    events = FileSource("events", str(landing), "json", "user STRING, page STRING, ts LONG")
+    views = KeyedAggregate("page_views", events, keys=["page"], aggs={"views": "count"})
+    sink = ParquetTableSink("views_table", views, str(tmp_path / "views"), "upsert", ["page"])
+    graph = PipelineGraph([events, views, sink])
+    storage = JobStorage.for_job(str(tmp_path / "checkpoints"), "job")
+    settings = CheckpointSettings(driver_merge_rows=merge_rows, inline_state_threshold=0)
+    coordinator = CheckpointCoordinator(storage, graph, settings)
+    landing.mkdir()
+    one, two = '{"user":"a","page":"p","ts":1}\n', '{"user":"b","page":"q","ts":2}\n{"user":"c","page":"p","ts":3}\n'
+    spark.conf.set("spark.checkpoint.fileEngine", engine)
+    try:
+        for i, text in enumerate(["", "\n\n", one, "", "\n", two], 1):
+            (landing / f"events-{i}.json").write_text(text)
+            plan = coordinator.trigger(f"run-{i}")
+            (ack,) = [run_step(spark, storage, graph, step, plan, 1) for step in plan.steps]
+            coordinator.finalize(plan, [ack])
+            assert ack.metrics["records_in"] == text.count("user"), f"checkpoint {i}"
+    finally:
+        spark.conf.unset("spark.checkpoint.fileEngine")
+    got = read_table(tmp_path / "views").sort_values("page").reset_index(drop=True)
+    assert got.to_dict("records") == [{"page": "p", "views": 2}, {"page": "q", "views": 1}]
