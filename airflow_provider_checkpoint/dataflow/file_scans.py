@@ -68,9 +68,14 @@ def read_records(
     corrupt: str,
     file_column: FileColumn | None = None,
     engine: str | None = None,
+    sizes: Sequence[int] | None = None,
 ) -> DataFrame:
     """The records of the JSON Lines or CSV files ``paths``, parsed permissively: ``declared``'s columns
-    and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`)."""
+    and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`).
+
+    ``sizes`` (bytes, one per path): the Python engine fails a read that does not get exactly
+    that many bytes of the file, so a store answering short is never taken for a file's end.
+    """
     from pyspark.sql.types import StringType, StructField, StructType
 
     schema = as_nullable(StructType([*declared.fields, StructField(corrupt, StringType(), True)]))
@@ -84,9 +89,9 @@ def read_records(
 
     check_options(format, options)
     converters(_arrow(declared), text=format == "csv")  # refuses unsupported column types in the driver
-    return _scan(
-        spark, fs, paths, schema, RecordReader(for_executors(fs), format, _arrow(schema), options), file_column
-    )
+    expected = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
+    parse = RecordReader(for_executors(fs), format, _arrow(schema), options, expected)
+    return _scan(spark, fs, paths, schema, parse, file_column)
 
 
 def footer_schema(fs: fsspec.AbstractFileSystem, path: str) -> StructType:
@@ -231,21 +236,36 @@ class RecordReader:
     format: str
     schema: pa.Schema
     options: dict[str, str]
+    sizes: dict[str, int] = field(default_factory=dict)
+    """path → the bytes a read must get (the size cut into the barrier); unchecked when absent."""
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
+        import io
+
         import pyarrow as pa
+        from fsspec.compression import compr
+        from fsspec.utils import infer_compression
 
         from airflow_provider_checkpoint.dataflow.text_records import records
 
         declared = pa.schema(list(self.schema)[:-1])
         empty = [None] * len(declared)
         rows: list[list[Any]] = []
-        with self.fs.open(path, "rt", encoding="utf-8", errors="replace", compression="infer") as f:
-            for values, raw in records(f, self.format, declared, self.options):
-                rows.append([*values, None] if values is not None else [*empty, raw])
+        with self.fs.open(path, "rb") as raw:
+            compression = infer_compression(path)
+            stream = compr[compression](raw, mode="rb") if compression else raw
+            text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
+            for values, line in records(text, self.format, declared, self.options):
+                rows.append([*values, None] if values is not None else [*empty, line])
                 if len(rows) == BATCH_ROWS:
                     yield _batch(rows, self.schema)
                     rows = []
+            expected = self.sizes.get(path)
+            if expected is not None and raw.tell() != expected:
+                raise OSError(
+                    f"read {raw.tell()} of the {expected} bytes of {url(self.fs, path)} cut into the barrier: "
+                    "the store answered short or the file changed; the step fails and nothing of it is committed"
+                )
         if rows:
             yield _batch(rows, self.schema)
 

@@ -310,7 +310,10 @@ class FileSource(Source):
         assert isinstance(declared, StructType)
         if self.format == "parquet":
             return file_scans.read_parquet(ctx.spark, fs, paths, declared, file_column, options=self.options)
-        return file_scans.read_records(ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column)
+        sizes = [todo[n] for n in sorted(todo)]
+        return file_scans.read_records(
+            ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column, sizes=sizes
+        )
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:

@@ -174,6 +174,22 @@ def test_record_reader_yields_the_corrupt_column(tmp_path: Path) -> None:
     assert batch.to_pydict() == {"a": [1, None], "_corrupt_record": [None, "bad"]}
 
 
+def test_record_reader_refuses_a_read_short_of_the_size_cut_into_the_barrier(tmp_path: Path) -> None:
+    import gzip
+
+    plain, packed = tmp_path / "f.json", tmp_path / "g.json.gz"
+    plain.write_text('{"a": 1}\n{"a": 2}\n')
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    schema = pa.schema([("a", pa.int32()), ("_corrupt_record", pa.string())])
+    sizes = {str(plain): plain.stat().st_size, str(packed): packed.stat().st_size}
+    reader = file_scans.RecordReader(fsspec.filesystem("file"), "json", schema, {}, sizes)
+    for path in (plain, packed):  # the bytes read are the file's, compressed or not
+        assert [b.to_pydict()["a"] for b in reader(str(path))] == [[1, 2]]
+    short = file_scans.RecordReader(fsspec.filesystem("file"), "json", schema, {}, {str(plain): 40})
+    with pytest.raises(OSError, match=r"read 18 of the 40 bytes of file://.*f\.json cut into the barrier"):
+        list(short(str(plain)))
+
+
 def test_file_column_labels_match_what_spark_gives() -> None:
     fs = fsspec.filesystem("file")
     assert file_scans.FileColumn("f").label(fs, "/d/a b%.json") == "file:///d/a%20b%25.json"
