@@ -390,5 +390,5 @@ class CheckpointCoordinator:
         if "restore_request_id" in completed.options:
             self.storage.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
-        if not self.storage.exists(self.storage.stats_path(completed.checkpoint_id)):
+        if not self.storage.has_file(self.storage.stats_path(completed.checkpoint_id)):
             self.storage.write_stats(completed.checkpoint_id, completed.stats_record(time.time()))

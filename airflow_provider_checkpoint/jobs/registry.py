@@ -133,7 +133,7 @@ def _plain_url(value: Any) -> bool:
 
 def _check_lives_there(location: JobLocation, source: str) -> JobLocation:
     storage = location.storage()
-    if not storage.exists(JOB_FILE):
+    if not storage.has_file(JOB_FILE):
         raise RegistryError(f"{source} says job {location.job_id} lives in {storage.url()}, but it has no _job.json")
     try:
         storage.load_job()  # refuses a record of another job

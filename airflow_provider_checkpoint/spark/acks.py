@@ -38,7 +38,7 @@ def read_ack(storage: JobStorage, plan: CheckpointPlan, step: str, attempt: int)
     """
     attempt_dir = storage.attempt_dir(plan.checkpoint_id, step, attempt)
     where = storage.url(f"{attempt_dir}/{ACK_FILE}")
-    if not storage.exists(f"{attempt_dir}/{ACK_FILE}"):
+    if not storage.has_file(f"{attempt_dir}/{ACK_FILE}"):
         raise StepDeclined(AbortReason.DECLINED, f"the driver finished without writing its ack {where}", False)
     try:
         ack = Ack.from_dict(load_json(storage.read_bytes(f"{attempt_dir}/{ACK_FILE}"), where), where)
@@ -64,7 +64,7 @@ def read_ack(storage: JobStorage, plan: CheckpointPlan, step: str, attempt: int)
 
 def read_decline(storage: JobStorage, attempt_dir: str) -> StepDeclined | None:
     """The decline the driver recorded before failing, if any."""
-    if not storage.exists(f"{attempt_dir}/{DECLINE_FILE}"):
+    if not storage.has_file(f"{attempt_dir}/{DECLINE_FILE}"):
         return None
     try:
         d = load_json(storage.read_bytes(f"{attempt_dir}/{DECLINE_FILE}"), storage.url(f"{attempt_dir}/{DECLINE_FILE}"))

@@ -45,7 +45,7 @@ class CompletedCheckpointStore:
         if not ids or not self.storage.is_completed(ids[-1]):
             return None
         path = self.storage.plan_path(ids[-1])
-        if not self.storage.exists(path):
+        if not self.storage.has_file(path):
             return None
         plan = CheckpointPlan.from_dict(
             load_json(self.storage.read_bytes(path), self.storage.url(path)), self.storage.url(path)
@@ -78,7 +78,7 @@ class CompletedCheckpointStore:
             chk = self.storage.chk_dir(checkpoint_id)
             if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
                 continue
-            if not self.storage.exists(self.storage.plan_path(checkpoint_id)):
+            if not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
                 self.storage.delete(chk)
             elif checkpoint_id < latest_id:
                 abandoned.append((checkpoint_id, AbortReason.SUBSUMED, f"subsumed by completed checkpoint {latest_id}"))
@@ -124,7 +124,7 @@ class CompletedCheckpointStore:
                 self.storage.delete_paths(
                     [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
                 )
-            elif self.storage.is_completed(checkpoint_id) or not self.storage.exists(
+            elif self.storage.is_completed(checkpoint_id) or not self.storage.has_file(
                 self.storage.plan_path(checkpoint_id)
             ):
                 self.storage.delete(chk)

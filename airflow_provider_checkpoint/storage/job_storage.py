@@ -42,7 +42,13 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     shorten,
 )
-from airflow_provider_checkpoint.storage.object_store import check_reachable, delete_objects, is_s3, with_defaults
+from airflow_provider_checkpoint.storage.object_store import (
+    check_reachable,
+    delete_objects,
+    file_exists,
+    is_s3,
+    with_defaults,
+)
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
 from airflow_provider_checkpoint.storage.writes import create_exclusive, write_atomic
 
@@ -109,7 +115,12 @@ class Location:
         return path[len(prefix) :]
 
     def exists(self, relative: str) -> bool:
+        """Whether the file or directory ``relative`` exists."""
         return bool(self.fs.exists(self.path(relative)))
+
+    def has_file(self, relative: str) -> bool:
+        """Whether the file ``relative`` exists (one request on an object store)."""
+        return file_exists(self.fs, self.path(relative))
 
     def read_bytes(self, relative: str) -> bytes:
         try:
@@ -210,7 +221,7 @@ class JobStorage(Location):
 
     # -- job record --------------------------------------------------------------------
     def load_job(self) -> JobRecord:
-        if not self.exists(JOB_FILE):
+        if not self.has_file(JOB_FILE):
             return JobRecord(job_id=self.job_id)
         record = JobRecord.decode(self.read_bytes(JOB_FILE), self.url(JOB_FILE))
         if record.job_id != self.job_id:
@@ -222,7 +233,7 @@ class JobStorage(Location):
 
     # -- restore request ---------------------------------------------------------------
     def load_restore_request(self) -> RestoreRequest | None:
-        if not self.exists(RESTORE_REQUEST):
+        if not self.has_file(RESTORE_REQUEST):
             return None
         document = self.url(RESTORE_REQUEST)
         try:
@@ -298,17 +309,19 @@ class JobStorage(Location):
     # -- checkpoints -------------------------------------------------------------------
     def checkpoint_ids(self) -> list[int]:
         """Ids of every ``chk-*`` directory, completed or not, ascending."""
-        if not self.fs.exists(self.job_dir):
+        try:
+            entries = self.fs.ls(self.job_dir, detail=False)
+        except FileNotFoundError:
             return []
         ids = []
-        for entry in self.fs.ls(self.job_dir, detail=False):
+        for entry in entries:
             m = _CHK.match(posixpath.basename(entry.rstrip("/")))
             if m:
                 ids.append(int(m.group(1)))
         return sorted(ids)
 
     def is_completed(self, checkpoint_id: int) -> bool:
-        return self.exists(self.metadata_path(checkpoint_id))
+        return self.has_file(self.metadata_path(checkpoint_id))
 
     def completed_ids(self) -> list[int]:
         return [i for i in self.checkpoint_ids() if self.is_completed(i)]
@@ -337,8 +350,10 @@ class JobStorage(Location):
         )
 
     def latest_completed(self) -> CompletedCheckpoint | None:
-        ids = self.completed_ids()
-        return self.load_completed(ids[-1]) if ids else None
+        """The newest checkpoint with ``_metadata`` (newest first: directories retention keeps for their
+        files, older than every retained checkpoint, are not asked)."""
+        latest = next((i for i in reversed(self.checkpoint_ids()) if self.is_completed(i)), None)
+        return None if latest is None else self.load_completed(latest)
 
     def commit_metadata(self, checkpoint: CompletedCheckpoint) -> bool:
         """Create ``_metadata``, the commit point of the checkpoint; False if it already exists.

@@ -100,6 +100,18 @@ def is_s3(fs: AbstractFileSystem) -> bool:
     return bool(S3_PROTOCOLS & set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)))
 
 
+def file_exists(fs: AbstractFileSystem, path: str) -> bool:
+    """Whether the file ``path`` exists: one HEAD on S3, where ``fs.exists`` lists as well to find a directory."""
+    if not is_s3(fs):
+        return bool(fs.exists(path))
+    bucket, key, _ = fs.split_path(path)
+    try:
+        fs.call_s3("head_object", Bucket=bucket, Key=key)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
     """Delete the object ``path`` or every object under ``path/`` on S3, with their directory markers.
 
