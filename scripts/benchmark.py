@@ -10,7 +10,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
-    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --increments 6 --events 2000 --rounds 3
+    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --increments 6 --events 20000 --rounds 3 --s3-long-run 40
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -40,7 +40,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "scheduler": (4, 50_000, 20_000),
     "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
-    "state-io": (6, 2_000, 1_000_000),  # users: state write's keys; increments/events: the S3 checkpoints
+    "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
 }
 PNG = "benchmark-long-run.png"
 
@@ -59,7 +59,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--buckets", type=int, default=1024, help="sink-upsert mode's bucket files per table")
     parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
-    parser.add_argument("--s3-users", type=int, default=20_000, help="state-io mode's keys of the S3 pipeline")
+    parser.add_argument("--s3-long-run", type=int, default=40, help="state-io mode's checkpoints of the long S3 run")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         text = postgres.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
-        result = stateio.run(spec, args.rounds, args.s3_users, work)
+        long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)
+        result = stateio.run(spec, args.rounds, long_run, work)
         text = stateio.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":

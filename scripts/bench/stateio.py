@@ -8,11 +8,14 @@ alternating which goes first. Every output is read back with pyarrow and compare
 pandas ground truth, and every handle is verified against its file.
 
 **Requests** (the S3 server of ``tests/servers``, SeaweedFS): FileSource → KeyedAggregate →
-ParquetTableSink (upsert) with landing area, table and storage root on S3 runs
-``checkpoints`` checkpoints in-process (:mod:`airflow_provider_checkpoint.testing.inprocess`;
-the Python engine, as the session has no S3 Hadoop filesystem). Every request of the driver
-and the executors passes a counting proxy; landing the input does not. The table is checked
-against a pandas ground truth at the end.
+ParquetTableSink (upsert, 16 buckets) with landing area, table and storage root on S3 runs
+checkpoint after checkpoint in-process (:mod:`airflow_provider_checkpoint.testing.inprocess`;
+the Python engine, as the session has no S3 Hadoop filesystem), ``retained_checkpoints=3``,
+in two shapes: the large-state workload (``users`` keys, a few checkpoints of many events) and
+the long-run one (20,000 keys, many checkpoints of 200 events). Every request of the driver
+and the executors passes a counting proxy; landing the input does not. Each table is checked
+against a pandas ground truth at the end, and the requests per checkpoint must not grow with
+the job's age.
 """
 
 from __future__ import annotations
@@ -36,13 +39,18 @@ REPO = Path(__file__).resolve().parents[2]
 KINDS = ("LIST", "GET", "HEAD", "PUT", "POST", "DELETE")
 
 
-def run(spec: DataSpec, rounds: int, s3_users: int, work: Path) -> dict[str, Any]:
+FLAT = 1.1
+"""Requests per checkpoint late in a run over early (once retention is full): at most this."""
+
+
+def run(spec: DataSpec, rounds: int, long_run: DataSpec, work: Path) -> dict[str, Any]:
+    """``spec``: the engines' state (``users`` keys) and the large-state S3 run; ``long_run``: the long S3 run."""
     load = [os.getloadavg()[0]]
     (work / "run").mkdir(parents=True, exist_ok=True)
     spark, _ = start_spark()
     engines = engines_side_by_side(spark, spec, rounds, work)
-    requests = requests_per_checkpoint(spark, spec, s3_users, work)
-    problems = engines["problems"] + requests["problems"]
+    requests = [requests_per_checkpoint(spark, shape, work) for shape in (spec, long_run)]
+    problems = engines["problems"] + [p for r in requests for p in r["problems"]]
     return {"engines": engines, "requests": requests, "problems": problems, "load": [*load, os.getloadavg()[0]]}
 
 
@@ -83,7 +91,7 @@ def engines_side_by_side(spark: Any, spec: DataSpec, rounds: int, work: Path) ->
     return {"rows": rows, "rounds": rounds, "times": times, "medians": medians, "sizes": sizes, "problems": problems}
 
 
-def requests_per_checkpoint(spark: Any, spec: DataSpec, users: int, work: Path) -> dict[str, Any]:
+def requests_per_checkpoint(spark: Any, spec: DataSpec, work: Path) -> dict[str, Any]:
     import pyarrow.dataset as ds
     import s3fs
 
@@ -96,12 +104,12 @@ def requests_per_checkpoint(spark: Any, spec: DataSpec, users: int, work: Path) 
     from airflow_provider_checkpoint.testing.inprocess import Job
     from tests.servers.s3 import ThrottlingProxy, start_server
 
-    small = DataSpec("large-state", spec.increments, spec.events, users, spec.pages, spec.seed)
     directory = Path(tempfile.mkdtemp(prefix="state-io-s3-", dir=work))
     process, server = start_server(directory)
     proxy = ThrottlingProxy(server)
     saved = {k: os.environ.get(k) for k in server.env()}
     os.environ.update({**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
+    s3fs.S3FileSystem.clear_instance_cache()  # a client made for an earlier run's server keeps its endpoint
     try:
         direct = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
         landing, table = server.url("bench/landing"), server.url("bench/table")
@@ -113,8 +121,8 @@ def requests_per_checkpoint(spark: Any, spec: DataSpec, users: int, work: Path) 
         coordinator = CheckpointCoordinator(storage, graph, CheckpointSettings(retained_checkpoints=3), None, None)
         job = Job(spark, directory, graph, storage, coordinator)
         landed, per_checkpoint = [], []
-        for i in range(1, small.increments + 1):
-            events = small.increment(i)
+        for i in range(1, spec.increments + 1):
+            events = spec.increment(i)
             landed.append(events)
             direct.pipe_file(f"{landing.removeprefix('s3://')}/inc-{i:03d}.json", events_json(events))
             proxy.kinds.clear()
@@ -122,17 +130,30 @@ def requests_per_checkpoint(spark: Any, spec: DataSpec, users: int, work: Path) 
             job.checkpoint()
             counts = {k: proxy.kinds.get(k, 0) for k in KINDS}
             per_checkpoint.append({"checkpoint": i, "events": len(events), "seconds": elapsed(started), **counts})
-            log(f"state-io: S3 checkpoint {i}: {counts}")
+            log(f"state-io: S3 {spec.users:,} keys, checkpoint {i}: {counts}")
         got = ds.dataset(table.removeprefix("s3://"), format="parquet", filesystem=direct).to_table().to_pandas()
         matches = list(got.columns) and normalized(got).equals(ground_truth(pd.concat(landed)))
         problems = [] if matches else [f"S3 table differs from the ground truth ({len(got)} rows)"]
+        growth = age_growth(per_checkpoint)
+        if growth is not None and growth > FLAT:
+            problems.append(f"S3 requests per checkpoint grew {growth:.2f}x with the job's age ({spec.users:,} keys)")
     finally:
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         proxy.close()
         process.terminate()
         process.wait(timeout=15)
-    return {"users": users, "checkpoints": per_checkpoint, "problems": problems}
+    return {"users": spec.users, "checkpoints": per_checkpoint, "growth": growth, "problems": problems}
+
+
+def age_growth(per_checkpoint: list[dict[str, Any]], filled: int = 5) -> float | None:
+    """Median requests of the last third of the checkpoints from ``filled`` on (retention full) over the first
+    third's; ``None`` when fewer than three such checkpoints ran."""
+    totals = [sum(row[k] for k in KINDS) for row in per_checkpoint[filled - 1 :]]
+    if len(totals) < 3:
+        return None
+    third = len(totals) // 3
+    return statistics.median(totals[-third:]) / statistics.median(totals[:third])
 
 
 def events_json(events: pd.DataFrame) -> bytes:
@@ -159,18 +180,29 @@ def render(result: dict[str, Any]) -> str:
     load = ", ".join(f"{x:.1f}" for x in result["load"])
     lines += ["", f"Python / Spark: {verdict(ratio, 1.3)}.", ""]
     lines += [f"Load average before and after the run (2 cores, shared with other jobs): {load}.", ""]
-    lines += [
-        f"### S3 requests per checkpoint ({requests['users']:,} keys, FileSource → KeyedAggregate → "
-        "ParquetTableSink upsert, all on SeaweedFS)",
+    for requests in result["requests"]:
+        lines += requests_table(requests)
+    return "\n".join(lines)
+
+
+def requests_table(requests: dict[str, Any]) -> list[str]:
+    rows = requests["checkpoints"]
+    growth = requests["growth"]
+    lines = [
+        f"### S3 requests per checkpoint ({requests['users']:,} keys, {len(rows)} checkpoints)",
+        "",
+        "Late over early (median requests of the last third of checkpoints 5 onwards over the first third): "
+        + (verdict(growth, FLAT) if growth is not None else "too few checkpoints to tell")
+        + ".",
         "",
         "| checkpoint | events | s | " + " | ".join(KINDS) + " | total |",
         "|---:|---:|---:|" + "---:|" * (len(KINDS) + 1),
     ]
-    for row in requests["checkpoints"]:
+    for row in rows:
         counts = [row[k] for k in KINDS]
         lines.append(
             f"| {row['checkpoint']} | {row['events']:,} | {row['seconds']:.1f} | "
             + " | ".join(str(c) for c in counts)
             + f" | {sum(counts)} |"
         )
-    return "\n".join(lines)
+    return [*lines, ""]
