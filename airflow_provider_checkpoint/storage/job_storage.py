@@ -80,9 +80,9 @@ class Location:
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> Location:
+        options = with_defaults(fsspec.core.split_protocol(url)[0] or "file", storage_options)
         try:
-            protocol, _ = fsspec.core.split_protocol(url)
-            fs, path = fsspec.core.url_to_fs(url, **with_defaults(protocol or "file", storage_options))
+            fs, path = fsspec.core.url_to_fs(url, **options)
         except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
             raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
         if is_local(fs):
@@ -168,9 +168,11 @@ class JobStorage(Location):
 
     @classmethod
     def for_job(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
-        """The job ``job_id`` under ``storage_root``; an object store is probed first (:func:`check_reachable`)."""
+        """The job ``job_id`` under ``storage_root``; an object store is probed first (:func:`check_reachable`).
+
+        ``storage_options``: the filesystem's; on S3 ``conn_id`` names an Airflow ``aws`` connection."""
         location = Location.from_url(storage_root, **storage_options)
-        check_reachable(location.fs, location.base, storage_root)
+        check_reachable(location.fs, location.base, storage_root, storage_options.get("conn_id"))
         return cls(location.fs, location.base, job_id)
 
     @property
