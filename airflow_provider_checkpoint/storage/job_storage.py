@@ -93,6 +93,14 @@ class Location:
         """``base/relative``; a path that would leave ``base`` (``..``, absolute, a symlink out) is refused."""
         return owned_path(self.fs, self.base, relative) if relative else self.base
 
+    def beside(self, url: str) -> Location:
+        """``url`` on this filesystem when it names the same (not local) scheme, else opened afresh: a savepoint
+        or restore point beside a job's storage takes the storage's credentials and endpoint (its connection)."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if is_local(self.fs) or fsspec.core.split_protocol(url)[0] not in protocols:
+            return Location.from_url(url)
+        return Location(self.fs, self.fs._strip_protocol(url).rstrip("/"))
+
     def url(self, relative: str = "") -> str:
         """A URL Spark and other engines can open (``file:///…`` for local storage)."""
         protocol = "file" if is_local(self.fs) else self.fs.protocol

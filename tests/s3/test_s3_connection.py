@@ -21,9 +21,11 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.model import CheckpointType
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage.config import job_storage
 from airflow_provider_checkpoint.storage.object_store import for_executors
@@ -70,22 +72,31 @@ def test_pipeline_on_s3_through_an_aws_connection_only(
     storage = job_storage("job", f"s3://{prefix}/checkpoints", "s3_lake")
     shipped = pickle.loads(pickle.dumps(for_executors(storage.fs))).storage_options
     assert (shipped["key"], shipped["endpoint_url"]) == (s3_server.key, s3_server.endpoint)
-    coordinator = CheckpointCoordinator(
-        storage, graph, CheckpointSettings(retained_checkpoints=2, inline_state_threshold=0)
-    )
-
+    settings = CheckpointSettings(retained_checkpoints=2, inline_state_threshold=0)
+    coordinator = CheckpointCoordinator(storage, graph, settings, None, [storage.url(), f"s3://{prefix}/savepoints"])
     fs = s3fs_of(s3_server)  # the test's own client, to land files and read the tables
-    landed = []
-    for checkpoint in (1, 2):
-        landed.append(land(fs, tmp_path, landing, f"e{checkpoint}.json", 40 * checkpoint, checkpoint))
-        plan = coordinator.trigger(f"run-{checkpoint}")
+    landed: list[pd.DataFrame] = []
+
+    def checkpoint(land_seed: int | None, kind: CheckpointType = CheckpointType.CHECKPOINT, **options: str) -> None:
+        if land_seed is not None:
+            landed.append(land(fs, tmp_path, landing, f"e{land_seed}.json", 40 * land_seed, land_seed))
+        plan = coordinator.trigger(f"run-{storage.load_job().last_checkpoint_id + 1}", kind, options=options)
         acks = [run_step(spark, storage, graph, step, plan, 1, {}, coordinator.settings) for step in plan.steps]
         coordinator.finalize(plan, acks)
         assert table_mismatches(fs, marts, pd.concat(landed), ("user_totals", "events")) == {}
 
+    checkpoint(1)
+    checkpoint(2)
     meta = json.loads(fs.cat_file(f"{prefix}/checkpoints/job/chk-2/_metadata"))
     state_files = [h for op in meta["operators"].values() for h in op["handles"]]
     assert state_files and all(fs.size(f"{prefix}/checkpoints/job/{h['path']}") == h["size"] for h in state_files)
+    # a savepoint beside the storage takes its connection; a restore from it reads its state on the executors
+    savepoint = f"s3://{prefix}/savepoints/sp-3"
+    checkpoint(None, CheckpointType.SAVEPOINT, savepoint_target=savepoint)
+    assert fs.exists(f"{prefix}/savepoints/sp-3/_metadata")
+    request_restore(storage, savepoint, allow_non_restored_state=False, dry_run=False)
+    checkpoint(4)
+    assert json.loads(fs.cat_file(f"{prefix}/checkpoints/job/chk-4/_metadata"))["restored_from"] == 3
     out, err = capfd.readouterr()
     assert s3_server.secret not in caplog.text + out + err
     stored = [p for p in fs.find(prefix) if "/landing/" not in p]
