@@ -23,10 +23,18 @@ import pytest
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.model import CheckpointType
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.dataflow import (
+    DeltaSource,
+    DeltaTableSink,
+    FileSource,
+    KeyedAggregate,
+    ParquetTableSink,
+    PipelineGraph,
+)
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, PipelineDefinitionError, RefusedInputError
 from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
+from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.config import job_storage
 from airflow_provider_checkpoint.storage.object_store import for_executors
 from tests.s3.s3_job import land, s3fs_of, table_mismatches
@@ -122,3 +130,15 @@ def test_a_connection_that_is_not_defined_or_not_aws_is_named(
     monkeypatch.setenv("AIRFLOW_CONN_S3_HTTP", json.dumps({"conn_type": "http", "host": "example.org"}))
     with pytest.raises(CheckpointStorageError, match="Airflow connection 's3_http' has type 'http', not 'aws'"):
         job_storage("job", s3_server.url("root"), "s3_http")
+
+
+def test_conn_id_is_refused_where_no_connection_applies(tmp_path: Path) -> None:
+    with pytest.raises(RefusedInputError, match="conn_id='s3_lake' applies to s3:// locations .*not file://"):
+        Location.from_url(f"file://{tmp_path}", conn_id="s3_lake")
+    source = DeltaSource("changes", "s3://lake/t")
+    for delta in (
+        lambda: DeltaSource("changes", "s3://lake/t", storage_options={"conn_id": "s3_lake"}),
+        lambda: DeltaTableSink("table", source, "s3://lake/u", storage_options={"conn_id": "s3_lake"}),
+    ):
+        with pytest.raises(PipelineDefinitionError, match="Delta table takes its credentials as storage options"):
+            delta()
