@@ -98,7 +98,7 @@ class CheckpointCoordinator:
         """
         now = time.time() if now is None else now
         options = dict(options or {})
-        savepoint_target(options, self.allowed_roots, self.storage.root)
+        savepoint_target(options, self.allowed_roots, self.storage)
         job = self._running_job()
         self._hold_lease(run_id, now, holder_alive)
         try:
@@ -215,7 +215,7 @@ class CheckpointCoordinator:
         request = self.storage.load_restore_request()
         if request is None:
             return None if latest is None else (self._own_snapshot(latest), None)
-        snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage.job_id, self.graph.stateful_keys())
+        snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage, self.graph.stateful_keys())
         restored = snapshot.checkpoint
         self.sink_committer.check(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
         return snapshot, request
@@ -275,7 +275,7 @@ class CheckpointCoordinator:
                     )
                 self._own_snapshot(completed)
             else:
-                savepoint_target(plan.options, self.allowed_roots, self.storage.root)
+                savepoint_target(plan.options, self.allowed_roots, self.storage)
                 completed = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
             self._finish(completed)
@@ -373,7 +373,7 @@ class CheckpointCoordinator:
         for source in self.graph.sources:
             if source.uid in completed.source_positions:
                 source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
-        savepoint = savepoint_target(completed.options, self.allowed_roots, self.storage.root, completed)
+        savepoint = savepoint_target(completed.options, self.allowed_roots, self.storage, completed)
         target = savepoint.url() if savepoint else None
         if savepoint:
             write_savepoint(self.storage, completed, savepoint)

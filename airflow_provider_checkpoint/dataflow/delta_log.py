@@ -26,7 +26,13 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import Fields, load_json, path_problem
 from airflow_provider_checkpoint.dataflow import deletion_vectors
 from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor
-from airflow_provider_checkpoint.exceptions import DeltaSourceError, DocumentError, InvalidPositionError, shorten
+from airflow_provider_checkpoint.exceptions import (
+    DeltaSourceError,
+    DocumentError,
+    InvalidPositionError,
+    PipelineDefinitionError,
+    shorten,
+)
 
 LOG_DIR = "_delta_log"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
@@ -35,6 +41,18 @@ _TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _MAX_VERSION = 2**63 - 1
 _GLOB = re.compile(r"[*?\[\]{}]")
 """Spark reads paths as glob patterns; Delta writers escape these characters in file names."""
+
+
+def storage_options_for_delta(uid: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` of a Delta table (fsspec's and delta-rs's at once): ``conn_id`` is refused,
+    delta-rs would not resolve an Airflow connection."""
+    options = dict(storage_options or {})
+    if "conn_id" in options:
+        raise PipelineDefinitionError(
+            f"{uid}: a Delta table takes its credentials as storage options (key, secret, endpoint_url, "
+            "AWS_ALLOW_HTTP, …), not as a conn_id"
+        )
+    return options
 
 
 class Position(NamedTuple):

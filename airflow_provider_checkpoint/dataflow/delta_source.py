@@ -95,7 +95,7 @@ class DeltaSource(Source):
         if max_commits_per_checkpoint is not None and max_commits_per_checkpoint < 1:
             raise PipelineDefinitionError(f"{uid}: max_commits_per_checkpoint must be at least 1")
         self.path = path
-        self.storage_options = dict(storage_options or {})
+        self.storage_options = delta_log.storage_options_for_delta(uid, storage_options)
         self.change_data_feed = change_data_feed
         self.starting_version = starting_version
         self.max_commits_per_checkpoint = max_commits_per_checkpoint

@@ -21,6 +21,7 @@ from airflow_provider_checkpoint.exceptions import (
     InputChangedError,
     PipelineDefinitionError,
 )
+from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.paths import owned_path
 
 if TYPE_CHECKING:
@@ -173,8 +174,8 @@ class FileSource(Source):
     # -- positions (no Spark) ----------------------------------------------------------
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
         """The filesystem of the landing directory and its path on it."""
-        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
-        return fs, root.rstrip("/")
+        landing = Location.from_url(self.path, **self.storage_options)
+        return landing.fs, landing.base
 
     def listing(self, partition_floor: datetime | None = None) -> Listing:
         """Visible files now present (partitions before ``partition_floor`` not listed)."""
@@ -233,8 +234,8 @@ class FileSource(Source):
     def _archive_target(self, name: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
         if self.archive_dir is None:
             return None
-        archive_fs, archive_root = fsspec.core.url_to_fs(self.archive_dir, **self.storage_options)
-        return archive_fs, owned_path(archive_fs, archive_root.rstrip("/"), name)
+        archive = Location.from_url(self.archive_dir, **self.storage_options)
+        return archive.fs, archive.path(name)
 
     # -- reading (Spark) ---------------------------------------------------------------
     def url(self, relative: str) -> str:

@@ -28,7 +28,7 @@ class CheckpointStorageHook(BaseHook):
     :param storage_root: URL of the checkpoint storage root holding the job
         (default ``[checkpoint] storage_root``).
     :param storage_conn_id: Airflow connection for the storage root's filesystem
-        (any connection ``ObjectStoragePath`` accepts).
+        (an ``aws`` connection for ``s3://``, else any connection ``ObjectStoragePath`` accepts).
     """
 
     conn_name_attr = "storage_conn_id"
@@ -41,7 +41,7 @@ class CheckpointStorageHook(BaseHook):
         self.storage_conn_id = storage_conn_id
 
     def get_storage(self) -> JobStorage:
-        """The job's storage through Airflow's ObjectStoragePath (the connection applies)."""
+        """The job's storage, the connection applied (:func:`~.storage.config.storage_location`)."""
         return job_storage(self.job_id, self.storage_root, self.storage_conn_id)
 
     def new_input(self, sources: Sequence[Source]) -> list[str]:

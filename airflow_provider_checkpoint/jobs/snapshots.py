@@ -82,7 +82,7 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
     The request (``_restore.json``) is taken by the next checkpoint of the job; the job
     is set RUNNING with a clean failure count. Nothing is written when validation fails.
     """
-    snapshot = open_snapshot(pointer)
+    snapshot = open_snapshot(pointer, storage)
     snapshot.verify()
     job = storage.load_job()
     nodes = job.topology.get("nodes", {})

@@ -14,7 +14,7 @@ from airflow_provider_checkpoint.storage import Location
 
 def restore_base(storage: Location, point: RestorePoint | None) -> Location:
     """Where the restore point's state files resolve: its base URL, else this job's directory."""
-    return Location.from_url(point.base_url) if point is not None and point.base_url else storage
+    return storage.beside(point.base_url) if point is not None and point.base_url else storage
 
 
 def keeps_files_of(storage: Location, base: Location) -> bool:

@@ -23,15 +23,16 @@ if TYPE_CHECKING:
 
 
 def savepoint_target(
-    options: JsonDict, allowed_roots: Sequence[str], storage_root: str, own: CompletedCheckpoint | None = None
+    options: JsonDict, allowed_roots: Sequence[str], storage: JobStorage, own: CompletedCheckpoint | None = None
 ) -> Location | None:
-    """The savepoint directory ``options`` name: under an allowed root, fresh (see :func:`check_savepoint_target`)."""
+    """The savepoint directory ``options`` name: under an allowed root, fresh (see :func:`check_savepoint_target`),
+    opened beside ``storage`` (:meth:`~.Location.beside`)."""
     target = options.get("savepoint_target")
     if not target:
         return None
     try:
-        location = Location.from_url(resolve_under_roots(str(target), allowed_roots))
-        check_savepoint_target(location, storage_root, own)
+        location = storage.beside(resolve_under_roots(str(target), allowed_roots))
+        check_savepoint_target(location, storage.root, own)
     except UnsafePathError as e:
         raise UnsafePathError(f"savepoint_target {target!r} refused: {e}") from e
     return location

@@ -60,12 +60,13 @@ def verify_state(base: Location, uid: str, state: OperatorSnapshot, new_in: str 
             check_file(base, handle, state, uid)
 
 
-def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
-    """The snapshot at ``pointer``: a checkpoint or savepoint directory, or its ``_metadata``."""
+def open_snapshot(pointer: str, beside: Location | None = None, **storage_options: Any) -> Snapshot:
+    """The snapshot at ``pointer``: a checkpoint or savepoint directory, or its ``_metadata``; opened
+    ``beside`` a job's storage (:meth:`~.Location.beside`) if given, else with ``storage_options``."""
     directory = pointer.rstrip("/")
     if directory.endswith("/" + METADATA):
         directory = directory[: -len(METADATA) - 1]
-    location = Location.from_url(directory, **storage_options)
+    location = beside.beside(directory) if beside is not None else Location.from_url(directory, **storage_options)
     if not location.exists(METADATA):
         raise CheckpointStorageError(
             f"no checkpoint or savepoint at {location.url()}: {location.url(METADATA)} does not exist"
@@ -88,13 +89,16 @@ def open_snapshot(pointer: str, **storage_options: Any) -> Snapshot:
 
 
 def open_restore_snapshot(
-    request: RestoreRequest, allowed_roots: Sequence[str], job_id: str, stateful_keys: Mapping[str, Sequence[str]]
+    request: RestoreRequest,
+    allowed_roots: Sequence[str],
+    storage: JobStorage,
+    stateful_keys: Mapping[str, Sequence[str]],
 ) -> Snapshot:
-    """The snapshot ``request`` names: confined to ``allowed_roots``, its state files verified, and
-    compatible with the job's stateful operators (:func:`check_compatible`)."""
-    snapshot = open_snapshot(resolve_under_roots(request.location_url, allowed_roots))
+    """The snapshot ``request`` names: confined to ``allowed_roots``, opened beside the job's ``storage``, its
+    state files verified, and compatible with the job's stateful operators (:func:`check_compatible`)."""
+    snapshot = open_snapshot(resolve_under_roots(request.location_url, allowed_roots), storage)
     snapshot.verify()
-    check_compatible(snapshot, job_id, stateful_keys, request.allow_non_restored_state)
+    check_compatible(snapshot, storage.job_id, stateful_keys, request.allow_non_restored_state)
     return snapshot
 
 

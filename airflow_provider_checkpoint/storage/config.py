@@ -1,16 +1,19 @@
 """The ``[checkpoint]`` section of Airflow's configuration and the storage it names.
 
 Storage root, savepoint roots, the roots UI-given paths may point under, and a job's
-:class:`JobStorage` through Airflow's ObjectStoragePath (connections apply).
+:class:`JobStorage` (``s3://`` with an ``aws`` connection, any other scheme through Airflow's
+ObjectStoragePath: connections apply).
 """
 
 from __future__ import annotations
 
 import os
 
+from fsspec.core import split_protocol
+
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, shorten
 from airflow_provider_checkpoint.storage.job_storage import JobStorage, Location
-from airflow_provider_checkpoint.storage.object_store import check_reachable
+from airflow_provider_checkpoint.storage.object_store import S3_PROTOCOLS, check_reachable
 
 SECTION = "checkpoint"
 
@@ -46,23 +49,30 @@ def allowed_roots(storage_root: str | None = None) -> list[str]:
 
 
 def storage_location(url: str, conn_id: str | None = None) -> Location:
-    """The directory ``url`` through Airflow's ObjectStoragePath (connections apply).
+    """The directory ``url``: on ``s3://`` through ``s3fs`` directly, else through Airflow's ObjectStoragePath.
 
-    Without a connection, a scheme no Airflow provider registers (``s3://`` without the
-    Amazon provider) is served by fsspec directly, with credentials and endpoint from the
-    standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``).
-    An object store is probed once (:func:`~.object_store.check_reachable`).
+    On S3 the credentials and endpoint come from the ``aws`` connection ``conn_id``
+    (:func:`~.object_store.aws_connection_options`), else from the standard environment
+    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``). Not through the
+    Amazon provider's filesystem: it caches listings and holds a boto session that does not
+    travel to Spark executors. Another scheme takes any connection ObjectStoragePath accepts;
+    one no provider registers is served by fsspec directly. An object store is probed once
+    (:func:`~.object_store.check_reachable`).
     """
     from airflow.sdk import ObjectStoragePath
 
-    try:
-        root = ObjectStoragePath(url, conn_id=conn_id)
-        location = Location(root.fs, str(root.path).rstrip("/"))
-    except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
-        if conn_id is not None:
-            raise CheckpointStorageError(f"no filesystem serves {shorten(url)} with connection {conn_id!r}: {e}") from e
-        location = Location.from_url(url)
-    check_reachable(location.fs, location.base, url)
+    if split_protocol(url)[0] in S3_PROTOCOLS:
+        location = Location.from_url(url, **({} if conn_id is None else {"conn_id": conn_id}))
+    else:
+        try:
+            root = ObjectStoragePath(url, conn_id=conn_id)
+            location = Location(root.fs, str(root.path).rstrip("/"))
+        except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
+            if conn_id is not None:
+                message = f"no filesystem serves {shorten(url)} with connection {conn_id!r}: {e}"
+                raise CheckpointStorageError(message) from e
+            location = Location.from_url(url)
+    check_reachable(location.fs, location.base, url, conn_id)
     return location
 
 

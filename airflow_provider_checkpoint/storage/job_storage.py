@@ -86,9 +86,9 @@ class Location:
 
     @classmethod
     def from_url(cls, url: str, **storage_options: Any) -> Location:
+        options = with_defaults(fsspec.core.split_protocol(url)[0] or "file", storage_options)
         try:
-            protocol, _ = fsspec.core.split_protocol(url)
-            fs, path = fsspec.core.url_to_fs(url, **with_defaults(protocol or "file", storage_options))
+            fs, path = fsspec.core.url_to_fs(url, **options)
         except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
             raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
         if is_local(fs):
@@ -98,6 +98,14 @@ class Location:
     def path(self, relative: str) -> str:
         """``base/relative``; a path that would leave ``base`` (``..``, absolute, a symlink out) is refused."""
         return owned_path(self.fs, self.base, relative) if relative else self.base
+
+    def beside(self, url: str) -> Location:
+        """``url`` on this filesystem when it names the same (not local) scheme, else opened afresh: a savepoint
+        or restore point beside a job's storage takes the storage's credentials and endpoint (its connection)."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if is_local(self.fs) or fsspec.core.split_protocol(url)[0] not in protocols:
+            return Location.from_url(url)
+        return Location(self.fs, self.fs._strip_protocol(url).rstrip("/"))
 
     def url(self, relative: str = "") -> str:
         """A URL Spark and other engines can open (``file:///…`` for local storage)."""
@@ -179,9 +187,11 @@ class JobStorage(Location):
 
     @classmethod
     def for_job(cls, storage_root: str, job_id: str, **storage_options: Any) -> JobStorage:
-        """The job ``job_id`` under ``storage_root``; an object store is probed first (:func:`check_reachable`)."""
+        """The job ``job_id`` under ``storage_root``; an object store is probed first (:func:`check_reachable`).
+
+        ``storage_options``: the filesystem's; on S3 ``conn_id`` names an Airflow ``aws`` connection."""
         location = Location.from_url(storage_root, **storage_options)
-        check_reachable(location.fs, location.base, storage_root)
+        check_reachable(location.fs, location.base, storage_root, storage_options.get("conn_id"))
         return cls(location.fs, location.base, job_id)
 
     @property

@@ -1,7 +1,8 @@
 """Object stores (``s3://`` through fsspec's ``s3fs``): connection options, a first-contact probe, clear errors.
 
-Credentials and the endpoint come from the storage options or the standard AWS
-environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, profiles);
+Credentials and the endpoint come from the storage options, an Airflow ``aws`` connection
+(storage option ``conn_id``) or the standard AWS environment (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, profiles);
 they are never written into documents or logs — errors name the URL, never the options.
 Listings are not cached (another process may have written since), and retries are
 bounded: throttling (HTTP 503 SlowDown) and connection errors are retried a few times
@@ -17,7 +18,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError
 
 S3_PROTOCOLS = frozenset({"s3", "s3a"})
 S3_DEFAULTS: dict[str, Any] = {
@@ -27,22 +28,77 @@ S3_DEFAULTS: dict[str, Any] = {
 """Options :func:`with_defaults` adds for ``s3://`` unless given: fresh listings, bounded retries and timeouts."""
 
 
-CHATTY_LOGGERS = ("botocore.credentials", "aiobotocore.credentials", "botocore.configprovider")
-"""Loggers that say at INFO, on every new client, where credentials and endpoint came from."""
+CHATTY_LOGGERS = (
+    "botocore.credentials",
+    "aiobotocore.credentials",
+    "botocore.configprovider",
+    "airflow.providers.amazon.aws.utils.connection_wrapper",
+)
+"""Loggers that say at INFO, on every new client or connection lookup, where credentials and endpoint came from."""
 
 
 def with_defaults(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
-    """``storage_options`` with the defaults of ``protocol``'s filesystem filled in.
+    """``storage_options`` with the defaults of ``protocol``'s filesystem filled in, and a ``conn_id``
+    option replaced by the options of that Airflow connection (:func:`aws_connection_options`).
 
     For S3 it also quiets :data:`CHATTY_LOGGERS` to WARNING unless their level was set:
     their INFO lines would interleave with every task log and the CLI's JSON output.
     """
+    conn_id = storage_options.get("conn_id")
     if protocol not in S3_PROTOCOLS:
+        if conn_id is not None:
+            raise RefusedInputError(
+                f"storage option conn_id={conn_id!r} applies to s3:// locations (an 'aws' connection), "
+                f"not {protocol}://: give that filesystem's own options"
+            )
         return storage_options
     for name in CHATTY_LOGGERS:
         if logging.getLogger(name).level == logging.NOTSET:
             logging.getLogger(name).setLevel(logging.WARNING)
-    return {**S3_DEFAULTS, **storage_options}
+    if conn_id is None:
+        return {**S3_DEFAULTS, **storage_options}
+    given = {k: v for k, v in storage_options.items() if k != "conn_id"}
+    return {**S3_DEFAULTS, **aws_connection_options(str(conn_id)), **given}
+
+
+def aws_connection_options(conn_id: str) -> dict[str, Any]:
+    """``s3fs`` options from the Airflow connection ``conn_id`` of type ``aws`` (Amazon provider).
+
+    The credentials are those the provider's hook resolves (login/password, a profile or a
+    role the connection assumes, else the standard AWS environment), frozen now; the
+    endpoint is the connection's ``endpoint_url`` (extra, or ``service_config.s3``), the
+    region its ``region_name``. They live only in the filesystem's options, which reach
+    executors inside pickled tasks (:func:`for_executors`) and are never written out.
+    Temporary credentials of an assumed role last as long as that role's session.
+    """
+    try:
+        from airflow.exceptions import AirflowNotFoundException
+        from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+    except ImportError as e:
+        raise CheckpointStorageError(
+            f"Airflow connection {conn_id!r} for s3:// needs the Amazon provider: "
+            "pip install 'airflow-provider-checkpoint[s3]'"
+        ) from e
+    hook = S3Hook(aws_conn_id=conn_id)
+    try:
+        conn_type = hook.get_connection(conn_id).conn_type
+    except AirflowNotFoundException as e:
+        raise CheckpointStorageError(f"Airflow connection {conn_id!r} is not defined") from e
+    if conn_type != "aws":
+        raise CheckpointStorageError(f"Airflow connection {conn_id!r} has type {conn_type!r}, not 'aws'")
+    found = hook.get_session().get_credentials()
+    options: dict[str, Any] = {}
+    if found is not None:
+        credentials = found.get_frozen_credentials()
+        options.update(key=credentials.access_key, secret=credentials.secret_key)
+        if credentials.token:
+            options["token"] = credentials.token
+    endpoint = hook.conn_config.get_service_endpoint_url(service_name="s3")
+    if endpoint:
+        options["endpoint_url"] = endpoint
+    if hook.conn_config.region_name:
+        options["client_kwargs"] = {"region_name": hook.conn_config.region_name}
+    return options
 
 
 def precondition_failed(error: BaseException) -> bool:
@@ -72,27 +128,32 @@ def _probe(fs: AbstractFileSystem) -> AbstractFileSystem:
     return probe
 
 
-def check_reachable(fs: AbstractFileSystem, base: str, url: str) -> None:
+def check_reachable(fs: AbstractFileSystem, base: str, url: str, conn_id: str | None = None) -> None:
     """Raise :class:`CheckpointStorageError` naming ``url`` and the likely fix unless its bucket answers.
 
     One ``HeadBucket`` request on S3, within :data:`PROBE_TIMEOUTS`; nothing for other filesystems.
+    ``conn_id``: the Airflow connection the credentials and endpoint came from, named as the fix.
     """
     if not is_s3(fs):
         return
     bucket = base.split("/", 1)[0]
+    keys = "storage options key/secret, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS profile"
+    endpoint = "storage option endpoint_url or AWS_ENDPOINT_URL"
+    if conn_id is not None:
+        keys = endpoint = f"Airflow connection {conn_id!r}"
     try:
         _probe(fs).call_s3("head_bucket", Bucket=bucket)
     except PermissionError as e:
         raise CheckpointStorageError(
-            f"access to {url} denied ({e}): check the access key and secret (storage options key/secret, "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS profile) and that they may read and write the bucket"
+            f"access to {url} denied ({e}): check the access key and secret ({keys}) "
+            "and that they may read and write the bucket"
         ) from e
     except FileNotFoundError as e:
         raise CheckpointStorageError(f"bucket {bucket!r} of {url} does not exist: create it first") from e
     except Exception as e:  # botocore's connection and timeout errors share no base with the above
         raise CheckpointStorageError(
             f"cannot reach the object store of {url} ({type(e).__name__}: {e}): check the endpoint "
-            "(storage option endpoint_url or AWS_ENDPOINT_URL) and the network"
+            f"({endpoint}) and the network"
         ) from e
 
 

@@ -1,6 +1,6 @@
-"""A job of the unit tests' pipeline (:mod:`tests.unit.helpers`) whose storage root is on the S3 server.
-
-The landing directory and the table stay local; the state files a step would write go to S3.
+"""Helpers of the S3 tests: a job of the unit tests' pipeline (:mod:`tests.unit.helpers`) whose storage
+root is on the S3 server (landing directory and table local, state files on S3), and click events
+landed on S3 with their tables compared to the pandas ground truth.
 """
 
 from __future__ import annotations
@@ -8,11 +8,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
+import pyarrow.dataset as ds
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.testing.clickstream import TABLES, expected_tables, land_events, normalized
+from tests.servers.s3 import S3Server
 from tests.unit.helpers import Env, make_ack, state_rel
 
 
@@ -45,3 +51,30 @@ def counted_requests(storage: JobStorage) -> Iterator[Counter[str]]:
         yield counts
     finally:
         events.unregister("before-call.s3", count)
+
+
+def s3fs_of(server: S3Server):  # type: ignore[no-untyped-def]
+    import s3fs
+
+    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
+
+
+def land(fs, local: Path, landing: str, name: str, n: int, seed: int) -> pd.DataFrame:  # type: ignore[no-untyped-def]
+    """``n`` events written locally, then put on S3 under ``landing`` in one PUT (complete or absent)."""
+    events = land_events(local, name, n, seed)
+    fs.put_file(str(local / name), f"{landing}/{name}")
+    return events
+
+
+def table_mismatches(fs, marts: str, events: pd.DataFrame, tables: tuple[str, ...] = TABLES) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Each of ``tables`` as pyarrow reads it from S3 (hidden files ignored) vs the pandas ground truth."""
+    out = {}
+    for table, truth in expected_tables(events).items():
+        if table not in tables:
+            continue
+        got = ds.dataset(f"{marts}/{table}", format="parquet", filesystem=fs).to_table().to_pandas()
+        try:
+            pd.testing.assert_frame_equal(normalized(got, table), normalized(truth, table))
+        except AssertionError as e:
+            out[table] = f"{len(got)} rows vs {len(truth)}: {str(e).splitlines()[0]}"
+    return out

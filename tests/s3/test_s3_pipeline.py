@@ -15,12 +15,11 @@ import uuid
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized
 from tests.airflow.conftest import airflow_db, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
 from tests.conftest import REPO
+from tests.s3.s3_job import land, s3fs_of, table_mismatches
 from tests.servers.s3 import S3Server
 
 pytestmark = pytest.mark.airflow
@@ -37,31 +36,6 @@ def s3_clickstream_source() -> str:
         assert old in source, old
         source = source.replace(old, new)
     return source
-
-
-def s3fs_of(server: S3Server):  # type: ignore[no-untyped-def]
-    import s3fs
-
-    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
-
-
-def land(fs, local: Path, landing: str, name: str, n: int, seed: int) -> pd.DataFrame:  # type: ignore[no-untyped-def]
-    """``n`` events written locally, then put on S3 under ``landing`` in one PUT (complete or absent)."""
-    events = land_events(local, name, n, seed)
-    fs.put_file(str(local / name), f"{landing}/{name}")
-    return events
-
-
-def table_mismatches(fs, marts: str, events: pd.DataFrame) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Each table as pyarrow reads it from S3 (hidden files ignored) vs the pandas ground truth."""
-    out = {}
-    for table, truth in expected_tables(events).items():
-        got = ds.dataset(f"{marts}/{table}", format="parquet", filesystem=fs).to_table().to_pandas()
-        try:
-            pd.testing.assert_frame_equal(normalized(got, table), normalized(truth, table))
-        except AssertionError as e:
-            out[table] = f"{len(got)} rows vs {len(truth)}: {str(e).splitlines()[0]}"
-    return out
 
 
 @pytest.mark.usefixtures("airflow_db")

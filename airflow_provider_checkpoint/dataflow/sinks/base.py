@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -154,10 +153,8 @@ class TableDirectorySink(TransactionalSink):
         self.storage_options = dict(storage_options or {})
 
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
-        if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-            root = posixpath.abspath(root)
-        return fs, root.rstrip("/")
+        table = Location.from_url(self.path, **self.storage_options)
+        return table.fs, table.base
 
     def table(self) -> Location:
         """The table directory: every path in it is confined to it (``..``, absolute, a symlink out)."""

@@ -101,7 +101,7 @@ class DeltaTableSink(TableDirectorySink):
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
     ) -> None:
-        super().__init__(uid, input, path, storage_options, step)
+        super().__init__(uid, input, path, delta_log.storage_options_for_delta(uid, storage_options), step)
         check_mode(uid, mode)
         if mode == "upsert" and partition_by:
             raise PipelineDefinitionError(f"{uid}: partition_by is for append mode; upsert buckets by keys")
