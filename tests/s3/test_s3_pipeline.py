@@ -11,71 +11,24 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized
 from tests.airflow.conftest import airflow_db, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
 from tests.conftest import REPO
+from tests.s3.clickstream_s3 import JOB, everything_on_s3, land, s3_clickstream_source, s3fs_of, table_mismatches
 from tests.servers.s3 import S3Server
 
 pytestmark = pytest.mark.airflow
-JOB = "s3_clickstream"
-
-
-def s3_clickstream_source() -> str:
-    """The clickstream example as DAG ``s3_clickstream`` keeping every state in files (no inline state)."""
-    source = (REPO / "dags" / "example_clickstream.py").read_text()
-    for old, new in (
-        ('dag_id="example_clickstream"', f'dag_id="{JOB}"'),
-        ("retained_checkpoints=3,", "retained_checkpoints=3, inline_state_threshold=0,"),
-    ):
-        assert old in source, old
-        source = source.replace(old, new)
-    return source
-
-
-def s3fs_of(server: S3Server):  # type: ignore[no-untyped-def]
-    import s3fs
-
-    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
-
-
-def land(fs, local: Path, landing: str, name: str, n: int, seed: int) -> pd.DataFrame:  # type: ignore[no-untyped-def]
-    """``n`` events written locally, then put on S3 under ``landing`` in one PUT (complete or absent)."""
-    events = land_events(local, name, n, seed)
-    fs.put_file(str(local / name), f"{landing}/{name}")
-    return events
-
-
-def table_mismatches(fs, marts: str, events: pd.DataFrame) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Each table as pyarrow reads it from S3 (hidden files ignored) vs the pandas ground truth."""
-    out = {}
-    for table, truth in expected_tables(events).items():
-        got = ds.dataset(f"{marts}/{table}", format="parquet", filesystem=fs).to_table().to_pandas()
-        try:
-            pd.testing.assert_frame_equal(normalized(got, table), normalized(truth, table))
-        except AssertionError as e:
-            out[table] = f"{len(got)} rows vs {len(truth)}: {str(e).splitlines()[0]}"
-    return out
 
 
 @pytest.mark.usefixtures("airflow_db")
 def test_clickstream_on_s3_is_exactly_once_through_a_retry_and_a_restore(
     tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, caplog, capfd
 ) -> None:
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    prefix = s3_server.url(f"pipeline-{uuid.uuid4().hex[:8]}")
-    base = f"{prefix}/clickstream"
-    monkeypatch.setenv("CLICKSTREAM_DIR", base)
-    monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"{prefix}/checkpoints")
-    monkeypatch.setenv("AIRFLOW__CHECKPOINT__SAVEPOINT_ROOTS", f"{prefix}/savepoints")
-    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
+    prefix = everything_on_s3(s3_server, monkeypatch)
     pipeline = own_dags_folder(tmp_path, monkeypatch, JOB, s3_clickstream_source()).dag
     restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
     fs = s3fs_of(s3_server)
