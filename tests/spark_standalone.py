@@ -2,7 +2,9 @@
 
 Master and worker are started with ``spark-class``, each in its own process group (the
 worker's executor JVMs are in the worker's group), web UIs on free ports. Everything is
-stopped on exit, also after a failure.
+stopped on exit, also after a failure. The worker's environment has no ``AWS_*`` variable:
+executors reach an object store only with what the step gives them. Every local file an
+executor writes is under ``root``: its work directory (``work/``) and scratch space (``local/``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class StandaloneCluster:
     master_url: str
     ui_url: str
     worker: subprocess.Popen[bytes]
+    root: Path
 
     def state(self) -> dict[str, Any]:
         """The master's JSON status (workers, active and completed applications)."""
@@ -38,6 +41,12 @@ class StandaloneCluster:
         """Pids of the executor JVMs (CoarseGrainedExecutorBackend) the worker runs now."""
         children = psutil.Process(self.worker.pid).children(recursive=True)
         return [p.pid for p in children if "CoarseGrainedExecutorBackend" in " ".join(_cmdline(p))]
+
+    def executor_files(self) -> list[Path]:
+        """Every file the executors left on local disk: work directories and scratch space."""
+        return sorted(
+            p for d in ("work", "local") if (self.root / d).exists() for p in (self.root / d).rglob("*") if p.is_file()
+        )
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
@@ -64,7 +73,9 @@ def standalone_cluster(
     root: Path, cores: int = 2, memory: str = "2g", timeout: float = 120.0
 ) -> Iterator[StandaloneCluster]:
     root.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(root)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # executors get no credentials
+    env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(root))
+    env["SPARK_LOCAL_DIRS"] = str(root / "local")  # the executors' scratch space (shuffle, spills)
     env.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
     port, ui = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
@@ -92,7 +103,7 @@ def standalone_cluster(
             root / "worker.log", env,
         )  # fmt: skip
         procs.append(worker)
-        cluster = StandaloneCluster(master_url, cluster_ui, worker)
+        cluster = StandaloneCluster(master_url, cluster_ui, worker, root)
 
         def worker_alive() -> bool:
             if worker.poll() is not None:

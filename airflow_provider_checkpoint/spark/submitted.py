@@ -19,7 +19,7 @@ from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
 from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 from airflow_provider_checkpoint.spark.acks import read_ack, read_decline
 from airflow_provider_checkpoint.spark.processes import SUBMITTED_STEP_ENV, kill_step_processes
-from airflow_provider_checkpoint.spark.session import DEFAULT_CONF
+from airflow_provider_checkpoint.spark.session import DEFAULT_CONF, LOG4J2_PROPERTIES
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ def submit_conf(spark_conf: dict[str, str]) -> dict[str, str]:
     conf = {**SUBMIT_CONF, **spark_conf}
     conf.setdefault("spark.pyspark.python", os.environ.get("PYSPARK_PYTHON") or sys.executable)
     conf.setdefault("spark.pyspark.driver.python", sys.executable)  # client mode: the driver runs here
+    # the driver's log4j output is the task log: warnings and errors only, as in the embedded session
+    conf.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}")
     return conf
 
 

@@ -1,8 +1,11 @@
 """The example pipeline, unchanged, through the Spark provider's connections (``dag.test()``).
 
 * ``spark`` connection → every step is spark-submitted (client mode) to a real Spark
-  standalone cluster started from the installed pyspark; in one increment the step is
-  paused mid-way (fault point ``pause``) while its executor JVM is SIGKILLed.
+  standalone cluster started from the installed pyspark, with no shared filesystem: the
+  landing area, the tables, the storage root and the savepoints are on the S3 server, and
+  the executors get no credentials from their environment. In one increment the step is
+  paused mid-way (fault point ``pause``) while its executor JVM is SIGKILLed; a savepoint
+  is restored through the restore DAG; the Checkpoints page's API and the CLI read the job.
 * ``spark_connect`` connection → every step runs on a Spark Connect server.
 
 After every checkpoint the three tables must equal the pandas ground truth over all input.
@@ -22,8 +25,13 @@ import psutil
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
+from tests.airflow.conftest import airflow_db, cli, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
+from tests.conftest import REPO
 from tests.live.airflow_live import poll
 from tests.live.spark_connect import spark_connect_server
+from tests.s3.clickstream_s3 import JOB, everything_on_s3, s3_clickstream_source
+from tests.s3.s3_job import land, s3fs_of, table_mismatches
+from tests.servers.s3 import S3Server
 from tests.spark_standalone import StandaloneCluster, standalone_cluster
 
 pytestmark = pytest.mark.airflow
@@ -60,46 +68,94 @@ def kill_executors_while_paused(
         (pause_dir / f"{PAUSE_POINT}.resume").touch()
 
 
-def test_example_pipeline_on_a_standalone_cluster_through_a_spark_connection(
-    example_dag, spark_cluster, tmp_path, monkeypatch
+@pytest.mark.usefixtures("airflow_db")
+def test_example_pipeline_on_a_standalone_cluster_with_everything_on_s3(
+    spark_cluster, s3_server: S3Server, tmp_path, monkeypatch, capsys
 ):
+    """No shared filesystem: landing area, tables, storage root and savepoints on the S3 server."""
     host, port = spark_cluster.master_url.rsplit(":", 1)
     use_connection(monkeypatch, "spark_cluster", {"conn_type": "spark", "host": host, "port": int(port)})
-    dag, base = example_dag.dag, tmp_path / "clickstream"
+    prefix = everything_on_s3(s3_server, monkeypatch).removeprefix("s3://")
+    dag = own_dags_folder(tmp_path, monkeypatch, JOB, s3_clickstream_source()).dag
+    restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
+    fs, local = s3fs_of(s3_server), tmp_path / "local"
+    landing, marts, job = f"{prefix}/clickstream/landing", f"{prefix}/clickstream/marts", f"{prefix}/checkpoints/{JOB}"
     landed: list[pd.DataFrame] = []
-    for increment in (1, 2):
-        landed.append(land_events(base / "landing", f"events-{increment}.json", 200, increment))
-        killed: list[int] = []
-        errors: list[str] = []
-        killer = None
-        if increment == 2:
-            pause_dir = tmp_path / "pause"
-            pause_dir.mkdir()
-            monkeypatch.setenv(
-                "CHECKPOINT_FAULTS", f"{PAUSE_POINT}:checkpoint=2:step=step_page_views_table:action=pause"
-            )
-            monkeypatch.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(pause_dir))
-            killer = threading.Thread(
-                target=kill_executors_while_paused, args=(spark_cluster, pause_dir, killed, errors)
-            )
-            killer.start()
-        else:
-            monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
 
-        run = dag.test()
+    def checkpoint(increment: int, n: int, **conf: object) -> None:
+        landed.append(land(fs, local, landing, f"events-{increment}.json", n, increment))
+        assert dag.test(run_conf=conf or None).state == "success", f"run {increment}"
+        assert table_mismatches(fs, marts, pd.concat(landed)) == {}, f"after run {increment}"
 
-        if killer is not None:
-            killer.join(timeout=60)
-            assert errors == [] and killed, f"executor kill: {errors}"
-            assert not any(psutil.pid_exists(p) for p in killed)
-        assert run.state == "success", f"run {increment} ended {run.state}"
-        assert mismatches(base / "marts", pd.concat(landed)) == {}, f"after checkpoint {increment}"
+    # checkpoint 1, with a savepoint to S3
+    checkpoint(1, 200, savepoint=True, savepoint_dir=None, stop_after_savepoint=False)
+    (savepoint,) = fs.ls(f"{prefix}/savepoints")
+    assert json.loads(fs.cat_file(f"{savepoint}/_metadata"))["checkpoint_id"] == 1
 
+    # checkpoint 2: the page-views step pauses mid-way while its executor JVM is SIGKILLed
+    pause_dir = tmp_path / "pause"
+    pause_dir.mkdir()
+    monkeypatch.setenv("CHECKPOINT_FAULTS", f"{PAUSE_POINT}:checkpoint=2:step=step_page_views_table:action=pause")
+    monkeypatch.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(pause_dir))
+    killed: list[int] = []
+    errors: list[str] = []
+    killer = threading.Thread(target=kill_executors_while_paused, args=(spark_cluster, pause_dir, killed, errors))
+    killer.start()
+    try:
+        checkpoint(2, 150, savepoint=False)  # dag.test() keeps the last run's params
+    finally:
+        killer.join(timeout=60)
+    monkeypatch.delenv("CHECKPOINT_FAULTS")
+    assert errors == [] and killed, f"executor kill: {errors}"
+    assert not any(psutil.pid_exists(p) for p in killed)
+
+    # restore the savepoint through the restore DAG: checkpoint 3 replays events-2 and events-3 once
+    conf = {"job_id": JOB, "checkpoint": f"s3://{savepoint}", "trigger_pipeline": False}
+    assert restore.test(run_conf=conf).state == "success"
+    checkpoint(3, 120, savepoint=False)
+    meta = json.loads(fs.cat_file(f"{job}/chk-3/_metadata"))
+    assert meta["restored_from"] == 1 and meta["stats"]["records_in"] == 270
+    state_files = [h for op in meta["operators"].values() for h in op["handles"]]
+    assert state_files and all(fs.size(f"{job}/{h['path']}") == h["size"] for h in state_files)
+
+    logs = capsys.readouterr().out  # the submitted drivers' output, as the task logs record it
+    assert "stateful page_views: state_rows" in logs, "one line per phase"
+    assert " INFO SparkContext" not in logs and "clientserver" not in logs, "Spark's and py4j's INFO in task logs"
     apps = {app["name"] for app in spark_cluster.state()["completedapps"]}
     for step in ("step_page_views_table", "step_user_totals_table", "step_events_archive"):
-        assert f"checkpoint-example_clickstream-1-{step}-attempt-1" in apps, f"{step} did not run on the cluster"
-    job_dir = tmp_path / "checkpoints" / "example_clickstream"
-    assert not list(job_dir.glob("chk-*/*/attempt-*/_ack.json")), "acks are read back and removed"
+        assert f"checkpoint-{JOB}-3-{step}-attempt-1" in apps, f"{step} did not run on the cluster"
+    assert not fs.glob(f"{job}/chk-*/*/attempt-*/_ack.json"), "acks are read back and removed"
+    leftovers = [p for p in spark_cluster.executor_files() if p.name not in ("stdout", "stderr")]
+    assert leftovers == [], "the executors wrote only to S3"
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "clickstream").exists()
+
+    status, history = checkpoints_api(JOB, "status", "history")
+    assert status["latest_completed"]["checkpoint_id"] == 3 and status["storage"] == f"s3://{job}"
+    assert [(s["checkpoint_id"], s["path"]) for s in status["savepoints"]] == [(1, f"s3://{savepoint}")]
+    rows = [(r["checkpoint_id"], r["status"], r["restored_from_url"]) for r in history["rows"]]
+    assert rows == [(3, "COMPLETED", f"s3://{savepoint}"), (2, "COMPLETED", ""), (1, "COMPLETED", "")]
+    code, out, err = cli(capsys, "show", JOB, "3", "--output", "json")
+    assert code == 0 and json.loads(out)["metadata"] == f"s3://{job}/chk-3/_metadata", err
+
+
+def checkpoints_api(dag_id: str, *endpoints: str) -> list[dict]:
+    """``GET /checkpoints/api/dags/<dag_id>/<endpoint>`` as the Checkpoints page calls them: through
+    Airflow's own API app (the plugin mounted by Airflow, its auth with an admin's token), in this process.
+    """
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app("core"))
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    out = []
+    for endpoint in endpoints:
+        response = client.get(
+            f"/checkpoints/api/dags/{dag_id}/{endpoint}", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert response.status_code == 200, response.text
+        out.append(response.json())
+    return out
 
 
 def stop_connect_sessions() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -19,37 +18,18 @@ import pytest
 
 from tests.airflow.conftest import airflow_db, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
 from tests.conftest import REPO
+from tests.s3.clickstream_s3 import JOB, everything_on_s3, s3_clickstream_source
 from tests.s3.s3_job import land, s3fs_of, table_mismatches
 from tests.servers.s3 import S3Server
 
 pytestmark = pytest.mark.airflow
-JOB = "s3_clickstream"
-
-
-def s3_clickstream_source() -> str:
-    """The clickstream example as DAG ``s3_clickstream`` keeping every state in files (no inline state)."""
-    source = (REPO / "dags" / "example_clickstream.py").read_text()
-    for old, new in (
-        ('dag_id="example_clickstream"', f'dag_id="{JOB}"'),
-        ("retained_checkpoints=3,", "retained_checkpoints=3, inline_state_threshold=0,"),
-    ):
-        assert old in source, old
-        source = source.replace(old, new)
-    return source
 
 
 @pytest.mark.usefixtures("airflow_db")
 def test_clickstream_on_s3_is_exactly_once_through_a_retry_and_a_restore(
     tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, caplog, capfd
 ) -> None:
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    prefix = s3_server.url(f"pipeline-{uuid.uuid4().hex[:8]}")
-    base = f"{prefix}/clickstream"
-    monkeypatch.setenv("CLICKSTREAM_DIR", base)
-    monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"{prefix}/checkpoints")
-    monkeypatch.setenv("AIRFLOW__CHECKPOINT__SAVEPOINT_ROOTS", f"{prefix}/savepoints")
-    monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
+    prefix = everything_on_s3(s3_server, monkeypatch)
     pipeline = own_dags_folder(tmp_path, monkeypatch, JOB, s3_clickstream_source()).dag
     restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
     fs = s3fs_of(s3_server)
