@@ -115,15 +115,17 @@ class CompletedCheckpointStore:
         self.storage.delete_paths(deletable_paths(discard, kept))
         still_needed = set().union(*(c.referenced_paths() for c in kept))
         kept_ids = {c.checkpoint_id for c in kept}
+        discarded_ids = {c.checkpoint_id for c in discard}
         for checkpoint_id in self.storage.checkpoint_ids():
             chk = self.storage.chk_dir(checkpoint_id)
             if checkpoint_id in kept_ids or checkpoint_id > max(kept_ids):
                 continue
             if any(p.startswith(chk + "/") for p in still_needed):
-                # a kept checkpoint still reads files here: keep only those
-                self.storage.delete_paths(
-                    [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
-                )
+                # a kept checkpoint still reads files here: keep only those (documents went when it was discarded)
+                if checkpoint_id in discarded_ids:
+                    self.storage.delete_paths(
+                        [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
+                    )
             elif self.storage.is_completed(checkpoint_id) or not self.storage.has_file(
                 self.storage.plan_path(checkpoint_id)
             ):

@@ -159,9 +159,13 @@ class Location:
         """Raise :class:`CheckpointStorageError` naming the file if it is missing or altered
         (its size; with ``deep`` also its SHA-256)."""
         full = self.path(handle.path)
-        if not self.fs.exists(full):
+        try:
+            info = self.fs.info(full)  # one request on an object store
+        except FileNotFoundError:
+            info = None
+        if info is None or info.get("type") != "file":
             raise CheckpointStorageError(f"state file missing: {self.url(handle.path)}")
-        size = int(self.fs.size(full))
+        size = int(info["size"])
         if size != handle.size:
             raise CheckpointStorageError(
                 f"state file corrupt: {self.url(handle.path)} has {size} bytes, expected {handle.size}"
