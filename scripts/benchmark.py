@@ -10,7 +10,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
-    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --increments 6 --events 20000 --rounds 3 --s3-long-run 40
+    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --increments 6 --events 20000 --rounds 3 --s3-long-run 70
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -59,7 +59,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--buckets", type=int, default=1024, help="sink-upsert mode's bucket files per table")
     parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
-    parser.add_argument("--s3-long-run", type=int, default=40, help="state-io mode's checkpoints of the long S3 run")
+    parser.add_argument("--s3-long-run", type=int, default=70, help="state-io mode's checkpoints of the long S3 run")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
