@@ -10,7 +10,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
-    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --increments 6 --events 20000 --rounds 3 --s3-long-run 70
+    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --events 20000 --s3-long-run 70
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).

@@ -192,7 +192,8 @@ def requests_table(requests: dict[str, Any]) -> list[str]:
     lines = [
         f"### S3 requests per checkpoint ({requests['users']:,} keys, {len(rows)} checkpoints)",
         "",
-        "Growth with the job's age (peak requests per checkpoint in the second half of checkpoints 5 onwards over the first half's): "
+        "Growth with the job's age (peak requests per checkpoint in the second half of checkpoints 5 onwards "
+        "over the first half's): "
         + (verdict(growth, FLAT) if growth is not None else "too few checkpoints to tell")
         + ".",
         "",
