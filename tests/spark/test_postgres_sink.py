@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -212,3 +213,97 @@ def test_a_wrong_password_is_refused_without_naming_it(postgres_server, target, 
     with pytest.raises(SinkConnectionError, match="password authentication failed") as refused:
         _sink(target).load_claim()
     assert "not-the-password" not in str(refused.value) and postgres_server.password not in str(refused.value)
+
+
+def _dead_letters(server: PostgresServer, schema: str) -> pd.DataFrame:
+    with server.connect() as db:
+        rows = db.execute(
+            f"SELECT job_id, sink_uid, checkpoint_id, target_table, column_name, key, record, error FROM {schema}.dead"
+        ).fetchall()
+    columns = ["job_id", "sink_uid", "checkpoint_id", "target_table", "column_name", "key", "record", "error"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+@pytest.mark.parametrize(("mode", "arrays"), [("upsert", False), ("append", True)], ids=["upsert-csv", "append-rows"])
+def test_refused_rows_go_to_the_dead_letter_table_exactly_once_and_restore_removes_them(
+    spark, postgres_server, target, mode, arrays
+):
+    """Rows PostgreSQL refuses (smallint out of range, NUL in text or in an array) are skipped
+    and recorded once with the checkpoint; the rest is loaded; a restore removes both."""
+    tags = ", tags text[]" if arrays else ""
+    own = f", {CHECKPOINT_COLUMN} bigint NOT NULL" if mode == "append" else ", PRIMARY KEY (k)"
+    with postgres_server.connect() as db:
+        db.execute(f"CREATE TABLE {target}.narrow (k text, v smallint, note text{tags}{own})")
+    sink = PostgresTableSink(
+        "narrow", Source("src"), "pg_test", f"{target}.narrow", mode, keys=["k"] if mode == "upsert" else None,
+        dead_letter_table="dead", max_refused_fraction=0.2,
+    )  # fmt: skip
+    schema = "k string, v long, note string" + (", tags array<string>" if arrays else "")
+
+    def rows(checkpoint_id: int, bad_every: int) -> pd.DataFrame:
+        keys = [f"k{i}" for i in range(2000)]
+        df = pd.DataFrame({"k": keys, "v": checkpoint_id, "note": [f'n{i}, "quoted"\nline' for i in range(2000)]})
+        bad = (df.index % bad_every == 0) | df.index.isin([10, 11, 1999])
+        df.loc[bad & (df.index % 3 == 0), "v"] = 40000 + df.index[bad & (df.index % 3 == 0)]
+        df.loc[bad & (df.index % 3 == 1), "note"] = "nul\0here"
+        if arrays:
+            df["tags"] = [["a\0b"] if b and i % 3 == 2 else ["ü", None] for i, b in zip(df.index, bad, strict=True)]
+        else:
+            df.loc[bad & (df.index % 3 == 2), "v"] = -40000
+        df["column"] = [
+            "v" if i % 3 == 0 or not arrays and i % 3 == 2 else "note" if i % 3 == 1 else "tags" for i in df.index
+        ]
+        return df.assign(bad=bad)
+
+    def stage(checkpoint_id: int, df: pd.DataFrame) -> list[dict[str, Any]]:
+        data = [tuple(r) for r in df.drop(columns=["bad", "column"]).itertuples(index=False)]
+        return _stage(spark, sink, "job", checkpoint_id, data, schema=schema)
+
+    def table() -> pd.DataFrame:
+        with postgres_server.connect() as db:
+            found = db.execute(f"SELECT k, v, note FROM {target}.narrow").fetchall()
+        return pd.DataFrame(found, columns=["k", "v", "note"]).sort_values(["k", "v"]).reset_index(drop=True)
+
+    def truth(batches: list[pd.DataFrame]) -> pd.DataFrame:
+        good = pd.concat([b[~b.bad] for b in batches])[["k", "v", "note"]]
+        if mode == "upsert":
+            good = good.drop_duplicates("k", keep="last")
+        return good.sort_values(["k", "v"]).reset_index(drop=True).astype({"v": "int64"})
+
+    def expected_letters(batches: dict[int, pd.DataFrame]) -> set[tuple[Any, ...]]:
+        return {
+            (c, r.column, json.dumps({"k": r.k}) if mode == "upsert" else None)
+            for c, b in batches.items()
+            for r in b[b.bad].itertuples()
+        }
+
+    batches = {1: rows(1, 97), 2: rows(2, 61)}
+    for checkpoint_id, df in batches.items():
+        committables = stage(checkpoint_id, df)
+        assert committables[0]["dead_letters"] == int(df.bad.sum()) > 0
+        assert committables[0]["rows"] == int((~df.bad).sum())
+        sink.commit(checkpoint_id, committables)
+        sink.commit(checkpoint_id, committables)  # a finalize retry: nothing more
+    pd.testing.assert_frame_equal(table(), truth(list(batches.values())))
+    letters = _dead_letters(postgres_server, target)
+    assert set(zip(letters.checkpoint_id, letters.column_name, letters.key, strict=True)) == expected_letters(batches)
+    assert len(letters) == sum(int(b.bad.sum()) for b in batches.values())
+    assert set(letters.job_id) == {"job"} and set(letters.target_table) == {f"{target}.narrow"}
+    assert letters[letters.column_name == "v"].error.str.contains("out of range").all()
+    assert letters[letters.column_name != "v"].error.str.contains("NUL").all()
+    assert {json.loads(r)["k"] for r in letters.record} == {k for b in batches.values() for k in b[b.bad].k}
+    assert _staging_tables(postgres_server, target) == []
+
+    sink.rollback(1)
+    pd.testing.assert_frame_equal(table(), truth([batches[1]]))
+    letters = _dead_letters(postgres_server, target)
+    assert set(zip(letters.checkpoint_id, letters.column_name, letters.key, strict=True)) == expected_letters(
+        {1: batches[1]}
+    )
+
+    too_many = rows(3, 4)
+    with pytest.raises(SinkValueError, match=rf"refused {too_many.bad.sum()} of 2000 rows .* max_refused_fraction=0.2"):
+        stage(3, too_many)
+    sink.abort(3)
+    assert _staging_tables(postgres_server, target) == []
+    pd.testing.assert_frame_equal(table(), truth([batches[1]]))

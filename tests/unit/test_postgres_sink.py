@@ -39,13 +39,15 @@ def test_committables_are_read_back_only_in_the_shape_the_step_writes():
     sink = _sink()
     name = pg.staging_table(sink.digest, 3, "job/step/attempt-1")
     good = [{"checkpoint_id": 3, "staging_table": name, "rows": 12}]
-    assert sink.read_committables(3, good, "doc") == [(name, 12)]
+    assert sink.read_committables(3, good, "doc") == [(name, 12, 0)]
+    assert sink.read_committables(3, [{**good[0], "dead_letters": 2}], "doc") == [(name, 12, 2)]
     forged = {
         "another checkpoint": [{**good[0], "checkpoint_id": 2}],
         "a table of the user": [{**good[0], "staging_table": "facts"}],
         "another sink's staging": [{**good[0], "staging_table": pg.staging_table(_sink("x").digest, 3, "a")}],
         "an injection": [{**good[0], "staging_table": name + '"; DROP TABLE facts; --'}],
         "a negative count": [{**good[0], "rows": -1}],
+        "a negative dead-letter count": [{**good[0], "dead_letters": -1}],
         "a table twice": good * 2,
         "not a list": good[0],
     }
@@ -82,6 +84,12 @@ def test_types_without_a_mapping_and_bad_definitions_are_refused():
     with pytest.raises(PipelineDefinitionError, match="not plain PostgreSQL identifiers"):
         _sink(mode="upsert", keys=["k; drop"])
     assert (_sink(table="facts").schema, _sink(table="facts").table_name) == ("public", "facts")
+    with pytest.raises(PipelineDefinitionError, match="dead-letter table cannot be the table itself"):
+        _sink(dead_letter_table="facts")
+    with pytest.raises(PipelineDefinitionError, match=r"max_refused_fraction must be in \[0, 1\]"):
+        _sink(dead_letter_table="refused", max_refused_fraction=1.5)
+    assert _sink(dead_letter_table="refused").dead_letters == ("marts", "refused")
+    assert _sink(dead_letter_table="ops.refused").dead_letters == ("ops", "refused")
 
 
 def test_a_missing_connection_or_another_type_is_refused(monkeypatch):

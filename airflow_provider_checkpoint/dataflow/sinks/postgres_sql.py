@@ -2,13 +2,14 @@
 
 Nothing here holds rows in the driver: :func:`copy_partitions` runs in the executors, one
 ``COPY`` per Arrow batch inside one transaction per partition, and returns one small row
-(count, error) per partition. The connection's password reaches the executors inside the
+(counts, error) per partition. The connection's password reaches the executors inside the
 task closure only: :class:`PgConnection` never shows it in a ``repr``, a log or a document.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ CHECKPOINT_COLUMN = "_checkpoint_id"
 """Append mode: the checkpoint that wrote each row (what a restore deletes by)."""
 CLAIMS = "checkpoint_sink_claims"
 MARKERS = "checkpoint_sink_markers"
+DEAD_LETTER_SUFFIX = "_dl"
+DEAD_LETTER_STAGED = ("column_name", "key", "record", "error")
+"""The columns of a dead-letter staging table (all ``text``), as :meth:`Refusal.dead_letter` makes them."""
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,17 @@ def staging_table(digest: str, checkpoint_id: int, attempt_tag: str) -> str:
     return f"_cks_{digest}_c{checkpoint_id}_{hashlib.sha256(attempt_tag.encode()).hexdigest()[:12]}"
 
 
-def staging_pattern(digest: str, checkpoint_id: int | None = None) -> re.Pattern[str]:
-    """Names :func:`staging_table` gives for this sink (and ``checkpoint_id``, if given)."""
+def staging_pattern(digest: str, checkpoint_id: int | None = None, dead_letters: bool = False) -> re.Pattern[str]:
+    """Names :func:`staging_table` gives for this sink (and ``checkpoint_id``, if given); with
+    ``dead_letters``, those of :func:`dead_letter_staging` too."""
     checkpoint = r"[1-9]\d{0,18}" if checkpoint_id is None else str(checkpoint_id)
-    return re.compile(rf"^_cks_{digest}_c{checkpoint}_[0-9a-f]{{12}}$")
+    suffix = f"(?:{DEAD_LETTER_SUFFIX})?" if dead_letters else ""
+    return re.compile(rf"^_cks_{digest}_c{checkpoint}_[0-9a-f]{{12}}{suffix}$")
+
+
+def dead_letter_staging(staging: str) -> str:
+    """The staging table of the dead letters staged with ``staging`` (:data:`DEAD_LETTER_STAGED`)."""
+    return staging + DEAD_LETTER_SUFFIX
 
 
 def undo_table(digest: str) -> str:
@@ -192,19 +203,46 @@ def _has_nul(value: Any) -> bool:
     return isinstance(value, str) and "\0" in value
 
 
-def _refusal(error: psycopg.Error, rows: list[dict[str, Any]], sent: int, keys: list[str], partition: int) -> str:
-    """The refused column and the key (or row) of a failed ``COPY`` of ``rows``: from the server's
-    context, or for a value psycopg refuses itself (a NUL byte in text), the row being sent."""
-    found = re.search(r"line (\d+)(?:, column (\w+))?", error.diag.context or "")
-    line = int(found.group(1)) if found else sent + 1
-    column = found.group(2) if found and found.group(2) else None
-    row = rows[line - 1] if 1 <= line <= len(rows) else {}
-    if column is None:
-        column = next((c for c, v in row.items() if _has_nul(v)), "?")
-    where = f"row {line} of a batch of partition {partition}"
-    if keys and row:
-        where = "key (" + ", ".join(f"{k}={row.get(k)!r}" for k in keys) + ")"
-    return f"column {column}, {where}: {(error.diag.message_primary or str(error)).strip()}"
+NUL_REFUSED = "a NUL byte (0x00) in text, which PostgreSQL cannot store"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A row PostgreSQL refused: its index in the rows sent (``None``: not told), column, message."""
+
+    index: int | None
+    column: str | None
+    message: str
+
+    @classmethod
+    def of_server(cls, error: psycopg.Error, count: int) -> Refusal:
+        """From a failed value-by-value ``COPY`` of ``count`` rows: the line and column in the
+        server's context (``None`` where it does not say, as from a server in another language)."""
+        found = re.search(r"line (\d+)(?:, column (\w+))?", error.diag.context or "")
+        index = int(found.group(1)) - 1 if found else None
+        return cls(
+            index if index is not None and 0 <= index < count else None,
+            found.group(2) if found else None,
+            (error.diag.message_primary or str(error)).strip(),
+        )
+
+    def describe(self, row: dict[str, Any], keys: list[str], partition: int) -> str:
+        """The refused column and the key (or row number) of ``row``, and the message."""
+        where = f"partition {partition}" if self.index is None else f"row {self.index + 1} of partition {partition}"
+        if keys and row:
+            where = "key (" + ", ".join(f"{k}={row.get(k)!r}" for k in keys) + ")"
+        return f"column {self.column or '?'}, {where}: {self.message}"
+
+    def dead_letter(self, row: dict[str, Any], keys: list[str]) -> tuple[str | None, ...]:
+        """:data:`DEAD_LETTER_STAGED` of ``row``: key and row as JSON text (a NUL byte escaped as ``\\u0000``)."""
+        key = json.dumps({k: row[k] for k in keys}, default=_json_value, ensure_ascii=False) if keys else None
+        return self.column, key, json.dumps(row, default=_json_value, ensure_ascii=False), self.message
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return "\\x" + bytes(value).hex()
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _as_csv(batch: pa.RecordBatch) -> bytes | None:
@@ -219,18 +257,53 @@ def _as_csv(batch: pa.RecordBatch) -> bytes | None:
     return bytes(out.getvalue())
 
 
-def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[dict[str, Any]]) -> int:
-    """``COPY`` of ``rows`` value by value (psycopg adapts arrays, bytes); raises with ``sent`` set on the error."""
-    sent = 0
-    try:
-        with cur.copy(statement) as copy:
-            for row in rows:
-                copy.write_row(tuple(row.values()))
-                sent += 1
-    except Exception as e:
-        e.sent = sent  # type: ignore[attr-defined]
-        raise
-    return sent
+def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[Any]) -> None:
+    """``COPY`` of ``rows`` (dicts or tuples) value by value: psycopg adapts arrays and bytes."""
+    with cur.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(tuple(row.values()) if isinstance(row, dict) else row)
+
+
+ROW_BY_ROW_CHUNK = 1000
+"""Rows per ``COPY`` when a refused batch is sent again value by value: each refused row costs
+at most two ``COPY`` of this many rows."""
+
+
+def _load_skipping_refused(
+    cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[dict[str, Any]]
+) -> Iterator[Refusal]:
+    """Load ``rows`` value by value, each chunk under a savepoint, skipping every row PostgreSQL
+    refuses, and yield a :class:`Refusal` for each: first the rows holding a NUL byte (psycopg
+    refuses them before the server sees the rows sent ahead of them, so they are found before
+    sending), then the rows the server refuses, by the line it names. Where the server does not
+    name one, the refusal has no index and nothing more is loaded."""
+    import psycopg
+
+    for index, row in enumerate(rows):
+        column = next((c for c, v in row.items() if _has_nul(v)), None)
+        if column is not None:
+            yield Refusal(index, column, NUL_REFUSED)
+    rest = [i for i, row in enumerate(rows) if not any(_has_nul(v) for v in row.values())]
+    start = 0
+    while start < len(rest):
+        chunk = rest[start : start + ROW_BY_ROW_CHUNK]
+        refused: Refusal | None = None
+        try:
+            with cur.connection.transaction():
+                _write_rows(cur, statement, [rows[i] for i in chunk])
+        except psycopg.DataError as e:
+            refused = Refusal.of_server(e, len(chunk))
+        if refused is None:
+            start += len(chunk)
+            continue
+        if refused.index is None:
+            yield refused
+            return
+        if refused.index:
+            with cur.connection.transaction():
+                _write_rows(cur, statement, [rows[i] for i in chunk[: refused.index]])
+        yield Refusal(chunk[refused.index], refused.column, refused.message)
+        start += refused.index + 1
 
 
 def one_stream_per_core(df: DataFrame) -> DataFrame:
@@ -242,14 +315,22 @@ def one_stream_per_core(df: DataFrame) -> DataFrame:
     return df if context is None else df.coalesce(max(int(context.defaultParallelism), 1))
 
 
-def copy_partitions(
-    conn: PgConnection, schema: str, staging: str, columns: list[str], keys: list[str]
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function loading each partition into ``staging`` (one transaction per
-    partition); it yields ``(rows, error)``: the rows loaded, or the value PostgreSQL refused.
+LOAD_RESULT = "rows long, refused long, error string"
+"""What :func:`copy_partitions` yields per partition."""
 
-    A batch goes as CSV written by Arrow where its columns allow, else value by value; a refused
-    CSV batch is sent again value by value (then rolled back) to name the exact column and row.
+
+def copy_partitions(
+    conn: PgConnection, schema: str, staging: str, columns: list[str], keys: list[str], dead_letters: str | None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function loading each partition into ``staging`` in one transaction; it
+    yields :data:`LOAD_RESULT`: the rows loaded, the rows refused, and the first refusal (column,
+    key, message) that fails the partition (its transaction rolled back).
+
+    A batch goes as CSV written by Arrow where its columns allow, else value by value, under a
+    savepoint. A refused batch is sent again value by value to find the refused rows: without
+    ``dead_letters`` the first one fails the partition; with it (a staging table of
+    :data:`DEAD_LETTER_STAGED` columns) each refused row is skipped and staged there as a dead
+    letter (:meth:`Refusal.dead_letter`), in the same transaction.
     """
 
     def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -262,32 +343,38 @@ def copy_partitions(
         partition = task.partitionId() if task else 0
         target = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
         as_csv = target + sql.SQL(" (FORMAT csv)")
-        loaded, error = 0, ""
-        with conn.connect() as db, db.cursor() as cur:
+        loaded, letters, error = 0, [], ""
+        with conn.connect(autocommit=True) as db, db.cursor() as cur, db.transaction():
             for batch in batches:
                 batch = batch.select(columns)
                 text = _as_csv(batch)
                 try:
-                    if text is None:
-                        _write_rows(cur, target, batch.to_pylist())
-                    else:
-                        with cur.copy(as_csv) as copy:
-                            copy.write(text)
-                except psycopg.DataError as e:
-                    db.rollback()
+                    with db.transaction():
+                        if text is None:
+                            _write_rows(cur, target, batch.to_pylist())
+                        else:
+                            with cur.copy(as_csv) as copy:
+                                copy.write(text)
+                    loaded += batch.num_rows
+                    continue
+                except psycopg.DataError:
                     rows = batch.to_pylist()
-                    try:
-                        _write_rows(cur, target, rows)
-                        failed, sent = e, 0
-                    except psycopg.DataError as exact:
-                        failed, sent = exact, getattr(exact, "sent", 0)
-                    error = _refusal(failed, rows, sent, keys, partition)
+                loaded += len(rows)
+                for refused in _load_skipping_refused(cur, target, rows):
+                    row = rows[refused.index] if refused.index is not None else {}
+                    if dead_letters is None or refused.index is None:
+                        error = refused.describe(row, keys, partition)
+                        break
+                    letters.append(refused.dead_letter(row, keys))
+                if error:
                     break
-                loaded += batch.num_rows
             if error:
-                db.rollback()
-            else:
-                db.commit()
-        yield pa.RecordBatch.from_pydict({"rows": [loaded], "error": [error]})
+                raise psycopg.Rollback()
+            if letters:
+                staged = sql.SQL("COPY {} ({}) FROM STDIN").format(
+                    ident(schema, str(dead_letters)), idents(list(DEAD_LETTER_STAGED))
+                )
+                _write_rows(cur, staged, letters)
+        yield pa.RecordBatch.from_pydict({"rows": [loaded - len(letters)], "refused": [len(letters)], "error": [error]})
 
     return load

@@ -2,8 +2,10 @@
 
 - **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into an UNLOGGED
   staging table unique to the checkpoint attempt (:func:`~.postgres_sql.staging_table`); the
-  driver never holds rows. A value PostgreSQL refuses fails the step, naming column and key.
-  The committable is ``{"checkpoint_id", "staging_table", "rows"}``: names and counts only.
+  driver never holds rows. A value PostgreSQL refuses fails the step, naming column and key,
+  or with ``dead_letter_table`` its row goes there instead (:mod:`.postgres_dead_letters`).
+  The committable is ``{"checkpoint_id", "staging_table", "rows"}`` (and ``"dead_letters"``,
+  a count, with a dead-letter table): names and counts only.
 - **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
   or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.sinks import postgres_dead_letters as dead_letters
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
 from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
 from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink, check_mode
@@ -64,6 +67,11 @@ class PostgresTableSink(TransactionalSink):
     :param undo_checkpoints: upsert mode: how many newest committed checkpoints a restore can
         return to (keep it ≥ the job's ``retained_checkpoints``); before-images older than that
         are purged.
+    :param dead_letter_table: ``name`` (in the table's schema) or ``schema.name``: rows holding a
+        value PostgreSQL refuses go there, committed with the checkpoint, instead of failing the
+        step (:mod:`.postgres_dead_letters`); created if absent.
+    :param max_refused_fraction: with a dead-letter table, a checkpoint in which more than this
+        fraction of the rows is refused is declined.
     :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).
     """
 
@@ -77,6 +85,8 @@ class PostgresTableSink(TransactionalSink):
         keys: list[str] | None = None,
         create_table: bool = True,
         undo_checkpoints: int = 3,
+        dead_letter_table: str | None = None,
+        max_refused_fraction: float = 0.5,
         step: str | None = None,
     ) -> None:
         super().__init__(uid, input, step)
@@ -93,6 +103,18 @@ class PostgresTableSink(TransactionalSink):
         self.create_table = create_table
         self.undo_checkpoints = undo_checkpoints
         self.digest = pg.sink_digest(self.schema, self.table_name, uid)
+        self.dead_letters = None if dead_letter_table is None else self._dead_letter_table(dead_letter_table)
+        if not 0 <= max_refused_fraction <= 1:
+            raise PipelineDefinitionError(
+                f"{uid}: max_refused_fraction must be in [0, 1], got {max_refused_fraction!r}"
+            )
+        self.max_refused_fraction = max_refused_fraction
+
+    def _dead_letter_table(self, table: str) -> tuple[str, str]:
+        schema, name = pg.split_table(self.uid, table if "." in table else f"{self.schema}.{table}")
+        if (schema, name) == (self.schema, self.table_name):
+            raise PipelineDefinitionError(f"{self.uid}: the dead-letter table cannot be the table itself")
+        return schema, name
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
@@ -110,23 +132,6 @@ class PostgresTableSink(TransactionalSink):
         return pg.ident(self.schema, name or self.table_name)
 
     # -- bookkeeping tables and claim -------------------------------------------------
-    def _ensure_bookkeeping(self, db: psycopg.Connection[Any]) -> None:
-        from psycopg import sql
-
-        db.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (schema_name text, table_name text, job_id text NOT NULL, sink_uid "
-                "text NOT NULL, mode text NOT NULL, keys text[] NOT NULL, PRIMARY KEY (schema_name, table_name))"
-            ).format(self._table(pg.CLAIMS))
-        )
-        db.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (job_id text, sink_uid text, checkpoint_id bigint, table_name text "
-                "NOT NULL, rows bigint NOT NULL, undo_kept boolean NOT NULL, committed_at timestamptz NOT NULL "
-                "DEFAULT now(), PRIMARY KEY (job_id, sink_uid, checkpoint_id))"
-            ).format(self._table(pg.MARKERS))
-        )
-
     def claim_document(self, job_id: str) -> JsonDict:
         return {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys}
 
@@ -152,7 +157,7 @@ class PostgresTableSink(TransactionalSink):
         from psycopg import sql
 
         with self._tx() as db:
-            self._ensure_bookkeeping(db)
+            undo.ensure_bookkeeping(self, db)
             db.execute(
                 sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(
                     self._table(pg.CLAIMS)
@@ -234,27 +239,33 @@ class PostgresTableSink(TransactionalSink):
         pg.check_identifiers(self.uid, "columns", columns)
         if CHECKPOINT_COLUMN in columns:
             raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
+        dead = pg.dead_letter_staging(staging) if self.dead_letters else None
         with conn.connect() as db:
             types = self._check_target(db, df)
             db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(staging)))
             definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
             db.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(self._table(staging), definition))
-        results = (
-            pg.one_stream_per_core(df)
-            .mapInArrow(pg.copy_partitions(conn, self.schema, staging, columns, self.keys), "rows long, error string")
-            .collect()
-        )
-        refused = [r["error"] for r in results if r["error"]]
-        if refused:
-            raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {refused[0]}")
-        rows = sum(int(r["rows"]) for r in results)
+            if dead:
+                dead_letters.prepare(self, db, staging)
+        load = pg.copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
+        results = pg.one_stream_per_core(df).mapInArrow(load, pg.LOAD_RESULT).collect()
+        failed = [r["error"] for r in results if r["error"]]
+        if failed:
+            raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
+        rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
+        dead_letters.check_refused(self, conn, staging, rows, refused)
         self._check_staged(conn, staging)
         ctx.add_metric("sink_rows", rows)
+        committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
+        if dead:
+            ctx.add_metric("sink_rows_refused", refused)
+            committable["dead_letters"] = refused
         log.info(
-            "sink %s: staged %d rows into %s.%s from %d partitions in %.2fs",
-            self.uid, rows, self.schema, staging, len(results), time.monotonic() - started,
+            "sink %s: staged %d rows%s into %s.%s from %d partitions in %.2fs",
+            self.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", self.schema,
+            staging, len(results), time.monotonic() - started,
         )  # fmt: skip
-        return [{"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}]
+        return [committable]
 
     def _check_staged(self, conn: pg.PgConnection, staging: str) -> None:
         """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
@@ -277,11 +288,11 @@ class PostgresTableSink(TransactionalSink):
             raise SinkValueError(f"sink {self.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
 
     # -- committer (finalize / recovery side) ------------------------------------------
-    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int]]:
-        """``[(staging table, rows)]``: each table named by this sink's pattern for ``checkpoint_id``."""
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int, int]]:
+        """``[(staging table, rows, dead letters)]``: each table named by this sink's pattern for ``checkpoint_id``."""
         pattern = pg.staging_pattern(self.digest, checkpoint_id)
         reader = Fields({"committables": committables}, document)
-        staged: list[tuple[str, int]] = []
+        staged: list[tuple[str, int, int]] = []
         for i, item in enumerate(reader.items("committables")):
             c = Fields(item, document, f"committables[{i}]")
             if c.integer("checkpoint_id", 1) != checkpoint_id:
@@ -289,8 +300,8 @@ class PostgresTableSink(TransactionalSink):
             name = c.raw.get("staging_table")
             if not isinstance(name, str) or not pattern.match(name):
                 raise c.error("staging_table", f"must be a staging table of sink {self.uid} for this checkpoint", name)
-            staged.append((name, c.integer("rows", 0)))
-        if len({n for n, _ in staged}) != len(staged):
+            staged.append((name, c.integer("rows", 0), c.integer("dead_letters", default=0)))
+        if len({n for n, _, _ in staged}) != len(staged):
             raise DocumentError(document, "committables", "name a staging table twice")
         return staged
 
@@ -317,7 +328,7 @@ class PostgresTableSink(TransactionalSink):
             raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
         return claim
 
-    def commit_checked(self, checkpoint_id: int, committables: list[tuple[str, int]]) -> None:
+    def commit_checked(self, checkpoint_id: int, committables: list[tuple[str, int, int]]) -> None:
         """The one commit transaction (see the module docstring); a marker already there: nothing."""
         started = time.monotonic()
         with self._tx() as db:
@@ -326,8 +337,9 @@ class PostgresTableSink(TransactionalSink):
                 return
             columns = [c for c in self._target_columns(db) if c != CHECKPOINT_COLUMN]
             rows = 0
-            for staging, expected in committables:
+            for staging, expected, refused in committables:
                 rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
+                dead_letters.move(self, db, claim, checkpoint_id, staging, refused)
             undo.write_marker(self, db, claim, checkpoint_id, rows)
             self._drop_staging(db, checkpoint_id)  # the staging tables of the checkpoint's other attempts
         log.info(
@@ -340,7 +352,9 @@ class PostgresTableSink(TransactionalSink):
         with self._tx() as db:
             if self._read_claim(db) is None:
                 return
-            undone = undo.undo_newer(self, db, self._locked_claim(db), checkpoint_id)
+            claim = self._locked_claim(db)
+            undone = undo.undo_newer(self, db, claim, checkpoint_id)
+            dead_letters.delete_newer(self, db, claim, checkpoint_id)
         if undone:
             log.info("sink %s: rolled back checkpoints %s of %s", self.uid, undone, self.target_name())
 
@@ -349,7 +363,7 @@ class PostgresTableSink(TransactionalSink):
             "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
             [self.schema, f"_cks_{self.digest}_c"],
         ).fetchall()
-        pattern = pg.staging_pattern(self.digest, checkpoint_id)
+        pattern = pg.staging_pattern(self.digest, checkpoint_id, dead_letters=True)
         return sorted(n[0] for n in names if pattern.match(n[0]))
 
     def _drop_staging(self, db: psycopg.Connection[Any], checkpoint_id: int) -> int:

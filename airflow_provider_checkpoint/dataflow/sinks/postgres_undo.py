@@ -32,6 +32,25 @@ UNDO_CHECKPOINT = "_undo_checkpoint"
 UNDO_EXISTED = "_undo_existed"
 
 
+def ensure_bookkeeping(sink: PostgresTableSink, db: psycopg.Connection[Any]) -> None:
+    """Create the claim and marker tables in the table's schema if absent."""
+    from psycopg import sql
+
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (schema_name text, table_name text, job_id text NOT NULL, sink_uid "
+            "text NOT NULL, mode text NOT NULL, keys text[] NOT NULL, PRIMARY KEY (schema_name, table_name))"
+        ).format(sink._table(pg.CLAIMS))
+    )
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (job_id text, sink_uid text, checkpoint_id bigint, table_name text "
+            "NOT NULL, rows bigint NOT NULL, undo_kept boolean NOT NULL, committed_at timestamptz NOT NULL "
+            "DEFAULT now(), PRIMARY KEY (job_id, sink_uid, checkpoint_id))"
+        ).format(sink._table(pg.MARKERS))
+    )
+
+
 def move_rows(
     sink: PostgresTableSink,
     db: psycopg.Connection[Any],
