@@ -117,7 +117,8 @@ class PostgresTableSink(TransactionalSink):
         return schema, name
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
+        described = {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
+        return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
 
     def target_name(self) -> str:
         return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
