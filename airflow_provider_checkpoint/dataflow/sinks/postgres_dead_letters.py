@@ -19,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
+from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, SinkSchemaError, SinkValueError
 
 if TYPE_CHECKING:
@@ -42,25 +43,19 @@ COLUMNS = (
 row's key (upsert, as JSON), the row (JSON), PostgreSQL's message, when it was committed."""
 
 
-def prepare(sink: PostgresTableSink, db: psycopg.Connection[Any], staging: str) -> None:
-    """Create the dead-letter table if absent (refuse one without :data:`COLUMNS`) and the
+def prepare(sink: PostgresTableSink, db: psycopg.Connection[Any], table: tuple[str, str], staging: str) -> None:
+    """Create the dead-letter ``table`` if absent (refuse one without :data:`COLUMNS`) and the
     attempt's dead-letter staging table beside ``staging``."""
     from psycopg import sql
 
-    schema, name = sink.dead_letters or ("", "")
+    schema, name = table
     db.execute(
         sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
             pg.ident(schema, name),
             sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in COLUMNS),
         )
     )
-    present = {
-        r[0]
-        for r in db.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-            [f'"{schema}"."{name}"'],
-        ).fetchall()
-    }
+    present = pg.table_columns(db, schema, name)
     missing = [c for c, _ in COLUMNS if c not in present]
     if missing:
         raise SinkSchemaError(f"sink {sink.uid}: dead-letter table {schema}.{name} has no columns {missing}")
@@ -113,14 +108,8 @@ def move(
             "dead_letter_table any more: set it back to commit them"
         )
     name = pg.dead_letter_staging(staging)
-    exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{sink.schema}"."{name}"']).fetchone()
+    undo.check_staged_rows(db, sink.uid, sink.schema, name, expected)
     dead = sink._table(name)
-    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(dead)).fetchone() if exists and exists[0] else None
-    if not counted or counted[0] != expected:
-        raise CheckpointStorageError(
-            f"sink {sink.uid}: dead-letter staging table {sink.schema}.{name} holds {counted and counted[0]} rows, "
-            f"the checkpoint staged {expected}"
-        )
     staged = pg.idents(list(pg.DEAD_LETTER_STAGED))
     db.execute(
         sql.SQL(

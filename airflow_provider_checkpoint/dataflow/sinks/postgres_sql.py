@@ -197,6 +197,16 @@ def keys_equal(keys: list[str], left: str, right: str) -> sql.Composable:
     return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(ident(left, k), ident(right, k)) for k in keys)
 
 
+def table_columns(db: psycopg.Connection[Any], schema: str, table: str) -> dict[str, str]:
+    """Column → PostgreSQL type of ``schema.table``, in order (empty if it does not exist)."""
+    rows = db.execute(
+        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        [f'"{schema}"."{table}"'],
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
 def _has_nul(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_nul(v) for v in value)
@@ -279,11 +289,10 @@ def _load_skipping_refused(
     name one, the refusal has no index and nothing more is loaded."""
     import psycopg
 
-    for index, row in enumerate(rows):
-        column = next((c for c, v in row.items() if _has_nul(v)), None)
-        if column is not None:
-            yield Refusal(index, column, NUL_REFUSED)
-    rest = [i for i, row in enumerate(rows) if not any(_has_nul(v) for v in row.values())]
+    nul = {i: c for i, row in enumerate(rows) for c in [next((c for c, v in row.items() if _has_nul(v)), None)] if c}
+    for index, column in nul.items():
+        yield Refusal(index, column, NUL_REFUSED)
+    rest = [i for i in range(len(rows)) if i not in nul]
     start = 0
     while start < len(rest):
         chunk = rest[start : start + ROW_BY_ROW_CHUNK]

@@ -173,15 +173,6 @@ class PostgresTableSink(TransactionalSink):
         self.claim(ctx.plan.job_id)
 
     # -- writer (step side) ------------------------------------------------------------
-    def _target_columns(self, db: psycopg.Connection[Any]) -> dict[str, str]:
-        """Column → PostgreSQL type of the target table (empty if it does not exist)."""
-        rows = db.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
-            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            [f'"{self.schema}"."{self.table_name}"'],
-        ).fetchall()
-        return {r[0]: r[1] for r in rows}
-
     def _create_target(self, db: psycopg.Connection[Any], df: DataFrame) -> None:
         from psycopg import sql
 
@@ -198,14 +189,14 @@ class PostgresTableSink(TransactionalSink):
 
     def _check_target(self, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
         """The target's types of the input columns; refused unless its columns are exactly the input's."""
-        target = self._target_columns(db)
+        target = pg.table_columns(db, self.schema, self.table_name)
         if not target:
             if not self.create_table:
                 raise SinkSchemaError(
                     f"sink {self.uid}: table {self.target_name()} does not exist (create_table=False)"
                 )
             self._create_target(db, df)
-            target = self._target_columns(db)
+            target = pg.table_columns(db, self.schema, self.table_name)
         expected = [f.name for f in df.schema.fields]
         own = [CHECKPOINT_COLUMN] if self.mode == "append" else []
         missing = [c for c in [*expected, *own] if c not in target]
@@ -246,8 +237,8 @@ class PostgresTableSink(TransactionalSink):
             db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(staging)))
             definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
             db.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(self._table(staging), definition))
-            if dead:
-                dead_letters.prepare(self, db, staging)
+            if self.dead_letters:
+                dead_letters.prepare(self, db, self.dead_letters, staging)
         load = pg.copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
         results = pg.one_stream_per_core(df).mapInArrow(load, pg.LOAD_RESULT).collect()
         failed = [r["error"] for r in results if r["error"]]
@@ -336,7 +327,7 @@ class PostgresTableSink(TransactionalSink):
             claim = self._locked_claim(db)
             if self._marker(db, checkpoint_id, claim) is not None:
                 return
-            columns = [c for c in self._target_columns(db) if c != CHECKPOINT_COLUMN]
+            columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
             rows = 0
             for staging, expected, refused in committables:
                 rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)

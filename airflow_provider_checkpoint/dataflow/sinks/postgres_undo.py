@@ -32,6 +32,23 @@ UNDO_CHECKPOINT = "_undo_checkpoint"
 UNDO_EXISTED = "_undo_existed"
 
 
+def check_staged_rows(db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int) -> None:
+    """Refuse to commit from staging table ``schema.table`` unless it holds the ``expected`` rows."""
+    from psycopg import sql
+
+    exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
+    if not exists or not exists[0]:
+        raise CheckpointStorageError(
+            f"sink {uid}: staging table {schema}.{table} is gone and the checkpoint is not committed"
+        )
+    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
+    if not counted or counted[0] != expected:
+        raise CheckpointStorageError(
+            f"sink {uid}: staging table {schema}.{table} holds {counted and counted[0]} rows, the checkpoint "
+            f"staged {expected}"
+        )
+
+
 def ensure_bookkeeping(sink: PostgresTableSink, db: psycopg.Connection[Any]) -> None:
     """Create the claim and marker tables in the table's schema if absent."""
     from psycopg import sql
@@ -62,19 +79,8 @@ def move_rows(
     """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop it."""
     from psycopg import sql
 
-    exists = db.execute("SELECT to_regclass(%s)", [f'"{sink.schema}"."{staging}"']).fetchone()
-    if not exists or exists[0] is None:
-        raise CheckpointStorageError(
-            f"sink {sink.uid}: staging table {sink.schema}.{staging} of checkpoint {checkpoint_id} is gone "
-            "and the checkpoint is not committed"
-        )
+    check_staged_rows(db, sink.uid, sink.schema, staging, expected)
     stg, target = sink._table(staging), sink._table()
-    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(stg)).fetchone()
-    if not counted or counted[0] != expected:
-        raise CheckpointStorageError(
-            f"sink {sink.uid}: staging table {sink.schema}.{staging} holds {counted and counted[0]} rows, "
-            f"the checkpoint staged {expected}"
-        )
     cols = pg.idents(columns)
     if sink.mode == "append":
         db.execute(
@@ -189,7 +195,7 @@ def undo_newer(sink: PostgresTableSink, db: psycopg.Connection[Any], claim: Json
                 f"of checkpoints {missing} were purged (undo_checkpoints={sink.undo_checkpoints})"
             )
         undo, keys = sink._table(pg.undo_table(sink.digest)), pg.idents(sink.keys)
-        columns = pg.idents([c for c in sink._target_columns(db)])
+        columns = pg.idents([c for c in pg.table_columns(db, sink.schema, sink.table_name)])
         db.execute(
             sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {} > %s) u WHERE {}").format(
                 target, keys, undo, pg.ident(UNDO_CHECKPOINT), pg.keys_equal(sink.keys, "t", "u")
