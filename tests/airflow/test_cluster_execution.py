@@ -38,7 +38,7 @@ pytestmark = pytest.mark.airflow
 PAUSE_POINT = "step.before_state_write"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     with standalone_cluster(tmp_path_factory.mktemp("spark-standalone")) as cluster:
         yield cluster

@@ -1,8 +1,9 @@
 """Live end-to-end tests: the real Airflow services, driven through REST API v2 and the UI.
 
-One session starts ``airflow api-server``, ``airflow scheduler`` and ``airflow
-dag-processor`` (LocalExecutor, SQLite) with an isolated ``AIRFLOW_HOME`` and data
-directories under a fresh temp directory, shared by every live test. Every test lands
+The live tests share one ``airflow api-server``, ``scheduler``, ``dag-processor`` and
+``triggerer`` (LocalExecutor, SQLite) with an isolated ``AIRFLOW_HOME`` and data
+directories under a fresh temp directory, started for the first of them and stopped after
+the last, so later tests do not share the two cores with idle services. Every test lands
 events through :func:`Clickstream.land`, so the ground truth always covers everything
 the pipeline could have read, whatever test ran before.
 
@@ -44,7 +45,7 @@ ARTIFACTS = REPO / "test-artifacts"
 _live: LiveAirflow | None = None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live_airflow(request: pytest.FixtureRequest) -> Iterator[LiveAirflow]:
     global _live
     root = Path(tempfile.mkdtemp(prefix="airflow-checkpoint-live-")).resolve()
@@ -66,7 +67,7 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"{reason} (run scripts/install_browser.sh to install it)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Headless Debian Chromium driven by Playwright; request it before ``live_airflow``, so a
     missing browser is found before the services start. Without Chromium or the ``playwright``
@@ -116,7 +117,7 @@ class Clickstream:
         return mismatches(self.live.marts, self.truth())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def clickstream(live_airflow: LiveAirflow) -> Clickstream:
     return Clickstream(live_airflow)
 
