@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-checkpoint-tests-"))
@@ -23,3 +26,32 @@ os.environ.pop("CHECKPOINT_FAULTS", None)
 os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
 
 pytest_plugins = ["tests.servers.postgres", "tests.servers.s3"]
+
+LIVE = "tests/live/"
+SLOWEST_FIRST = ("tests/live/test_chaos.py", LIVE, "tests/airflow/test_cluster_execution.py")
+"""Started first, so that the two workers ``make test`` runs (pytest-xdist) end together: the
+longest groups first, the many short modules after them."""
+
+
+def worker_group(nodeid: str) -> str:
+    """What one worker runs whole: a test module (module fixtures set up once), or every live test
+    (they share the live Airflow services, started once)."""
+    module = nodeid.split("::", 1)[0]
+    return LIVE if module.startswith(LIVE) and module != SLOWEST_FIRST[0] else module
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {group: i for i, group in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist hands out whole :func:`worker_group` groups, in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return GroupScheduling(config, log)

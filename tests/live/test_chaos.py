@@ -60,7 +60,7 @@ from tests.live.spark_connect import spark_connect_server
 from tests.live.storage_view import completed_ids, latest_metadata
 from tests.servers.postgres import PostgresServer
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.exclusive]  # 30+ runs within 20 minutes: not beside other tests
 RESTORE_DAG_ID = "restore_from_checkpoint"
 
 # name → fault specs (see airflow_provider_checkpoint.core.faults); weights favour the cheap ones.
