@@ -28,16 +28,16 @@ os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
 pytest_plugins = ["tests.servers.postgres", "tests.servers.s3"]
 
 LIVE = "tests/live/"
-SLOWEST_FIRST = ("tests/live/test_chaos.py", LIVE, "tests/airflow/test_cluster_execution.py")
+SLOWEST_FIRST = (LIVE, "tests/airflow/test_cluster_execution.py")
 """Started first, so that the two workers ``make test`` runs (pytest-xdist) end together: the
 longest groups first, the many short modules after them."""
 
 
 def worker_group(nodeid: str) -> str:
     """What one worker runs whole: a test module (module fixtures set up once), or every live test
-    (they share the live Airflow services, started once)."""
+    (they share the live Airflow services, started once; the chaos test runs beside none of them)."""
     module = nodeid.split("::", 1)[0]
-    return LIVE if module.startswith(LIVE) and module != SLOWEST_FIRST[0] else module
+    return LIVE if module.startswith(LIVE) else module
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -207,6 +207,11 @@ def table_columns(db: psycopg.Connection[Any], schema: str, table: str) -> dict[
     return {r[0]: r[1] for r in rows}
 
 
+def _nul_column(row: dict[str, Any]) -> str | None:
+    """The first column of ``row`` whose value holds a NUL byte (PostgreSQL text cannot), if any."""
+    return next((c for c, v in row.items() if _has_nul(v)), None)
+
+
 def _has_nul(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_nul(v) for v in value)
@@ -289,7 +294,7 @@ def _load_skipping_refused(
     name one, the refusal has no index and nothing more is loaded."""
     import psycopg
 
-    nul = {i: c for i, row in enumerate(rows) for c in [next((c for c, v in row.items() if _has_nul(v)), None)] if c}
+    nul = {i: column for i, row in enumerate(rows) if (column := _nul_column(row))}
     for index, column in nul.items():
         yield Refusal(index, column, NUL_REFUSED)
     rest = [i for i in range(len(rows)) if i not in nul]

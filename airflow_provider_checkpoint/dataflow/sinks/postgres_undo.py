@@ -195,7 +195,7 @@ def undo_newer(sink: PostgresTableSink, db: psycopg.Connection[Any], claim: Json
                 f"of checkpoints {missing} were purged (undo_checkpoints={sink.undo_checkpoints})"
             )
         undo, keys = sink._table(pg.undo_table(sink.digest)), pg.idents(sink.keys)
-        columns = pg.idents([c for c in pg.table_columns(db, sink.schema, sink.table_name)])
+        columns = pg.idents(list(pg.table_columns(db, sink.schema, sink.table_name)))
         db.execute(
             sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {} > %s) u WHERE {}").format(
                 target, keys, undo, pg.ident(UNDO_CHECKPOINT), pg.keys_equal(sink.keys, "t", "u")
