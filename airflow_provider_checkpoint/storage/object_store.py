@@ -11,9 +11,11 @@ with backoff, then surface as errors.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import posixpath
+import time
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -61,16 +63,30 @@ def with_defaults(protocol: str, storage_options: dict[str, Any]) -> dict[str, A
     return {**S3_DEFAULTS, **aws_connection_options(str(conn_id)), **given}
 
 
+CONNECTION_TTL_SECONDS = 60.0
+"""How long a process reuses the options it resolved from a connection (a step opens its
+locations many times; each resolution builds a boto session and logs where the credentials came from)."""
+_resolved: dict[str, tuple[float, dict[str, Any]]] = {}
+
+
 def aws_connection_options(conn_id: str) -> dict[str, Any]:
     """``s3fs`` options from the Airflow connection ``conn_id`` of type ``aws`` (Amazon provider).
 
     The credentials are those the provider's hook resolves (login/password, a profile or a
-    role the connection assumes, else the standard AWS environment), frozen now; the
-    endpoint is the connection's ``endpoint_url`` (extra, or ``service_config.s3``), the
-    region its ``region_name``. They live only in the filesystem's options, which reach
-    executors inside pickled tasks (:func:`for_executors`) and are never written out.
-    Temporary credentials of an assumed role last as long as that role's session.
+    role the connection assumes, else the standard AWS environment), frozen now and reused
+    by this process for :data:`CONNECTION_TTL_SECONDS`; the endpoint is the connection's
+    ``endpoint_url`` (extra, or ``service_config.s3``), the region its ``region_name``. They
+    live only in the filesystem's options, which reach executors inside pickled tasks
+    (:func:`for_executors`) and are never written out. Temporary credentials of an assumed
+    role last as long as that role's session.
     """
+    found = _resolved.get(conn_id)
+    if found is None or time.monotonic() - found[0] >= CONNECTION_TTL_SECONDS:
+        found = _resolved[conn_id] = (time.monotonic(), _resolve_connection(conn_id))
+    return copy.deepcopy(found[1])
+
+
+def _resolve_connection(conn_id: str) -> dict[str, Any]:
     try:
         from airflow.exceptions import AirflowNotFoundException
         from airflow.providers.amazon.aws.hooks.s3 import S3Hook
