@@ -30,7 +30,6 @@ from airflow_provider_checkpoint.exceptions import (
     DeltaSourceError,
     DocumentError,
     InvalidPositionError,
-    PipelineDefinitionError,
     shorten,
 )
 
@@ -41,18 +40,6 @@ _TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _MAX_VERSION = 2**63 - 1
 _GLOB = re.compile(r"[*?\[\]{}]")
 """Spark reads paths as glob patterns; Delta writers escape these characters in file names."""
-
-
-def storage_options_for_delta(uid: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
-    """``storage_options`` of a Delta table (fsspec's and delta-rs's at once): ``conn_id`` is refused,
-    delta-rs would not resolve an Airflow connection."""
-    options = dict(storage_options or {})
-    if "conn_id" in options:
-        raise PipelineDefinitionError(
-            f"{uid}: a Delta table takes its credentials as storage options (key, secret, endpoint_url, "
-            "AWS_ALLOW_HTTP, …), not as a conn_id"
-        )
-    return options
 
 
 class Position(NamedTuple):

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from airflow_provider_checkpoint.core.documents import JsonDict
-from airflow_provider_checkpoint.dataflow import deletion_vectors, delta_log
+from airflow_provider_checkpoint.dataflow import deletion_vectors, delta_log, delta_storage
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
-from airflow_provider_checkpoint.dataflow.file_io import engine_for, scheme
 from airflow_provider_checkpoint.dataflow.file_scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
+from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -71,9 +71,8 @@ class DeltaSource(Source):
 
     :param uid: Stable id of the source (keys its position in checkpoints).
     :param path: URL of the table root (a local path, ``s3://...``).
-    :param storage_options: Options of the table's storage, for fsspec (the log, file checks) and
-        delta-rs (metadata), as ``DeltaTableSink`` takes them; Spark reads the data files with
-        its own Hadoop configuration.
+    :param storage_options: Options of the table's storage, as ``DeltaTableSink`` takes them:
+        ``s3fs``'s or an Airflow ``aws`` connection as ``conn_id`` (:mod:`.delta_storage`).
     :param change_data_feed: Read inserts, updates and deletes as change rows (see above).
     :param starting_version: The first commit the job reads; ``None``: the table's rows at the
         first barrier, then its commits.
@@ -95,7 +94,7 @@ class DeltaSource(Source):
         if max_commits_per_checkpoint is not None and max_commits_per_checkpoint < 1:
             raise PipelineDefinitionError(f"{uid}: max_commits_per_checkpoint must be at least 1")
         self.path = path
-        self.storage_options = delta_log.storage_options_for_delta(uid, storage_options)
+        self.storage_options, self.delta_only = delta_storage.split_options(storage_options)
         self.change_data_feed = change_data_feed
         self.starting_version = starting_version
         self.max_commits_per_checkpoint = max_commits_per_checkpoint
@@ -105,8 +104,11 @@ class DeltaSource(Source):
 
     # -- positions and the log (no Spark) ------------------------------------------------
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        fs, root = fsspec.core.url_to_fs(self.path, **self.storage_options)
-        return fs, root.rstrip("/")
+        location = Location.from_url(self.path, **self.storage_options)
+        return location.fs, location.base
+
+    def _delta_options(self) -> dict[str, str]:
+        return delta_storage.delta_rs_options(self._fs()[0], self.storage_options, self.delta_only)
 
     def _table(self, version: int | None = None, table_id: str | None = None) -> DeltaTable:
         """The table (at ``version``), checked readable and, given ``table_id``, the same table."""
@@ -115,7 +117,7 @@ class DeltaSource(Source):
 
         at = "" if version is None else f" at version {version}"
         try:
-            table = DeltaTable(self.path, version, self.storage_options or None, without_files=True)
+            table = DeltaTable(self.path, version, self._delta_options(), without_files=True)
         except TableNotFoundError:
             raise DeltaSourceError(f"source {self.uid}: {self.path} is not a Delta table") from None
         except DeltaError as e:
@@ -226,7 +228,7 @@ class DeltaSource(Source):
         without Delta's JVM connector; the change columns are not added."""
         from pyspark.sql.types import StructType
 
-        plain = DeltaSource(self.uid, self.path, self.storage_options)  # no change columns
+        plain = DeltaSource(self.uid, self.path, {**self.storage_options, **self.delta_only})  # no change columns
         table = plain._table(version)
         files = plain._snapshot(Position(table.version()))
         schema = StructType.fromJson(delta_log.load_schema(table.schema().to_json(), self.path))
@@ -279,15 +281,10 @@ class DeltaSource(Source):
         fs, root = self._fs()
         paths = [f"{root}/{f.path}" for f in files.values()]
         deleted = _deleted_rows(fs, root, files)
-        if deleted is not None and engine_for(spark, fs) != "hadoop":
-            raise DeltaSourceError(
-                f"source {self.uid}: {self.path} has deletion vectors, which need Spark's own Parquet reader "
-                f"(row indexes) for {scheme(fs)}://: configure a Hadoop filesystem for that scheme "
-                f"(spark.hadoop.fs.{scheme(fs)}.impl, see docs/execution-modes.md)"
-            )
-        df = read_parquet(spark, fs, paths, read, FileColumn(_FILE, "name"))
+        df = read_parquet(
+            spark, fs, paths, read, FileColumn(_FILE, "name"), row_index=None if deleted is None else _ROW
+        )
         if deleted is not None:  # rows a deletion vector deletes are not the file's rows
-            df = df.withColumn(_ROW, F.col("_metadata.row_index"))
             df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)

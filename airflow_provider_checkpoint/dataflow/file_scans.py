@@ -38,24 +38,31 @@ def read_parquet(
     file_column: FileColumn | None = None,
     engine: str | None = None,
     options: dict[str, str] | None = None,
+    row_index: str | None = None,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
 
     ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
-    Spark's Parquet reader options (the Python engine takes none).
+    Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
+    of that name holding each row's position in its file (from 0, as ``_metadata.row_index``).
     """
     if not paths:
         if schema is None:
             raise ValueError("reading no files needs their schema")
-        return spark.createDataFrame([], _with_file(schema, file_column))
+        return spark.createDataFrame([], _with_file(_with_row_index(schema, row_index), file_column))
     if engine_for(spark, fs, engine) == "hadoop":
+        from pyspark.sql import functions as F
+
         reader = spark.read.options(**(options or {}))
         reader = reader.schema(schema) if schema is not None else reader
-        return _with_path_column(reader.parquet(*[url(fs, p) for p in paths]), file_column)
+        df = reader.parquet(*[url(fs, p) for p in paths])
+        df = df.withColumn(row_index, F.col("_metadata.row_index")) if row_index else df
+        return _with_path_column(df, file_column)
     check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
-    return _scan(spark, fs, paths, schema, ParquetReader(for_executors(fs), _arrow(schema)), file_column)
+    read = ParquetReader(for_executors(fs), _arrow(schema), row_index)
+    return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column)
 
 
 def read_records(
@@ -127,6 +134,12 @@ def _with_file(schema: StructType, file_column: FileColumn | None) -> StructType
     return StructType([*schema.fields, *([StructField(file_column.name, StringType())] if file_column else [])])
 
 
+def _with_row_index(schema: StructType, row_index: str | None) -> StructType:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    return StructType([*schema.fields, *([StructField(row_index, LongType())] if row_index else [])])
+
+
 def _with_path_column(df: DataFrame, file_column: FileColumn | None) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -196,13 +209,18 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 @dataclass(frozen=True)
 class ParquetReader:
-    """A Parquet file's rows in batches of ``schema``."""
+    """A Parquet file's rows in batches of ``schema``, with each row's position in the file as ``row_index``
+    if named."""
 
     fs: Any = field(repr=False)
     schema: pa.Schema
+    row_index: str | None = None
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
+
+        position = 0
 
         with self.fs.open(path, "rb") as f:
             with named_if_corrupt(self.fs, path):
@@ -214,7 +232,12 @@ class ParquetReader:
                     batch = next(batches, None)
                 if batch is None:
                     return
-                yield conform(batch, self.schema)
+                out = conform(batch, self.schema)
+                if self.row_index:
+                    rows = pa.array(range(position, position + out.num_rows), pa.int64())
+                    out = pa.RecordBatch.from_arrays([*out.columns, rows], [*out.schema.names, self.row_index])
+                position += batch.num_rows
+                yield out
 
 
 @contextmanager

@@ -6,7 +6,7 @@ landed on S3 with their tables compared to the pandas ground truth.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,21 @@ def s3fs_of(server: S3Server):  # type: ignore[no-untyped-def]
     return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
 
 
+def delta_reader(server: S3Server) -> Callable[[str], pd.DataFrame]:
+    """A Delta table on ``server`` (``bucket/path``) as delta-rs's ``scan()`` reads it (deletion vectors
+    applied), with options this test gives delta-rs itself."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    options = {
+        "aws_access_key_id": server.key,
+        "aws_secret_access_key": server.secret,
+        "aws_endpoint_url": server.endpoint,
+        "aws_allow_http": "true",
+    }
+    return lambda path: pa.table(DeltaTable(f"s3://{path}", storage_options=options).scan()).to_pandas()
+
+
 def land(fs, local: Path, landing: str, name: str, n: int, seed: int) -> pd.DataFrame:  # type: ignore[no-untyped-def]
     """``n`` events written locally, then put on S3 under ``landing`` in one PUT (complete or absent)."""
     events = land_events(local, name, n, seed)
@@ -66,13 +81,21 @@ def land(fs, local: Path, landing: str, name: str, n: int, seed: int) -> pd.Data
     return events
 
 
-def table_mismatches(fs, marts: str, events: pd.DataFrame, tables: tuple[str, ...] = TABLES) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Each of ``tables`` as pyarrow reads it from S3 (hidden files ignored) vs the pandas ground truth."""
+def table_mismatches(  # type: ignore[no-untyped-def]
+    fs,
+    marts: str,
+    events: pd.DataFrame,
+    tables: tuple[str, ...] = TABLES,
+    read: Callable[[str], pd.DataFrame] | None = None,
+) -> dict[str, str]:
+    """Each of ``tables`` under ``marts`` as ``read`` gets it (default: its Parquet files as pyarrow reads them from
+    S3, hidden files ignored) vs the pandas ground truth."""
     out = {}
     for table, truth in expected_tables(events).items():
         if table not in tables:
             continue
-        got = ds.dataset(f"{marts}/{table}", format="parquet", filesystem=fs).to_table().to_pandas()
+        path = f"{marts}/{table}"
+        got = read(path) if read else ds.dataset(path, format="parquet", filesystem=fs).to_table().to_pandas()
         try:
             pd.testing.assert_frame_equal(normalized(got, table), normalized(truth, table))
         except AssertionError as e:

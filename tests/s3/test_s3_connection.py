@@ -1,11 +1,12 @@
-"""Storage root, file source and Parquet sinks on S3 with credentials only from an Airflow ``aws`` connection.
+"""Storage root, file source, Parquet and Delta sinks on S3 with credentials only from an Airflow ``aws`` connection.
 
 The environment holds no AWS credentials and no endpoint: the connection, defined as a user
 would (``AIRFLOW_CONN_<ID>``: login, password, extra ``endpoint_url``), is the only way to the
 server, which enforces credentials. Two checkpoints driven as the operators drive them
 (trigger → run_step → finalize) on a local SparkSession without Hadoop's S3 filesystem: the
 executors read the source files, write the state files and stage the sink files through the
-filesystem pickled into their tasks. The tables are compared with a pandas ground truth.
+filesystem pickled into their tasks; delta-rs commits the Delta tables with options derived from
+the same connection. The tables are compared with a pandas ground truth.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     PipelineGraph,
 )
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, PipelineDefinitionError, RefusedInputError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError
 from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.config import job_storage
 from airflow_provider_checkpoint.storage.object_store import for_executors
-from tests.s3.s3_job import land, s3fs_of, table_mismatches
+from tests.s3.s3_job import delta_reader, land, s3fs_of, table_mismatches
 from tests.servers.s3 import S3Server
 from tests.spark.conftest import spark  # noqa: F401 - a fixture
 
@@ -72,9 +73,14 @@ def test_pipeline_on_s3_through_an_aws_connection_only(
         "user_totals", events, keys=["user"], aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"}
     )
     on_lake = {"storage_options": via_connection, "step": "main"}
+    delta = f"{prefix}/delta"
     sinks = [
         ParquetTableSink("user_totals_table", totals, f"s3://{marts}/user_totals", "upsert", ["user"], **on_lake),
         ParquetTableSink("events_table", events, f"s3://{marts}/events", "append", **on_lake),
+        DeltaTableSink(
+            "user_totals_delta", totals, f"s3://{delta}/user_totals", "upsert", ["user"], buckets=4, **on_lake
+        ),
+        DeltaTableSink("events_delta", events, f"s3://{delta}/events", "append", **on_lake),
     ]
     graph = PipelineGraph([events, totals, *sinks])
     storage = job_storage("job", f"s3://{prefix}/checkpoints", "s3_lake")
@@ -92,9 +98,14 @@ def test_pipeline_on_s3_through_an_aws_connection_only(
         acks = [run_step(spark, storage, graph, step, plan, 1, {}, coordinator.settings) for step in plan.steps]
         coordinator.finalize(plan, acks)
         assert table_mismatches(fs, marts, pd.concat(landed), ("user_totals", "events")) == {}
+        assert table_mismatches(fs, delta, pd.concat(landed), ("user_totals", "events"), delta_reader(s3_server)) == {}
 
     checkpoint(1)
     checkpoint(2)
+    # a Delta source on S3 reads the upsert table's files through the executors' filesystem
+    upserted = DeltaSource("read", f"s3://{delta}/user_totals", storage_options=via_connection).read_version(spark)
+    rows = upserted.toPandas()
+    assert table_mismatches(fs, delta, pd.concat(landed), ("user_totals",), lambda _: rows) == {}
     meta = json.loads(fs.cat_file(f"{prefix}/checkpoints/job/chk-2/_metadata"))
     state_files = [h for op in meta["operators"].values() for h in op["handles"]]
     assert state_files and all(fs.size(f"{prefix}/checkpoints/job/{h['path']}") == h["size"] for h in state_files)
@@ -135,10 +146,8 @@ def test_a_connection_that_is_not_defined_or_not_aws_is_named(
 def test_conn_id_is_refused_where_no_connection_applies(tmp_path: Path) -> None:
     with pytest.raises(RefusedInputError, match="conn_id='s3_lake' applies to s3:// locations .*not file://"):
         Location.from_url(f"file://{tmp_path}", conn_id="s3_lake")
-    source = DeltaSource("changes", "s3://lake/t")
-    for delta in (
-        lambda: DeltaSource("changes", "s3://lake/t", storage_options={"conn_id": "s3_lake"}),
-        lambda: DeltaTableSink("table", source, "s3://lake/u", storage_options={"conn_id": "s3_lake"}),
-    ):
-        with pytest.raises(PipelineDefinitionError, match="Delta table takes its credentials as storage options"):
-            delta()
+    on_disk = {"storage_options": {"conn_id": "s3_lake"}}
+    source = DeltaSource("changes", f"file://{tmp_path}/t", **on_disk)
+    for delta in (source, DeltaTableSink("table", source, f"file://{tmp_path}/u", **on_disk)):
+        with pytest.raises(RefusedInputError, match="conn_id='s3_lake' applies to s3:// locations .*not file://"):
+            delta._fs()

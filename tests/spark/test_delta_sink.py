@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource, delta_log
+from airflow_provider_checkpoint.dataflow.file_io import ENGINE_CONF, ENGINES
 from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
 from airflow_provider_checkpoint.storage import JobStorage
@@ -48,12 +49,16 @@ def _delta_rs(path: Path) -> pd.DataFrame:
 
 
 def _readers(spark: Any, path: Path) -> dict[str, pd.DataFrame]:
-    """The latest version as delta-rs, DuckDB and Spark (the version's files, DVs applied) read it."""
-    return {
-        "pyarrow": _delta_rs(path),
-        "duckdb": _duckdb(path),
-        "spark": DeltaSource("read", str(path)).read_version(spark).toPandas(),
-    }
+    """The latest version as delta-rs, DuckDB and Spark (the version's files, DVs applied) read it; Spark
+    through both file engines (the Python one counts row indexes itself, as on object stores)."""
+    read = {"pyarrow": _delta_rs(path), "duckdb": _duckdb(path)}
+    for engine in ENGINES:
+        spark.conf.set(ENGINE_CONF, engine)
+        try:
+            read[f"spark ({engine})"] = DeltaSource("read", str(path)).read_version(spark).toPandas()
+        finally:
+            spark.conf.unset(ENGINE_CONF)
+    return read
 
 
 def _batch(checkpoint_id: int, n: int = 40) -> pd.DataFrame:

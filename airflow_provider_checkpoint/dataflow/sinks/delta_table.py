@@ -28,7 +28,7 @@ from urllib.parse import unquote
 
 from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
 from airflow_provider_checkpoint.core.model import JsonDict
-from airflow_provider_checkpoint.dataflow import delta_log
+from airflow_provider_checkpoint.dataflow import delta_log, delta_storage
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.dataflow.file_io import write_parquet
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -84,7 +84,8 @@ class DeltaTableSink(TableDirectorySink):
     :param partition_by: Partition columns of an append table (created with them).
     :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
     :param driver_merge_rows: A first load of at most this many rows is bucketed in the driver (pyarrow).
-    :param storage_options: Options of the table's storage, for fsspec and delta-rs.
+    :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
+        ``conn_id``; delta-rs's are derived from them (:mod:`.delta_storage`).
     :param step: Name of the step (Airflow task) the sink runs in.
     """
 
@@ -101,7 +102,8 @@ class DeltaTableSink(TableDirectorySink):
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
     ) -> None:
-        super().__init__(uid, input, path, delta_log.storage_options_for_delta(uid, storage_options), step)
+        fsspec_options, self.delta_only = delta_storage.split_options(storage_options)
+        super().__init__(uid, input, path, fsspec_options, step)
         check_mode(uid, mode)
         if mode == "upsert" and partition_by:
             raise PipelineDefinitionError(f"{uid}: partition_by is for append mode; upsert buckets by keys")
@@ -122,12 +124,16 @@ class DeltaTableSink(TableDirectorySink):
         """The Delta table's latest version, ``None`` if there is no table yet."""
         from deltalake import DeltaTable
 
-        return self._open() if DeltaTable.is_deltatable(self.asset_uri(), self.storage_options) else None
+        return self._open() if DeltaTable.is_deltatable(self.asset_uri(), self.delta_options()) else None
+
+    def delta_options(self) -> dict[str, str]:
+        """delta-rs's options reaching the table as its filesystem does (:mod:`.delta_storage`)."""
+        return delta_storage.delta_rs_options(self._fs()[0], self.storage_options, self.delta_only)
 
     def _open(self, version: int | None = None) -> DeltaTable:
         from deltalake import DeltaTable
 
-        return DeltaTable(self.asset_uri(), version=version, storage_options=self.storage_options)
+        return DeltaTable(self.asset_uri(), version=version, storage_options=self.delta_options())
 
     def app_id(self) -> str | None:
         """The ``txn`` app id of this (job, sink): from the claim, ``None`` before the first stage."""
@@ -165,7 +171,7 @@ class DeltaTableSink(TableDirectorySink):
                 schema,
                 mode="ignore",
                 partition_by=self.partition_by or None,
-                storage_options=self.storage_options,
+                storage_options=self.delta_options(),
                 configuration={_DV_PROPERTY: "true"} if self.upsert else None,
             )
         self._check_input(table, schema)
