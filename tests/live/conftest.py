@@ -67,6 +67,11 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"{reason} (run scripts/install_browser.sh to install it)")
 
 
+UI_TIMEOUT_MS = 60_000
+"""How long a browser action or a UI assertion waits for the page: its condition is polled, so this
+bounds a slow machine, not a sleep."""
+
+
 @pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Headless Debian Chromium driven by Playwright; request it before ``live_airflow``, so a
@@ -78,6 +83,9 @@ def browser() -> Iterator[Any]:
         from playwright.sync_api import sync_playwright
     except ImportError:
         _unavailable("the playwright package is not installed in this environment")
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=UI_TIMEOUT_MS)  # the UI may render translated text late on a loaded machine
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:

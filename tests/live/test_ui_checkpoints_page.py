@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.live.airflow_live import LiveAirflow, poll
-from tests.live.conftest import ARTIFACTS, Clickstream, log_in
+from tests.live.conftest import ARTIFACTS, UI_TIMEOUT_MS, Clickstream, log_in
 from tests.live.storage_view import completed_ids, read_json, savepoint_dirs
 
 pytestmark = pytest.mark.live
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.live
 PIPELINE = "example_clickstream"
 API = f"/checkpoints/api/dags/{PIPELINE}"
 RUN_TIMEOUT = 360.0
-UI_TIMEOUT_MS = 60_000
 
 
 def ensure_checkpoints(live: LiveAirflow, clickstream: Clickstream, count: int) -> None:

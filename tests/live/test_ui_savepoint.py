@@ -17,14 +17,13 @@ from urllib.parse import quote
 import pytest
 
 from tests.live.airflow_live import UI_SAVEPOINT_CONF, LiveAirflow
-from tests.live.conftest import ARTIFACTS, Clickstream, log_in
+from tests.live.conftest import ARTIFACTS, UI_TIMEOUT_MS, Clickstream, log_in
 from tests.live.storage_view import read_json, savepoint_dirs
 
 pytestmark = pytest.mark.live
 
 PIPELINE = "example_clickstream"
 RUN_TIMEOUT = 360.0
-UI_TIMEOUT_MS = 60_000
 
 
 def test_savepoint_from_the_ui_trigger_form(browser: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
