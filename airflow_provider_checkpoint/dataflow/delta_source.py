@@ -282,10 +282,16 @@ class DeltaSource(Source):
         paths = [f"{root}/{f.path}" for f in files.values()]
         deleted = _deleted_rows(fs, root, files)
         df = read_parquet(
-            spark, fs, paths, read, FileColumn(_FILE, "name"), row_index=None if deleted is None else _ROW
+            spark,
+            fs,
+            paths,
+            read,
+            FileColumn(_FILE, "name"),
+            row_index=None if deleted is None else _ROW,
+            in_order=True,
         )
-        if deleted is not None:  # rows a deletion vector deletes are not the file's rows
-            df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")
+        if deleted is not None:  # rows a deletion vector deletes are not the file's rows (broadcast: keeps the order)
+            df = df.join(F.broadcast(spark.createDataFrame(deleted)), [_FILE, _ROW], "left_anti")
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
             if c.name in partition_columns

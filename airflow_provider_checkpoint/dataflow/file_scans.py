@@ -11,6 +11,7 @@ import posixpath
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -39,6 +40,7 @@ def read_parquet(
     engine: str | None = None,
     options: dict[str, str] | None = None,
     row_index: str | None = None,
+    in_order: bool = False,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
@@ -46,6 +48,8 @@ def read_parquet(
     ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
     Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
     of that name holding each row's position in its file (from 0, as ``_metadata.row_index``).
+    ``in_order``: the partitions hold the rows in the order of ``paths``, each file's in file order
+    (:func:`_in_order`).
     """
     if not paths:
         if schema is None:
@@ -56,9 +60,13 @@ def read_parquet(
 
         reader = spark.read.options(**(options or {}))
         reader = reader.schema(schema) if schema is not None else reader
-        df = reader.parquet(*[url(fs, p) for p in paths])
-        df = df.withColumn(row_index, F.col("_metadata.row_index")) if row_index else df
-        return _with_path_column(df, file_column)
+
+        def scan(urls: list[str]) -> DataFrame:
+            df = reader.parquet(*urls)
+            df = df.withColumn(row_index, F.col("_metadata.row_index")) if row_index else df
+            return _with_path_column(df, file_column)
+
+        return _in_order(scan, [url(fs, p) for p in paths], in_order)
     check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     read = ParquetReader(for_executors(fs), _arrow(schema), row_index)
@@ -76,9 +84,12 @@ def read_records(
     file_column: FileColumn | None = None,
     engine: str | None = None,
     sizes: Sequence[int] | None = None,
+    in_order: bool = False,
 ) -> DataFrame:
     """The records of the JSON Lines or CSV files ``paths``, parsed permissively: ``declared``'s columns
     and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`).
+
+    ``in_order``: the partitions hold the records in the order of ``paths``, each file's in line order.
 
     ``sizes`` (bytes, one per path): the Python engine fails a read that does not get exactly
     that many bytes of the file, so a store answering short is never taken for a file's end.
@@ -91,7 +102,9 @@ def read_records(
         if format == "csv":
             reader = reader.option("header", options.get("header", "true"))
         reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", corrupt)
-        return _with_path_column(reader.load([url(fs, p) for p in paths]), file_column)
+        return _in_order(
+            lambda urls: _with_path_column(reader.load(urls), file_column), [url(fs, p) for p in paths], in_order
+        )
     from airflow_provider_checkpoint.dataflow.text_records import converters
 
     check_options(format, options)
@@ -99,6 +112,18 @@ def read_records(
     expected = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
     parse = RecordReader(for_executors(fs), format, _arrow(schema), options, expected)
     return _scan(spark, fs, paths, schema, parse, file_column)
+
+
+def _in_order(scan: Callable[[list[str]], DataFrame], urls: list[str], in_order: bool) -> DataFrame:
+    """``scan`` of ``urls``; ``in_order``: one scan per file, concatenated in the order of ``urls``.
+
+    One Spark file scan packs its files into partitions largest first, so the partitions of a
+    scan of several files do not keep their order; a union keeps its inputs' partitions in order
+    (and a scan of one file keeps its splits in offset order). The python engine reads in order.
+    """
+    if not in_order or len(urls) == 1:
+        return scan(urls)
+    return reduce(lambda a, b: a.union(b), [scan([u]) for u in urls])
 
 
 def footer_schema(fs: fsspec.AbstractFileSystem, path: str) -> StructType:

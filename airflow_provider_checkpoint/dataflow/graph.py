@@ -53,6 +53,11 @@ class Node:
         """The topology entry of this node (recorded in the job record)."""
         return {"kind": self.kind, "inputs": [n.uid for n in self.inputs]}
 
+    def unique_keys(self) -> tuple[str, ...] | None:
+        """Columns whose values identify at most one row of this node's output in a checkpoint;
+        ``None``: not known (an upsert sink then resolves several rows per key itself)."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(uid={self.uid!r})"
 
@@ -295,6 +300,9 @@ class Channel(Node):
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
+
+    def unique_keys(self) -> tuple[str, ...] | None:
+        return self.inputs[0].unique_keys()
 
 
 # -- declaration context --------------------------------------------------------------

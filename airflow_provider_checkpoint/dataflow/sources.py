@@ -302,7 +302,10 @@ class FileSource(Source):
 
     def load(self, ctx: StepContext, todo: dict[str, int], file_column: FileColumn | None = None) -> DataFrame:
         """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``
-        (:mod:`.file_io`: Spark's readers where Hadoop serves the landing directory, else fsspec and pyarrow)."""
+        (:mod:`.file_io`: Spark's readers where Hadoop serves the landing directory, else fsspec and pyarrow).
+
+        The rows are in source order: files by name, each file's records in line order (what an
+        upsert sink's "later record wins" rule means for this source)."""
         from pyspark.sql.types import StructType
 
         fs, root = self.filesystem()
@@ -310,10 +313,12 @@ class FileSource(Source):
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
         if self.format == "parquet":
-            return file_scans.read_parquet(ctx.spark, fs, paths, declared, file_column, options=self.options)
+            return file_scans.read_parquet(
+                ctx.spark, fs, paths, declared, file_column, options=self.options, in_order=True
+            )
         sizes = [todo[n] for n in sorted(todo)]
         return file_scans.read_records(
-            ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column, sizes=sizes
+            ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column, sizes=sizes, in_order=True
         )
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:

@@ -92,6 +92,10 @@ class KeyedAggregate(StatefulOperator):
                 raise PipelineDefinitionError(f"{uid}: aggregate column {out!r} clashes with a key")
             self.aggs[out] = (m.group(1), None if m.group(2) in (None, "*") else m.group(2))
 
+    def unique_keys(self) -> tuple[str, ...]:
+        """The output holds one row per changed key."""
+        return self.keys
+
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "aggs": {k: f"{f}({c or '*'})" for k, (f, c) in self.aggs.items()}}
 

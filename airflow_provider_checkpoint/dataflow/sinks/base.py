@@ -28,6 +28,7 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import latest_per_key
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError, UnsafePathError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
@@ -56,7 +57,14 @@ class TransactionalSink(Sink):
     Subclasses implement :meth:`claim_document`, :meth:`load_claim`, :meth:`store_claim`,
     :meth:`write`, :meth:`read_committables`, :meth:`is_committed`, :meth:`commit_checked`
     and :meth:`abort`; :meth:`rollback`, :meth:`audit` and ``describe_commit`` are optional.
+    They set ``mode`` (``append`` or ``upsert``), ``keys`` and ``sequence_by``
+    (:func:`~.upsert_rule.check_sequence_by`): an upsert sink's :meth:`write` receives one row
+    per key (:mod:`.upsert_rule`).
     """
+
+    mode: str
+    keys: list[str]
+    sequence_by: list[str]
 
     # -- claim -------------------------------------------------------------------------
     def claim_document(self, job_id: str) -> JsonDict:
@@ -97,7 +105,17 @@ class TransactionalSink(Sink):
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         self.check_target()
         self.claim(ctx.plan.job_id)
-        return self.write(ctx, df)
+        return self.write(ctx, self.one_row_per_key(df))
+
+    def one_row_per_key(self, df: DataFrame) -> DataFrame:
+        """``df`` as :meth:`write` receives it: in upsert mode one row per key (:mod:`.upsert_rule`),
+        unless the input already has at most one (its node's ``unique_keys`` are among the keys)."""
+        if self.mode != "upsert":
+            return df
+        unique = self.unique_keys()
+        if unique is not None and set(unique) <= set(self.keys):
+            return df
+        return latest_per_key(self.uid, df, self.keys, self.sequence_by)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage ``df`` as checkpoint ``ctx.checkpoint_id``'s output; return the committables."""

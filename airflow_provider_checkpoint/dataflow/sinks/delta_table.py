@@ -46,6 +46,7 @@ from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
     kept_files,
     read_delta_committables,
 )
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by
 from airflow_provider_checkpoint.exceptions import (
     DocumentError,
     PipelineDefinitionError,
@@ -87,6 +88,8 @@ class DeltaTableSink(TableDirectorySink):
     :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
         ``conn_id``; delta-rs's are derived from them (:mod:`.delta_storage`).
     :param step: Name of the step (Airflow task) the sink runs in.
+    :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
+        checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class DeltaTableSink(TableDirectorySink):
         driver_merge_rows: int = DRIVER_MERGE_ROWS,
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
+        sequence_by: list[str] | None = None,
     ) -> None:
         fsspec_options, self.delta_only = delta_storage.split_options(storage_options)
         super().__init__(uid, input, path, fsspec_options, step)
@@ -109,6 +113,7 @@ class DeltaTableSink(TableDirectorySink):
             raise PipelineDefinitionError(f"{uid}: partition_by is for append mode; upsert buckets by keys")
         self.mode = mode
         self.keys = list(keys or [])
+        self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
         self.partition_by = list(partition_by or [])
         self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
 

@@ -34,6 +34,7 @@ from airflow_provider_checkpoint.dataflow.sinks.bucketed import (
     bucket_file,
     check_buckets,
 )
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by
 from airflow_provider_checkpoint.exceptions import DocumentError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
@@ -96,6 +97,8 @@ class ParquetTableSink(TableDirectorySink):
     :param mode: ``"append"`` or ``"upsert"``.
     :param keys: The key columns of an upsert table.
     :param buckets: Number of bucket files of an upsert table (1 to 4096; fixed once written).
+    :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
+        checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
     :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver
         with pyarrow (no shuffle); ``0`` always merges with Spark.
     :param storage_options: fsspec options of the table's filesystem.
@@ -113,11 +116,13 @@ class ParquetTableSink(TableDirectorySink):
         driver_merge_rows: int = DRIVER_MERGE_ROWS,
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
+        sequence_by: list[str] | None = None,
     ) -> None:
         super().__init__(uid, input, path, storage_options, step)
         check_mode(uid, mode)
         self.mode = mode
         self.keys = list(keys or [])
+        self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
         self.buckets = buckets
         self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
         check_buckets(uid, buckets, driver_merge_rows)

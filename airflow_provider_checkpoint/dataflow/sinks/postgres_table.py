@@ -31,6 +31,7 @@ from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
 from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
 from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink, check_mode
 from airflow_provider_checkpoint.dataflow.sinks.postgres_sql import CHECKPOINT_COLUMN
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
@@ -73,6 +74,8 @@ class PostgresTableSink(TransactionalSink):
     :param max_refused_fraction: with a dead-letter table, a checkpoint in which more than this
         fraction of the rows is refused is declined.
     :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).
+    :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
+        checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class PostgresTableSink(TransactionalSink):
         dead_letter_table: str | None = None,
         max_refused_fraction: float = 0.5,
         step: str | None = None,
+        sequence_by: list[str] | None = None,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -100,6 +104,7 @@ class PostgresTableSink(TransactionalSink):
         self.mode = mode
         self.keys = list(keys or [])
         pg.check_identifiers(uid, "keys", self.keys)
+        self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
         self.create_table = create_table
         self.undo_checkpoints = undo_checkpoints
         self.digest = pg.sink_digest(self.schema, self.table_name, uid)
