@@ -25,6 +25,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Transform,
     Union,
 )
+from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
 from airflow_provider_checkpoint.spark.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.spark.context import StepContext
@@ -133,6 +134,7 @@ class _StepRun:
         self.inputs: dict[str, str] = {}
         self.read_once = _read_once(graph, ctx.step)
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
+        self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
 
     def run(self, node: Node) -> None:
         for kind in type(node).__mro__:
@@ -200,7 +202,17 @@ class _StepRun:
         ctx.add_metric("channel_rows_in", channel.rows)
 
     def sink(self, node: Sink) -> None:
-        self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
+        try:
+            self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
+        except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
+            self.refused.append(e)
+
+    def check_sinks(self) -> None:
+        """Raise the :class:`SinkSchemaError` of every sink of the step that refused its input."""
+        if len(self.refused) == 1:
+            raise self.refused[0]
+        if self.refused:
+            raise SinkSchemaError(f"{len(self.refused)} sinks refuse their input: " + "; ".join(map(str, self.refused)))
 
 
 RUNNERS: dict[type[Node], Callable[[_StepRun, Any], None]] = {
@@ -239,6 +251,7 @@ def run_step(
         for node in graph.steps[step]:
             phases.next(node)
             run.run(node)
+        run.check_sinks()
         phases.next(None)
         fault_point("step.before_ack", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
     finally:

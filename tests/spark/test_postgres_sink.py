@@ -181,9 +181,9 @@ def test_refused_values_name_column_and_key_and_commit_nothing(spark, postgres_s
     ):
         with pytest.raises(SinkValueError, match=refused):
             _stage(spark, narrow, "job", 1, rows, schema="k string, v long, note string")
-    with pytest.raises(SinkValueError, match=r"key \(k='dup'\) is staged twice"):
-        _stage(spark, sink, "job", 2, [("dup", *_rows(1, range(1))[0][1:])] * 2)
     assert _table(postgres_server, target).empty
+    sink.commit(2, _stage(spark, sink, "job", 2, [("dup", *_rows(1, range(1))[0][1:])] * 2))  # duplicates collapse
+    assert _table(postgres_server, target)["k"].tolist() == ["dup"]
 
 
 def test_a_table_not_matching_the_input_is_refused(spark, postgres_server, target):

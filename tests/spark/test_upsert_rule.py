@@ -9,10 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from airflow_provider_checkpoint import FileSource
+from airflow_provider_checkpoint import FileSource, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import DeltaTableSink
 from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by, latest_per_key
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
-from tests.spark.helpers import write_json
+from airflow_provider_checkpoint.testing.inprocess import make_job
+from tests.spark.helpers import table, write_json
+from tests.spark.test_delta_sink import _delta_rs, _duckdb
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,14 +35,15 @@ def _rows(rng: random.Random, n: int) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _model(rows: list[tuple[Any, ...]], sequence_by: bool) -> set[tuple[Any, ...]]:
-    """The documented rule in plain Python: per key the greatest ``seq`` (a null lowest), ties → the later row."""
+def _model(rows: list[tuple[Any, ...]], sequence_by: bool, key_columns: int = 2) -> set[tuple[Any, ...]]:
+    """The documented rule in plain Python: per key (the first ``key_columns`` values) the greatest
+    ``seq`` (the next value; a null lowest), ties → the later row."""
     best: dict[tuple[Any, ...], tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
     for position, row in enumerate(rows):
-        seq = row[2]
+        key, seq = row[:key_columns], row[key_columns]
         rank = ((seq is not None, seq or 0) if sequence_by else (False, 0), position)
-        if row[:2] not in best or rank > best[row[:2]][0]:
-            best[row[:2]] = (rank, row)
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, row)
     return {row for _, row in best.values()}
 
 
@@ -100,3 +104,78 @@ def test_a_file_source_delivers_its_records_in_source_order(spark: SparkSession,
 
     got = [r[0] for r in df.select("id", F.monotonically_increasing_id().alias("o")).orderBy("o").collect()]
     assert got == expected
+
+
+EVENT = "id STRING, seq LONG, v LONG"
+
+
+def _declare_publishing(base: Path) -> None:
+    events = FileSource("events", f"{base}/landing", "json", EVENT)
+    ParquetTableSink("parquet", events, f"{base}/parquet", mode="upsert", keys=["id"], buckets=4, step="publish")
+    DeltaTableSink("delta", events, f"{base}/delta", mode="upsert", keys=["id"], buckets=4, step="publish")
+    DeltaTableSink(
+        "delta_seq", events, f"{base}/delta_seq", mode="upsert", keys=["id"], sequence_by=["seq"], step="publish"
+    )
+
+
+def _expected(batches: list[list[dict[str, Any]]], by_seq: bool) -> dict[Any, tuple[Any, Any]]:
+    """Per key its row: later checkpoints replace earlier ones; within one, the rule's winner."""
+    table: dict[Any, tuple[Any, Any]] = {}
+    for rows in batches:
+        flat = [(r["id"], r["seq"], r["v"]) for r in rows]
+        for row in _model(flat, by_seq, key_columns=1):
+            table[row[0]] = (row[1], row[2])
+    return table
+
+
+def test_a_backlog_with_repeated_keys_lands_one_row_per_key_in_every_sink(spark: SparkSession, tmp_path: Path) -> None:
+    """Files of one checkpoint update the same keys (also within a file, with exact duplicates):
+    every upsert sink keeps the later row in source order, or the greatest ``seq``; read back
+    with pyarrow, delta-rs and DuckDB."""
+
+    job = make_job(spark, tmp_path, _declare_publishing)
+    rng = random.Random(7)
+    batches: list[list[dict[str, Any]]] = []
+    file_no = 0
+    for files in (4, 1, 3):  # a backlog, one file, a backlog again
+        rows: list[dict[str, Any]] = []
+        for _ in range(files):
+            lines = [
+                {"id": rng.choice([None, "", "a", "ü", "k1", "k2"]), "seq": rng.choice([None, 1, 2, 3]), "v": file_no}
+                for _ in range(rng.choice([2, 40]))
+            ]
+            lines += [dict(lines[0])]  # an exact duplicate
+            write_json(tmp_path / "landing" / f"{file_no:03d}.json", lines)
+            rows += lines
+            file_no += 1
+        batches.append(rows)
+        job.checkpoint()
+        for name, by_seq in (("parquet", False), ("delta", False), ("delta_seq", True)):
+            expected = _expected(batches, by_seq)
+            readers = [table] if name == "parquet" else [_delta_rs, _duckdb]
+            for read in readers:
+                rows = _rows_of(read(tmp_path / name))
+                assert len(rows) == len({r[0] for r in rows}), f"{name} via {read.__name__}: one row per key"
+                assert {r[0]: r[1:] for r in rows} == expected, f"{name} via {read.__name__}"
+
+
+def _rows_of(df: Any) -> list[tuple[Any, ...]]:
+    """``(id, seq, v)`` of every row, nulls as ``None`` whatever the reader made of them."""
+    import pandas as pd
+
+    def value(x: Any) -> Any:
+        return None if pd.isna(x) else x if isinstance(x, str) else int(x)
+
+    return [tuple(value(x) for x in row) for row in df[["id", "seq", "v"]].astype(object).itertuples(index=False)]
+
+
+def test_every_sink_that_refuses_its_input_is_named(spark: SparkSession, tmp_path: Path) -> None:
+    def declare(base: Path) -> None:
+        events = FileSource("events", f"{base}/landing", "json", EVENT)
+        for uid in ("first", "second"):
+            ParquetTableSink(uid, events, f"{base}/{uid}", "upsert", ["id"], sequence_by=["ts"], step="publish")
+
+    job = make_job(spark, tmp_path, declare)
+    write_json(tmp_path / "landing" / "0.json", [{"id": "a", "seq": 1, "v": 1}])
+    with pytest.raises(SinkSchemaError, match=r"2 sinks refuse their input: sink first: .*; sink second: "):
+        job.checkpoint()
