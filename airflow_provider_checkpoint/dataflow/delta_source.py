@@ -14,7 +14,8 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow import deletion_vectors, delta_log, delta_storage
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
-from airflow_provider_checkpoint.dataflow.file_scans import FileColumn, read_parquet
+from airflow_provider_checkpoint.dataflow.file_io import engine_for
+from airflow_provider_checkpoint.dataflow.file_scans import ORDERED_SCAN_FILES, FileColumn, read_parquet
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
 from airflow_provider_checkpoint.storage.job_storage import Location
@@ -246,9 +247,17 @@ class DeltaSource(Source):
     def _load(
         self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: Sequence[DataFile]
     ) -> DataFrame:
-        """``files`` read by Spark in one scan (one per group of files with distinct base names)."""
+        """``files`` read by Spark in one scan (one per group of files with distinct base names).
+
+        With :attr:`~.graph.Source.in_source_order` the partitions hold the rows in source order:
+        commits in version order, each file's rows in order (as :func:`.file_scans.in_file_order`
+        does: up to :data:`~.file_scans.ORDERED_SCAN_FILES` files one scan each, else one sort)."""
         if not files:
             return spark.createDataFrame([], self.output_schema(schema))
+        ordered = self.in_source_order and len(files) > 1
+        if ordered and len(files) <= ORDERED_SCAN_FILES:
+            scans = [self._scan(spark, schema, partition_columns, {posixpath.basename(f.path): f}) for f in files]
+            return reduce(lambda a, b: a.unionAll(b), scans)
         rounds: list[dict[str, DataFile]] = []
         for f in files:
             name = posixpath.basename(f.path)
@@ -256,14 +265,24 @@ class DeltaSource(Source):
             if free is None:
                 rounds.append(free := {})
             free[name] = f
-        scans = [self._scan(spark, schema, partition_columns, r) for r in rounds]
-        return reduce(lambda a, b: a.unionAll(b), scans)
+        fs, _ = self._fs()
+        rank = None
+        if ordered and (len(rounds) > 1 or engine_for(spark, fs) == "hadoop"):
+            rank = {id(f): i for i, f in enumerate(files)}
+        df = reduce(lambda a, b: a.unionAll(b), [self._scan(spark, schema, partition_columns, r, rank) for r in rounds])
+        return df if rank is None else df.orderBy(_RANK, _POSITION).drop(_RANK, _POSITION)
 
     def _scan(
-        self, spark: SparkSession, schema: StructType, partition_columns: Sequence[str], files: dict[str, DataFile]
+        self,
+        spark: SparkSession,
+        schema: StructType,
+        partition_columns: Sequence[str],
+        files: dict[str, DataFile],
+        rank: dict[int, int] | None = None,
     ) -> DataFrame:
         """One Parquet scan of ``files`` (keyed by base name); what the log says per file (partition
-        values, change type, commit version) is looked up by the row's file name."""
+        values, change type, commit version) is looked up by the row's file name. ``rank``: each
+        file's place in source order (by ``id``), kept with each row's position in the scan."""
         from pyspark.sql import Column
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
@@ -288,10 +307,11 @@ class DeltaSource(Source):
             read,
             FileColumn(_FILE, "name"),
             row_index=None if deleted is None else _ROW,
-            in_order=True,
         )
-        if deleted is not None:  # rows a deletion vector deletes are not the file's rows (broadcast: keeps the order)
-            df = df.join(F.broadcast(spark.createDataFrame(deleted)), [_FILE, _ROW], "left_anti")
+        if rank is not None:
+            df = df.withColumn(_POSITION, F.monotonically_increasing_id())
+        if deleted is not None:  # rows a deletion vector deletes are not the file's rows
+            df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
             if c.name in partition_columns
@@ -303,10 +323,12 @@ class DeltaSource(Source):
                 F.coalesce(F.col(CHANGE_TYPE), per_file(lambda f: f.change_type)).alias(CHANGE_TYPE),
                 per_file(lambda f: f.commit_version).cast("long").alias(COMMIT_VERSION),
             ]
+        if rank is not None:
+            columns += [per_file(lambda f: rank[id(f)]).alias(_RANK), F.col(_POSITION)]
         return df.select(*columns)
 
 
-_FILE, _ROW = "__delta_file", "__delta_row"
+_FILE, _ROW, _RANK, _POSITION = "__delta_file", "__delta_row", "__delta_rank", "__delta_position"
 
 
 def _deleted_rows(fs: fsspec.AbstractFileSystem, root: str, files: dict[str, DataFile]) -> Any:

@@ -8,6 +8,7 @@ of the requested schema, parsed with pyarrow or :mod:`.text_records`.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,7 +41,6 @@ def read_parquet(
     engine: str | None = None,
     options: dict[str, str] | None = None,
     row_index: str | None = None,
-    in_order: bool = False,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
@@ -48,8 +48,6 @@ def read_parquet(
     ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
     Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
     of that name holding each row's position in its file (from 0, as ``_metadata.row_index``).
-    ``in_order``: the partitions hold the rows in the order of ``paths``, each file's in file order
-    (:func:`_in_order`).
     """
     if not paths:
         if schema is None:
@@ -60,13 +58,9 @@ def read_parquet(
 
         reader = spark.read.options(**(options or {}))
         reader = reader.schema(schema) if schema is not None else reader
-
-        def scan(urls: list[str]) -> DataFrame:
-            df = reader.parquet(*urls)
-            df = df.withColumn(row_index, F.col("_metadata.row_index")) if row_index else df
-            return _with_path_column(df, file_column)
-
-        return _in_order(scan, [url(fs, p) for p in paths], in_order)
+        df = reader.parquet(*[url(fs, p) for p in paths])
+        df = df.withColumn(row_index, F.col("_metadata.row_index")) if row_index else df
+        return _with_path_column(df, file_column)
     check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     read = ParquetReader(for_executors(fs), _arrow(schema), row_index)
@@ -84,12 +78,9 @@ def read_records(
     file_column: FileColumn | None = None,
     engine: str | None = None,
     sizes: Sequence[int] | None = None,
-    in_order: bool = False,
 ) -> DataFrame:
     """The records of the JSON Lines or CSV files ``paths``, parsed permissively: ``declared``'s columns
     and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`).
-
-    ``in_order``: the partitions hold the records in the order of ``paths``, each file's in line order.
 
     ``sizes`` (bytes, one per path): the Python engine fails a read that does not get exactly
     that many bytes of the file, so a store answering short is never taken for a file's end.
@@ -102,9 +93,7 @@ def read_records(
         if format == "csv":
             reader = reader.option("header", options.get("header", "true"))
         reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", corrupt)
-        return _in_order(
-            lambda urls: _with_path_column(reader.load(urls), file_column), [url(fs, p) for p in paths], in_order
-        )
+        return _with_path_column(reader.load([url(fs, p) for p in paths]), file_column)
     from airflow_provider_checkpoint.dataflow.text_records import converters
 
     check_options(format, options)
@@ -114,16 +103,39 @@ def read_records(
     return _scan(spark, fs, paths, schema, parse, file_column)
 
 
-def _in_order(scan: Callable[[list[str]], DataFrame], urls: list[str], in_order: bool) -> DataFrame:
-    """``scan`` of ``urls``; ``in_order``: one scan per file, concatenated in the order of ``urls``.
+def in_file_order(
+    scan: Callable[[list[str], FileColumn | None], DataFrame], fs: fsspec.AbstractFileSystem, paths: Sequence[str]
+) -> DataFrame:
+    """``scan(files, file_column)`` (a Spark scan of ``files`` on ``fs``, naming each row's file in
+    ``file_column`` if given) of ``paths`` in source order: the partitions hold the files in the
+    order of ``paths``, each file's rows in file order.
 
-    One Spark file scan packs its files into partitions largest first, so the partitions of a
-    scan of several files do not keep their order; a union keeps its inputs' partitions in order
-    (and a scan of one file keeps its splits in offset order). The python engine reads in order.
+    A Spark file scan packs its files into partitions largest first, so a scan of several files
+    does not keep their order; within a file, the rows (and the splits of a large file) keep
+    theirs. Up to :data:`ORDERED_SCAN_FILES` files are scanned one by one and concatenated
+    (a union keeps its inputs' partitions in order; planning costs ~50 ms a file). More files
+    are scanned at once and range-sorted on ``(file, position in the scan)`` (one sampling
+    job and one shuffle). The python engine reads in order already.
     """
-    if not in_order or len(urls) == 1:
-        return scan(urls)
-    return reduce(lambda a, b: a.union(b), [scan([u]) for u in urls])
+    from pyspark.sql import functions as F
+
+    if len(paths) <= ORDERED_SCAN_FILES:
+        return reduce(lambda a, b: a.union(b), [scan([p], None) for p in paths])
+    column = FileColumn(_FILE)
+    # Spark names a local file file:/x, fsspec's URL file:///x: compared without scheme and slashes
+    labels = [_SCHEME.sub("", column.label(fs, p)) for p in paths]
+    rank = F.element_at(
+        F.create_map(*[F.lit(x) for i, label in enumerate(labels) for x in (label, i)]),
+        F.regexp_replace(F.col(_FILE), _SCHEME.pattern, ""),
+    )
+    positioned = scan(list(paths), column).withColumn(_POSITION, F.monotonically_increasing_id())
+    return positioned.orderBy(rank, F.col(_POSITION)).drop(_POSITION, _FILE)
+
+
+ORDERED_SCAN_FILES = 32
+"""An ordered read of at most this many files scans them one by one (:func:`in_file_order`)."""
+_FILE, _POSITION = "__file_in_scan", "__position_in_scan"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/*")
 
 
 def footer_schema(fs: fsspec.AbstractFileSystem, path: str) -> StructType:

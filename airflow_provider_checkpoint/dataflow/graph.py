@@ -67,6 +67,10 @@ class Source(Node):
 
     kind = "source"
 
+    in_source_order = False
+    """:meth:`read` must deliver the records in source order across partitions (set by
+    :class:`PipelineGraph` when an upsert sink resolves several rows of a key by that order)."""
+
     def __init__(self, uid: str) -> None:
         super().__init__(uid)
 
@@ -247,6 +251,13 @@ class Sink(Node):
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
 
+    def unique_keys(self) -> tuple[str, ...] | None:
+        return self.inputs[0].unique_keys()
+
+    def needs_source_order(self) -> bool:
+        """Whether the sink resolves several rows of one key by the order its input delivers them."""
+        return False
+
     def prepare(self, ctx: StepContext) -> None:
         """Called before the step does any Spark work: check the target (reachable, writable by
         this job) so a bad connection fails fast. No-op here."""
@@ -325,6 +336,16 @@ def collecting() -> Iterator[list[Node]]:
         _active.pop()
 
 
+def _order_keeping_sources(node: Node) -> Iterator[Source]:
+    """The sources whose record order reaches ``node``'s output: through transforms and unions
+    (a stateful operator or a channel between them does not keep an order)."""
+    if isinstance(node, Source):
+        yield node
+    elif isinstance(node, Transform | Union):
+        for input in node.inputs:
+            yield from _order_keeping_sources(input)
+
+
 class PipelineGraph:
     """A validated graph, and its split into steps (:func:`~.planner.plan_steps`)."""
 
@@ -343,6 +364,10 @@ class PipelineGraph:
                     raise PipelineDefinitionError(f"{node.uid}: input {inp.uid} is not part of this pipeline")
         if not self.sinks:
             raise PipelineDefinitionError("a pipeline needs at least one sink")
+        for sink in self.sinks:
+            if sink.needs_source_order():
+                for source in _order_keeping_sources(sink.inputs[0]):
+                    source.in_source_order = True
         from airflow_provider_checkpoint.dataflow.planner import plan_steps  # builds on the node classes above
 
         self.steps, self.channel_steps = plan_steps(list(self.nodes.values()))

@@ -304,22 +304,29 @@ class FileSource(Source):
         """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``
         (:mod:`.file_io`: Spark's readers where Hadoop serves the landing directory, else fsspec and pyarrow).
 
-        The rows are in source order: files by name, each file's records in line order (what an
-        upsert sink's "later record wins" rule means for this source)."""
+        With :attr:`~.graph.Source.in_source_order` and no ``file_column`` the partitions hold the
+        rows in source order: files by name, each file's records in line order (what an upsert
+        sink's "later record wins" rule means for this source)."""
         from pyspark.sql.types import StructType
 
         fs, root = self.filesystem()
         paths = [f"{root}/{n}" for n in sorted(todo)]
         declared = StructType.fromDDL(self.schema)
         assert isinstance(declared, StructType)
-        if self.format == "parquet":
-            return file_scans.read_parquet(
-                ctx.spark, fs, paths, declared, file_column, options=self.options, in_order=True
+        sizes = dict(zip(paths, [todo[n] for n in sorted(todo)], strict=True))
+
+        def scan(files: list[str], column: FileColumn | None) -> DataFrame:
+            if self.format == "parquet":
+                return file_scans.read_parquet(ctx.spark, fs, files, declared, column, options=self.options)
+            counted = [sizes[f] for f in files]
+            return file_scans.read_records(
+                ctx.spark, fs, files, self.format, declared, self.options, CORRUPT, column, sizes=counted
             )
-        sizes = [todo[n] for n in sorted(todo)]
-        return file_scans.read_records(
-            ctx.spark, fs, paths, self.format, declared, self.options, CORRUPT, file_column, sizes=sizes, in_order=True
-        )
+
+        ordered = self.in_source_order and file_column is None and len(paths) > 1
+        if ordered and file_scans.engine_for(ctx.spark, fs) == "hadoop":
+            return file_scans.in_file_order(scan, fs, paths)
+        return scan(paths, file_column)
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
         if not todo:

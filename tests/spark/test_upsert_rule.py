@@ -73,10 +73,18 @@ def test_a_missing_key_or_sequence_column_is_named(spark: SparkSession) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["json", "parquet"])
-def test_a_file_source_delivers_its_records_in_source_order(spark: SparkSession, tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize("scans", ["one per file", "one, sorted"])
+def test_a_file_source_delivers_its_records_in_source_order(
+    spark: SparkSession, tmp_path: Path, fmt: str, scans: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Files by name, lines in order, whatever the file sizes (one Spark scan would put the largest first)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from airflow_provider_checkpoint.dataflow import file_scans
+
+    monkeypatch.setattr(file_scans, "ORDERED_SCAN_FILES", 32 if scans == "one per file" else 1)
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1024")  # a large file is split too
 
     landing = tmp_path / "landing"
     expected: list[int] = []
@@ -93,6 +101,7 @@ def test_a_file_source_delivers_its_records_in_source_order(spark: SparkSession,
             pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), path, row_group_size=17)
         todo[path.name] = path.stat().st_size
     source = FileSource("events", str(landing), fmt, "id LONG")
+    source.in_source_order = True  # as a pipeline with an upsert sink downstream sets it
 
     class Ctx:
         pass
@@ -102,7 +111,10 @@ def test_a_file_source_delivers_its_records_in_source_order(spark: SparkSession,
     df = source.load(ctx, todo)
     from pyspark.sql import functions as F
 
-    got = [r[0] for r in df.select("id", F.monotonically_increasing_id().alias("o")).orderBy("o").collect()]
+    try:
+        got = [r[0] for r in df.select("id", F.monotonically_increasing_id().alias("o")).orderBy("o").collect()]
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
     assert got == expected
 
 

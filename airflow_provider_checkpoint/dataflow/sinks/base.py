@@ -107,15 +107,16 @@ class TransactionalSink(Sink):
         self.claim(ctx.plan.job_id)
         return self.write(ctx, self.one_row_per_key(df))
 
-    def one_row_per_key(self, df: DataFrame) -> DataFrame:
-        """``df`` as :meth:`write` receives it: in upsert mode one row per key (:mod:`.upsert_rule`),
-        unless the input already has at most one (its node's ``unique_keys`` are among the keys)."""
-        if self.mode != "upsert":
-            return df
+    def needs_source_order(self) -> bool:
+        """In upsert mode, unless the input already has at most one row per key (its node's
+        ``unique_keys`` are among the keys)."""
         unique = self.unique_keys()
-        if unique is not None and set(unique) <= set(self.keys):
-            return df
-        return latest_per_key(self.uid, df, self.keys, self.sequence_by)
+        return self.mode == "upsert" and (unique is None or not set(unique) <= set(self.keys))
+
+    def one_row_per_key(self, df: DataFrame) -> DataFrame:
+        """``df`` as :meth:`write` receives it: one row per key where :meth:`needs_source_order`
+        (:mod:`.upsert_rule`)."""
+        return latest_per_key(self.uid, df, self.keys, self.sequence_by) if self.needs_source_order() else df
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage ``df`` as checkpoint ``ctx.checkpoint_id``'s output; return the committables."""
