@@ -1,7 +1,9 @@
 """The DAG files of the chaos test (:mod:`tests.live.test_chaos`), written into its own DAGs folder.
 
 * ``chaos_clickstream``: the example pipeline in one step, with dead letters, and besides its
-  Parquet tables a Delta table (user totals, upsert) and a PostgreSQL table (page views, upsert).
+  Parquet tables two Delta tables (user totals, upsert; each user's latest event, upserted
+  straight from the events: many rows per key per checkpoint, keys changed in most
+  checkpoints) and a PostgreSQL table (page views, upsert).
 * ``chaos_orders``: two inputs, two steps (orders enriched with customers, through a channel).
 * ``chaos_chained``: ``chain=True`` (one task per checkpoint): events appended to PostgreSQL,
   user totals upserted into Delta.
@@ -43,6 +45,8 @@ with CheckpointedPipeline(
                      keys=["user"], step="main")
     DeltaTableSink(uid="user_totals_delta", input=users, path=f"{BASE}/lake/user_totals", mode="upsert",
                    keys=["user"], step="main")
+    DeltaTableSink(uid="user_last_event_delta", input=events, path=f"{BASE}/lake/user_last_event", mode="upsert",
+                   keys=["user"], sequence_by=["ts", "page"], buckets=4, step="main")
     ParquetTableSink(uid="events_archive", input=events, path=f"{BASE}/marts/events", mode="append", step="main")
 
 dag = pipeline.dag

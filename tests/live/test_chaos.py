@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import random
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -67,8 +68,10 @@ RESTORE_DAG_ID = "restore_from_checkpoint"
 # ``{next}`` is the id the run's barrier gets: the trigger's recovery of the previous checkpoint
 # reaches finalize.between_sink_commits too, and must not stop the run before its own finalize.
 # Sinks commit in the order of their uids: clickstream events.dead_letters, events_archive,
-# page_views_pg, page_views_table, user_totals_delta, user_totals_table; chained events_pg,
-# user_totals_delta; orders orders_archive, revenue_table.
+# page_views_pg, page_views_table, user_last_event_delta, user_totals_delta, user_totals_table;
+# chained events_pg, user_totals_delta; orders orders_archive, revenue_table.
+# ``action=pause``: the task waits while the test crashes PostgreSQL (immediate shutdown) and
+# restarts it (:class:`PostgresCrasher`).
 FAULTS: dict[str, tuple[int, list[str]]] = {
     "none": (3, []),
     "step fails before writing state (attempt 1)": (2, ["step.before_state_write:attempt=1"]),
@@ -122,10 +125,53 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
             "finalize.between_sink_commits:sink=events_pg",
         ],
     ),  # fmt: skip
+    "PostgreSQL crashes after a step's ack (attempt 1)": (1, ["step.before_ack:attempt=1:action=pause"]),
+    "PostgreSQL crashes after _metadata": (2, ["finalize.after_metadata:checkpoint={next}:action=pause"]),
     "storage error writing _metadata": (2, ["storage.write:file=_metadata:action=oserror"]),
     "storage error writing _job.json": (1, ["storage.write:file=_job.json:action=oserror"]),
     "trigger SIGKILLed holding the lease": (1, ["storage.write:file=_plan.json:action=kill"]),
 }
+
+
+class PostgresCrasher:
+    """While a run is active: whenever a task pauses at a fault point, PostgreSQL crashes (immediate
+    shutdown, so crash recovery runs) and restarts, then the task resumes."""
+
+    def __init__(self, server: PostgresServer, pause_dir: Path) -> None:
+        self.server, self.pause_dir, self.crashes = server, pause_dir, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        pause_dir.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1):
+            for paused in self.pause_dir.glob("*.paused"):
+                self.server.kill()
+                self.server.start()
+                self.crashes += 1
+                paused.unlink()
+                paused.with_suffix(".resume").touch()
+
+    def next_run(self) -> None:
+        """Forget the resumes of the previous run, so each run's pause waits for a crash of its own."""
+        for resume in self.pause_dir.glob("*.resume"):
+            resume.unlink()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def last_events(events: pd.DataFrame) -> pd.DataFrame:
+    """Each user's latest event by ``(ts, page)`` (a null lowest), as the ``sequence_by`` rule keeps it."""
+    best: dict[Any, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+    for row in events[["user", "page", "ts"]].astype(object).to_dict("records"):
+        row = {k: None if pd.isna(v) else v for k, v in row.items()}
+        rank = (row["ts"] is not None, row["ts"] or 0, row["page"] is not None, row["page"] or "")
+        if row["user"] not in best or rank > best[row["user"]][0]:
+            best[row["user"]] = (rank, row)
+    return pd.DataFrame([row for _, row in best.values()], columns=["user", "page", "ts"])
 
 
 class ChaosOrders:
@@ -215,7 +261,7 @@ class ChaosJob:
         return {int(s["checkpoint_id"]) for s in stats if s["status"] == "COMPLETED"} - self.rolled_back
 
     def delta_problems(self, table: Path, sink: str, truth: pd.DataFrame) -> dict[str, str]:
-        """The Delta table equals ``truth`` (user totals); one commit per committed checkpoint, no other."""
+        """The Delta table equals ``truth`` (one row per user); one commit per committed checkpoint, no other."""
         from deltalake import DeltaTable
 
         out = {}
@@ -248,6 +294,7 @@ def clickstream_problems(
     problems = {
         **mismatches(base / "marts", events),
         **clicks.delta_problems(base / "lake" / "user_totals", "user_totals_delta", truth["user_totals"]),
+        **clicks.delta_problems(base / "lake" / "user_last_event", "user_last_event_delta", last_events(events)),
         **clicks.pg_problems(db, "page_views", "page_views_pg", truth["page_views"], "page_views"),
     }
     dead_letters = read_table(clicks.job_dir / "dead_letters" / "events")
@@ -277,6 +324,7 @@ def test_chaos_under_the_real_scheduler(
     monkeypatch.setenv("AIRFLOW_CONN_CHAOS_PG", postgres_server.uri())
     orders = ChaosOrders(base / "orders")
     faults_file = root / "faults.txt"
+    pause_dir = root / "paused"
     started = time.monotonic()
     names = list(FAULTS)
     weights = [FAULTS[n][0] for n in names]
@@ -291,6 +339,7 @@ def test_chaos_under_the_real_scheduler(
         env = {
             "CHAOS_DIR": str(base),
             "CHECKPOINT_FAULTS_FILE": str(faults_file),
+            "CHECKPOINT_FAULTS_PAUSE_DIR": str(pause_dir),
             "AIRFLOW_CONN_CHAOS_PG": postgres_server.uri(),
             # connect mode through a spark_connect connection: no JVM per step attempt
             "AIRFLOW_CONN_CHAOS_SPARK_CONNECT": json.dumps(
@@ -301,6 +350,8 @@ def test_chaos_under_the_real_scheduler(
         live = stack.enter_context(
             running_airflow(root / "airflow", dags_folder=dags, dag_ids=(*ROTATION, RESTORE_DAG_ID), extra_env=env)
         )
+        crasher = PostgresCrasher(postgres_server, pause_dir)
+        stack.callback(crasher.close)
         final: dict[str, str] = {}
         for run in range(1, runs + len(ROTATION) + 1):
             dag_id = ROTATION[(run - 1) % len(ROTATION)]
@@ -320,11 +371,13 @@ def test_chaos_under_the_real_scheduler(
             fault = "none" if run > runs else rng.choices(names, weights)[0]
             specs = [spec.format(next=jobs[dag_id].next_checkpoint_id()) for spec in FAULTS[fault][1]]
             faults_file.write_text("\n".join(specs) + "\n")
+            crasher.next_run()
             run_id = live.trigger(dag_id, {})
             final[dag_id] = state = live.wait_for_run(dag_id, run_id, timeout=300, expect_success=False)
             outcomes[f"{fault} → {state}"] += 1
             print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {dag_id:<18} {fault:<48} {state}", flush=True)
         faults_file.write_text("")
+        print(f"PostgreSQL crashed {crasher.crashes} times", flush=True)
         assert final == dict.fromkeys(ROTATION, "success"), "the last, fault-free runs must succeed"
         good, dead = ground_truth("events", base / "landing", "json", {0: mixed})
         with postgres_server.connect() as db:
