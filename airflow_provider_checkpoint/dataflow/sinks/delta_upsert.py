@@ -132,21 +132,28 @@ def _write_updates(
 def _lookup(
     fs: fsspec.AbstractFileSystem, root: str, file: DataFile, changed: KeySet, key_types: pa.Schema
 ) -> _Found | None:
-    """The positions of ``file``'s rows whose key changed, with those its DV deleted already."""
+    """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
+    ``None`` if no live row of the file changed (its DV stays as it is).
+
+    A key changed before has a row in this file that the file's DV deletes already (the key's live row
+    is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
+    get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
+    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    old = _deleted(fs, root, file)
     hits, rows = [], 0
     with fs.open(f"{root}/{file.path}", "rb") as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
             keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
-            hits.append(np.flatnonzero(changed.changed(keys)) + rows)
+            hits.append(np.flatnonzero(changed.changed(keys)).astype(np.uint64) + np.uint64(rows))
             rows += batch.num_rows
-    new = np.concatenate(hits).astype(np.uint64) if hits else np.zeros(0, dtype=np.uint64)
+    found = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
+    new = np.setdiff1d(found, old, assume_unique=True)
     if not len(new):
         return None
-    old = _deleted(fs, root, file)
     return _Found(file, rows, np.union1d(old, new))
 
 
