@@ -52,13 +52,14 @@ def commit(
     """Commit ``changes`` with ``txn(app_id, checkpoint_id)``; the new version, ``None`` if
     ``committed()`` says another attempt committed the checkpoint meanwhile."""
     actions = _actions(app_id, checkpoint_id, changes)
+    dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
         latest = delta_log.commit_versions(fs, root)[-1]
         live = delta_log.live_actions(fs, root, table, latest)
         _check(live, changes, document)
         version = latest + 1
         where = f"Delta table {table}, version {version} (checkpoint {checkpoint_id})"
-        delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name))
+        delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name, dv_files))
         body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
             return version
@@ -79,10 +80,12 @@ def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: Delta
         )
 
 
-def _positions(fs: fsspec.AbstractFileSystem, root: str, dv: Mapping[str, Any], where: str) -> np.ndarray:
+def _positions(
+    fs: fsspec.AbstractFileSystem, root: str, dv: Mapping[str, Any], where: str, files: dict[str, bytes]
+) -> np.ndarray:
     """The positions a raw descriptor of the commit deletes, decoded and checked (size, checksum, cardinality)."""
     descriptor = deletion_vectors.read_descriptor(Fields(dv, where))
-    return deletion_vectors.read_positions(fs, root, descriptor, where)
+    return deletion_vectors.read_positions(fs, root, descriptor, where, files)
 
 
 def _actions(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> list[dict[str, Any]]:
