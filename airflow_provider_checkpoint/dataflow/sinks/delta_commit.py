@@ -80,6 +80,20 @@ def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: Delta
         )
 
 
+def check_staged(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, checkpoint_id: int, changes: DeltaCommit
+) -> None:
+    """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
+    version the writer gets wrong is refused before the checkpoint completes (its step fails, the
+    checkpoint is aborted), not only when its commit is about to be written."""
+    latest = delta_log.commit_versions(fs, root)[-1]
+    live = delta_log.live_actions(fs, root, table, latest)
+    where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
+    dv_files: dict[str, bytes] = {}
+    actions = _actions("staged", checkpoint_id, changes)
+    delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name, dv_files))
+
+
 def _positions(
     fs: fsspec.AbstractFileSystem, root: str, dv: Mapping[str, Any], where: str, files: dict[str, bytes]
 ) -> np.ndarray:

@@ -198,6 +198,10 @@ class DeltaTableSink(TableDirectorySink):
                 files.append((named, rows))
         adds = [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
         adds = [a for a in adds if a.num_records or self.upsert]
+        if self.upsert is not None and (removes or deletes):  # refused here, the checkpoint is aborted
+            delta_commit.check_staged(
+                fs, root, self.asset_uri(), ctx.checkpoint_id, DeltaCommit(adds, removes, deletes)
+            )
         ctx.add_metric("sink_files_staged", len(adds))
         if self.upsert is None:  # the upsert writer counts its changed rows itself
             ctx.add_metric("sink_rows", sum(a.num_records for a in adds))
