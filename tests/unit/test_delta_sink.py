@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.exceptions import (
     PipelineDefinitionError,
     RefusedInputError,
     RestoreError,
+    SinkClaimedError,
 )
 
 ROWS = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([1, 2], pa.int64())})
@@ -193,3 +194,29 @@ def test_deletion_vector_committables_are_checked(tmp_path):
     with pytest.raises(DocumentError, match="deletion vector files that do not exist"):
         sink.commit(5, [{"checkpoint_id": 5, "adds": [update], "removes": [], "deletes": [delete]}])
     assert not sink.is_committed(5)
+
+
+def test_another_writers_append_into_an_upsert_table_names_the_way_back(tmp_path):
+    """Issue #30 defect 4: a foreign append blocks the upsert with an error that says how to go on, and
+    the way it names works: a RESTORE of the table, or of the job when its checkpoints came after."""
+    from deltalake import DeltaTable, write_deltalake
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    sink.commit(1, _committables(1, _staged(table, 1, "part-b00000.parquet")))  # version 1
+    assert list(sink._upsert_files()) == ["chk-1/job/step/attempt-1/part-b00000.parquet"]
+    write_deltalake(str(table), ROWS, mode="append")  # version 2: not the sink's
+    DeltaTable(str(table)).alter.set_table_properties({"delta.appendOnly": "false"})  # version 3
+    DeltaTable(str(table)).create_checkpoint()  # the log replay finds the file in the checkpoint of version 3
+    with pytest.raises(SinkClaimedError, match=r"version\(s\) \[2\] added 1 file\(s\) this upsert sink did not") as e:
+        sink._upsert_files()
+    assert f"DeltaTable('file://{table}').restore(1)" in str(e.value) and "Another writer in an upsert table" in str(e.value)
+    DeltaTable(str(table)).restore(1)  # as the message says
+    assert len(sink._upsert_files()) == 1
+
+    write_deltalake(str(table), ROWS, mode="append")  # version 5, then checkpoint 2 commits on top (version 6)
+    sink.commit(2, _committables(2, _staged(table, 2, "part-b00001.parquet")))
+    with pytest.raises(SinkClaimedError, match=r"restore the job to checkpoint 1 .* version 1, undoing them and this "):
+        sink._upsert_files()
+    sink.rollback(1)  # what the job's restore does first
+    assert list(sink._upsert_files()) == ["chk-1/job/step/attempt-1/part-b00000.parquet"]

@@ -50,6 +50,7 @@ from airflow_provider_checkpoint.exceptions import (
     DocumentError,
     PipelineDefinitionError,
     RestoreError,
+    SinkClaimedError,
     SinkSchemaError,
 )
 
@@ -243,14 +244,44 @@ class DeltaTableSink(TableDirectorySink):
         return delta_log.snapshot(fs, root, self.asset_uri(), version)
 
     def _upsert_files(self) -> dict[str, DataFile]:
-        """The live files of an upsert table (refused if it holds files this sink did not write)."""
+        """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another
+        writer added files (they may repeat keys: the sink keeps one row per key over its own files only)."""
         live = self._files()
-        foreign = sorted(p for p in live if not is_upsert_file(p))
-        if foreign:
-            raise SinkSchemaError(
-                f"Delta table {self.asset_uri()}: {foreign[0]} is not a bucket or update file this upsert sink wrote"
-            )
+        paths = {p for p in live if not is_upsert_file(p)}
+        if paths:
+            fs, root = self._fs()
+            latest = max(f.commit_version or 0 for f in live.values())
+            added = delta_log.added_in(fs, root, self.asset_uri(), paths, latest)
+            foreign = sorted((added.get(p, live[p].commit_version or 0), p) for p in paths)
+            raise SinkClaimedError(self._foreign_files_message(foreign))
         return live
+
+    def _foreign_files_message(self, foreign: list[tuple[int, str]]) -> str:
+        """What another writer's files in the upsert table are and how to go on (docs/delta-lake.md)."""
+        url, first = self.asset_uri(), foreign[0][0]
+        versions = sorted({v for v, _ in foreign})
+        ours = self.committed_versions()
+        before = [(v, c) for c, v in ours.items() if v < first]
+        after = sorted(c for c, v in ours.items() if v > first)
+        if not before:
+            way = "write the upsert to a new table path, or remove those files from this table"
+        elif not after:
+            way = (
+                f"undo the other writer's commit(s) with DeltaTable({url!r}).restore({first - 1}) (no commit of this "
+                "job came after them), then retry; restore the job with checkpoint=latest if it is FAILED"
+            )
+        else:
+            version, checkpoint = max(before)
+            way = (
+                f"restore the job to checkpoint {checkpoint} (restore_from_checkpoint DAG): it returns the table to "
+                f"version {version}, undoing them and this job's checkpoints {after} after them, which it replays"
+            )
+        return (
+            f"Delta table {url}: version(s) {versions[:5]} added {len(foreign)} file(s) this upsert sink did not "
+            f"write (e.g. {foreign[0][1]}): another writer appended to a table only this job may write, and its "
+            f"rows may repeat keys, so the sink will not upsert over them. To go on: {way} "
+            "(docs/delta-lake.md, 'Another writer in an upsert table')"
+        )
 
     # -- committer (finalize / recovery) -------------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> DeltaCommit:
