@@ -369,3 +369,33 @@ def test_upsert_of_a_key_changed_again_and_again_keeps_every_other_row(spark, tm
     for name, got in _readers(spark, path).items():
         _same_rows(got, model, keys, name)
     assert sink.audit() == []
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_upserts_match_a_dict_model(spark, tmp_path, monkeypatch, seed):
+    """Random changes of a few keys (a compound key with nulls and empty strings) over many checkpoints:
+    keys changed again and again, files given DVs, compacted, DVs in files and inline, a restore; every
+    reader equals a dict model after each checkpoint, and every commit passes the writer's checks."""
+    import random
+
+    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 40)  # some DVs in DV files
+    rng = random.Random(seed)
+    space = [(a, b) for a in (None, "", "x", "y") for b in (None, "", "1", "2", "3")]
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "t"
+    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["a", "b"], buckets=3)
+    model: dict[tuple[Any, ...], int] = {}
+    models = {}
+    for checkpoint_id in range(1, 13):
+        if checkpoint_id == 9:
+            sink.rollback(5)
+            model = dict(models[5])
+        keys = space if checkpoint_id == 1 else rng.sample(space, rng.randint(1, 6))
+        batch = [(a, b, checkpoint_id * 100 + i) for i, (a, b) in enumerate(keys)]
+        df = spark.createDataFrame(pd.DataFrame(batch, columns=["a", "b", "v"]), "a STRING, b STRING, v LONG")
+        sink.commit(checkpoint_id, sink.stage(step_context(spark, storage, checkpoint_id), df))
+        model.update({(a, b): v for a, b, v in batch})
+        models[checkpoint_id] = dict(model)
+        for name, read in (("delta-rs", _delta_rs), ("duckdb", _duckdb)):
+            _same_rows(read(path), model, ["a", "b"], f"{name} after checkpoint {checkpoint_id}")
+    assert sink.audit() == []
