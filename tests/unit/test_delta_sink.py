@@ -210,7 +210,8 @@ def test_another_writers_append_into_an_upsert_table_names_the_way_back(tmp_path
     DeltaTable(str(table)).create_checkpoint()  # the log replay finds the file in the checkpoint of version 3
     with pytest.raises(SinkClaimedError, match=r"version\(s\) \[2\] added 1 file\(s\) this upsert sink did not") as e:
         sink._upsert_files()
-    assert f"DeltaTable('file://{table}').restore(1)" in str(e.value) and "Another writer in an upsert table" in str(e.value)
+    message = str(e.value)
+    assert f"DeltaTable('file://{table}').restore(1)" in message and "Another writer in an upsert table" in message
     DeltaTable(str(table)).restore(1)  # as the message says
     assert len(sink._upsert_files()) == 1
 
