@@ -224,9 +224,13 @@ RawFile = tuple[int, dict[str, Any]]
 
 
 def live_actions(
-    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None
+    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None, in_order: bool = False
 ) -> dict[tuple[str, str | None], RawFile]:
     """The live ``add`` actions of the table at ``version`` (default: the latest) by (path, DV id).
+
+    A commit's actions are a set (the protocol does not order them): its removes apply after its adds,
+    so a file a commit removes and adds with the same DV (invalid, issue #30) is dropped, as delta-rs
+    and DuckDB drop it; ``in_order``: in the order of the commit file (the sink's view before the fix).
 
     Replays the log from its last classic checkpoint (single or multi-part Parquet) at or
     before ``version``, then the commits after it. The actions are not validated: callers
@@ -252,7 +256,10 @@ def live_actions(
                     live[_key(row)] = (start, row)
         start += 1
     for v in range(start, end + 1):
-        for kind, raw in _raw_actions(fs, root, v, table):
+        actions = _raw_actions(fs, root, v, table)
+        if not in_order:
+            actions = [a for a in actions if a[0] == "add"] + [a for a in actions if a[0] != "add"]
+        for kind, raw in actions:
             if kind == "add":
                 live[_key(raw)] = (v, raw)
             else:

@@ -221,3 +221,32 @@ def test_another_writers_append_into_an_upsert_table_names_the_way_back(tmp_path
         sink._upsert_files()
     sink.rollback(1)  # what the job's restore does first
     assert list(sink._upsert_files()) == ["chk-1/job/step/attempt-1/part-b00000.parquet"]
+
+
+def test_audit_finds_a_file_readers_lost_to_a_same_dv_commit_and_a_restore_repairs_it(tmp_path):
+    """A table written before issue #30 was fixed: a commit removed and re-added a file with the same DV,
+    so readers dropped it. The audit names it and the checkpoint to restore; the job's restore repairs it."""
+    import json
+    import time
+
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    staged = _staged(table, 1, "part-b00000.parquet")
+    sink.commit(1, _committables(1, staged))  # version 1
+    assert sink.audit() == []
+    app_id = sink.app_id()
+    bad = {"path": staged["path"], "partitionValues": {}, "size": staged["size"], "dataChange": True}
+    actions = [
+        {"commitInfo": {"operation": "MERGE", "checkpoint_app_id": app_id, "checkpoint_id": 2}},
+        {"txn": {"appId": app_id, "version": 2}},
+        {"remove": {**bad, "deletionTimestamp": int(time.time() * 1000)}},
+        {"add": {**bad, "modificationTime": int(time.time() * 1000), "stats": json.dumps({"numRecords": 2})}},
+    ]
+    (table / "_delta_log" / f"{2:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 0  # delta-rs drops the file
+    (finding,) = sink.audit()
+    assert finding.startswith("Delta version 2 removes and re-adds") and "restore the job to checkpoint 1" in finding
+    sink.rollback(1)
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2 and sink.audit() == []

@@ -411,8 +411,9 @@ class DeltaTableSink(TableDirectorySink):
         self._delete_all_but(checkpoint_id)
 
     def audit(self) -> list[str]:
-        """Files under ``chk-<id>/`` that checkpoint's commit did not add, and files the log no longer
-        references beyond the table's ``delta.deletedFileRetentionDuration`` (a ``VACUUM`` deletes them)."""
+        """Files under ``chk-<id>/`` that checkpoint's commit did not add, files the log no longer
+        references beyond the table's ``delta.deletedFileRetentionDuration`` (a ``VACUUM`` deletes them),
+        and commits of an upsert table that removed and re-added a file with the same deletion vector."""
         fs, root = self._fs()
         table, location = self._delta(), self.table()
         if table is None:
@@ -421,11 +422,34 @@ class DeltaTableSink(TableDirectorySink):
         ids = sorted(int(n[4:]) for n in names if n.startswith("chk-") and n[4:].isdigit())
         leftovers = [location.url(p) for i in ids for p in self._leftovers(i)]
         expired = [location.url(p) for p in map(unquote, table.vacuum(dry_run=True)) if location.exists(p)]
-        return [f"unreferenced sink file left behind: {u}" for u in leftovers] + [
-            f"file the Delta log no longer references beyond its retention (VACUUM deletes it): {u}"
-            for u in expired
-            if u not in leftovers
-        ]
+        return (
+            [f"unreferenced sink file left behind: {u}" for u in leftovers]
+            + [
+                f"file the Delta log no longer references beyond its retention (VACUUM deletes it): {u}"
+                for u in expired
+                if u not in leftovers
+            ]
+            + (self._same_dv_findings(fs, root) if self.upsert else [])
+        )
+
+    def _same_dv_findings(self, fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+        """Files live in the order of the log's commit files that readers drop, as a commit removed and
+        re-added them with the same deletion vector (issue #30), and the checkpoint to restore the job to."""
+        table = self.asset_uri()
+        live = delta_log.live_actions(fs, root, table, in_order=True)
+        lost = sorted(live.keys() - delta_log.live_actions(fs, root, table).keys())
+        ours = self.committed_versions() if lost else {}
+        findings = []
+        for key in lost:
+            path, since = key[0], live[key][0]
+            before = [c for c, v in ours.items() if v < since]
+            way = f"restore the job to checkpoint {max(before)} or earlier" if before else "rewrite the table"
+            findings.append(
+                f"Delta version {since} removes and re-adds {self.table().url(path)} with the same deletion "
+                f"vector (issue #30): readers dropped that file's rows; {way} to repair it "
+                "(docs/delta-lake.md, 'Tables written before the fix')"
+            )
+        return findings
 
 
 def _columns(schema: Any) -> dict[str, str]:
