@@ -128,6 +128,7 @@ BAD_VERSIONS: dict[str, tuple[list[dict[str, Any]], str]] = {
     "added twice": ([_remove(BUCKET, OLD), _add(BUCKET, 900, 10, NEW), _add(BUCKET, 900, 10, NEW)], "added twice"),
     "removed twice": ([_remove(BUCKET, OLD), _remove(BUCKET, OLD)], "removed twice"),
     "stale remove": ([_remove(BUCKET, NEW), _add(BUCKET, 900, 10, OLD)], "does not hold live"),
+    "remove of a file not in the table": ([_remove(UPDATE, OLD), _add(UPDATE, 700, 2, NEW)], "does not hold live"),
     "re-added without its remove": ([_add(BUCKET, 900, 10, NEW)], "without a remove of its live entry"),
     "new file with a DV": ([_add(UPDATE, 700, 2, NEW)], "new to the table but comes with a deletion vector"),
     "no numRecords": (

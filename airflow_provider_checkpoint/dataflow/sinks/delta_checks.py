@@ -109,7 +109,10 @@ def _dv_problems(
     """What is wrong with the deletion vector ``add`` gives the live file ``path`` (``remove``: its live entry)."""
     if remove is None:
         return [f"{path} is new to the table but comes with a deletion vector"]
-    _, before = live[(path, dv_id(remove.get("deletionVector")))]
+    entry = live.get((path, dv_id(remove.get("deletionVector"))))
+    if entry is None:
+        return []  # a stale remove, refused above
+    before = entry[1]
     records = _records(add)
     problems = []
     if add.get("size") != before.get("size"):
