@@ -161,7 +161,8 @@ def check_keys(document: str, keys: Sequence[str], added: pa.Table, deleted: pa.
     for table, what in ((added, "the rows the checkpoint adds hold"), (deleted, "the table holds live rows of")):
         twice = _repeated(table, keys)
         if twice:
-            problems.append(f"{what} {len(twice)} key(s) more than once, e.g. {shorten(twice[0])}")
+            count = "some" if len(twice) == _SHOWN else len(twice)
+            problems.append(f"{what} {count} key(s) more than once, e.g. {shorten(twice[0])}")
     if deleted.num_rows:
         stray = deleted.filter(pa.array(np.logical_not(KeySet(added, keys).changed(deleted))))
         if stray.num_rows:
