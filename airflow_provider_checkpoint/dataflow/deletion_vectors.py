@@ -251,8 +251,13 @@ def write_file(
     return descriptors
 
 
-def read_positions(fs: fsspec.AbstractFileSystem, root: str, dv: Descriptor, where: str) -> np.ndarray:
-    """The deleted positions a descriptor names, checked against its size, checksum and cardinality."""
+def read_positions(
+    fs: fsspec.AbstractFileSystem, root: str, dv: Descriptor, where: str, files: dict[str, bytes] | None = None
+) -> np.ndarray:
+    """The deleted positions a descriptor names, checked against its size, checksum and cardinality.
+
+    Given ``files`` (DV file path → its bytes), a DV file is read whole once and kept there, for
+    callers decoding many DVs of few files (one read per file instead of one per DV)."""
     path = dv.file()
     if path is None:
         data = z85_decode(dv.path_or_inline) or b""
@@ -262,9 +267,14 @@ def read_positions(fs: fsspec.AbstractFileSystem, root: str, dv: Descriptor, whe
     else:
         assert dv.offset is not None
         try:
-            with fs.open(f"{root}/{path}", "rb") as f:
-                f.seek(dv.offset)
-                head = f.read(4 + dv.size + 4)
+            if files is None:
+                with fs.open(f"{root}/{path}", "rb") as f:
+                    f.seek(dv.offset)
+                    head = f.read(4 + dv.size + 4)
+            else:
+                if path not in files:
+                    files[path] = fs.cat_file(f"{root}/{path}")
+                head = files[path][dv.offset : dv.offset + 4 + dv.size + 4]
         except FileNotFoundError:
             raise DocumentError(where, "deletionVector", "names a DV file that does not exist", path) from None
         if len(head) != dv.size + 8 or struct.unpack(">i", head[:4])[0] != dv.size:

@@ -164,14 +164,32 @@ def read_commit(fs: fsspec.AbstractFileSystem, root: str, version: int, table: s
     return Commit(version, operation, adds, removes, cdc, metadata)
 
 
-def changed_files(commit: Commit, table: str, change_data_feed: bool) -> list[DataFile]:
+RESTORE = "RESTORE"
+"""The operation of a commit returning a table to an earlier version (delta-rs, Spark)."""
+ON_RESTORE = ("fail", "skip")
+
+
+def changed_files(commit: Commit, table: str, change_data_feed: bool, on_restore: str = "fail") -> list[DataFile]:
     """The files holding ``commit``'s changes (see the module docstring).
 
     Without change data feed a commit that removes data is refused: its rows cannot be
-    told apart from the table's other rows without the feed.
+    told apart from the table's other rows without the feed. A ``RESTORE`` commit is
+    refused with the ways back (``on_restore="fail"``) or read as no change (``"skip"``).
     """
     if change_data_feed:
         return commit.cdc or [*commit.adds, *commit.removes]
+    if commit.operation == RESTORE and (commit.removes or commit.adds):
+        if on_restore == "skip":
+            return []
+        raise DeltaSourceError(
+            f"Delta table {table}: commit {commit.version} is a RESTORE (the table returned to an earlier "
+            f"version, e.g. its writer's job was restored): it removes {len(commit.removes)} file(s) and re-adds "
+            f"{len(commit.adds)}, which an append-only DeltaSource cannot read as appends. To go on: set "
+            "on_restore='skip' on the DeltaSource (RESTORE commits are read as no change: rows it undid stay in "
+            "this job's output, rows the writer appends again are read again) or read the table with "
+            "change_data_feed=True (the restore reads as deletes and inserts); see docs/delta-lake.md, "
+            "'An upstream RESTORE'"
+        )
     if commit.removes:
         raise DeltaSourceError(
             f"Delta table {table}: commit {commit.version} ({commit.operation or 'unknown operation'}) removes "
@@ -206,9 +224,13 @@ RawFile = tuple[int, dict[str, Any]]
 
 
 def live_actions(
-    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None
+    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None, in_order: bool = False
 ) -> dict[tuple[str, str | None], RawFile]:
     """The live ``add`` actions of the table at ``version`` (default: the latest) by (path, DV id).
+
+    A commit's actions are a set (the protocol does not order them): its removes apply after its adds,
+    so a file a commit removes and adds with the same DV (invalid, issue #30) is dropped, as delta-rs
+    and DuckDB drop it; ``in_order``: in the order of the commit file (the sink's view before the fix).
 
     Replays the log from its last classic checkpoint (single or multi-part Parquet) at or
     before ``version``, then the commits after it. The actions are not validated: callers
@@ -234,7 +256,10 @@ def live_actions(
                     live[_key(row)] = (start, row)
         start += 1
     for v in range(start, end + 1):
-        for kind, raw in _raw_actions(fs, root, v, table):
+        actions = _raw_actions(fs, root, v, table)
+        if not in_order:
+            actions = [a for a in actions if a[0] == "add"] + [a for a in actions if a[0] != "add"]
+        for kind, raw in actions:
             if kind == "add":
                 live[_key(raw)] = (v, raw)
             else:
@@ -254,6 +279,22 @@ def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int 
         f = data_file(Fields(raw, f"{table}/{LOG_DIR} at version {v}", f"live add[{i}]"), None, v)
         files[f.path] = f
     return files
+
+
+def added_in(fs: fsspec.AbstractFileSystem, root: str, table: str, paths: set[str], latest: int) -> dict[str, int]:
+    """The version whose commit added each of ``paths`` (live at ``latest``), walking the log back from
+    ``latest`` (a live file's version in :func:`live_actions` is that of a log checkpoint if it came from
+    one); a path whose commit the log no longer holds is left out."""
+    found: dict[str, int] = {}
+    available = set(commit_versions(fs, root))
+    for v in range(latest, -1, -1):
+        if len(found) == len(paths) or v not in available:
+            break
+        for kind, raw in _raw_actions(fs, root, v, table):
+            path = _key(raw)[0]
+            if kind == "add" and path in paths and path not in found:
+                found[path] = v
+    return found
 
 
 def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[int, list[str]] | None:

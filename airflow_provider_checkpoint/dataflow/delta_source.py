@@ -68,7 +68,8 @@ class DeltaSource(Source):
     **Refusals** (:class:`DeltaSourceError`, no retry, nothing committed): the log no
     longer holds a commit of the range, or a file of it was vacuumed (the message names the
     versions: restore from a newer checkpoint, or start the job afresh); the table was
-    replaced (another ``metaData.id``); column mapping.
+    replaced (another ``metaData.id``); column mapping; without the change data feed, a
+    ``RESTORE`` commit (e.g. the upstream job was restored) unless ``on_restore="skip"``.
 
     :param uid: Stable id of the source (keys its position in checkpoints).
     :param path: URL of the table root (a local path, ``s3://...``).
@@ -78,6 +79,10 @@ class DeltaSource(Source):
     :param starting_version: The first commit the job reads; ``None``: the table's rows at the
         first barrier, then its commits.
     :param max_commits_per_checkpoint: Split a backlog of commits over several checkpoints.
+    :param on_restore: Without the change data feed, what a ``RESTORE`` commit of the table does:
+        ``"fail"`` (default) refuses it naming the ways back; ``"skip"`` reads it as no change and goes
+        on: the rows it undid stay in this job's output (read once, never retracted) and rows the
+        writer appends again after it are read again (at least once across an upstream restore).
     """
 
     def __init__(
@@ -88,8 +93,11 @@ class DeltaSource(Source):
         change_data_feed: bool = False,
         starting_version: int | None = None,
         max_commits_per_checkpoint: int | None = None,
+        on_restore: str = "fail",
     ) -> None:
         super().__init__(uid)
+        if on_restore not in delta_log.ON_RESTORE:
+            raise PipelineDefinitionError(f"{uid}: on_restore must be one of {list(delta_log.ON_RESTORE)}")
         if starting_version is not None and (isinstance(starting_version, bool) or starting_version < 0):
             raise PipelineDefinitionError(f"{uid}: starting_version must be a table version (>= 0) or None")
         if max_commits_per_checkpoint is not None and max_commits_per_checkpoint < 1:
@@ -99,9 +107,11 @@ class DeltaSource(Source):
         self.change_data_feed = change_data_feed
         self.starting_version = starting_version
         self.max_commits_per_checkpoint = max_commits_per_checkpoint
+        self.on_restore = on_restore
 
     def describe(self) -> JsonDict:
-        return {**super().describe(), "path": self.path, "change_data_feed": self.change_data_feed}
+        skip = {"on_restore": self.on_restore} if self.on_restore != "fail" else {}
+        return {**super().describe(), "path": self.path, "change_data_feed": self.change_data_feed, **skip}
 
     # -- positions and the log (no Spark) ------------------------------------------------
     def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -176,7 +186,15 @@ class DeltaSource(Source):
         for commit in commits:
             if commit.metadata is not None:
                 delta_log.check_metadata(commit.metadata, self.path, commit.version)
-        return [f for c in commits for f in delta_log.changed_files(c, self.path, self.change_data_feed)]
+        files = []
+        for c in commits:
+            changed = delta_log.changed_files(c, self.path, self.change_data_feed, self.on_restore)
+            if c.operation == delta_log.RESTORE and not self.change_data_feed and not changed:
+                log.warning(
+                    "source %s: commit %d of %s is a RESTORE, read as no change", self.uid, c.version, self.path
+                )
+            files += changed
+        return files
 
     def _snapshot(self, end: Position) -> list[DataFile]:
         """The files of the table at ``end`` with their deletion vectors: its rows (inserts of that version

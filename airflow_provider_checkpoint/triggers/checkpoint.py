@@ -35,6 +35,7 @@ def source_spec(source: Source) -> JsonDict:
             "change_data_feed": source.change_data_feed,
             "starting_version": source.starting_version,
             "max_commits_per_checkpoint": source.max_commits_per_checkpoint,
+            "on_restore": source.on_restore,
         }
     if not isinstance(source, FileSource):
         raise TypeError(f"source {source.uid}: {type(source).__name__} cannot be watched by a deferred sensor")

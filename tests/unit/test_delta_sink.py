@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.exceptions import (
     PipelineDefinitionError,
     RefusedInputError,
     RestoreError,
+    SinkClaimedError,
 )
 
 ROWS = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([1, 2], pa.int64())})
@@ -193,3 +194,59 @@ def test_deletion_vector_committables_are_checked(tmp_path):
     with pytest.raises(DocumentError, match="deletion vector files that do not exist"):
         sink.commit(5, [{"checkpoint_id": 5, "adds": [update], "removes": [], "deletes": [delete]}])
     assert not sink.is_committed(5)
+
+
+def test_another_writers_append_into_an_upsert_table_names_the_way_back(tmp_path):
+    """Issue #30 defect 4: a foreign append blocks the upsert with an error that says how to go on, and
+    the way it names works: a RESTORE of the table, or of the job when its checkpoints came after."""
+    from deltalake import DeltaTable, write_deltalake
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    sink.commit(1, _committables(1, _staged(table, 1, "part-b00000.parquet")))  # version 1
+    assert list(sink._upsert_files()) == ["chk-1/job/step/attempt-1/part-b00000.parquet"]
+    write_deltalake(str(table), ROWS, mode="append")  # version 2: not the sink's
+    DeltaTable(str(table)).alter.set_table_properties({"delta.appendOnly": "false"})  # version 3
+    DeltaTable(str(table)).create_checkpoint()  # the log replay finds the file in the checkpoint of version 3
+    with pytest.raises(SinkClaimedError, match=r"version\(s\) \[2\] added 1 file\(s\) this upsert sink did not") as e:
+        sink._upsert_files()
+    message = str(e.value)
+    assert f"DeltaTable('file://{table}').restore(1)" in message and "Another writer in an upsert table" in message
+    DeltaTable(str(table)).restore(1)  # as the message says
+    assert len(sink._upsert_files()) == 1
+
+    write_deltalake(str(table), ROWS, mode="append")  # version 5, then checkpoint 2 commits on top (version 6)
+    sink.commit(2, _committables(2, _staged(table, 2, "part-b00001.parquet")))
+    with pytest.raises(SinkClaimedError, match=r"restore the job to checkpoint 1 .* version 1, undoing them and this "):
+        sink._upsert_files()
+    sink.rollback(1)  # what the job's restore does first
+    assert list(sink._upsert_files()) == ["chk-1/job/step/attempt-1/part-b00000.parquet"]
+
+
+def test_audit_finds_a_file_readers_lost_to_a_same_dv_commit_and_a_restore_repairs_it(tmp_path):
+    """A table written before issue #30 was fixed: a commit removed and re-added a file with the same DV,
+    so readers dropped it. The audit names it and the checkpoint to restore; the job's restore repairs it."""
+    import json
+    import time
+
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    staged = _staged(table, 1, "part-b00000.parquet")
+    sink.commit(1, _committables(1, staged))  # version 1
+    assert sink.audit() == []
+    app_id = sink.app_id()
+    bad = {"path": staged["path"], "partitionValues": {}, "size": staged["size"], "dataChange": True}
+    actions = [
+        {"commitInfo": {"operation": "MERGE", "checkpoint_app_id": app_id, "checkpoint_id": 2}},
+        {"txn": {"appId": app_id, "version": 2}},
+        {"remove": {**bad, "deletionTimestamp": int(time.time() * 1000)}},
+        {"add": {**bad, "modificationTime": int(time.time() * 1000), "stats": json.dumps({"numRecords": 2})}},
+    ]
+    (table / "_delta_log" / f"{2:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 0  # delta-rs drops the file
+    (finding,) = sink.audit()
+    assert finding.startswith("Delta version 2 removes and re-adds") and "restore the job to checkpoint 1" in finding
+    sink.rollback(1)
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2 and sink.audit() == []

@@ -163,8 +163,37 @@ def test_not_a_delta_table(tmp_path: Path) -> None:
 def test_a_deferred_input_sensor_rebuilds_the_source_from_its_json_spec(tmp_path: Path) -> None:
     from airflow_provider_checkpoint.triggers.checkpoint import source_from_spec, source_spec
 
-    source = DeltaSource("src", str(tmp_path), {"timeout": "5s"}, True, 3, 10)
+    source = DeltaSource("src", str(tmp_path), {"timeout": "5s"}, True, 3, 10, "skip")
     spec = json.loads(json.dumps(source_spec(source)))  # stored in the metadata DB as JSON
     rebuilt = source_from_spec(spec)
     assert isinstance(rebuilt, DeltaSource) and source_spec(rebuilt) == spec
     assert (rebuilt.path, rebuilt.change_data_feed, rebuilt.starting_version) == (str(tmp_path), True, 3)
+    assert rebuilt.on_restore == "skip"
+
+
+def test_an_upstream_restore_names_the_ways_back_or_is_skipped(tmp_path: Path) -> None:
+    """Issue #30 defect 4: a RESTORE of the table (its writer's job was restored) stalls an append-only
+    source with the ways back; ``on_restore="skip"`` reads it as no change; the change feed reads it."""
+    write_commit(tmp_path, 0, {"commitInfo": {"operation": "WRITE"}}, add("a.parquet"), add("b.parquet"))
+    write_commit(
+        tmp_path,
+        1,
+        {"commitInfo": {"operation": "RESTORE"}},
+        remove("b.parquet"),
+        remove("a.parquet"),
+        add("a.parquet"),
+    )
+    restored = commit_at(tmp_path, 1)
+    with pytest.raises(DeltaSourceError, match=r"commit 1 is a RESTORE .* removes 2 file\(s\) and re-adds 1.*'skip'"):
+        delta_log.changed_files(restored, "tbl", False)
+    assert delta_log.changed_files(restored, "tbl", False, "skip") == []
+    assert [f.change_type for f in delta_log.changed_files(restored, "tbl", True)] == ["insert", "delete", "delete"]
+    source = DeltaSource("src", str(tmp_path), on_restore="skip")
+    assert source._changes(-1, 1) == [
+        DataFile("a.parquet", (("day", "d1"),), size=1),
+        DataFile("b.parquet", (("day", "d1"),), size=1),
+    ]
+    with pytest.raises(DeltaSourceError, match="is a RESTORE"):
+        DeltaSource("src", str(tmp_path))._changes(0, 1)
+    with pytest.raises(PipelineDefinitionError, match="on_restore must be one of"):
+        DeltaSource("src", str(tmp_path), on_restore="ignore")

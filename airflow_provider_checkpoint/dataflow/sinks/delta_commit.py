@@ -4,9 +4,10 @@ transaction API has no deletion vectors).
 One commit file ``_delta_log/<version>.json`` created exclusively (a hard link locally, a
 conditional PUT on object stores): ``commitInfo``, ``txn(app id, checkpoint id)``, the
 removes, per file with new deletes a ``remove`` (with its old DV) and an ``add`` of the
-same path with the new DV, and the adds. Another writer's commit in between is a conflict
-only if it touched a file this commit removes or deletes from (Delta's rule for deletes);
-otherwise the commit is retried on top of it. Every :data:`CHECKPOINT_INTERVAL` versions
+same path with the new DV, and the adds; checked before it is created against the Delta
+protocol and the sink's invariants (:mod:`.delta_checks`). Another writer's commit in between
+is a conflict only if it touched a file this commit removes or deletes from (Delta's rule for
+deletes); otherwise the commit is retried on top of it. Every :data:`CHECKPOINT_INTERVAL` versions
 delta-rs writes a log checkpoint (it keeps the DVs): the log replay of each stage and commit
 (:func:`~airflow_provider_checkpoint.dataflow.delta_log.snapshot`) reads at most that many
 commits after it.
@@ -17,15 +18,19 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.dataflow import delta_log
+from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.dataflow import deletion_vectors, delta_log
+from airflow_provider_checkpoint.dataflow.sinks import delta_checks
 from airflow_provider_checkpoint.dataflow.sinks.delta_files import DeltaCommit
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError
 from airflow_provider_checkpoint.storage.writes import create_exclusive
 
 if TYPE_CHECKING:
     import fsspec
+    import numpy as np
     from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
@@ -46,13 +51,17 @@ def commit(
 ) -> int | None:
     """Commit ``changes`` with ``txn(app_id, checkpoint_id)``; the new version, ``None`` if
     ``committed()`` says another attempt committed the checkpoint meanwhile."""
+    actions = _actions(app_id, checkpoint_id, changes)
+    dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
         latest = delta_log.commit_versions(fs, root)[-1]
-        _check(delta_log.live_actions(fs, root, table, latest), changes, document)
+        live = delta_log.live_actions(fs, root, table, latest)
+        _check(live, changes, document)
         version = latest + 1
-        if create_exclusive(
-            fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", _body(app_id, checkpoint_id, changes)
-        ):
+        where = f"Delta table {table}, version {version} (checkpoint {checkpoint_id})"
+        delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name, dv_files))
+        body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+        if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
             return version
         if committed():
             return None
@@ -71,7 +80,30 @@ def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: Delta
         )
 
 
-def _body(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> bytes:
+def check_staged(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, checkpoint_id: int, changes: DeltaCommit
+) -> None:
+    """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
+    version the writer gets wrong is refused before the checkpoint completes (its step fails, the
+    checkpoint is aborted), not only when its commit is about to be written."""
+    latest = delta_log.commit_versions(fs, root)[-1]
+    live = delta_log.live_actions(fs, root, table, latest)
+    where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
+    dv_files: dict[str, bytes] = {}
+    actions = _actions("staged", checkpoint_id, changes)
+    delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name, dv_files))
+
+
+def _positions(
+    fs: fsspec.AbstractFileSystem, root: str, dv: Mapping[str, Any], where: str, files: dict[str, bytes]
+) -> np.ndarray:
+    """The positions a raw descriptor of the commit deletes, decoded and checked (size, checksum, cardinality)."""
+    descriptor = deletion_vectors.read_descriptor(Fields(dv, where))
+    return deletion_vectors.read_positions(fs, root, descriptor, where, files)
+
+
+def _actions(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> list[dict[str, Any]]:
+    """The actions of the commit, one line each in ``_delta_log/<version>.json``."""
     now = int(time.time() * 1000)
     actions: list[dict[str, Any]] = [
         {
@@ -93,7 +125,7 @@ def _body(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> bytes:
         actions.append({"add": {**_file(d.path, d.size, now, d.new), "stats": _stats(d.num_records)}})
     for a in changes.adds:
         actions.append({"add": {**_file(a.path, a.size, now, None), "stats": _stats(a.num_records)}})
-    return "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+    return actions
 
 
 def _file(path: str, size: int, now: int, dv: Any, remove: bool = False) -> dict[str, Any]:

@@ -51,6 +51,7 @@ from airflow_provider_checkpoint.exceptions import (
     DocumentError,
     PipelineDefinitionError,
     RestoreError,
+    SinkClaimedError,
     SinkSchemaError,
 )
 
@@ -203,6 +204,10 @@ class DeltaTableSink(TableDirectorySink):
                 files.append((named, rows))
         adds = [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
         adds = [a for a in adds if a.num_records or self.upsert]
+        if self.upsert is not None and (removes or deletes):  # refused here, the checkpoint is aborted
+            delta_commit.check_staged(
+                fs, root, self.asset_uri(), ctx.checkpoint_id, DeltaCommit(adds, removes, deletes)
+            )
         ctx.add_metric("sink_files_staged", len(adds))
         if self.upsert is None:  # the upsert writer counts its changed rows itself
             ctx.add_metric("sink_rows", sum(a.num_records for a in adds))
@@ -244,14 +249,44 @@ class DeltaTableSink(TableDirectorySink):
         return delta_log.snapshot(fs, root, self.asset_uri(), version)
 
     def _upsert_files(self) -> dict[str, DataFile]:
-        """The live files of an upsert table (refused if it holds files this sink did not write)."""
+        """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another
+        writer added files (they may repeat keys: the sink keeps one row per key over its own files only)."""
         live = self._files()
-        foreign = sorted(p for p in live if not is_upsert_file(p))
-        if foreign:
-            raise SinkSchemaError(
-                f"Delta table {self.asset_uri()}: {foreign[0]} is not a bucket or update file this upsert sink wrote"
-            )
+        paths = {p for p in live if not is_upsert_file(p)}
+        if paths:
+            fs, root = self._fs()
+            latest = max(f.commit_version or 0 for f in live.values())
+            added = delta_log.added_in(fs, root, self.asset_uri(), paths, latest)
+            foreign = sorted((added.get(p, live[p].commit_version or 0), p) for p in paths)
+            raise SinkClaimedError(self._foreign_files_message(foreign))
         return live
+
+    def _foreign_files_message(self, foreign: list[tuple[int, str]]) -> str:
+        """What another writer's files in the upsert table are and how to go on (docs/delta-lake.md)."""
+        url, first = self.asset_uri(), foreign[0][0]
+        versions = sorted({v for v, _ in foreign})
+        ours = self.committed_versions()
+        before = [(v, c) for c, v in ours.items() if v < first]
+        after = sorted(c for c, v in ours.items() if v > first)
+        if not before:
+            way = "write the upsert to a new table path, or remove those files from this table"
+        elif not after:
+            way = (
+                f"undo the other writer's commit(s) with DeltaTable({url!r}).restore({first - 1}) (no commit of this "
+                "job came after them), then retry; restore the job with checkpoint=latest if it is FAILED"
+            )
+        else:
+            version, checkpoint = max(before)
+            way = (
+                f"restore the job to checkpoint {checkpoint} (restore_from_checkpoint DAG): it returns the table to "
+                f"version {version}, undoing them and this job's checkpoints {after} after them, which it replays"
+            )
+        return (
+            f"Delta table {url}: version(s) {versions[:5]} added {len(foreign)} file(s) this upsert sink did not "
+            f"write (e.g. {foreign[0][1]}): another writer appended to a table only this job may write, and its "
+            f"rows may repeat keys, so the sink will not upsert over them. To go on: {way} "
+            "(docs/delta-lake.md, 'Another writer in an upsert table')"
+        )
 
     # -- committer (finalize / recovery) -------------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> DeltaCommit:
@@ -381,8 +416,9 @@ class DeltaTableSink(TableDirectorySink):
         self._delete_all_but(checkpoint_id)
 
     def audit(self) -> list[str]:
-        """Files under ``chk-<id>/`` that checkpoint's commit did not add, and files the log no longer
-        references beyond the table's ``delta.deletedFileRetentionDuration`` (a ``VACUUM`` deletes them)."""
+        """Files under ``chk-<id>/`` that checkpoint's commit did not add, files the log no longer
+        references beyond the table's ``delta.deletedFileRetentionDuration`` (a ``VACUUM`` deletes them),
+        and commits of an upsert table that removed and re-added a file with the same deletion vector."""
         fs, root = self._fs()
         table, location = self._delta(), self.table()
         if table is None:
@@ -391,11 +427,34 @@ class DeltaTableSink(TableDirectorySink):
         ids = sorted(int(n[4:]) for n in names if n.startswith("chk-") and n[4:].isdigit())
         leftovers = [location.url(p) for i in ids for p in self._leftovers(i)]
         expired = [location.url(p) for p in map(unquote, table.vacuum(dry_run=True)) if location.exists(p)]
-        return [f"unreferenced sink file left behind: {u}" for u in leftovers] + [
-            f"file the Delta log no longer references beyond its retention (VACUUM deletes it): {u}"
-            for u in expired
-            if u not in leftovers
-        ]
+        return (
+            [f"unreferenced sink file left behind: {u}" for u in leftovers]
+            + [
+                f"file the Delta log no longer references beyond its retention (VACUUM deletes it): {u}"
+                for u in expired
+                if u not in leftovers
+            ]
+            + (self._same_dv_findings(fs, root) if self.upsert else [])
+        )
+
+    def _same_dv_findings(self, fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+        """Files live in the order of the log's commit files that readers drop, as a commit removed and
+        re-added them with the same deletion vector (issue #30), and the checkpoint to restore the job to."""
+        table = self.asset_uri()
+        live = delta_log.live_actions(fs, root, table, in_order=True)
+        lost = sorted(live.keys() - delta_log.live_actions(fs, root, table).keys())
+        ours = self.committed_versions() if lost else {}
+        findings = []
+        for key in lost:
+            path, since = key[0], live[key][0]
+            before = [c for c, v in ours.items() if v < since]
+            way = f"restore the job to checkpoint {max(before)} or earlier" if before else "rewrite the table"
+            findings.append(
+                f"Delta version {since} removes and re-adds {self.table().url(path)} with the same deletion "
+                f"vector (issue #30): readers dropped that file's rows; {way} to repair it "
+                "(docs/delta-lake.md, 'Tables written before the fix')"
+            )
+        return findings
 
 
 def _columns(schema: Any) -> dict[str, str]:

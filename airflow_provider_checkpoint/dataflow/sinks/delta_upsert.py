@@ -30,6 +30,7 @@ import numpy as np
 from airflow_provider_checkpoint.dataflow import deletion_vectors
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.dataflow.file_io import write_parquet
+from airflow_provider_checkpoint.dataflow.sinks import delta_checks
 from airflow_provider_checkpoint.dataflow.sinks.bucket_merge import BATCH_ROWS, KeySet
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import BucketedUpsert
 from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
@@ -69,12 +70,14 @@ class StagedUpsert:
     deletes: list[DeltaDeletes]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Found:
     file: DataFile
     rows: int
     deleted: np.ndarray
     """Every deleted position of the file after this checkpoint (sorted, unique)."""
+    keys: pa.Table
+    """The keys of the live rows this checkpoint deletes from the file."""
 
 
 def stage(
@@ -86,7 +89,10 @@ def stage(
     staging: str,
     live: dict[str, DataFile],
 ) -> StagedUpsert:
-    """Stage the upsert of ``df`` (the changed rows) into a table whose files are ``live``."""
+    """Stage the upsert of ``df`` (the changed rows) into a table whose files are ``live``; refused
+    (:mod:`.delta_checks`) unless it leaves one live row per key."""
+    import pyarrow as pa
+
     df = df.cache()  # read twice: its keys, then its rows
     try:
         keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
@@ -100,12 +106,17 @@ def stage(
     candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
     changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
     key_types = keys.drop_columns([_BUCKET]).schema
+    document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
     with ThreadPoolExecutor(THREADS) as pool:
         found = [f for f in pool.map(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
+        deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
+        delta_checks.check_keys(document, upsert.keys, changed.table, deleted)
         full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows]
         rewritten = list(
             pool.map(lambda f: _compact(fs, root, f, f"{staging}/{posixpath.basename(f.file.path)}"), full)
         )
+    for f, (_, written) in zip(full, rewritten, strict=True):
+        delta_checks.check_rewrite(document, f.file.path, f.rows, len(f.deleted), written)
     removes = [_remove(f.file) for f in full]
     adds += [(out, rows) for out, rows in rewritten if rows]
     partial = [f for f in found if f not in full]
@@ -132,22 +143,31 @@ def _write_updates(
 def _lookup(
     fs: fsspec.AbstractFileSystem, root: str, file: DataFile, changed: KeySet, key_types: pa.Schema
 ) -> _Found | None:
-    """The positions of ``file``'s rows whose key changed, with those its DV deleted already."""
+    """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
+    ``None`` if no live row of the file changed (its DV stays as it is).
+
+    A key changed before has a row in this file that the file's DV deletes already (the key's live row
+    is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
+    get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
+    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    hits, rows = [], 0
+    old = _deleted(fs, root, file)
+    hits, deleted_keys, rows = [], [], 0
     with fs.open(f"{root}/{file.path}", "rb") as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
             keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
-            hits.append(np.flatnonzero(changed.changed(keys)) + rows)
+            at = np.flatnonzero(changed.changed(keys))
+            live = ~np.isin(at.astype(np.uint64) + np.uint64(rows), old)
+            hits.append(at[live].astype(np.uint64) + np.uint64(rows))
+            deleted_keys.append(keys.take(at[live]))
             rows += batch.num_rows
-    new = np.concatenate(hits).astype(np.uint64) if hits else np.zeros(0, dtype=np.uint64)
+    new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
     if not len(new):
         return None
-    old = _deleted(fs, root, file)
-    return _Found(file, rows, np.union1d(old, new))
+    return _Found(file, rows, np.union1d(old, new), pa.concat_tables(deleted_keys))
 
 
 def _deleted(fs: fsspec.AbstractFileSystem, root: str, file: DataFile) -> np.ndarray:
