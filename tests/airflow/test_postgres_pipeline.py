@@ -4,7 +4,9 @@ Click events land in increments; one step writes the raw events (append) and vie
 (upsert) to PostgreSQL. Run 2 kills the server in the middle of the step's bulk load and
 restarts it (the Spark job fails, Airflow retries the step); run 3 dies in finalize between
 the two sinks' commits (the finalize retry dies there too; the next trigger's recovery commits
-the second sink, the first one's marker makes its repeat a no-op); run 5 has a wrong password
+the second sink, the first one's marker makes its repeat a no-op); run 4 crashes the server
+(immediate shutdown, crash recovery at the restart) after the step staged and before it acks, so
+finalize commits from staging tables that went through crash recovery; run 5 has a wrong password
 (refused by the trigger, which asks the table whether checkpoint 4 is committed). After every
 run both tables equal pandas over the events of the committed checkpoints: nothing lost,
 nothing doubled; so do they after the restore DAG returns the job to checkpoint 3 and the next
@@ -14,6 +16,8 @@ run replays events 4 and 5 (the rows of checkpoints 4 and 5 were undone, not dou
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -68,6 +72,27 @@ dag = pipeline.dag
 """
 
 
+def _crash_when_paused(server, pause_dir: Path, point: str) -> threading.Thread:
+    """A thread that, once a task pauses at fault point ``point``, crashes the server (immediate
+    shutdown), starts it again (checking in its log that crash recovery ran) and lets the task go on."""
+
+    def crash() -> None:
+        deadline = time.monotonic() + 600
+        while not (pause_dir / f"{point}.paused").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = server.pgdata / "server.log"
+        recoveries = log.read_text(errors="replace").count("automatic recovery in progress")
+        server.kill()
+        server.start()
+        if log.read_text(errors="replace").count("automatic recovery in progress") == recoveries + 1:
+            (pause_dir / "crashed").touch()
+        (pause_dir / f"{point}.resume").touch()
+
+    thread = threading.Thread(target=crash, daemon=True)
+    thread.start()
+    return thread
+
+
 def _tables(server) -> dict[str, pd.DataFrame]:
     with server.connect() as db:
         views = db.execute("SELECT page, views, last_seen FROM clicks.views").fetchall()
@@ -108,8 +133,18 @@ def test_exactly_once_into_postgres_through_a_server_crash_and_finalize_faults(
             monkeypatch.setenv("PG_CHAOS", postgres_server.to_json())
         if checkpoint_id == 3:
             monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.between_sink_commits:checkpoint=3:sink=a_views")
+        if checkpoint_id == 4:
+            pause_dir = tmp_path / "pause"
+            pause_dir.mkdir()
+            monkeypatch.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(pause_dir))
+            monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=4:action=pause")
+            crasher = _crash_when_paused(postgres_server, pause_dir, "step.before_ack")
 
         run = module.dag.test()
+
+        if checkpoint_id == 4:
+            crasher.join(60)
+            assert (pause_dir / "crashed").exists(), "the server crashed after the step staged, and recovered"
 
         if checkpoint_id == 3:  # a_views has checkpoint 3, b_events not yet
             assert run.state == "failed"

@@ -33,6 +33,9 @@ def test_staging_names_are_unique_per_attempt_short_and_match_only_their_sink_an
     assert not pg.staging_pattern(sink.digest, 8).match(name)
     assert not pg.staging_pattern(_sink("other").digest, 7).match(name)
     assert not pg.staging_pattern(_sink(table="marts.other").digest, 7).match(name)
+    assert pg.staged_checkpoint(name) == pg.staged_checkpoint(pg.dead_letter_staging(name)) == 7
+    with pytest.raises(ValueError):
+        pg.staged_checkpoint("facts")
 
 
 def test_committables_are_read_back_only_in_the_shape_the_step_writes():

@@ -2,8 +2,9 @@
 
 With ``dead_letter_table`` set, a row holding a value PostgreSQL refuses (a NUL byte in text, a
 number or timestamp out of its column's range, …) is not loaded. The executor that finds it
-skips it and stages it as a dead letter in a second UNLOGGED staging table of the attempt
-(:func:`~.postgres_sql.dead_letter_staging`), in the same transaction as its partition's rows.
+skips it and stages it as a dead letter in a second staging table of the attempt
+(:func:`~.postgres_sql.dead_letter_staging`, logged like the first, so it survives a crash of
+the server), in the same transaction as its partition's rows.
 Finalize moves the dead letters into the dead-letter table in the same transaction that moves
 the rows and writes the marker, so each refused row is recorded exactly once; a restore to N
 deletes those of the checkpoints it undoes. A checkpoint with more than
@@ -62,7 +63,7 @@ def prepare(sink: PostgresTableSink, db: psycopg.Connection[Any], table: tuple[s
     dead = sink._table(pg.dead_letter_staging(staging))
     db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(dead))
     columns = sql.SQL(", ").join(sql.SQL("{} text").format(pg.ident(c)) for c in pg.DEAD_LETTER_STAGED)
-    db.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(dead, columns))
+    db.execute(sql.SQL("CREATE TABLE {} ({})").format(dead, columns))
 
 
 def check_refused(sink: PostgresTableSink, conn: pg.PgConnection, staging: str, rows: int, refused: int) -> None:
@@ -108,7 +109,7 @@ def move(
             "dead_letter_table any more: set it back to commit them"
         )
     name = pg.dead_letter_staging(staging)
-    undo.check_staged_rows(db, sink.uid, sink.schema, name, expected)
+    undo.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id)
     dead = sink._table(name)
     staged = pg.idents(list(pg.DEAD_LETTER_STAGED))
     db.execute(

@@ -138,6 +138,14 @@ def staging_pattern(digest: str, checkpoint_id: int | None = None, dead_letters:
     return re.compile(rf"^_cks_{digest}_c{checkpoint}_[0-9a-f]{{12}}{suffix}$")
 
 
+def staged_checkpoint(staging: str) -> int:
+    """The checkpoint id in a name :func:`staging_pattern` matched."""
+    found = re.match(r"^_cks_[0-9a-f]{10}_c(\d+)_", staging)
+    if found is None:
+        raise ValueError(f"{staging!r} is not the name of a staging table")
+    return int(found.group(1))
+
+
 def dead_letter_staging(staging: str) -> str:
     """The staging table of the dead letters staged with ``staging`` (:data:`DEAD_LETTER_STAGED`)."""
     return staging + DEAD_LETTER_SUFFIX

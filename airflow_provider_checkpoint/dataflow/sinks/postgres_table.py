@@ -1,11 +1,14 @@
 """Exactly-once into a PostgreSQL table through an Airflow ``postgres`` connection.
 
-- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into an UNLOGGED
-  staging table unique to the checkpoint attempt (:func:`~.postgres_sql.staging_table`); the
-  driver never holds rows. A value PostgreSQL refuses fails the step, naming column and key,
-  or with ``dead_letter_table`` its row goes there instead (:mod:`.postgres_dead_letters`).
-  The committable is ``{"checkpoint_id", "staging_table", "rows"}`` (and ``"dead_letters"``,
-  a count, with a dead-letter table): names and counts only.
+- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging
+  table unique to the checkpoint attempt (:func:`~.postgres_sql.staging_table`); the driver
+  never holds rows. A value PostgreSQL refuses fails the step, naming column and key, or with
+  ``dead_letter_table`` its row goes there instead (:mod:`.postgres_dead_letters`). The
+  committable is ``{"checkpoint_id", "staging_table", "rows"}`` (and ``"dead_letters"``, a
+  count, with a dead-letter table): names and counts only. Staging tables are ordinary,
+  WAL-logged tables (never UNLOGGED, which crash recovery empties): once the step's load has
+  committed, what ``_metadata`` will name survives a crash of the server and reaches its
+  replicas, so a completed checkpoint can always commit.
 - **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
   or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
@@ -24,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks import postgres_dead_letters as dead_letters
@@ -241,7 +245,7 @@ class PostgresTableSink(TransactionalSink):
             types = self._check_target(db, df)
             db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(staging)))
             definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
-            db.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(self._table(staging), definition))
+            db.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table(staging), definition))  # logged: durable
             if self.dead_letters:
                 dead_letters.prepare(self, db, self.dead_letters, staging)
         load = pg.copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
@@ -337,6 +341,7 @@ class PostgresTableSink(TransactionalSink):
             for staging, expected, refused in committables:
                 rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
                 dead_letters.move(self, db, claim, checkpoint_id, staging, refused)
+            fault_point("finalize.inside_sink_commit", checkpoint=checkpoint_id, sink=self.uid)
             undo.write_marker(self, db, claim, checkpoint_id, rows)
             self._drop_staging(db, checkpoint_id)  # the staging tables of the checkpoint's other attempts
         log.info(
@@ -345,15 +350,24 @@ class PostgresTableSink(TransactionalSink):
         )  # fmt: skip
 
     def rollback(self, checkpoint_id: int) -> None:
-        """Return the table to its state when ``checkpoint_id`` committed, in one transaction."""
+        """Return the table to its state when ``checkpoint_id`` committed, in one transaction, and drop
+        the staging tables of later checkpoints (the restored job never commits them)."""
+        from psycopg import sql
+
         with self._tx() as db:
             if self._read_claim(db) is None:
                 return
             claim = self._locked_claim(db)
             undone = undo.undo_newer(self, db, claim, checkpoint_id)
             dead_letters.delete_newer(self, db, claim, checkpoint_id)
-        if undone:
-            log.info("sink %s: rolled back checkpoints %s of %s", self.uid, undone, self.target_name())
+            later = [n for n in self._staging_tables(db) if pg.staged_checkpoint(n) > checkpoint_id]
+            for name in later:
+                db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(name)))
+        if undone or later:
+            log.info(
+                "sink %s: rolled back checkpoints %s of %s, dropped %d staging tables of later checkpoints",
+                self.uid, undone, self.target_name(), len(later),
+            )  # fmt: skip
 
     def _staging_tables(self, db: psycopg.Connection[Any], checkpoint_id: int | None = None) -> list[str]:
         names = db.execute(

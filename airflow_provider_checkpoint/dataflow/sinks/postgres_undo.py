@@ -32,21 +32,32 @@ UNDO_CHECKPOINT = "_undo_checkpoint"
 UNDO_EXISTED = "_undo_existed"
 
 
-def check_staged_rows(db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int) -> None:
-    """Refuse to commit from staging table ``schema.table`` unless it holds the ``expected`` rows."""
+def check_staged_rows(
+    db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int, checkpoint_id: int
+) -> None:
+    """Refuse to commit checkpoint ``checkpoint_id`` from staging table ``schema.table`` unless it
+    holds the ``expected`` rows. Staging tables are logged, so a crash of the server does not empty
+    them: one gone or short was dropped or changed by hand (or the database lost committed
+    transactions, e.g. a failover to a replica that lagged). The message says how to get the job
+    moving again."""
     from psycopg import sql
 
     exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
     if not exists or not exists[0]:
-        raise CheckpointStorageError(
-            f"sink {uid}: staging table {schema}.{table} is gone and the checkpoint is not committed"
-        )
-    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
-    if not counted or counted[0] != expected:
-        raise CheckpointStorageError(
-            f"sink {uid}: staging table {schema}.{table} holds {counted and counted[0]} rows, the checkpoint "
-            f"staged {expected}"
-        )
+        found = "is gone"
+    else:
+        counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
+        if counted and counted[0] == expected:
+            return
+        found = f"holds {counted and counted[0]} rows"
+    raise CheckpointStorageError(
+        f"sink {uid}: cannot commit checkpoint {checkpoint_id}: its staging table {schema}.{table} {found}, the "
+        f"checkpoint staged {expected} rows there (was it dropped or changed by hand?). Checkpoint {checkpoint_id} "
+        "is complete (its _metadata exists), so its finalize and every trigger of the job stop here until it is "
+        "moved past: restore the job to an earlier retained checkpoint (the restore_from_checkpoint DAG with "
+        f"checkpoint=<an id before {checkpoint_id}>): the restore rolls every sink back to it and the next run "
+        f"reads the input of checkpoint {checkpoint_id} again (see docs/postgres.md, 'A staging table is gone')"
+    )
 
 
 def ensure_bookkeeping(sink: PostgresTableSink, db: psycopg.Connection[Any]) -> None:
@@ -79,7 +90,7 @@ def move_rows(
     """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop it."""
     from psycopg import sql
 
-    check_staged_rows(db, sink.uid, sink.schema, staging, expected)
+    check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
     stg, target = sink._table(staging), sink._table()
     cols = pg.idents(columns)
     if sink.mode == "append":
