@@ -305,6 +305,7 @@ class CheckpointCoordinator:
             )
             for ack in pending.acks.values():
                 self.sink_committer.check(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
+                self.sink_committer.verify_staged(plan.checkpoint_id, ack.sinks)
             for uid, snapshot in sorted(completed.operators.items()):
                 verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)

@@ -277,6 +277,14 @@ class Sink(Node):
         """
         raise NotImplementedError
 
+    def verify_staged(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
+        """Raise :class:`~airflow_provider_checkpoint.exceptions.CheckpointStorageError` unless what
+        a step staged for ``checkpoint_id`` (``committables``, already shape-checked) is still
+        there. Finalize calls it just before ``_metadata``, so staged output lost on the sink's
+        side (a database that lost transactions, a table dropped by hand) aborts the checkpoint,
+        and the next one reads its input again, instead of completing a checkpoint that can
+        never commit. No-op here: staged files live on storage as durable as the checkpoint's."""
+
     def abort(self, checkpoint_id: int) -> None:
         raise NotImplementedError
 

@@ -255,3 +255,25 @@ def test_a_staging_table_dropped_by_hand_says_what_to_do_and_a_restore_lands_eve
     job.coordinator.finalize(plan, job.step(plan))
     job.assert_landed_once(3, read_by=[1, 3, 3])  # input 3 landed before the failed trigger
     assert job.staging_tables() == [] and [s.audit() for s in job.sinks] == [[], []]
+
+
+def test_a_staging_table_lost_before_metadata_aborts_the_checkpoint_and_the_next_one_lands_its_rows(
+    job, postgres_server
+):
+    """Finalize checks the staging tables just before ``_metadata``: one lost by then (dropped, or
+    a database that lost transactions) aborts the checkpoint instead of wedging the job."""
+    from airflow_provider_checkpoint.exceptions import CheckpointAborted
+
+    job.checkpoint()
+    plan = job.trigger()
+    acks = job.step(plan)
+    staged = next(c["staging_table"] for a in acks for c in a.sinks["latest_pg"])
+    with postgres_server.connect() as db:
+        db.execute(f"DELETE FROM {job.schema}.{staged} WHERE id % 2 = 0")
+    with pytest.raises(CheckpointAborted, match=rf"staging table {job.schema}\.{staged} of checkpoint 2 holds"):
+        job.coordinator.finalize(plan, acks)
+    assert not job.storage.is_completed(2)
+    job.assert_landed_once(1)
+    job.checkpoint()  # checkpoint 3 reads inputs 2 and 3
+    job.assert_landed_once(3, read_by=[1, 3, 3])
+    assert job.staging_tables() == [] and [s.audit() for s in job.sinks] == [[], []]

@@ -28,6 +28,12 @@ class SinkCommitter:
             if uid in committables:
                 sink.check_committables(checkpoint_id, committables[uid], document)
 
+    def verify_staged(self, checkpoint_id: int, committables: Mapping[str, list[JsonDict]]) -> None:
+        """What every sink staged for ``checkpoint_id`` is still there (see :meth:`Sink.verify_staged`)."""
+        for uid, sink in self.sinks.items():
+            if uid in committables:
+                sink.verify_staged(checkpoint_id, committables[uid])
+
     def describe(self, checkpoint_id: int) -> dict[str, JsonDict]:
         """What each sink records about its commit of ``checkpoint_id`` (e.g. a table version), by uid."""
         described = {uid: s.describe_commit(checkpoint_id) for uid, s in self.sinks.items()}

@@ -306,6 +306,19 @@ class PostgresTableSink(TransactionalSink):
             raise DocumentError(document, "committables", "name a staging table twice")
         return staged
 
+    def verify_staged(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
+        """Each staging table still holds the rows the step staged (before ``_metadata``: a table lost
+        now aborts the checkpoint, and the next one stages its input again)."""
+        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
+        with self._tx() as db:
+            for staging, expected, _ in self.read_committables(checkpoint_id, committables, document):
+                if found := undo.staged_rows_problem(db, self.schema, staging, expected):
+                    raise CheckpointStorageError(
+                        f"sink {self.uid}: staging table {self.schema}.{staging} of checkpoint {checkpoint_id} "
+                        f"{found}, the step staged {expected} rows there; the checkpoint is aborted and the "
+                        "next one reads its input again"
+                    )
+
     def is_committed(self, checkpoint_id: int) -> bool:
         with self._tx() as db:
             return self._marker(db, checkpoint_id) is not None

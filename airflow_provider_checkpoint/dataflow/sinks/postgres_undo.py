@@ -32,24 +32,29 @@ UNDO_CHECKPOINT = "_undo_checkpoint"
 UNDO_EXISTED = "_undo_existed"
 
 
+def staged_rows_problem(db: psycopg.Connection[Any], schema: str, table: str, expected: int) -> str | None:
+    """How staging table ``schema.table`` differs from holding the ``expected`` rows; ``None`` if it holds them."""
+    from psycopg import sql
+
+    exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
+    if not exists or not exists[0]:
+        return "is gone"
+    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
+    return None if counted and counted[0] == expected else f"holds {counted and counted[0]} rows"
+
+
 def check_staged_rows(
     db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int, checkpoint_id: int
 ) -> None:
     """Refuse to commit checkpoint ``checkpoint_id`` from staging table ``schema.table`` unless it
     holds the ``expected`` rows. Staging tables are logged, so a crash of the server does not empty
-    them: one gone or short was dropped or changed by hand (or the database lost committed
+    them, and finalize checks them just before ``_metadata`` (:meth:`PostgresTableSink.verify_staged`):
+    one gone or short now was dropped or changed by hand after that (or the database lost committed
     transactions, e.g. a failover to a replica that lagged). The message says how to get the job
     moving again."""
-    from psycopg import sql
-
-    exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
-    if not exists or not exists[0]:
-        found = "is gone"
-    else:
-        counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
-        if counted and counted[0] == expected:
-            return
-        found = f"holds {counted and counted[0]} rows"
+    found = staged_rows_problem(db, schema, table, expected)
+    if found is None:
+        return
     raise CheckpointStorageError(
         f"sink {uid}: cannot commit checkpoint {checkpoint_id}: its staging table {schema}.{table} {found}, the "
         f"checkpoint staged {expected} rows there (was it dropped or changed by hand?). Checkpoint {checkpoint_id} "
