@@ -53,20 +53,25 @@ class Env:
 def batches(config: Config) -> st.SearchStrategy[list[Row]]:
     """A checkpoint's input: hot keys changed up to ~10 times, nulls, '' and unicode in key parts,
     exact duplicates; possibly empty; NUL bytes for the PostgreSQL dead letters."""
-    key = st.sampled_from(HOT_KEYS) | st.sampled_from(ALL_KEYS)
+    keys, hot = ALL_KEYS, HOT_KEYS
+    if not config.null_keys:
+        keys, hot = [k for k in keys if None not in k], [("", 0), ("é✓𝄞", 7), ("a", 0)]
+    key = st.sampled_from(hot) | st.sampled_from(keys)
     value = st.sampled_from(VALUES + ([POISON] if config.dead_letters else []))
     row = st.tuples(key, st.integers(0, 3), value).map(lambda t: (t[0][0], t[0][1], t[1], t[2]))
     with_dups = st.tuples(st.lists(row, max_size=14), st.lists(st.integers(0, 13), max_size=3))
     return with_dups.map(lambda t: t[0] + [t[0][i % len(t[0])] for i in t[1]] if t[0] else t[0]).map(
-        lambda rows: _single_refused(config, rows)
+        lambda rows: _per_key(config, rows)
     )
 
 
-def _single_refused(config: Config, rows: list[Row]) -> list[Row]:
-    """In upsert mode a refused row only where it is its key's one row in the checkpoint (the rule for
-    a refused row among accepted ones of its key is not documented)."""
+def _per_key(config: Config, rows: list[Row]) -> list[Row]:
+    """Upsert: a refused row only where it is its key's one row in the checkpoint (the rule for a refused
+    row among accepted ones of its key is not documented); ``one_row_per_key``: the later row of each key."""
     if config.mode != "upsert":
         return rows
+    if config.one_row_per_key:
+        rows = list({key_of(r): r for r in rows}.values())
     counts: dict[Any, int] = {}
     for r in rows:
         counts[key_of(r)] = counts.get(key_of(r), 0) + 1
@@ -74,7 +79,7 @@ def _single_refused(config: Config, rows: list[Row]) -> list[Row]:
 
 
 def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
-    faults = FAULTS + (["server_crash"] if config.kind == "postgres" else [])
+    faults = [f for f in FAULTS + (["server_crash"] if config.kind == "postgres" else []) if f not in config.faults]
 
     class SinkMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -126,9 +131,12 @@ def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
             self.model.commit(c, batch)
 
         @precondition(lambda self: bool(self.model.timeline) and not self.restored)
-        @rule(data=st.data())
-        def restore(self, data: st.DataObject) -> None:
-            c = data.draw(st.sampled_from(self.model.restorable()), label="to checkpoint")
+        @rule(back=st.integers(0, 2))
+        def restore(self, back: int) -> None:
+            """Restore the checkpoint ``back`` completed checkpoints before the latest (at most the oldest
+            restorable one)."""
+            restorable = self.model.restorable()
+            c = restorable[max(0, len(restorable) - 1 - back)]
             self._trigger(restore_pending=True)
             self.harness.rollback(c)
             self.harness.commit(c, self.committables[c])  # the restored checkpoint's output again
@@ -149,8 +157,14 @@ def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
     return SinkMachine
 
 
-def run(config: Config, env: Env, seed: int, examples: int, steps: int, shrink: bool = True) -> None:
-    """Run the machine for ``config`` from ``seed``: ``examples`` sequences of up to ``steps`` steps."""
+def run(
+    config: Config, env: Env, seed: int, examples: int, steps: int, shrink: bool = True, shrink_seconds: int = 300
+) -> None:
+    """Run the machine for ``config`` from ``seed``: ``examples`` sequences of up to ``steps`` steps; a
+    failure is shrunk for at most ``shrink_seconds`` (Hypothesis's own bound is 300 s)."""
+    from hypothesis.internal.conjecture import engine
+
+    engine.MAX_SHRINKING_SECONDS = shrink_seconds  # every step runs Spark jobs: bound the shrinking in CI
     machine = machine_for(config, env)
     machine._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]  # what @seed(...) sets
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])

@@ -51,6 +51,9 @@ class Config:
     sequence_by: bool = False
     driver_merge_rows: int = 4
     buckets: int = 2
+    null_keys: bool = True  # soak.py --no-null-keys: look past a failure on null key parts
+    faults: tuple[str, ...] = ()  # soak.py --skip-fault: faults left out
+    one_row_per_key: bool = False  # soak.py --one-row-per-key: look past a failure on several rows of a key
 
     @property
     def name(self) -> str:

@@ -4,7 +4,8 @@ its dead-letter table), each table read after every step by independent readers 
 delta-rs and DuckDB; psycopg) and compared with the plain-Python model in ``sink_model``.
 
 CI runs the fixed seeds below; ``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
-``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure, and
+``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure and
+``SINK_MODEL_SHRINK_SECONDS`` (default 60) bounds it, and
 ``scripts/soak.py --seeds N`` runs many more.
 """
 
@@ -36,6 +37,7 @@ SEEDS = [int(s) for s in os.environ.get("SINK_MODEL_SEEDS", "30").split(",")]
 EXAMPLES = int(os.environ.get("SINK_MODEL_EXAMPLES", "3"))
 STEPS = int(os.environ.get("SINK_MODEL_STEPS", "8"))
 SHRINK = os.environ.get("SINK_MODEL_SHRINK", "1") != "0"
+SHRINK_SECONDS = int(os.environ.get("SINK_MODEL_SHRINK_SECONDS", "60"))
 
 
 @pytest.fixture(scope="module")
@@ -53,4 +55,4 @@ def pg_env(env: Env, postgres_server: PostgresServer, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
 def test_sink_matches_the_model(config: Config, seed: int, request: pytest.FixtureRequest) -> None:
     env = request.getfixturevalue("pg_env" if config.kind == "postgres" else "env")
-    run(config, env, seed, EXAMPLES, STEPS, SHRINK)
+    run(config, env, seed, EXAMPLES, STEPS, SHRINK, SHRINK_SECONDS)
