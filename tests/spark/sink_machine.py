@@ -51,18 +51,22 @@ class Env:
 
 
 def batches(config: Config) -> st.SearchStrategy[list[Row]]:
-    """A checkpoint's input: hot keys changed up to ~10 times, nulls, '' and unicode in key parts,
-    exact duplicates; possibly empty; NUL bytes for the PostgreSQL dead letters."""
+    """A checkpoint's input: cold keys, then hot keys changed up to ~10 times (nulls, '' and unicode in
+    key parts), then exact duplicates of some; possibly empty; NUL bytes for the PostgreSQL dead letters."""
     keys, hot = ALL_KEYS, HOT_KEYS
     if not config.null_keys:
         keys, hot = [k for k in keys if None not in k], [("", 0), ("é✓𝄞", 7), ("a", 0)]
     key = st.sampled_from(hot) | st.sampled_from(keys)
     value = st.sampled_from(VALUES + ([POISON] if config.dead_letters else []))
     row = st.tuples(key, st.integers(0, 3), value).map(lambda t: (t[0][0], t[0][1], t[1], t[2]))
-    with_dups = st.tuples(st.lists(row, max_size=14), st.lists(st.integers(0, 13), max_size=3))
-    return with_dups.map(lambda t: t[0] + [t[0][i % len(t[0])] for i in t[1]] if t[0] else t[0]).map(
-        lambda rows: _per_key(config, rows)
-    )
+    parts = st.tuples(st.integers(0, 24), st.lists(row, max_size=14), st.lists(st.integers(0, 13), max_size=3))
+    return parts.map(lambda t: _per_key(config, _cold(t[0]) + t[1] + [t[1][i % len(t[1])] for i in t[2] if t[1]]))
+
+
+def _cold(n: int) -> list[Row]:
+    """Rows of ``n`` rarely changed keys: files big enough that a hot key's change deletes a small part of
+    them (a deletion vector, no compaction), and enough changed rows for the merge in Spark."""
+    return [(f"cold{i}", i % 3, 0, "cold") for i in range(n)]
 
 
 def _per_key(config: Config, rows: list[Row]) -> list[Row]:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.servers.postgres import PostgresServer
 from tests.spark.sink_machine import Env, run
-from tests.spark.sink_model import Config, scratch_root
+from tests.spark.sink_model import POISON, Config, Model, scratch_root, sort_rows
 
 pytestmark = pytest.mark.spark
 
@@ -56,3 +56,33 @@ def pg_env(env: Env, postgres_server: PostgresServer, monkeypatch: pytest.Monkey
 def test_sink_matches_the_model(config: Config, seed: int, request: pytest.FixtureRequest) -> None:
     env = request.getfixturevalue("pg_env" if config.kind == "postgres" else "env")
     run(config, env, seed, EXAMPLES, STEPS, SHRINK, SHRINK_SECONDS)
+
+
+def test_the_model_is_the_documented_rule() -> None:
+    """The model itself, on hand-made input (no Spark): what the suite holds every sink to."""
+    upsert, by_seq = Model(Config("delta", "upsert")), Model(Config("delta", "upsert", sequence_by=True))
+    batch = [("a", 0, 2, "first"), (None, 0, 0, "null"), ("", 0, 0, "empty"), ("a", 0, 1, "later"), ("a", 0, 1, "tie")]
+    for model in (upsert, by_seq):
+        model.commit(1, batch + [("", 0, 0, "empty")])
+    assert upsert.expected() == sort_rows([("a", 0, 1, "tie"), (None, 0, 0, "null"), ("", 0, 0, "empty")])
+    assert by_seq.expected() == sort_rows([("a", 0, 2, "first"), (None, 0, 0, "null"), ("", 0, 0, "empty")])
+    upsert.commit(2, [("a", 0, 0, "replaced")])
+    upsert.commit(3, [("b", None, 0, "new")])
+    upsert.restore(2)
+    assert upsert.expected() == sort_rows([("a", 0, 0, "replaced"), (None, 0, 0, "null"), ("", 0, 0, "empty")])
+    assert upsert.timeline == [1, 2]
+
+    append, parquet_upsert = Model(Config("parquet", "append")), Model(Config("parquet", "upsert"))
+    for model in (append, parquet_upsert):
+        model.commit(1, [("a", 0, 0, "x"), ("a", 0, 0, "x")])
+        model.commit(2, [("a", 0, 0, "y")])
+        model.restore(1)
+    assert append.expected() == [("a", 0, 0, "x"), ("a", 0, 0, "x")]
+    assert parquet_upsert.expected() == [("a", 0, 0, "y")]  # left as it is: replay converges it
+
+    pg = Model(Config("postgres", "upsert"))
+    pg.commit(1, [("a", 0, 0, "x")])
+    pg.commit(2, [("a", 0, 0, POISON), ("b", 0, 0, "y")])
+    assert pg.expected() == [("a", 0, 0, "x"), ("b", 0, 0, "y")] and pg.expected_dead() == [(2, ("a", 0, 0, POISON))]
+    pg.restore(1)
+    assert pg.expected() == [("a", 0, 0, "x")] and pg.expected_dead() == []
