@@ -59,8 +59,14 @@ def batches(config: Config) -> st.SearchStrategy[list[Row]]:
     key = st.sampled_from(hot) | st.sampled_from(keys)
     value = st.sampled_from(VALUES + ([POISON] if config.dead_letters else []))
     row = st.tuples(key, st.integers(0, 3), value).map(lambda t: (t[0][0], t[0][1], t[1], t[2]))
-    parts = st.tuples(st.integers(0, 24), st.lists(row, max_size=14), st.lists(st.integers(0, 13), max_size=3))
-    return parts.map(lambda t: _per_key(config, _cold(t[0]) + t[1] + [t[1][i % len(t[1])] for i in t[2] if t[1]]))
+
+    @st.composite
+    def batch(draw: st.DrawFn) -> list[Row]:  # composite: a failure prints the rows, not how they were made
+        cold, rows = draw(st.integers(0, 24)), draw(st.lists(row, max_size=14))
+        dups = [rows[i % len(rows)] for i in draw(st.lists(st.integers(0, 13), max_size=3))] if rows else []
+        return _per_key(config, _cold(cold) + rows + dups)
+
+    return batch()
 
 
 def _cold(n: int) -> list[Row]:
