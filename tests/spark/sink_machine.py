@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ class Env:
     server: Any = None
 
 
-def batches(config: Config) -> st.SearchStrategy[list[Row]]:
+def batches(config: Config) -> st.SearchStrategy[Batch]:
     """A checkpoint's input: cold keys, then hot keys changed up to ~10 times (nulls, '' and unicode in
     key parts), then exact duplicates of some; possibly empty; NUL bytes for the PostgreSQL dead letters."""
     keys, hot = ALL_KEYS, HOT_KEYS
@@ -61,18 +62,25 @@ def batches(config: Config) -> st.SearchStrategy[list[Row]]:
     row = st.tuples(key, st.integers(0, 3), value).map(lambda t: (t[0][0], t[0][1], t[1], t[2]))
 
     @st.composite
-    def batch(draw: st.DrawFn) -> list[Row]:  # composite: a failure prints the rows, not how they were made
+    def batch(draw: st.DrawFn) -> Batch:
         cold, rows = draw(st.integers(0, 24)), draw(st.lists(row, max_size=14))
         dups = [rows[i % len(rows)] for i in draw(st.lists(st.integers(0, 13), max_size=3))] if rows else []
-        return _per_key(config, _cold(cold) + rows + dups)
+        return Batch(cold, _per_key(config, rows + dups))
 
     return batch()
 
 
-def _cold(n: int) -> list[Row]:
-    """Rows of ``n`` rarely changed keys: files big enough that a hot key's change deletes a small part of
-    them (a deletion vector, no compaction), and enough changed rows for the merge in Spark."""
-    return [(f"cold{i}", i % 3, 0, "cold") for i in range(n)]
+@dataclass(frozen=True)
+class Batch:
+    """A checkpoint's input: ``cold`` rows of rarely changed keys (files big enough that a hot key's
+    change deletes a small part of them: a deletion vector, no compaction; enough changed rows for
+    the merge in Spark), then ``hot`` rows. Printed short when Hypothesis reports a failure."""
+
+    cold: int
+    hot: list[Row]
+
+    def rows(self) -> list[Row]:
+        return [(f"cold{i}", i % 3, 0, "cold") for i in range(self.cold)] + self.hot
 
 
 def _per_key(config: Config, rows: list[Row]) -> list[Row]:
@@ -86,6 +94,14 @@ def _per_key(config: Config, rows: list[Row]) -> list[Row]:
     for r in rows:
         counts[key_of(r)] = counts.get(key_of(r), 0) + 1
     return [(r[0], r[1], r[2], "nul") if r[3] == POISON and counts[key_of(r)] > 1 else r for r in rows]
+
+
+def _diff(got: list[Any], expected: list[Any]) -> str:
+    """What a reader got that the model does not have, and the reverse (as multisets)."""
+    extra, missing = Counter(got) - Counter(expected), Counter(expected) - Counter(got)
+    return (
+        f"{len(got)} rows; extra {sorted(extra.elements(), key=repr)}, missing {sorted(missing.elements(), key=repr)}"
+    )
 
 
 def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
@@ -116,16 +132,17 @@ def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
             pass
 
         @rule(batch=batches(config), fault=st.sampled_from(faults))
-        def checkpoint(self, batch: list[Row], fault: str) -> None:
+        def checkpoint(self, batch: Batch, fault: str) -> None:
+            rows = batch.rows()
             self._trigger()
             self.restored = False
             c, self.next_id = self.next_id, self.next_id + 1
             if fault == "second_attempt":
-                leaked = [(r[0], r[1], 9, "attempt-1") for r in batch] or [("a", 0, 9, "attempt-1")]
+                leaked = [(r[0], r[1], 9, "attempt-1") for r in rows] or [("a", 0, 9, "attempt-1")]
                 self.harness.stage(c, 1, leaked)
-                committables = self.harness.stage(c, 2, batch)
+                committables = self.harness.stage(c, 2, rows)
             else:
-                committables = self.harness.stage(c, 1, batch)
+                committables = self.harness.stage(c, 1, rows)
             if fault == "abort":
                 self.harness.abort(c)
                 return
@@ -138,7 +155,7 @@ def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
             if fault == "commit_twice":
                 self.harness.commit(c, committables)
             self.committables[c] = committables
-            self.model.commit(c, batch)
+            self.model.commit(c, rows)
 
         @precondition(lambda self: bool(self.model.timeline) and not self.restored)
         @rule(back=st.integers(0, 2))
@@ -156,12 +173,14 @@ def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
         @invariant()
         def tables_match_the_model(self) -> None:
             expected = self.model.expected()
-            for reader, read in self.harness.readers().items():
-                got = read()
-                assert got == expected, f"{config.name} read by {reader}:\n  got      {got}\n  expected {expected}"
+            read = {reader: read() for reader, read in self.harness.readers().items()}
+            wrong = "".join(f"\n  {reader}: {_diff(got, expected)}" for reader, got in read.items() if got != expected)
+            assert not wrong, (
+                f"{config.name} after checkpoint {self.next_id - 1}, {len(expected)} rows expected:{wrong}"
+            )
             if config.dead_letters:
                 got_dead, expected_dead = self.harness.dead_letters(), self.model.expected_dead()
-                assert got_dead == expected_dead, f"dead letters:\n  got      {got_dead}\n  expected {expected_dead}"
+                assert got_dead == expected_dead, f"{config.name} dead letters: {_diff(got_dead, expected_dead)}"
 
     SinkMachine.__name__ = SinkMachine.__qualname__ = f"SinkMachine_{config.name.replace('-', '_')}"
     return SinkMachine
