@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 report: list[str] = []
                 t0 = time.monotonic()
                 try:
-                    with with_reporter(lambda text, report=report: report.append(str(text))):
+                    with with_reporter(lambda text, report=report: report.append(str(text))):  # type: ignore[misc]
                         run(
                             config,
                             env,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import pathlib
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,7 @@ class Model:
     def refused(self, row: Row) -> bool:
         return self.config.dead_letters and row[3] is not None and "\x00" in row[3]
 
-    def resolve(self, batch: list[Row]) -> dict[Key, Row]:
+    def resolve(self, batch: Sequence[Row]) -> dict[Key, Row]:
         """One row per key of one checkpoint's input: greatest ``seq`` (ties: later), else the later row."""
         won: dict[Key, Row] = {}
         for row in batch:
@@ -87,7 +87,7 @@ class Model:
                 won[k] = row
         return won
 
-    def commit(self, checkpoint_id: int, batch: list[Row]) -> None:
+    def commit(self, checkpoint_id: int, batch: Sequence[Row]) -> None:
         good = [r for r in batch if not self.refused(r)]
         self.dead += [(checkpoint_id, r) for r in batch if self.refused(r)]
         if self.config.mode == "append":
@@ -156,12 +156,12 @@ class Harness:
             )  # fmt: skip
 
     # -- driving -------------------------------------------------------------------------
-    def stage(self, checkpoint_id: int, attempt: int, batch: list[Row]) -> Any:
+    def stage(self, checkpoint_id: int, attempt: int, batch: Sequence[Row]) -> Any:
         from tests.spark.helpers import step_context
 
         ctx = step_context(self.spark, self.storage, checkpoint_id, attempt)
         self.sink.prepare(ctx)
-        return self.sink.stage(ctx, self.spark.createDataFrame(batch, SCHEMA))
+        return self.sink.stage(ctx, self.spark.createDataFrame(list(batch), SCHEMA))
 
     def commit(self, checkpoint_id: int, committables: Any) -> None:
         self.sink.commit(checkpoint_id, committables)

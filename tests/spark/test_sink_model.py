@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ SHRINK_SECONDS = int(os.environ.get("SINK_MODEL_SHRINK_SECONDS", "60"))
 
 
 @pytest.fixture(scope="module")
-def env(spark, request) -> Iterator[Env]:
+def env(spark: Any) -> Iterator[Env]:
     yield Env(spark, scratch_root())
 
 
