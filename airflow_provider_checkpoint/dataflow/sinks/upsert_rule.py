@@ -12,7 +12,9 @@ restore, a source that sends a key twice) resolve to one row before the sink sta
   join, a repartition in a transform) loses that order: name ``sequence_by`` then.
 
 Exact duplicates collapse. A key is compared as a whole, a null part like any value (``None``
-and ``''`` differ). Across checkpoints the later checkpoint's row replaces the earlier one.
+and ``''`` differ). Across checkpoints the later checkpoint's row replaces the earlier one,
+whatever its ``sequence_by`` values (they order the rows of one checkpoint; the stored row is
+not compared).
 """
 
 from __future__ import annotations
