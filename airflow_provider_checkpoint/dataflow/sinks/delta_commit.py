@@ -58,8 +58,9 @@ def commit(
         live = delta_log.live_actions(fs, root, table, latest)
         _check(live, changes, document)
         version = latest + 1
-        where = f"Delta table {table}, version {version} (checkpoint {checkpoint_id})"
-        delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name, dv_files))
+        _check_version(
+            fs, root, f"Delta table {table}, version {version} (checkpoint {checkpoint_id})", actions, live, dv_files
+        )
         body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
             return version
@@ -89,17 +90,25 @@ def check_staged(
     latest = delta_log.commit_versions(fs, root)[-1]
     live = delta_log.live_actions(fs, root, table, latest)
     where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
-    dv_files: dict[str, bytes] = {}
-    actions = _actions("staged", checkpoint_id, changes)
-    delta_checks.check_version(where, actions, live, lambda dv, name: _positions(fs, root, dv, name, dv_files))
+    _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {})
 
 
-def _positions(
-    fs: fsspec.AbstractFileSystem, root: str, dv: Mapping[str, Any], where: str, files: dict[str, bytes]
-) -> np.ndarray:
-    """The positions a raw descriptor of the commit deletes, decoded and checked (size, checksum, cardinality)."""
-    descriptor = deletion_vectors.read_descriptor(Fields(dv, where))
-    return deletion_vectors.read_positions(fs, root, descriptor, where, files)
+def _check_version(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    where: str,
+    actions: list[dict[str, Any]],
+    live: dict[tuple[str, str | None], delta_log.RawFile],
+    dv_files: dict[str, bytes],
+) -> None:
+    """:func:`.delta_checks.check_version` with the DVs the actions name decoded from the table
+    (``dv_files``: each DV file read once, kept across calls)."""
+
+    def positions(dv: Mapping[str, Any], name: str) -> np.ndarray:
+        descriptor = deletion_vectors.read_descriptor(Fields(dv, name))
+        return deletion_vectors.read_positions(fs, root, descriptor, name, dv_files)
+
+    delta_checks.check_version(where, actions, live, positions)
 
 
 def _actions(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> list[dict[str, Any]]:
