@@ -8,7 +8,8 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py long-run --increments 100 --events 200 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
-    .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000 --buckets 1024
+    .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000
+    .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 10000000
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --events 20000 --s3-long-run 70
 
@@ -57,7 +58,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--workload", choices=[*WORKLOADS, "small-state"], default="clickstream", help="scheduler mode's workload"
     )
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--buckets", type=int, default=1024, help="sink-upsert mode's bucket files per table")
+    parser.add_argument(
+        "--buckets", type=int, default=16, help="sink-upsert mode's bucket files per table (the Delta sink's default)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
     parser.add_argument("--s3-long-run", type=int, default=70, help="state-io mode's checkpoints of the long S3 run")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
@@ -93,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         "postgres": "large-state",
         "state-io": "large-state",
     }.get(args.mode, args.mode)
-    section = f"scheduler-{args.workload}" if args.mode == "scheduler" else args.mode
+    section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
+        args.mode, args.mode
+    )
     workload = {"small-state": "large-state"}.get(workload, workload)
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_checkpoint import FileSource, ParquetTableSink
 from airflow_provider_checkpoint.dataflow import DeltaTableSink
-from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by, latest_per_key
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows, check_sequence_by, latest_per_key
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.helpers import table, write_json
@@ -49,13 +49,34 @@ def _model(rows: list[tuple[Any, ...]], sequence_by: bool, key_columns: int = 2)
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("sequence_by", [False, True])
-def test_latest_per_key_matches_the_model(spark: SparkSession, seed: int, sequence_by: bool) -> None:
+@pytest.mark.parametrize("where", ["spark", "driver"])
+def test_latest_per_key_matches_the_model(spark: SparkSession, seed: int, sequence_by: bool, where: str) -> None:
     rows = _rows(random.Random(seed), 300)
     df = spark.createDataFrame(rows, SCHEMA)  # several partitions, in list order
-    out = latest_per_key("sink", df, ["k1", "k2"], ["seq"] if sequence_by else [])
-    got = [tuple(r) for r in out.collect()]
+    upsert = UpsertRows("sink", df, ["k1", "k2"], ["seq"] if sequence_by else [], reduce=True)
+    if where == "spark":
+        got = [tuple(r) for r in upsert.frame().collect()]
+    else:
+        collected = upsert.collect(len(rows), {})
+        assert collected is not None and collected.column_names == df.columns
+        got = [tuple(r.values()) for r in collected.to_pylist()]
     assert len(got) == len({r[:2] for r in got}), "one row per key"
     assert set(got) == _model(rows, sequence_by)
+
+
+def test_the_driver_leaves_to_spark_what_pyarrow_would_compare_differently(spark: SparkSession) -> None:
+    """More rows than the limit; float keys (Spark equates -0.0 with 0.0, and every NaN); a NaN sequence
+    value (Spark orders it above every value): :meth:`UpsertRows.collect` declines, :meth:`frame` decides."""
+    keys = spark.createDataFrame([(0.0, 1, "a"), (-0.0, 2, "b")], "k DOUBLE, s LONG, v STRING")
+    assert UpsertRows("sink", keys, ["k"], [], reduce=True).collect(1, {}) is None
+    assert UpsertRows("sink", keys, ["k"], [], reduce=True).collect(10, {}) is None
+    assert [r.v for r in UpsertRows("sink", keys, ["k"], [], reduce=True).frame().collect()] == ["b"]
+    nan = spark.createDataFrame([("x", float("nan"), "a"), ("x", 1.0, "b")], "k STRING, s DOUBLE, v STRING")
+    assert UpsertRows("sink", nan, ["k"], ["s"], reduce=True).collect(10, {}) is None
+    assert [r.v for r in UpsertRows("sink", nan, ["k"], ["s"], reduce=True).frame().collect()] == ["a"]
+    plain = nan.where("v = 'b'").union(nan.where("v = 'b'").selectExpr("k", "0.5D AS s", "'c' AS v"))
+    collected = UpsertRows("sink", plain, ["k"], ["s"], reduce=True).collect(10, {})
+    assert collected is not None and collected.to_pylist() == [{"k": "x", "s": 1.0, "v": "b"}]
 
 
 def test_sequence_by_is_checked_when_defined() -> None:

@@ -28,7 +28,7 @@ import fsspec
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
-from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import latest_per_key
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError, UnsafePathError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
@@ -58,8 +58,8 @@ class TransactionalSink(Sink):
     :meth:`write`, :meth:`read_committables`, :meth:`is_committed`, :meth:`commit_checked`
     and :meth:`abort`; :meth:`rollback`, :meth:`audit` and ``describe_commit`` are optional.
     They set ``mode`` (``append`` or ``upsert``), ``keys`` and ``sequence_by``
-    (:func:`~.upsert_rule.check_sequence_by`): an upsert sink's :meth:`write` receives one row
-    per key (:mod:`.upsert_rule`).
+    (:func:`~.upsert_rule.check_sequence_by`): in upsert mode :meth:`write_upsert` receives the
+    input as :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`).
     """
 
     mode: str
@@ -105,7 +105,11 @@ class TransactionalSink(Sink):
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         self.check_target()
         self.claim(ctx.plan.job_id)
-        return self.write(ctx, self.one_row_per_key(df))
+        if self.mode == "upsert":
+            return self.write_upsert(
+                ctx, UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order())
+            )
+        return self.write(ctx, df)
 
     def needs_source_order(self) -> bool:
         """In upsert mode, unless the input already has at most one row per key (its node's
@@ -113,14 +117,14 @@ class TransactionalSink(Sink):
         unique = self.unique_keys()
         return self.mode == "upsert" and (unique is None or not set(unique) <= set(self.keys))
 
-    def one_row_per_key(self, df: DataFrame) -> DataFrame:
-        """``df`` as :meth:`write` receives it: one row per key where :meth:`needs_source_order`
-        (:mod:`.upsert_rule`)."""
-        return latest_per_key(self.uid, df, self.keys, self.sequence_by) if self.needs_source_order() else df
-
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage ``df`` as checkpoint ``ctx.checkpoint_id``'s output; return the committables."""
         raise NotImplementedError
+
+    def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
+        """Stage an upsert, one row per key (:mod:`.upsert_rule`); by default :meth:`write` of the rows as
+        Spark reduces them. A sink that can take a small input in the driver uses :meth:`UpsertRows.collect`."""
+        return self.write(ctx, rows.frame())
 
     # -- committer (finalize / recovery side) ------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> Any:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Column, DataFrame
 
+    from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows
     from airflow_provider_checkpoint.spark.context import StepContext
 
 _BUCKET = "_bucket"
@@ -55,20 +56,18 @@ class BucketedUpsert:
     def write(
         self,
         ctx: StepContext,
-        df: DataFrame,
+        rows: UpsertRows,
         fs: fsspec.AbstractFileSystem,
         staging: str,
         existing: ExistingBuckets,
     ) -> list[Staged]:
-        """Merge ``df`` (the changed rows) into the affected buckets, staged under ``staging``."""
-        changed = df.withColumn(_BUCKET, self.bucket_of())
-        if self.driver_merge_rows:
-            small = changed.limit(self.driver_merge_rows + 1).toArrow()
-            if small.num_rows <= self.driver_merge_rows:
-                staged = self._merge_in_driver(ctx, small, fs, staging, existing)
-                if staged is not None:
-                    return staged
-        return self._merge_in_spark(ctx, changed, fs, staging, existing)
+        """Merge ``rows`` (the changed rows) into the affected buckets, staged under ``staging``."""
+        small = rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
+        if small is not None:
+            staged = self._merge_in_driver(ctx, small, fs, staging, existing)
+            if staged is not None:
+                return staged
+        return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, existing)
 
     def _merge_in_driver(
         self,

@@ -37,7 +37,6 @@ from airflow_provider_checkpoint.dataflow.sinks.base import CLAIM_FILE, TableDir
 from airflow_provider_checkpoint.dataflow.sinks.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
 from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
     DeltaCommit,
-    DeltaDeletes,
     DeltaFile,
     check_input_columns,
     dv_files,
@@ -46,7 +45,7 @@ from airflow_provider_checkpoint.dataflow.sinks.delta_files import (
     kept_files,
     read_delta_committables,
 )
-from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows, check_sequence_by
 from airflow_provider_checkpoint.exceptions import (
     DocumentError,
     PipelineDefinitionError,
@@ -85,7 +84,8 @@ class DeltaTableSink(TableDirectorySink):
     :param keys: The key columns of an upsert table.
     :param partition_by: Partition columns of an append table (created with them).
     :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
-    :param driver_merge_rows: A first load of at most this many rows is bucketed in the driver (pyarrow).
+    :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job and
+        written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
     :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
         ``conn_id``; delta-rs's are derived from them (:mod:`.delta_storage`).
     :param step: Name of the step (Airflow task) the sink runs in.
@@ -166,6 +166,32 @@ class DeltaTableSink(TableDirectorySink):
 
     # -- writer (in the step) ------------------------------------------------------------
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        fs, root, staging = self._prepare(ctx, df)
+        files = [(f.path, f.rows) for f in write_parquet(df, fs, staging, self.partition_by)]
+        adds = [a for a in self._adds(fs, root, staging, files) if a.num_records]
+        ctx.add_metric("sink_rows", sum(a.num_records for a in adds))
+        return self._committables(ctx, DeltaCommit(adds, [], []))
+
+    def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
+        assert self.upsert is not None  # upsert mode
+        fs, root, staging = self._prepare(ctx, rows.df)
+        if live := self._upsert_files():
+            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live)
+            commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes)
+            if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
+                delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit)
+            return self._committables(ctx, commit)
+        files = []  # the first load: one file per bucket
+        for b, full, count in self.upsert.write(ctx, rows, fs, staging, lambda _: {}):
+            named = f"{staging}/{bucket_file(b)}"
+            if full != named:
+                fs.mv(full, named)
+            files.append((named, count))
+        return self._committables(ctx, DeltaCommit(self._adds(fs, root, staging, files), [], []))
+
+    def _prepare(self, ctx: StepContext, df: DataFrame) -> tuple[fsspec.AbstractFileSystem, str, str]:
+        """Create the table if it has none, refuse input not matching it, clear the attempt's staging
+        directory: ``(filesystem, table root, staging directory)``."""
         from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -187,36 +213,23 @@ class DeltaTableSink(TableDirectorySink):
         staging = self.table().path(self.staging_name(ctx))
         if fs.exists(staging):
             fs.rm(staging, recursive=True)
-        removes: list[DeltaFile] = []
-        deletes: list[DeltaDeletes] = []
-        files: list[tuple[str, int | None]]  # staged file, its rows if known
-        if self.upsert is None:
-            files = [(f.path, f.rows) for f in write_parquet(df, fs, staging, self.partition_by)]
-        elif live := self._upsert_files():
-            staged = delta_upsert.stage(ctx, self.upsert, df, fs, root, staging, live)
-            files, removes, deletes = staged.adds, staged.removes, staged.deletes
-        else:  # the first load: one file per bucket
-            files = []
-            for b, full, rows in self.upsert.write(ctx, df, fs, staging, lambda _: {}):
-                named = f"{staging}/{bucket_file(b)}"
-                if full != named:
-                    fs.mv(full, named)
-                files.append((named, rows))
-        adds = [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
-        adds = [a for a in adds if a.num_records or self.upsert]
-        if self.upsert is not None and (removes or deletes):  # refused here, the checkpoint is aborted
-            delta_commit.check_staged(
-                fs, root, self.asset_uri(), ctx.checkpoint_id, DeltaCommit(adds, removes, deletes)
-            )
-        ctx.add_metric("sink_files_staged", len(adds))
-        if self.upsert is None:  # the upsert writer counts its changed rows itself
-            ctx.add_metric("sink_rows", sum(a.num_records for a in adds))
+        return fs, root, staging
+
+    def _adds(
+        self, fs: fsspec.AbstractFileSystem, root: str, staging: str, files: list[tuple[str, int | None]]
+    ) -> list[DeltaFile]:
+        """The add actions of the staged Parquet ``files`` (path, rows if known)."""
+        return [self._add(fs, root, full, staging, rows) for full, rows in files if full.endswith(".parquet")]
+
+    @staticmethod
+    def _committables(ctx: StepContext, commit: DeltaCommit) -> list[JsonDict]:
+        ctx.add_metric("sink_files_staged", len(commit.adds))
         return [
             {
                 "checkpoint_id": ctx.checkpoint_id,
-                "adds": [a.to_json() for a in adds],
-                "removes": [r.remove_json() for r in removes],
-                "deletes": [d.to_json() for d in deletes],
+                "adds": [a.to_json() for a in commit.adds],
+                "removes": [r.remove_json() for r in commit.removes],
+                "deletes": [d.to_json() for d in commit.deletes],
             }
         ]
 

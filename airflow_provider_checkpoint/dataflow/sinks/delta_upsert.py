@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
     from pyspark.sql import DataFrame
 
+    from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows
     from airflow_provider_checkpoint.spark.context import StepContext
 
 COMPACT_FRACTION = 0.5
@@ -83,25 +84,33 @@ class _Found:
 def stage(
     ctx: StepContext,
     upsert: BucketedUpsert,
-    df: DataFrame,
+    rows: UpsertRows,
     fs: fsspec.AbstractFileSystem,
     root: str,
     staging: str,
     live: dict[str, DataFile],
 ) -> StagedUpsert:
-    """Stage the upsert of ``df`` (the changed rows) into a table whose files are ``live``; refused
-    (:mod:`.delta_checks`) unless it leaves one live row per key."""
+    """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
+    (:mod:`.delta_checks`) unless it leaves one live row per key.
+
+    Up to ``upsert.driver_merge_rows`` changed rows are collected in one Spark job and written by the
+    driver (pyarrow); more are written by the executors (Spark)."""
     import pyarrow as pa
 
-    df = df.cache()  # read twice: its keys, then its rows
-    try:
-        keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
-        ctx.add_metric("sink_rows", keys.num_rows)
-        if not keys.num_rows:
-            return StagedUpsert([], [], [])
-        adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging)
-    finally:
-        df.unpersist()
+    small = rows.collect(upsert.driver_merge_rows, {_BUCKET: upsert.bucket_of()})
+    if small is not None:
+        keys = small.select([*upsert.keys, _BUCKET])
+        adds = _write_rows(ctx.checkpoint_id, small.drop_columns([_BUCKET]), fs, staging)
+    else:
+        df = rows.frame().cache()  # read twice: its keys, then its rows
+        try:
+            keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
+            adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging) if keys.num_rows else []
+        finally:
+            df.unpersist()
+    ctx.add_metric("sink_rows", keys.num_rows)
+    if not keys.num_rows:
+        return StagedUpsert([], [], [])
     affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
     candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
     changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
@@ -138,6 +147,23 @@ def _write_updates(
         adds.append((named, part.rows))
     fs.rm(f"{staging}/_changed", recursive=True)
     return adds
+
+
+def _write_rows(
+    checkpoint_id: int, rows: pa.Table, fs: fsspec.AbstractFileSystem, staging: str
+) -> list[tuple[str, int | None]]:
+    """The changed rows (collected in the driver) as one update file ``staging/part-u<checkpoint>-0.parquet``."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_checkpoint.dataflow.sinks.bucket_merge import target_schema
+
+    if not rows.num_rows:
+        return []
+    named = f"{staging}/{update_file(checkpoint_id, 0)}"
+    fs.makedirs(staging, exist_ok=True)
+    with fs.open(named, "wb") as sink:
+        pq.write_table(rows.cast(target_schema(rows.schema)), sink, compression="zstd")
+    return [(named, rows.num_rows)]
 
 
 def _lookup(

@@ -34,7 +34,7 @@ from airflow_provider_checkpoint.dataflow.sinks.bucketed import (
     bucket_file,
     check_buckets,
 )
-from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by
+from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows, check_sequence_by
 from airflow_provider_checkpoint.exceptions import DocumentError
 from airflow_provider_checkpoint.storage.job_storage import Location
 
@@ -145,12 +145,16 @@ class ParquetTableSink(TableDirectorySink):
     # -- writer (in the step) ----------------------------------------------------------
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root = self._fs()
-        staging = self.attempt_staging(ctx)
-        if self.upsert is None:
-            moves = self._stage_append(ctx, df, fs, root, staging)
-        else:
-            staged = self.upsert.write(ctx, df, fs, staging, self._existing_buckets)
-            moves = [[path[len(root) + 1 :], bucket_file(b)] for b, path, _ in staged]
+        return self._committables(ctx, self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx)))
+
+    def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
+        assert self.upsert is not None  # upsert mode
+        fs, root = self._fs()
+        staged = self.upsert.write(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
+        return self._committables(ctx, [[path[len(root) + 1 :], bucket_file(b)] for b, path, _ in staged])
+
+    @staticmethod
+    def _committables(ctx: StepContext, moves: list[list[str]]) -> list[JsonDict]:
         ctx.add_metric("sink_files_staged", len(moves))
         return [{"checkpoint_id": ctx.checkpoint_id, "moves": moves}]
 

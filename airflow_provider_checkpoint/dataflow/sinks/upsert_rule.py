@@ -15,19 +15,31 @@ Exact duplicates collapse. A key is compared as a whole, a null part like any va
 and ``''`` differ). Across checkpoints the later checkpoint's row replaces the earlier one,
 whatever its ``sequence_by`` values (they order the rows of one checkpoint; the stored row is
 not compared).
+
+:class:`UpsertRows` applies the rule in Spark (:func:`latest_per_key`) or, for a small input, in
+the driver with pyarrow after one collect (:func:`latest_in_arrow`), with the same result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
 
-_ROW, _ORDER = "__upsert_row", "__upsert_order"
+_ROW, _ORDER, _RANK = "__upsert_row", "__upsert_order", "__upsert_rank"
+
+
+def _float_types() -> tuple[pa.DataType, ...]:
+    import pyarrow as pa
+
+    return (pa.float16(), pa.float32(), pa.float64())
 
 
 def check_sequence_by(uid: str, mode: str, keys: Sequence[str], sequence_by: Sequence[str] | None) -> list[str]:
@@ -52,14 +64,86 @@ def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Se
     """
     from pyspark.sql import functions as F
 
+    _check_columns(uid, df, keys, sequence_by)
+    ordered = df.withColumn(_ORDER, F.monotonically_increasing_id())
+    row = F.struct(*[F.col(f"`{c}`") for c in df.columns])
+    order = F.struct(*[F.col(f"`{c}`") for c in sequence_by], F.col(_ORDER))
+    latest = ordered.groupBy(*[F.col(f"`{k}`") for k in keys]).agg(F.max_by(row, order).alias(_ROW))
+    return latest.select(*[F.col(_ROW)[c].alias(c) for c in df.columns])
+
+
+def _check_columns(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Sequence[str]) -> None:
     missing = [c for c in [*keys, *sequence_by] if c not in df.columns]
     if missing:
         raise SinkSchemaError(
             f"sink {uid}: the input has no column(s) {missing} (upsert keys {list(keys)}, sequence_by "
             f"{list(sequence_by)}); its columns are {df.columns}"
         )
-    ordered = df.withColumn(_ORDER, F.monotonically_increasing_id())
-    row = F.struct(*[F.col(f"`{c}`") for c in df.columns])
-    order = F.struct(*[F.col(f"`{c}`") for c in sequence_by], F.col(_ORDER))
-    latest = ordered.groupBy(*[F.col(f"`{k}`") for k in keys]).agg(F.max_by(row, order).alias(_ROW))
-    return latest.select(*[F.col(_ROW)[c].alias(c) for c in df.columns])
+
+
+def _comparable_in_arrow(t: DataType, floating: bool) -> bool:
+    """Whether pyarrow groups (``floating=False``) or orders values of Spark type ``t`` as Spark does.
+    Floats group differently (Spark equates every NaN, and -0.0 with 0.0); as ``sequence_by`` they order
+    alike but for NaN, which the collect checks."""
+    from pyspark.sql import types as T
+
+    plain = (T.StringType, T.BinaryType, T.BooleanType, T.DateType, T.TimestampType, T.TimestampNTZType)
+    numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType)
+    return isinstance(t, plain + numeric) or (floating and isinstance(t, T.FloatType | T.DoubleType))
+
+
+@dataclass(frozen=True)
+class UpsertRows:
+    """An upsert sink's input, one row per key by the rule where ``reduce`` (the input may repeat a key):
+    :meth:`frame` in Spark, or :meth:`collect` into the driver when it is small."""
+
+    uid: str
+    df: DataFrame
+    keys: Sequence[str]
+    sequence_by: Sequence[str]
+    reduce: bool
+
+    def frame(self) -> DataFrame:
+        """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
+        return latest_per_key(self.uid, self.df, self.keys, self.sequence_by) if self.reduce else self.df
+
+    def collect(self, limit: int, extra: dict[str, Column]) -> pa.Table | None:
+        """The rows in the driver with the ``extra`` columns, reduced there, in one Spark job (no shuffle);
+        ``None`` if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot
+        compare as Spark does: use :meth:`frame` then."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F
+
+        if not limit:
+            return None
+        _check_columns(self.uid, self.df, self.keys, self.sequence_by)
+        types = {f.name: f.dataType for f in self.df.schema.fields}
+        if self.reduce and not (
+            all(_comparable_in_arrow(types[k], floating=False) for k in self.keys)
+            and all(_comparable_in_arrow(types[c], floating=True) for c in self.sequence_by)
+        ):
+            return None
+        df = self.df.withColumns(extra)
+        if self.reduce:
+            df = df.withColumn(_ORDER, F.monotonically_increasing_id())
+        rows = df.limit(limit + 1).toArrow()
+        if rows.num_rows > limit:
+            return None
+        if not self.reduce:
+            return rows
+        floats = [rows[c] for c in self.sequence_by if rows.schema.field(c).type in _float_types()]
+        if any(pc.any(pc.is_nan(c)).as_py() for c in floats):  # Spark orders NaN above every value
+            return None
+        return latest_in_arrow(rows, self.keys, [*self.sequence_by, _ORDER]).drop_columns([_ORDER])
+
+
+def latest_in_arrow(rows: pa.Table, keys: Sequence[str], order: Sequence[str]) -> pa.Table:
+    """One row of ``rows`` per key (null-safe): the greatest by the ``order`` columns, a null below any value."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ranked = rows.take(pc.sort_indices(rows, sort_keys=[(c, "ascending", "at_start") for c in order]))
+    ranked = ranked.append_column(_RANK, pa.array(np.arange(ranked.num_rows, dtype=np.int64)))
+    last = ranked.select([*keys, _RANK]).group_by(list(keys), use_threads=False).aggregate([(_RANK, "max")])
+    return ranked.take(np.sort(last[f"{_RANK}_max"].to_numpy())).drop_columns([_RANK])
