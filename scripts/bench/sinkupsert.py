@@ -205,6 +205,6 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"Table size after the run: {', '.join(f'{n} {b / MB:.1f} MB' for n, b in result['table_bytes'].items())} "
         "(Delta keeps removed files for time travel until VACUUM). "
-        f"Ground truth: {'both tables match' if not result['problems'] else '; '.join(result['problems'])}."
+        f"Ground truth: {'every table matches' if not result['problems'] else '; '.join(result['problems'])}."
     )
     return "\n".join(lines)
