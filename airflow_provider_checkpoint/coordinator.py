@@ -72,7 +72,7 @@ class CheckpointCoordinator:
         self.dag_id = dag_id or storage.job_id
         self.allowed_roots = list(allowed_roots or [Location(storage.fs, storage.root).url()])
         self.store = CompletedCheckpointStore(storage)
-        self.sink_committer = SinkCommitter(graph.sinks)
+        self.sink_committer = SinkCommitter(graph.sinks, storage.job_id)
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(

@@ -247,9 +247,17 @@ class Sink(Node):
     """Runs last in the first step that reads its input (a source), instead of in a step of
     its own, and is not a consumer of that input for :attr:`StatefulOperator.reads_input_once`."""
 
+    job_id: str | None = None
+    """The job this sink writes for, once bound (:meth:`bind_job`)."""
+
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
+
+    def bind_job(self, job_id: str) -> None:
+        """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
+        target's stored claim says is checked against it, never used in its place."""
+        self.job_id = job_id
 
     def unique_keys(self) -> tuple[str, ...] | None:
         return self.inputs[0].unique_keys()
@@ -316,9 +324,17 @@ class Channel(Node):
 
     kind = "channel"
 
+    job_id: str | None = None
+    """The job this sink writes for, once bound (:meth:`bind_job`)."""
+
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
         self.step = _step_name(uid, step)
+
+    def bind_job(self, job_id: str) -> None:
+        """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
+        target's stored claim says is checked against it, never used in its place."""
+        self.job_id = job_id
 
     def unique_keys(self) -> tuple[str, ...] | None:
         return self.inputs[0].unique_keys()

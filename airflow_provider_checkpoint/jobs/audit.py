@@ -81,5 +81,6 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
                 findings.append(f"orphaned file {storage.url(relative)}")
     for sink in sinks:
         if isinstance(sink, TransactionalSink):
+            sink.bind_job(storage.job_id)
             findings.extend(sink.audit())
     return list(dict.fromkeys(findings))

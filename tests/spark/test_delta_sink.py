@@ -399,3 +399,35 @@ def test_random_upserts_match_a_dict_model(spark, tmp_path, monkeypatch, seed):
         for name, read in (("delta-rs", _delta_rs), ("duckdb", _duckdb)):
             _same_rows(read(path), model, ["a", "b"], f"{name} after checkpoint {checkpoint_id}")
     assert sink.audit() == []
+
+
+@pytest.mark.parametrize("claim", [{"job_id": "other"}, {"sink": "other"}, {"job_id": ["multi"]}])
+def test_a_claim_naming_another_job_is_refused_before_recovery_commits(spark, tmp_path, claim):
+    """``_table.json`` is untrusted: edited to name another job (or sink, or not a job id at all), the
+    next trigger's recovery refuses it instead of looking up that job's ``txn`` and committing the latest
+    checkpoint a second time (the same files added by two versions). Nothing under the table changes."""
+    import hashlib
+    import json
+
+    from airflow_provider_checkpoint.testing.inprocess import make_job
+    from tests.spark.helpers import write_json
+
+    def declare(base: Path) -> None:
+        events = FileSource("events", f"{base}/landing", "json", "id STRING, v LONG")
+        DeltaTableSink("delta", events, f"{base}/delta", mode="upsert", keys=["id"])
+
+    job = make_job(spark, tmp_path, declare)
+    write_json(tmp_path / "landing" / "0.json", [{"id": "a", "v": 1}, {"id": "b", "v": 2}])
+    job.checkpoint()
+    table = tmp_path / "delta"
+    stored = json.loads((table / "_table.json").read_text())
+    (table / "_table.json").write_text(json.dumps({**stored, **claim}))
+
+    def digest() -> dict[str, str]:
+        return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(table.rglob("*")) if p.is_file()}
+
+    before = digest()
+    with pytest.raises(SinkClaimedError, match=r"belongs to .*not \{'job_id': 'multi', 'sink': 'delta'"):
+        job.checkpoint()
+    assert digest() == before
+    assert delta_commits_per_checkpoint(table) == {1: 1}

@@ -208,6 +208,20 @@ def test_another_jobs_table_is_refused_before_any_spark_work(spark, postgres_ser
     assert _table(postgres_server, target).shape[0] == 3
 
 
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_claim_row_naming_another_job_is_refused_before_a_second_commit(spark, postgres_server, target, mode):
+    """The claims table is untrusted: a row edited to name another job would make the commit look for that
+    job's marker, find none and commit checkpoint 1 again. It is refused; the table keeps its rows once."""
+    sink = _sink(target, mode)
+    committables = _stage(spark, sink, "job", 1, _rows(1, range(5)))
+    sink.commit(1, committables)
+    with postgres_server.connect() as db:
+        db.execute(f"UPDATE {target}.checkpoint_sink_claims SET job_id = 'other' WHERE table_name = 'facts'")
+    with pytest.raises(SinkClaimedError, match=r"belongs to .*'other'"):
+        sink.commit(1, committables)
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [_rows(1, range(5))]))
+
+
 def test_a_wrong_password_is_refused_without_naming_it(postgres_server, target, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri(password="not-the-password"))
     with pytest.raises(SinkConnectionError, match="password authentication failed") as refused:

@@ -83,15 +83,29 @@ class TransactionalSink(Sink):
 
     def claim(self, job_id: str) -> None:
         """Record (job, sink uid) as the target's only writer; refuse another job, sink or layout."""
+        self.bind_job(job_id)
         claim = self.claim_document(job_id)
         existing = self.load_claim()
         if existing is None:
             self.store_claim(claim)
-        elif existing != claim:
+        else:
+            self.owned_claim(existing)
+
+    def owned_claim(self, claim: JsonDict | None) -> JsonDict | None:
+        """``claim`` (the target's stored claim) if it is exactly the bound job's: ``None`` when the target
+        has none yet; :class:`SinkClaimedError` if it names another job, sink or layout. A stored claim
+        is untrusted: commits, restores and audits use the bound job's id, never the one it names."""
+        if claim is None:
+            return None
+        if self.job_id is None:
+            raise RuntimeError(f"sink {self.uid} is not bound to a job (bind_job)")
+        expected = self.claim_document(self.job_id)
+        if claim != expected:
             raise SinkClaimedError(
-                f"sink {self.uid}: {self.target_name()} belongs to {existing}, not {claim}; "
+                f"sink {self.uid}: {self.target_name()} belongs to {str(claim)[:300]}, not {expected}; "
                 "one job and sink write a target, and its layout cannot change"
             )
+        return expected
 
     # -- writer (step side) ------------------------------------------------------------
     @staticmethod

@@ -19,8 +19,10 @@ class SinkCommitter:
     recovery and a finalize retry may both commit the same completed checkpoint.
     """
 
-    def __init__(self, sinks: Sequence[Sink]) -> None:
+    def __init__(self, sinks: Sequence[Sink], job_id: str) -> None:
         self.sinks = {s.uid: s for s in sinks}
+        for sink in sinks:
+            sink.bind_job(job_id)
 
     def check(self, checkpoint_id: int, committables: Mapping[str, list[JsonDict]], document: str) -> None:
         """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""

@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from airflow_provider_checkpoint.core.documents import JOB_ID, Fields
+from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow import delta_log, delta_storage
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
@@ -142,14 +142,11 @@ class DeltaTableSink(TableDirectorySink):
         return DeltaTable(self.asset_uri(), version=version, storage_options=self.delta_options())
 
     def app_id(self) -> str | None:
-        """The ``txn`` app id of this (job, sink): from the claim, ``None`` before the first stage."""
-        claim = self.load_claim()
-        if claim is None:
+        """The ``txn`` app id of this (bound job, sink); ``None`` before the first stage (no claim yet).
+        A claim naming another job or sink is refused (:meth:`owned_claim`)."""
+        if self.owned_claim(self.load_claim()) is None:
             return None
-        fields = Fields(claim, self.table().url(CLAIM_FILE))
-        if fields.string("sink", max_length=100) != self.uid:
-            raise fields.error("sink", f"must be {self.uid}", claim.get("sink"))
-        return f"airflow-checkpoint:{fields.string('job_id', JOB_ID)}:{self.uid}"
+        return f"airflow-checkpoint:{self.job_id}:{self.uid}"
 
     def check_target(self) -> None:
         """Refuse a directory that holds anything but a Delta table (and this sink's claim and files)."""

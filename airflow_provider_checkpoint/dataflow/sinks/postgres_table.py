@@ -326,7 +326,7 @@ class PostgresTableSink(TransactionalSink):
     def _marker(self, db: psycopg.Connection[Any], checkpoint_id: int, claim: JsonDict | None = None) -> Any:
         from psycopg import sql
 
-        claim = claim or self._read_claim(db)
+        claim = claim or self.owned_claim(self._read_claim(db))
         if claim is None:
             return None
         return db.execute(
@@ -337,8 +337,8 @@ class PostgresTableSink(TransactionalSink):
         ).fetchone()
 
     def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
-        claim = self._read_claim(db, lock=True)
-        if claim is None or claim["sink"] != self.uid:
+        claim = self.owned_claim(self._read_claim(db, lock=True))
+        if claim is None:
             raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
         return claim
 
