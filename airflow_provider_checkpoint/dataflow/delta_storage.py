@@ -17,11 +17,17 @@ Credentials live only in these options, never in a document or a log.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_checkpoint.exceptions import UnsafePathError
 from airflow_provider_checkpoint.storage.object_store import is_s3
+from airflow_provider_checkpoint.storage.paths import confine, is_local
+
+if TYPE_CHECKING:
+    from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 
 DELTA_RS_PREFIX = "aws_"
 """Options with this prefix (any case) are ``object_store``'s: delta-rs takes them, fsspec does not."""
@@ -55,3 +61,31 @@ def delta_rs_options(
     if str(used).startswith("http://"):
         options["aws_allow_http"] = "true"
     return {**options, "aws_conditional_put": "etag", **delta_only}
+
+
+LOG_DIR = "_delta_log"
+
+
+def check_links(fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = ()) -> None:
+    """Refuse, on a local filesystem, a table whose ``_delta_log`` is or holds a symbolic link, or one of
+    whose ``files`` (as its log names them: data files and their DV files) resolves outside the table.
+
+    delta-rs reads and creates log files, Spark and pyarrow open data files and DV files by path, and
+    each would follow a link: a link anywhere in the log (even one pointing inside) is refused, a data
+    or DV file only if it leads out (as every path a document names, docs/security.md). Object stores
+    have no links. Checked right before use, not atomically with it."""
+    if not is_local(fs):
+        return
+    log = f"{root}/{LOG_DIR}"
+    if os.path.islink(log):
+        raise UnsafePathError(f"refusing Delta table {table}: its {LOG_DIR} is a symbolic link")
+    if os.path.isdir(log):
+        for directory, dirs, names in os.walk(log):
+            linked = [n for n in [*dirs, *names] if os.path.islink(os.path.join(directory, n))]
+            if linked:
+                where = os.path.relpath(os.path.join(directory, linked[0]), root)
+                raise UnsafePathError(f"refusing Delta table {table}: {where} is a symbolic link")
+    for f in files:
+        dv = f.deletion_vector.file() if f.deletion_vector else None
+        for path in (f.path, dv) if dv else (f.path,):
+            confine(root, path, local=True)

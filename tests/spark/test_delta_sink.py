@@ -431,3 +431,40 @@ def test_a_claim_naming_another_job_is_refused_before_recovery_commits(spark, tm
         job.checkpoint()
     assert digest() == before
     assert delta_commits_per_checkpoint(table) == {1: 1}
+
+
+def _digest(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("link", ["the log", "a commit in the log", "a data file"])
+def test_a_link_in_the_log_or_out_of_the_table_is_refused_before_delta_rs_or_pyarrow_follows_it(spark, tmp_path, link):
+    """The log linked out (delta-rs would create the next commit there), a commit file linked out, a data
+    file of the log linked out (the upsert's lookup would read it): the step is refused with
+    :class:`UnsafePathError`, and nothing outside, nor the table, changes."""
+    import shutil
+
+    from airflow_provider_checkpoint.exceptions import UnsafePathError
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path, outside = tmp_path / "events", tmp_path / "outside"
+    outside.mkdir()
+    sink = DeltaTableSink("events", SOURCE, str(path), "upsert", ["k"])
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1))))
+    if link == "the log":
+        shutil.move(path / "_delta_log", outside / "_delta_log")
+        (path / "_delta_log").symlink_to(outside / "_delta_log")
+    elif link == "a commit in the log":
+        commit = path / "_delta_log" / f"{1:020d}.json"
+        shutil.move(commit, outside / commit.name)
+        commit.symlink_to(outside / commit.name)
+    else:
+        data = next(path.rglob("part-b*.parquet"))
+        shutil.move(data, outside / data.name)
+        data.symlink_to(outside / data.name)
+    before = _digest(tmp_path)
+    with pytest.raises(UnsafePathError, match=r"symbolic link|resolves to"):
+        sink.stage(step_context(spark, storage, 2), spark.createDataFrame(_batch(2)))
+    assert _digest(tmp_path) == before

@@ -287,3 +287,44 @@ def test_an_upsert_table_with_deletion_vectors_reads_as_its_net_changes(spark, t
     pd.testing.assert_frame_equal(
         net.reset_index(drop=True), truth.sum().query("sign != 0").reset_index(drop=True), check_dtype=False
     )
+
+
+@pytest.mark.parametrize("link", ["a data file", "a partition directory", "a DV file", "a commit"])
+def test_a_source_table_linking_out_is_refused_before_spark_or_pyarrow_reads(
+    spark, tmp_path: Path, monkeypatch, link: str
+) -> None:
+    """A data file, a directory of them, or a DV file of the log replaced by a link out of the table (it would
+    decide which rows Spark reads, or which are dropped), or a link inside ``_delta_log``: the read is refused
+    with :class:`UnsafePathError`; nothing outside is touched."""
+    import hashlib
+    import shutil
+
+    from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
+    from airflow_provider_checkpoint.dataflow.sinks import delta_upsert
+    from airflow_provider_checkpoint.exceptions import UnsafePathError
+
+    table, outside = tmp_path / "table", tmp_path / "outside"
+    outside.mkdir()
+    if link == "a DV file":
+        monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)
+        sink = DeltaTableSink("t", FileSource("s", "/none", "json", "x STRING"), str(table), "upsert", ["k"], buckets=2)
+        storage = JobStorage.for_job(str(tmp_path / "sink"), "job")
+        for c, keys in ((1, range(40)), (2, [3, 5])):
+            batch = pd.DataFrame({"k": list(keys), "v": [f"v{c}" for _ in keys]})
+            sink.commit(c, sink.stage(step_context(spark, storage, c), spark.createDataFrame(batch)))
+        target = next(table.rglob("deletion_vector_*.bin"))
+    else:
+        append(table, frame(0, 4))
+        partition = next(p for p in table.iterdir() if p.name.startswith("day="))
+        target = {
+            "a data file": next(partition.glob("*.parquet")),
+            "a partition directory": partition,
+            "a commit": table / "_delta_log" / f"{0:020d}.json",
+        }[link]
+    shutil.move(target, outside / target.name)
+    target.symlink_to(outside / target.name)
+    digest = {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in outside.rglob("*") if p.is_file()}
+    source = DeltaSource("src", str(table))
+    with pytest.raises(UnsafePathError, match=r"symbolic link|resolves to"):
+        Reader(spark, tmp_path, source).read(None, source.barrier_position(None))
+    assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in outside.rglob("*") if p.is_file()} == digest

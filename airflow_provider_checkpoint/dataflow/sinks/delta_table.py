@@ -130,6 +130,8 @@ class DeltaTableSink(TableDirectorySink):
         """The Delta table's latest version, ``None`` if there is no table yet."""
         from deltalake import DeltaTable
 
+        fs, root = self._fs()
+        delta_storage.check_links(fs, root, self.asset_uri())
         return self._open() if DeltaTable.is_deltatable(self.asset_uri(), self.delta_options()) else None
 
     def delta_options(self) -> dict[str, str]:
@@ -139,6 +141,8 @@ class DeltaTableSink(TableDirectorySink):
     def _open(self, version: int | None = None) -> DeltaTable:
         from deltalake import DeltaTable
 
+        fs, root = self._fs()
+        delta_storage.check_links(fs, root, self.asset_uri())
         return DeltaTable(self.asset_uri(), version=version, storage_options=self.delta_options())
 
     def app_id(self) -> str | None:
@@ -256,7 +260,9 @@ class DeltaTableSink(TableDirectorySink):
     def _files(self, version: int | None = None) -> dict[str, DataFile]:
         """The live files of the table (at ``version``) with their deletion vectors, from its log."""
         fs, root = self._fs()
-        return delta_log.snapshot(fs, root, self.asset_uri(), version)
+        live = delta_log.snapshot(fs, root, self.asset_uri(), version)
+        delta_storage.check_links(fs, root, self.asset_uri(), live.values())
+        return live
 
     def _upsert_files(self) -> dict[str, DataFile]:
         """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another
