@@ -468,3 +468,39 @@ def test_a_link_in_the_log_or_out_of_the_table_is_refused_before_delta_rs_or_pya
     with pytest.raises(UnsafePathError, match=r"symbolic link|resolves to"):
         sink.stage(step_context(spark, storage, 2), spark.createDataFrame(_batch(2)))
     assert _digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("tamper", ["inline DV of zero bytes", "DV deleting row 10^9", "DV file at offset 2^40"])
+def test_crafted_deletion_vectors_in_committables_are_refused_before_the_commit(spark, tmp_path, monkeypatch, tamper):
+    """Committables come back from an ack in XCom (untrusted): a DV that does not decode, deletes a row the
+    file does not have (its ``num_records`` raised to match), or sits at an offset past its file's end is
+    refused with a :class:`DocumentError`; the table keeps its version and every reader its rows."""
+    import numpy as np
+    from deltalake import DeltaTable
+
+    from airflow_provider_checkpoint.dataflow import deletion_vectors
+    from airflow_provider_checkpoint.exceptions import DocumentError
+
+    if tamper == "DV file at offset 2^40":
+        monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path), "upsert", ["k"], buckets=2)
+    first = pd.DataFrame({"k": [f"k{i}" for i in range(200)], "region": "eu", "v": range(200)})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(first)))
+    changed = first.head(3).assign(v=-1)
+    committables = sink.stage(step_context(spark, storage, 2), spark.createDataFrame(changed))
+    delete = committables[0]["deletes"][0]
+    if tamper == "inline DV of zero bytes":
+        delete["new"] = {**delete["new"], "pathOrInlineDv": "", "sizeInBytes": 0, "cardinality": 0}
+    elif tamper == "DV deleting row 10^9":
+        delete["new"] = deletion_vectors.inline(np.array([5, 10**9], dtype=np.uint64)).to_json()
+        delete["num_records"] = 10**9 + 1
+    else:
+        delete["new"] = {**delete["new"], "offset": 2**40}
+    version = DeltaTable(str(path)).version()
+    with pytest.raises(DocumentError):
+        sink.commit(2, committables)
+    assert DeltaTable(str(path)).version() == version
+    for name, got in _readers(spark, path).items():
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(first, ["k"]), check_dtype=False, obj=name)
