@@ -326,3 +326,49 @@ def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: 
                 if isinstance(action, dict) and isinstance(action.get(kind), dict):
                     out.append((kind, action[kind]))
     return out
+
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting a log line, or a JSON string inside one (``stats``, ``schemaString``), may have. A
+Delta log nests a few levels (stats: one per struct level of a column); delta-rs 1.6.6 panics on stats
+nested ~1,000 deep and its process dies (SIGSEGV) at 100,000."""
+_parsed: dict[tuple[str, int | None], None] = {}
+"""Log files (path, size) already found parseable in this process: each is read once."""
+
+
+def check_log_json(fs: fsspec.AbstractFileSystem, root: str, table: str) -> None:
+    """Refuse (:class:`DocumentError`) a table whose log holds a file delta-rs would parse unsafely: a line
+    that is not JSON or nests deeper than :data:`MAX_JSON_DEPTH`, or holds such a JSON string. Checked
+    before delta-rs opens the table, since it would crash the task's process instead of failing."""
+    try:
+        entries = fs.ls(f"{root}/{LOG_DIR}", detail=True)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        name = str(entry["name"])
+        key = (name, entry.get("size"))
+        if not name.endswith((".json", "/_last_checkpoint")) or key in _parsed:
+            continue
+        document = f"{table}/{LOG_DIR}/{name.rsplit('/', 1)[-1]}"
+        for number, line in enumerate(fs.cat_file(name).splitlines(), 1):
+            if line.strip():
+                _check_depth(load_json(line, document), document, f"line {number}")
+        if len(_parsed) > 100_000:
+            _parsed.clear()
+        _parsed[key] = None
+
+
+def _check_depth(value: Any, document: str, where: str) -> None:
+    """``value`` (parsed) nests at most :data:`MAX_JSON_DEPTH` deep, and so does every string in it that
+    holds JSON (an object or an array)."""
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise DocumentError(document, where, f"nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, dict):
+            todo += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            todo += [(v, depth + 1) for v in item]
+        elif isinstance(item, str) and item[:1] in ("{", "["):
+            _check_depth(load_json(item, document), document, where)

@@ -128,7 +128,7 @@ class DeltaSource(Source):
 
         at = "" if version is None else f" at version {version}"
         fs, root = self._fs()
-        delta_storage.check_links(fs, root, self.path)
+        delta_storage.check_table(fs, root, self.path)
         try:
             table = DeltaTable(self.path, version, self._delta_options(), without_files=True)
         except TableNotFoundError:
@@ -184,7 +184,7 @@ class DeltaSource(Source):
         if end <= start:
             return []
         fs, root = self._fs()
-        delta_storage.check_links(fs, root, self.path)
+        delta_storage.check_table(fs, root, self.path)
         commits = [delta_log.read_commit(fs, root, v, self.path) for v in range(start + 1, end + 1)]
         for commit in commits:
             if commit.metadata is not None:
@@ -319,7 +319,7 @@ class DeltaSource(Source):
         stored = [f for f in schema.fields if f.name not in partition_columns]
         read = StructType([*stored, *([StructField(CHANGE_TYPE, StringType())] if feed else [])])
         fs, root = self._fs()
-        delta_storage.check_links(fs, root, self.path, files.values())
+        delta_storage.check_table(fs, root, self.path, files.values())
         paths = [f"{root}/{f.path}" for f in files.values()]
         deleted = _deleted_rows(fs, root, files)
         df = read_parquet(

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_checkpoint.dataflow import delta_log
+from airflow_provider_checkpoint.dataflow.delta_log import LOG_DIR
 from airflow_provider_checkpoint.exceptions import UnsafePathError
 from airflow_provider_checkpoint.storage.object_store import is_s3
 from airflow_provider_checkpoint.storage.paths import confine, is_local
@@ -63,7 +65,11 @@ def delta_rs_options(
     return {**options, "aws_conditional_put": "etag", **delta_only}
 
 
-LOG_DIR = "_delta_log"
+def check_table(fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = ()) -> None:
+    """What delta-rs, Spark and pyarrow are handed is safe to open: no link in the log and no file linking
+    out (:func:`check_links`), no log file that would crash delta-rs (:func:`.delta_log.check_log_json`)."""
+    check_links(fs, root, table, files)
+    delta_log.check_log_json(fs, root, table)
 
 
 def check_links(fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = ()) -> None:

@@ -504,3 +504,30 @@ def test_crafted_deletion_vectors_in_committables_are_refused_before_the_commit(
     assert DeltaTable(str(path)).version() == version
     for name, got in _readers(spark, path).items():
         pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(first, ["k"]), check_dtype=False, obj=name)
+
+
+@pytest.mark.parametrize("damage", ["a commit nested too deep", "garbage _last_checkpoint", "a damaged checkpoint"])
+def test_a_damaged_sink_log_is_refused_naming_the_table(spark, tmp_path, damage):
+    """The sink's own log is untrusted too: a commit delta-rs would crash on, a ``_last_checkpoint`` that is
+    not JSON, a log checkpoint that is not Parquet: the step is refused with a :class:`DocumentError` naming
+    the table (not a raw ``DeltaError``), and nothing changes."""
+    from deltalake import DeltaTable
+
+    from airflow_provider_checkpoint.exceptions import DocumentError
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "events"
+    sink = DeltaTableSink("events", SOURCE, str(path))
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(_batch(1))))
+    log = path / "_delta_log"
+    if damage == "a commit nested too deep":
+        (log / f"{2:020d}.json").write_text('{"commitInfo":{"x":' + "[" * 100_000 + "]" * 100_000 + "}}\n")
+    elif damage == "garbage _last_checkpoint":
+        (log / "_last_checkpoint").write_bytes(b"\x00garbage")
+    else:
+        DeltaTable(str(path)).create_checkpoint()
+        next(log.glob("*.checkpoint.parquet")).write_bytes(b"PAR1garbagePAR1")
+    before = _digest(tmp_path)
+    with pytest.raises(DocumentError, match=str(path)):
+        sink.stage(step_context(spark, storage, 2), spark.createDataFrame(_batch(2)))
+    assert _digest(tmp_path) == before

@@ -3,6 +3,7 @@ the frames written in its range; retries read the same rows; change data feed; v
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -328,3 +329,20 @@ def test_a_source_table_linking_out_is_refused_before_spark_or_pyarrow_reads(
     with pytest.raises(UnsafePathError, match=r"symbolic link|resolves to"):
         Reader(spark, tmp_path, source).read(None, source.barrier_position(None))
     assert {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in outside.rglob("*") if p.is_file()} == digest
+
+
+@pytest.mark.parametrize("where", ["a line", "a stats string"])
+def test_a_log_nested_too_deep_is_refused_before_delta_rs_parses_it(spark, tmp_path: Path, where: str) -> None:
+    """A commit nesting 100,000 deep (delta-rs 1.6.6 dies with SIGSEGV parsing such stats) is refused with
+    a :class:`DocumentError` naming the file, and the process lives on."""
+    from airflow_provider_checkpoint.exceptions import DocumentError
+
+    table = tmp_path / "table"
+    append(table, frame(0, 4))
+    deep = "[" * 100_000 + "]" * 100_000
+    stats = deep if where == "a line" else json.dumps(deep)
+    add = '{"add":{"path":"x.parquet","size":1,"modificationTime":1,"dataChange":true,"partitionValues":{},'
+    (table / "_delta_log" / f"{1:020d}.json").write_text(f'{add}"stats":{stats}}}}}\n')
+    source = DeltaSource("src", str(table))
+    with pytest.raises(DocumentError, match=r"00000000000000000001\.json.*(not valid JSON|nests deeper)"):
+        source.barrier_position(None)

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow import delta_log, delta_storage
-from airflow_provider_checkpoint.dataflow.delta_log import DataFile
+from airflow_provider_checkpoint.dataflow.delta_log import LOG_DIR, DataFile
 from airflow_provider_checkpoint.dataflow.file_io import write_parquet
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
@@ -62,6 +62,9 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.spark.context import StepContext
 
 log = logging.getLogger(__name__)
+
+_LOG_DAMAGE = ("Kernel error", "Invalid", "JSON", "Parquet error", "Arrow error", "Protocol")
+"""Words of delta-rs errors about the log's content (not its storage)."""
 
 FORMAT = "delta_table"
 _DV_PROPERTY = "delta.enableDeletionVectors"
@@ -131,19 +134,36 @@ class DeltaTableSink(TableDirectorySink):
         from deltalake import DeltaTable
 
         fs, root = self._fs()
-        delta_storage.check_links(fs, root, self.asset_uri())
-        return self._open() if DeltaTable.is_deltatable(self.asset_uri(), self.delta_options()) else None
+        delta_storage.check_table(fs, root, self.asset_uri())
+        return self._load() if DeltaTable.is_deltatable(self.asset_uri(), self.delta_options()) else None
 
     def delta_options(self) -> dict[str, str]:
         """delta-rs's options reaching the table as its filesystem does (:mod:`.delta_storage`)."""
         return delta_storage.delta_rs_options(self._fs()[0], self.storage_options, self.delta_only)
 
     def _open(self, version: int | None = None) -> DeltaTable:
-        from deltalake import DeltaTable
-
         fs, root = self._fs()
-        delta_storage.check_links(fs, root, self.asset_uri())
-        return DeltaTable(self.asset_uri(), version=version, storage_options=self.delta_options())
+        delta_storage.check_table(fs, root, self.asset_uri())
+        return self._load(version)
+
+    def _load(self, version: int | None = None) -> DeltaTable:
+        """delta-rs's table (checked first by the caller); a log delta-rs cannot read is a :class:`DocumentError`
+        naming the table (its storage failing stays delta-rs's error, so the task is retried)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        try:
+            return DeltaTable(self.asset_uri(), version=version, storage_options=self.delta_options())
+        except DeltaError as e:
+            message = str(e)
+            if not any(m in message for m in _LOG_DAMAGE):
+                raise
+            raise DocumentError(
+                f"Delta table {self.asset_uri()}",
+                LOG_DIR,
+                f"cannot be read by delta-rs ({message[:300]}): a commit, checkpoint or _last_checkpoint file "
+                "is damaged; restore it, or restore the job to a checkpoint on a new table path",
+            ) from None
 
     def app_id(self) -> str | None:
         """The ``txn`` app id of this (bound job, sink); ``None`` before the first stage (no claim yet).
@@ -261,7 +281,7 @@ class DeltaTableSink(TableDirectorySink):
         """The live files of the table (at ``version``) with their deletion vectors, from its log."""
         fs, root = self._fs()
         live = delta_log.snapshot(fs, root, self.asset_uri(), version)
-        delta_storage.check_links(fs, root, self.asset_uri(), live.values())
+        delta_storage.check_table(fs, root, self.asset_uri(), live.values())
         return live
 
     def _upsert_files(self) -> dict[str, DataFile]:
