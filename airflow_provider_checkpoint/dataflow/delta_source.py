@@ -165,9 +165,14 @@ class DeltaSource(Source):
         current, table_id = table.version(), table.metadata().id
         end = current
         if start is not None:
+            if start.version > current:
+                raise InvalidPositionError(
+                    f"source {self.uid}: the stored position (version {start.version}) is ahead of Delta table "
+                    f"{self.path}, whose latest version is {current}: the position is not one this job read "
+                    "(its commits up to it would be skipped); restore the job to an earlier checkpoint"
+                )
             if self.max_commits_per_checkpoint is not None:
                 end = min(end, start.version + self.max_commits_per_checkpoint)
-            end = max(end, start.version)
             self._changes(start.version, end)
         return {"version": end, "table_id": table_id}
 

@@ -346,3 +346,17 @@ def test_a_log_nested_too_deep_is_refused_before_delta_rs_parses_it(spark, tmp_p
     source = DeltaSource("src", str(table))
     with pytest.raises(DocumentError, match=r"00000000000000000001\.json.*(not valid JSON|nests deeper)"):
         source.barrier_position(None)
+
+
+def test_a_stored_position_ahead_of_the_table_is_refused(spark, tmp_path: Path) -> None:
+    """A position 10^6 versions past the table's latest (a crafted or foreign ``_metadata``) would skip every
+    commit up to it silently: the barrier refuses it, naming both versions."""
+    from airflow_provider_checkpoint.exceptions import InvalidPositionError
+
+    table = tmp_path / "table"
+    append(table, frame(0, 4))
+    append(table, frame(4, 4))
+    source = DeltaSource("src", str(table))
+    assert source.barrier_position({"version": 1})["version"] == 1  # caught up: nothing to read
+    with pytest.raises(InvalidPositionError, match=r"version 1000001\) is ahead .* latest version is 1"):
+        source.barrier_position({"version": 1_000_001})

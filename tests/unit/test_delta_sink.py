@@ -81,6 +81,10 @@ def _forged(table: Path) -> dict[str, Any]:
     variant("absolute", lambda c: c["adds"][0].update(path=str(outside)))
     variant("scheme", lambda c: c["adds"][0].update(path="s3://bucket/chk-3/part-0.parquet"))
     variant("another checkpoint's file", lambda c: c["adds"][0].update(path="chk-2/job/step/attempt-1/part-0.parquet"))
+    zero = table / good[0]["adds"][0]["path"].replace("chk-3", "chk-03")  # abort and audit would not see it
+    zero.parent.mkdir(parents=True)
+    zero.write_bytes((table / good[0]["adds"][0]["path"]).read_bytes())
+    variant("leading zero", lambda c: c["adds"][0].update(path=str(zero.relative_to(table))))
     variant("outside the checkpoint", lambda c: c["adds"][0].update(path="_delta_log/part-0.parquet"))
     variant("not a data file", lambda c: c["adds"][0].update(path="chk-3/job/_table.json"))
     variant("wrong checkpoint id", lambda c: c.update(checkpoint_id=4))

@@ -28,8 +28,8 @@ from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor, re
 from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.exceptions import DocumentError, SinkSchemaError
 
-_UPSERT_FILE = re.compile(r"^chk-(\d+)/(?:[^/]+/)*part-(?:b(\d{5})|u\d{10}-\d{5})\.parquet$")
-_APPEND_FILE = re.compile(r"^chk-(\d+)/(?:[^/]+/)*part-[^/]+\.parquet$")
+_UPSERT_FILE = re.compile(r"^chk-([1-9]\d{0,18})/(?:[^/]+/)*part-(?:b(\d{5})|u\d{10}-\d{5})\.parquet$")
+_APPEND_FILE = re.compile(r"^chk-([1-9]\d{0,18})/(?:[^/]+/)*part-[^/]+\.parquet$")
 
 
 def bucket_of_path(path: str) -> int | None:
