@@ -6,6 +6,7 @@ aborted or discarded checkpoints, staged sink data nobody will commit, a stale l
 
 from __future__ import annotations
 
+import os
 import posixpath
 from collections.abc import Sequence
 
@@ -21,6 +22,7 @@ from airflow_provider_checkpoint.storage.job_storage import (
     RESTORE_REQUEST,
     STATS_DIR,
 )
+from airflow_provider_checkpoint.storage.paths import is_local
 
 _JOB_FILES = {JOB_FILE, STATS_DIR, RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
 _CHECKPOINT_FILES = {METADATA, PLAN_FILE}
@@ -72,10 +74,11 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         if not storage.is_chk_dir(name):
             findings.append(f"unexpected entry {storage.url(name)}")
             continue
-        if not fs.find(entry):
+        links_out = len(findings)
+        files = _files_under(storage, name, findings)
+        if not files and len(findings) == links_out:
             findings.append(f"empty leftover directory {storage.url(name)}")
-        for full in fs.find(entry):
-            relative = storage.relative(full)
+        for relative in files:
             is_metadata = posixpath.basename(relative) in _CHECKPOINT_FILES and storage.exists(f"{name}/{METADATA}")
             if relative not in referenced and not is_metadata:
                 findings.append(f"orphaned file {storage.url(relative)}")
@@ -84,3 +87,24 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
             sink.bind_job(storage.job_id)
             findings.extend(sink.audit())
     return list(dict.fromkeys(findings))
+
+
+def _files_under(storage: JobStorage, name: str, findings: list[str]) -> list[str]:
+    """The files under ``name`` (relative to the job directory). On a local filesystem a link leading out
+    of the job directory is a finding and is not followed (nothing behind it is listed)."""
+    if not is_local(storage.fs):
+        return [storage.relative(f) for f in storage.fs.find(storage.path(name))]
+    files = []
+    for directory, dirs, names in os.walk(os.path.join(storage.job_dir, name)):
+        for entry in [*dirs, *names]:
+            full = os.path.join(directory, entry)
+            try:
+                storage.path(storage.relative(full))
+            except UnsafePathError as e:
+                findings.append(str(e))
+                if entry in dirs:
+                    dirs.remove(entry)
+                continue
+            if entry in names:
+                files.append(storage.relative(full))
+    return files

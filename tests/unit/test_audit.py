@@ -171,3 +171,17 @@ def test_unexpected_entry_in_the_job_directory(env: Env) -> None:
     (env.job_dir / "backup.tar").write_bytes(b"x")
     findings = audit(env)
     assert findings == [f"unexpected entry {env.storage.url('backup.tar')}"]
+
+
+def test_an_attempt_directory_linked_out_is_a_finding_and_not_followed(env: Env, tmp_path: Path) -> None:
+    """docs/security.md: the audit reports a link out and does not follow it (it used to stop with exit 2
+    and no findings); the files outside are neither listed as orphans nor touched."""
+    outside = tmp_path / "elsewhere"
+    (outside / "state").mkdir(parents=True)
+    (outside / "state" / "secret.bin").write_bytes(b"not ours")
+    link = env.chk(5) / "step_linked"
+    link.symlink_to(outside)
+    findings = audit(env)
+    assert len(findings) == 1 and str(link) in findings[0] and "resolves to" in findings[0]
+    assert "secret.bin" not in findings[0]
+    assert (outside / "state" / "secret.bin").read_bytes() == b"not ours"
