@@ -17,6 +17,7 @@ crash, which no ``except CheckpointError`` may turn into a clean refusal.
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +31,39 @@ REQUIRED: Any = object()
 """Default of a field that must be present (and of :class:`DocumentError`'s value: none shown)."""
 
 
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s'\"]*@")
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&;][^=&#\s'\"]*(?:secret|passw|pwd|token|key|sig|credential|auth)[^=&#\s'\"]*=)[^&;#\s'\"]*",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``.
+
+    The one rule for everything the CLI, the Checkpoints page and error messages show: a
+    URL's userinfo (from ``://`` to its last ``@`` before a space or quote; a path holding
+    ``@`` is hidden too, never a secret shown) and the value of every query parameter whose
+    name looks like a secret (``secret``, ``passw``, ``pwd``, ``token``, ``key``, ``sig``,
+    ``credential``, ``auth``: ``X-Amz-Signature``, ``sig`` of an Azure SAS, ``access_key``).
+    """
+    return _SECRET_PARAM.sub(r"\g<name>***", _USERINFO.sub(r"\g<scheme>***@", text))
+
+
+def redact_values(value: Any) -> Any:
+    """``value`` with :func:`redact` applied to every string inside it (dicts, lists and tuples are copied)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_values(v) for v in value]
+    return value
+
+
 def shorten(value: Any) -> str:
-    """``repr(value)``, cut to 120 characters for an error message."""
-    text = repr(value)
+    """``repr(value)`` with URL credentials redacted (:func:`redact`), cut to 120 characters for an error message."""
+    text = redact(repr(value))
     return text if len(text) <= 120 else text[:117] + "..."
 
 

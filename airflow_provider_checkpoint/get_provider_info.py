@@ -61,6 +61,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "s3://aws_default@bucket/checkpoints",
                         "default": "",
                     },
+                    "storage_schemes": {
+                        "description": "Comma-separated URL schemes a storage root or savepoint root may "
+                        "use besides file, memory and s3/s3a (e.g. gs,abfs). No other scheme is ever "
+                        "opened: a registry entry naming one is refused before any connection.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "gs,abfs",
+                        "default": "",
+                    },
                     "savepoint_roots": {
                         "description": "Comma-separated URLs under which savepoints may be written and "
                         "from which snapshots may be restored. Empty means "

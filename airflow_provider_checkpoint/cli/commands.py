@@ -2,6 +2,11 @@
 
 Messages are those of the DAGs: a refused restore prints ``restore refused: <reason>``,
 a refused savepoint directory ``savepoint_dir refused: <reason>``.
+
+Everything printed is untrusted text (it comes from stored documents and registry files):
+URL credentials are redacted (:func:`~airflow_provider_checkpoint.exceptions.redact`) and
+table cells are escaped, so no value is read as rich markup. With ``-o json`` / ``-o yaml``
+stdout carries the document only: log lines go to stderr.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,8 +22,9 @@ from typing import Any
 
 from airflow.cli.simple_table import AirflowConsole
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
+from rich.markup import escape
 
-from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.exceptions import CheckpointError, redact, redact_values
 from airflow_provider_checkpoint.jobs import reports
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.jobs.registry import find_job, list_jobs
@@ -31,8 +38,34 @@ def _refusals(prefix: str = "") -> Iterator[None]:
     try:
         yield
     except CheckpointError as e:
-        print(f"{prefix}{e}", file=sys.stderr)
+        _say(f"{prefix}{e}", error=True)
         raise SystemExit(REFUSED) from e
+
+
+def _say(text: str, error: bool = False) -> None:
+    """Print ``text`` redacted, to stderr if ``error``."""
+    print(redact(text), file=sys.stderr if error else sys.stdout)
+
+
+@contextmanager
+def _logs_to_stderr(output: str) -> Iterator[None]:
+    """For ``json`` and ``yaml`` output, whatever the block writes to stdout (Airflow's log handlers,
+    which hold stdout itself, a provider's INFO line) goes to stderr: stdout keeps the document only.
+
+    The file descriptor is swapped, so even a handler holding the stream object is diverted.
+    """
+    if output not in ("json", "yaml"):
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _time(timestamp: float | None) -> str:
@@ -46,11 +79,17 @@ def _time(timestamp: float | None) -> str:
 
 
 def _print(rows: list[dict[str, Any]], output: str, mapper: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """Typed raw values for json (numbers stay numbers), human ones (times, durations, sizes) otherwise."""
+    """Typed raw values for json (numbers stay numbers), human ones (times, durations, sizes) otherwise;
+    every string redacted, and escaped in a table (rich reads ``[...]`` there as markup)."""
     if output == "json":
-        print(json.dumps(rows, indent=1))
-    else:
-        AirflowConsole().print_as(rows, output=output, mapper=mapper)
+        print(json.dumps(redact_values(rows), indent=1))
+        return
+
+    def cells(row: dict[str, Any]) -> dict[str, Any]:
+        shown = redact_values(mapper(row))
+        return {k: escape(v) if output == "table" and isinstance(v, str) else v for k, v in shown.items()}
+
+    AirflowConsole().print_as(rows, output=output, mapper=cells)
 
 
 def _malformed_cell(row: dict[str, Any]) -> str:
@@ -84,20 +123,21 @@ def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
 @providers_configuration_loaded
 def list_jobs_command(args: argparse.Namespace) -> None:
     rows = []
-    for location in list_jobs():
-        try:
-            rows.append(reports.job_status(location))
-        except CheckpointError as e:
-            rows.append(
-                {
-                    "job_id": location.job_id,
-                    "dag_id": location.dag_id,
-                    "status": "UNREADABLE",
-                    "status_reason": str(e),
-                    "latest_completed": None,
-                    "storage": "",
-                }
-            )
+    with _logs_to_stderr(args.output):
+        for location in list_jobs():
+            try:
+                rows.append(reports.job_status(location))
+            except CheckpointError as e:
+                rows.append(
+                    {
+                        "job_id": location.job_id,
+                        "dag_id": location.dag_id,
+                        "status": "UNREADABLE",
+                        "status_reason": str(e),
+                        "latest_completed": None,
+                        "storage": "",
+                    }
+                )
 
     def cells(s: dict[str, Any]) -> dict[str, Any]:
         latest = s.get("latest_completed") or {}
@@ -116,7 +156,7 @@ def list_jobs_command(args: argparse.Namespace) -> None:
 
 @providers_configuration_loaded
 def history(args: argparse.Namespace) -> None:
-    with _refusals():
+    with _refusals(), _logs_to_stderr(args.output):
         page = reports.history(find_job(args.job_id).storage(), args.offset, args.limit)
     _print(page["rows"], args.output, _history_cells)
     if args.output in ("table", "plain") and page["total"] > args.offset + len(page["rows"]):
@@ -125,12 +165,12 @@ def history(args: argparse.Namespace) -> None:
 
 @providers_configuration_loaded
 def show(args: argparse.Namespace) -> None:
-    with _refusals():
+    with _refusals(), _logs_to_stderr(args.output):
         storage = find_job(args.job_id).storage()
         row = reports.checkpoint_stats(storage, args.checkpoint_id)
         completed = storage.load_completed(args.checkpoint_id) if storage.is_completed(args.checkpoint_id) else None
     if row is None and completed is None:
-        print(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", file=sys.stderr)
+        _say(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", error=True)
         raise SystemExit(REFUSED)
     detail: dict[str, Any] = dict(row or {"checkpoint_id": args.checkpoint_id})
     if completed is not None:
@@ -142,13 +182,13 @@ def show(args: argparse.Namespace) -> None:
         }
         detail["sinks"] = {uid: len(c) for uid, c in sorted(completed.sinks.items())}
     if args.output == "json":
-        print(json.dumps(detail, indent=1))
+        print(json.dumps(redact_values(detail), indent=1))
         return
     cells = {**_history_cells(row), "run id": row["run_id"]} if row else {"id": args.checkpoint_id}
     for key in ("metadata", "operators", "sinks"):
         if key in detail:
             cells[key] = json.dumps(detail[key]) if key != "metadata" else detail[key]
-    AirflowConsole().print_as([{"field": k, "value": v} for k, v in cells.items()], output=args.output)
+    _print([{"field": k, "value": v} for k, v in cells.items()], args.output, dict)
 
 
 @providers_configuration_loaded
@@ -161,7 +201,7 @@ def savepoint(args: argparse.Namespace) -> None:
     try:
         run = get_current_api_client().trigger_dag(dag_id=args.dag_id, conf=conf, triggering_user_name=_user())
     except Exception as e:  # DagNotFound and friends: same exit code as every refusal
-        print(f"savepoint refused: {e}", file=sys.stderr)
+        _say(f"savepoint refused: {e}", error=True)
         raise SystemExit(REFUSED) from e
     run_id = run["dag_run_id"] if run else "?"
     stop = " and stop the job" if args.stop else ""
@@ -186,9 +226,9 @@ def restore(args: argparse.Namespace) -> None:
         summary = restore_job(args.job_id, args.checkpoint, args.allow_non_restored_state, args.dry_run)
     what = f"{summary['type']} {summary['checkpoint_id']} at {summary['snapshot']}"
     if args.dry_run:
-        print(f"dry run: job {summary['job_id']} can be restored from {what}; nothing written")
+        _say(f"dry run: job {summary['job_id']} can be restored from {what}; nothing written")
     else:
-        print(
+        _say(
             f"restore of job {summary['job_id']} from {what} requested; the next run of DAG "
             f"{summary['dag_id']} takes it (airflow dags trigger {summary['dag_id']})"
         )
@@ -205,7 +245,7 @@ def audit(args: argparse.Namespace) -> None:
         storage = location.storage()
         findings = audit_job(storage, location.retained())
     for finding in findings:
-        print(finding)
+        _say(str(finding))
     if findings:
         raise SystemExit(AUDIT_FINDINGS)
-    print(f"job {args.job_id}: clean ({storage.url()})")
+    _say(f"job {args.job_id}: clean ({storage.url()})")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable
 from typing import Any
 
 EXIT_CODES = """Exit codes scripts can rely on:
@@ -15,6 +18,21 @@ EXIT_CODES = """Exit codes scripts can rely on:
 """
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer ``>= low``, else argparse's usage error (exit 2, no traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= sys.maxsize:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= {low}")
+        return value
+
+    return parse
+
+
 def get_cli_commands() -> list[Any]:
     from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
 
@@ -22,8 +40,8 @@ def get_cli_commands() -> list[Any]:
         return lazy_load_command(f"airflow_provider_checkpoint.cli.commands.{name}")
 
     job = Arg(("job_id",), help="The checkpointed job (a pipeline's job_id, by default its dag_id)")
-    offset = Arg(("--offset",), help="Rows to skip (newest first)", type=int, default=0)
-    limit = Arg(("--limit",), help="Rows to show", type=int, default=20)
+    offset = Arg(("--offset",), help="Rows to skip (newest first)", type=_at_least(0), default=0)
+    limit = Arg(("--limit",), help="Rows to show", type=_at_least(1), default=20)
     commands = [
         ActionCommand(
             name="list",

@@ -7,8 +7,9 @@ Checkpoints page find the job without parsing any DAG file (the API server and t
 never run pipeline code). Jobs under the default root are found even without an entry.
 
 Registry entries are untrusted: each is validated on read (shape, names, a plain
-storage URL) and the job must really live where its entry says (its ``_job.json``
-names the same job), else a :class:`RegistryError` names the file.
+storage URL of a served scheme without a password, checked before anything is opened)
+and the job must really live where its entry says (its ``_job.json`` names the same
+job), else a :class:`RegistryError` names the file.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from airflow_provider_checkpoint.core.documents import JOB_ID, load_json
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError, RegistryError, shorten
 from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.storage.config import storage_url_problem
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE
 
 if TYPE_CHECKING:
@@ -112,6 +114,8 @@ def decode_entry(data: bytes, source: str, job_id: str) -> JobLocation:
     root = d.get("storage_root")
     if root is not None and not _plain_url(root):
         problems.append(f"storage_root {shorten(root)} is not an absolute URL without '..'")
+    elif root is not None and (problem := storage_url_problem(root)):
+        problems.append(f"storage_root {problem}")
     conn_id = d.get("storage_conn_id")
     if conn_id is not None and not (isinstance(conn_id, str) and _CONN_ID.match(conn_id)):
         problems.append(f"storage_conn_id {conn_id!r} is not a connection id")

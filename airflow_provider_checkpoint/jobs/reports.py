@@ -10,7 +10,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from airflow_provider_checkpoint.exceptions import MAX_TIMESTAMP, CheckpointStorageError, MetadataError
+from airflow_provider_checkpoint.exceptions import (
+    MAX_TIMESTAMP,
+    CheckpointStorageError,
+    MetadataError,
+    RefusedInputError,
+)
 from airflow_provider_checkpoint.jobs.registry import JobLocation
 from airflow_provider_checkpoint.storage import JobStorage
 
@@ -93,7 +98,7 @@ def checkpoint_stats(storage: JobStorage, checkpoint_id: int) -> JsonDict | None
 def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
     """A page of the job's checkpoint history, newest first, and the total number of rows."""
     if offset < 0 or not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
+        raise RefusedInputError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
     rows = [r for r in map(checkpoint_row, storage.read_stats()) if r is not None]
     rows.sort(key=lambda r: int(r["checkpoint_id"]), reverse=True)
     return {"total": len(rows), "offset": offset, "limit": limit, "rows": rows[offset : offset + limit]}

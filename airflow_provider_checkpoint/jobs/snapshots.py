@@ -14,7 +14,7 @@ from airflow_provider_checkpoint.core.model import (
 )
 from airflow_provider_checkpoint.dataflow.sinks import FORMAT as TABLE_FORMAT
 from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, shorten
 from airflow_provider_checkpoint.state.files import read_table
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA
@@ -54,16 +54,21 @@ def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) 
     """The URL of the snapshot named by a restore DAG's ``checkpoint`` param.
 
     ``latest`` (the newest completed checkpoint of the job), a checkpoint id, or a path
-    to a checkpoint or savepoint directory (or its ``_metadata``) under ``roots``.
+    to a checkpoint or savepoint directory (or its ``_metadata``) under ``roots``; a value
+    with surrounding whitespace (``"3 "``, ``"latest\\n"``) is refused, never trimmed.
     """
     value = str(checkpoint)
-    if value.strip() in ("", "latest"):
+    if value != value.strip():
+        raise RestoreError(
+            f"checkpoint {shorten(value)} has surrounding whitespace: give 'latest', an id or a path exactly"
+        )
+    if value in ("", "latest"):
         ids = storage.completed_ids()
         if not ids:
             raise CheckpointStorageError(f"job {storage.job_id} has no completed checkpoint in {storage.url()}")
         return storage.url(storage.chk_dir(ids[-1]))
-    if _ID.match(value.strip()):
-        digits = value.strip()
+    if _ID.fullmatch(value):
+        digits = value
         if len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
             raise RestoreError(f"checkpoint: id {digits[:30]}… is larger than any checkpoint id ({MAX_ID})")
         checkpoint_id = int(digits)

@@ -4,7 +4,9 @@ Every endpoint uses Airflow's auth dependencies: without a valid token (bearer h
 the UI's ``_token`` cookie) it answers 401; reading a job needs read access to its DAG,
 taking a savepoint or requesting a restore needs the right to create runs of it (403
 otherwise). Write actions validate exactly as the trigger form and the restore DAG do
-(same functions, same messages); a refusal answers 400 and changes nothing.
+(same functions, same messages); a refusal answers 400 and changes nothing. Every string
+an endpoint answers (a refusal's detail, a job's status) has URL credentials redacted
+(:func:`~airflow_provider_checkpoint.exceptions.redact`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_da
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.staticfiles import StaticFiles
 
-from airflow_provider_checkpoint.exceptions import CheckpointError
+from airflow_provider_checkpoint.exceptions import CheckpointError, redact, redact_values
 from airflow_provider_checkpoint.jobs import reports
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.jobs.registry import JobLocation, list_jobs
@@ -43,7 +45,7 @@ def _job(dag_id: str) -> JobLocation:
 
 
 def _refused(e: Exception, prefix: str = "") -> HTTPException:
-    return HTTPException(400, f"{prefix}{e}")
+    return HTTPException(400, redact(f"{prefix}{e}"))
 
 
 def _trigger(dag_id: str, conf: dict[str, Any], user: Any) -> str:
@@ -80,9 +82,10 @@ def create_app() -> FastAPI:
             details = DagDetails(id=job.dag_id, team_name=DagModel.get_team_name(job.dag_id))
             if manager.is_authorized_dag(method="GET", details=details, user=user):
                 try:
-                    out.append(JobStatus.model_validate(reports.job_status(job)))
+                    out.append(JobStatus.model_validate(redact_values(reports.job_status(job))))
                 except CheckpointError as e:
-                    out.append(UnreadableJob(job_id=job.job_id, dag_id=job.dag_id, status="UNREADABLE", error=str(e)))
+                    error = redact(str(e))
+                    out.append(UnreadableJob(job_id=job.job_id, dag_id=job.dag_id, status="UNREADABLE", error=error))
         return out
 
     @app.get("/api/dags/{dag_id}/status", dependencies=read)
@@ -90,7 +93,7 @@ def create_app() -> FastAPI:
         job = _job(dag_id)
         try:
             return JobDetail.model_validate(
-                {**reports.job_status(job), "savepoints": reports.savepoints(job.storage())}
+                redact_values({**reports.job_status(job), "savepoints": reports.savepoints(job.storage())})
             )
         except CheckpointError as e:
             raise _refused(e) from e
@@ -102,7 +105,7 @@ def create_app() -> FastAPI:
         limit: Annotated[int, Query(ge=1, le=reports.MAX_PAGE)] = 20,
     ) -> HistoryPage:
         try:
-            return HistoryPage.model_validate(reports.history(_job(dag_id).storage(), offset, limit))
+            return HistoryPage.model_validate(redact_values(reports.history(_job(dag_id).storage(), offset, limit)))
         except CheckpointError as e:
             raise _refused(e) from e
 
@@ -127,7 +130,7 @@ def create_app() -> FastAPI:
             raise _refused(e, "restore refused: ") from e
         if body.trigger_pipeline and not body.dry_run:
             summary["dag_run_id"] = _trigger(dag_id, {}, user)
-        return RestoreSummary.model_validate(summary)
+        return RestoreSummary.model_validate(redact_values(summary))
 
     app.mount("/ui", StaticFiles(directory=STATIC, html=True), name="ui")
     return app

@@ -8,10 +8,11 @@ ObjectStoragePath: connections apply).
 from __future__ import annotations
 
 import os
+from urllib.parse import urlsplit
 
 from fsspec.core import split_protocol
 
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, shorten
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError, shorten
 from airflow_provider_checkpoint.storage.job_storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.object_store import S3_PROTOCOLS, check_reachable
 
@@ -43,6 +44,36 @@ def default_savepoint_roots() -> list[str]:
     return [f"file://{os.path.abspath(home)}/savepoints"]
 
 
+SERVED_SCHEMES = frozenset({"file", "local", "memory", *S3_PROTOCOLS})
+"""Schemes the provider opens without being told: local files, fsspec's in-memory filesystem and S3."""
+
+
+def served_schemes() -> frozenset[str]:
+    """:data:`SERVED_SCHEMES` plus ``[checkpoint] storage_schemes`` (comma-separated, e.g. ``gs,abfs``)."""
+    extra = {s.strip().lower() for s in config_value("storage_schemes").split(",") if s.strip()}
+    return SERVED_SCHEMES | extra
+
+
+def storage_url_problem(url: str) -> str | None:
+    """Why the provider refuses to open the storage URL ``url`` (``None``: it may be opened).
+
+    Checked before any I/O, so a URL from an untrusted place (a registry entry) never makes a
+    process connect anywhere: its scheme must be served (:func:`served_schemes`; a plain
+    path is ``file``) and it must not carry a password (``user:password@``; credentials come
+    from a connection). The reason shows the URL redacted.
+    """
+    scheme = (split_protocol(url)[0] or "file").lower()
+    if scheme not in served_schemes():
+        served = ", ".join(sorted(served_schemes()))
+        return (
+            f"{shorten(url)} has scheme {scheme!r}, which the provider does not open (served: {served}; "
+            "add it to [checkpoint] storage_schemes to allow it)"
+        )
+    if ":" in urlsplit(url).netloc.rpartition("@")[0]:
+        return f"{shorten(url)} carries a password: give credentials through a connection (storage_conn_id)"
+    return None
+
+
 def allowed_roots(storage_root: str | None = None) -> list[str]:
     """Where UI-given savepoint and restore paths may point: the savepoint roots and the storage root."""
     return [*default_savepoint_roots(), storage_root or default_storage_root()]
@@ -57,10 +88,14 @@ def storage_location(url: str, conn_id: str | None = None) -> Location:
     Amazon provider's filesystem: it caches listings and holds a boto session that does not
     travel to Spark executors. Another scheme takes any connection ObjectStoragePath accepts;
     one no provider registers is served by fsspec directly. An object store is probed once
-    (:func:`~.object_store.check_reachable`).
+    (:func:`~.object_store.check_reachable`). A URL :func:`storage_url_problem` refuses raises
+    :class:`RefusedInputError` before anything is opened.
     """
     from airflow.sdk import ObjectStoragePath
 
+    problem = storage_url_problem(url)
+    if problem is not None:
+        raise RefusedInputError(f"storage URL {problem}")
     if split_protocol(url)[0] in S3_PROTOCOLS:
         location = Location.from_url(url, **({} if conn_id is None else {"conn_id": conn_id}))
     else:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,18 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         code = int(e.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def checkpoints_client() -> tuple[Any, dict[str, str]]:
+    """Airflow's own API app (the Checkpoints plugin mounted by Airflow, its auth) in this process,
+    and the headers of an admin's token: ``client.get(f"/checkpoints/api/…", headers=headers)``."""
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app("core"))  # initializes the auth manager
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    return client, {"Authorization": f"Bearer {token}"}
 
 
 LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
-from tests.airflow.conftest import airflow_db, cli, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
+from tests.airflow.conftest import airflow_db, checkpoints_client, cli, load_dag_module, own_dags_folder  # noqa: F401 - a fixture
 from tests.conftest import REPO
 from tests.live.airflow_live import poll
 from tests.live.spark_connect import spark_connect_server
@@ -142,17 +142,10 @@ def checkpoints_api(dag_id: str, *endpoints: str) -> list[dict]:
     """``GET /checkpoints/api/dags/<dag_id>/<endpoint>`` as the Checkpoints page calls them: through
     Airflow's own API app (the plugin mounted by Airflow, its auth with an admin's token), in this process.
     """
-    from airflow.api_fastapi.app import create_app, get_auth_manager
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-    from fastapi.testclient import TestClient
-
-    client = TestClient(create_app("core"))
-    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    client, headers = checkpoints_client()
     out = []
     for endpoint in endpoints:
-        response = client.get(
-            f"/checkpoints/api/dags/{dag_id}/{endpoint}", headers={"Authorization": f"Bearer {token}"}
-        )
+        response = client.get(f"/checkpoints/api/dags/{dag_id}/{endpoint}", headers=headers)
         assert response.status_code == 200, response.text
         out.append(response.json())
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_checkpoint.sensors.checkpoint import CheckpointCompletedSensor, CheckpointInputSensor
 from airflow_provider_checkpoint.testing.clickstream import land_events
-from tests.airflow.conftest import cli, load_dag_module
+from tests.airflow.conftest import checkpoints_client, cli, load_dag_module
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.airflow
@@ -145,10 +146,10 @@ def test_unreadable_stats_are_shown_as_unknown(job, tmp, capsys, stats):
         (
             b'{"version": 1, "job_id": "example_clickstream", "dag_id": "example_clickstream", '
             b'"storage_root": "nosuch://bucket/root"}',
-            "no filesystem serves 'nosuch://bucket/root",
+            "storage_root 'nosuch://bucket/root' has scheme 'nosuch', which the provider does not open",
         ),
     ],
-    ids=["deeply nested", "a scheme no filesystem serves"],
+    ids=["deeply nested", "a scheme the provider does not serve"],
 )
 def test_a_crafted_registry_entry_is_refused(job, tmp, capsys, entry, rule):
     registry = tmp / "checkpoints" / "_registry" / f"{JOB}.json"
@@ -191,3 +192,61 @@ def test_a_source_position_leaving_the_landing_directory_fails_the_trigger(job, 
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["trigger_checkpoint"] == "failed" and not (job / "chk-2" / "_metadata").exists()
     assert hashes(watched) == before
+
+
+SECRET = "planted-registry-secret-3e9a"
+
+
+def registry_entry(tmp: Path, storage_root: str) -> dict[Path, bytes]:
+    """A crafted registry entry of the job naming ``storage_root`` (for :func:`crafted`)."""
+    entry = {"version": 1, "job_id": JOB, "dag_id": JOB, "storage_root": storage_root}
+    return {tmp / "checkpoints" / "_registry" / f"{JOB}.json": json.dumps(entry).encode()}
+
+
+def api(method: str, endpoint: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
+    """``<method> /checkpoints/api/<endpoint>`` through Airflow's API app as an admin: (status, body)."""
+    client, headers = checkpoints_client()
+    response = client.request(method, f"/checkpoints/api/{endpoint}", headers=headers, json=body)
+    return response.status_code, response.text
+
+
+def test_a_registry_url_with_credentials_is_refused_and_its_secret_never_shown(job, tmp, capsys, caplog):
+    with crafted(tmp, registry_entry(tmp, f"s3://AKIAPROBE:{SECRET}@127.0.0.1:9/root")):
+        outputs = [refused(capsys, "history", JOB), refused(capsys, "restore", JOB, "--checkpoint", "latest")]
+        assert all("storage_root 's3://***@127.0.0.1:9/root' carries a password" in err for err in outputs), outputs
+        for output in ("table", "plain", "json", "yaml"):
+            code, out, err = cli(capsys, "list", "--output", output)
+            assert code == 0, err
+            outputs += [out, err]
+        status, body = api("POST", f"dags/{JOB}/restore", {"checkpoint": "latest", "dry_run": True})
+        assert status == 400 and "carries a password" in body, body
+        outputs += [body, *(api("GET", endpoint)[1] for endpoint in ("jobs", f"dags/{JOB}/status"))]
+    assert not [o for o in outputs if SECRET in o] and SECRET not in caplog.text
+
+
+def test_untrusted_text_is_shown_not_read_as_markup(job, tmp, capsys):
+    with crafted(tmp, registry_entry(tmp, f"file://{tmp}/elsewhere/[/bold]")):
+        code, out, err = cli(capsys, "list")
+        assert code == 0 and "[/bold]" in out, err
+
+
+def test_a_registry_url_of_a_scheme_not_served_is_refused_before_any_connection(job, tmp, capsys):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.setblocking(False)
+        with crafted(tmp, registry_entry(tmp, f"ftp://127.0.0.1:{listener.getsockname()[1]}/root")):
+            assert "has scheme 'ftp', which the provider does not open" in refused(capsys, "history", JOB)
+            status, body = api("POST", f"dags/{JOB}/restore", {"checkpoint": "latest", "dry_run": True})
+            assert status == 400 and "[checkpoint] storage_schemes" in body, body
+            assert api("GET", "jobs")[0] == 200
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+
+
+@pytest.mark.parametrize("checkpoint", ["1 ", "latest\n", " latest"])
+def test_the_page_refuses_a_checkpoint_with_surrounding_whitespace(job, tmp, checkpoint):
+    with crafted(tmp, {}):
+        status, body = api("POST", f"dags/{JOB}/restore", {"checkpoint": checkpoint, "dry_run": True})
+        assert status == 400 and "surrounding whitespace" in body, body
+        assert api("POST", f"dags/{JOB}/restore", {"checkpoint": checkpoint.strip(), "dry_run": True})[0] == 200

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from typing import Any
 
@@ -114,3 +115,33 @@ def test_an_unreachable_server_is_refused_naming_it_but_not_the_password(monkeyp
     assert "s3cret-pw" not in str(refused.value)
     connection = pg.PgConnection.from_airflow("pg_unit")
     assert connection.password == "s3cret-pw" and "s3cret-pw" not in repr(connection)
+
+
+SECRET = "planted-pg-secret-5b1e"
+
+
+@pytest.mark.parametrize(
+    ("extra", "rule"),
+    [
+        ({"connect_timeout": "abc"}, "connect_timeout must be a positive integer of seconds"),
+        ({"connect_timeout": 0}, "connect_timeout must be a positive integer of seconds"),
+        ({"sslmode": "bogus"}, "sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full"),
+        ({"application_name": f"a\0{SECRET}"}, "application_name must be a string without NUL"),
+        ({"options": 42}, "options must be a string without NUL"),
+    ],
+    ids=["timeout not a number", "timeout zero", "unknown sslmode", "NUL in a string", "not a string"],
+)
+def test_a_bad_connection_extra_is_refused_naming_it_never_a_secret(monkeypatch, caplog, extra, rule):
+    """Through Airflow's own connection loading (``AIRFLOW_CONN_*``), before psycopg sees anything."""
+    conn = {"conn_type": "postgres", "host": "127.0.0.1", "login": "u", "password": SECRET, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", json.dumps(conn))
+    with pytest.raises(SinkConnectionError, match=f"Airflow connection 'pg_unit': extra {rule}") as refused:
+        pg.PgConnection.from_airflow("pg_unit")
+    assert SECRET not in str(refused.value) and SECRET not in caplog.text
+
+
+def test_good_connection_extras_reach_psycopg_as_strings(monkeypatch):
+    extra = {"connect_timeout": 7, "sslmode": "verify-full", "application_name": "etl", "unrelated": "kept out"}
+    monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", json.dumps({"conn_type": "postgres", "host": "h", "extra": extra}))
+    options = dict(pg.PgConnection.from_airflow("pg_unit").options)
+    assert options == {"connect_timeout": "7", "sslmode": "verify-full", "application_name": "etl"}

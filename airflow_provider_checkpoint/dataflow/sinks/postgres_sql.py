@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT = 10
 """Seconds to wait for the server before a connection attempt fails (unless the connection sets it)."""
 _EXTRAS = ("sslmode", "sslcert", "sslkey", "sslrootcert", "connect_timeout", "application_name", "options")
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+"""libpq's ``sslmode`` values."""
 _TRANSIENT = ("starting up", "shutting down", "recovery mode", "too many clients", "remaining connection slots")
 """Server answers at connect time that a retry can get past (other ``FATAL`` answers are refusals)."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -53,7 +55,11 @@ class PgConnection:
 
     @classmethod
     def from_airflow(cls, conn_id: str) -> PgConnection:
-        """The parameters of Airflow connection ``conn_id`` (through ``PostgresHook``); refused if undefined."""
+        """The parameters of Airflow connection ``conn_id`` (through ``PostgresHook``).
+
+        Refused with :class:`SinkConnectionError` if undefined, of another type, or with an extra
+        psycopg would reject (:func:`_checked_extra`), before any connection is tried.
+        """
         from airflow.exceptions import AirflowNotFoundException
         from airflow.providers.postgres.hooks.postgres import PostgresHook
 
@@ -64,7 +70,7 @@ class PgConnection:
         if conn.conn_type not in ("postgres", "postgresql"):
             raise SinkConnectionError(f"Airflow connection {conn_id!r} has type {conn.conn_type!r}, not 'postgres'")
         extra = conn.extra_dejson
-        options = tuple((k, str(extra[k])) for k in _EXTRAS if k in extra)
+        options = tuple((k, _checked_extra(conn_id, k, extra[k])) for k in _EXTRAS if k in extra)
         return cls(
             conn_id=conn_id,
             host=conn.host or "localhost",
@@ -100,6 +106,25 @@ class PgConnection:
             )
             refused = "FATAL:" in message and not any(t in message for t in _TRANSIENT)
             raise (SinkConnectionError if refused else SinkUnavailableError)(message) from None
+
+
+def _checked_extra(conn_id: str, name: str, value: Any) -> str:
+    """The extra ``name`` as psycopg takes it, else :class:`SinkConnectionError` naming the connection,
+    the extra and the rule, never the value (an extra may hold a secret): ``connect_timeout`` a
+    positive integer of seconds, ``sslmode`` one of :data:`SSL_MODES`, the others strings without NUL."""
+    text = str(value) if type(value) is int else value
+    if name == "connect_timeout":
+        ok = isinstance(text, str) and text.isascii() and text.isdigit() and int(text) > 0
+        rule = "a positive integer of seconds"
+    elif name == "sslmode":
+        ok = text in SSL_MODES
+        rule = f"one of {', '.join(SSL_MODES)}"
+    else:
+        ok = isinstance(value, str) and "\0" not in value
+        rule = "a string without NUL"
+    if not ok:
+        raise SinkConnectionError(f"Airflow connection {conn_id!r}: extra {name} must be {rule}")
+    return str(text)
 
 
 def split_table(uid: str, table: str) -> tuple[str, str]:
