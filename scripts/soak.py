@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     home = _isolate()
     logging.getLogger("airflow_provider_checkpoint").setLevel(logging.WARNING)  # one line per seed, not per commit
 
+    from _pytest.outcomes import Failed  # pytest.raises/fail inside a rule: a BaseException
     from hypothesis.reporting import with_reporter
 
     from airflow_provider_checkpoint.spark.session import get_spark
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                             shrink=not args.no_shrink,
                             shrink_seconds=args.shrink_seconds,
                         )
-                except Exception as e:  # noqa: BLE001  # a failing seed: reported, the soak goes on
+                except (Exception, Failed) as e:  # noqa: BLE001  # a failing seed: reported, the soak goes on
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                     failed.append((config.name, seed, f"{type(e).__name__}: {first}"))
                     took = time.monotonic() - t0
