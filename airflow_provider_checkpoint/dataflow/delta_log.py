@@ -333,7 +333,7 @@ MAX_JSON_DEPTH = 64
 Delta log nests a few levels (stats: one per struct level of a column); delta-rs 1.6.6 panics on stats
 nested ~1,000 deep and its process dies (SIGSEGV) at 100,000."""
 _parsed: dict[tuple[str, int | None], None] = {}
-"""Log files (path, size) already found parseable in this process: each is read once."""
+"""Commit files (path, size) already found parseable in this process: each is read once."""
 
 
 def check_log_json(fs: fsspec.AbstractFileSystem, root: str, table: str) -> None:
@@ -355,7 +355,8 @@ def check_log_json(fs: fsspec.AbstractFileSystem, root: str, table: str) -> None
                 _check_depth(load_json(line, document), document, f"line {number}")
         if len(_parsed) > 100_000:
             _parsed.clear()
-        _parsed[key] = None
+        if name.endswith(".json"):  # commits never change; _last_checkpoint is rewritten in place
+            _parsed[key] = None
 
 
 def _check_depth(value: Any, document: str, where: str) -> None:
