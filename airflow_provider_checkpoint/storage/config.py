@@ -99,6 +99,8 @@ def storage_location(url: str, conn_id: str | None = None) -> Location:
     if split_protocol(url)[0] in S3_PROTOCOLS:
         location = Location.from_url(url, **({} if conn_id is None else {"conn_id": conn_id}))
     else:
+        if conn_id is not None:
+            _check_connection(conn_id, url)
         try:
             root = ObjectStoragePath(url, conn_id=conn_id)
             location = Location(root.fs, str(root.path).rstrip("/"))
@@ -109,6 +111,20 @@ def storage_location(url: str, conn_id: str | None = None) -> Location:
             location = Location.from_url(url)
     check_reachable(location.fs, location.base, url, conn_id)
     return location
+
+
+def _check_connection(conn_id: str, url: str) -> None:
+    """The connection a storage URL names exists (a misspelt one would be ignored on a local root, and a
+    sensor would poke on): :class:`CheckpointStorageError` naming it otherwise."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk import BaseHook
+
+    try:
+        BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as e:
+        raise CheckpointStorageError(
+            f"Airflow connection {conn_id!r} of storage {shorten(url)} is not defined: define it or drop the conn_id"
+        ) from e
 
 
 def job_storage(job_id: str, storage_root: str | None = None, conn_id: str | None = None) -> JobStorage:

@@ -122,3 +122,25 @@ def test_json_output_is_only_json_while_a_provider_logs(tmp_path):
     assert row["job_id"] == "j3" and row["status"] == "UNREADABLE" and "s3x" in row["status_reason"]
     assert "credentials retrieved" in done.stderr, "the provider's log line went somewhere else"
     assert SECRET not in done.stdout + done.stderr
+
+
+def test_a_sensor_whose_storage_connection_is_not_defined_fails_instead_of_poking_on(tmp_path, monkeypatch):
+    """A local storage root took a misspelt ``storage_conn_id`` silently: the input sensor then poked on for
+    ever. The connection must exist; the sensor fails without retry, naming it."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_provider_checkpoint.dataflow import FileSource, ParquetTableSink
+    from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+    from airflow_provider_checkpoint.jobs.definition import CheckpointJob
+    from airflow_provider_checkpoint.sensors.checkpoint import CheckpointInputSensor
+
+    (tmp_path / "landing").mkdir()
+    (tmp_path / "landing" / "0.json").write_text('{"x": 1}\n')
+    events = FileSource("events", str(tmp_path / "landing"), "json", "x LONG")
+    graph = PipelineGraph([events, ParquetTableSink("out", events, str(tmp_path / "out"))])
+    job = CheckpointJob("sensed", graph, storage_root=f"file://{tmp_path}/root", storage_conn_id="no_such_conn")
+    sensor = CheckpointInputSensor(task_id="wait", job=job, deferrable=False)
+    with pytest.raises(AirflowFailException, match=r"connection 'no_such_conn' .* is not defined"):
+        sensor.poke({})
+    monkeypatch.setenv("AIRFLOW_CONN_NO_SUCH_CONN", "fs://")
+    assert sensor.poke({}).xcom_value == {"sources": ["events"]}  # defined: the input is seen
