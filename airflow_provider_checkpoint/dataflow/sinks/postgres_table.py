@@ -34,7 +34,7 @@ from airflow_provider_checkpoint.dataflow.sinks import postgres_dead_letters as 
 from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
 from airflow_provider_checkpoint.dataflow.sinks import postgres_undo as undo
 from airflow_provider_checkpoint.dataflow.sinks.base import TransactionalSink, check_mode
-from airflow_provider_checkpoint.dataflow.sinks.postgres_sql import CHECKPOINT_COLUMN
+from airflow_provider_checkpoint.dataflow.sinks.postgres_sql import CHECKPOINT_COLUMN, NULLS_NOT_DISTINCT_SINCE
 from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import check_sequence_by
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
@@ -191,6 +191,8 @@ class PostgresTableSink(TransactionalSink):
         ]
         if self.mode == "append":
             columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
+        elif db.info.server_version >= NULLS_NOT_DISTINCT_SINCE:  # a null key part is a key value, as in every sink
+            columns.append(sql.SQL("UNIQUE NULLS NOT DISTINCT ({})").format(pg.idents(self.keys)))
         else:
             columns.append(sql.SQL("PRIMARY KEY ({})").format(pg.idents(self.keys)))
         db.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(self._table(), sql.SQL(", ").join(columns)))
@@ -215,20 +217,23 @@ class PostgresTableSink(TransactionalSink):
                 f"sink {self.uid}: table {self.target_name()} does not match the input: "
                 f"missing columns {missing}, columns the input does not have {extra}"
             )
-        if self.mode == "upsert" and not self._has_unique_keys(db):
+        if self.mode == "upsert" and self._unique_index(db) is None:
             raise SinkSchemaError(
                 f"sink {self.uid}: table {self.target_name()} has no unique index on exactly {self.keys} (upsert keys)"
             )
         return {c: target[c] for c in expected}
 
-    def _has_unique_keys(self, db: psycopg.Connection[Any]) -> bool:
+    def _unique_index(self, db: psycopg.Connection[Any]) -> bool | None:
+        """Whether the table's unique index on exactly the keys matches null key parts (``NULLS NOT
+        DISTINCT``, PostgreSQL 15+); ``None`` if it has no such index."""
+        nulls_match = "i.indnullsnotdistinct" if db.info.server_version >= NULLS_NOT_DISTINCT_SINCE else "false"
         row = db.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique "
+            f"SELECT {nulls_match} FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique "
             "AND i.indpred IS NULL AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute "
-            "WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey)) = %s::name[])",
+            "WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey)) = %s::name[] ORDER BY 1 DESC LIMIT 1",
             [f'"{self.schema}"."{self.table_name}"', sorted(self.keys)],
         ).fetchone()
-        return bool(row and row[0])
+        return None if row is None else bool(row[0])
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         from psycopg import sql
@@ -243,6 +248,7 @@ class PostgresTableSink(TransactionalSink):
         dead = pg.dead_letter_staging(staging) if self.dead_letters else None
         with conn.connect() as db:
             types = self._check_target(db, df)
+            null_keys = self.mode == "upsert" and bool(self._unique_index(db))
             db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(staging)))
             definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
             db.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table(staging), definition))  # logged: durable
@@ -255,7 +261,7 @@ class PostgresTableSink(TransactionalSink):
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
         rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
         dead_letters.check_refused(self, conn, staging, rows, refused)
-        self._check_staged(conn, staging)
+        self._check_staged(conn, staging, null_keys)
         ctx.add_metric("sink_rows", rows)
         committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
         if dead:
@@ -268,10 +274,11 @@ class PostgresTableSink(TransactionalSink):
         )  # fmt: skip
         return [committable]
 
-    def _check_staged(self, conn: pg.PgConnection, staging: str) -> None:
+    def _check_staged(self, conn: pg.PgConnection, staging: str, null_keys: bool) -> None:
         """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
-        index) and refuse a null key or a key staged twice (the commit could not succeed). An append
-        commit reads the staging table once, in order: nothing to check or plan."""
+        index) and refuse a key staged twice, or a null key part where the table's unique index would not
+        match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
+        table once, in order: nothing to check or plan."""
         from psycopg import sql
 
         if self.mode != "upsert":
@@ -280,12 +287,20 @@ class PostgresTableSink(TransactionalSink):
             db.execute(sql.SQL("ANALYZE {}").format(self._table(staging)))
             keys = pg.idents(self.keys)
             null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
+            refused = sql.SQL("false") if null_keys else null
             bad = db.execute(
                 sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
-                        "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=self._table(staging), n=null)
+                        "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=self._table(staging), n=refused)
             ).fetchone()  # fmt: skip
         if bad:
             key = ", ".join(f"{k}={v!r}" for k, v in zip(self.keys, bad[:-1], strict=True))
+            if bad[-1] == "a null key":
+                raise SinkValueError(
+                    f"sink {self.uid}: upsert key ({key}) is a null key, which the unique index of "
+                    f"{self.target_name()} on {self.keys} does not match (nulls distinct, or a primary key): create "
+                    "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
+                    "null keys upstream"
+                )
             raise SinkValueError(f"sink {self.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
 
     # -- committer (finalize / recovery side) ------------------------------------------

@@ -135,19 +135,24 @@ def _record_before_images(
         )
     )
     picked = sql.SQL(", ").join(pg.ident("s" if c in sink.keys else "t", c) for c in columns)
-    db.execute(
-        sql.SQL("INSERT INTO {} ({}, {}, {}) SELECT %s, t.ctid IS NOT NULL, {} FROM {} s LEFT JOIN {} t ON {}").format(
-            undo,
-            pg.ident(UNDO_CHECKPOINT),
-            pg.ident(UNDO_EXISTED),
-            pg.idents(columns),
-            picked,
-            sink._table(staging),
-            target,
-            pg.keys_equal(sink.keys, "t", "s"),
-        ),
-        [checkpoint_id],
-    )
+    stg = sink._table(staging)
+    for nulls in pg.null_patterns(db, stg, sink.keys):  # one indexed join per pattern of null key parts
+        db.execute(
+            sql.SQL(
+                "INSERT INTO {} ({}, {}, {}) SELECT %s, t.ctid IS NOT NULL, {} FROM {} s LEFT JOIN {} t ON {} WHERE {}"
+            ).format(
+                undo,
+                pg.ident(UNDO_CHECKPOINT),
+                pg.ident(UNDO_EXISTED),
+                pg.idents(columns),
+                picked,
+                stg,
+                target,
+                pg.keys_equal(sink.keys, "t", "s", nulls),
+                pg.null_filter(sink.keys, nulls, "s"),
+            ),
+            [checkpoint_id],
+        )
 
 
 def write_marker(
@@ -212,12 +217,14 @@ def undo_newer(sink: PostgresTableSink, db: psycopg.Connection[Any], claim: Json
             )
         undo, keys = sink._table(pg.undo_table(sink.digest)), pg.idents(sink.keys)
         columns = pg.idents(list(pg.table_columns(db, sink.schema, sink.table_name)))
-        db.execute(
-            sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {} > %s) u WHERE {}").format(
-                target, keys, undo, pg.ident(UNDO_CHECKPOINT), pg.keys_equal(sink.keys, "t", "u")
-            ),
-            [checkpoint_id],
-        )
+        newer_undo = sql.SQL("{} > %s").format(pg.ident(UNDO_CHECKPOINT))
+        for nulls in pg.null_patterns(db, undo, sink.keys, newer_undo, [checkpoint_id]):
+            db.execute(
+                sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {}) u WHERE {}").format(
+                    target, keys, undo, newer_undo, pg.keys_equal(sink.keys, "t", "u", nulls)
+                ),
+                [checkpoint_id],
+            )
         db.execute(
             sql.SQL(
                 "INSERT INTO {} ({}) SELECT {} FROM (SELECT DISTINCT ON ({}) * FROM {} WHERE {} > %s "
