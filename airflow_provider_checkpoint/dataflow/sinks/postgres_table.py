@@ -67,7 +67,7 @@ class PostgresTableSink(TransactionalSink):
     :param mode: ``append`` (every checkpoint adds its rows, tagged in ``_checkpoint_id``) or
         ``upsert`` (one row per key, replaced by newer checkpoints).
     :param keys: upsert key columns (a unique index on them is required; ``create_table``
-        makes them the primary key).
+        creates one ``NULLS NOT DISTINCT``, so a null key part is a key value: docs/postgres.md).
     :param create_table: create the table from the input's columns when it does not exist.
     :param undo_checkpoints: upsert mode: how many newest committed checkpoints a restore can
         return to (keep it ≥ the job's ``retained_checkpoints``); before-images older than that
