@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
+from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
@@ -23,12 +23,11 @@ from airflow_provider_checkpoint.core.model import (
     CompletedCheckpoint,
     JsonDict,
     RestorePoint,
-    RestoreRequest,
 )
 from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.dataflow.sinks.committer import SinkCommitter
+from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointStorageError,
@@ -38,16 +37,14 @@ from airflow_provider_checkpoint.exceptions import (
     RefusedInputError,
     RestoreError,
 )
+from airflow_provider_checkpoint.restore.point import Restorer, RestoreSource
+from airflow_provider_checkpoint.restore.snapshot import verify_state
 from airflow_provider_checkpoint.state.ownership import keeps_restored_files
 from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
-from airflow_provider_checkpoint.state.snapshot import Snapshot, check_compatible, open_restore_snapshot, verify_state
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
-from airflow_provider_checkpoint.storage.job_storage import METADATA
 
 log = logging.getLogger(__name__)
-RestoreSource = tuple[Snapshot, RestoreRequest | None]
-"""A validated snapshot to restore from, and the restore request that names it (none for the latest)."""
 
 
 class CheckpointCoordinator:
@@ -73,6 +70,7 @@ class CheckpointCoordinator:
         self.allowed_roots = list(allowed_roots or [Location(storage.fs, storage.root).url()])
         self.store = CompletedCheckpointStore(storage)
         self.sink_committer = SinkCommitter(graph.sinks, storage.job_id)
+        self.restorer = Restorer(storage, graph, self.allowed_roots, self.sink_committer)
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -105,7 +103,7 @@ class CheckpointCoordinator:
             restore_from, job = self._recover(job, now, periodic and checkpoint_type is CheckpointType.CHECKPOINT)
             self._clean_up(job, now)
             self._record_topology(job)
-            restore_point = self._restore_point(restore_from, options)
+            restore_point = self.restorer.restore_point(restore_from, options)
             plan = self._plan(job, run_id, checkpoint_type, now, restore_point, options)
         except BaseException:
             self.storage.release_lease(run_id)
@@ -141,7 +139,7 @@ class CheckpointCoordinator:
         """
         latest = self.store.latest()
         try:
-            restore_from = self._restore_source(latest)
+            restore_from = self.restorer.source(latest)
         except RestoreError:
             self._record_topology(job)  # so that the restore DAG can validate a restore for it
             raise
@@ -205,43 +203,6 @@ class CheckpointCoordinator:
         job.topology = {**self.graph.topology(), "dag_id": self.dag_id}
         self.storage.save_job(job)
 
-    def _restore_source(self, latest: CompletedCheckpoint | None) -> RestoreSource | None:
-        """What the next checkpoint restores from, validated against this pipeline; no effect.
-
-        The pending restore request's snapshot, else ``latest``. State of an operator the
-        pipeline no longer has is refused unless the restore request allows it; an
-        operator without state starts empty.
-        """
-        request = self.storage.load_restore_request()
-        if request is None:
-            return None if latest is None else (self._own_snapshot(latest), None)
-        snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage, self.graph.stateful_keys())
-        restored = snapshot.checkpoint
-        self.sink_committer.check(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
-        return snapshot, request
-
-    def _own_snapshot(self, completed: CompletedCheckpoint) -> Snapshot:
-        """A checkpoint in this job's directory, refused unless compatible with the deployed operators."""
-        snapshot = Snapshot(completed, self.storage.checkpoint_location(completed.checkpoint_id), self.storage)
-        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), False)
-        return snapshot
-
-    def _restore_point(self, source: RestoreSource | None, options: JsonDict) -> RestorePoint | None:
-        """The restore point of a validated ``source``; a restore request rolls the sinks back to it first."""
-        if source is None:
-            return None
-        snapshot, request = source
-        if request is None:
-            return snapshot.checkpoint.to_restore_point(snapshot.location.url())
-        restored = snapshot.checkpoint
-        for sink in self.graph.sinks:
-            sink.rollback(restored.checkpoint_id)
-            if sink.uid in restored.sinks:
-                sink.commit(restored.checkpoint_id, restored.sinks[sink.uid])
-        options["restore_request_id"] = request.request_id
-        log.info("restoring job %s from %s", self.storage.job_id, snapshot.location.url())
-        return snapshot.restore_point()
-
     # -- finalize ----------------------------------------------------------------------
     def finalize(
         self,
@@ -273,7 +234,7 @@ class CheckpointCoordinator:
                         self.storage.url(self.storage.metadata_path(checkpoint_id)),
                         f"its barrier is not the one run {plan.run_id!r} planned; refused before any effect",
                     )
-                self._own_snapshot(completed)
+                self.restorer.own_snapshot(completed)
             else:
                 savepoint_target(plan.options, self.allowed_roots, self.storage)
                 completed = self._complete(plan, acks, now, declines or {})

@@ -22,8 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
-    from airflow_provider_checkpoint.core.model import JsonDict
+    from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 
 MAX_TIMESTAMP = 253_402_300_799.0
 """9999-12-31T23:59:59Z: the last second a datetime can show."""
@@ -205,7 +204,7 @@ class StepDeclined(CheckpointAbortedError):
 class LeaseHeld(CheckpointAbortedError, RuntimeError):
     """Another checkpoint of this job is in flight."""
 
-    def __init__(self, holder: JsonDict) -> None:
+    def __init__(self, holder: dict[str, Any]) -> None:
         super().__init__(
             f"another checkpoint of this job is in flight (run {holder.get('run_id')!r}, "
             f"lease expires at {_utc(holder.get('expires_at'))})"

@@ -23,8 +23,9 @@ from typing import Any
 from airflow.sdk import DAG, Param
 
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
-from airflow_provider_checkpoint.dataflow.graph import Node, PipelineGraph, collecting
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
+from airflow_provider_checkpoint.dataflow.graph import Node, collecting
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.operators.chained import ChainedCheckpointOperator
@@ -99,7 +100,7 @@ class CheckpointedPipeline:
 
     ``on_malformed`` (``"fail"`` or ``"dead_letter"``) and ``max_malformed_fraction``
     (default 0.5) are the defaults of every source that sets none (see
-    :class:`~airflow_provider_checkpoint.dataflow.sources.FileSource`); dead letters go to
+    :class:`~airflow_provider_checkpoint.connectors.files.source.FileSource`); dead letters go to
     one table per source at ``<dead_letter_path>/<source uid>``, by default
     ``<storage>/<job_id>/dead_letters`` (with ``storage_conn_id`` there is no default: name one).
     """

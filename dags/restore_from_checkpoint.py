@@ -74,7 +74,7 @@ with DAG(
             UnsafePathError,
         )
         from airflow_provider_checkpoint.jobs.registry import find_job
-        from airflow_provider_checkpoint.jobs.snapshots import request_restore, resolve_pointer
+        from airflow_provider_checkpoint.restore.requests import request_restore, resolve_pointer
 
         params = get_current_context()["params"]
         try:

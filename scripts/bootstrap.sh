@@ -30,7 +30,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ constraints.txt -nt
   .venv/bin/uv pip install -q --python .venv/bin/python -c constraints.txt -e ".[test]"
   touch "$STAMP"
 fi
-CDS_ARCHIVE="$(.venv/bin/python -c 'from airflow_provider_checkpoint.spark.cds import archive_path; print(archive_path())')"
+CDS_ARCHIVE="$(.venv/bin/python -c 'from airflow_provider_checkpoint.spark.session import archive_path; print(archive_path())')"
 if [ ! -f "$CDS_ARCHIVE" ]; then
   echo "creating the Spark driver's class-data sharing archive (once, about a minute)"
   SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python -m airflow_provider_checkpoint.spark.cds \

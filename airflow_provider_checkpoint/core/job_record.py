@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_checkpoint.core.documents import JOB_ID, Fields, JsonDict, enum_value, load_json
-from airflow_provider_checkpoint.core.failures import AbortReason, FailureAccounting, JobStatus
+from airflow_provider_checkpoint.core.failures import FailureAccounting
+from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError
 
 JOB_FORMAT_VERSION = 1

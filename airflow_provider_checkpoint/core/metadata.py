@@ -12,8 +12,8 @@ from airflow_provider_checkpoint.core.model import (
     checkpoint_options,
     sink_committables,
 )
-from airflow_provider_checkpoint.core.state_handles import HandleScope, operator_snapshots
 from airflow_provider_checkpoint.exceptions import DocumentError, MetadataError, shorten
+from airflow_provider_checkpoint.state.handles import HandleScope, operator_snapshots
 
 FORMAT = "airflow-checkpoint"
 VERSION = 1

@@ -20,13 +20,13 @@ from airflow_provider_checkpoint.core.documents import (
     enum_value,
     relative_path,
 )
-from airflow_provider_checkpoint.core.state_handles import (
+from airflow_provider_checkpoint.exceptions import REQUIRED
+from airflow_provider_checkpoint.state.handles import (
     ChannelSnapshot,
     HandleScope,
     OperatorSnapshot,
     operator_snapshots,
 )
-from airflow_provider_checkpoint.exceptions import REQUIRED
 
 __all__ = ["JsonDict"]
 _REQUEST_ID = re.compile(r"^[0-9a-f]{32}$")

@@ -6,10 +6,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, JsonDict
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, stray_handles
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, stray_handles
 
 
 class AckOutcome(enum.StrEnum):

@@ -1,10 +1,18 @@
-"""Building blocks of a checkpointed pipeline: sources, transforms, stateful operators, sinks."""
+"""Building blocks of a checkpointed pipeline: sources, transforms, stateful operators, sinks.
 
-from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
+The graph, its operators and the planner live here; sources and sinks live in
+:mod:`airflow_provider_checkpoint.connectors`, one package per external system, and are
+re-exported here (loaded on first use, as connectors build on the graph) so a pipeline
+imports everything from one place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
-    PipelineGraph,
     Sink,
     Source,
     StatefulOperator,
@@ -12,10 +20,24 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Union,
 )
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
-from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink, ParquetTableSink, PostgresTableSink
-from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
+
+if TYPE_CHECKING:
+    from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
+    from airflow_provider_checkpoint.connectors.delta.source import DeltaSource
+    from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
+    from airflow_provider_checkpoint.connectors.files.source import FileSource
+    from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
+
+_CONNECTORS = {
+    "DeltaSource": "airflow_provider_checkpoint.connectors.delta.source",
+    "DeltaTableSink": "airflow_provider_checkpoint.connectors.delta.sink",
+    "FileSource": "airflow_provider_checkpoint.connectors.files.source",
+    "ParquetTableSink": "airflow_provider_checkpoint.connectors.files.parquet_sink",
+    "PostgresTableSink": "airflow_provider_checkpoint.connectors.postgres.sink",
+}
 
 __all__ = [
     "Channel",
@@ -40,3 +62,11 @@ __all__ = [
     "Transform",
     "Union",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONNECTORS:
+        import importlib
+
+        return getattr(importlib.import_module(_CONNECTORS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
-    from airflow_provider_checkpoint.spark.context import StepContext
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -69,7 +69,7 @@ class Source(Node):
 
     in_source_order = False
     """:meth:`read` must deliver the records in source order across partitions (set by
-    :class:`PipelineGraph` when an upsert sink resolves several rows of a key by that order)."""
+    :class:`~.planner.PipelineGraph` when an upsert sink resolves several rows of a key by that order)."""
 
     def __init__(self, uid: str) -> None:
         super().__init__(uid)
@@ -78,6 +78,17 @@ class Source(Node):
         """Take the pipeline's ``defaults`` (``None``: the built-in ones) where the source set nothing
         of its own, and return the sinks it brings along (its dead-letter table); none here."""
         return ()
+
+    def to_spec(self) -> JsonDict:
+        """The constructor arguments, JSON values only, that rebuild this source in another process
+        (a deferred sensor's trigger watches the source with them). A source that cannot be
+        watched that way raises :class:`TypeError`, naming itself."""
+        raise TypeError(f"source {self.uid}: {type(self).__name__} cannot be watched by a deferred sensor")
+
+    @classmethod
+    def from_spec(cls, spec: JsonDict) -> Source:
+        """The source :meth:`to_spec` described."""
+        return cls(**spec)
 
     def initial_position(self) -> Any:
         raise NotImplementedError
@@ -259,6 +270,10 @@ class Sink(Node):
         target's stored claim says is checked against it, never used in its place."""
         self.job_id = job_id
 
+    def audit(self) -> list[str]:
+        """Findings about leftovers (staged output nobody will commit, orphaned files); empty when clean."""
+        return []
+
     def unique_keys(self) -> tuple[str, ...] | None:
         return self.inputs[0].unique_keys()
 
@@ -358,71 +373,3 @@ def collecting() -> Iterator[list[Node]]:
         yield nodes
     finally:
         _active.pop()
-
-
-def _order_keeping_sources(node: Node) -> Iterator[Source]:
-    """The sources whose record order reaches ``node``'s output: through transforms and unions
-    (a stateful operator or a channel between them does not keep an order)."""
-    if isinstance(node, Source):
-        yield node
-    elif isinstance(node, Transform | Union):
-        for input in node.inputs:
-            yield from _order_keeping_sources(input)
-
-
-class PipelineGraph:
-    """A validated graph, and its split into steps (:func:`~.planner.plan_steps`)."""
-
-    def __init__(self, nodes: Sequence[Node], defaults: SourceDefaults | None = None) -> None:
-        with collecting():  # what sources bring along is not declared in the caller's block
-            attached = [s for n in nodes if isinstance(n, Source) for s in n.attach(defaults)]
-        nodes = [*nodes, *attached]
-        self.nodes: dict[str, Node] = {}
-        for node in nodes:
-            if node.uid in self.nodes:
-                raise PipelineDefinitionError(f"duplicate uid {node.uid!r}")
-            self.nodes[node.uid] = node
-        for node in nodes:
-            for inp in node.inputs:
-                if self.nodes.get(inp.uid) is not inp:
-                    raise PipelineDefinitionError(f"{node.uid}: input {inp.uid} is not part of this pipeline")
-        if not self.sinks:
-            raise PipelineDefinitionError("a pipeline needs at least one sink")
-        for sink in self.sinks:
-            if sink.needs_source_order():
-                for source in _order_keeping_sources(sink.inputs[0]):
-                    source.in_source_order = True
-        from airflow_provider_checkpoint.dataflow.planner import plan_steps  # builds on the node classes above
-
-        self.steps, self.channel_steps = plan_steps(list(self.nodes.values()))
-
-    @property
-    def sources(self) -> list[Source]:
-        return [n for n in self.nodes.values() if isinstance(n, Source)]
-
-    @property
-    def sinks(self) -> list[Sink]:
-        return [n for n in self.nodes.values() if isinstance(n, Sink)]
-
-    @property
-    def channels(self) -> list[Channel]:
-        return [n for n in self.nodes.values() if isinstance(n, Channel)]
-
-    def reads(self, step: str) -> list[str]:
-        """Uids of the channels ``step`` reads from other steps."""
-        return [n.uid for n in self.steps[step] if isinstance(n, Channel) and self.channel_steps[n.uid] != step]
-
-    def upstream_steps(self, step: str) -> list[str]:
-        """The steps whose channels ``step`` reads: its Airflow task depends on theirs."""
-        return sorted({self.channel_steps[uid] for uid in self.reads(step)})
-
-    def topology(self) -> JsonDict:
-        return {
-            "nodes": {uid: n.describe() for uid, n in self.nodes.items()},
-            "steps": {name: [n.uid for n in nodes] for name, nodes in self.steps.items()},
-            "channels": dict(sorted(self.channel_steps.items())),
-        }
-
-    def stateful_keys(self) -> dict[str, tuple[str, ...]]:
-        """Stateful operator uid → its key columns."""
-        return {uid: n.keys for uid, n in self.nodes.items() if isinstance(n, StatefulOperator)}

@@ -1,4 +1,4 @@
-"""The step planner: how a pipeline's nodes split into steps, and in which order the steps run.
+"""The step planner: a validated :class:`PipelineGraph`, how its nodes split into steps, and their order.
 
 A step is one Spark job: every sink with all of its upstream nodes. Sinks that share a
 stateful operator run in the same step, because an operator's state must be written by
@@ -7,10 +7,24 @@ exactly one step; a channel hands rows from one step to a later one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, StatefulOperator
+from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import (
+    Channel,
+    Node,
+    Sink,
+    Source,
+    StatefulOperator,
+    Transform,
+    Union,
+    collecting,
+)
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+
+if TYPE_CHECKING:
+    from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
 
 
 def _step_of(label: str) -> str:
@@ -98,3 +112,69 @@ def _in_dependency_order(steps: dict[str, list[Node]], channel_steps: Mapping[st
             ordered[name] = steps[name]
             del needs[name]
     return ordered
+
+
+def _order_keeping_sources(node: Node) -> Iterator[Source]:
+    """The sources whose record order reaches ``node``'s output: through transforms and unions
+    (a stateful operator or a channel between them does not keep an order)."""
+    if isinstance(node, Source):
+        yield node
+    elif isinstance(node, Transform | Union):
+        for input in node.inputs:
+            yield from _order_keeping_sources(input)
+
+
+class PipelineGraph:
+    """A validated graph, and its split into steps (:func:`plan_steps`)."""
+
+    def __init__(self, nodes: Sequence[Node], defaults: SourceDefaults | None = None) -> None:
+        with collecting():  # what sources bring along is not declared in the caller's block
+            attached = [s for n in nodes if isinstance(n, Source) for s in n.attach(defaults)]
+        nodes = [*nodes, *attached]
+        self.nodes: dict[str, Node] = {}
+        for node in nodes:
+            if node.uid in self.nodes:
+                raise PipelineDefinitionError(f"duplicate uid {node.uid!r}")
+            self.nodes[node.uid] = node
+        for node in nodes:
+            for inp in node.inputs:
+                if self.nodes.get(inp.uid) is not inp:
+                    raise PipelineDefinitionError(f"{node.uid}: input {inp.uid} is not part of this pipeline")
+        if not self.sinks:
+            raise PipelineDefinitionError("a pipeline needs at least one sink")
+        for sink in self.sinks:
+            if sink.needs_source_order():
+                for source in _order_keeping_sources(sink.inputs[0]):
+                    source.in_source_order = True
+        self.steps, self.channel_steps = plan_steps(list(self.nodes.values()))
+
+    @property
+    def sources(self) -> list[Source]:
+        return [n for n in self.nodes.values() if isinstance(n, Source)]
+
+    @property
+    def sinks(self) -> list[Sink]:
+        return [n for n in self.nodes.values() if isinstance(n, Sink)]
+
+    @property
+    def channels(self) -> list[Channel]:
+        return [n for n in self.nodes.values() if isinstance(n, Channel)]
+
+    def reads(self, step: str) -> list[str]:
+        """Uids of the channels ``step`` reads from other steps."""
+        return [n.uid for n in self.steps[step] if isinstance(n, Channel) and self.channel_steps[n.uid] != step]
+
+    def upstream_steps(self, step: str) -> list[str]:
+        """The steps whose channels ``step`` reads: its Airflow task depends on theirs."""
+        return sorted({self.channel_steps[uid] for uid in self.reads(step)})
+
+    def topology(self) -> JsonDict:
+        return {
+            "nodes": {uid: n.describe() for uid, n in self.nodes.items()},
+            "steps": {name: [n.uid for n in nodes] for name, nodes in self.steps.items()},
+            "channels": dict(sorted(self.channel_steps.items())),
+        }
+
+    def stateful_keys(self) -> dict[str, tuple[str, ...]]:
+        """Stateful operator uid → its key columns."""
+        return {uid: n.keys for uid, n in self.nodes.items() if isinstance(n, StatefulOperator)}

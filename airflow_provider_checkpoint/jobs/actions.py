@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow_provider_checkpoint.exceptions import UnsafePathError
 from airflow_provider_checkpoint.jobs.registry import JobLocation, find_job, list_jobs
-from airflow_provider_checkpoint.jobs.snapshots import request_restore, resolve_pointer
+from airflow_provider_checkpoint.restore.requests import request_restore, resolve_pointer
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 
 

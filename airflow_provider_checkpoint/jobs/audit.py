@@ -11,7 +11,6 @@ import posixpath
 from collections.abc import Sequence
 
 from airflow_provider_checkpoint.dataflow.graph import Sink
-from airflow_provider_checkpoint.dataflow.sinks import TransactionalSink
 from airflow_provider_checkpoint.exceptions import MetadataError, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_storage import (
@@ -83,9 +82,8 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
             if relative not in referenced and not is_metadata:
                 findings.append(f"orphaned file {storage.url(relative)}")
     for sink in sinks:
-        if isinstance(sink, TransactionalSink):
-            sink.bind_job(storage.job_id)
-            findings.extend(sink.audit())
+        sink.bind_job(storage.job_id)
+        findings.extend(sink.audit())
     return list(dict.fromkeys(findings))
 
 

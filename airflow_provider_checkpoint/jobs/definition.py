@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.config import allowed_roots, config_value, job_storage
 

@@ -10,9 +10,8 @@ from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceS
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.utils.types import DagRunType
 
-from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
-from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
+from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointError,
@@ -22,6 +21,7 @@ from airflow_provider_checkpoint.exceptions import (
 )
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.jobs.registry import register
+from airflow_provider_checkpoint.state.handles import ChannelSnapshot
 from airflow_provider_checkpoint.storage.config import allowed_roots, default_savepoint_roots
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 

@@ -89,8 +89,8 @@ class CheckpointInputSensor(_DeferrableSensor):
     restore request counts as input. ``CheckpointedPipeline(wait_for_input=...)`` puts
     this sensor, with ``soft_fail``, in front of the trigger: a run without new input
     is skipped instead of producing an empty checkpoint. Deferred, it watches only
-    :class:`~airflow_provider_checkpoint.dataflow.sources.FileSource` and
-    :class:`~airflow_provider_checkpoint.dataflow.delta_source.DeltaSource` sources.
+    :class:`~airflow_provider_checkpoint.connectors.files.source.FileSource` and
+    :class:`~airflow_provider_checkpoint.connectors.delta.source.DeltaSource` sources.
 
     :param job: The checkpointed job whose sources it watches.
     :param deferrable: Wait in the triggerer instead of a worker slot

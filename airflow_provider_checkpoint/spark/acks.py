@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 from airflow_provider_checkpoint.core.documents import load_json
-from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
-from airflow_provider_checkpoint.core.state_handles import is_own, stray_handles
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError, StepDeclined
+from airflow_provider_checkpoint.state.handles import is_own, stray_handles
 from airflow_provider_checkpoint.storage import JobStorage
 
 ACK_FILE = "_ack.json"

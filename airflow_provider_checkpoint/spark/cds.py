@@ -5,8 +5,8 @@ child process, runs three small checkpoints of a pipeline (JSON source, two keye
 aggregates, an upsert and an append sink: full versions, a delta, the sinks' merges)
 so that the classes a step loads are loaded, and lets the JVM dump every loaded class at exit
 (``-XX:ArchiveClassesAtExit``). The archive lands under the Python environment
-(:func:`archive_path`), written under a temporary name and renamed when complete;
-:func:`~airflow_provider_checkpoint.spark.session.get_spark` uses it when it exists. An
+(:func:`~.session.archive_path`), written under a temporary name and renamed when complete;
+:func:`~.session.get_spark` uses it when it exists. An
 archive that does not fit the JVM or class path is ignored by the JVM (``-Xshare:auto``).
 """
 
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from airflow_provider_checkpoint.spark.session import CDS_ENV
+from airflow_provider_checkpoint.spark.session import CDS_ENV, archive_path
 
 _WORKLOAD = """
 import sys, tempfile
@@ -46,13 +46,6 @@ spark.stop()
 proc.stdin.close()
 sys.exit(proc.wait())  # the JVM writes the archive as it exits
 """
-
-
-def archive_path() -> Path:
-    """Where the archive of this environment lives: one per pyspark version, under ``sys.prefix``."""
-    from pyspark import __version__
-
-    return Path(sys.prefix) / "share" / "airflow-provider-checkpoint" / f"spark-{__version__}-driver.jsa"
 
 
 def create_archive() -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot, StateHandle
-from airflow_provider_checkpoint.dataflow.file_io import write_parquet
-from airflow_provider_checkpoint.dataflow.file_scans import read_parquet
+from airflow_provider_checkpoint.fileio.scans import read_parquet
+from airflow_provider_checkpoint.fileio.writes import write_parquet
+from airflow_provider_checkpoint.state.handles import ChannelSnapshot, StateHandle
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:

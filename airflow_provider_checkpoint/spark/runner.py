@@ -14,21 +14,21 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot, OperatorSnapshot
+from airflow_provider_checkpoint.dataflow.context import StepContext
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
-    PipelineGraph,
     Sink,
     Source,
     StatefulOperator,
     Transform,
     Union,
 )
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
-from airflow_provider_checkpoint.spark.checkpointing import checkpoint_operator
-from airflow_provider_checkpoint.spark.context import StepContext
+from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
+from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
 from airflow_provider_checkpoint.storage import JobStorage
 

@@ -48,13 +48,18 @@ DRIVER_JAVA_OPTIONS = (
 """Prepended to ``spark.driver.extraJavaOptions``: options given in ``conf`` come later and win."""
 
 
+def archive_path() -> Path:
+    """Where the archive of this environment lives: one per pyspark version, under ``sys.prefix``."""
+    from pyspark import __version__
+
+    return Path(sys.prefix) / "share" / "airflow-provider-checkpoint" / f"spark-{__version__}-driver.jsa"
+
+
 def driver_java_options() -> tuple[str, ...]:
     """:data:`DRIVER_JAVA_OPTIONS`, plus the class-data sharing archive if it was created.
 
     ``CHECKPOINT_SPARK_CDS=off`` leaves the archive out.
     """
-    from airflow_provider_checkpoint.spark.cds import archive_path
-
     archive = archive_path()
     if os.environ.get(CDS_ENV, "").lower() == "off" or not archive.is_file():
         return DRIVER_JAVA_OPTIONS

@@ -25,7 +25,7 @@ import logging  # noqa: E402
 from typing import TYPE_CHECKING, Protocol, runtime_checkable  # noqa: E402
 
 if TYPE_CHECKING:
-    from airflow_provider_checkpoint.jobs.definition import CheckpointJob
+    from airflow_provider_checkpoint.spark.submitted import StepJob
 
 log = logging.getLogger("airflow_provider_checkpoint.spark.submit")
 
@@ -34,11 +34,11 @@ log = logging.getLogger("airflow_provider_checkpoint.spark.submit")
 class StepTask(Protocol):
     """A task that runs a step of a checkpointed pipeline (``SparkCheckpointOperator``): its job and step."""
 
-    job: CheckpointJob
+    job: StepJob
     step: str
 
 
-def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[CheckpointJob, str]:
+def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[StepJob, str]:
     """The job and step of task ``task_id`` of DAG ``dag_id`` defined in ``dag_file``."""
     from airflow.sdk import DAG
 
@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow_provider_checkpoint.core.documents import Fields, relative_path
     from airflow_provider_checkpoint.core.model import CheckpointPlan
-    from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
     from airflow_provider_checkpoint.spark.acks import ACK_FILE, decline_for, write_decline
     from airflow_provider_checkpoint.spark.runner import run_step
     from airflow_provider_checkpoint.spark.submitted import CHANNELS_KEY
+    from airflow_provider_checkpoint.state.handles import ChannelSnapshot
     from airflow_provider_checkpoint.storage.config import job_storage
 
     with open(args.plan_file) as f:

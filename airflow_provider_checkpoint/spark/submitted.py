@@ -13,17 +13,40 @@ import tempfile
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
-from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
 from airflow_provider_checkpoint.spark.acks import read_ack, read_decline
 from airflow_provider_checkpoint.spark.processes import SUBMITTED_STEP_ENV, kill_step_processes
 from airflow_provider_checkpoint.spark.session import DEFAULT_CONF, LOG4J2_PROPERTIES
+from airflow_provider_checkpoint.state.handles import ChannelSnapshot
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
-    from airflow_provider_checkpoint.jobs.definition import CheckpointJob
+    from airflow_provider_checkpoint.core.settings import CheckpointSettings
+    from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+
+
+class StepJob(Protocol):
+    """What a step needs of its job (:class:`~airflow_provider_checkpoint.jobs.definition.CheckpointJob`)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def graph(self) -> PipelineGraph: ...
+
+    @property
+    def storage_root(self) -> str | None: ...
+
+    @property
+    def storage_conn_id(self) -> str | None: ...
+
+    @property
+    def spark_conf(self) -> dict[str, str]: ...
+
+    def resolved_settings(self) -> CheckpointSettings: ...
+
 
 DRIVER = Path(__file__).with_name("submit.py")
 CHANNELS_KEY = "_channels"
@@ -51,7 +74,7 @@ class SubmittedStep:
     with an earlier attempt's files, even one whose driver is still being torn down.
     """
 
-    def __init__(self, job: CheckpointJob, conn_id: str, dag_file: str, dag_id: str, task_id: str) -> None:
+    def __init__(self, job: StepJob, conn_id: str, dag_file: str, dag_id: str, task_id: str) -> None:
         self.tag = uuid.uuid4().hex
         self.job = job
         self.conn_id = conn_id

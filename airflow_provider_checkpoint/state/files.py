@@ -1,8 +1,8 @@
 """Keyed state read with pyarrow alone (no Spark): full versions merged with their deltas.
 
 Used where the provider runs without Spark — savepoints written by finalize,
-:func:`~airflow_provider_checkpoint.jobs.snapshots.read_state` — with the same merge as
-:func:`airflow_provider_checkpoint.spark.state.merge`: per key the newest delta row wins,
+:func:`~airflow_provider_checkpoint.restore.requests.read_state` — with the same merge as
+:func:`airflow_provider_checkpoint.state.spark_backend.merge`: per key the newest delta row wins,
 a tombstone deletes the key, a null key is a key like any other.
 """
 
@@ -13,9 +13,9 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.core.incremental import StateLayout, merge_order
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import StateFileError
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet
 

@@ -1,7 +1,7 @@
 """Whose state files a step may keep: the restore point's, only when they lie in this job's directory.
 
 A step's state files are its own (written in its attempt directory) or kept from its
-restore point (:func:`~airflow_provider_checkpoint.core.state_handles.stray_handles`).
+restore point (:func:`~airflow_provider_checkpoint.state.handles.stray_handles`).
 Keeping is allowed only for a restore point in this job's directory: retention sees every
 reference there, while a restore from a savepoint or another job copies its state anew.
 """

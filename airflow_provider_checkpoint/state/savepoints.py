@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint, JsonDict
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
 from airflow_provider_checkpoint.state.files import check_file, range_tables, write_state_file
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA, inline_parquet
 from airflow_provider_checkpoint.storage.paths import is_local, resolve_under_roots, within

@@ -11,9 +11,9 @@ import logging
 from collections.abc import Sequence
 
 from airflow_provider_checkpoint.core.documents import load_json
-from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CompletedCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MetadataError
 from airflow_provider_checkpoint.storage import JobStorage
 

@@ -33,7 +33,6 @@ from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestoreRequest
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
@@ -42,6 +41,7 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     shorten,
 )
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage.object_store import (
     check_reachable,
     delete_objects,

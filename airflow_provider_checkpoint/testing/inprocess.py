@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.model import Ack, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph, collecting
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
+from airflow_provider_checkpoint.dataflow.graph import collecting
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import InjectedFault
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage

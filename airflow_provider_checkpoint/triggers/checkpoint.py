@@ -8,15 +8,14 @@ triggerer's event loop.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_checkpoint.core.model import JsonDict
-from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.exceptions import CheckpointError
 from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
 
@@ -24,37 +23,24 @@ _MODULE = __name__
 
 
 # -- source specs: how a trigger gets the pipeline's sources ----------------------------
+_CONNECTORS = "airflow_provider_checkpoint.connectors."
+
+
 def source_spec(source: Source) -> JsonDict:
-    """A JSON description of ``source`` from which :func:`source_from_spec` rebuilds it."""
-    if isinstance(source, DeltaSource):
-        return {
-            "kind": "delta",
-            "uid": source.uid,
-            "path": source.path,
-            "storage_options": source.storage_options,
-            "change_data_feed": source.change_data_feed,
-            "starting_version": source.starting_version,
-            "max_commits_per_checkpoint": source.max_commits_per_checkpoint,
-            "on_restore": source.on_restore,
-        }
-    if not isinstance(source, FileSource):
-        raise TypeError(f"source {source.uid}: {type(source).__name__} cannot be watched by a deferred sensor")
-    return {
-        "uid": source.uid,
-        "path": source.path,
-        "format": source.format,
-        "schema": source.schema,
-        "pattern": source.pattern,
-        "options": source.options,
-        "storage_options": source.storage_options,
-    }
+    """A JSON description of ``source`` (its class and :meth:`~.Source.to_spec`) that
+    :func:`source_from_spec` rebuilds it from."""
+    kind = type(source)
+    return {"class": f"{kind.__module__}.{kind.__qualname__}", "args": source.to_spec()}
 
 
 def source_from_spec(spec: JsonDict) -> Source:
-    fields = dict(spec)
-    if fields.pop("kind", None) == "delta":
-        return DeltaSource(**fields)
-    return FileSource(**fields)
+    """The source ``spec`` describes: a :class:`~.Source` of this package's connectors, nothing else."""
+    path, args = spec.get("class"), spec.get("args")
+    module, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
+    kind = getattr(importlib.import_module(module), name, None) if module.startswith(_CONNECTORS) else None
+    if not (isinstance(kind, type) and issubclass(kind, Source) and isinstance(args, dict)):
+        raise CheckpointError(f"a deferred sensor's source spec names no source of this package: {path!r}")
+    return kind.from_spec(args)
 
 
 # -- triggers ----------------------------------------------------------------------------

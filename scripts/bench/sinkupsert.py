@@ -53,7 +53,7 @@ def _staged_bytes(table: Path, committables: list[dict[str, Any]]) -> int:
 
 
 def _dv_file_names(dvs: list[dict[str, Any]]) -> set[str]:
-    from airflow_provider_checkpoint.dataflow.deletion_vectors import Descriptor
+    from airflow_provider_checkpoint.connectors.delta.deletion_vectors import Descriptor
 
     files = (Descriptor("u", d["pathOrInlineDv"], d["offset"], 1, 1).file() for d in dvs if d["storageType"] == "u")
     return {f for f in files if f}

@@ -2,7 +2,7 @@
 
 **Engines** (local path, one run): the large-state workload's state after its first increment
 (one row per key, ``users`` keys) is written as a full version, as a checkpoint writes it
-(:func:`~airflow_provider_checkpoint.spark.state.write_full_version`: one file per key-group
+(:func:`~airflow_provider_checkpoint.state.spark_backend.write_full_version`: one file per key-group
 range, each file's size and SHA-256 in its handle), by each engine in turn, ``rounds`` times,
 alternating which goes first. Every output is read back with pyarrow and compared with the
 pandas ground truth, and every handle is verified against its file.
@@ -57,8 +57,8 @@ def run(spec: DataSpec, rounds: int, long_run: DataSpec, work: Path) -> dict[str
 def engines_side_by_side(spark: Any, spec: DataSpec, rounds: int, work: Path) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
-    from airflow_provider_checkpoint.dataflow.file_io import ENGINE_CONF
-    from airflow_provider_checkpoint.spark.state import write_full_version
+    from airflow_provider_checkpoint.fileio.writes import ENGINE_CONF
+    from airflow_provider_checkpoint.state.spark_backend import write_full_version
     from airflow_provider_checkpoint.storage import Location
 
     truth = ground_truth(spec.increment(1))
@@ -99,7 +99,8 @@ def requests_per_checkpoint(spark: Any, spec: DataSpec, work: Path) -> dict[str,
     from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
     from airflow_provider_checkpoint.core.settings import CheckpointSettings
     from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
-    from airflow_provider_checkpoint.dataflow.graph import PipelineGraph, collecting
+    from airflow_provider_checkpoint.dataflow.graph import collecting
+    from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
     from airflow_provider_checkpoint.storage import JobStorage
     from airflow_provider_checkpoint.testing.inprocess import Job
     from tests.servers.s3 import ThrottlingProxy, start_server

@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 
 from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, Transform
-from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
+from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 from tests.servers.postgres import PostgresServer
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError
-from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
+from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, mismatches, normalized
 

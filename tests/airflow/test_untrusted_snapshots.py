@@ -22,7 +22,7 @@ import pytest
 
 from airflow_provider_checkpoint.core.model import RestoreRequest
 from airflow_provider_checkpoint.exceptions import DocumentError, UnsafePathError
-from airflow_provider_checkpoint.jobs.snapshots import request_restore
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
 

@@ -17,7 +17,7 @@ import os
 
 from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink, Transform
 from airflow_provider_checkpoint.dataflow import DeltaTableSink
-from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
+from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
 BASE = os.environ["CHAOS_DIR"]
 
@@ -100,7 +100,7 @@ import os
 
 from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate
 from airflow_provider_checkpoint.dataflow import DeltaTableSink
-from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
+from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
 BASE = os.environ["CHAOS_DIR"] + "/chained"
 

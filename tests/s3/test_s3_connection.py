@@ -33,7 +33,7 @@ from airflow_provider_checkpoint.dataflow import (
     PipelineGraph,
 )
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError
-from airflow_provider_checkpoint.jobs.snapshots import request_restore
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.config import job_storage

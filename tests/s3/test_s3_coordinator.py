@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, UnsafePathError
-from airflow_provider_checkpoint.state.snapshot import open_snapshot
+from airflow_provider_checkpoint.restore.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.s3.s3_job import coordinator_on, counted_requests, s3_ack
 from tests.servers.s3 import S3Server

@@ -2,7 +2,7 @@
 
 Real Airflow (``dag.test()``), a local SparkSession whose Hadoop layer has no S3 filesystem:
 every file the executors read or write (source files, state, staged sink files) goes
-through the Python file engine (:mod:`~airflow_provider_checkpoint.dataflow.file_io`).
+through the Python file engine (:mod:`~airflow_provider_checkpoint.fileio.writes`).
 Credentials come from the standard AWS environment only. Tables are compared with a
 pandas ground truth over all input landed, after a step retry and after a restore.
 """

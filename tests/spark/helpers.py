@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointPlan, CheckpointType
-from airflow_provider_checkpoint.spark.context import StepContext
+from airflow_provider_checkpoint.dataflow.context import StepContext
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:

@@ -137,15 +137,15 @@ class Harness:
         if config.kind != "postgres" and upsert:
             options.update(buckets=config.buckets, driver_merge_rows=config.driver_merge_rows)
         if config.kind == "parquet":
-            from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
+            from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
 
             self.sink: Any = ParquetTableSink("out", Source("src"), str(self.path), config.mode, **options)
         elif config.kind == "delta":
-            from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink
+            from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
 
             self.sink = DeltaTableSink("out", Source("src"), str(self.path), config.mode, **options)
         else:
-            from airflow_provider_checkpoint.dataflow.sinks import PostgresTableSink
+            from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
             self.schema = name.replace("-", "_")
             with server.connect() as db:

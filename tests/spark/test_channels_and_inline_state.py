@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow import Channel, FileSource, KeyedAggregate, ParquetTableSink, Transform
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, StateTooLargeError
-from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
+from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import Location

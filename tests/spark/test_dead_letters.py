@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
-from airflow_provider_checkpoint.dataflow.dead_letters import SourceDefaults
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
 from airflow_provider_checkpoint.exceptions import MalformedInputError, TooManyMalformedError
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job

@@ -12,10 +12,12 @@ import fsspec
 import pandas as pd
 import pytest
 
-from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource, delta_log
-from airflow_provider_checkpoint.dataflow.file_io import ENGINE_CONF, ENGINES
-from airflow_provider_checkpoint.dataflow.sinks import delta_commit, delta_upsert
+from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
+from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
+from airflow_provider_checkpoint.dataflow import DeltaSource, DeltaTableSink, FileSource
 from airflow_provider_checkpoint.exceptions import SinkClaimedError, SinkSchemaError
+from airflow_provider_checkpoint.fileio.writes import ENGINE_CONF, ENGINES
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.spark.helpers import delta_commits_per_checkpoint, step_context
 
@@ -478,7 +480,7 @@ def test_crafted_deletion_vectors_in_committables_are_refused_before_the_commit(
     import numpy as np
     from deltalake import DeltaTable
 
-    from airflow_provider_checkpoint.dataflow import deletion_vectors
+    from airflow_provider_checkpoint.connectors.delta import deletion_vectors
     from airflow_provider_checkpoint.exceptions import DocumentError
 
     if tamper == "DV file at offset 2^40":

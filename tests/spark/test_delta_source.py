@@ -15,11 +15,11 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.types import StructType
 
+from airflow_provider_checkpoint.connectors.delta.log import DataFile
 from airflow_provider_checkpoint.dataflow import DeltaSource, KeyedAggregate, ParquetTableSink
-from airflow_provider_checkpoint.dataflow.delta_log import DataFile
 from airflow_provider_checkpoint.exceptions import DeltaSourceError
 from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
-from airflow_provider_checkpoint.jobs.snapshots import request_restore
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -254,8 +254,8 @@ def test_files_with_the_same_base_name_keep_their_own_partition_values(spark, tm
 def test_an_upsert_table_with_deletion_vectors_reads_as_its_net_changes(spark, tmp_path: Path, monkeypatch) -> None:
     """Our DeltaTableSink's upserts give files new DVs: the snapshot leaves the deleted rows out, and
     each later range's signed change rows sum to the difference of the table's states (pandas)."""
+    from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
     from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
-    from airflow_provider_checkpoint.dataflow.sinks import delta_upsert
 
     monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)  # DV files (inline ones: test_delta_sink)
     table = tmp_path / "latest"
@@ -300,8 +300,8 @@ def test_a_source_table_linking_out_is_refused_before_spark_or_pyarrow_reads(
     import hashlib
     import shutil
 
+    from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
     from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
-    from airflow_provider_checkpoint.dataflow.sinks import delta_upsert
     from airflow_provider_checkpoint.exceptions import UnsafePathError
 
     table, outside = tmp_path / "table", tmp_path / "outside"

@@ -16,7 +16,7 @@ import pytest
 
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
 from airflow_provider_checkpoint.dataflow import DimensionEnrichment, FileSource
-from airflow_provider_checkpoint.jobs.snapshots import read_state
+from airflow_provider_checkpoint.restore.requests import read_state
 from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from tests.spark.helpers import table
 from tests.spark.orders import CUSTOMER, HOLD, ORDER, RETENTION, Landing, assert_equal, enrichment_pipeline

@@ -19,12 +19,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_checkpoint.core import incremental
 from airflow_provider_checkpoint.core.faults import ENV as FAULTS_ENV
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, KeyedStateFunction, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 from airflow_provider_checkpoint.jobs.audit import audit_job
-from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
+from airflow_provider_checkpoint.restore.requests import read_state, request_restore
+from airflow_provider_checkpoint.state import incremental
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 

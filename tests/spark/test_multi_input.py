@@ -18,7 +18,7 @@ from airflow_provider_checkpoint.dataflow import (
     IntervalJoin,
     ParquetTableSink,
 )
-from airflow_provider_checkpoint.jobs.snapshots import request_restore
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from tests.spark.helpers import table, write_json
 from tests.spark.orders import Landing, assert_equal, changes, enrichment_pipeline

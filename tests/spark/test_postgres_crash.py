@@ -30,7 +30,7 @@ from airflow_provider_checkpoint.core.model import CheckpointPlan
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow import FileSource, PipelineGraph, PostgresTableSink
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, InjectedFault, SinkUnavailableError
-from airflow_provider_checkpoint.jobs.snapshots import request_restore
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.postgres import PostgresServer

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from airflow_provider_checkpoint.connectors.postgres.sink import CHECKPOINT_COLUMN, PostgresTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.dataflow.sinks.postgres_table import CHECKPOINT_COLUMN, PostgresTableSink
 from airflow_provider_checkpoint.exceptions import (
     RestoreError,
     SinkClaimedError,

@@ -10,10 +10,10 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_checkpoint.core.keygroups import range_for_index
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MalformedInputError
-from airflow_provider_checkpoint.spark.state import key_group, read_state, write_state
+from airflow_provider_checkpoint.state.keygroups import range_for_index
+from airflow_provider_checkpoint.state.spark_backend import key_group, read_state, write_state
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.spark.helpers import step_context
 

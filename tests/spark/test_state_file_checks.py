@@ -17,7 +17,7 @@ import pytest
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, StateFileError
-from airflow_provider_checkpoint.jobs.snapshots import read_state, request_restore
+from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import METADATA

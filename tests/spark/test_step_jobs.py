@@ -14,7 +14,7 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import MalformedInputError
-from airflow_provider_checkpoint.spark import driver_state
+from airflow_provider_checkpoint.state import driver_merge as driver_state
 from airflow_provider_checkpoint.testing.clickstream import land_events, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 

@@ -1,4 +1,4 @@
-"""One row per key in upsert sinks: the rule of :mod:`~airflow_provider_checkpoint.dataflow.sinks.upsert_rule`,
+"""One row per key in upsert sinks: the rule of :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`,
 checked against a plain-Python model over seeded random inputs, and the source order it relies on."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from airflow_provider_checkpoint import FileSource, ParquetTableSink
+from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by, latest_per_key
 from airflow_provider_checkpoint.dataflow import DeltaTableSink
-from airflow_provider_checkpoint.dataflow.sinks.upsert_rule import UpsertRows, check_sequence_by, latest_per_key
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.helpers import table, write_json
@@ -102,7 +102,7 @@ def test_a_file_source_delivers_its_records_in_source_order(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_checkpoint.dataflow import file_scans
+    from airflow_provider_checkpoint.fileio import scans as file_scans
 
     monkeypatch.setattr(file_scans, "ORDERED_SCAN_FILES", 32 if scans == "one per file" else 1)
     spark.conf.set("spark.sql.files.maxPartitionBytes", "1024")  # a large file is split too

@@ -12,15 +12,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
+from airflow_provider_checkpoint.connectors.files.source import FileSource
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
-from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, Barrier, CheckpointPlan, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
-from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.core.status import AbortReason
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.unit.state_files import SCHEMA
 from tests.unit.state_files import state_file as parquet_state

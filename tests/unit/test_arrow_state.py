@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.source import FileSource
 from airflow_provider_checkpoint.dataflow.graph import NEW
-from airflow_provider_checkpoint.dataflow.sources import FileSource
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.state.files import DELETED, SEQ, overlay
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_checkpoint.dataflow.sinks import bucket_merge
+from airflow_provider_checkpoint.connectors.base import bucket_merge
 
 FS = fsspec.filesystem("file")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink
-from airflow_provider_checkpoint.core.failures import AbortReason
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.operators.chained import ChainedCheckpointOperator
 from airflow_provider_checkpoint.pipeline import CHAINED_TASK_ID

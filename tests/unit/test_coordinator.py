@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.source import FileSource
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType
-from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointStorageError,
     InjectedFault,
     JobNotRunning,
 )
-from airflow_provider_checkpoint.state.snapshot import open_snapshot
+from airflow_provider_checkpoint.restore.snapshot import open_snapshot
 from tests.unit.helpers import (
     JOB,
     STEP,

@@ -8,9 +8,10 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, locate, reason
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
-from airflow_provider_checkpoint.dataflow.dead_letters import DeadLetterSink, SourceDefaults, locate, reason
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.spark.runner import _read_once
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_checkpoint.connectors.delta import deletion_vectors as dv
+from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.core.documents import Fields
-from airflow_provider_checkpoint.dataflow import deletion_vectors as dv
-from airflow_provider_checkpoint.dataflow import delta_log
 from airflow_provider_checkpoint.exceptions import DocumentError
 
 LOCAL = fsspec.filesystem("file")

@@ -12,10 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from airflow_provider_checkpoint.dataflow import deletion_vectors as dv
-from airflow_provider_checkpoint.dataflow import delta_log
-from airflow_provider_checkpoint.dataflow.sinks import delta_checks, delta_commit
-from airflow_provider_checkpoint.dataflow.sinks.delta_files import DeltaCommit, DeltaDeletes
+from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
+from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
+from airflow_provider_checkpoint.connectors.delta import deletion_vectors as dv
+from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaDeletes
 from airflow_provider_checkpoint.exceptions import DocumentError
 
 LOCAL = fsspec.filesystem("file")

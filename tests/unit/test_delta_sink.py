@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.dataflow.sinks import DeltaTableSink
 from airflow_provider_checkpoint.exceptions import (
     DocumentError,
     PipelineDefinitionError,
@@ -172,7 +172,7 @@ def test_audit_finds_files_past_the_tables_retention_and_restore_refuses_a_vacuu
 
 
 def test_deletion_vector_committables_are_checked(tmp_path):
-    from airflow_provider_checkpoint.dataflow.deletion_vectors import new_descriptor_path
+    from airflow_provider_checkpoint.connectors.delta.deletion_vectors import new_descriptor_path
 
     table = tmp_path / "t"
     sink = _sink(table, mode="upsert", keys=["k"], buckets=4)

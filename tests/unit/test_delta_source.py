@@ -10,9 +10,9 @@ from typing import Any
 import fsspec
 import pytest
 
-from airflow_provider_checkpoint.dataflow import delta_log
-from airflow_provider_checkpoint.dataflow.delta_log import DataFile, Position
-from airflow_provider_checkpoint.dataflow.delta_source import DeltaSource
+from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta.log import DataFile, Position
+from airflow_provider_checkpoint.connectors.delta.source import DeltaSource
 from airflow_provider_checkpoint.exceptions import (
     DeltaSourceError,
     DocumentError,

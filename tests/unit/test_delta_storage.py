@@ -6,7 +6,7 @@ import fsspec
 import pytest
 import s3fs
 
-from airflow_provider_checkpoint.dataflow.delta_storage import delta_rs_options, split_options
+from airflow_provider_checkpoint.connectors.delta.storage import delta_rs_options, split_options
 
 
 def s3(**options: object) -> s3fs.S3FileSystem:

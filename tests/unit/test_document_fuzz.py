@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.job_record import JobRecord
@@ -33,16 +34,15 @@ from airflow_provider_checkpoint.core.model import (
     RestorePoint,
     RestoreRequest,
 )
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
     PipelineDefinitionError,
     UnsafePathError,
 )
-from airflow_provider_checkpoint.state.snapshot import Snapshot
+from airflow_provider_checkpoint.restore.snapshot import Snapshot
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.unit.state_files import SCHEMA, state_file
 
@@ -121,7 +121,7 @@ def valid_documents(canary: Path) -> dict[str, Any]:
 
 
 def _scope() -> Any:
-    from airflow_provider_checkpoint.core.state_handles import HandleScope
+    from airflow_provider_checkpoint.state.handles import HandleScope
 
     return HandleScope(3)
 

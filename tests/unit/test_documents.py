@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.parquet_sink import check_table_committables
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import relative_path
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import Ack, RestoreRequest
-from airflow_provider_checkpoint.core.state_handles import HandleScope, StateHandle
-from airflow_provider_checkpoint.dataflow.sinks import check_table_committables
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
@@ -20,6 +19,7 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     UnsafePathError,
 )
+from airflow_provider_checkpoint.state.handles import HandleScope, StateHandle
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 from tests.unit.helpers import sample

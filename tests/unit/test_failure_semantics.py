@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
+from airflow_provider_checkpoint.connectors.files.source import FileSource
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
-from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.model import CheckpointType
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
-from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, JobNotRunning, LeaseHeld
 from airflow_provider_checkpoint.storage import JobStorage

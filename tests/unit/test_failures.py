@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.core.failures import AbortReason, FailureAccounting
+from airflow_provider_checkpoint.core.failures import FailureAccounting
+from airflow_provider_checkpoint.core.status import AbortReason
 from tests.unit.helpers import COUNTED, NOT_COUNTED
 
 

@@ -12,8 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_checkpoint.dataflow import file_io, file_scans, text_records
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+from airflow_provider_checkpoint.fileio import records as text_records
+from airflow_provider_checkpoint.fileio import scans as file_scans
+from airflow_provider_checkpoint.fileio import writes as file_io
 from airflow_provider_checkpoint.storage.job_storage import file_checksum
 from airflow_provider_checkpoint.storage.object_store import for_executors
 

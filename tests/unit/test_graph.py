@@ -6,13 +6,13 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow.graph import (
     Node,
-    PipelineGraph,
     Sink,
     Source,
     StatefulOperator,
     Transform,
     collecting,
 )
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 

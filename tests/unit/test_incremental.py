@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.core import incremental
-from airflow_provider_checkpoint.core.incremental import StateLayout, merge_order, ranges_for
-from airflow_provider_checkpoint.core.keygroups import range_for_index
-from airflow_provider_checkpoint.core.state_handles import InlineState, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state import incremental
+from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order, ranges_for
+from airflow_provider_checkpoint.state.keygroups import range_for_index
 
 MAXP = 128
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from airflow_provider_checkpoint.core.failures import AbortReason, JobStatus
 from airflow_provider_checkpoint.core.job_record import JobRecord
+from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.exceptions import JobRecordError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.core.keygroups import index_for_key_group, range_for_index
+from airflow_provider_checkpoint.state.keygroups import index_for_key_group, range_for_index
 
 PAIRS = [
     (128, 1),

@@ -1,10 +1,13 @@
-"""The package's layers: no module imports (at run time) from a package above its own.
+"""The package's layers, and no import cycle.
 
-``core`` ← ``storage`` ← ``state`` ← ``dataflow`` ← ``spark`` ← ``coordinator`` ←
-``jobs``/``hooks`` ← the Airflow face (``operators``, ``sensors``, ``triggers``, ``plugin``,
-``cli``) ← ``pipeline``. Imports under ``if TYPE_CHECKING:`` are type hints only and
-allowed; imports inside functions run, so they count. ``core`` imports neither Airflow nor
-Spark, not even for type hints.
+``exceptions`` ← ``core`` with the pure part of ``state`` (key groups, handles, incremental
+bookkeeping) ← ``storage`` ← ``fileio`` ← ``dataflow`` ← ``connectors`` and the ``state``
+backends ← ``restore`` ← ``spark`` ← ``coordinator`` ← ``jobs``/``hooks`` ← the Airflow face
+(``operators``, ``sensors``, ``triggers``, ``plugin``, ``cli``) ← ``pipeline``. A module's
+layer is that of the longest entry of :data:`LAYERS` naming it. Imports under ``if
+TYPE_CHECKING:`` are type hints only and may cross layers; imports inside functions run, so
+they count. No cycle among modules, type hints included. ``core`` and the pure state
+modules import neither Airflow nor Spark, not even for type hints.
 """
 
 from __future__ import annotations
@@ -17,25 +20,29 @@ import pytest
 
 PACKAGE = "airflow_provider_checkpoint"
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+PURE = ("core", "state.keygroups", "state.handles", "state.incremental")
 LAYERS: dict[str, int] = {
     "exceptions": 0,
-    "core": 1,
+    **dict.fromkeys(PURE, 1),
     "storage": 2,
-    "state": 3,
+    "fileio": 3,
     "dataflow": 4,
-    "spark": 5,
-    "coordinator": 6,
-    "jobs": 7,
-    "hooks": 7,
-    "operators": 8,
-    "sensors": 8,
-    "triggers": 8,
-    "plugin": 8,
-    "cli": 8,
-    "pipeline": 9,
-    "testing": 9,
-    "get_provider_info": 9,
-    "": 9,  # the package's __init__ (its names load lazily)
+    "connectors": 5,
+    "state": 5,
+    "restore": 6,
+    "spark": 7,
+    "coordinator": 8,
+    "jobs": 9,
+    "hooks": 9,
+    "operators": 10,
+    "sensors": 10,
+    "triggers": 10,
+    "plugin": 10,
+    "cli": 10,
+    "pipeline": 11,
+    "testing": 11,
+    "get_provider_info": 11,
+    "": 11,  # the package's __init__ (its names load lazily)
 }
 
 
@@ -48,9 +55,12 @@ def modules() -> list[tuple[str, Path]]:
 
 
 def layer(module: str) -> str:
-    """The top-level package or module of ``module`` under the package (``""``: the package itself)."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
+    """The longest entry of :data:`LAYERS` that names ``module`` or a package holding it (``""``: the package)."""
+    parts = module.split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in LAYERS:
+            return ".".join(parts[:end])
+    return parts[0] if parts else ""
 
 
 def imports(source: str, type_hints: bool) -> Iterator[tuple[int, str]]:
@@ -94,17 +104,80 @@ def test_core_imports_neither_airflow_nor_spark() -> None:
     found = [
         f"{module}:{line} imports {target}"
         for module, path in modules()
-        if layer(module) == "core"
+        if layer(module) in PURE
         for line, target in imports(path.read_text(), type_hints=True)
         if target.split(".")[0] in ("airflow", "pyspark")
     ]
-    assert not found, "core/ must stay pure Python:\n" + "\n".join(found)
+    assert not found, "core/ and the pure state modules must stay pure Python:\n" + "\n".join(found)
+
+
+def module_imports(source: str, known: set[str]) -> set[str]:
+    """The package's modules ``source`` imports, type hints included (``from pkg import mod`` names ``pkg.mod``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in known else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found & known
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module, or one importing itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph[node]:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_type_hints_included() -> None:
+    known = {module for module, _ in modules()}
+    graph = {module: module_imports(path.read_text(), known) - {module} for module, path in modules()}
+    found = cycles(graph)
+    described = [
+        " <-> ".join(c) + "\n    " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a] & set(c)))
+        for c in found
+    ]
+    assert not found, "import cycles:\n" + "\n".join(described)
+
+
+def test_the_cycle_check_finds_a_loop_through_type_hints() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    source = "if TYPE_CHECKING:\n    from airflow_provider_checkpoint.spark import context\n"
+    assert module_imports(source, {f"{PACKAGE}.spark.context"}) == {f"{PACKAGE}.spark.context"}
 
 
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
-        ("def f():\n    from airflow_provider_checkpoint.spark.state import merge\n", 1),
+        ("def f():\n    from airflow_provider_checkpoint.state.spark_backend import merge\n", 1),
         ("import airflow_provider_checkpoint.operators.checkpoint\n", 1),
         ("if TYPE_CHECKING:\n    from airflow_provider_checkpoint.spark import x\n", 0),
         ("from airflow_provider_checkpoint.core.model import JsonDict\n", 0),

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.core.failures import AbortReason
 from airflow_provider_checkpoint.core.model import Ack, Barrier, CheckpointPlan, CheckpointType
 from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoint
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 
 JOB = "job-a"
 CID = 5
@@ -192,7 +192,7 @@ def test_complete_merges_every_accepted_ack() -> None:
 def test_a_step_must_read_the_channel_of_the_accepted_upstream_attempt() -> None:
     from dataclasses import replace
 
-    from airflow_provider_checkpoint.core.state_handles import ChannelSnapshot
+    from airflow_provider_checkpoint.state.handles import ChannelSnapshot
 
     pending = PendingCheckpoint(make_plan())
     channel = ChannelSnapshot((), "{}", rows=3)

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from airflow_provider_checkpoint.jobs import reports
 from airflow_provider_checkpoint.jobs.registry import JobLocation
-from airflow_provider_checkpoint.jobs.snapshots import request_restore
 from airflow_provider_checkpoint.plugin.models import HistoryPage, JobDetail, RestoreSummary, SavepointTriggered
+from airflow_provider_checkpoint.restore.requests import request_restore
 from tests.unit.helpers import JOB, T0, make_env, run_checkpoint
 
 

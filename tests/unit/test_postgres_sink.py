@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T
 
+from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.dataflow.sinks import postgres_sql as pg
-from airflow_provider_checkpoint.dataflow.sinks.postgres_table import PostgresTableSink
 from airflow_provider_checkpoint.exceptions import (
     DocumentError,
     PipelineDefinitionError,

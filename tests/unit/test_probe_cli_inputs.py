@@ -130,7 +130,7 @@ def test_a_sensor_whose_storage_connection_is_not_defined_fails_instead_of_pokin
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_provider_checkpoint.dataflow import FileSource, ParquetTableSink
-    from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
+    from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
     from airflow_provider_checkpoint.jobs.definition import CheckpointJob
     from airflow_provider_checkpoint.sensors.checkpoint import CheckpointInputSensor
 

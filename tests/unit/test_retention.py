@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
-from airflow_provider_checkpoint.core.state_handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 
 CP = CheckpointType.CHECKPOINT
 SP = CheckpointType.SAVEPOINT

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.spark import cds
+from airflow_provider_checkpoint.spark import session
 from airflow_provider_checkpoint.spark.session import CDS_ENV, LOG4J2_PROPERTIES, embedded_conf
 
 
 @pytest.fixture
 def archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "driver.jsa"
-    monkeypatch.setattr(cds, "archive_path", lambda: path)
+    monkeypatch.setattr(session, "archive_path", lambda: path)
     monkeypatch.delenv(CDS_ENV, raising=False)
     return path
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 

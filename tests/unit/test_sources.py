@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.connectors.files.source import FileSource
 from airflow_provider_checkpoint.exceptions import InjectedFault, InvalidPositionError, PipelineDefinitionError
 from tests.unit.helpers import T0, make_ack, make_env
 
@@ -229,7 +229,7 @@ def test_date_partitions_bound_listing_and_position_with_clean_source_off(tmp_pa
 
 
 def source_floor(source: FileSource, position: dict) -> object:
-    from airflow_provider_checkpoint.dataflow.file_positions import validate_position
+    from airflow_provider_checkpoint.connectors.files.positions import validate_position
 
     return validate_position(source.uid, position).partition_floor
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
+from airflow_provider_checkpoint.connectors.files.source import FileSource
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import PipelineGraph
-from airflow_provider_checkpoint.dataflow.sinks import ParquetTableSink
-from airflow_provider_checkpoint.dataflow.sources import FileSource
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import RestoreError
 from tests.unit.helpers import T0, make_env, run_checkpoint
 

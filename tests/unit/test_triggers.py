@@ -78,7 +78,7 @@ def roundtrip(trigger: Any) -> Any:
 
 def test_triggers_serialize_round_trip(env: Env) -> None:
     rebuilt = roundtrip(input_trigger(env))
-    assert rebuilt.sources[0]["path"] == str(env.landing)
+    assert rebuilt.sources[0]["args"]["path"] == str(env.landing)
     rebuilt = roundtrip(completed_trigger(env, 7, savepoint=True))
     assert (rebuilt.after_checkpoint_id, rebuilt.savepoint) == (7, True)
 
@@ -136,3 +136,44 @@ def test_trigger_reports_a_refused_document_as_refused_event(env: Env) -> None:
     event = run_isolated(first_event(input_trigger(env)))
     assert event.payload["status"] == "refused" and f"job {JOB}" in event.payload["message"]
     assert "chk-1/_metadata" in event.payload["message"] and "not valid JSON" in event.payload["message"]
+
+
+def test_every_watched_source_describes_itself_and_round_trips(tmp_path: Any) -> None:
+    from datetime import timedelta
+
+    from airflow_provider_checkpoint.dataflow import DeltaSource, FileSource
+    from airflow_provider_checkpoint.triggers.checkpoint import source_from_spec
+
+    files = FileSource(
+        "events", str(tmp_path), "json", "id LONG", partition_pattern="%Y/%m/%d", partition_lateness=timedelta(hours=2)
+    )
+    delta = DeltaSource("orders", str(tmp_path), storage_options={"AWS_REGION": "eu-west-1", "anon": False})
+    for source in (files, delta):
+        spec = json.loads(json.dumps(source_spec(source)))  # stored in the metadata DB as JSON
+        rebuilt = source_from_spec(spec)
+        assert type(rebuilt) is type(source) and source_spec(rebuilt) == spec
+    rebuilt_files = source_from_spec(source_spec(files))
+    assert isinstance(rebuilt_files, FileSource)
+    assert (rebuilt_files.partition_pattern, rebuilt_files.partition_lateness) == ("%Y/%m/%d", timedelta(hours=2))
+    rebuilt_delta = source_from_spec(source_spec(delta))
+    assert isinstance(rebuilt_delta, DeltaSource) and rebuilt_delta.delta_only == {"aws_region": "eu-west-1"}
+
+
+def test_a_source_spec_names_only_this_packages_sources() -> None:
+    import pytest
+
+    from airflow_provider_checkpoint.dataflow import Source
+    from airflow_provider_checkpoint.exceptions import CheckpointError
+    from airflow_provider_checkpoint.triggers.checkpoint import source_from_spec
+
+    for bad in (
+        {"class": "os.system", "args": {}},
+        {"class": "airflow_provider_checkpoint.connectors.files.landing.Listing", "args": {}},
+        {"class": "airflow_provider_checkpoint.connectors.delta.sink.DeltaTableSink", "args": {}},
+        {"class": 3, "args": {}},
+        {"args": {}},
+    ):
+        with pytest.raises(CheckpointError, match="names no source of this package"):
+            source_from_spec(bad)
+    with pytest.raises(TypeError, match="Plain cannot be watched by a deferred sensor"):
+        source_spec(type("Plain", (Source,), {})("plain"))

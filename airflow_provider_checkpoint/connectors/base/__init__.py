@@ -1,0 +1,1 @@
+"""The two-phase-commit machinery every sink shares: writer/committer interface, committer, upsert rule, buckets."""

@@ -1,0 +1,153 @@
+"""Upsert by key into hash buckets: only the buckets whose keys changed are rewritten.
+
+A row's bucket is a hash of its keys modulo ``buckets``; each bucket is one file. An upsert
+writes, per affected bucket, the old file's rows whose key did not change plus the
+changed rows: a key is in the table exactly once (a null key too), and the cost grows with
+the changed keys' buckets, not the table.
+
+Small upserts (at most ``driver_merge_rows`` changed rows) are merged in the driver with
+pyarrow (:mod:`.bucket_merge`, no Spark shuffle; memory: the changed rows plus one batch);
+larger ones, or ``0``, by Spark, one shuffle of the old and changed rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+from airflow_provider_checkpoint.fileio.scans import read_parquet
+from airflow_provider_checkpoint.fileio.writes import write_parquet
+
+if TYPE_CHECKING:
+    import fsspec
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
+
+    from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+_BUCKET = "_bucket"
+DRIVER_MERGE_ROWS = 250_000
+"""Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
+
+Staged = tuple[int, str, int | None]
+"""``(bucket, staged file, rows)``: ``rows`` is known when the driver merged the bucket, else ``None``."""
+
+ExistingBuckets = Callable[[list[int]], dict[int, str]]
+"""The committed file (a path on the table's filesystem) of each of the given buckets that has one."""
+
+
+@dataclass(frozen=True)
+class BucketedUpsert:
+    """The upsert writer of a bucketed table; :meth:`write` returns a :data:`Staged` per affected bucket."""
+
+    uid: str
+    keys: list[str]
+    buckets: int
+    driver_merge_rows: int = DRIVER_MERGE_ROWS
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise PipelineDefinitionError(f"{self.uid}: upsert mode needs keys")
+        check_buckets(self.uid, self.buckets, self.driver_merge_rows)
+
+    def write(
+        self,
+        ctx: StepContext,
+        rows: UpsertRows,
+        fs: fsspec.AbstractFileSystem,
+        staging: str,
+        existing: ExistingBuckets,
+    ) -> list[Staged]:
+        """Merge ``rows`` (the changed rows) into the affected buckets, staged under ``staging``."""
+        small = rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
+        if small is not None:
+            staged = self._merge_in_driver(ctx, small, fs, staging, existing)
+            if staged is not None:
+                return staged
+        return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, existing)
+
+    def _merge_in_driver(
+        self,
+        ctx: StepContext,
+        changed: pa.Table,
+        fs: fsspec.AbstractFileSystem,
+        staging: str,
+        existing: ExistingBuckets,
+    ) -> list[Staged] | None:
+        """Each affected bucket merged with pyarrow; ``None`` if a file's columns differ."""
+        import numpy as np
+
+        from airflow_provider_checkpoint.connectors.base import bucket_merge
+
+        rows = changed.num_rows
+        changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
+        affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
+        changed = changed.drop_columns([_BUCKET])
+        old = existing(affected.tolist())
+        if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
+            return None
+        ctx.add_metric("sink_rows", rows)
+        fs.makedirs(staging, exist_ok=True)
+        staged: list[Staged] = []
+        for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            out = f"{staging}/{bucket_file(b)}"
+            rows = bucket_merge.merge_bucket(fs, old.get(b), changed.slice(start, count), self.keys, out)
+            staged.append((b, out, rows))
+        return staged
+
+    def _merge_in_spark(
+        self,
+        ctx: StepContext,
+        changed: DataFrame,
+        fs: fsspec.AbstractFileSystem,
+        staging: str,
+        existing: ExistingBuckets,
+    ) -> list[Staged]:
+        """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
+        from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
+
+        changed = changed.cache()
+        per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
+        affected = sorted(per_bucket)
+        ctx.add_metric("sink_rows", sum(per_bucket.values()))
+        if not affected:
+            changed.unpersist()
+            return []
+        old_files = list(existing(affected).values())
+        merged = changed
+        if old_files:
+            old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
+            kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
+            merged = kept.unionByName(changed, allowMissingColumns=True)
+        # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
+        written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
+        changed.unpersist()
+        staged: list[Staged] = []
+        for b in affected:
+            files = [f.path for f in written if f.partition == (str(b),)]
+            if len(files) != 1:
+                raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
+            staged.append((b, files[0], None))
+        return staged
+
+    def bucket_of(self) -> Column:
+        """The bucket of a row: a hash of its keys (stable across Spark versions)."""
+        from pyspark.sql import functions as F
+
+        return F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(self.buckets))
+
+
+def check_buckets(uid: str, buckets: int, driver_merge_rows: int) -> None:
+    """Refuse a bucket count outside [1, 4096] or a negative ``driver_merge_rows``."""
+    if not 1 <= buckets <= 4096:
+        raise PipelineDefinitionError(f"{uid}: buckets must be in [1, 4096]")
+    if driver_merge_rows < 0:
+        raise PipelineDefinitionError(f"{uid}: driver_merge_rows must not be negative")
+
+
+def bucket_file(bucket: int) -> str:
+    """The file name of ``bucket``."""
+    return f"part-b{bucket:05d}.parquet"

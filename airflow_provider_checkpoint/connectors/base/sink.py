@@ -1,0 +1,236 @@
+"""What every transactional sink shares: a writer (step side) and a committer (finalize side).
+
+Like Flink's two-phase-commit sink, a :class:`TransactionalSink` splits into
+
+- the **writer** (:meth:`TransactionalSink.write`, in the step): claims the target for one
+  (job, sink uid), stages the checkpoint's output under a name unique to the attempt
+  (:meth:`TransactionalSink.staging_name`) and returns committables;
+- the **committer** (finalize and the trigger's recovery): validates committables read back
+  from stored, untrusted documents (:meth:`TransactionalSink.read_committables`), commits
+  idempotently (:meth:`TransactionalSink.is_committed` is checked first, so a finalize retry
+  and recovery may both call :meth:`~TransactionalSink.commit`), aborts every attempt of a
+  checkpoint, rolls back on restore, audits leftovers and describes a commit for savepoints
+  and Asset events (:meth:`~airflow_provider_checkpoint.dataflow.graph.Sink.describe_commit`).
+
+:class:`TableDirectorySink` adds what sinks writing a directory of files share: the
+confined :class:`~airflow_provider_checkpoint.storage.job_storage.Location`, the claim
+file and the staging area ``_staging/chk-<id>/<job>/<step>/attempt-<n>``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
+from airflow_provider_checkpoint.core.documents import load_json
+from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Node, Sink
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError, UnsafePathError
+from airflow_provider_checkpoint.storage.job_storage import Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+log = logging.getLogger(__name__)
+
+CLAIM_FILE = "_table.json"
+
+
+MODES = ("append", "upsert")
+
+
+def check_mode(uid: str, mode: str) -> None:
+    """Refuse a sink ``mode`` other than ``append`` or ``upsert`` when the pipeline is defined."""
+    if mode not in MODES:
+        raise PipelineDefinitionError(f"{uid}: mode must be 'append' or 'upsert', got {mode!r}")
+
+
+class TransactionalSink(Sink):
+    """A sink committed once per checkpoint: the template every transactional sink fills in.
+
+    Subclasses implement :meth:`claim_document`, :meth:`load_claim`, :meth:`store_claim`,
+    :meth:`write`, :meth:`read_committables`, :meth:`is_committed`, :meth:`commit_checked`
+    and :meth:`abort`; :meth:`rollback`, :meth:`audit` and ``describe_commit`` are optional.
+    They set ``mode`` (``append`` or ``upsert``), ``keys`` and ``sequence_by``
+    (:func:`~.upsert_rule.check_sequence_by`): in upsert mode :meth:`write_upsert` receives the
+    input as :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`).
+    """
+
+    mode: str
+    keys: list[str]
+    sequence_by: list[str]
+
+    # -- claim -------------------------------------------------------------------------
+    def claim_document(self, job_id: str) -> JsonDict:
+        """What identifies this job's ownership of the target (and the layout it must keep)."""
+        return {"job_id": job_id, "sink": self.uid}
+
+    def load_claim(self) -> JsonDict | None:
+        raise NotImplementedError
+
+    def store_claim(self, claim: JsonDict) -> None:
+        raise NotImplementedError
+
+    def target_name(self) -> str:
+        """How messages name the target (a URL, a table name)."""
+        return self.asset_uri() or self.uid
+
+    def claim(self, job_id: str) -> None:
+        """Record (job, sink uid) as the target's only writer; refuse another job, sink or layout."""
+        self.bind_job(job_id)
+        claim = self.claim_document(job_id)
+        existing = self.load_claim()
+        if existing is None:
+            self.store_claim(claim)
+        else:
+            self.owned_claim(existing)
+
+    def owned_claim(self, claim: JsonDict | None) -> JsonDict | None:
+        """``claim`` (the target's stored claim) if it is exactly the bound job's: ``None`` when the target
+        has none yet; :class:`SinkClaimedError` if it names another job, sink or layout. A stored claim
+        is untrusted: commits, restores and audits use the bound job's id, never the one it names."""
+        if claim is None:
+            return None
+        if self.job_id is None:
+            raise RuntimeError(f"sink {self.uid} is not bound to a job (bind_job)")
+        expected = self.claim_document(self.job_id)
+        if claim != expected:
+            raise SinkClaimedError(
+                f"sink {self.uid}: {self.target_name()} belongs to {str(claim)[:300]}, not {expected}; "
+                "one job and sink write a target, and its layout cannot change"
+            )
+        return expected
+
+    # -- writer (step side) ------------------------------------------------------------
+    @staticmethod
+    def staging_name(ctx: StepContext) -> str:
+        """``chk-<id>/<job>/<step>/attempt-<n>``: unique per attempt, so retries never mix files."""
+        return f"chk-{ctx.checkpoint_id}/{ctx.attempt_tag}"
+
+    def check_target(self) -> None:
+        """Refuse a target this sink must not write (e.g. not its format), before the claim touches it."""
+
+    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        self.check_target()
+        self.claim(ctx.plan.job_id)
+        if self.mode == "upsert":
+            return self.write_upsert(
+                ctx, UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order())
+            )
+        return self.write(ctx, df)
+
+    def needs_source_order(self) -> bool:
+        """In upsert mode, unless the input already has at most one row per key (its node's
+        ``unique_keys`` are among the keys)."""
+        unique = self.unique_keys()
+        return self.mode == "upsert" and (unique is None or not set(unique) <= set(self.keys))
+
+    def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        """Stage ``df`` as checkpoint ``ctx.checkpoint_id``'s output; return the committables."""
+        raise NotImplementedError
+
+    def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
+        """Stage an upsert, one row per key (:mod:`.upsert_rule`); by default :meth:`write` of the rows as
+        Spark reduces them. A sink that can take a small input in the driver uses :meth:`UpsertRows.collect`."""
+        return self.write(ctx, rows.frame())
+
+    # -- committer (finalize / recovery side) ------------------------------------------
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> Any:
+        """The committables in this sink's own form if they have exactly the shape :meth:`write`
+        returns for ``checkpoint_id``; otherwise :class:`~airflow_provider_checkpoint.exceptions.DocumentError`.
+        """
+        raise NotImplementedError
+
+    def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
+        self.read_committables(checkpoint_id, committables, document)
+
+    def is_committed(self, checkpoint_id: int) -> bool:
+        raise NotImplementedError
+
+    def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
+        """Commit checkpoint ``checkpoint_id`` exactly once: a committed one is skipped, then every
+        committable is validated before the first effect."""
+        if self.is_committed(checkpoint_id):
+            log.info("sink %s: checkpoint %d already committed, skipped", self.uid, checkpoint_id)
+            return
+        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
+        self.commit_checked(checkpoint_id, self.read_committables(checkpoint_id, committables, document))
+
+    def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
+        """Commit validated committables (as :meth:`read_committables` returns them)."""
+        raise NotImplementedError
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Discard what every attempt of ``checkpoint_id`` staged (never committed output)."""
+        raise NotImplementedError
+
+
+class TableDirectorySink(TransactionalSink):
+    """A sink writing a directory of files: every path confined to it, the claim in ``_table.json``.
+
+    Staged files live under ``_staging/chk-<id>/<job>/<step>/attempt-<n>/`` unless the
+    subclass stages elsewhere; :meth:`abort` deletes ``_staging/chk-<id>``.
+    """
+
+    def __init__(
+        self, uid: str, input: Node, path: str, storage_options: dict[str, Any] | None = None, step: str | None = None
+    ) -> None:
+        super().__init__(uid, input, step)
+        self.path = path
+        self.storage_options = dict(storage_options or {})
+
+    def _fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        table = Location.from_url(self.path, **self.storage_options)
+        return table.fs, table.base
+
+    def table(self) -> Location:
+        """The table directory: every path in it is confined to it (``..``, absolute, a symlink out)."""
+        return Location(*self._fs())
+
+    def url(self, path: str) -> str:
+        """The URL of ``path`` (a path on the table's filesystem), for Spark and delta-rs."""
+        fs, _ = self._fs()
+        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+        return f"{'file' if protocol in ('file', 'local') else protocol}://{path}"
+
+    def asset_uri(self) -> str:
+        return self.url(self._fs()[1])
+
+    def load_claim(self) -> JsonDict | None:
+        table = self.table()
+        if not table.exists(CLAIM_FILE):
+            return None
+        claim: JsonDict = load_json(table.read_bytes(CLAIM_FILE), table.url(CLAIM_FILE))
+        return claim
+
+    def store_claim(self, claim: JsonDict) -> None:
+        self.table().write_atomic(CLAIM_FILE, json.dumps(claim, sort_keys=True).encode())
+
+    @staticmethod
+    def staging_dir(checkpoint_id: int) -> str:
+        return f"_staging/chk-{checkpoint_id}"
+
+    def attempt_staging(self, ctx: StepContext) -> str:
+        """The attempt's empty staging directory (a path on the table's filesystem)."""
+        staging = self.table().path(f"_staging/{self.staging_name(ctx)}")
+        fs = self.table().fs
+        if fs.exists(staging):
+            fs.rm(staging, recursive=True)
+        return staging
+
+    def abort(self, checkpoint_id: int) -> None:
+        self.table().delete(self.staging_dir(checkpoint_id))
+
+    def audit(self) -> list[str]:
+        table = self.table()
+        try:
+            staged = table.fs.find(table.path("_staging")) if table.exists("_staging") else []
+        except UnsafePathError as e:
+            return [str(e)]
+        return [f"staged sink data left behind: {p}" for p in staged]

@@ -1,0 +1,176 @@
+"""The Delta commit of a checkpoint: an append's by delta-rs, an upsert's written by us (delta-rs's
+transaction API has no deletion vectors).
+
+One commit file ``_delta_log/<version>.json`` created exclusively (a hard link locally, a
+conditional PUT on object stores): ``commitInfo``, ``txn(app id, checkpoint id)``, the
+removes, per file with new deletes a ``remove`` (with its old DV) and an ``add`` of the
+same path with the new DV, and the adds; checked before it is created against the Delta
+protocol and the sink's invariants (:mod:`.delta_checks`). Another writer's commit in between
+is a conflict only if it touched a file this commit removes or deletes from (Delta's rule for
+deletes); otherwise the commit is retried on top of it. Every :data:`CHECKPOINT_INTERVAL` versions
+delta-rs writes a log checkpoint (it keeps the DVs): the log replay of each stage and commit
+(:func:`~airflow_provider_checkpoint.connectors.delta.log.snapshot`) reads at most that many
+commits after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
+from airflow_provider_checkpoint.connectors.delta import deletion_vectors
+from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit
+from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError
+from airflow_provider_checkpoint.storage.writes import create_exclusive
+
+if TYPE_CHECKING:
+    import fsspec
+    import numpy as np
+    from deltalake import DeltaTable
+
+log = logging.getLogger(__name__)
+
+RETRIES = 20
+CHECKPOINT_INTERVAL = 10
+
+
+def commit(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    table: str,
+    app_id: str,
+    checkpoint_id: int,
+    changes: DeltaCommit,
+    document: str,
+    committed: Any,
+) -> int | None:
+    """Commit ``changes`` with ``txn(app_id, checkpoint_id)``; the new version, ``None`` if
+    ``committed()`` says another attempt committed the checkpoint meanwhile."""
+    actions = _actions(app_id, checkpoint_id, changes)
+    dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
+    for _ in range(RETRIES):
+        latest = delta_log.commit_versions(fs, root)[-1]
+        live = delta_log.live_actions(fs, root, table, latest)
+        _check(live, changes, document)
+        version = latest + 1
+        _check_version(
+            fs, root, f"Delta table {table}, version {version} (checkpoint {checkpoint_id})", actions, live, dv_files
+        )
+        body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
+        if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
+            return version
+        if committed():
+            return None
+        log.info("Delta table %s: version %d was taken by another writer, retrying on top of it", table, version)
+    raise CheckpointStorageError(f"Delta table {table}: no commit version free after {RETRIES} attempts")
+
+
+def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: DeltaCommit, document: str) -> None:
+    """Every file removed or deleted from is live in the table with the DV the step saw (identities
+    compared only: the live actions need no validation here)."""
+    seen = [(r.path, r.deletion_vector) for r in changes.removes] + [(d.path, d.old) for d in changes.deletes]
+    stale = [path for path, dv in seen if (path, delta_log.dv_id(dv.to_json() if dv else None)) not in live]
+    if stale:
+        raise DocumentError(
+            document, "removes", "name files the table does not hold as staged (another commit changed them)", stale[:5]
+        )
+
+
+def check_staged(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, checkpoint_id: int, changes: DeltaCommit
+) -> None:
+    """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
+    version the writer gets wrong is refused before the checkpoint completes (its step fails, the
+    checkpoint is aborted), not only when its commit is about to be written."""
+    latest = delta_log.commit_versions(fs, root)[-1]
+    live = delta_log.live_actions(fs, root, table, latest)
+    where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
+    _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {})
+
+
+def _check_version(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    where: str,
+    actions: list[dict[str, Any]],
+    live: dict[tuple[str, str | None], delta_log.RawFile],
+    dv_files: dict[str, bytes],
+) -> None:
+    """:func:`.delta_checks.check_version` with the DVs the actions name decoded from the table
+    (``dv_files``: each DV file read once, kept across calls)."""
+
+    def positions(dv: Mapping[str, Any], name: str) -> np.ndarray:
+        descriptor = deletion_vectors.read_descriptor(Fields(dv, name))
+        return deletion_vectors.read_positions(fs, root, descriptor, name, dv_files)
+
+    delta_checks.check_version(where, actions, live, positions)
+
+
+def _actions(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> list[dict[str, Any]]:
+    """The actions of the commit, one line each in ``_delta_log/<version>.json``."""
+    now = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = [
+        {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": "MERGE",
+                "operationParameters": {"predicate": "upsert by keys"},
+                "checkpoint_app_id": app_id,
+                "checkpoint_id": checkpoint_id,
+                "engineInfo": "airflow-provider-checkpoint",
+            }
+        },
+        {"txn": {"appId": app_id, "version": checkpoint_id, "lastUpdated": now}},
+    ]
+    for r in changes.removes:
+        actions.append({"remove": _file(r.path, r.size, now, r.deletion_vector, remove=True)})
+    for d in changes.deletes:
+        actions.append({"remove": _file(d.path, d.size, now, d.old, remove=True)})
+        actions.append({"add": {**_file(d.path, d.size, now, d.new), "stats": _stats(d.num_records)}})
+    for a in changes.adds:
+        actions.append({"add": {**_file(a.path, a.size, now, None), "stats": _stats(a.num_records)}})
+    return actions
+
+
+def _file(path: str, size: int, now: int, dv: Any, remove: bool = False) -> dict[str, Any]:
+    from urllib.parse import quote
+
+    out: dict[str, Any] = {"path": quote(path), "partitionValues": {}, "size": size, "dataChange": True}
+    out["deletionTimestamp" if remove else "modificationTime"] = now
+    if remove:
+        out["extendedFileMetadata"] = True
+    return {**out, "deletionVector": dv.to_json()} if dv is not None else out
+
+
+def _stats(records: int) -> str:
+    return json.dumps({"numRecords": records})
+
+
+def commit_append(
+    table: DeltaTable, app_id: str, checkpoint_id: int, changes: DeltaCommit, partition_by: list[str]
+) -> None:
+    """The commit of an append table, by delta-rs (which retries on conflicts)."""
+    from deltalake import CommitProperties, Transaction
+    from deltalake.transaction import AddAction
+
+    now = int(time.time() * 1000)
+    actions: list[Any] = [
+        AddAction(a.path, a.size, a.partition_values, now, True, _stats(a.num_records)) for a in changes.adds
+    ]
+    table.create_write_transaction(
+        actions,
+        "append",
+        table.schema(),
+        partition_by=partition_by or None,
+        commit_properties=CommitProperties(
+            custom_metadata={"checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id},
+            app_transactions=[Transaction(app_id, checkpoint_id)],
+            max_commit_retries=RETRIES,
+        ),
+    )

@@ -1,0 +1,259 @@
+"""Upsert of a Delta table by deletion vectors (merge-on-read): the step side.
+
+A checkpoint's upsert writes its changed rows once, as new *update files*
+(``part-u<checkpoint>-<n>.parquet``, by Spark), and deletes the rows they replace with
+deletion vectors: for each earlier file holding a changed key, the positions of those rows
+(and of the rows its DV deleted before) become its new DV: inline in the log when small, else in
+one DV file of the attempt. Nothing else
+is rewritten, so the bytes written grow with the changed keys, not the table.
+
+Where a changed key can be: the bucket file (``part-b<bucket>``) of its bucket and any
+update file. Their key columns are read with pyarrow, a few files at a time, batch by
+batch (memory: the changed keys plus one batch per thread); the table is never loaded.
+
+Compaction: a file whose deleted rows reach :data:`COMPACT_FRACTION` of its rows is
+rewritten with its live rows in the same checkpoint (remove + add, no DV), so a read never
+decodes more than twice a file's live rows and DV files stay small. A file with fewer
+deletes keeps its bytes and only its DV changes.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from airflow_provider_checkpoint.connectors.base.bucket_merge import BATCH_ROWS, KeySet
+from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
+from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
+from airflow_provider_checkpoint.connectors.delta import deletion_vectors
+from airflow_provider_checkpoint.connectors.delta.files import (
+    DeltaDeletes,
+    DeltaFile,
+    bucket_of_path,
+    update_file,
+)
+from airflow_provider_checkpoint.connectors.delta.log import DataFile
+from airflow_provider_checkpoint.fileio.writes import write_parquet
+
+if TYPE_CHECKING:
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+COMPACT_FRACTION = 0.5
+"""A file with at least this fraction of its rows deleted is rewritten with its live rows."""
+UPDATE_FILE_ROWS = 1_000_000
+"""Rows per update file Spark writes (coalesced to ``ceil(rows / this)`` files)."""
+INLINE_DV_BYTES = 2048
+"""DVs up to this size go inline into the log (Z85: 5/4 of it); larger ones into a DV file. delta-rs
+1.6 (``scan()``, ``deletion_vectors()``) was seen to hang reading ~1,000 files' DVs from DV files and
+reads the same DVs inline; inline DVs also spare a reader one file read per data file."""
+THREADS = 8
+"""Files whose keys are looked up (and compacted) at once."""
+_BUCKET = "_bucket"
+
+
+@dataclass
+class StagedUpsert:
+    """What an upsert staged: new files (staged path, rows if known), removes and DV deletes."""
+
+    adds: list[tuple[str, int | None]]
+    removes: list[DeltaFile]
+    deletes: list[DeltaDeletes]
+
+
+@dataclass(frozen=True, eq=False)
+class _Found:
+    file: DataFile
+    rows: int
+    deleted: np.ndarray
+    """Every deleted position of the file after this checkpoint (sorted, unique)."""
+    keys: pa.Table
+    """The keys of the live rows this checkpoint deletes from the file."""
+
+
+def stage(
+    ctx: StepContext,
+    upsert: BucketedUpsert,
+    rows: UpsertRows,
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    staging: str,
+    live: dict[str, DataFile],
+) -> StagedUpsert:
+    """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
+    (:mod:`.delta_checks`) unless it leaves one live row per key.
+
+    Up to ``upsert.driver_merge_rows`` changed rows are collected in one Spark job and written by the
+    driver (pyarrow); more are written by the executors (Spark)."""
+    import pyarrow as pa
+
+    small = rows.collect(upsert.driver_merge_rows, {_BUCKET: upsert.bucket_of()})
+    if small is not None:
+        keys = small.select([*upsert.keys, _BUCKET])
+        adds = _write_rows(ctx.checkpoint_id, small.drop_columns([_BUCKET]), fs, staging)
+    else:
+        df = rows.frame().cache()  # read twice: its keys, then its rows
+        try:
+            keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
+            adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging) if keys.num_rows else []
+        finally:
+            df.unpersist()
+    ctx.add_metric("sink_rows", keys.num_rows)
+    if not keys.num_rows:
+        return StagedUpsert([], [], [])
+    affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
+    candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
+    changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
+    key_types = keys.drop_columns([_BUCKET]).schema
+    document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
+    with ThreadPoolExecutor(THREADS) as pool:
+        found = [f for f in pool.map(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
+        deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
+        delta_checks.check_keys(document, upsert.keys, changed.table, deleted)
+        full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows]
+        rewritten = list(
+            pool.map(lambda f: _compact(fs, root, f, f"{staging}/{posixpath.basename(f.file.path)}"), full)
+        )
+    for f, (_, written) in zip(full, rewritten, strict=True):
+        delta_checks.check_rewrite(document, f.file.path, f.rows, len(f.deleted), written)
+    removes = [_remove(f.file) for f in full]
+    adds += [(out, rows) for out, rows in rewritten if rows]
+    partial = [f for f in found if f not in full]
+    deletes = _write_dvs(fs, root, staging, partial)
+    ctx.add_metric("sink_files_deleted_from", len(deletes))
+    ctx.add_metric("sink_files_compacted", len(full))
+    return StagedUpsert(adds, removes, deletes)
+
+
+def _write_updates(
+    checkpoint_id: int, df: DataFrame, rows: int, fs: fsspec.AbstractFileSystem, staging: str
+) -> list[tuple[str, int | None]]:
+    """The changed rows as update files ``staging/part-u<checkpoint>-<n>.parquet`` (the executors write them)."""
+    written = write_parquet(df.coalesce(max(1, math.ceil(rows / UPDATE_FILE_ROWS))), fs, f"{staging}/_changed")
+    adds: list[tuple[str, int | None]] = []
+    for i, part in enumerate(written):
+        named = f"{staging}/{update_file(checkpoint_id, i)}"
+        fs.mv(part.path, named)
+        adds.append((named, part.rows))
+    fs.rm(f"{staging}/_changed", recursive=True)
+    return adds
+
+
+def _write_rows(
+    checkpoint_id: int, rows: pa.Table, fs: fsspec.AbstractFileSystem, staging: str
+) -> list[tuple[str, int | None]]:
+    """The changed rows (collected in the driver) as one update file ``staging/part-u<checkpoint>-0.parquet``."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import target_schema
+
+    if not rows.num_rows:
+        return []
+    named = f"{staging}/{update_file(checkpoint_id, 0)}"
+    fs.makedirs(staging, exist_ok=True)
+    with fs.open(named, "wb") as sink:
+        pq.write_table(rows.cast(target_schema(rows.schema)), sink, compression="zstd")
+    return [(named, rows.num_rows)]
+
+
+def _lookup(
+    fs: fsspec.AbstractFileSystem, root: str, file: DataFile, changed: KeySet, key_types: pa.Schema
+) -> _Found | None:
+    """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
+    ``None`` if no live row of the file changed (its DV stays as it is).
+
+    A key changed before has a row in this file that the file's DV deletes already (the key's live row
+    is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
+    get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
+    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = _deleted(fs, root, file)
+    hits, deleted_keys, rows = [], [], 0
+    with fs.open(f"{root}/{file.path}", "rb") as source:
+        reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
+        for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
+            keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
+            at = np.flatnonzero(changed.changed(keys))
+            live = ~np.isin(at.astype(np.uint64) + np.uint64(rows), old)
+            hits.append(at[live].astype(np.uint64) + np.uint64(rows))
+            deleted_keys.append(keys.take(at[live]))
+            rows += batch.num_rows
+    new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
+    if not len(new):
+        return None
+    return _Found(file, rows, np.union1d(old, new), pa.concat_tables(deleted_keys))
+
+
+def _deleted(fs: fsspec.AbstractFileSystem, root: str, file: DataFile) -> np.ndarray:
+    """The positions ``file``'s DV in the table deletes (none without a DV)."""
+    if file.deletion_vector is None:
+        return np.zeros(0, dtype=np.uint64)
+    return deletion_vectors.read_positions(fs, root, file.deletion_vector, f"deletion vector of {file.path}")
+
+
+def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) -> tuple[str, int]:
+    """Write ``found.file``'s live rows to ``out``, streamed batch by batch; ``(out, rows written)``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    written, at = 0, 0
+    with fs.open(f"{root}/{found.file.path}", "rb") as source:
+        reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
+        schema = _rewrite_schema(reader)
+        with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+            for batch in reader.iter_batches(batch_size=BATCH_ROWS):
+                positions = np.arange(at, at + batch.num_rows, dtype=np.uint64)
+                kept = pa.Table.from_batches([batch]).cast(schema).filter(pa.array(~np.isin(positions, found.deleted)))
+                at += batch.num_rows
+                if kept.num_rows:
+                    writer.write_table(kept)
+                    written += kept.num_rows
+    if not written:
+        fs.rm(out)
+    return out, written
+
+
+def _rewrite_schema(reader: pq.ParquetFile) -> pa.Schema:
+    """The schema a compacted file is written with: its own, every column nullable, and Spark's INT96
+    timestamps (UTC instants) as UTC timestamps, as the table's ``timestamp`` type means."""
+    import pyarrow as pa
+
+    int96 = {c.path for c in reader.schema if c.physical_type == "INT96"}
+    return pa.schema(
+        [
+            (f.with_type(pa.timestamp("us", "UTC")) if f.name in int96 else f).with_nullable(True)
+            for f in reader.schema_arrow
+        ]
+    )
+
+
+def _remove(file: DataFile) -> DeltaFile:
+    return DeltaFile(file.path, file.size or 0, deletion_vector=file.deletion_vector)
+
+
+def _write_dvs(fs: fsspec.AbstractFileSystem, root: str, staging: str, found: list[_Found]) -> list[DeltaDeletes]:
+    """The new DV of every file in ``found``: inline in the log up to :data:`INLINE_DV_BYTES`, the larger
+    ones in one DV file under ``staging``."""
+    descriptors = [deletion_vectors.inline(f.deleted) for f in found]
+    large = [i for i, d in enumerate(descriptors) if d.size > INLINE_DV_BYTES]
+    if large:
+        stored, path = deletion_vectors.new_descriptor_path(staging[len(root) + 1 :])
+        written = deletion_vectors.write_file(fs, f"{root}/{path}", stored, [found[i].deleted for i in large])
+        for i, dv in zip(large, written, strict=True):
+            descriptors[i] = dv
+    return [
+        DeltaDeletes(f.file.path, f.file.size or 0, f.rows, f.file.deletion_vector, dv)
+        for f, dv in zip(found, descriptors, strict=True)
+    ]

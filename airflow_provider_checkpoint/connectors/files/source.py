@@ -1,0 +1,369 @@
+"""File sources: a landing directory whose files are each processed exactly once."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import posixpath
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+from airflow_provider_checkpoint.connectors.files import dead_letters
+from airflow_provider_checkpoint.connectors.files import positions as file_positions
+from airflow_provider_checkpoint.connectors.files.landing import Listing, clean_file, hidden, list_landing
+from airflow_provider_checkpoint.connectors.files.malformed import CORRUPT, dead_letter_rows, good_records, judge
+from airflow_provider_checkpoint.core.documents import JsonDict
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.graph import Sink, Source
+from airflow_provider_checkpoint.exceptions import (
+    InputChangedError,
+    PipelineDefinitionError,
+)
+from airflow_provider_checkpoint.fileio import scans as file_scans
+from airflow_provider_checkpoint.fileio.scans import FileColumn
+from airflow_provider_checkpoint.storage.job_storage import Location
+from airflow_provider_checkpoint.storage.paths import owned_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+log = logging.getLogger(__name__)
+
+_FORMATS = ("json", "csv", "parquet")
+_CLEAN_SOURCE = ("off", "archive", "delete")
+
+
+def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str | None) -> None:
+    if clean_source not in _CLEAN_SOURCE:
+        raise PipelineDefinitionError(f"{uid}: clean_source must be one of {_CLEAN_SOURCE}, got {clean_source!r}")
+    if (clean_source == "archive") != (archive_dir is not None):
+        raise PipelineDefinitionError(f"{uid}: archive_dir is required with clean_source='archive' and only then")
+    if archive_dir is None:
+        return
+    (landing_protocol, landing), (archive_protocol, archive) = map(fsspec.core.split_protocol, (path, archive_dir))
+    if (landing_protocol or "file") != (archive_protocol or "file"):
+        raise PipelineDefinitionError(f"{uid}: archive_dir {archive_dir!r} must be on the filesystem of {path!r}")
+    landing, archive = posixpath.normpath(landing), posixpath.normpath(archive)
+    inside = posixpath.relpath(archive, landing) if archive.startswith(landing.rstrip("/") + "/") else None
+    if archive == landing or (inside is not None and not hidden(inside)):
+        raise PipelineDefinitionError(
+            f"{uid}: archive_dir {archive_dir!r} lies in the landing directory, so archived files would be read "
+            "again; put it elsewhere or under a hidden name (starting with '.' or '_')"
+        )
+
+
+class FileSource(Source):
+    """Files landing in a directory (recursively), in ``json`` (JSON Lines), ``csv`` or ``parquet``.
+
+    The barrier adds the files visible at trigger time to the files already processed;
+    each file is processed by exactly one completed checkpoint, also when files arrive
+    while a checkpoint runs (they belong to the next barrier). Files whose name or
+    directory starts with ``.`` or ``_`` are ignored: writers should land files under such
+    a name and rename them when complete. A file that changes size after it was cut into a
+    barrier fails the step with a clear error, because it would break exactly-once.
+
+    **Bounded position.** The position lists the processed files that are still visible
+    (:mod:`~airflow_provider_checkpoint.connectors.files.positions`): a visible file not in it
+    is new, whatever its modification time, so a late file is still read exactly once and
+    no lateness bound can drop data. We chose this over a modification-time watermark
+    with a lateness bound because a file older than such a watermark cannot be told apart
+    from a processed one without remembering it, which is the unbounded list again. The
+    position stays small when processed files leave the landing directory:
+    ``clean_source="archive"`` (moved under ``archive_dir``, same relative name) or
+    ``"delete"``, applied only after the checkpoint that read a file has committed
+    (idempotent; a crash in between is finished by the next trigger). With
+    ``clean_source="off"`` the position is as large as the processed files you keep.
+
+    ``max_files_per_checkpoint`` splits a backlog over several checkpoints, oldest files
+    (modification time, then name) first.
+
+    **Date-partitioned landing directories.** ``partition_pattern`` (a ``strptime``
+    format of the partition directories, e.g. ``dt=%Y-%m-%d`` or ``%Y/%m/%d``) bounds the
+    listing and the position with ``clean_source="off"`` too: partitions dated more than
+    ``partition_lateness`` before the newest one are closed once all their files are
+    processed, and are no longer listed. This is a promise by the writer: a file landed
+    in a closed partition is not read (land late data in an open partition).
+
+    **Malformed records** (not parseable, or not matching ``schema``; JSON and CSV) with
+    ``on_malformed="fail"`` fail the step with an error naming the file and line; nothing of
+    that checkpoint is committed, and the next run proceeds once the file is fixed or
+    removed. With ``"dead_letter"`` the good records go on into the pipeline and the
+    malformed ones go to a dead-letter table (:mod:`.dead_letters`) committed exactly once
+    with the checkpoint: ``dead_letter_path`` (with this source's ``storage_options``), else
+    ``<pipeline dead_letter_path>/<uid>``. Either way a checkpoint in which more than
+    ``max_malformed_fraction`` of this source's records are malformed is declined
+    (:class:`TooManyMalformedError`, no retry). ``None`` takes the pipeline's setting
+    (:class:`~airflow_provider_checkpoint.dataflow.defaults.SourceDefaults`: ``"fail"``, 0.5).
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        path: str,
+        format: str,
+        schema: str,
+        pattern: str = "*",
+        options: dict[str, str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+        max_files_per_checkpoint: int | None = None,
+        clean_source: str = "off",
+        archive_dir: str | None = None,
+        partition_pattern: str | None = None,
+        partition_lateness: timedelta = timedelta(days=1),
+        on_malformed: str | None = None,
+        max_malformed_fraction: float | None = None,
+        dead_letter_path: str | None = None,
+    ) -> None:
+        super().__init__(uid)
+        if format not in _FORMATS:
+            raise PipelineDefinitionError(f"{uid}: format must be one of {_FORMATS}, got {format!r}")
+        check_malformed_policy(uid, on_malformed, max_malformed_fraction)
+        if format == "parquet" and on_malformed == "dead_letter":
+            raise PipelineDefinitionError(f"{uid}: on_malformed='dead_letter' applies to json and csv, not parquet")
+        if dead_letter_path is not None and on_malformed == "fail":
+            raise PipelineDefinitionError(f"{uid}: dead_letter_path needs on_malformed='dead_letter'")
+        self._own_policy = (on_malformed, max_malformed_fraction)
+        self.on_malformed = on_malformed or "fail"
+        self.max_malformed_fraction = 0.5 if max_malformed_fraction is None else max_malformed_fraction
+        self.dead_letter_path = dead_letter_path
+        if max_files_per_checkpoint is not None and max_files_per_checkpoint < 1:
+            raise PipelineDefinitionError(f"{uid}: max_files_per_checkpoint must be at least 1")
+        self.path = path
+        self.format = format
+        self.schema = schema
+        self.pattern = pattern
+        self.options = dict(options or {})
+        self.storage_options = dict(storage_options or {})
+        self.max_files_per_checkpoint = max_files_per_checkpoint
+        self.clean_source = clean_source
+        self.archive_dir = archive_dir
+        _check_clean_source(uid, path, clean_source, archive_dir)
+        if partition_pattern is not None and (
+            not partition_pattern or partition_pattern.startswith("/") or ".." in partition_pattern.split("/")
+        ):
+            raise PipelineDefinitionError(f"{uid}: partition_pattern {partition_pattern!r} must be a relative format")
+        if partition_lateness < timedelta(0):
+            raise PipelineDefinitionError(f"{uid}: partition_lateness must not be negative")
+        self.partition_pattern = partition_pattern
+        self.partition_lateness = partition_lateness
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "path": self.path, "format": self.format}
+
+    def to_spec(self) -> JsonDict:
+        """What decides which files are new: location, format, pattern and partitions (lateness in seconds)."""
+        return {
+            "uid": self.uid,
+            "path": self.path,
+            "format": self.format,
+            "schema": self.schema,
+            "pattern": self.pattern,
+            "options": self.options,
+            "storage_options": self.storage_options,
+            "partition_pattern": self.partition_pattern,
+            "partition_lateness": self.partition_lateness.total_seconds(),
+        }
+
+    @classmethod
+    def from_spec(cls, spec: JsonDict) -> FileSource:
+        fields = dict(spec)
+        lateness = timedelta(seconds=float(fields.pop("partition_lateness", 86400)))
+        return cls(**fields, partition_lateness=lateness)
+
+    def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
+        """Resolve ``on_malformed`` and ``max_malformed_fraction``; the dead-letter sink if routing to one."""
+        defaults = defaults or SourceDefaults()
+        own, fraction = self._own_policy
+        self.on_malformed = "fail" if self.format == "parquet" else own or defaults.on_malformed
+        self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
+        if self.on_malformed == "fail":
+            return ()
+        letters = functools.partial(dead_letter_rows, self)
+        if self.dead_letter_path is not None:
+            return [dead_letters.DeadLetterSink(self, self.dead_letter_path, letters, self.storage_options)]
+        if defaults.dead_letter_path is None:
+            raise PipelineDefinitionError(
+                f"{self.uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
+                "on the source or on the pipeline (a pipeline whose storage uses a connection has no default)"
+            )
+        path = f"{defaults.dead_letter_path.rstrip('/')}/{self.uid}"
+        return [dead_letters.DeadLetterSink(self, path, letters)]
+
+    # -- positions (no Spark) ----------------------------------------------------------
+    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The filesystem of the landing directory and its path on it."""
+        landing = Location.from_url(self.path, **self.storage_options)
+        return landing.fs, landing.base
+
+    def listing(self, partition_floor: datetime | None = None) -> Listing:
+        """Visible files now present (partitions before ``partition_floor`` not listed)."""
+        fs, root = self.filesystem()
+        if not fs.exists(root):
+            raise FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
+        return list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
+
+    def list_files(self, partition_floor: datetime | None = None) -> dict[str, int]:
+        """Visible files now present, relative name → size."""
+        return {name: size for name, (size, _) in self.listing(partition_floor).files.items()}
+
+    def initial_position(self) -> dict[str, Any]:
+        return {"files": {}}
+
+    def barrier_position(self, previous: Any) -> dict[str, Any]:
+        processed = file_positions.validate_position(self.uid, previous)
+        listing = self.listing(processed.partition_floor)
+        return file_positions.next_position(
+            processed,
+            listing.files,
+            self.max_files_per_checkpoint,
+            listing.partitions if self.partition_pattern else None,
+            self.partition_lateness,
+        )
+
+    def split(self, previous: Any, barrier: Any) -> dict[str, int]:
+        """The files in ``[previous, barrier)``: in the barrier, not yet processed (validated)."""
+        return file_positions.split(
+            file_positions.validate_position(self.uid, previous).files,
+            file_positions.validate_position(self.uid, barrier).files,
+        )
+
+    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
+        """``clean_source``: archive or delete the processed files of a committed position.
+
+        Only files still present with the size they were read at are touched, so running
+        it again (recovery after a crash) or for an older position changes nothing. A file
+        or archive path that resolves (through a link) out of its directory is refused.
+        """
+        if self.clean_source == "off":
+            return
+        processed = file_positions.validate_position(self.uid, position)
+        visible = self.listing(processed.partition_floor).files
+        fs, root = self.filesystem()
+        done: dict[str, int] = {}
+        for name, size in processed.files.items():
+            if name in visible and visible[name][0] == size:
+                outcome = clean_file(fs, owned_path(fs, root, name), size, self._archive_target(name))
+                done[outcome] = done.get(outcome, 0) + 1
+        if done.pop("kept", 0):
+            log.warning("source %s: files whose archive copy differs were left in %s", self.uid, self.path)
+        for outcome, count in done.items():
+            log.info("source %s: %s %d file(s) read up to checkpoint %d", self.uid, outcome, count, checkpoint_id)
+
+    def _archive_target(self, name: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
+        if self.archive_dir is None:
+            return None
+        archive = Location.from_url(self.archive_dir, **self.storage_options)
+        return archive.fs, archive.path(name)
+
+    # -- reading (Spark) ---------------------------------------------------------------
+    def url(self, relative: str) -> str:
+        fs, root = self.filesystem()
+        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+        protocol = "file" if protocol in ("file", "local") else protocol
+        return f"{protocol}://{root}/{relative}"
+
+    def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        return self.read_counted(ctx, previous, barrier)[0]
+
+    def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
+        """The (good) records in ``[previous, barrier)``, cached, and their count.
+
+        JSON and CSV are counted and checked for malformed records in one pass, which also
+        fills the cache; the malformed records are only looked up when there are some.
+        """
+        from pyspark.sql import functions as F
+
+        todo = self._todo(ctx, previous, barrier)
+        if not todo:
+            return ctx.spark.createDataFrame([], self.schema).cache(), judge(self, ctx, todo, 0, 0)
+        df = self.load(ctx, todo).cache()
+        if self.format == "parquet":
+            return df, df.count()
+        (counts,) = df.agg(F.count(F.lit(1)), F.count(F.col(CORRUPT))).collect()  # no limit: one job
+        return good_records(self, df), judge(self, ctx, todo, int(counts[0]), int(counts[1]))  # served from the cache
+
+    def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
+        """The (good) records in ``[previous, barrier)``, uncached, counted and checked on the consumer's one pass.
+
+        The count and the malformed-record check are observed on that pass
+        (``DataFrame.observe``), so the returned function raises
+        :class:`MalformedInputError` once it has run, before the step acks.
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+
+        todo = self._todo(ctx, previous, barrier)
+        if not todo:
+            return ctx.spark.createDataFrame([], self.schema), lambda: judge(self, ctx, todo, 0, 0)
+        observation = Observation()
+        metrics = [F.count(F.lit(1)).alias("records")]
+        df = self.load(ctx, todo)
+        if self.format != "parquet":  # every declared column is parsed and checked, used downstream or not
+            declared = F.hash(*[F.col(c) for c in df.columns if c != CORRUPT])  # not optimized away
+            metrics += [F.count(F.col(CORRUPT)).alias("malformed"), F.max(declared).alias("parsed")]
+        observed = df.observe(observation, *metrics)
+
+        def records() -> int:
+            counts = observed_metrics(observation, lambda: df.agg(*metrics).first())
+            return judge(self, ctx, todo, int(counts["records"]), int(counts.get("malformed") or 0))
+
+        return (observed if self.format == "parquet" else good_records(self, observed)), records
+
+    def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
+        """The files to read, checked unchanged since the barrier was cut."""
+        todo = self.split(previous, barrier)
+        self._check_unchanged(todo, barrier)
+        ctx.add_metric("files_in", len(todo))
+        return todo
+
+    def load(self, ctx: StepContext, todo: dict[str, int], file_column: FileColumn | None = None) -> DataFrame:
+        """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``
+        (:mod:`.file_io`: Spark's readers where Hadoop serves the landing directory, else fsspec and pyarrow).
+
+        With :attr:`~.graph.Source.in_source_order` and no ``file_column`` the partitions hold the
+        rows in source order: files by name, each file's records in line order (what an upsert
+        sink's "later record wins" rule means for this source)."""
+        from pyspark.sql.types import StructType
+
+        fs, root = self.filesystem()
+        paths = [f"{root}/{n}" for n in sorted(todo)]
+        declared = StructType.fromDDL(self.schema)
+        assert isinstance(declared, StructType)
+        sizes = dict(zip(paths, [todo[n] for n in sorted(todo)], strict=True))
+
+        def scan(files: list[str], column: FileColumn | None) -> DataFrame:
+            if self.format == "parquet":
+                return file_scans.read_parquet(ctx.spark, fs, files, declared, column, options=self.options)
+            counted = [sizes[f] for f in files]
+            return file_scans.read_records(
+                ctx.spark, fs, files, self.format, declared, self.options, CORRUPT, column, sizes=counted
+            )
+
+        ordered = self.in_source_order and file_column is None and len(paths) > 1
+        if ordered and file_scans.engine_for(ctx.spark, fs) == "hadoop":
+            return file_scans.in_file_order(scan, fs, paths)
+        return scan(paths, file_column)
+
+    def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
+        if not todo:
+            return
+        now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
+        for name, size in todo.items():
+            if name not in now:
+                raise InputChangedError(
+                    f"source {self.uid}: {self.url(name)} was cut into this checkpoint's barrier but "
+                    "has been removed; this checkpoint is aborted and the next one cuts a new barrier"
+                )
+            if now[name] != size:
+                raise InputChangedError(
+                    f"source {self.uid}: {self.url(name)} changed size after the barrier "
+                    f"({size} → {now[name]} bytes); land files under a hidden name (.x or _x) and "
+                    "rename them when complete"
+                )

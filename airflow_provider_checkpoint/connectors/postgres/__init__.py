@@ -1,0 +1,1 @@
+"""PostgreSQL: the table sink, its SQL, its undo log and its dead-letter table."""

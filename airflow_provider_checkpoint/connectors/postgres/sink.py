@@ -1,0 +1,430 @@
+"""Exactly-once into a PostgreSQL table through an Airflow ``postgres`` connection.
+
+- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging
+  table unique to the checkpoint attempt (:func:`~.postgres_sql.staging_table`); the driver
+  never holds rows. A value PostgreSQL refuses fails the step, naming column and key, or with
+  ``dead_letter_table`` its row goes there instead (:mod:`.postgres_dead_letters`). The
+  committable is ``{"checkpoint_id", "staging_table", "rows"}`` (and ``"dead_letters"``, a
+  count, with a dead-letter table): names and counts only. Staging tables are ordinary,
+  WAL-logged tables (never UNLOGGED, which crash recovery empties): once the step's load has
+  committed, what ``_metadata`` will name survives a crash of the server and reaches its
+  replicas, so a completed checkpoint can always commit.
+- **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
+  or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
+  checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
+  the trigger's recovery, finds the marker and does nothing.
+- **Restore** to checkpoint N, in one transaction: ``append`` deletes the rows whose
+  ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
+  the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
+  committed checkpoints (older ones are purged by the commit that passes them).
+- **Claim**: a row in ``checkpoint_sink_claims`` gives the table to one (job, sink uid, mode, keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode
+from airflow_provider_checkpoint.connectors.base.upsert_rule import check_sequence_by
+from airflow_provider_checkpoint.connectors.postgres import dead_letters, undo
+from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN, NULLS_NOT_DISTINCT_SINCE
+from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    PipelineDefinitionError,
+    SinkConnectionError,
+    SinkSchemaError,
+    SinkUnavailableError,
+    SinkValueError,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+log = logging.getLogger(__name__)
+
+
+class PostgresTableSink(TransactionalSink):
+    """Exactly-once PostgreSQL table in ``append`` or ``upsert`` (by ``keys``) mode; one short
+    transaction per checkpoint, no lock held across it, no prepared transactions.
+
+    :param uid: stable id of the sink (names its staging tables, marker and claim rows).
+    :param input: the node whose records are written.
+    :param conn_id: an Airflow connection of type ``postgres`` (host, port, login, password,
+        database in ``schema``; ``sslmode``/``sslrootcert``/``connect_timeout``/… in extras).
+    :param table: ``name`` or ``schema.name``; its schema also holds the sink's bookkeeping tables.
+    :param mode: ``append`` (every checkpoint adds its rows, tagged in ``_checkpoint_id``) or
+        ``upsert`` (one row per key, replaced by newer checkpoints).
+    :param keys: upsert key columns (a unique index on them is required; ``create_table``
+        creates one ``NULLS NOT DISTINCT``, so a null key part is a key value: docs/postgres.md).
+    :param create_table: create the table from the input's columns when it does not exist.
+    :param undo_checkpoints: upsert mode: how many newest committed checkpoints a restore can
+        return to (keep it ≥ the job's ``retained_checkpoints``); before-images older than that
+        are purged.
+    :param dead_letter_table: ``name`` (in the table's schema) or ``schema.name``: rows holding a
+        value PostgreSQL refuses go there, committed with the checkpoint, instead of failing the
+        step (:mod:`.postgres_dead_letters`); created if absent.
+    :param max_refused_fraction: with a dead-letter table, a checkpoint in which more than this
+        fraction of the rows is refused is declined.
+    :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).
+    :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
+        checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        input: Node,
+        conn_id: str,
+        table: str,
+        mode: str = "append",
+        keys: list[str] | None = None,
+        create_table: bool = True,
+        undo_checkpoints: int = 3,
+        dead_letter_table: str | None = None,
+        max_refused_fraction: float = 0.5,
+        step: str | None = None,
+        sequence_by: list[str] | None = None,
+    ) -> None:
+        super().__init__(uid, input, step)
+        check_mode(uid, mode)
+        if mode == "upsert" and not keys:
+            raise PipelineDefinitionError(f"{uid}: upsert mode needs keys")
+        if undo_checkpoints < 1:
+            raise PipelineDefinitionError(f"{uid}: undo_checkpoints must be at least 1")
+        self.conn_id = conn_id
+        self.schema, self.table_name = pg.split_table(uid, table)
+        self.mode = mode
+        self.keys = list(keys or [])
+        pg.check_identifiers(uid, "keys", self.keys)
+        self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
+        self.create_table = create_table
+        self.undo_checkpoints = undo_checkpoints
+        self.digest = pg.sink_digest(self.schema, self.table_name, uid)
+        self.dead_letters = None if dead_letter_table is None else self._dead_letter_table(dead_letter_table)
+        if not 0 <= max_refused_fraction <= 1:
+            raise PipelineDefinitionError(
+                f"{uid}: max_refused_fraction must be in [0, 1], got {max_refused_fraction!r}"
+            )
+        self.max_refused_fraction = max_refused_fraction
+
+    def _dead_letter_table(self, table: str) -> tuple[str, str]:
+        schema, name = pg.split_table(self.uid, table if "." in table else f"{self.schema}.{table}")
+        if (schema, name) == (self.schema, self.table_name):
+            raise PipelineDefinitionError(f"{self.uid}: the dead-letter table cannot be the table itself")
+        return schema, name
+
+    def describe(self) -> dict[str, Any]:
+        described = {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
+        return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
+
+    def target_name(self) -> str:
+        return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
+
+    def _connection(self) -> pg.PgConnection:
+        return pg.PgConnection.from_airflow(self.conn_id)
+
+    def _tx(self) -> psycopg.Connection[Any]:
+        return self._connection().connect()
+
+    def table(self, name: str | None = None) -> Any:
+        """This sink's table, or ``name`` in its schema, as a quoted SQL identifier."""
+        return pg.ident(self.schema, name or self.table_name)
+
+    # -- bookkeeping tables and claim -------------------------------------------------
+    def claim_document(self, job_id: str) -> JsonDict:
+        return {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys}
+
+    def load_claim(self) -> JsonDict | None:
+        with self._tx() as db:
+            return self._read_claim(db)
+
+    def _read_claim(self, db: psycopg.Connection[Any], lock: bool = False) -> JsonDict | None:
+        from psycopg import sql
+
+        exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{self.schema}"."{pg.CLAIMS}"']).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = db.execute(
+            sql.SQL("SELECT job_id, sink_uid, mode, keys FROM {} WHERE schema_name = %s AND table_name = %s{}").format(
+                self.table(pg.CLAIMS), sql.SQL(" FOR UPDATE" if lock else "")
+            ),
+            [self.schema, self.table_name],
+        ).fetchone()
+        return None if row is None else {"job_id": row[0], "sink": row[1], "mode": row[2], "keys": list(row[3])}
+
+    def store_claim(self, claim: JsonDict) -> None:
+        from psycopg import sql
+
+        with self._tx() as db:
+            undo.ensure_bookkeeping(self, db)
+            db.execute(
+                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(
+                    self.table(pg.CLAIMS)
+                ),
+                [self.schema, self.table_name, claim["job_id"], claim["sink"], claim["mode"], claim["keys"]],
+            )
+        if self.load_claim() != claim:  # another job claimed it between our read and insert
+            self.claim(str(claim["job_id"]))
+
+    def prepare(self, ctx: StepContext) -> None:
+        """Before any Spark work of the step: the connection works, the table is this job's."""
+        self.claim(ctx.plan.job_id)
+
+    # -- writer (step side) ------------------------------------------------------------
+    def _create_target(self, db: psycopg.Connection[Any], df: DataFrame) -> None:
+        from psycopg import sql
+
+        columns = [
+            sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(self.uid, f.name, f.dataType)))
+            for f in df.schema.fields
+        ]
+        if self.mode == "append":
+            columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
+        elif db.info.server_version >= NULLS_NOT_DISTINCT_SINCE:  # a null key part is a key value, as in every sink
+            columns.append(sql.SQL("UNIQUE NULLS NOT DISTINCT ({})").format(pg.idents(self.keys)))
+        else:
+            columns.append(sql.SQL("PRIMARY KEY ({})").format(pg.idents(self.keys)))
+        db.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(self.table(), sql.SQL(", ").join(columns)))
+        log.info("sink %s: created table %s", self.uid, self.target_name())
+
+    def _check_target(self, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
+        """The target's types of the input columns; refused unless its columns are exactly the input's."""
+        target = pg.table_columns(db, self.schema, self.table_name)
+        if not target:
+            if not self.create_table:
+                raise SinkSchemaError(
+                    f"sink {self.uid}: table {self.target_name()} does not exist (create_table=False)"
+                )
+            self._create_target(db, df)
+            target = pg.table_columns(db, self.schema, self.table_name)
+        expected = [f.name for f in df.schema.fields]
+        own = [CHECKPOINT_COLUMN] if self.mode == "append" else []
+        missing = [c for c in [*expected, *own] if c not in target]
+        extra = [c for c in target if c not in expected and c not in own]
+        if missing or extra:
+            raise SinkSchemaError(
+                f"sink {self.uid}: table {self.target_name()} does not match the input: "
+                f"missing columns {missing}, columns the input does not have {extra}"
+            )
+        if self.mode == "upsert" and self._unique_index(db) is None:
+            raise SinkSchemaError(
+                f"sink {self.uid}: table {self.target_name()} has no unique index on exactly {self.keys} (upsert keys)"
+            )
+        return {c: target[c] for c in expected}
+
+    def _unique_index(self, db: psycopg.Connection[Any]) -> bool | None:
+        """Whether the table's unique index on exactly the keys matches null key parts (``NULLS NOT
+        DISTINCT``, PostgreSQL 15+); ``None`` if it has no such index."""
+        nulls_match = "i.indnullsnotdistinct" if db.info.server_version >= NULLS_NOT_DISTINCT_SINCE else "false"
+        row = db.execute(
+            f"SELECT {nulls_match} FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique "
+            "AND i.indpred IS NULL AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute "
+            "WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey)) = %s::name[] ORDER BY 1 DESC LIMIT 1",
+            [f'"{self.schema}"."{self.table_name}"', sorted(self.keys)],
+        ).fetchone()
+        return None if row is None else bool(row[0])
+
+    def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        from psycopg import sql
+
+        started = time.monotonic()
+        conn = self._connection()
+        staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
+        columns = [f.name for f in df.schema.fields]
+        pg.check_identifiers(self.uid, "columns", columns)
+        if CHECKPOINT_COLUMN in columns:
+            raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
+        dead = pg.dead_letter_staging(staging) if self.dead_letters else None
+        with conn.connect() as db:
+            types = self._check_target(db, df)
+            null_keys = self.mode == "upsert" and bool(self._unique_index(db))
+            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table(staging)))
+            definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
+            db.execute(sql.SQL("CREATE TABLE {} ({})").format(self.table(staging), definition))  # logged: durable
+            if self.dead_letters:
+                dead_letters.prepare(self, db, self.dead_letters, staging)
+        load = pg.copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
+        results = pg.one_stream_per_core(df).mapInArrow(load, pg.LOAD_RESULT).collect()
+        failed = [r["error"] for r in results if r["error"]]
+        if failed:
+            raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
+        rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
+        dead_letters.check_refused(self, conn, staging, rows, refused)
+        self._check_staged(conn, staging, null_keys)
+        ctx.add_metric("sink_rows", rows)
+        committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
+        if dead:
+            ctx.add_metric("sink_rows_refused", refused)
+            committable["dead_letters"] = refused
+        log.info(
+            "sink %s: staged %d rows%s into %s.%s from %d partitions in %.2fs",
+            self.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", self.schema,
+            staging, len(results), time.monotonic() - started,
+        )  # fmt: skip
+        return [committable]
+
+    def _check_staged(self, conn: pg.PgConnection, staging: str, null_keys: bool) -> None:
+        """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
+        index) and refuse a key staged twice, or a null key part where the table's unique index would not
+        match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
+        table once, in order: nothing to check or plan."""
+        from psycopg import sql
+
+        if self.mode != "upsert":
+            return
+        with conn.connect(autocommit=True) as db:
+            db.execute(sql.SQL("ANALYZE {}").format(self.table(staging)))
+            keys = pg.idents(self.keys)
+            null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
+            refused = sql.SQL("false") if null_keys else null
+            bad = db.execute(
+                sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
+                        "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=self.table(staging), n=refused)
+            ).fetchone()  # fmt: skip
+        if bad:
+            key = ", ".join(f"{k}={v!r}" for k, v in zip(self.keys, bad[:-1], strict=True))
+            if bad[-1] == "a null key":
+                raise SinkValueError(
+                    f"sink {self.uid}: upsert key ({key}) is a null key, which the unique index of "
+                    f"{self.target_name()} on {self.keys} does not match (nulls distinct, or a primary key): create "
+                    "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
+                    "null keys upstream"
+                )
+            raise SinkValueError(f"sink {self.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
+
+    # -- committer (finalize / recovery side) ------------------------------------------
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int, int]]:
+        """``[(staging table, rows, dead letters)]``: each table named by this sink's pattern for ``checkpoint_id``."""
+        pattern = pg.staging_pattern(self.digest, checkpoint_id)
+        reader = Fields({"committables": committables}, document)
+        staged: list[tuple[str, int, int]] = []
+        for i, item in enumerate(reader.items("committables")):
+            c = Fields(item, document, f"committables[{i}]")
+            if c.integer("checkpoint_id", 1) != checkpoint_id:
+                raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
+            name = c.raw.get("staging_table")
+            if not isinstance(name, str) or not pattern.match(name):
+                raise c.error("staging_table", f"must be a staging table of sink {self.uid} for this checkpoint", name)
+            staged.append((name, c.integer("rows", 0), c.integer("dead_letters", default=0)))
+        if len({n for n, _, _ in staged}) != len(staged):
+            raise DocumentError(document, "committables", "name a staging table twice")
+        return staged
+
+    def verify_staged(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
+        """Each staging table still holds the rows the step staged (before ``_metadata``: a table lost
+        now aborts the checkpoint, and the next one stages its input again)."""
+        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
+        with self._tx() as db:
+            for staging, expected, _ in self.read_committables(checkpoint_id, committables, document):
+                if found := undo.staged_rows_problem(db, self.schema, staging, expected):
+                    raise CheckpointStorageError(
+                        f"sink {self.uid}: staging table {self.schema}.{staging} of checkpoint {checkpoint_id} "
+                        f"{found}, the step staged {expected} rows there; the checkpoint is aborted and the "
+                        "next one reads its input again"
+                    )
+
+    def is_committed(self, checkpoint_id: int) -> bool:
+        with self._tx() as db:
+            return self._marker(db, checkpoint_id) is not None
+
+    def _marker(self, db: psycopg.Connection[Any], checkpoint_id: int, claim: JsonDict | None = None) -> Any:
+        from psycopg import sql
+
+        claim = claim or self.owned_claim(self._read_claim(db))
+        if claim is None:
+            return None
+        return db.execute(
+            sql.SQL("SELECT rows FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s").format(
+                self.table(pg.MARKERS)
+            ),
+            [claim["job_id"], claim["sink"], checkpoint_id],
+        ).fetchone()
+
+    def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
+        claim = self.owned_claim(self._read_claim(db, lock=True))
+        if claim is None:
+            raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
+        return claim
+
+    def commit_checked(self, checkpoint_id: int, committables: list[tuple[str, int, int]]) -> None:
+        """The one commit transaction (see the module docstring); a marker already there: nothing."""
+        started = time.monotonic()
+        with self._tx() as db:
+            claim = self._locked_claim(db)
+            if self._marker(db, checkpoint_id, claim) is not None:
+                return
+            columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
+            rows = 0
+            for staging, expected, refused in committables:
+                rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
+                dead_letters.move(self, db, claim, checkpoint_id, staging, refused)
+            fault_point("finalize.inside_sink_commit", checkpoint=checkpoint_id, sink=self.uid)
+            undo.write_marker(self, db, claim, checkpoint_id, rows)
+            self._drop_staging(db, checkpoint_id)  # the staging tables of the checkpoint's other attempts
+        log.info(
+            "sink %s: committed checkpoint %d (%d rows) into %s in %.2fs",
+            self.uid, checkpoint_id, rows, self.target_name(), time.monotonic() - started,
+        )  # fmt: skip
+
+    def rollback(self, checkpoint_id: int) -> None:
+        """Return the table to its state when ``checkpoint_id`` committed, in one transaction, and drop
+        the staging tables of later checkpoints (the restored job never commits them)."""
+        from psycopg import sql
+
+        with self._tx() as db:
+            if self._read_claim(db) is None:
+                return
+            claim = self._locked_claim(db)
+            undone = undo.undo_newer(self, db, claim, checkpoint_id)
+            dead_letters.delete_newer(self, db, claim, checkpoint_id)
+            later = [n for n in self._staging_tables(db) if pg.staged_checkpoint(n) > checkpoint_id]
+            for name in later:
+                db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table(name)))
+        if undone or later:
+            log.info(
+                "sink %s: rolled back checkpoints %s of %s, dropped %d staging tables of later checkpoints",
+                self.uid, undone, self.target_name(), len(later),
+            )  # fmt: skip
+
+    def _staging_tables(self, db: psycopg.Connection[Any], checkpoint_id: int | None = None) -> list[str]:
+        names = db.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
+            [self.schema, f"_cks_{self.digest}_c"],
+        ).fetchall()
+        pattern = pg.staging_pattern(self.digest, checkpoint_id, dead_letters=True)
+        return sorted(n[0] for n in names if pattern.match(n[0]))
+
+    def _drop_staging(self, db: psycopg.Connection[Any], checkpoint_id: int) -> int:
+        from psycopg import sql
+
+        dropped = self._staging_tables(db, checkpoint_id)
+        for name in dropped:
+            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table(name)))
+        return len(dropped)
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop every attempt's staging table of ``checkpoint_id``. Best effort: when the server cannot
+        be reached (the reason a checkpoint often aborts), they stay behind and :meth:`audit` lists them."""
+        try:
+            with self._tx() as db:
+                dropped = self._drop_staging(db, checkpoint_id)
+        except (SinkConnectionError, SinkUnavailableError) as e:
+            log.warning("sink %s: staging tables of checkpoint %d not dropped: %s", self.uid, checkpoint_id, e)
+            return
+        if dropped:
+            log.info("sink %s: dropped %d staging tables of checkpoint %d", self.uid, dropped, checkpoint_id)
+
+    def audit(self) -> list[str]:
+        with self._tx() as db:
+            return [f"staging table left behind: {self.schema}.{name}" for name in self._staging_tables(db)]

@@ -1,0 +1,242 @@
+"""The statements of :class:`~.sink.PostgresTableSink`'s commit and restore transactions.
+
+Every function runs inside the caller's transaction (one ``psycopg`` connection, committed on
+exit), after the caller locked the sink's claim row, so a commit and a restore of the same
+table never interleave.
+
+Undo, by mode:
+
+- ``append``: every row carries the checkpoint that wrote it (``_checkpoint_id``); a restore to
+  N deletes the rows of newer checkpoints. Cost: 8 bytes per row, no retention bound needed.
+- ``upsert``: before the ``INSERT … ON CONFLICT`` of checkpoint C, the current row of every
+  staged key (or ``_undo_existed = false`` for a new key) is copied into the undo table
+  ``_cks_<sink>_undo`` under ``_undo_checkpoint = C``. A restore to N puts back, for every key
+  changed after N, its before-image from the oldest checkpoint after N. Cost: one row per
+  changed key per checkpoint, for the ``undo_checkpoints`` newest commits only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from airflow_provider_checkpoint.core.model import JsonDict
+
+UNDO_CHECKPOINT = "_undo_checkpoint"
+UNDO_EXISTED = "_undo_existed"
+
+
+def staged_rows_problem(db: psycopg.Connection[Any], schema: str, table: str, expected: int) -> str | None:
+    """How staging table ``schema.table`` differs from holding the ``expected`` rows; ``None`` if it holds them."""
+    from psycopg import sql
+
+    exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
+    if not exists or not exists[0]:
+        return "is gone"
+    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
+    return None if counted and counted[0] == expected else f"holds {counted and counted[0]} rows"
+
+
+def check_staged_rows(
+    db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int, checkpoint_id: int
+) -> None:
+    """Refuse to commit checkpoint ``checkpoint_id`` from staging table ``schema.table`` unless it
+    holds the ``expected`` rows. Staging tables are logged, so a crash of the server does not empty
+    them, and finalize checks them just before ``_metadata`` (:meth:`~.sink.PostgresTableSink.verify_staged`):
+    one gone or short now was dropped or changed by hand after that (or the database lost committed
+    transactions, e.g. a failover to a replica that lagged). The message says how to get the job
+    moving again."""
+    found = staged_rows_problem(db, schema, table, expected)
+    if found is None:
+        return
+    raise CheckpointStorageError(
+        f"sink {uid}: cannot commit checkpoint {checkpoint_id}: its staging table {schema}.{table} {found}, the "
+        f"checkpoint staged {expected} rows there (was it dropped or changed by hand?). Checkpoint {checkpoint_id} "
+        "is complete (its _metadata exists), so its finalize and every trigger of the job stop here until it is "
+        "moved past: restore the job to an earlier retained checkpoint (the restore_from_checkpoint DAG with "
+        f"checkpoint=<an id before {checkpoint_id}>): the restore rolls every sink back to it and the next run "
+        f"reads the input of checkpoint {checkpoint_id} again (see docs/postgres.md, 'A staging table is gone')"
+    )
+
+
+def ensure_bookkeeping(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> None:
+    """Create the claim and marker tables in the table's schema if absent."""
+    from psycopg import sql
+
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (schema_name text, table_name text, job_id text NOT NULL, sink_uid "
+            "text NOT NULL, mode text NOT NULL, keys text[] NOT NULL, PRIMARY KEY (schema_name, table_name))"
+        ).format(sink.table(pg.CLAIMS))
+    )
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (job_id text, sink_uid text, checkpoint_id bigint, table_name text "
+            "NOT NULL, rows bigint NOT NULL, undo_kept boolean NOT NULL, committed_at timestamptz NOT NULL "
+            "DEFAULT now(), PRIMARY KEY (job_id, sink_uid, checkpoint_id))"
+        ).format(sink.table(pg.MARKERS))
+    )
+
+
+def move_rows(
+    sink: pg.SinkTable,
+    db: psycopg.Connection[Any],
+    checkpoint_id: int,
+    staging: str,
+    expected: int,
+    columns: list[str],
+) -> int:
+    """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop it."""
+    from psycopg import sql
+
+    check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
+    stg, target = sink.table(staging), sink.table()
+    cols = pg.idents(columns)
+    if sink.mode == "append":
+        db.execute(
+            sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, %s FROM {}").format(
+                target, cols, pg.ident(pg.CHECKPOINT_COLUMN), cols, stg
+            ),
+            [checkpoint_id],
+        )
+    else:
+        _record_before_images(sink, db, checkpoint_id, staging, columns)
+        others = [c for c in columns if c not in sink.keys]
+        action = (
+            sql.SQL("DO UPDATE SET ")
+            + sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(pg.ident(c)) for c in others)
+            if others
+            else sql.SQL("DO NOTHING")
+        )
+        db.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
+                target, cols, cols, stg, pg.idents(sink.keys), action
+            )
+        )
+    db.execute(sql.SQL("DROP TABLE {}").format(stg))
+    return expected
+
+
+def _record_before_images(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, staging: str, columns: list[str]
+) -> None:
+    from psycopg import sql
+
+    undo, target = sink.table(pg.undo_table(sink.digest)), sink.table()
+    db.execute(
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} AS SELECT 0::bigint AS {}, false AS {}, {} FROM {} WITH NO DATA").format(
+            undo, pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED), pg.idents(columns), target
+        )
+    )
+    picked = sql.SQL(", ").join(pg.ident("s" if c in sink.keys else "t", c) for c in columns)
+    stg = sink.table(staging)
+    for nulls in pg.null_patterns(db, stg, sink.keys):  # one indexed join per pattern of null key parts
+        db.execute(
+            sql.SQL(
+                "INSERT INTO {} ({}, {}, {}) SELECT %s, t.ctid IS NOT NULL, {} FROM {} s LEFT JOIN {} t ON {} WHERE {}"
+            ).format(
+                undo,
+                pg.ident(UNDO_CHECKPOINT),
+                pg.ident(UNDO_EXISTED),
+                pg.idents(columns),
+                picked,
+                stg,
+                target,
+                pg.keys_equal(sink.keys, "t", "s", nulls),
+                pg.null_filter(sink.keys, nulls, "s"),
+            ),
+            [checkpoint_id],
+        )
+
+
+def write_marker(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], claim: JsonDict, checkpoint_id: int, rows: int
+) -> None:
+    """The marker row of the commit; upsert: purge before-images beyond the ``undo_checkpoints`` newest commits."""
+    from psycopg import sql
+
+    markers = sink.table(pg.MARKERS)
+    owner = [claim["job_id"], claim["sink"]]
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (job_id, sink_uid, checkpoint_id, table_name, rows, undo_kept) "
+            "VALUES (%s, %s, %s, %s, %s, %s)"
+        ).format(markers),
+        [*owner, checkpoint_id, sink.table_name, rows, sink.mode == "upsert"],
+    )
+    if sink.mode != "upsert":
+        return
+    purged = db.execute(
+        sql.SQL(
+            "UPDATE {m} SET undo_kept = false WHERE job_id = %s AND sink_uid = %s AND undo_kept AND checkpoint_id < "
+            "ALL (SELECT checkpoint_id FROM {m} WHERE job_id = %s AND sink_uid = %s ORDER BY checkpoint_id DESC "
+            "LIMIT %s) RETURNING checkpoint_id"
+        ).format(m=markers),
+        [*owner, *owner, sink.undo_checkpoints],
+    ).fetchall()
+    if purged:
+        db.execute(
+            sql.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+                sink.table(pg.undo_table(sink.digest)), pg.ident(UNDO_CHECKPOINT)
+            ),
+            [[p[0] for p in purged]],
+        )
+
+
+def undo_newer(sink: pg.SinkTable, db: psycopg.Connection[Any], claim: JsonDict, checkpoint_id: int) -> list[int]:
+    """Undo every committed checkpoint newer than ``checkpoint_id``; their ids (refused if an undo was purged)."""
+    from psycopg import sql
+
+    markers, target = sink.table(pg.MARKERS), sink.table()
+    owner = [claim["job_id"], claim["sink"]]
+    newer = db.execute(
+        sql.SQL(
+            "SELECT checkpoint_id, undo_kept FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id > %s "
+            "ORDER BY checkpoint_id"
+        ).format(markers),
+        [*owner, checkpoint_id],
+    ).fetchall()
+    if not newer:
+        return []
+    if sink.mode == "append":
+        db.execute(
+            sql.SQL("DELETE FROM {} WHERE {} > %s").format(target, pg.ident(pg.CHECKPOINT_COLUMN)), [checkpoint_id]
+        )
+    else:
+        missing = [c for c, kept in newer if not kept]
+        if missing:
+            raise RestoreError(
+                f"sink {sink.uid}: cannot return {sink.target_name()} to checkpoint {checkpoint_id}: the before-images "
+                f"of checkpoints {missing} were purged (undo_checkpoints={sink.undo_checkpoints})"
+            )
+        undo, keys = sink.table(pg.undo_table(sink.digest)), pg.idents(sink.keys)
+        columns = pg.idents(list(pg.table_columns(db, sink.schema, sink.table_name)))
+        newer_undo = sql.SQL("{} > %s").format(pg.ident(UNDO_CHECKPOINT))
+        for nulls in pg.null_patterns(db, undo, sink.keys, newer_undo, [checkpoint_id]):
+            db.execute(
+                sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {}) u WHERE {}").format(
+                    target, keys, undo, newer_undo, pg.keys_equal(sink.keys, "t", "u", nulls)
+                ),
+                [checkpoint_id],
+            )
+        db.execute(
+            sql.SQL(
+                "INSERT INTO {} ({}) SELECT {} FROM (SELECT DISTINCT ON ({}) * FROM {} WHERE {} > %s "
+                "ORDER BY {}, {}) f WHERE {}"
+            ).format(
+                target, columns, columns, keys, undo, pg.ident(UNDO_CHECKPOINT), keys, pg.ident(UNDO_CHECKPOINT),
+                pg.ident(UNDO_EXISTED),
+            ),
+            [checkpoint_id],
+        )  # fmt: skip
+        db.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(undo, pg.ident(UNDO_CHECKPOINT)), [checkpoint_id])
+    db.execute(
+        sql.SQL("DELETE FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id > %s").format(markers),
+        [*owner, checkpoint_id],
+    )
+    return [c for c, _ in newer]

@@ -1,0 +1,337 @@
+"""Spark reading files through :mod:`.file_io`'s engines: Parquet, and JSON Lines or CSV parsed permissively.
+
+With the ``python`` engine a read is one Spark task per file (up to
+:data:`MAX_READ_TASKS`): the executor opens it through fsspec and hands Spark Arrow batches
+of the requested schema, parsed with pyarrow or :mod:`.text_records`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from airflow_provider_checkpoint.fileio.records import check_options
+from airflow_provider_checkpoint.fileio.writes import engine_for, url
+from airflow_provider_checkpoint.storage.object_store import for_executors
+
+if TYPE_CHECKING:
+    import fsspec
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+MAX_READ_TASKS = 256
+"""A Python read spreads its files over at most this many tasks."""
+BATCH_ROWS = 65_536
+"""Rows per Arrow batch a Python read hands to Spark."""
+
+
+def read_parquet(
+    spark: SparkSession,
+    fs: fsspec.AbstractFileSystem,
+    paths: Sequence[str],
+    schema: StructType | None = None,
+    file_column: FileColumn | None = None,
+    engine: str | None = None,
+    options: dict[str, str] | None = None,
+    row_index: str | None = None,
+) -> DataFrame:
+    """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
+    ``None``: the first file's columns).
+
+    ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
+    Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
+    of that name holding each row's position in its file (from 0, as ``_metadata.row_index``).
+    """
+    if not paths:
+        if schema is None:
+            raise ValueError("reading no files needs their schema")
+        return spark.createDataFrame([], _with_file(_with_row_index(schema, row_index), file_column))
+    if engine_for(spark, fs, engine) == "hadoop":
+        from pyspark.sql import functions as F
+
+        reader = spark.read.options(**(options or {}))
+        reader = reader.schema(schema) if schema is not None else reader
+        df = reader.parquet(*[url(fs, p) for p in paths])
+        df = df.withColumn(row_index, F.col("_metadata.row_index")) if row_index else df
+        return _with_path_column(df, file_column)
+    check_options("parquet", options or {})
+    schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
+    read = ParquetReader(for_executors(fs), _arrow(schema), row_index)
+    return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column)
+
+
+def read_records(
+    spark: SparkSession,
+    fs: fsspec.AbstractFileSystem,
+    paths: Sequence[str],
+    format: str,
+    declared: StructType,
+    options: dict[str, str],
+    corrupt: str,
+    file_column: FileColumn | None = None,
+    engine: str | None = None,
+    sizes: Sequence[int] | None = None,
+) -> DataFrame:
+    """The records of the JSON Lines or CSV files ``paths``, parsed permissively: ``declared``'s columns
+    and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`).
+
+    ``sizes`` (bytes, one per path): the Python engine fails a read that does not get exactly
+    that many bytes of the file, so a store answering short is never taken for a file's end.
+    """
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = as_nullable(StructType([*declared.fields, StructField(corrupt, StringType(), True)]))
+    if engine_for(spark, fs, engine) == "hadoop":
+        reader = spark.read.format(format).options(**options)
+        if format == "csv":
+            reader = reader.option("header", options.get("header", "true"))
+        reader = reader.schema(schema).option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", corrupt)
+        return _with_path_column(reader.load([url(fs, p) for p in paths]), file_column)
+    from airflow_provider_checkpoint.fileio.records import converters
+
+    check_options(format, options)
+    converters(_arrow(declared), text=format == "csv")  # refuses unsupported column types in the driver
+    expected = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
+    parse = RecordReader(for_executors(fs), format, _arrow(schema), options, expected)
+    return _scan(spark, fs, paths, schema, parse, file_column)
+
+
+def in_file_order(
+    scan: Callable[[list[str], FileColumn | None], DataFrame], fs: fsspec.AbstractFileSystem, paths: Sequence[str]
+) -> DataFrame:
+    """``scan(files, file_column)`` (a Spark scan of ``files`` on ``fs``, naming each row's file in
+    ``file_column`` if given) of ``paths`` in source order: the partitions hold the files in the
+    order of ``paths``, each file's rows in file order.
+
+    A Spark file scan packs its files into partitions largest first, so a scan of several files
+    does not keep their order; within a file, the rows (and the splits of a large file) keep
+    theirs. Up to :data:`ORDERED_SCAN_FILES` files are scanned one by one and concatenated
+    (a union keeps its inputs' partitions in order; planning costs ~50 ms a file). More files
+    are scanned at once and range-sorted on ``(file, position in the scan)`` (one sampling
+    job and one shuffle). The python engine reads in order already.
+    """
+    from pyspark.sql import functions as F
+
+    if len(paths) <= ORDERED_SCAN_FILES:
+        return reduce(lambda a, b: a.union(b), [scan([p], None) for p in paths])
+    column = FileColumn(_FILE)
+    # Spark names a local file file:/x, fsspec's URL file:///x: compared without scheme and slashes
+    labels = [_SCHEME.sub("", column.label(fs, p)) for p in paths]
+    rank = F.element_at(
+        F.create_map(*[F.lit(x) for i, label in enumerate(labels) for x in (label, i)]),
+        F.regexp_replace(F.col(_FILE), _SCHEME.pattern, ""),
+    )
+    positioned = scan(list(paths), column).withColumn(_POSITION, F.monotonically_increasing_id())
+    return positioned.orderBy(rank, F.col(_POSITION)).drop(_POSITION, _FILE)
+
+
+ORDERED_SCAN_FILES = 32
+"""An ordered read of at most this many files scans them one by one (:func:`in_file_order`)."""
+_FILE, _POSITION = "__file_in_scan", "__position_in_scan"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/*")
+
+
+def footer_schema(fs: fsspec.AbstractFileSystem, path: str) -> StructType:
+    """The Spark schema of the Parquet file ``path`` (from its footer)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    with fs.open(path, "rb") as f:
+        return from_arrow_schema(pq.read_schema(f))
+
+
+def _arrow(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+@dataclass(frozen=True)
+class FileColumn:
+    """A column naming each row's file: its URL (``path``, percent-encoded as Spark's ``_metadata.file_path``)
+    or its base name (``name``, as ``_metadata.file_name``)."""
+
+    name: str
+    part: str = "path"
+
+    def label(self, fs: fsspec.AbstractFileSystem, path: str) -> str:
+        return quote(url(fs, path), safe=":/") if self.part == "path" else posixpath.basename(path)
+
+
+def _with_file(schema: StructType, file_column: FileColumn | None) -> StructType:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([*schema.fields, *([StructField(file_column.name, StringType())] if file_column else [])])
+
+
+def _with_row_index(schema: StructType, row_index: str | None) -> StructType:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    return StructType([*schema.fields, *([StructField(row_index, LongType())] if row_index else [])])
+
+
+def _with_path_column(df: DataFrame, file_column: FileColumn | None) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return df.withColumn(file_column.name, F.col(f"_metadata.file_{file_column.part}")) if file_column else df
+
+
+def as_nullable(schema: StructType) -> StructType:
+    """``schema`` with every column and nested value nullable, as Spark's file sources read any schema."""
+    from pyspark.sql.types import StructType
+
+    def loosen(value: Any) -> Any:
+        if isinstance(value, dict):
+            flags = ("nullable", "containsNull", "valueContainsNull")
+            return {k: True if k in flags else loosen(v) for k, v in value.items()}
+        return [loosen(v) for v in value] if isinstance(value, list) else value
+
+    return StructType.fromJson(loosen(schema.jsonValue()))
+
+
+def _scan(
+    spark: SparkSession,
+    fs: fsspec.AbstractFileSystem,
+    paths: Sequence[str],
+    schema: StructType,
+    read: Callable[[str], Iterator[pa.RecordBatch]],
+    file_column: FileColumn | None,
+) -> DataFrame:
+    """One row of ids per file, read by ``read`` on the executors (:class:`FileScan`); ``schema`` nullable."""
+    labels = [file_column.label(fs, p) for p in paths] if file_column else None
+    tasks = min(len(paths), MAX_READ_TASKS)
+    scan = FileScan(list(paths), read, labels, file_column.name if file_column else "")
+    return spark.range(0, len(paths), 1, tasks).mapInArrow(scan, _with_file(schema, file_column))
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """The executor side of a ``python`` read: the files whose indexes reach the task, batch by batch."""
+
+    paths: list[str]
+    read: Callable[[str], Iterator[pa.RecordBatch]]
+    labels: list[str] | None
+    file_column: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                for out in self.read(self.paths[index]):
+                    if self.labels is not None:
+                        where = pa.array([self.labels[index]] * out.num_rows, pa.string())
+                        out = pa.RecordBatch.from_arrays([*out.columns, where], [*out.schema.names, self.file_column])
+                    yield out
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with exactly ``schema``'s columns, cast to their types (a missing column is null)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    columns = [
+        batch.column(names.index(f.name)).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+@dataclass(frozen=True)
+class ParquetReader:
+    """A Parquet file's rows in batches of ``schema``, with each row's position in the file as ``row_index``
+    if named."""
+
+    fs: Any = field(repr=False)
+    schema: pa.Schema
+    row_index: str | None = None
+
+    def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        position = 0
+
+        with self.fs.open(path, "rb") as f:
+            with named_if_corrupt(self.fs, path):
+                file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
+                present = [n for n in self.schema.names if n in file.schema_arrow.names]
+                batches = file.iter_batches(batch_size=BATCH_ROWS, columns=present)
+            while True:
+                with named_if_corrupt(self.fs, path):
+                    batch = next(batches, None)
+                if batch is None:
+                    return
+                out = conform(batch, self.schema)
+                if self.row_index:
+                    rows = pa.array(range(position, position + out.num_rows), pa.int64())
+                    out = pa.RecordBatch.from_arrays([*out.columns, rows], [*out.schema.names, self.row_index])
+                position += batch.num_rows
+                yield out
+
+
+@contextmanager
+def named_if_corrupt(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
+    """Reading ``path`` inside: a damaged page (CRC) or structure raises an ``OSError`` naming the file."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        raise OSError(f"corrupt Parquet file {url(fs, path)}: {e}") from e
+
+
+@dataclass(frozen=True)
+class RecordReader:
+    """A JSON Lines or CSV file's records in batches of ``schema`` (the declared columns, then the corrupt one)."""
+
+    fs: Any = field(repr=False)
+    format: str
+    schema: pa.Schema
+    options: dict[str, str]
+    sizes: dict[str, int] = field(default_factory=dict)
+    """path → the bytes a read must get (the size cut into the barrier); unchecked when absent."""
+
+    def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
+        import io
+
+        import pyarrow as pa
+        from fsspec.compression import compr
+        from fsspec.utils import infer_compression
+
+        from airflow_provider_checkpoint.fileio.records import records
+
+        declared = pa.schema(list(self.schema)[:-1])
+        empty = [None] * len(declared)
+        rows: list[list[Any]] = []
+        with self.fs.open(path, "rb") as raw:
+            compression = infer_compression(path)
+            stream = compr[compression](raw, mode="rb") if compression else raw
+            text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
+            for values, line in records(text, self.format, declared, self.options):
+                rows.append([*values, None] if values is not None else [*empty, line])
+                if len(rows) == BATCH_ROWS:
+                    yield _batch(rows, self.schema)
+                    rows = []
+            expected = self.sizes.get(path)
+            if expected is not None and raw.tell() != expected:
+                raise OSError(
+                    f"read {raw.tell()} of the {expected} bytes of {url(self.fs, path)} cut into the barrier: "
+                    "the store answered short or the file changed; the step fails and nothing of it is committed"
+                )
+        if rows:
+            yield _batch(rows, self.schema)
+
+
+def _batch(rows: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    columns = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(schema)]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)

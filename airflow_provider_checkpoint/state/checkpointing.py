@@ -1,0 +1,288 @@
+"""Checkpointing one stateful operator: a full version of its state, or only what changed.
+
+A checkpoint continues its restore point incrementally when that is a checkpoint of this
+job in this storage with its state in files (not a savepoint, not inline state, not memory
+storage) and the operator keeps one row per key: it writes a delta per key-group range
+with the changed keys, compacts the ranges :meth:`StateLayout.to_compact` picks, and
+lists the files of the restore point it keeps.
+When the operator's changelog lists every key and most changed, it writes a full version
+from it instead. Otherwise it writes a full version (and the next checkpoint continues from that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
+from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout
+from airflow_provider_checkpoint.state.keygroups import index_for_key_group
+from airflow_provider_checkpoint.state.ownership import keeps_files_of
+from airflow_provider_checkpoint.state.spark_backend import (
+    SEQ,
+    delta_schema,
+    merge,
+    range_index,
+    read_files,
+    read_state,
+    state_schema,
+    write_full_version,
+    write_ranges,
+    write_state,
+)
+from airflow_provider_checkpoint.storage import Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row, SparkSession
+
+
+@dataclass(frozen=True)
+class OperatorCheckpoint:
+    """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack."""
+
+    snapshot: OperatorSnapshot
+    output: DataFrame
+    metrics: dict[str, int]
+
+
+def checkpoint_operator(
+    spark: SparkSession,
+    storage: Location,
+    directory: str,
+    checkpoint_id: int,
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    barrier: Barrier,
+    restored: OperatorSnapshot | None,
+    restore_base: Location,
+    settings: CheckpointSettings,
+    where: Mapping[str, object],
+) -> OperatorCheckpoint:
+    """Run ``node`` over ``inputs`` from the ``restored`` state and write its new state under ``directory``.
+
+    ``where`` names the step attempt at fault points (``step`` and ``attempt``).
+    """
+    own = keeps_files_of(storage, restore_base)
+    incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
+    layout = StateLayout.of(restored) if restored is not None and own and incremental else None
+    if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
+        fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
+        layout = None
+    if layout is not None and restored is not None:
+        operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
+        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows)
+        if partials is not None:
+            return OperatorCheckpoint(
+                *merge_on_driver(storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault)
+            )
+        state = read_state(spark, storage, restored, verify=False, uid=node.uid)
+        changelog, output = node.changes(inputs, state, barrier, restored.rows), None
+        if changelog is None:
+            new_state, output = node.process(inputs, state, barrier)
+            changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
+        if changelog is not None and _same_columns(changelog, restored):
+            return operator.incremental(layout, changelog, output)
+    state = (
+        read_state(spark, restore_base, restored, verify=False, uid=node.uid)
+        if restored is not None
+        else node.initial_state(spark, inputs)
+    )
+    new_state, output = node.process(inputs, state, barrier)
+    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
+    snapshot = write_state(
+        storage,
+        directory,
+        new_state,
+        node.keys,
+        node.max_parallelism,
+        inline_threshold=settings.inline_state_threshold,
+        max_inline=settings.max_inline_state,
+        uid=node.uid,
+    )
+    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
+    return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot))
+
+
+def _full_version_metrics(snapshot: OperatorSnapshot) -> dict[str, int]:
+    """The ack metrics of a checkpoint that wrote ``snapshot`` in full."""
+    metrics = {"state_rows": snapshot.rows, "state_bytes": snapshot.size, "state_files": len(snapshot.handles)}
+    if snapshot.inline is not None:
+        metrics["state_inline"] = 1
+    return {**metrics, "state_size": snapshot.size}
+
+
+def diff(old: DataFrame, new: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """The changelog from state ``old`` to ``new``: one row per key added, changed or removed."""
+    from pyspark.sql import functions as F
+
+    values = [c for c in new.columns if c not in keys]
+    joined = new.withColumn("__in_new", F.lit(True)).join(
+        other_side(old.withColumn("__in_old", F.lit(True))), keys_match(keys), "full_outer"
+    )
+    in_new, in_old = F.col("__in_new").isNotNull(), F.col(OTHER + "__in_old").isNotNull()
+    same = (
+        F.struct(*[F.col(c) for c in values]).eqNullSafe(F.struct(*[F.col(OTHER + c).alias(c) for c in values]))
+        if values
+        else F.lit(True)
+    )
+    return joined.where(~in_new | ~in_old | ~same).select(
+        *[F.coalesce(F.col(k), F.col(OTHER + k)).alias(k) for k in keys],
+        *values,
+        (~in_new).alias(DELETED),
+        (~in_old).alias(NEW),
+    )
+
+
+def _same_columns(df: DataFrame, snapshot: OperatorSnapshot) -> bool:
+    """The state columns (names and types, in order) of ``df`` are those of ``snapshot``."""
+    schema = state_schema(snapshot)
+    columns = [(f.name, f.dataType) for f in df.schema.fields if f.name not in (DELETED, NEW, CHANGED)]
+    return columns == [(f.name, f.dataType) for f in schema.fields]
+
+
+@dataclass(frozen=True)
+class _OperatorState:
+    """One operator's state in one step attempt: what it restored, where its new state goes."""
+
+    storage: Location
+    directory: str
+    checkpoint_id: int
+    node: StatefulOperator
+    restored: OperatorSnapshot
+    where: Mapping[str, object]
+
+    def fault(self, point: str) -> None:
+        fault_point(point, checkpoint=self.checkpoint_id, **self.where)
+
+    def incremental(self, layout: StateLayout, changelog: DataFrame, output: DataFrame | None) -> OperatorCheckpoint:
+        """Write the changed keys as deltas (compacting the chosen ranges instead) next to the kept files.
+
+        ``output`` ``None``: the output is the new rows of the changed keys (:meth:`StatefulOperator.changes`).
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        keys, max_parallelism, parallelism = self.node.keys, self.node.max_parallelism, layout.parallelism
+        columns = state_schema(self.restored).fieldNames()
+        every_key = CHANGED in changelog.columns  # unchanged keys listed too, the changed ones marked
+        changelog = changelog.select(
+            *columns,
+            F.col(DELETED).cast("boolean"),
+            F.col(NEW).cast("boolean"),
+            *([F.col(CHANGED).cast("boolean")] if every_key else []),
+        ).persist()
+        if every_key:
+            if not layout.has_deltas:  # recent checkpoints may have changed most keys: count
+                totals = (
+                    changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
+                    .agg(
+                        F.count(F.lit(1)).alias("keys"),
+                        F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
+                        F.coalesce(F.sum((~F.col(DELETED)).cast("long")), F.lit(0)).alias("rows"),
+                    )
+                    .first()
+                )
+                assert totals is not None
+                if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
+                    return self.full_version_from(changelog, totals, output)
+            changelog = changelog.where(F.col(CHANGED)).drop(CHANGED)
+        changelog = changelog.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+        compact = layout.to_compact()
+        self.fault("step.before_state_write")
+        observation = Observation()  # the counts come from the pass that writes the deltas
+        delta_metrics = (
+            F.count(F.lit(1)).alias("changed"),
+            F.coalesce(F.sum(F.col(NEW).cast("long")), F.lit(0)).alias("inserted"),
+            F.coalesce(F.sum((F.col(DELETED) & ~F.col(NEW)).cast("long")), F.lit(0)).alias("deleted"),
+        )
+        newest = changelog.withColumn(SEQ, F.lit(self.checkpoint_id).cast("long")).drop(NEW)
+        delta = (
+            changelog.observe(observation, *delta_metrics)
+            .where(~F.col("kgr").isin(compact))
+            .withColumn(SEQ, F.lit(self.checkpoint_id).cast("long"))
+            .drop(NEW, "kgr")
+        )
+        written: dict[int, list[StateHandle]] = {}
+        for handle in write_ranges(
+            self.storage,
+            f"{self.directory}/delta",
+            delta,
+            keys,
+            max_parallelism,
+            parallelism,
+            self.checkpoint_id,
+            spread=False,
+        ):
+            written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
+        counts = observed_metrics(observation, lambda: changelog.agg(*delta_metrics).first())
+        compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
+        if compact:
+            self.fault("step.during_compaction")
+            kept = [h for i in compact for h in layout.ranges[i].handles]
+            spark = changelog.sparkSession
+            schema = state_schema(self.restored)
+            full = read_files(spark, self.storage, [h for h in kept if h.delta is None], schema)
+            older = read_files(spark, self.storage, [h for h in kept if h.delta is not None], delta_schema(schema))
+            layers = 1 + len({h.delta for h in kept if h.delta is not None})
+            merged = merge(
+                full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys, True, layers
+            )
+            for handle in write_ranges(
+                self.storage, f"{self.directory}/compacted", merged, keys, max_parallelism, parallelism
+            ):
+                compacted[_index(handle, max_parallelism, parallelism)].append(handle)
+        self.fault("step.after_state_write")
+        new_files = [h for hs in (*written.values(), *compacted.values()) for h in hs]
+        snapshot = OperatorSnapshot(
+            handles=layout.handles_after(written, compacted),
+            schema=self.restored.schema,
+            keys=keys,
+            max_parallelism=max_parallelism,
+            rows=self.restored.rows + counts["inserted"] - counts["deleted"],
+        )
+        metrics = {
+            "state_rows": snapshot.rows,
+            "state_bytes": sum(h.size for h in new_files),
+            "state_files": len(new_files),
+            "state_keys_changed": counts["changed"],
+            "state_ranges_compacted": len(compact),
+            "state_size": snapshot.size,
+        }
+        if output is None:
+            output = changelog.where(~F.col(DELETED)).select(*columns)
+        return OperatorCheckpoint(snapshot, output, metrics)
+
+    def full_version_from(self, changelog: DataFrame, totals: Row, output: DataFrame | None) -> OperatorCheckpoint:
+        """Write every key's new state as a full version (``changelog`` lists every key)."""
+        from pyspark.sql import functions as F
+
+        columns = state_schema(self.restored).fieldNames()
+        self.fault("step.before_state_write")
+        state = changelog.where(~F.col(DELETED)).select(*columns)
+        snapshot = write_full_version(
+            self.storage,
+            self.directory,
+            state,
+            int(totals["rows"]),
+            self.restored.schema,
+            self.node.keys,
+            self.node.max_parallelism,
+        )
+        self.fault("step.after_state_write")
+        if output is None:
+            output = changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns)
+        metrics = {**_full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
+        return OperatorCheckpoint(snapshot, output, metrics)
+
+
+def _index(handle: StateHandle, max_parallelism: int, parallelism: int) -> int:
+    assert handle.key_groups is not None
+    return index_for_key_group(max_parallelism, parallelism, handle.key_groups[0])

@@ -1,0 +1,211 @@
+"""Keyed state as Parquet, grouped by key-group range: written per checkpoint, verified on load.
+
+A full version holds one row per key. A delta (incremental state, see
+:mod:`~airflow_provider_checkpoint.state.incremental`) holds the keys that changed in one
+checkpoint: their new rows, or a tombstone (``__deleted``), and that checkpoint's id
+(``__seq``). Reading merges them: per key the newest row wins, a tombstone deletes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.dataflow.graph import DELETED
+from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
+from airflow_provider_checkpoint.exceptions import StateTooLargeError
+from airflow_provider_checkpoint.fileio.scans import read_parquet
+from airflow_provider_checkpoint.fileio.writes import write_parquet
+from airflow_provider_checkpoint.state.files import check_file, read_inline
+from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.incremental import merge_order, ranges_for
+from airflow_provider_checkpoint.state.keygroups import range_for_index
+from airflow_provider_checkpoint.storage import Location
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+SEQ = "__seq"
+BROADCAST_BYTES = 64 << 20
+"""Deltas up to this size are broadcast when merged with a full version (no shuffle of the full version)."""
+
+
+def key_group(keys: tuple[str, ...], max_parallelism: int) -> Column:
+    """The key group of a row: stable across Spark versions and partitionings."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.xxhash64(*[F.col(k) for k in keys]), F.lit(max_parallelism))
+
+
+def range_index(keys: tuple[str, ...], max_parallelism: int, parallelism: int) -> Column:
+    """The index of the key-group range (out of ``parallelism``) a row belongs to."""
+    from pyspark.sql import functions as F
+
+    return F.floor(key_group(keys, max_parallelism) * parallelism / max_parallelism).cast("int")
+
+
+def write_state(
+    storage: Location,
+    directory: str,
+    state: DataFrame,
+    keys: tuple[str, ...],
+    max_parallelism: int,
+    parallelism: int | None = None,
+    inline_threshold: int = 0,
+    max_inline: int | None = None,
+    uid: str = "",
+) -> OperatorSnapshot:
+    """Write ``state`` under ``directory`` (job-relative), one file per key-group range.
+
+    ``parallelism`` is the number of key-group ranges (files); by default one per
+    :data:`~airflow_provider_checkpoint.state.incremental.RANGE_ROWS` rows. Any later read
+    may use any other parallelism. State whose Parquet form is at most ``inline_threshold``
+    bytes is kept inline instead (no file). ``max_inline`` set means memory checkpoint
+    storage: all state inline, and :class:`StateTooLargeError` above that size.
+    """
+    state = state.persist()
+    rows = state.count()
+    limit = max_inline if max_inline is not None else inline_threshold
+    if rows <= limit:  # a state with more rows than bytes allowed is not even collected
+        parquet = _parquet_bytes(state)
+        if len(parquet) <= limit:
+            return OperatorSnapshot((), state.schema.json(), keys, max_parallelism, rows, InlineState.of(parquet))
+        size = f"{len(parquet)} bytes"
+    else:
+        size = f"{rows} rows"
+    if max_inline is not None:
+        raise StateTooLargeError(
+            f"operator {uid}: its state ({size}) exceeds max_state_size={max_inline} bytes of memory "
+            "checkpoint storage (state is kept inline, at most one row per byte); raise max_state_size "
+            "(at most 64 MiB) or use checkpoint_storage='filesystem'"
+        )
+    return write_full_version(storage, directory, state, rows, state.schema.json(), keys, max_parallelism, parallelism)
+
+
+def write_full_version(
+    storage: Location,
+    directory: str,
+    state: DataFrame,
+    rows: int,
+    schema: str,
+    keys: tuple[str, ...],
+    max_parallelism: int,
+    parallelism: int | None = None,
+) -> OperatorSnapshot:
+    """Write ``state`` (``rows`` rows, ``schema`` its JSON schema) as files under ``directory``,
+    one per key-group range (by default one range per
+    :data:`~airflow_provider_checkpoint.state.incremental.RANGE_ROWS` rows)."""
+    parallelism = max(1, min(max_parallelism, parallelism or ranges_for(rows, max_parallelism)))
+    handles = write_ranges(storage, directory, state, keys, max_parallelism, parallelism) if rows else []
+    return OperatorSnapshot(
+        handles=tuple(handles),
+        schema=schema,
+        keys=keys,
+        max_parallelism=max_parallelism,
+        rows=rows,
+    )
+
+
+def write_ranges(
+    storage: Location,
+    directory: str,
+    rows: DataFrame,
+    keys: tuple[str, ...],
+    max_parallelism: int,
+    parallelism: int,
+    delta: int | None = None,
+    spread: bool = True,
+) -> list[StateHandle]:
+    """Write ``rows`` under ``directory``, one file per key-group range (of ``parallelism``) that
+    has rows, and return their handles (``delta``: the checkpoint id of a delta's files).
+
+    ``spread``: one task per range; otherwise (and for one range) one task writes every
+    range's file, which suits small rows such as deltas (no sampling of range bounds and
+    no shuffle: the task reads the rows where they are, e.g. from the cache).
+    """
+    ranged = rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+    ranged = ranged.repartitionByRange(parallelism, "kgr") if spread and parallelism > 1 else ranged.coalesce(1)
+    handles = []
+    for file in write_parquet(ranged, storage.fs, storage.path(directory), partition_by=("kgr",)):
+        span = range_for_index(max_parallelism, parallelism, int(file.partition[0] or 0))
+        relative = storage.relative(file.path)
+        handles.append(StateHandle(relative, file.size, file.sha256(storage.fs), span, delta))
+    return handles
+
+
+def _parquet_bytes(state: DataFrame) -> bytes:
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(state.toArrow(), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def read_state(
+    spark: SparkSession, storage: Location, snapshot: OperatorSnapshot, verify: bool = True, uid: str = ""
+) -> DataFrame:
+    """The state of ``snapshot`` (of operator ``uid``): full versions merged with their deltas.
+
+    Every file (or the inline state) is checked first: present with its size, its Parquet
+    footer holding the recorded columns (else
+    :class:`~airflow_provider_checkpoint.exceptions.StateFileError`), and with ``verify`` its
+    SHA-256 too (a step continuing its own checkpoints skips the re-hash: each file was
+    hashed when written, and Parquet page checksums are verified on read).
+    """
+    schema = state_schema(snapshot)
+    if snapshot.inline is not None:
+        return spark.createDataFrame(read_inline(snapshot, uid), schema)
+    for handle in snapshot.handles:
+        storage.verify(handle, deep=verify)
+        check_file(storage, handle, snapshot, uid)
+    base, deltas = merge_order(snapshot.handles)
+    full = read_files(spark, storage, base, schema)
+    if not deltas:
+        return full
+    changes = read_files(spark, storage, [h for _, hs in deltas for h in hs], delta_schema(schema))
+    small = sum(h.size for _, hs in deltas for h in hs) <= BROADCAST_BYTES
+    return merge(full, changes, snapshot.keys, small, len(deltas))
+
+
+def state_schema(snapshot: OperatorSnapshot) -> StructType:
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(json.loads(snapshot.schema))
+
+
+def delta_schema(schema: StructType) -> StructType:
+    """The columns of a delta file: the state's, a tombstone flag and the checkpoint id."""
+    from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+
+    reserved = {DELETED, SEQ} & set(schema.fieldNames())
+    if reserved:
+        raise ValueError(f"state columns {sorted(reserved)} are reserved for incremental checkpoints: rename them")
+    return StructType([*schema.fields, StructField(DELETED, BooleanType()), StructField(SEQ, LongType())])
+
+
+def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool = True, layers: int = 2) -> DataFrame:
+    """Full-version rows overlaid with delta rows (``changes``): per key the newest delta row
+    wins over older ones and over the full version; a tombstone deletes the key.
+
+    ``layers``: how many checkpoints' deltas ``changes`` holds (one holds each key once:
+    no ranking needed). ``small``: broadcast the changed keys to the full version.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    latest = changes
+    if layers > 1:
+        newest = Window.partitionBy(*[F.col(k) for k in keys]).orderBy(F.col(SEQ).desc())
+        latest = changes.withColumn("__rank", F.row_number().over(newest)).where("__rank = 1")
+    changed = other_side(latest.select(*keys))
+    kept = full.join(F.broadcast(changed) if small else changed, keys_match(keys), "left_anti")
+    return kept.unionByName(latest.where(~F.col(DELETED)).select(*full.columns))
+
+
+def read_files(spark: SparkSession, storage: Location, handles: Sequence[StateHandle], schema: StructType) -> DataFrame:
+    """The rows of the state files ``handles`` (unchecked), read with ``schema``."""
+    return read_parquet(spark, storage.fs, [storage.path(h.path) for h in handles], schema)
