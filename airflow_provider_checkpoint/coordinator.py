@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
+from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
@@ -43,6 +44,8 @@ from airflow_provider_checkpoint.state.ownership import keeps_restored_files
 from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.stats import StatsStore
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ class CheckpointCoordinator:
         self.dag_id = dag_id or storage.job_id
         self.allowed_roots = list(allowed_roots or [Location(storage.fs, storage.root).url()])
         self.store = CompletedCheckpointStore(storage)
+        self.records = JobRecordStore(storage)
+        self.stats_store = StatsStore(storage)
         self.sink_committer = SinkCommitter(graph.sinks, storage.job_id)
         self.restorer = Restorer(storage, graph, self.allowed_roots, self.sink_committer)
 
@@ -106,14 +111,14 @@ class CheckpointCoordinator:
             restore_point = self.restorer.restore_point(restore_from, options)
             plan = self._plan(job, run_id, checkpoint_type, now, restore_point, options)
         except BaseException:
-            self.storage.release_lease(run_id)
+            self.records.release_lease(run_id)
             raise
         log.info("triggered checkpoint %d of job %s (run %s)", plan.checkpoint_id, job.job_id, run_id)
         return plan
 
     def _running_job(self) -> JobRecord:
         """The job record; :class:`JobNotRunning` unless the job runs."""
-        job = self.storage.load_job()
+        job = self.records.load()
         if job.status is not JobStatus.RUNNING:
             raise JobNotRunning(
                 job.status,
@@ -125,7 +130,7 @@ class CheckpointCoordinator:
     def _hold_lease(self, run_id: str, now: float, holder_alive: Callable[[JsonDict], bool] | None) -> None:
         """One checkpoint at a time: another run's live lease aborts with ``TOO_MANY_CONCURRENT``."""
         try:
-            self.storage.acquire_lease(
+            self.records.acquire_lease(
                 run_id, self.settings.checkpoint_timeout_seconds, now, {"dag_id": self.dag_id}, holder_alive
             )
         except LeaseHeld as e:
@@ -192,7 +197,7 @@ class CheckpointCoordinator:
             restore_point=restore_point,
             options=options,
         )
-        self.storage.save_job(job)
+        self.records.save(job)
         self.storage.write_atomic(
             self.storage.plan_path(checkpoint_id), json.dumps(plan.to_dict(), indent=1, sort_keys=True).encode()
         )
@@ -201,7 +206,7 @@ class CheckpointCoordinator:
     def _record_topology(self, job: JobRecord) -> None:
         """Record the deployed operators in the job record: the restore DAG validates against them."""
         job.topology = {**self.graph.topology(), "dag_id": self.dag_id}
-        self.storage.save_job(job)
+        self.records.save(job)
 
     # -- finalize ----------------------------------------------------------------------
     def finalize(
@@ -227,8 +232,8 @@ class CheckpointCoordinator:
                 "finalize completes only plans its own job's trigger made"
             )
         try:
-            if self.storage.is_completed(checkpoint_id):
-                completed = self.storage.load_completed(checkpoint_id)
+            if self.store.is_completed(checkpoint_id):
+                completed = self.store.load(checkpoint_id)
                 if completed.barrier != plan.barrier:
                     raise MetadataError(
                         self.storage.url(self.storage.metadata_path(checkpoint_id)),
@@ -241,7 +246,7 @@ class CheckpointCoordinator:
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
             self._finish(completed)
         finally:
-            self.storage.release_lease(plan.run_id)
+            self.records.release_lease(plan.run_id)
         log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
         return completed
 
@@ -270,7 +275,7 @@ class CheckpointCoordinator:
             for uid, snapshot in sorted(completed.operators.items()):
                 verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
-            committed = self.storage.commit_metadata(completed)
+            committed = self.store.commit(completed)
         except CheckpointAborted as e:
             e = pending.with_declines(e, declines)
             self.abort(plan, e.reason, e.message, now)
@@ -279,13 +284,13 @@ class CheckpointCoordinator:
             self.abort(plan, AbortReason.CORRUPT_STATE, str(e), now)
             raise CheckpointAborted(AbortReason.CORRUPT_STATE, str(e)) from e
         except Exception as e:
-            if self.storage.is_completed(plan.checkpoint_id):
+            if self.store.is_completed(plan.checkpoint_id):
                 raise
             self.abort(plan, AbortReason.FINALIZE_FAILURE, repr(e), now)
             raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, repr(e)) from e
         if not committed:  # a concurrent finalize committed first: finish its checkpoint
             log.warning("checkpoint %d: another finalize committed _metadata first", plan.checkpoint_id)
-            return self.storage.load_completed(plan.checkpoint_id)
+            return self.store.load(plan.checkpoint_id)
         return completed
 
     def abort(self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None) -> None:
@@ -293,8 +298,8 @@ class CheckpointCoordinator:
         now = time.time() if now is None else now
         log.error("aborting checkpoint %d of job %s: %s", plan.checkpoint_id, plan.job_id, message)
         self._discard(plan.checkpoint_id)
-        job = self.storage.load_job()
-        self._count_failure(job, plan.checkpoint_id, reason, message, now, plan.stats_base())
+        job = self.records.load()
+        self._count_failure(job, plan.checkpoint_id, reason, message, now, stats.base(plan))
 
     def _discard(self, checkpoint_id: int) -> None:
         for sink in self.graph.sinks:
@@ -311,19 +316,8 @@ class CheckpointCoordinator:
         base: JsonDict | None = None,
     ) -> None:
         counted = job.count_failure(checkpoint_id, reason, message, self.settings.tolerable_failed_checkpoints)
-        self.storage.save_job(job)
-        self.storage.write_stats(
-            checkpoint_id,
-            {
-                "checkpoint_id": checkpoint_id,
-                **(base or {}),
-                "status": "ABORTED",
-                "reason": reason.value,
-                "message": message,
-                "counted": counted,
-                "end_time": now,
-            },
-        )
+        self.records.save(job)
+        self.stats_store.write(checkpoint_id, stats.aborted(checkpoint_id, reason, message, counted, now, base))
 
     # -- after the commit point ------------------------------------------------------
     def _finish(self, completed: CompletedCheckpoint, commit_sinks: bool = True) -> None:
@@ -339,7 +333,7 @@ class CheckpointCoordinator:
         target = savepoint.url() if savepoint else None
         if savepoint:
             write_savepoint(self.storage, completed, savepoint)
-        job = self.storage.load_job()
+        job = self.records.load()
         job.failures.on_complete(completed.checkpoint_id)
         if target and all(sp["checkpoint_id"] != completed.checkpoint_id for sp in job.savepoints):
             entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
@@ -348,9 +342,9 @@ class CheckpointCoordinator:
             if completed.options.get("stop_after_savepoint"):
                 job.status = JobStatus.STOPPED
                 job.status_reason = f"stopped with savepoint {target} (checkpoint {completed.checkpoint_id})"
-        self.storage.save_job(job)
+        self.records.save(job)
         if "restore_request_id" in completed.options:
-            self.storage.clear_restore_request(completed.options["restore_request_id"])
+            self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self.storage.has_file(self.storage.stats_path(completed.checkpoint_id)):
-            self.storage.write_stats(completed.checkpoint_id, completed.stats_record(time.time()))
+            self.stats_store.write(completed.checkpoint_id, stats.completed(completed, time.time()))

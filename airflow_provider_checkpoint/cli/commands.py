@@ -28,6 +28,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointError, redact, reda
 from airflow_provider_checkpoint.jobs import reports
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.jobs.registry import find_job, list_jobs
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 
 REFUSED, AUDIT_FINDINGS = 2, 3
 
@@ -168,7 +169,8 @@ def show(args: argparse.Namespace) -> None:
     with _refusals(), _logs_to_stderr(args.output):
         storage = find_job(args.job_id).storage()
         row = reports.checkpoint_stats(storage, args.checkpoint_id)
-        completed = storage.load_completed(args.checkpoint_id) if storage.is_completed(args.checkpoint_id) else None
+        store = CompletedCheckpointStore(storage)
+        completed = store.load(args.checkpoint_id) if store.is_completed(args.checkpoint_id) else None
     if row is None and completed is None:
         _say(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", error=True)
         raise SystemExit(REFUSED)

@@ -149,15 +149,6 @@ class CheckpointPlan:
     def checkpoint_id(self) -> int:
         return self.barrier.checkpoint_id
 
-    def stats_base(self) -> JsonDict:
-        """What the stats record (``_stats/<id>.json``) of this checkpoint shows whatever its outcome."""
-        return {
-            "checkpoint_id": self.checkpoint_id,
-            "run_id": self.run_id,
-            "type": self.barrier.type.value,
-            "trigger_time": self.barrier.trigger_time,
-        }
-
     def to_dict(self) -> JsonDict:
         return {
             "job_id": self.job_id,
@@ -284,17 +275,6 @@ class CompletedCheckpoint:
     @property
     def state_size(self) -> int:
         return sum(s.size for s in self.operators.values())
-
-    def stats_record(self, end_time: float) -> JsonDict:
-        """The stats record (``_stats/<id>.json``) of this completed checkpoint."""
-        return {
-            "checkpoint_id": self.checkpoint_id,
-            "type": self.type.value,
-            "trigger_time": self.trigger_time,
-            **self.stats,
-            "status": "COMPLETED",
-            "end_time": end_time,
-        }
 
     def referenced_paths(self) -> set[str]:
         """Every state file this checkpoint needs, relative to the job directory."""

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
@@ -97,13 +98,6 @@ class PendingCheckpoint:
                         f"but the accepted attempt producing it is {producers.get(uid) or 'none'}",
                     )
 
-    def _restore_source(self) -> dict[str, str]:
-        """Where a checkpoint that took a restore request restored from (shown in its stats)."""
-        point = self.plan.restore_point
-        if point is None or "restore_request_id" not in self.plan.options:
-            return {}
-        return {"restored_from_url": point.location_url}
-
     def _check_kept_files(self, inheritable: Mapping[str, OperatorSnapshot]) -> None:
         """A step's state files are its own (in its attempt directory) or files of its restore
         point's snapshot of the same operator (``inheritable``), kept by incremental state."""
@@ -154,11 +148,6 @@ class PendingCheckpoint:
         operators = {uid: s for ack in self.acks.values() for uid, s in ack.operators.items()}
         channels = [c for ack in self.acks.values() for c in ack.channels.values()]
         sinks = {uid: c for ack in self.acks.values() for uid, c in ack.sinks.items()}
-        source_records: dict[str, int] = {}
-        source_malformed: dict[str, int] = {}
-        for ack in self.acks.values():
-            source_records.update(ack.metrics.get("source_records", {}))
-            source_malformed.update(ack.metrics.get("source_malformed", {}))
         return CompletedCheckpoint(
             job_id=self.plan.job_id,
             checkpoint_id=self.checkpoint_id,
@@ -170,17 +159,5 @@ class PendingCheckpoint:
             operators=operators,
             sinks=sinks,
             options=self.plan.options,
-            stats={
-                "run_id": self.plan.run_id,
-                "duration_seconds": round(completion_time - self.plan.barrier.trigger_time, 3),
-                "records_in": sum(source_records.values()),
-                "malformed_records": sum(source_malformed.values()),
-                "source_malformed": source_malformed,
-                "state_size": sum(s.size for s in operators.values()),
-                "channel_bytes": sum(c.size for c in channels),
-                "channel_rows": sum(c.rows for c in channels),
-                "restored_from": restored_from,
-                **self._restore_source(),
-                "steps": {s: a.metrics for s, a in sorted(self.acks.items())},
-            },
+            stats=stats.completion(self.plan, self.acks, operators, channels, completion_time, restored_from),
         )

@@ -11,10 +11,14 @@ from collections.abc import Sequence
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.config import job_storage
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.stats import StatsStore
 
 
 class CheckpointStorageHook(BaseHook):
@@ -51,9 +55,9 @@ class CheckpointStorageHook(BaseHook):
         restores, whatever the sources hold.
         """
         storage = self.get_storage()
-        if storage.load_restore_request() is not None:
+        if JobRecordStore(storage).load_restore_request() is not None:
             return [s.uid for s in sources]
-        latest = storage.latest_completed()
+        latest = CompletedCheckpointStore(storage).latest_completed()
         positions = latest.source_positions if latest else {}
         found = []
         for source in sources:
@@ -71,24 +75,22 @@ class CheckpointStorageHook(BaseHook):
         """
         storage = self.get_storage()
         if savepoint:
-            newer = [sp for sp in storage.load_job().savepoints if int(sp["checkpoint_id"]) > after_checkpoint_id]
+            newer = [
+                sp for sp in JobRecordStore(storage).load().savepoints if int(sp["checkpoint_id"]) > after_checkpoint_id
+            ]
             if not newer:
                 return None
             latest = max(newer, key=lambda sp: int(sp["checkpoint_id"]))
             return {"checkpoint_id": int(latest["checkpoint_id"]), "savepoint": str(latest["path"])}
-        for checkpoint_id in reversed(storage.completed_ids()):
+        for checkpoint_id in reversed(CompletedCheckpointStore(storage).completed_ids()):
             if checkpoint_id <= after_checkpoint_id:
                 return None
-            record = storage.load_stats(checkpoint_id)
-            if record is not None and record.get("status") == "COMPLETED":
-                end_time = record.get("end_time")
-                return {
-                    "checkpoint_id": checkpoint_id,
-                    "end_time": end_time if isinstance(end_time, int | float) else None,
-                }
+            row = stats.history_row(StatsStore(storage).load(checkpoint_id))
+            if row is not None and row["status"] == "COMPLETED":
+                return {"checkpoint_id": checkpoint_id, "end_time": row["end_time"]}
         return None
 
     def latest_committed_id(self) -> int:
         """Id of the newest completed checkpoint of the job (0 when there is none)."""
-        ids = self.get_storage().completed_ids()
+        ids = CompletedCheckpointStore(self.get_storage()).completed_ids()
         return ids[-1] if ids else 0

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from airflow_provider_checkpoint.dataflow.graph import Sink
 from airflow_provider_checkpoint.exceptions import MetadataError, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.job_storage import (
     JOB_FILE,
     LEASE_FILE,
@@ -40,12 +42,13 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
     if not fs.exists(storage.job_dir):
         return [f"{storage.url()} does not exist"]
     if storage.exists(LEASE_FILE):
-        findings.append(f"stale lease {storage.url('_lease')}: {storage.lease_holder()}")
+        findings.append(f"stale lease {storage.url('_lease')}: {JobRecordStore(storage).lease_holder()}")
     completed = []
+    store = CompletedCheckpointStore(storage)
     for checkpoint_id in storage.checkpoint_ids():
         try:
-            if storage.is_completed(checkpoint_id):
-                completed.append(storage.load_completed(checkpoint_id))
+            if store.is_completed(checkpoint_id):
+                completed.append(store.load(checkpoint_id))
         except (MetadataError, UnsafePathError) as e:
             findings.append(str(e))
     if len(completed) > retained:

@@ -27,6 +27,7 @@ from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError, RegistryError, shorten
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.config import storage_url_problem
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ def _check_lives_there(location: JobLocation, source: str) -> JobLocation:
     if not storage.has_file(JOB_FILE):
         raise RegistryError(f"{source} says job {location.job_id} lives in {storage.url()}, but it has no _job.json")
     try:
-        storage.load_job()  # refuses a record of another job
+        JobRecordStore(storage).load()  # refuses a record of another job
     except JobRecordError as e:
         raise RegistryError(
             f"{source} points to {storage.url()}, which does not hold job {location.job_id!r}: {e}"

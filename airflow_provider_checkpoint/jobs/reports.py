@@ -7,99 +7,34 @@ type-checked and a malformed document becomes a row that says so, never a crash.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.exceptions import (
-    MAX_TIMESTAMP,
     CheckpointStorageError,
     MetadataError,
     RefusedInputError,
 )
 from airflow_provider_checkpoint.jobs.registry import JobLocation
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.stats import StatsStore
 
 JsonDict = dict[str, Any]
 MAX_PAGE = 500
 
 
-def _int(value: Any) -> int | None:
-    return value if type(value) is int and value >= 0 else None
-
-
-def _float(value: Any, maximum: float = math.inf) -> float | None:
-    if type(value) in (int, float) and math.isfinite(value) and 0 <= value <= maximum:
-        return float(value)
-    return None
-
-
-def _time(value: Any) -> float | None:
-    """A time a datetime can show (seconds since the epoch up to year 9999), else ``None``."""
-    return _float(value, MAX_TIMESTAMP)
-
-
-def _str(value: Any, limit: int = 2000) -> str:
-    return value[:limit] if isinstance(value, str) else ""
-
-
-def _step_total(steps: Any, metric: str) -> int | None:
-    if not isinstance(steps, dict):
-        return None
-    values = [_int(m.get(metric)) for m in steps.values() if isinstance(m, dict)]
-    present = [v for v in values if v is not None]
-    return sum(present) if present else None
-
-
-def _per_source(counts: Any) -> dict[str, int]:
-    """``{source uid: count}`` of the valid entries of ``counts``."""
-    if not isinstance(counts, dict):
-        return {}
-    return {_str(k, 100): v for k, v in counts.items() if isinstance(k, str) and _int(v) is not None}
-
-
-def checkpoint_row(stats: Any) -> JsonDict | None:
-    """One history row from a ``_stats/<id>.json`` document; ``None`` if it has no valid id."""
-    if not isinstance(stats, dict) or _int(stats.get("checkpoint_id")) is None:
-        return None
-    steps = stats.get("steps")
-    files = [_step_total(steps, "state_files"), _step_total(steps, "sink_files_staged")]
-    trigger, end = _time(stats.get("trigger_time")), _time(stats.get("end_time"))
-    duration = _float(stats.get("duration_seconds"))
-    if duration is None and trigger is not None and end is not None and end >= trigger:
-        duration = round(end - trigger, 3)
-    status = _str(stats.get("status"), 20)
-    return {
-        "checkpoint_id": stats["checkpoint_id"],
-        "type": _str(stats.get("type"), 20) or "checkpoint",
-        "status": status if status in ("COMPLETED", "ABORTED") else "UNKNOWN",
-        "reason": _str(stats.get("reason"), 40),
-        "message": _str(stats.get("message")),
-        "run_id": _str(stats.get("run_id"), 250),
-        "trigger_time": trigger,
-        "end_time": end,
-        "duration_seconds": duration,
-        "records_in": _int(stats.get("records_in")),
-        "malformed_records": _int(stats.get("malformed_records")),
-        "source_malformed": _per_source(stats.get("source_malformed")),
-        "state_rows": _step_total(steps, "state_rows"),
-        "state_size": _int(stats.get("state_size")),
-        "bytes_written": _step_total(steps, "state_bytes"),
-        "files": sum(f for f in files if f is not None) if any(f is not None for f in files) else None,
-        "restored_from": _int(stats.get("restored_from")),
-        "restored_from_url": _str(stats.get("restored_from_url")),
-    }
-
-
 def checkpoint_stats(storage: JobStorage, checkpoint_id: int) -> JsonDict | None:
     """The history row of one checkpoint, ``None`` without (valid) stats."""
-    return checkpoint_row(storage.load_stats(checkpoint_id))
+    return stats.history_row(StatsStore(storage).load(checkpoint_id))
 
 
 def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
     """A page of the job's checkpoint history, newest first, and the total number of rows."""
     if offset < 0 or not 1 <= limit <= MAX_PAGE:
         raise RefusedInputError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
-    rows = [r for r in map(checkpoint_row, storage.read_stats()) if r is not None]
+    rows = [r for r in map(stats.history_row, StatsStore(storage).read_all()) if r is not None]
     rows.sort(key=lambda r: int(r["checkpoint_id"]), reverse=True)
     return {"total": len(rows), "offset": offset, "limit": limit, "rows": rows[offset : offset + limit]}
 
@@ -107,10 +42,14 @@ def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
 def savepoints(storage: JobStorage) -> list[JsonDict]:
     """The job's savepoints, newest first (paths as recorded when they were taken)."""
     out = []
-    for sp in storage.load_job().savepoints:
-        if isinstance(sp, dict) and _int(sp.get("checkpoint_id")) is not None:
+    for sp in JobRecordStore(storage).load().savepoints:
+        if isinstance(sp, dict) and stats.count(sp.get("checkpoint_id")) is not None:
             out.append(
-                {"checkpoint_id": sp["checkpoint_id"], "path": _str(sp.get("path")), "time": _time(sp.get("time"))}
+                {
+                    "checkpoint_id": sp["checkpoint_id"],
+                    "path": stats.text(sp.get("path")),
+                    "time": stats.seconds(sp.get("time")),
+                }
             )
     return sorted(out, key=lambda s: int(s["checkpoint_id"]), reverse=True)
 
@@ -118,10 +57,10 @@ def savepoints(storage: JobStorage) -> list[JsonDict]:
 def job_status(location: JobLocation) -> JsonDict:
     """Status of a job: RUNNING / FAILED / STOPPED and why, latest completed checkpoint, last restore."""
     storage = location.storage()
-    job = storage.load_job()
+    job = JobRecordStore(storage).load()
     latest: JsonDict | None = None
     try:
-        completed = storage.latest_completed()
+        completed = CompletedCheckpointStore(storage).latest_completed()
     except (MetadataError, CheckpointStorageError) as e:
         latest = {"error": str(e)}
     else:
@@ -135,7 +74,7 @@ def job_status(location: JobLocation) -> JsonDict:
     restores = [r for r in history(storage, limit=MAX_PAGE)["rows"] if r["restored_from_url"]]
     pending: dict[str, str | None] | None
     try:
-        request = storage.load_restore_request()
+        request = JobRecordStore(storage).load_restore_request()
         pending = {"location_url": request.location_url, "error": None} if request else None
     except CheckpointStorageError as e:
         pending = {"location_url": None, "error": str(e)}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestorePoint, RestoreRequest
 from airflow_provider_checkpoint.restore.snapshot import Snapshot, check_compatible, open_restore_snapshot
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class Restorer:
         pipeline no longer has is refused unless the restore request allows it; an
         operator without state starts empty.
         """
-        request = self.storage.load_restore_request()
+        request = JobRecordStore(self.storage).load_restore_request()
         if request is None:
             return None if latest is None else (self.own_snapshot(latest), None)
         snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage, self.graph.stateful_keys())

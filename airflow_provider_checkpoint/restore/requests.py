@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 from airflow_provider_checkpoint.exceptions import RestoreError
 from airflow_provider_checkpoint.restore.snapshot import check_compatible, open_snapshot, verify_state
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 
 _ID = re.compile(r"^[0-9]+$")
 
@@ -63,7 +65,7 @@ def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) 
             f"checkpoint {shorten(value)} has surrounding whitespace: give 'latest', an id or a path exactly"
         )
     if value in ("", "latest"):
-        ids = storage.completed_ids()
+        ids = CompletedCheckpointStore(storage).completed_ids()
         if not ids:
             raise CheckpointStorageError(f"job {storage.job_id} has no completed checkpoint in {storage.url()}")
         return storage.url(storage.chk_dir(ids[-1]))
@@ -72,8 +74,9 @@ def resolve_pointer(storage: JobStorage, checkpoint: str, roots: Sequence[str]) 
         if len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
             raise RestoreError(f"checkpoint: id {digits[:30]}… is larger than any checkpoint id ({MAX_ID})")
         checkpoint_id = int(digits)
-        if not storage.is_completed(checkpoint_id):
-            known = ", ".join(map(str, storage.completed_ids())) or "none"
+        store = CompletedCheckpointStore(storage)
+        if not store.is_completed(checkpoint_id):
+            known = ", ".join(map(str, store.completed_ids())) or "none"
             raise CheckpointStorageError(
                 f"job {storage.job_id} has no completed checkpoint {checkpoint_id} (retained: {known})"
             )
@@ -89,7 +92,8 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
     """
     snapshot = open_snapshot(pointer, storage)
     snapshot.verify()
-    job = storage.load_job()
+    records = JobRecordStore(storage)
+    job = records.load()
     nodes = job.topology.get("nodes", {})
     stateful = {uid: n.get("keys", []) for uid, n in nodes.items() if n.get("kind") == "stateful"}
     if not nodes:
@@ -116,7 +120,7 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
         "dry_run": dry_run,
     }
     if not dry_run:
-        storage.write_restore_request(
+        records.write_restore_request(
             RestoreRequest(
                 request_id=uuid.uuid4().hex,
                 location_url=snapshot.location.url(),
@@ -126,5 +130,5 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
             )
         )
         job.resume()
-        storage.save_job(job)
+        records.save(job)
     return summary

@@ -1,4 +1,8 @@
-"""The completed checkpoints of a job (Flink's CompletedCheckpointStore): what is retained, what goes.
+"""The completed checkpoints of a job (Flink's CompletedCheckpointStore): which there are, loading
+and committing their ``_metadata``, what is retained, what goes.
+
+A checkpoint is completed when its ``chk-<id>/_metadata`` exists: an exclusive create, so of
+concurrent finalizes exactly one commits.
 
 Retention keeps the newest ``retained`` completed checkpoints (never savepoint copies),
 deletes a state file only when no retained checkpoint references it (shared files stay),
@@ -10,12 +14,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CompletedCheckpoint
 from airflow_provider_checkpoint.core.retention import deletable_paths, subsumed
 from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MetadataError
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.writes import create_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +33,59 @@ class CompletedCheckpointStore:
     def __init__(self, storage: JobStorage) -> None:
         self.storage = storage
 
+    def is_completed(self, checkpoint_id: int) -> bool:
+        return self.storage.has_file(self.storage.metadata_path(checkpoint_id))
+
+    def completed_ids(self) -> list[int]:
+        return [i for i in self.storage.checkpoint_ids() if self.is_completed(i)]
+
+    def load(self, checkpoint_id: int) -> CompletedCheckpoint:
+        """Checkpoint ``checkpoint_id`` of this job, refused unless its ``_metadata`` is its own.
+
+        Identity before any effect: the document must name this job and the id of its
+        ``chk-<id>/`` directory, and be a checkpoint, not a relocatable savepoint.
+        """
+        rel = self.storage.metadata_path(checkpoint_id)
+        document = self.storage.url(rel)
+        checkpoint = metadata.decode(self.storage.read_bytes(rel), document)
+        if checkpoint.job_id != self.storage.job_id:
+            problem = f"belongs to job {checkpoint.job_id!r}, not {self.storage.job_id!r}"
+        elif checkpoint.checkpoint_id != checkpoint_id:
+            problem = f"is checkpoint {checkpoint.checkpoint_id}, not {checkpoint_id} as its directory says"
+        elif checkpoint.relocatable:
+            problem = "is a relocatable savepoint, not a checkpoint of this job"
+        else:
+            return checkpoint
+        raise MetadataError(
+            document,
+            f"{problem}: a _metadata in a job directory must be that job's own checkpoint in its own "
+            f"chk-<id>/; refused before any effect (remove {self.storage.chk_dir(checkpoint_id)}/ or restore the job)",
+        )
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint with ``_metadata`` (newest first: directories retention keeps for their
+        files, older than every retained checkpoint, are not asked)."""
+        latest = next((i for i in reversed(self.storage.checkpoint_ids()) if self.is_completed(i)), None)
+        return None if latest is None else self.load(latest)
+
+    def commit(self, checkpoint: CompletedCheckpoint) -> bool:
+        """Create ``_metadata``, the commit point of the checkpoint; False if it already exists.
+
+        An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
+        the others get False and must continue with the committed document.
+        """
+        return create_exclusive(
+            self.storage.fs,
+            self.storage.path(self.storage.metadata_path(checkpoint.checkpoint_id)),
+            metadata.encode(checkpoint),
+        )
+
     def latest(self) -> CompletedCheckpoint | None:
         """The latest completed checkpoint; unreadable is an error unless a restore is requested."""
         try:
-            return self.storage.latest_completed()
+            return self.latest_completed()
         except (MetadataError, CheckpointStorageError) as e:
-            if self.storage.load_restore_request() is None:
+            if JobRecordStore(self.storage).load_restore_request() is None:
                 raise
             log.warning("latest checkpoint unreadable (%s); a restore is requested, continuing", e)
             return None
@@ -42,7 +96,7 @@ class CompletedCheckpointStore:
         Raises :class:`DocumentError` when that plan is unreadable.
         """
         ids = self.storage.checkpoint_ids()
-        if not ids or not self.storage.is_completed(ids[-1]):
+        if not ids or not self.is_completed(ids[-1]):
             return None
         path = self.storage.plan_path(ids[-1])
         if not self.storage.has_file(path):
@@ -55,9 +109,9 @@ class CompletedCheckpointStore:
     def checkpoints(self) -> list[CompletedCheckpoint]:
         """Every readable completed checkpoint, oldest first (unreadable ones are logged and skipped)."""
         completed = []
-        for checkpoint_id in self.storage.completed_ids():
+        for checkpoint_id in self.completed_ids():
             try:
-                completed.append(self.storage.load_completed(checkpoint_id))
+                completed.append(self.load(checkpoint_id))
             except (MetadataError, CheckpointStorageError) as e:
                 log.warning("skipping unreadable checkpoint %d: %s", checkpoint_id, e)
         return completed
@@ -76,7 +130,7 @@ class CompletedCheckpointStore:
         abandoned = []
         for checkpoint_id in self.storage.checkpoint_ids():
             chk = self.storage.chk_dir(checkpoint_id)
-            if self.storage.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
+            if self.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
                 continue
             if not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
                 self.storage.delete(chk)
@@ -126,7 +180,5 @@ class CompletedCheckpointStore:
                     self.storage.delete_paths(
                         [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
                     )
-            elif self.storage.is_completed(checkpoint_id) or not self.storage.has_file(
-                self.storage.plan_path(checkpoint_id)
-            ):
+            elif self.is_completed(checkpoint_id) or not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
                 self.storage.delete(chk)

@@ -17,12 +17,9 @@ never both commit a checkpoint.
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import posixpath
 import re
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,15 +27,9 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
-from airflow_provider_checkpoint.core.documents import load_json
-from airflow_provider_checkpoint.core.job_record import JobRecord
-from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict, RestoreRequest
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
-    DocumentError,
-    JobRecordError,
-    LeaseHeld,
-    MetadataError,
     shorten,
 )
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
@@ -50,7 +41,7 @@ from airflow_provider_checkpoint.storage.object_store import (
     with_defaults,
 )
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
-from airflow_provider_checkpoint.storage.writes import create_exclusive, write_atomic
+from airflow_provider_checkpoint.storage.writes import write_atomic
 
 METADATA = "_metadata"
 RESTORE_REQUEST = "_restore.json"
@@ -233,93 +224,6 @@ class JobStorage(Location):
     def attempt_dir(cls, checkpoint_id: int, step: str, attempt: int) -> str:
         return f"{cls.chk_dir(checkpoint_id)}/{step}/attempt-{attempt}"
 
-    # -- job record --------------------------------------------------------------------
-    def load_job(self) -> JobRecord:
-        if not self.has_file(JOB_FILE):
-            return JobRecord(job_id=self.job_id)
-        record = JobRecord.decode(self.read_bytes(JOB_FILE), self.url(JOB_FILE))
-        if record.job_id != self.job_id:
-            raise JobRecordError(f"{self.url('_job.json')}: belongs to job {record.job_id!r}, not {self.job_id!r}")
-        return record
-
-    def save_job(self, record: JobRecord) -> None:
-        self.write_atomic(JOB_FILE, record.encode())
-
-    # -- restore request ---------------------------------------------------------------
-    def load_restore_request(self) -> RestoreRequest | None:
-        if not self.has_file(RESTORE_REQUEST):
-            return None
-        document = self.url(RESTORE_REQUEST)
-        try:
-            return RestoreRequest.from_dict(load_json(self.read_bytes(RESTORE_REQUEST), document), document)
-        except DocumentError as e:
-            raise CheckpointStorageError(f"restore request refused: {e}; run the restore DAG again") from e
-
-    def write_restore_request(self, request: RestoreRequest) -> None:
-        self.write_atomic(RESTORE_REQUEST, json.dumps(request.to_dict(), indent=1, sort_keys=True).encode())
-
-    def clear_restore_request(self, request_id: str) -> None:
-        """Remove the pending restore request if it is still ``request_id``."""
-        current = self.load_restore_request()
-        if current is not None and current.request_id == request_id:
-            self.delete(RESTORE_REQUEST)
-
-    # -- lease -------------------------------------------------------------------------
-    def acquire_lease(
-        self,
-        run_id: str,
-        ttl_seconds: float,
-        now: float | None = None,
-        owner: JsonDict | None = None,
-        holder_alive: Callable[[JsonDict], bool] | None = None,
-    ) -> None:
-        """Hold the job's in-flight lease for ``run_id``; re-entrant for the same run.
-
-        The lease of another run is broken when it has expired, or when ``holder_alive``
-        says that run is over (its checkpoint is then abandoned and cleaned up).
-        """
-        now = time.time() if now is None else now
-        body = json.dumps(
-            {**(owner or {}), "run_id": run_id, "acquired_at": now, "expires_at": now + ttl_seconds}
-        ).encode()
-        for _ in range(3):
-            if create_exclusive(self.fs, self.path(LEASE_FILE), body):
-                return
-            holder = self.lease_holder()
-            if holder is None:
-                continue
-            if holder.get("run_id") == run_id:
-                self.write_atomic(LEASE_FILE, body)
-                return
-            expired = float(holder.get("expires_at", math.inf)) <= now
-            if not expired and (holder_alive is None or holder_alive(holder)):
-                raise LeaseHeld(holder)
-            self._break_lease(holder)
-        raise LeaseHeld(self.lease_holder() or {})
-
-    def _break_lease(self, holder: JsonDict) -> None:
-        """Delete the lease only if it is still ``holder``'s (another trigger may have broken it)."""
-        if self.lease_holder() == holder:
-            self.delete(LEASE_FILE)
-
-    def lease_holder(self) -> JsonDict | None:
-        try:
-            holder = load_json(self.fs.cat_file(self.path(LEASE_FILE)), self.url(LEASE_FILE))
-        except FileNotFoundError:
-            return None
-        except DocumentError:
-            holder = None
-        expires = holder.get("expires_at", math.inf) if isinstance(holder, dict) else None
-        if not isinstance(holder, dict) or isinstance(expires, bool) or not isinstance(expires, int | float):
-            # never break what we cannot read: it may be another trigger's lease
-            return {"run_id": f"<unreadable lease; delete {self.url('_lease')} if no checkpoint runs>"}
-        return holder
-
-    def release_lease(self, run_id: str) -> None:
-        holder = self.lease_holder()
-        if holder is not None and holder.get("run_id") == run_id:
-            self.delete(LEASE_FILE)
-
     # -- checkpoints -------------------------------------------------------------------
     def checkpoint_ids(self) -> list[int]:
         """Ids of every ``chk-*`` directory, completed or not, ascending."""
@@ -333,80 +237,3 @@ class JobStorage(Location):
             if m:
                 ids.append(int(m.group(1)))
         return sorted(ids)
-
-    def is_completed(self, checkpoint_id: int) -> bool:
-        return self.has_file(self.metadata_path(checkpoint_id))
-
-    def completed_ids(self) -> list[int]:
-        return [i for i in self.checkpoint_ids() if self.is_completed(i)]
-
-    def load_completed(self, checkpoint_id: int) -> CompletedCheckpoint:
-        """Checkpoint ``checkpoint_id`` of this job, refused unless its ``_metadata`` is its own.
-
-        Identity before any effect: the document must name this job and the id of its
-        ``chk-<id>/`` directory, and be a checkpoint, not a relocatable savepoint.
-        """
-        rel = self.metadata_path(checkpoint_id)
-        document = self.url(rel)
-        checkpoint = metadata.decode(self.read_bytes(rel), document)
-        if checkpoint.job_id != self.job_id:
-            problem = f"belongs to job {checkpoint.job_id!r}, not {self.job_id!r}"
-        elif checkpoint.checkpoint_id != checkpoint_id:
-            problem = f"is checkpoint {checkpoint.checkpoint_id}, not {checkpoint_id} as its directory says"
-        elif checkpoint.relocatable:
-            problem = "is a relocatable savepoint, not a checkpoint of this job"
-        else:
-            return checkpoint
-        raise MetadataError(
-            document,
-            f"{problem}: a _metadata in a job directory must be that job's own checkpoint in its own "
-            f"chk-<id>/; refused before any effect (remove {self.chk_dir(checkpoint_id)}/ or restore the job)",
-        )
-
-    def latest_completed(self) -> CompletedCheckpoint | None:
-        """The newest checkpoint with ``_metadata`` (newest first: directories retention keeps for their
-        files, older than every retained checkpoint, are not asked)."""
-        latest = next((i for i in reversed(self.checkpoint_ids()) if self.is_completed(i)), None)
-        return None if latest is None else self.load_completed(latest)
-
-    def commit_metadata(self, checkpoint: CompletedCheckpoint) -> bool:
-        """Create ``_metadata``, the commit point of the checkpoint; False if it already exists.
-
-        An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
-        the others get False and must continue with the committed document.
-        """
-        return create_exclusive(
-            self.fs, self.path(self.metadata_path(checkpoint.checkpoint_id)), metadata.encode(checkpoint)
-        )
-
-    def write_stats(self, checkpoint_id: int, stats: JsonDict) -> None:
-        self.write_atomic(self.stats_path(checkpoint_id), json.dumps(stats, indent=1, sort_keys=True).encode())
-
-    def load_stats(self, checkpoint_id: int) -> JsonDict | None:
-        """The stats of ``checkpoint_id``; ``None`` when missing or not a JSON object of that id.
-
-        Stats are informational: an unreadable file is skipped, never trusted.
-        """
-        name = self.stats_path(checkpoint_id)
-        try:
-            stats = load_json(self.fs.cat_file(self.path(name)), self.url(name))
-        except (FileNotFoundError, DocumentError):
-            return None
-        return stats if isinstance(stats, dict) and stats.get("checkpoint_id") == checkpoint_id else None
-
-    def read_stats(self) -> list[JsonDict]:
-        folder = self.path("_stats")
-        if not self.fs.exists(folder):
-            return []
-        out = []
-        for path in self.fs.ls(folder, detail=False):
-            if not path.endswith(".json"):
-                continue
-            try:
-                stats = load_json(self.fs.cat_file(path), path)
-            except DocumentError:
-                continue  # stats are informational: an unreadable file is skipped, never trusted
-            checkpoint_id = stats.get("checkpoint_id") if isinstance(stats, dict) else None
-            if isinstance(checkpoint_id, int) and not isinstance(checkpoint_id, bool):
-                out.append(stats)
-        return sorted(out, key=lambda s: int(s["checkpoint_id"]))

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.stats import StatsStore
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.orders import Cut, enriched, land_changes, land_orders, revenue_by_segment
 
@@ -108,7 +109,7 @@ def test_orders_example_over_aligned_increments(orders_dag, tmp_path, monkeypatc
     monkeypatch.delenv("CHECKPOINT_FAULTS")
 
     storage = JobStorage.for_job(f"file://{tmp_path}/checkpoints", JOB)
-    stats = storage.read_stats()
+    stats = StatsStore(storage).read_all()
     assert [s["status"] for s in stats] == ["COMPLETED"] * 3
     assert all(s["channel_rows"] > 0 and s["channel_bytes"] > 0 for s in stats)
     assert audit_job(storage, retained=3, sinks=orders_dag.pipeline.job.graph.sinks) == []

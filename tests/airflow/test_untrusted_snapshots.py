@@ -24,6 +24,7 @@ from airflow_provider_checkpoint.core.model import RestoreRequest
 from airflow_provider_checkpoint.exceptions import DocumentError, UnsafePathError
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.testing.clickstream import land_events, mismatches
 
 pytestmark = pytest.mark.airflow
@@ -172,7 +173,7 @@ def test_forged_restore_requests_are_refused_by_the_trigger(scene, example_dag, 
     before = files_of(canary)
     for case, snapshot in forged.items():
         location = f"file://{snapshot}" if snapshot else f"file://{canary}"
-        storage.write_restore_request(RestoreRequest("f" * 32, location, 1, False, 0.0))
+        JobRecordStore(storage).write_restore_request(RestoreRequest("f" * 32, location, 1, False, 0.0))
         run = pipeline.test()
         states = {ti.task_id: ti.state for ti in run.get_task_instances()}
         assert states["trigger_checkpoint"] == "failed", case

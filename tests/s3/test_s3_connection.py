@@ -37,6 +37,7 @@ from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.config import job_storage
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.object_store import for_executors
 from tests.s3.s3_job import delta_reader, land, s3fs_of, table_mismatches
 from tests.servers.s3 import S3Server
@@ -94,7 +95,9 @@ def test_pipeline_on_s3_through_an_aws_connection_only(
     def checkpoint(land_seed: int | None, kind: CheckpointType = CheckpointType.CHECKPOINT, **options: str) -> None:
         if land_seed is not None:
             landed.append(land(fs, tmp_path, landing, f"e{land_seed}.json", 40 * land_seed, land_seed))
-        plan = coordinator.trigger(f"run-{storage.load_job().last_checkpoint_id + 1}", kind, options=options)
+        plan = coordinator.trigger(
+            f"run-{JobRecordStore(storage).load().last_checkpoint_id + 1}", kind, options=options
+        )
         acks = [run_step(spark, storage, graph, step, plan, 1, {}, coordinator.settings) for step in plan.steps]
         coordinator.finalize(plan, acks)
         assert table_mismatches(fs, marts, pd.concat(landed), ("user_totals", "events")) == {}

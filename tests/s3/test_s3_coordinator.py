@@ -15,6 +15,8 @@ from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, UnsafePathError
 from airflow_provider_checkpoint.restore.snapshot import open_snapshot
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.s3.s3_job import coordinator_on, counted_requests, s3_ack
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import JOB, T0, make_env, target_name
@@ -37,25 +39,25 @@ def test_concurrent_finalizes_commit_one_metadata_and_the_loser_finishes_the_win
     )
     plan = first.trigger("run-1", now=T0)
     ack = s3_ack(env, first.storage, plan)
-    commit = JobStorage.commit_metadata
+    commit = CompletedCheckpointStore.commit
     contended: list[CompletedCheckpoint] = []
 
-    def interleaved(storage: JobStorage, checkpoint: CompletedCheckpoint) -> bool:
-        if storage is first.storage and not contended:
+    def interleaved(store: CompletedCheckpointStore, checkpoint: CompletedCheckpoint) -> bool:
+        if store.storage is first.storage and not contended:
             contended.append(contender.finalize(plan, [ack], now=T0 + 2))
-        return commit(storage, checkpoint)
+        return commit(store, checkpoint)
 
-    monkeypatch.setattr(JobStorage, "commit_metadata", interleaved)
+    monkeypatch.setattr(CompletedCheckpointStore, "commit", interleaved)
     outcome = first.finalize(plan, [ack], now=T0 + 1)
 
     assert contended[0].completion_time == T0 + 2
     assert outcome == contended[0], "the loser finishes the committed checkpoint, not its own"
-    assert first.storage.load_completed(plan.checkpoint_id) == contended[0]
+    assert CompletedCheckpointStore(first.storage).load(plan.checkpoint_id) == contended[0]
     chk = first.storage.path(first.storage.chk_dir(plan.checkpoint_id))
     assert [p for p in first.storage.fs.find(chk) if p.endswith("/_metadata")] == [f"{chk}/_metadata"]
     staged = f"rows of chk {plan.checkpoint_id} attempt 1".encode()
     assert env.table_parts() == {target_name(plan.checkpoint_id): staged}, "the sink committed exactly once"
-    assert first.storage.lease_holder() is None
+    assert JobRecordStore(first.storage).lease_holder() is None
 
 
 def test_savepoint_to_s3_is_self_contained_and_the_next_checkpoint_restores_on_s3(
@@ -75,7 +77,7 @@ def test_savepoint_to_s3_is_self_contained_and_the_next_checkpoint_restores_on_s
         assert nxt.restore_point is not None and nxt.restore_point.location_url.startswith(f"{root}/{JOB}/chk-")
         coordinator.finalize(nxt, [s3_ack(env, coordinator.storage, nxt)], now=T0 + 10 * checkpoint_id + 1)
 
-    assert coordinator.storage.completed_ids() == [3]
+    assert CompletedCheckpointStore(coordinator.storage).completed_ids() == [3]
     savepoint = open_snapshot(target)
     assert savepoint.checkpoint.type is CheckpointType.SAVEPOINT and savepoint.checkpoint.relocatable
     savepoint.verify()
@@ -115,5 +117,8 @@ def test_failed_metadata_put_aborts_and_leaves_no_metadata(
         coordinator.finalize(plan, [ack], now=T0 + 1)
     assert info.value.reason is AbortReason.FINALIZE_FAILURE
     assert not coordinator.storage.fs.exists(coordinator.storage.path(coordinator.storage.chk_dir(1)))
-    assert coordinator.storage.completed_ids() == [] and coordinator.storage.latest_completed() is None
+    assert (
+        CompletedCheckpointStore(coordinator.storage).completed_ids() == []
+        and CompletedCheckpointStore(coordinator.storage).latest_completed() is None
+    )
     assert env.table_parts() == {}, "no sink output was committed"

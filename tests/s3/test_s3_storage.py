@@ -21,7 +21,10 @@ from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, LeaseHeld, UnsafePathError
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.storage.job_storage import create_exclusive
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.writes import create_exclusive
+from airflow_provider_checkpoint.storage.stats import StatsStore
 from tests.s3.s3_job import counted_requests
 from tests.servers.s3 import S3Server, ThrottlingProxy
 from tests.unit.helpers import T0, sample
@@ -59,15 +62,15 @@ def race(n: int, action: Callable[[int], Any]) -> list[Any]:
 
 def test_documents_round_trip_without_temporary_objects(storage: JobStorage, s3_server: S3Server) -> None:
     assert storage.url() == f"{s3_server.url(storage.root.split('/', 1)[1])}/job"
-    storage.save_job(JobRecord(job_id="job", last_checkpoint_id=4))
+    JobRecordStore(storage).save(JobRecord(job_id="job", last_checkpoint_id=4))
     storage.write_atomic("chk-4/_plan.json", b"{}")
     storage.write_atomic("chk-4/step/attempt-1/state.parquet", b"state bytes")
-    storage.write_stats(4, {"checkpoint_id": 4, "records_in": 7})
+    StatsStore(storage).write(4, {"checkpoint_id": 4, "records_in": 7})
     storage.write_atomic("chk-4/_plan.json", b'{"again": 1}')
 
-    assert storage.load_job().last_checkpoint_id == 4
+    assert JobRecordStore(storage).load().last_checkpoint_id == 4
     assert storage.read_bytes("chk-4/_plan.json") == b'{"again": 1}'
-    assert storage.read_stats() == [{"checkpoint_id": 4, "records_in": 7}]
+    assert StatsStore(storage).read_all() == [{"checkpoint_id": 4, "records_in": 7}]
     assert storage.checkpoint_ids() == [4]
     handle = storage.handle_for("chk-4/step/attempt-1/state.parquet")
     storage.verify(handle)
@@ -79,14 +82,14 @@ def test_documents_round_trip_without_temporary_objects(storage: JobStorage, s3_
 
 
 def test_lease_is_exclusive_and_released_by_its_holder(storage: JobStorage) -> None:
-    storage.acquire_lease("run-a", 100, now=T0)
+    JobRecordStore(storage).acquire_lease("run-a", 100, now=T0)
     with pytest.raises(LeaseHeld):
-        storage.acquire_lease("run-b", 100, now=T0 + 50)
-    storage.release_lease("run-b")
-    assert storage.lease_holder()["run_id"] == "run-a"
-    storage.release_lease("run-a")
-    storage.acquire_lease("run-b", 100, now=T0 + 60)
-    assert storage.lease_holder()["run_id"] == "run-b"
+        JobRecordStore(storage).acquire_lease("run-b", 100, now=T0 + 50)
+    JobRecordStore(storage).release_lease("run-b")
+    assert JobRecordStore(storage).lease_holder()["run_id"] == "run-a"
+    JobRecordStore(storage).release_lease("run-a")
+    JobRecordStore(storage).acquire_lease("run-b", 100, now=T0 + 60)
+    assert JobRecordStore(storage).lease_holder()["run_id"] == "run-b"
 
 
 def test_concurrent_exclusive_creates_have_exactly_one_winner(storage: JobStorage) -> None:
@@ -99,11 +102,11 @@ def test_concurrent_exclusive_creates_have_exactly_one_winner(storage: JobStorag
 def test_concurrent_metadata_commits_have_exactly_one_winner(s3_server: S3Server) -> None:
     storage = new_storage(s3_server, job_id="clicks")
     checkpoints = [replace(sample(), completion_time=T0 + i) for i in range(WRITERS)]
-    committed = race(WRITERS, lambda i: storage.commit_metadata(checkpoints[i]))
+    committed = race(WRITERS, lambda i: CompletedCheckpointStore(storage).commit(checkpoints[i]))
     assert committed.count(True) == 1, committed
-    assert storage.load_completed(7) == checkpoints[committed.index(True)]
+    assert CompletedCheckpointStore(storage).load(7) == checkpoints[committed.index(True)]
     assert keys(storage) == {"chk-7/_metadata"}
-    assert storage.commit_metadata(checkpoints[0]) is False, "a later commit never replaces _metadata"
+    assert CompletedCheckpointStore(storage).commit(checkpoints[0]) is False, "a later commit never replaces _metadata"
 
 
 @pytest.mark.parametrize("relative", ["../job2/x", "chk-1/../../x", "/etc/passwd", "a//b", "./a", "s3://other/x"])
@@ -129,7 +132,7 @@ def test_listing_checkpoints_costs_the_same_however_many_files_they_hold(storage
                 storage.write_atomic(f"chk-{c.checkpoint_id}/step/attempt-1/state/part-{f}.parquet", b"x")
             storage.write_atomic(storage.metadata_path(c.checkpoint_id), metadata.encode(c))
         with counted_requests(storage) as counts:
-            assert storage.completed_ids() == [1, 2, 3]
+            assert CompletedCheckpointStore(storage).completed_ids() == [1, 2, 3]
         return counts
 
     few, many = listing_cost(1), listing_cost(40)
@@ -187,8 +190,8 @@ def test_job_storage_takes_credentials_from_the_aws_environment(
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     storage = job_storage("job", s3_server.url(f"env-{uuid.uuid4().hex[:8]}"))
-    storage.save_job(JobRecord(job_id="job", last_checkpoint_id=1))
-    assert storage.load_job().last_checkpoint_id == 1
+    JobRecordStore(storage).save(JobRecord(job_id="job", last_checkpoint_id=1))
+    assert JobRecordStore(storage).load().last_checkpoint_id == 1
     assert s3_server.secret not in repr(storage.url())
 
 

@@ -16,6 +16,7 @@ from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, Par
 from airflow_provider_checkpoint.exceptions import InjectedFault
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized, read_table
 
 
@@ -52,11 +53,11 @@ def test_backlog_and_archiving_with_a_crash_between_commit_and_archiving(spark, 
                 coordinator.finalize(plan, acks)
             monkeypatch.delenv("CHECKPOINT_FAULTS")
             assert len(list(landing.glob("*.json"))) == 3, "nothing archived before the crash point"
-            assert storage.is_completed(1), "committed"
+            assert CompletedCheckpointStore(storage).is_completed(1), "committed"
         else:
             coordinator.finalize(plan, acks)
         files_per_checkpoint.append(acks[0].metrics["files_in"])
-        position = storage.load_completed(checkpoint).source_positions["events"]
+        position = CompletedCheckpointStore(storage).load(checkpoint).source_positions["events"]
         assert len(position["files"]) <= 2, "the position holds the files of one checkpoint at most"
 
     assert files_per_checkpoint == [2, 1]

@@ -25,6 +25,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointAborted
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.state import incremental
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
@@ -120,7 +121,7 @@ def _check(job: Job, truth: Truth, checkpoint_id: int) -> None:
     ):
         got = read_state(pointer, uid).to_pandas()
         pd.testing.assert_frame_equal(_sorted(got, keys), _sorted(want, keys), check_dtype=False)
-        assert job.storage.load_completed(checkpoint_id).operators[uid].rows == len(want)
+        assert CompletedCheckpointStore(job.storage).load(checkpoint_id).operators[uid].rows == len(want)
         back = read_state(pointer, uid, spark=job.spark).toPandas()  # what the next step reads
         pd.testing.assert_frame_equal(_sorted(back, keys), _sorted(want, keys), check_dtype=False)
 
@@ -161,8 +162,8 @@ def test_incremental_state_equals_full_recomputation(spark, tmp_path, small_rang
     actions[min(first, second)], actions[max(first, second)] = "savepoint", "restore savepoint"
     for step, action in enumerate(["increment"] * 3 + actions, start=1):
         restored_from = latest
-        if action == "restore" and len(job.storage.completed_ids()) > 1:
-            restored_from = rng.choice(job.storage.completed_ids()[:-1])
+        if action == "restore" and len(CompletedCheckpointStore(job.storage).completed_ids()) > 1:
+            restored_from = rng.choice(CompletedCheckpointStore(job.storage).completed_ids()[:-1])
             request_restore(job.storage, job.storage.url(job.storage.chk_dir(restored_from)), False, False)
         elif action == "restore savepoint" and savepoint is not None:
             request_restore(job.storage, savepoint[0], False, False)

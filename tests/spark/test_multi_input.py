@@ -19,6 +19,7 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
 )
 from airflow_provider_checkpoint.restore.requests import request_restore
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import T0, make_job
 from tests.spark.helpers import table, write_json
 from tests.spark.orders import Landing, assert_equal, changes, enrichment_pipeline
@@ -82,7 +83,7 @@ def test_interval_join_with_restore_and_rescaling(spark, tmp_path):
     for n in range(1, 4):
         landed.append(land_join(tmp_path, n, seed=n))
         job.checkpoint()
-    state_rows = job.storage.load_completed(3).operators["attributed"].rows
+    state_rows = CompletedCheckpointStore(job.storage).load(3).operators["attributed"].rows
     assert state_rows < sum(len(c) + len(b) for c, b in landed), "expired rows must leave the state"
 
     # restore checkpoint 1 and replay with another parallelism: same output as one batch over all input

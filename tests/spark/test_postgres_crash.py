@@ -33,6 +33,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointStorageError, Injec
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from tests.servers.postgres import PostgresServer
 from tests.spark.helpers import write_json
 
@@ -199,7 +200,7 @@ def test_a_server_crash_after_the_ack_after_metadata_and_inside_the_commit_loses
     )
     assert isinstance(failed, SinkUnavailableError), failed
     assert postgres_server.password not in str(failed)
-    assert job.storage.is_completed(3)
+    assert CompletedCheckpointStore(job.storage).is_completed(3)
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     _start_after_crash(postgres_server, recoveries)
     job.assert_landed_once(2)
@@ -214,7 +215,7 @@ def test_a_server_crash_after_the_ack_after_metadata_and_inside_the_commit_loses
     recoveries = _recoveries(postgres_server)
     failed = _crash_while_paused(postgres_server, tmp_path, point, lambda: job.coordinator.finalize(plan, acks))
     assert isinstance(failed, psycopg.OperationalError), failed  # the connection died mid-transaction
-    assert job.storage.is_completed(4)
+    assert CompletedCheckpointStore(job.storage).is_completed(4)
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     _start_after_crash(postgres_server, recoveries)
     job.assert_landed_once(3)
@@ -272,7 +273,7 @@ def test_a_staging_table_lost_before_metadata_aborts_the_checkpoint_and_the_next
         db.execute(f"DELETE FROM {job.schema}.{staged} WHERE id % 2 = 0")
     with pytest.raises(CheckpointAborted, match=rf"staging table {job.schema}\.{staged} of checkpoint 2 holds"):
         job.coordinator.finalize(plan, acks)
-    assert not job.storage.is_completed(2)
+    assert not CompletedCheckpointStore(job.storage).is_completed(2)
     job.assert_landed_once(1)
     job.checkpoint()  # checkpoint 3 reads inputs 2 and 3
     job.assert_landed_once(3, read_by=[1, 3, 3])

@@ -20,6 +20,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointStorageError, State
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_storage import METADATA
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.orders import HOLD, RETENTION, Landing, changes, enrichment_pipeline
@@ -62,7 +63,7 @@ def test_state_without_its_key_column_is_refused_everywhere(spark, tmp_path):
 
     target = Location.from_url(f"file://{tmp_path}/savepoints/sp-2")
     with pytest.raises(StateFileError, match="missing column"):  # the savepoint copy writes nothing
-        write_savepoint(job.storage, job.storage.load_completed(1), target)
+        write_savepoint(job.storage, CompletedCheckpointStore(job.storage).load(1), target)
     assert not Path(target.base).exists()
 
     with pytest.raises(StateFileError, match=r"operator 'enrich' .*missing column\(s\) \['customer_id'\]"):

@@ -15,6 +15,7 @@ import pytest
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import MalformedInputError
 from airflow_provider_checkpoint.state import driver_merge as driver_state
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.testing.clickstream import land_events, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 
@@ -87,7 +88,7 @@ def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(spark
         (landing / name).write_text('{"user": "u9", "page": "/p", "ts": 1}\n' + line)
         with pytest.raises(MalformedInputError, match=rf"{name.replace('.', r'[.]')} line 2"):
             job.checkpoint()
-        job.storage.release_lease(f"run-{job.checkpoints}")  # as the failed run's finalize does
+        JobRecordStore(job.storage).release_lease(f"run-{job.checkpoints}")  # as the failed run's finalize does
         (landing / name).unlink()
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
         truth = good.groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()

@@ -13,6 +13,8 @@ import pytest
 
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.unit.helpers import JOB, STEP, T0, Env, SharedState, make_ack, make_env, run_checkpoint, state_rel
 
 RETAINED = 3
@@ -29,7 +31,7 @@ def env(tmp_path: Path) -> Env:
     env = make_env(tmp_path, retained=RETAINED)
     for i in range(1, 6):
         run_checkpoint(env, f"run-{i}", T0 + 10 * i)
-    assert env.storage.completed_ids() == [3, 4, 5]
+    assert CompletedCheckpointStore(env.storage).completed_ids() == [3, 4, 5]
     return env
 
 
@@ -44,7 +46,7 @@ def test_clean_job_has_no_findings(env: Env) -> None:
 def test_clean_job_with_files_shared_across_retention(shared_state: SharedState) -> None:
     """chk-1 lost its _metadata to retention but keeps the file chk-2 still references: not a leftover."""
     env, shared = shared_state
-    assert env.storage.completed_ids() == [2]
+    assert CompletedCheckpointStore(env.storage).completed_ids() == [2]
     assert env.chk(1).is_dir()
     assert audit_job(env.storage, 1, env.coordinator.graph.sinks) == []
 
@@ -74,9 +76,9 @@ def test_leftover_checkpoint_of_a_dead_run(env: Env) -> None:
     """A run triggered chk-6, its step wrote state and staged output, then the run died (lease released)."""
     plan = env.coordinator.trigger("run-6", now=T0 + 100)
     make_ack(env, plan)
-    env.storage.release_lease("run-6")
+    JobRecordStore(env.storage).release_lease("run-6")
     cid = plan.checkpoint_id
-    assert not env.storage.is_completed(cid)
+    assert not CompletedCheckpointStore(env.storage).is_completed(cid)
 
     findings = audit(env)
 
@@ -110,7 +112,7 @@ def test_empty_leftover_checkpoint_directory(shared_state: SharedState) -> None:
 
 
 def test_stale_lease(env: Env) -> None:
-    env.storage.acquire_lease("run-dead", 600, now=T0 + 100)
+    JobRecordStore(env.storage).acquire_lease("run-dead", 600, now=T0 + 100)
     findings = audit(env)
     assert len(findings) == 1
     assert env.storage.url("_lease") in findings[0]

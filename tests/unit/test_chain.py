@@ -11,6 +11,7 @@ from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.operators.chained import ChainedCheckpointOperator
 from airflow_provider_checkpoint.pipeline import CHAINED_TASK_ID
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.unit.helpers import Env, make_ack
 
 
@@ -55,7 +56,7 @@ def test_retry_of_the_same_run_aborts_its_open_checkpoint_and_cuts_a_new_barrier
     make_ack(env, first)  # the dead try's state and staged output
     retry = env.coordinator.trigger("run-1")
     assert retry.checkpoint_id == first.checkpoint_id + 1
-    assert env.storage.lease_holder()["run_id"] == "run-1"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-1"
     assert not env.chk(first.checkpoint_id).exists(), "the dead try's files are discarded"
     assert not list(env.table.glob(f"_staging/chk-{first.checkpoint_id}/**/*.parquet")), "its staged output too"
     stats = env.stats(first.checkpoint_id)

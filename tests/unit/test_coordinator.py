@@ -24,6 +24,8 @@ from airflow_provider_checkpoint.exceptions import (
     JobNotRunning,
 )
 from airflow_provider_checkpoint.restore.snapshot import open_snapshot
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.unit.helpers import (
     JOB,
     STEP,
@@ -52,7 +54,7 @@ def test_first_trigger_plans_checkpoint_one(env: Env) -> None:
     assert plan.barrier.type is CheckpointType.CHECKPOINT
     assert plan.barrier.positions == {"events": {"files": {"a.json": 9}}}
     assert plan.timeout_seconds == TIMEOUT
-    assert env.storage.lease_holder()["run_id"] == "run-1"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-1"
     assert CheckpointPlan.from_dict(json.loads((env.chk(1) / "_plan.json").read_bytes())) == plan
     assert env.job_record()["last_checkpoint_id"] == 1
 
@@ -62,7 +64,9 @@ def test_trigger_while_another_run_holds_the_lease(env: Env) -> None:
     with pytest.raises(CheckpointAborted) as info:
         env.coordinator.trigger("run-2", now=T0 + 1)
     assert info.value.reason is AbortReason.TOO_MANY_CONCURRENT
-    assert env.storage.lease_holder()["run_id"] == "run-1", "a refused trigger must not release the holder's lease"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-1", (
+        "a refused trigger must not release the holder's lease"
+    )
     assert env.chk(1).is_dir(), "a refused trigger must not clean up the in-flight checkpoint"
 
 
@@ -73,7 +77,7 @@ def test_ids_increase_across_an_aborted_checkpoint(env: Env) -> None:
         env.coordinator.finalize(first, [None], now=T0 + 1)
     assert info.value.reason is AbortReason.DECLINED
     assert not env.chk(first.checkpoint_id).exists()
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
     second = env.coordinator.trigger("run-2", now=T0 + 10)
     assert second.checkpoint_id > first.checkpoint_id
     # Nothing completed: the same input is planned again.
@@ -99,7 +103,7 @@ def test_ids_not_reused_when_job_record_is_lost(env: Env) -> None:
 
 def test_ids_not_reused_when_job_record_is_lost_and_checkpoint_abandoned(env: Env) -> None:
     first = env.coordinator.trigger("run-1", now=T0)
-    env.storage.release_lease("run-1")
+    JobRecordStore(env.storage).release_lease("run-1")
     (env.job_dir / "_job.json").unlink()
     second = env.coordinator.trigger("run-2", now=T0 + 10)
     assert second.checkpoint_id > first.checkpoint_id
@@ -128,7 +132,7 @@ def test_finalize_writes_metadata_then_commits_the_sink(env: Env) -> None:
 
     assert env.stats(1)["status"] == "COMPLETED"
     assert env.stats(1)["run_id"] == "run-1"
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
     assert env.job_record()["failures"]["last_completed_id"] == 1
 
 
@@ -182,7 +186,7 @@ def test_second_finalize_of_the_same_plan_is_a_no_op(env: Env) -> None:
     assert env.table_parts() == {target_name(1): b"ROWS"}
     assert env.stats(1)["status"] == "COMPLETED"
     assert env.job_record()["failures"]["failed_ids"] == []
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
 
 
 # -- finalize: crash recovery -----------------------------------------------------------
@@ -193,11 +197,11 @@ def test_crash_after_metadata_is_committed_by_the_next_trigger(env: Env, monkeyp
     with pytest.raises(InjectedFault):
         env.coordinator.finalize(plan, [ack], now=T0 + 1)
 
-    assert env.storage.is_completed(1), "_metadata was written before the crash"
+    assert CompletedCheckpointStore(env.storage).is_completed(1), "_metadata was written before the crash"
     assert env.table_parts() == {}, "nothing is visible before the sink commit"
     assert not (env.table / "_commits" / "0000000001.json").exists()
     assert (env.table / ack.sinks["table"][0]["moves"][0][0]).read_bytes() == b"ROWS"
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
 
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     nxt = env.coordinator.trigger("run-2", now=T0 + 10)
@@ -249,7 +253,7 @@ def test_failures_reset_by_a_checkpoint_completed_through_recovery(
 def test_abandoned_checkpoint_is_aborted_by_the_next_trigger(env: Env) -> None:
     first = env.coordinator.trigger("run-1", now=T0)
     make_ack(env, first)  # the step wrote state and staged output, then the run died
-    env.storage.release_lease("run-1")
+    JobRecordStore(env.storage).release_lease("run-1")
 
     second = env.coordinator.trigger("run-2", now=T0 + 10)
 
@@ -268,7 +272,7 @@ def test_abandoned_checkpoint_is_aborted_by_the_next_trigger(env: Env) -> None:
 def test_expired_lease_of_a_dead_run_is_broken_and_its_checkpoint_abandoned(env: Env) -> None:
     first = env.coordinator.trigger("run-1", now=T0)
     second = env.coordinator.trigger("run-2", now=T0 + TIMEOUT + 1)
-    assert env.storage.lease_holder()["run_id"] == "run-2"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-2"
     assert not env.chk(first.checkpoint_id).exists()
     assert env.stats(first.checkpoint_id)["reason"] == "abandoned"
     assert second.checkpoint_id > first.checkpoint_id
@@ -300,7 +304,7 @@ def test_corrupt_state_aborts_the_checkpoint(env: Env, damage: str) -> None:
     assert env.table_parts() == {}
     assert env.stats(1)["status"] == "ABORTED"
     assert env.stats(1)["reason"] == "corrupt_state"
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
 
 
 def test_late_acks_expire_the_checkpoint(env: Env) -> None:
@@ -369,12 +373,12 @@ def test_retention_deletes_older_checkpoints_from_disk(tmp_path: Path, monkeypat
     for cid in (3, 4):
         assert (env.chk(cid) / "_metadata").is_file()
         assert (env.job_dir / state_rel(cid, 1)).read_bytes() == parquet_state(f"state of chk {cid} attempt 1")
-    assert env.storage.completed_ids() == [3, 4]
+    assert CompletedCheckpointStore(env.storage).completed_ids() == [3, 4]
     # Retention is about checkpoint storage: committed table output stays.
     assert sorted(env.table_parts()) == [target_name(i) for i in range(1, 5)]
     # Every kept checkpoint is fully restorable.
     for cid in (3, 4):
-        for snapshot in env.storage.load_completed(cid).operators.values():
+        for snapshot in CompletedCheckpointStore(env.storage).load(cid).operators.values():
             for handle in snapshot.handles:
                 env.storage.verify(handle)
 
@@ -388,18 +392,18 @@ def test_retention_never_deletes_savepoints(tmp_path: Path, monkeypatch: pytest.
     for i in range(2, 5):
         run_checkpoint(env, f"run-{i}", T0 + 10 * i)
     # the savepoint run's chk-1 in the job directory is history like any checkpoint …
-    assert env.storage.completed_ids() == [4]
+    assert CompletedCheckpointStore(env.storage).completed_ids() == [4]
     # … while the self-contained savepoint survives, complete and verifiable
     savepoint = open_snapshot(target)
     assert savepoint.checkpoint.type is CheckpointType.SAVEPOINT and savepoint.checkpoint.relocatable
     assert savepoint.checkpoint.checkpoint_id == 1
     savepoint.verify()
-    assert [sp["checkpoint_id"] for sp in env.storage.load_job().savepoints] == [1]
+    assert [sp["checkpoint_id"] for sp in JobRecordStore(env.storage).load().savepoints] == [1]
 
 
 def test_retention_keeps_files_shared_with_a_kept_checkpoint(shared_state: SharedState) -> None:
     env, shared = shared_state
-    assert env.storage.completed_ids() == [2]
+    assert CompletedCheckpointStore(env.storage).completed_ids() == [2]
     env.storage.verify(shared)
 
 

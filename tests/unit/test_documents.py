@@ -21,6 +21,7 @@ from airflow_provider_checkpoint.exceptions import (
 )
 from airflow_provider_checkpoint.state.handles import HandleScope, StateHandle
 from airflow_provider_checkpoint.storage import JobStorage, Location
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 from tests.unit.helpers import sample
 
@@ -204,24 +205,24 @@ def test_job_record_of_another_job_is_refused(tmp_path: Path) -> None:
     storage = JobStorage.for_job(str(tmp_path), "mine")
     storage.write_atomic("_job.json", JobRecord("theirs").encode())
     with pytest.raises(JobRecordError, match="belongs to job 'theirs'"):
-        storage.load_job()
+        JobRecordStore(storage).load()
 
 
 def test_restore_request_is_validated_on_read(tmp_path: Path) -> None:
     storage = JobStorage.for_job(str(tmp_path), "job")
     request = RestoreRequest("a" * 32, "file:///sp/x", 3, False, 1.0)
-    storage.write_restore_request(request)
-    assert storage.load_restore_request() == request
+    JobRecordStore(storage).write_restore_request(request)
+    assert JobRecordStore(storage).load_restore_request() == request
     storage.write_atomic("_restore.json", json.dumps({**request.to_dict(), "checkpoint_id": "3; rm -rf"}).encode())
     with pytest.raises(CheckpointStorageError, match="checkpoint_id"):
-        storage.load_restore_request()
+        JobRecordStore(storage).load_restore_request()
 
 
 def test_unreadable_lease_shapes_are_never_broken(tmp_path: Path) -> None:
     storage = JobStorage.for_job(str(tmp_path), "job")
     for body in (b"[1]", b'{"run_id": "r", "expires_at": "never"}', b"\xff"):
         storage.write_atomic("_lease", body)
-        assert "unreadable lease" in str(storage.lease_holder())
+        assert "unreadable lease" in str(JobRecordStore(storage).lease_holder())
 
 
 def test_savepoint_entries_keep_what_sinks_recorded_and_refuse_other_shapes() -> None:

@@ -30,6 +30,8 @@ from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, JobNotRunning, LeaseHeld
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.unit.helpers import (
     COUNTED,
     JOB,
@@ -108,7 +110,7 @@ def test_decline_with_reason_gives_that_reason(env: Env) -> None:
     assert "state file of counts unreadable" in stats["message"]
     assert stats["counted"] is True
     assert not env.chk(plan.checkpoint_id).exists()
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
 
 
 @pytest.mark.parametrize("reason", ["declined", "io_error", "corrupt_state"])
@@ -200,7 +202,7 @@ def test_exceeding_tolerable_failures_fails_the_job(tmp_path: Path) -> None:
     assert info.value.status is JobStatus.FAILED
     assert f"[{first}, {second}]" in str(info.value)
     assert "FAILED" in str(info.value)
-    assert env.storage.lease_holder() is None, "a refused trigger takes no lease"
+    assert JobRecordStore(env.storage).lease_holder() is None, "a refused trigger takes no lease"
     assert chk_dirs(env) == []
     assert env.job_record()["last_checkpoint_id"] == second, "no id was allocated"
 
@@ -242,7 +244,7 @@ def test_uncounted_aborts_never_fail_the_job(tmp_path: Path) -> None:
     for i, reason in enumerate(sorted(NOT_COUNTED)):
         plan = env.coordinator.trigger(f"run-{i}", now=T0 + 10 * i)
         env.coordinator.abort(plan, reason, "not a failure", now=T0 + 10 * i + 1)
-        env.storage.release_lease(plan.run_id)  # abort() leaves the lease to finalize's caller
+        JobRecordStore(env.storage).release_lease(plan.run_id)  # abort() leaves the lease to finalize's caller
     assert env.job_record()["status"] == "RUNNING"
     assert env.job_record()["failures"]["failed_ids"] == []
 
@@ -261,7 +263,7 @@ def paused(tmp_path: Path) -> Env:
     """A job with one completed checkpoint (completion at T0 + 1) and a 60 s minimum pause."""
     env = with_settings(make_env(tmp_path), min_pause_between_checkpoints_seconds=60.0)
     run_checkpoint(env, "run-1", T0)
-    assert env.storage.load_completed(1).completion_time == T0 + 1
+    assert CompletedCheckpointStore(env.storage).load(1).completion_time == T0 + 1
     return env
 
 
@@ -278,7 +280,7 @@ def test_periodic_trigger_within_min_pause_is_refused_and_writes_nothing(paused:
     assert contents(paused.table) == table_before
     assert chk_dirs(paused) == ["chk-1"]
     assert paused.job_record()["last_checkpoint_id"] == 1
-    assert paused.storage.lease_holder() is None
+    assert JobRecordStore(paused.storage).lease_holder() is None
     # the refusal did not consume an id
     assert paused.coordinator.trigger("run-3", now=T0 + 1 + 61, periodic=True).checkpoint_id == 2
 
@@ -286,7 +288,7 @@ def test_periodic_trigger_within_min_pause_is_refused_and_writes_nothing(paused:
 def test_periodic_trigger_after_min_pause(paused: Env) -> None:
     plan = paused.coordinator.trigger("run-2", now=T0 + 1 + 61, periodic=True)
     assert plan.checkpoint_id == 2
-    assert paused.storage.lease_holder()["run_id"] == "run-2"
+    assert JobRecordStore(paused.storage).lease_holder()["run_id"] == "run-2"
 
 
 def test_manual_trigger_ignores_min_pause(paused: Env) -> None:
@@ -321,7 +323,7 @@ def test_second_trigger_while_the_lease_is_held_writes_nothing(env: Env) -> None
     assert "run-1" in info.value.message
     assert snapshot_dir(env.job_dir) == before
     assert snapshot_dir(env.table) == table_before
-    assert env.storage.lease_holder()["run_id"] == "run-1"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-1"
     # the holder still completes its checkpoint
     assert env.coordinator.finalize(first, [make_ack(env, first)], now=T0 + 2).checkpoint_id == first.checkpoint_id
 
@@ -339,7 +341,7 @@ def test_lease_of_a_dead_holder_is_broken_and_its_checkpoint_abandoned(env: Env)
 
     assert [h["run_id"] for h in asked] == ["run-1"]
     assert asked[0]["dag_id"] == JOB
-    assert env.storage.lease_holder()["run_id"] == "run-2"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-2"
     assert second.checkpoint_id == first.checkpoint_id + 1
     assert not env.chk(first.checkpoint_id).exists()
     assert not (env.table / "_staging" / f"chk-{first.checkpoint_id}").exists()
@@ -357,15 +359,15 @@ def test_lease_of_a_live_holder_is_not_broken(env: Env) -> None:
     with pytest.raises(CheckpointAborted) as info:
         env.coordinator.trigger("run-2", now=T0 + 10, holder_alive=lambda holder: True)
     assert info.value.reason is AbortReason.TOO_MANY_CONCURRENT
-    assert env.storage.lease_holder()["run_id"] == "run-1"
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-1"
     assert snapshot_dir(env.job_dir) == before
     assert env.chk(1).is_dir()
 
 
 def test_holder_alive_is_not_asked_for_our_own_lease(env: Env) -> None:
     env.coordinator.trigger("run-1", now=T0)
-    env.storage.acquire_lease("run-1", 60, now=T0 + 1, holder_alive=lambda h: pytest.fail("asked"))
-    assert env.storage.lease_holder()["run_id"] == "run-1"
+    JobRecordStore(env.storage).acquire_lease("run-1", 60, now=T0 + 1, holder_alive=lambda h: pytest.fail("asked"))
+    assert JobRecordStore(env.storage).lease_holder()["run_id"] == "run-1"
 
 
 def test_retention_leftovers_do_not_rewrite_a_completed_checkpoint_as_abandoned(shared_state: SharedState) -> None:
@@ -405,7 +407,7 @@ def _acquire(root: str, run_id: str, barrier: Any, results: Any, write_delay: fl
     storage = JobStorage.for_job(root, JOB)
     barrier.wait(timeout=60)
     try:
-        storage.acquire_lease(run_id, 600, now=T0)
+        JobRecordStore(storage).acquire_lease(run_id, 600, now=T0)
         results.put((run_id, "won"))
     except LeaseHeld:
         results.put((run_id, "held"))
@@ -534,7 +536,7 @@ def test_lease_is_never_visible_without_its_content(tmp_path: Path, monkeypatch:
         if not seen:
             seen.append("interleaved")
             try:
-                contender.acquire_lease("run-2", 600, now=T0)
+                JobRecordStore(contender).acquire_lease("run-2", 600, now=T0)
                 seen.append("run-2 acquired")
             except LeaseHeld:
                 seen.append("run-2 refused")
@@ -542,11 +544,11 @@ def test_lease_is_never_visible_without_its_content(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(writes.os, "link", link)
     with pytest.raises(LeaseHeld):
-        winner.acquire_lease("run-1", 600, now=T0)
+        JobRecordStore(winner).acquire_lease("run-1", 600, now=T0)
     monkeypatch.undo()
 
     assert seen == ["interleaved", "run-2 acquired"]
-    assert winner.lease_holder()["run_id"] == "run-2"
+    assert JobRecordStore(winner).lease_holder()["run_id"] == "run-2"
     assert not list((tmp_path / JOB).glob(".*.tmp")), "no temporary lease file is left behind"
 
 
@@ -562,7 +564,7 @@ def test_oserror_writing_metadata_aborts_as_finalize_failure(env: Env, monkeypat
     assert info.value.reason is AbortReason.FINALIZE_FAILURE
     assert isinstance(info.value.__cause__, OSError)
     assert "storage.write" in info.value.message
-    assert not env.storage.is_completed(plan.checkpoint_id)
+    assert not CompletedCheckpointStore(env.storage).is_completed(plan.checkpoint_id)
     assert not env.chk(plan.checkpoint_id).exists()
     assert list(env.job_dir.rglob("_metadata")) == []
     # the sink was not committed, and its staged output is gone
@@ -572,7 +574,7 @@ def test_oserror_writing_metadata_aborts_as_finalize_failure(env: Env, monkeypat
     stats = env.stats(plan.checkpoint_id)
     assert stats["reason"] == "finalize_failure"
     assert stats["counted"] is True
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     assert env.coordinator.trigger("run-2", now=T0 + 10).checkpoint_id == plan.checkpoint_id + 1
 
@@ -587,9 +589,9 @@ def test_oserror_after_the_commit_point_propagates_and_recovery_completes(
     with pytest.raises(OSError, match="storage.write") as info:
         env.coordinator.finalize(plan, [ack], now=T0 + 1)
     assert not isinstance(info.value, CheckpointAborted)
-    assert env.storage.is_completed(plan.checkpoint_id)
+    assert CompletedCheckpointStore(env.storage).is_completed(plan.checkpoint_id)
     assert not (env.table / "_commits" / f"{plan.checkpoint_id:010d}.json").exists()
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
 
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     nxt = env.coordinator.trigger("run-2", now=T0 + 10)
@@ -606,7 +608,7 @@ def test_oserror_writing_the_plan_fails_the_trigger_without_holding_the_lease(
     monkeypatch.setenv("CHECKPOINT_FAULTS", "storage.write:file=_plan.json:action=oserror")
     with pytest.raises(OSError, match="storage.write"):
         env.coordinator.trigger("run-1", now=T0)
-    assert env.storage.lease_holder() is None
+    assert JobRecordStore(env.storage).lease_holder() is None
     assert chk_dirs(env) == []
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     plan = env.coordinator.trigger("run-2", now=T0 + 10)

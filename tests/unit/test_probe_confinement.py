@@ -18,6 +18,8 @@ import pytest
 from airflow_provider_checkpoint.core.model import CheckpointType, RestoreRequest
 from airflow_provider_checkpoint.exceptions import RefusedInputError, UnsafePathError
 from airflow_provider_checkpoint.jobs.audit import audit_job
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.testing.neighbours import fingerprints, plant_neighbours, tree
 from tests.unit.helpers import JOB, T0, Env, make_ack, make_env, run_checkpoint
 
@@ -53,7 +55,7 @@ def refused(error: pytest.ExceptionInfo[BaseException], path: str, rule: str = O
 # -- 1. symlinks in a table's directories ----------------------------------------------------
 def test_abandoned_checkpoint_cleanup_does_not_follow_a_symlinked_staging(env: Env, neighbours) -> None:
     env.coordinator.trigger("run-1", now=T0)
-    env.storage.release_lease("run-1")  # its run died: the next trigger aborts checkpoint 1
+    JobRecordStore(env.storage).release_lease("run-1")  # its run died: the next trigger aborts checkpoint 1
     link(env.table / "_staging", neighbours["table"] / "_staging")
     before = fingerprints(neighbours)
     with pytest.raises(UnsafePathError) as error:
@@ -91,7 +93,7 @@ def test_finalize_commit_does_not_follow_symlinked_table_directories(env: Env, n
 def test_restore_does_not_follow_symlinked_table_directories(env: Env, neighbours, linked, to) -> None:
     for i in range(3):
         run_checkpoint(env, f"run-{i}", T0 + 10 * i)
-    env.storage.write_restore_request(RestoreRequest("a" * 32, env.storage.url("chk-1"), 1, False, T0))
+    JobRecordStore(env.storage).write_restore_request(RestoreRequest("a" * 32, env.storage.url("chk-1"), 1, False, T0))
     target = neighbours[to] / linked if to == "table" else neighbours[to]
     link(env.table / linked, target)
     before = fingerprints(neighbours)
@@ -156,7 +158,7 @@ def test_audit_reports_links_out_and_changes_nothing(env: Env, neighbours) -> No
 # -- 2. identity before the first effect -------------------------------------------------------
 def forge(env: Env, into: int, **changes: object) -> None:
     """``chk-<into>/_metadata``: a copy of the latest checkpoint's with ``changes``, without sink output."""
-    latest = env.storage.completed_ids()[-1]
+    latest = CompletedCheckpointStore(env.storage).completed_ids()[-1]
     meta = json.loads((env.chk(latest) / "_metadata").read_bytes())
     meta.update(sinks={}, **changes)
     meta["barrier"]["checkpoint_id"] = meta["checkpoint_id"]
@@ -255,4 +257,4 @@ def test_finalize_checks_the_savepoint_target_again_before_writing(env: Env, nei
         env.coordinator.finalize(plan, [ack], now=T0 + 1)
     refused(error, "fresh", "a job's checkpoint tree")
     assert fingerprints(neighbours) == before
-    assert not env.storage.is_completed(plan.checkpoint_id)
+    assert not CompletedCheckpointStore(env.storage).is_completed(plan.checkpoint_id)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.exceptions import RegistryError
 from airflow_provider_checkpoint.jobs import reports
 from airflow_provider_checkpoint.jobs.registry import JobLocation, decode_entry, find_job, list_jobs
@@ -89,11 +90,11 @@ def test_unknown_and_invalid_job_ids(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("doc", [None, [], {"checkpoint_id": -1}, {"checkpoint_id": "3"}, {"status": "COMPLETED"}])
 def test_stats_without_a_valid_id_make_no_row(doc):
-    assert reports.checkpoint_row(doc) is None
+    assert stats.history_row(doc) is None
 
 
 def test_stats_values_of_the_wrong_type_are_unknown():
-    row = reports.checkpoint_row(
+    row = stats.history_row(
         {
             "checkpoint_id": 4,
             "status": "<script>",

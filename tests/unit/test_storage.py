@@ -11,7 +11,10 @@ import pytest
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, LeaseHeld
 from airflow_provider_checkpoint.storage import JobStorage
-from airflow_provider_checkpoint.storage.job_storage import create_exclusive
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.writes import create_exclusive
+from airflow_provider_checkpoint.storage.stats import StatsStore
 
 T0 = 1_700_000_000.0
 
@@ -83,42 +86,42 @@ def test_delete_is_recursive_and_tolerates_absence(storage: JobStorage, tmp_path
 
 # -- lease ----------------------------------------------------------------------------
 def test_lease_is_exclusive(storage: JobStorage) -> None:
-    storage.acquire_lease("run-a", 100, now=T0)
+    JobRecordStore(storage).acquire_lease("run-a", 100, now=T0)
     with pytest.raises(LeaseHeld) as info:
-        storage.acquire_lease("run-b", 100, now=T0 + 50)
+        JobRecordStore(storage).acquire_lease("run-b", 100, now=T0 + 50)
     assert info.value.holder["run_id"] == "run-a"
     assert "run-a" in str(info.value)
-    assert storage.lease_holder()["run_id"] == "run-a"
+    assert JobRecordStore(storage).lease_holder()["run_id"] == "run-a"
 
 
 def test_lease_is_reentrant_for_the_same_run(storage: JobStorage) -> None:
-    storage.acquire_lease("run-a", 100, now=T0)
-    storage.acquire_lease("run-a", 100, now=T0 + 60)
-    holder = storage.lease_holder()
+    JobRecordStore(storage).acquire_lease("run-a", 100, now=T0)
+    JobRecordStore(storage).acquire_lease("run-a", 100, now=T0 + 60)
+    holder = JobRecordStore(storage).lease_holder()
     assert holder["run_id"] == "run-a"
     assert holder["expires_at"] == T0 + 160, "re-entering renews the lease"
     with pytest.raises(LeaseHeld):
-        storage.acquire_lease("run-b", 100, now=T0 + 120)
+        JobRecordStore(storage).acquire_lease("run-b", 100, now=T0 + 120)
 
 
 def test_expired_lease_of_another_run_is_broken(storage: JobStorage) -> None:
-    storage.acquire_lease("run-a", 100, now=T0)
-    storage.acquire_lease("run-b", 100, now=T0 + 101)
-    holder = storage.lease_holder()
+    JobRecordStore(storage).acquire_lease("run-a", 100, now=T0)
+    JobRecordStore(storage).acquire_lease("run-b", 100, now=T0 + 101)
+    holder = JobRecordStore(storage).lease_holder()
     assert holder["run_id"] == "run-b"
     assert holder["expires_at"] == T0 + 201
     with pytest.raises(LeaseHeld):
-        storage.acquire_lease("run-a", 100, now=T0 + 102)
+        JobRecordStore(storage).acquire_lease("run-a", 100, now=T0 + 102)
 
 
 def test_release_only_by_the_holder(storage: JobStorage) -> None:
-    storage.acquire_lease("run-a", 100, now=T0)
-    storage.release_lease("run-b")
-    assert storage.lease_holder()["run_id"] == "run-a"
-    storage.release_lease("run-a")
-    assert storage.lease_holder() is None
-    storage.acquire_lease("run-b", 100, now=T0 + 1)
-    assert storage.lease_holder()["run_id"] == "run-b"
+    JobRecordStore(storage).acquire_lease("run-a", 100, now=T0)
+    JobRecordStore(storage).release_lease("run-b")
+    assert JobRecordStore(storage).lease_holder()["run_id"] == "run-a"
+    JobRecordStore(storage).release_lease("run-a")
+    assert JobRecordStore(storage).lease_holder() is None
+    JobRecordStore(storage).acquire_lease("run-b", 100, now=T0 + 1)
+    assert JobRecordStore(storage).lease_holder()["run_id"] == "run-b"
 
 
 def test_unreadable_lease_is_never_broken(storage: JobStorage, tmp_path: Path) -> None:
@@ -126,7 +129,7 @@ def test_unreadable_lease_is_never_broken(storage: JobStorage, tmp_path: Path) -
     job_dir(tmp_path).mkdir()
     (job_dir(tmp_path) / "_lease").write_bytes(b"{not json")
     with pytest.raises(LeaseHeld, match="delete .*_lease if no checkpoint runs"):
-        storage.acquire_lease("run-a", 100, now=T0 + 10**9)
+        JobRecordStore(storage).acquire_lease("run-a", 100, now=T0 + 10**9)
     assert (job_dir(tmp_path) / "_lease").read_bytes() == b"{not json"
 
 
@@ -192,20 +195,20 @@ def test_checkpoint_ids_are_numeric_and_sorted(storage: JobStorage, tmp_path: Pa
     write(tmp_path, "chk-9/_metadata", b"{}")
     write(tmp_path, "chk-2/_metadata", b"{}")
     assert storage.checkpoint_ids() == [2, 9, 10, 11]
-    assert storage.completed_ids() == [2, 9]
-    assert storage.is_completed(9)
-    assert not storage.is_completed(10)
+    assert CompletedCheckpointStore(storage).completed_ids() == [2, 9]
+    assert CompletedCheckpointStore(storage).is_completed(9)
+    assert not CompletedCheckpointStore(storage).is_completed(10)
 
 
 def test_job_record_round_trip_and_default(storage: JobStorage) -> None:
-    assert storage.load_job() == JobRecord("job")
+    assert JobRecordStore(storage).load() == JobRecord("job")
     record = JobRecord("job", last_checkpoint_id=7)
-    storage.save_job(record)
-    assert storage.load_job() == record
+    JobRecordStore(storage).save(record)
+    assert JobRecordStore(storage).load() == record
 
 
 def test_stats_are_read_in_id_order(storage: JobStorage) -> None:
     for cid in (10, 2, 9):
-        storage.write_stats(cid, {"checkpoint_id": cid, "status": "COMPLETED"})
-    assert [s["checkpoint_id"] for s in storage.read_stats()] == [2, 9, 10]
+        StatsStore(storage).write(cid, {"checkpoint_id": cid, "status": "COMPLETED"})
+    assert [s["checkpoint_id"] for s in StatsStore(storage).read_all()] == [2, 9, 10]
     assert json.loads(storage.read_bytes("_stats/9.json")) == {"checkpoint_id": 9, "status": "COMPLETED"}

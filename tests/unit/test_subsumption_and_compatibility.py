@@ -13,6 +13,7 @@ from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import RestoreError
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.unit.helpers import T0, make_env, run_checkpoint
 
 
@@ -41,6 +42,6 @@ def test_every_trigger_refuses_state_of_an_operator_the_pipeline_lost(tmp_path: 
     with pytest.raises(RestoreError, match="operator 'counts'.*allow_non_restored_state"):
         without_counts.trigger("run-2", now=T0 + 10)
     assert sorted(p.name for p in env.job_dir.iterdir()) == before, "nothing new is written"
-    assert env.storage.lease_holder() is None, "the lease is released"
+    assert JobRecordStore(env.storage).lease_holder() is None, "the lease is released"
     recorded = json.loads((env.job_dir / "_job.json").read_text())["topology"]["nodes"]
     assert "counts" not in recorded, "the deployed topology is recorded for the restore DAG to validate against"

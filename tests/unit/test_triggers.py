@@ -17,6 +17,7 @@ from airflow.triggers.base import TriggerEvent
 
 from airflow_provider_checkpoint.core.model import RestoreRequest
 from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.triggers.checkpoint import (
     CheckpointCompletedTrigger,
     CheckpointInputTrigger,
@@ -98,7 +99,7 @@ def test_input_trigger_fires_on_new_input_only(env: Env) -> None:
 
 def test_input_trigger_counts_a_restore_request_as_input(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
-    env.storage.write_restore_request(RestoreRequest("1" * 32, env.storage.url("chk-1"), 1, False, T0))
+    JobRecordStore(env.storage).write_restore_request(RestoreRequest("1" * 32, env.storage.url("chk-1"), 1, False, T0))
     assert hook(env).new_input(env.coordinator.graph.sources) == ["events"]
 
 
@@ -123,9 +124,9 @@ def test_completed_trigger_ignores_metadata_whose_sinks_are_not_committed(env: E
 def test_completed_trigger_for_savepoints(env: Env) -> None:
     run_checkpoint(env, "run-1", T0)
     assert hook(env).committed_after(0, savepoint=True) is None
-    job = env.storage.load_job()
+    job = JobRecordStore(env.storage).load()
     job.savepoints.append({"checkpoint_id": 1, "path": "file:///sp/savepoint-1", "time": T0})
-    env.storage.save_job(job)
+    JobRecordStore(env.storage).save(job)
     event = run_isolated(first_event(completed_trigger(env, 0, savepoint=True)))
     assert event.payload == {"status": "success", "checkpoint_id": 1, "savepoint": "file:///sp/savepoint-1"}
 
