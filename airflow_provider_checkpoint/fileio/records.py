@@ -1,6 +1,6 @@
 """JSON Lines and CSV records parsed in Python the way Spark's permissive readers parse them.
 
-Used by the Python file reader (:mod:`.file_io`) where Hadoop cannot open the landing
+Used by the Python file reader (:mod:`.writes`) where Hadoop cannot open the landing
 directory's scheme. One record per line (Spark's default, ``multiLine=false``); blank
 lines are skipped; a CSV file's first line is its header unless ``header`` is ``false``.
 A record that is not parseable or whose value does not convert to its column's type is

@@ -1,8 +1,8 @@
-"""Spark reading files through :mod:`.file_io`'s engines: Parquet, and JSON Lines or CSV parsed permissively.
+"""Spark reading files through :mod:`.writes`'s engines: Parquet, and JSON Lines or CSV parsed permissively.
 
 With the ``python`` engine a read is one Spark task per file (up to
 :data:`MAX_READ_TASKS`): the executor opens it through fsspec and hands Spark Arrow batches
-of the requested schema, parsed with pyarrow or :mod:`.text_records`.
+of the requested schema, parsed with pyarrow or :mod:`.records`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def read_records(
     sizes: Sequence[int] | None = None,
 ) -> DataFrame:
     """The records of the JSON Lines or CSV files ``paths``, parsed permissively: ``declared``'s columns
-    and ``corrupt``, the raw text of a malformed record (:mod:`.text_records`).
+    and ``corrupt``, the raw text of a malformed record (:mod:`.records`).
 
     ``sizes`` (bytes, one per path): the Python engine fails a read that does not get exactly
     that many bytes of the file, so a store answering short is never taken for a file's end.

@@ -9,7 +9,7 @@ Two engines do the same work:
 - ``python``: everything else (``s3://`` with the plain ``pyspark`` wheel, which has no
   ``s3a``). Executors open the files through fsspec and pyarrow: each Spark task of a
   write streams its rows into Parquet files (``mapInArrow``) named after the task attempt,
-  hashes them on the way and reports them; reads: :mod:`.file_scans`.
+  hashes them on the way and reports them; reads: :mod:`.scans`.
 
 The filesystem, and with it its credentials (storage options or the AWS environment of
 the driver), reaches the executors inside the pickled task, never in a document, a

@@ -23,8 +23,8 @@ from airflow_provider_checkpoint.exceptions import CheckpointStorageError, Lease
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
-from airflow_provider_checkpoint.storage.writes import create_exclusive
 from airflow_provider_checkpoint.storage.stats import StatsStore
+from airflow_provider_checkpoint.storage.writes import create_exclusive
 from tests.s3.s3_job import counted_requests
 from tests.servers.s3 import S3Server, ThrottlingProxy
 from tests.unit.helpers import T0, sample

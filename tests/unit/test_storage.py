@@ -13,8 +13,8 @@ from airflow_provider_checkpoint.exceptions import CheckpointStorageError, Lease
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
-from airflow_provider_checkpoint.storage.writes import create_exclusive
 from airflow_provider_checkpoint.storage.stats import StatsStore
+from airflow_provider_checkpoint.storage.writes import create_exclusive
 
 T0 = 1_700_000_000.0
 

@@ -5,7 +5,7 @@ One commit file ``_delta_log/<version>.json`` created exclusively (a hard link l
 conditional PUT on object stores): ``commitInfo``, ``txn(app id, checkpoint id)``, the
 removes, per file with new deletes a ``remove`` (with its old DV) and an ``add`` of the
 same path with the new DV, and the adds; checked before it is created against the Delta
-protocol and the sink's invariants (:mod:`.delta_checks`). Another writer's commit in between
+protocol and the sink's invariants (:mod:`.checks`). Another writer's commit in between
 is a conflict only if it touched a file this commit removes or deletes from (Delta's rule for
 deletes); otherwise the commit is retried on top of it. Every :data:`CHECKPOINT_INTERVAL` versions
 delta-rs writes a log checkpoint (it keeps the DVs): the log replay of each stage and commit
@@ -102,7 +102,7 @@ def _check_version(
     live: dict[tuple[str, str | None], delta_log.RawFile],
     dv_files: dict[str, bytes],
 ) -> None:
-    """:func:`.delta_checks.check_version` with the DVs the actions name decoded from the table
+    """:func:`.checks.check_version` with the DVs the actions name decoded from the table
     (``dv_files``: each DV file read once, kept across calls)."""
 
     def positions(dv: Mapping[str, Any], name: str) -> np.ndarray:

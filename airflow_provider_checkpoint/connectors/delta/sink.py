@@ -5,9 +5,9 @@ table directory under ``chk-<id>/<job>/<step>/attempt-<n>/``, names no log entry
 committables are their file actions (path, size, records, partition values), validated on
 read (:mod:`.delta_files`).
 
-Upsert (:mod:`.delta_upsert`) is merge-on-read: the changed rows go to new files and the
+Upsert (:mod:`.upsert`) is merge-on-read: the changed rows go to new files and the
 rows they replace are deleted with deletion vectors, so its cost grows with the changed
-keys; its commit is written by :mod:`.delta_commit` (delta-rs's API has no DVs).
+keys; its commit is written by :mod:`.commit` (delta-rs's API has no DVs).
 
 Committer (finalize, recovery): **one** Delta commit per checkpoint holds its adds (upsert:
 also its removes and new deletion vectors) and a ``txn`` action with app id
@@ -92,7 +92,7 @@ class DeltaTableSink(TableDirectorySink):
     :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job and
         written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
     :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
-        ``conn_id``; delta-rs's are derived from them (:mod:`.delta_storage`).
+        ``conn_id``; delta-rs's are derived from them (:mod:`.storage`).
     :param step: Name of the step (Airflow task) the sink runs in.
     :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
         checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
@@ -140,7 +140,7 @@ class DeltaTableSink(TableDirectorySink):
         return self._load() if DeltaTable.is_deltatable(self.asset_uri(), self.delta_options()) else None
 
     def delta_options(self) -> dict[str, str]:
-        """delta-rs's options reaching the table as its filesystem does (:mod:`.delta_storage`)."""
+        """delta-rs's options reaching the table as its filesystem does (:mod:`.storage`)."""
         return delta_storage.delta_rs_options(self._fs()[0], self.storage_options, self.delta_only)
 
     def _open(self, version: int | None = None) -> DeltaTable:

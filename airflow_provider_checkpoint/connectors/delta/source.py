@@ -76,7 +76,7 @@ class DeltaSource(Source):
     :param uid: Stable id of the source (keys its position in checkpoints).
     :param path: URL of the table root (a local path, ``s3://...``).
     :param storage_options: Options of the table's storage, as ``DeltaTableSink`` takes them:
-        ``s3fs``'s or an Airflow ``aws`` connection as ``conn_id`` (:mod:`.delta_storage`).
+        ``s3fs``'s or an Airflow ``aws`` connection as ``conn_id`` (:mod:`.storage`).
     :param change_data_feed: Read inserts, updates and deletes as change rows (see above).
     :param starting_version: The first commit the job reads; ``None``: the table's rows at the
         first barrier, then its commits.
@@ -289,8 +289,9 @@ class DeltaSource(Source):
         """``files`` read by Spark in one scan (one per group of files with distinct base names).
 
         With :attr:`~.graph.Source.in_source_order` the partitions hold the rows in source order:
-        commits in version order, each file's rows in order (as :func:`.file_scans.in_file_order`
-        does: up to :data:`~.file_scans.ORDERED_SCAN_FILES` files one scan each, else one sort)."""
+        commits in version order, each file's rows in order (as
+        :func:`~airflow_provider_checkpoint.fileio.scans.in_file_order` does: up to
+        :data:`~airflow_provider_checkpoint.fileio.scans.ORDERED_SCAN_FILES` files one scan each, else one sort)."""
         if not files:
             return spark.createDataFrame([], self.output_schema(schema))
         ordered = self.in_source_order and len(files) > 1

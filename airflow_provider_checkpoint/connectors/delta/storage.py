@@ -67,7 +67,7 @@ def delta_rs_options(
 
 def check_table(fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = ()) -> None:
     """What delta-rs, Spark and pyarrow are handed is safe to open: no link in the log and no file linking
-    out (:func:`check_links`), no log file that would crash delta-rs (:func:`.delta_log.check_log_json`)."""
+    out (:func:`check_links`), no log file that would crash delta-rs (:func:`.log.check_log_json`)."""
     check_links(fs, root, table, files)
     delta_log.check_log_json(fs, root, table)
 

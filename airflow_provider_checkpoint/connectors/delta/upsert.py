@@ -91,7 +91,7 @@ def stage(
     live: dict[str, DataFile],
 ) -> StagedUpsert:
     """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
-    (:mod:`.delta_checks`) unless it leaves one live row per key.
+    (:mod:`.checks`) unless it leaves one live row per key.
 
     Up to ``upsert.driver_merge_rows`` changed rows are collected in one Spark job and written by the
     driver (pyarrow); more are written by the executors (Spark)."""

@@ -1,7 +1,7 @@
 """Dead letters: the malformed records of a source, committed with the checkpoint that read them.
 
 A source with ``on_malformed="dead_letter"`` passes its good records on and brings along a
-:class:`DeadLetterSink`: an append-mode :class:`~.sinks.ParquetTableSink` staged in the step
+:class:`DeadLetterSink`: an append-mode :class:`~.parquet_sink.ParquetTableSink` staged in the step
 that reads the source and committed by finalize with every other sink (two-phase commit,
 exactly once). One row per malformed record, columns :data:`COLUMNS`.
 """

@@ -325,7 +325,8 @@ class FileSource(Source):
 
     def load(self, ctx: StepContext, todo: dict[str, int], file_column: FileColumn | None = None) -> DataFrame:
         """``todo`` parsed with the declared schema; JSON and CSV keep malformed records in ``_corrupt_record``
-        (:mod:`.file_io`: Spark's readers where Hadoop serves the landing directory, else fsspec and pyarrow).
+        (:mod:`~airflow_provider_checkpoint.fileio.writes`: Spark's readers where Hadoop serves the landing
+        directory, else fsspec and pyarrow).
 
         With :attr:`~.graph.Source.in_source_order` and no ``file_column`` the partitions hold the
         rows in source order: files by name, each file's records in line order (what an upsert

@@ -3,7 +3,7 @@
 With ``dead_letter_table`` set, a row holding a value PostgreSQL refuses (a NUL byte in text, a
 number or timestamp out of its column's range, …) is not loaded. The executor that finds it
 skips it and stages it as a dead letter in a second staging table of the attempt
-(:func:`~.postgres_sql.dead_letter_staging`, logged like the first, so it survives a crash of
+(:func:`~.sql.dead_letter_staging`, logged like the first, so it survives a crash of
 the server), in the same transaction as its partition's rows.
 Finalize moves the dead letters into the dead-letter table in the same transaction that moves
 the rows and writes the marker, so each refused row is recorded exactly once; a restore to N

@@ -1,9 +1,9 @@
 """Exactly-once into a PostgreSQL table through an Airflow ``postgres`` connection.
 
 - **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging
-  table unique to the checkpoint attempt (:func:`~.postgres_sql.staging_table`); the driver
+  table unique to the checkpoint attempt (:func:`~.sql.staging_table`); the driver
   never holds rows. A value PostgreSQL refuses fails the step, naming column and key, or with
-  ``dead_letter_table`` its row goes there instead (:mod:`.postgres_dead_letters`). The
+  ``dead_letter_table`` its row goes there instead (:mod:`.dead_letters`). The
   committable is ``{"checkpoint_id", "staging_table", "rows"}`` (and ``"dead_letters"``, a
   count, with a dead-letter table): names and counts only. Staging tables are ordinary,
   WAL-logged tables (never UNLOGGED, which crash recovery empties): once the step's load has
@@ -73,7 +73,7 @@ class PostgresTableSink(TransactionalSink):
         are purged.
     :param dead_letter_table: ``name`` (in the table's schema) or ``schema.name``: rows holding a
         value PostgreSQL refuses go there, committed with the checkpoint, instead of failing the
-        step (:mod:`.postgres_dead_letters`); created if absent.
+        step (:mod:`.dead_letters`); created if absent.
     :param max_refused_fraction: with a dead-letter table, a checkpoint in which more than this
         fraction of the rows is refused is declined.
     :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).

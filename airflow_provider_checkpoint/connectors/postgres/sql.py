@@ -1,4 +1,4 @@
-"""The PostgreSQL side of :class:`~.postgres_table.PostgresTableSink`: connection, names, types, bulk load.
+"""The PostgreSQL side of :class:`~.sink.PostgresTableSink`: connection, names, types, bulk load.
 
 Nothing here holds rows in the driver: :func:`copy_partitions` runs in the executors, one
 ``COPY`` per Arrow batch inside one transaction per partition, and returns one small row
