@@ -1,1 +1,1 @@
-"""The Spark side: session, keyed state backend and the step runner."""
+"""The Spark side: the session, the step runner, channels between steps, and where a step runs (embedded, spark-submit, Spark Connect)."""
