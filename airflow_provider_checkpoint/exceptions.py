@@ -175,7 +175,21 @@ class StateTooLargeError(RefusedInputError):
 
 # -- storage -----------------------------------------------------------------------------
 class StateFileError(CheckpointStorageError):
-    """A state file (or inline state) does not hold the columns its ``_metadata`` records."""
+    """A state file (or inline state) does not hold the columns, or the key groups, its ``_metadata`` records."""
+
+    MARK = "[state file refused] "
+    """Starts the message of a check Spark runs on state rows (``raise_error``), so the step that
+    raised it is declined as this error (:meth:`raised_by_spark`)."""
+
+    @classmethod
+    def raised_by_spark(cls, error: BaseException) -> StateFileError | None:
+        """The refusal a Spark job raised with :data:`MARK`, as this error; ``None`` for any other error."""
+        text = str(error)
+        start = text.find(cls.MARK)
+        if start < 0:
+            return None
+        message = text[start + len(cls.MARK) :].split("\n", 1)[0]
+        return cls(message.split(" SQLSTATE:", 1)[0].strip())  # Spark appends the SQL state
 
 
 class RegistryError(CheckpointStorageError):

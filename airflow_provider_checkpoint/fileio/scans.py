@@ -23,7 +23,7 @@ from airflow_provider_checkpoint.storage.object_store import for_executors
 if TYPE_CHECKING:
     import fsspec
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 MAX_READ_TASKS = 256
@@ -122,11 +122,9 @@ def in_file_order(
     if len(paths) <= ORDERED_SCAN_FILES:
         return reduce(lambda a, b: a.union(b), [scan([p], None) for p in paths])
     column = FileColumn(_FILE)
-    # Spark names a local file file:/x, fsspec's URL file:///x: compared without scheme and slashes
-    labels = [_SCHEME.sub("", column.label(fs, p)) for p in paths]
     rank = F.element_at(
-        F.create_map(*[F.lit(x) for i, label in enumerate(labels) for x in (label, i)]),
-        F.regexp_replace(F.col(_FILE), _SCHEME.pattern, ""),
+        F.create_map(*[F.lit(x) for i, path in enumerate(paths) for x in (column.key(fs, path), i)]),
+        column.key_column(),
     )
     positioned = scan(list(paths), column).withColumn(_POSITION, F.monotonically_increasing_id())
     return positioned.orderBy(rank, F.col(_POSITION)).drop(_POSITION, _FILE)
@@ -163,6 +161,17 @@ class FileColumn:
 
     def label(self, fs: fsspec.AbstractFileSystem, path: str) -> str:
         return quote(url(fs, path), safe=":/") if self.part == "path" else posixpath.basename(path)
+
+    def key(self, fs: fsspec.AbstractFileSystem, path: str) -> str:
+        """:meth:`label` without scheme and leading slashes, as :meth:`key_column` gives it: Spark names
+        a local file ``file:/x``, fsspec's URL is ``file:///x``."""
+        return _SCHEME.sub("", self.label(fs, path))
+
+    def key_column(self) -> Column:
+        """This column without scheme and leading slashes, to compare with :meth:`key`."""
+        from pyspark.sql import functions as F
+
+        return F.regexp_replace(F.col(self.name), _SCHEME.pattern, "")
 
 
 def _with_file(schema: StructType, file_column: FileColumn | None) -> StructType:

@@ -222,9 +222,11 @@ class SparkCheckpointOperator(BaseOperator):
             ack = self._run(plan, attempt, channels)
         except Exception as e:
             declined = decline_for(e)
-            ti.xcom_push(key=DECLINE_KEY, value={"reason": declined.reason.value, "message": f"{self.step}: {e}"})
+            ti.xcom_push(
+                key=DECLINE_KEY, value={"reason": declined.reason.value, "message": f"{self.step}: {declined}"}
+            )
             if declined.fatal:
-                raise AirflowFailException(str(e)) from e
+                raise AirflowFailException(str(declined)) from e
             raise
         self.log.info(
             "step %s acked checkpoint %d (attempt %d): %s",

@@ -11,7 +11,12 @@ import json
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.core.status import AbortReason
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError, StepDeclined
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    RefusedInputError,
+    StateFileError,
+    StepDeclined,
+)
 from airflow_provider_checkpoint.state.handles import is_own, stray_handles
 from airflow_provider_checkpoint.storage import JobStorage
 
@@ -23,6 +28,7 @@ def decline_for(e: BaseException) -> StepDeclined:
     """How an exception of a step declines its checkpoint."""
     if isinstance(e, StepDeclined):
         return e
+    e = StateFileError.raised_by_spark(e) or e
     reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
     reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
     fatal = isinstance(e, RefusedInputError | CheckpointStorageError)  # StateTooLargeError is refused input

@@ -229,8 +229,10 @@ class _OperatorState:
             kept = [h for i in compact for h in layout.ranges[i].handles]
             spark = changelog.sparkSession
             schema = state_schema(self.restored)
-            full = read_files(spark, self.storage, [h for h in kept if h.delta is None], schema)
-            older = read_files(spark, self.storage, [h for h in kept if h.delta is not None], delta_schema(schema))
+            files = [h for h in kept if h.delta is None]
+            full = read_files(spark, self.storage, files, schema, keys, max_parallelism)
+            deltas = [h for h in kept if h.delta is not None]
+            older = read_files(spark, self.storage, deltas, delta_schema(schema), keys, max_parallelism)
             layers = 1 + len({h.delta for h in kept if h.delta is not None})
             merged = merge(
                 full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys, True, layers

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
-from airflow_provider_checkpoint.exceptions import StateTooLargeError
-from airflow_provider_checkpoint.fileio.scans import read_parquet
+from airflow_provider_checkpoint.exceptions import StateFileError, StateTooLargeError
+from airflow_provider_checkpoint.fileio.scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.state.files import check_file, read_inline
 from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnapshot, StateHandle
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 SEQ = "__seq"
+_FILE = "__state_file"
 BROADCAST_BYTES = 64 << 20
 """Deltas up to this size are broadcast when merged with a full version (no shuffle of the full version)."""
 
@@ -163,10 +164,11 @@ def read_state(
         storage.verify(handle, deep=verify)
         check_file(storage, handle, snapshot, uid)
     base, deltas = merge_order(snapshot.handles)
-    full = read_files(spark, storage, base, schema)
+    keys, groups = snapshot.keys, snapshot.max_parallelism
+    full = read_files(spark, storage, base, schema, keys, groups)
     if not deltas:
         return full
-    changes = read_files(spark, storage, [h for _, hs in deltas for h in hs], delta_schema(schema))
+    changes = read_files(spark, storage, [h for _, hs in deltas for h in hs], delta_schema(schema), keys, groups)
     small = sum(h.size for _, hs in deltas for h in hs) <= BROADCAST_BYTES
     return merge(full, changes, snapshot.keys, small, len(deltas))
 
@@ -206,6 +208,43 @@ def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool 
     return kept.unionByName(latest.where(~F.col(DELETED)).select(*full.columns))
 
 
-def read_files(spark: SparkSession, storage: Location, handles: Sequence[StateHandle], schema: StructType) -> DataFrame:
-    """The rows of the state files ``handles`` (unchecked), read with ``schema``."""
-    return read_parquet(spark, storage.fs, [storage.path(h.path) for h in handles], schema)
+def read_files(
+    spark: SparkSession,
+    storage: Location,
+    handles: Sequence[StateHandle],
+    schema: StructType,
+    keys: Sequence[str],
+    max_parallelism: int,
+) -> DataFrame:
+    """The rows of the state files ``handles``, read with ``schema``.
+
+    A row whose key (``keys``) falls outside the key-group range its file's handle records fails
+    the Spark job that reads it with :class:`~airflow_provider_checkpoint.exceptions.StateFileError`'s
+    mark, naming the file: a key in the wrong file would be kept twice or never updated.
+    """
+    from pyspark.sql import functions as F
+
+    paths = [storage.path(h.path) for h in handles]
+    ranged = [(path, h.key_groups) for path, h in zip(paths, handles, strict=True) if h.key_groups is not None]
+    if not ranged:
+        return read_parquet(spark, storage.fs, paths, schema)
+    column = FileColumn(_FILE)
+    df = read_parquet(spark, storage.fs, paths, schema, column)
+    files = [(F.lit(column.key(storage.fs, path)), span) for path, span in ranged]
+    low = F.create_map(*[x for name, span in files for x in (name, F.lit(span[0]))])
+    high = F.create_map(*[x for name, span in files for x in (name, F.lit(span[1]))])
+    first, last = F.element_at(low, column.key_column()), F.element_at(high, column.key_column())
+    group = key_group(tuple(keys), max_parallelism)
+    message = F.concat(
+        F.lit(f"{StateFileError.MARK}state file "),
+        F.col(_FILE),
+        F.lit(" holds a key of key group "),
+        group.cast("string"),
+        F.lit(", outside the range its handle records ["),
+        first.cast("string"),
+        F.lit(", "),
+        last.cast("string"),
+        F.lit("]: it is not the file the checkpoint wrote; restore another checkpoint or savepoint"),
+    )
+    outside = first.isNotNull() & ((group < first) | (group > last))
+    return df.where(F.when(outside, F.raise_error(message)).otherwise(F.lit(True))).drop(_FILE)

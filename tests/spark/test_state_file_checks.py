@@ -11,13 +11,16 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, StateFileError
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
+from airflow_provider_checkpoint.spark.acks import decline_for
 from airflow_provider_checkpoint.state.savepoints import write_savepoint
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
@@ -68,3 +71,44 @@ def test_state_without_its_key_column_is_refused_everywhere(spark, tmp_path):
 
     with pytest.raises(StateFileError, match=r"operator 'enrich' .*missing column\(s\) \['customer_id'\]"):
         job.checkpoint()  # the step restores the latest checkpoint's state
+
+
+def claim_one_key_group(location: Location) -> str:
+    """Make ``enrich``'s state file claim key group 0 only (the issue's crafted handle), in a valid
+    ``_metadata``: its size and checksum still match; its URL."""
+    cp = location.load_snapshot()
+    state = cp.operators["enrich"]
+    assert [h.key_groups for h in state.handles] == [(0, 127)], "one file of every key group"
+    state = dataclasses.replace(state, handles=(dataclasses.replace(state.handles[0], key_groups=(0, 0)),))
+    location.fs.rm(location.path(METADATA))
+    location.write_atomic(METADATA, metadata.encode(dataclasses.replace(cp, operators={"enrich": state})))
+    return location.url(state.handles[0].path)
+
+
+def test_a_state_file_holding_keys_outside_its_key_group_range_is_refused(spark, tmp_path):
+    declare = enrichment_pipeline("hold", hold_ttl=HOLD, tombstone_retention=RETENTION)
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
+    landing = Landing(tmp_path, seed=5)
+    landing.land(1, 40, changes(*[(f"c{i}", "gold", 1, "U") for i in range(8)]))
+    savepoint = tmp_path / "savepoints" / "sp-1"
+    job.checkpoint(savepoint_target=f"file://{savepoint}")
+    sp = Location.from_url(f"file://{savepoint}")
+    file = claim_one_key_group(sp)
+    request_restore(job.storage, sp.url(), False, False)  # columns, sizes and checksums all match
+    outputs = {p: p.read_bytes() for p in (tmp_path / "marts").rglob("*") if p.is_file()}
+
+    landing.land(2, 5, changes(("c1", "x", 2, "U")))
+    with pytest.raises(Exception) as raised:
+        job.checkpoint()  # the step restores the savepoint's state: Spark reads every row of the file
+    refused = StateFileError.raised_by_spark(raised.value)
+    assert refused is not None, raised.value
+    named = re.escape(quote(file.removeprefix("file://").lstrip("/")))
+    assert re.fullmatch(
+        rf"state file file:/+{named} holds a key of key group \d+, outside the range its handle "
+        rf"records \[0, 0\]: it is not the file the checkpoint wrote; restore another checkpoint or savepoint",
+        str(refused),
+    ), str(refused)
+    declined = decline_for(raised.value)
+    assert (declined.reason, declined.fatal, str(declined)) == (AbortReason.CORRUPT_STATE, True, str(refused))
+    assert CompletedCheckpointStore(job.storage).completed_ids() == [1], "nothing committed"
+    assert {p: p.read_bytes() for p in (tmp_path / "marts").rglob("*") if p.is_file()} == outputs

@@ -47,3 +47,23 @@ def test_an_altered_state_file_is_caught(env: Env) -> None:
     (env.job_dir / handle.path).write_bytes(b"x" * handle.size)
     with pytest.raises(CheckpointStorageError, match="checksum"):
         read_ack(env.storage, plan, STEP, 1)
+
+
+def test_a_state_file_refusal_raised_inside_spark_declines_as_corrupt_state_for_good() -> None:
+    from airflow_provider_checkpoint.core.status import AbortReason
+    from airflow_provider_checkpoint.exceptions import StateFileError
+    from airflow_provider_checkpoint.spark.acks import decline_for
+
+    spark_error = RuntimeError(
+        "[USER_RAISED_EXCEPTION] [state file refused] state file file:/x/kg.parquet holds a key of key group 7, "
+        "outside the range its handle records [0, 0]: restore another checkpoint SQLSTATE: P0001\n\tat org.apache"
+    )
+    declined = decline_for(spark_error)
+    assert (declined.reason, declined.fatal) == (AbortReason.CORRUPT_STATE, True)
+    assert str(declined) == (
+        "state file file:/x/kg.parquet holds a key of key group 7, outside the range its handle records [0, 0]: "
+        "restore another checkpoint"
+    )
+    other = decline_for(RuntimeError("[DIVIDE_BY_ZERO] division by zero"))
+    assert (other.reason, other.fatal) == (AbortReason.DECLINED, False)
+    assert StateFileError.raised_by_spark(RuntimeError("state file x is fine")) is None
