@@ -24,7 +24,7 @@ from airflow.cli.simple_table import AirflowConsole
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 from rich.markup import escape
 
-from airflow_provider_checkpoint.exceptions import CheckpointError, redact, redact_values
+from airflow_provider_checkpoint.exceptions import CheckpointError, RegistryError, redact, redact_values
 from airflow_provider_checkpoint.jobs import reports
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.jobs.registry import find_job, list_jobs
@@ -245,7 +245,11 @@ def audit(args: argparse.Namespace) -> None:
     with _refusals():
         location = find_job(args.job_id)
         storage = location.storage()
-        findings = audit_job(storage, location.retained())
+        try:
+            sinks, unaudited = location.deployed_sinks(), []
+        except RegistryError as e:
+            sinks, unaudited = [], [f"sinks not audited: {e}"]
+        findings = [*unaudited, *audit_job(storage, location.retained(), sinks)]
     for finding in findings:
         _say(str(finding))
     if findings:

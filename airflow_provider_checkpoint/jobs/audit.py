@@ -6,7 +6,6 @@ aborted or discarded checkpoints, staged sink data nobody will commit, a stale l
 
 from __future__ import annotations
 
-import os
 import posixpath
 from collections.abc import Sequence
 
@@ -23,7 +22,6 @@ from airflow_provider_checkpoint.storage.job_storage import (
     RESTORE_REQUEST,
     STATS_DIR,
 )
-from airflow_provider_checkpoint.storage.paths import is_local
 
 _JOB_FILES = {JOB_FILE, STATS_DIR, RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
 _CHECKPOINT_FILES = {METADATA, PLAN_FILE}
@@ -77,7 +75,7 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
             findings.append(f"unexpected entry {storage.url(name)}")
             continue
         links_out = len(findings)
-        files = _files_under(storage, name, findings)
+        files = storage.files_under(name, findings)
         if not files and len(findings) == links_out:
             findings.append(f"empty leftover directory {storage.url(name)}")
         for relative in files:
@@ -88,24 +86,3 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         sink.bind_job(storage.job_id)
         findings.extend(sink.audit())
     return list(dict.fromkeys(findings))
-
-
-def _files_under(storage: JobStorage, name: str, findings: list[str]) -> list[str]:
-    """The files under ``name`` (relative to the job directory). On a local filesystem a link leading out
-    of the job directory is a finding and is not followed (nothing behind it is listed)."""
-    if not is_local(storage.fs):
-        return [storage.relative(f) for f in storage.fs.find(storage.path(name))]
-    files = []
-    for directory, dirs, names in os.walk(os.path.join(storage.job_dir, name)):
-        for entry in [*dirs, *names]:
-            full = os.path.join(directory, entry)
-            try:
-                storage.path(storage.relative(full))
-            except UnsafePathError as e:
-                findings.append(str(e))
-                if entry in dirs:
-                    dirs.remove(entry)
-                continue
-            if entry in names:
-                files.append(storage.relative(full))
-    return files

@@ -31,6 +31,7 @@ from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE
 
 if TYPE_CHECKING:
+    from airflow_provider_checkpoint.dataflow.graph import Sink
     from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
     from airflow_provider_checkpoint.jobs.definition import CheckpointJob
     from airflow_provider_checkpoint.storage import JobStorage
@@ -64,6 +65,26 @@ class JobLocation:
         from airflow_provider_checkpoint.storage.config import allowed_roots
 
         return allowed_roots(self.storage_root)
+
+    def deployed_sinks(self) -> list[Sink]:
+        """The sinks of this job as its DAG declares them now: the DAG file Airflow last parsed
+        ``dag_id`` from is executed, as the scheduler parses it. :class:`RegistryError` when the
+        DAG or a step of this job in it cannot be found."""
+        from airflow.models.dag import DagModel
+
+        from airflow_provider_checkpoint.spark.submit import StepTask, load_dag
+
+        model = DagModel.get_dagmodel(self.dag_id)
+        if model is None or not model.fileloc:
+            raise RegistryError(f"DAG {self.dag_id} of job {self.job_id} is not in Airflow's metadata database")
+        try:
+            dag = load_dag(model.fileloc, self.dag_id)
+        except Exception as e:  # the user's DAG file: any error it raises
+            raise RegistryError(f"DAG {self.dag_id} of job {self.job_id} failed to load: {shorten(e)}") from e
+        jobs = {task.job.job_id: task.job for task in dag.tasks if isinstance(task, StepTask)}
+        if self.job_id not in jobs:
+            raise RegistryError(f"DAG {self.dag_id} ({model.fileloc}) runs no step of job {self.job_id}")
+        return list(jobs[self.job_id].graph.sinks)
 
     def retained(self) -> int:
         from airflow_provider_checkpoint.storage.config import config_value

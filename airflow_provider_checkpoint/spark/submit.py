@@ -25,6 +25,8 @@ import logging  # noqa: E402
 from typing import TYPE_CHECKING, Protocol, runtime_checkable  # noqa: E402
 
 if TYPE_CHECKING:
+    from airflow.sdk import DAG
+
     from airflow_provider_checkpoint.spark.submitted import StepJob
 
 log = logging.getLogger("airflow_provider_checkpoint.spark.submit")
@@ -38,8 +40,8 @@ class StepTask(Protocol):
     step: str
 
 
-def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[StepJob, str]:
-    """The job and step of task ``task_id`` of DAG ``dag_id`` defined in ``dag_file``."""
+def load_dag(dag_file: str, dag_id: str) -> DAG:
+    """DAG ``dag_id`` as ``dag_file`` defines it now (the file is executed, as Airflow parses it)."""
     from airflow.sdk import DAG
 
     spec = importlib.util.spec_from_file_location(f"checkpoint_dag_{abs(hash(dag_file))}", dag_file)
@@ -49,11 +51,16 @@ def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[StepJob, str]:
     spec.loader.exec_module(module)
     for value in vars(module).values():
         if isinstance(value, DAG) and value.dag_id == dag_id:
-            task = value.get_task(task_id)
-            if not isinstance(task, StepTask):  # SparkCheckpointOperator, chained ones too
-                raise TypeError(f"{dag_id}.{task_id} is a {type(task).__name__}, not a step of a checkpointed pipeline")
-            return task.job, task.step
+            return value
     raise LookupError(f"DAG {dag_id} not found in {dag_file}")
+
+
+def load_step(dag_file: str, dag_id: str, task_id: str) -> tuple[StepJob, str]:
+    """The job and step of task ``task_id`` of DAG ``dag_id`` defined in ``dag_file``."""
+    task = load_dag(dag_file, dag_id).get_task(task_id)
+    if not isinstance(task, StepTask):  # SparkCheckpointOperator, chained ones too
+        raise TypeError(f"{dag_id}.{task_id} is a {type(task).__name__}, not a step of a checkpointed pipeline")
+    return task.job, task.step
 
 
 def main(argv: list[str] | None = None) -> int:

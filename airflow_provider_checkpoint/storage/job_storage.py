@@ -17,6 +17,7 @@ never both commit a checkpoint.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import re
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
+    UnsafePathError,
     shorten,
 )
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
@@ -141,6 +143,26 @@ class Location:
     def delete_paths(self, relatives: Iterable[str]) -> None:
         for rel in sorted(relatives):
             self.delete(rel)
+
+    def files_under(self, name: str, findings: list[str]) -> list[str]:
+        """The files under ``name`` (relative to :attr:`base`; ``""``: all). On a local filesystem a link
+        leading out of :attr:`base` is appended to ``findings`` and not followed (nothing behind it is listed)."""
+        if not is_local(self.fs):
+            return [self.relative(f) for f in self.fs.find(self.path(name))]
+        files = []
+        for directory, dirs, names in os.walk(os.path.join(self.base, name)):
+            for entry in [*dirs, *names]:
+                full = os.path.join(directory, entry)
+                try:
+                    self.path(self.relative(full))
+                except UnsafePathError as e:
+                    findings.append(str(e))
+                    if entry in dirs:
+                        dirs.remove(entry)
+                    continue
+                if entry in names:
+                    files.append(self.relative(full))
+        return files
 
     def handle_for(self, relative: str, key_groups: tuple[int, int] | None = None) -> StateHandle:
         full = self.path(relative)

@@ -67,6 +67,17 @@ def test_job_with_its_own_storage_root(own_storage, example_dag, restore_dag, tm
     assert cli(capsys, "show", JOB, "7")[0] == 2
 
     assert cli(capsys, "audit", JOB)[:2] == (0, f"job {JOB}: clean (file://{own})\n")
+    # the sinks of the job's DAG are audited too: a link out of a table is named, not followed
+    table = tmp_path / "clickstream" / "marts" / "page_views"
+    outside = tmp_path / "outside"
+    (outside / "x").mkdir(parents=True)
+    (outside / "x" / "secret.parquet").write_bytes(b"not the table's")
+    (table / "_staging").mkdir(exist_ok=True)
+    (table / "_staging" / "link").symlink_to(outside)
+    code, out, _ = cli(capsys, "audit", JOB)
+    assert code == 3 and str(table / "_staging" / "link") in out and "secret.parquet" not in out, out
+    (table / "_staging" / "link").unlink()
+    assert cli(capsys, "audit", JOB)[0] == 0
 
     watched = (tmp_path / "own-root", default, tmp_path / "savepoints")
     before = tree(*watched)

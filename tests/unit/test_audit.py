@@ -159,7 +159,7 @@ def test_staged_sink_data(env: Env) -> None:
     staged.parent.mkdir(parents=True)
     staged.write_bytes(b"rows")
     findings = audit(env)
-    assert findings == [f"staged sink data left behind: {staged}"]
+    assert findings == [f"staged sink data left behind: file://{staged}"]
 
 
 def test_staged_sink_data_is_only_checked_for_given_sinks(env: Env) -> None:
@@ -187,3 +187,14 @@ def test_an_attempt_directory_linked_out_is_a_finding_and_not_followed(env: Env,
     assert len(findings) == 1 and str(link) in findings[0] and "resolves to" in findings[0]
     assert "secret.bin" not in findings[0]
     assert (outside / "state" / "secret.bin").read_bytes() == b"not ours"
+
+
+def test_a_link_out_of_a_sink_table_is_named_and_not_followed(env: Env, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "part-00000.parquet").write_bytes(b"not the table's")
+    env.table.mkdir(parents=True, exist_ok=True)
+    (env.table / "part-link").symlink_to(outside)
+    findings = audit(env)
+    assert len(findings) == 1 and str(env.table / "part-link") in findings[0], findings
+    assert "elsewhere/part-00000.parquet" not in findings[0]

@@ -228,9 +228,11 @@ class TableDirectorySink(TransactionalSink):
         self.table().delete(self.staging_dir(checkpoint_id))
 
     def audit(self) -> list[str]:
-        table = self.table()
+        """Staged files nobody will commit, and links out of the table (reported, not followed)."""
+        table, findings = self.table(), list[str]()
         try:
-            staged = table.fs.find(table.path("_staging")) if table.exists("_staging") else []
+            files = table.files_under("", findings) if table.exists("") else []
         except UnsafePathError as e:
             return [str(e)]
-        return [f"staged sink data left behind: {p}" for p in staged]
+        staged = [table.url(f) for f in files if f.startswith("_staging/")]
+        return findings + [f"staged sink data left behind: {u}" for u in staged]
