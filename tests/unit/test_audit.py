@@ -198,3 +198,16 @@ def test_a_link_out_of_a_sink_table_is_named_and_not_followed(env: Env, tmp_path
     findings = audit(env)
     assert len(findings) == 1 and str(env.table / "part-link") in findings[0], findings
     assert "elsewhere/part-00000.parquet" not in findings[0]
+
+
+def test_a_delta_table_refused_as_a_whole_is_a_finding(env: Env, tmp_path: Path) -> None:
+    from airflow_provider_checkpoint.dataflow import DeltaTableSink
+
+    outside = tmp_path / "elsewhere-log"
+    outside.mkdir()
+    table = tmp_path / "delta-table"
+    table.mkdir()
+    (table / "_delta_log").symlink_to(outside)
+    sink = DeltaTableSink("lake", env.coordinator.graph.sources[0], str(table))
+    findings = audit_job(env.storage, RETAINED, [sink])
+    assert len(findings) == 1 and findings[0].startswith("sink lake: ") and "_delta_log" in findings[0], findings
