@@ -15,13 +15,15 @@ first and the sink falls back to Spark.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import fsspec
     import numpy as np
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
 BATCH_ROWS = 65_536
 
@@ -76,6 +78,15 @@ def mergeable(fs: fsspec.AbstractFileSystem, old_files: Sequence[str], changed: 
     return True
 
 
+@contextmanager
+def table_writer(fs: fsspec.AbstractFileSystem, out: str, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
+    """A Parquet writer of ``out`` as the sinks write table files on the driver (zstd), closed on exit."""
+    import pyarrow.parquet as pq
+
+    with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+        yield writer
+
+
 def merge_bucket(
     fs: fsspec.AbstractFileSystem, old: str | None, changed: pa.Table, keys: Sequence[str], out: str
 ) -> int:
@@ -89,7 +100,7 @@ def merge_bucket(
     schema = target_schema(changed.schema)
     changed = changed.select(schema.names).cast(schema)
     rows = 0
-    with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+    with table_writer(fs, out, schema) as writer:
         if old is not None:
             drop = KeySet(changed, keys)
             with fs.open(old, "rb") as source:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from airflow_provider_checkpoint.connectors.base.bucket_merge import BATCH_ROWS, KeySet
+from airflow_provider_checkpoint.connectors.base.bucket_merge import BATCH_ROWS, KeySet, table_writer
 from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
@@ -153,16 +153,15 @@ def _write_rows(
     checkpoint_id: int, rows: pa.Table, fs: fsspec.AbstractFileSystem, staging: str
 ) -> list[tuple[str, int | None]]:
     """The changed rows (collected in the driver) as one update file ``staging/part-u<checkpoint>-0.parquet``."""
-    import pyarrow.parquet as pq
-
     from airflow_provider_checkpoint.connectors.base.bucket_merge import target_schema
 
     if not rows.num_rows:
         return []
     named = f"{staging}/{update_file(checkpoint_id, 0)}"
     fs.makedirs(staging, exist_ok=True)
-    with fs.open(named, "wb") as sink:
-        pq.write_table(rows.cast(target_schema(rows.schema)), sink, compression="zstd")
+    schema = target_schema(rows.schema)
+    with table_writer(fs, named, schema) as writer:
+        writer.write_table(rows.cast(schema))
     return [(named, rows.num_rows)]
 
 
@@ -212,7 +211,7 @@ def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) 
     with fs.open(f"{root}/{found.file.path}", "rb") as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
         schema = _rewrite_schema(reader)
-        with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+        with table_writer(fs, out, schema) as writer:
             for batch in reader.iter_batches(batch_size=BATCH_ROWS):
                 positions = np.arange(at, at + batch.num_rows, dtype=np.uint64)
                 kept = pa.Table.from_batches([batch]).cast(schema).filter(pa.array(~np.isin(positions, found.deleted)))
