@@ -70,6 +70,22 @@ class CheckpointError(Exception):
     """Base of every exception the provider raises on purpose."""
 
 
+class _RaisedInSpark:
+    """An error a Spark task raises, recognized on the driver by :data:`MARK` at the start of its message."""
+
+    MARK = ""
+
+    @classmethod
+    def raised_by_spark(cls, error: BaseException) -> Any:
+        """The error a Spark job raised with :data:`MARK`, as this class; ``None`` for any other error."""
+        text = str(error)
+        start = text.find(cls.MARK)
+        if start < 0:
+            return None
+        message = text[start + len(cls.MARK) :].split("\n", 1)[0]
+        return cls(message.split(" SQLSTATE:", 1)[0].strip())  # type: ignore[call-arg]  # Spark appends it
+
+
 class RefusedInputError(CheckpointError, ValueError):
     """Input was refused before any effect; the message names the document, the field and the rule."""
 
@@ -153,6 +169,18 @@ class SinkSchemaError(RefusedInputError):
     """The input's columns do not match the sink's table; the message names the table and the columns."""
 
 
+class KafkaSourceError(_RaisedInSpark, RefusedInputError):
+    """A Kafka source cannot give a checkpoint its records: a missing topic, offsets the barrier needs
+    that are gone (``fail_on_data_loss``), a refused connection; the message names the topic,
+    partition and offsets, or the broker address, never a secret."""
+
+    MARK = "[kafka source refused] "
+
+
+class KafkaUnavailableError(CheckpointError, OSError):
+    """The Kafka broker cannot be reached (refused, timed out): the step or trigger is retried."""
+
+
 class SinkConnectionError(RefusedInputError):
     """A sink's connection is undefined, of the wrong type, or refused (credentials, host); never names a secret."""
 
@@ -174,22 +202,10 @@ class StateTooLargeError(RefusedInputError):
 
 
 # -- storage -----------------------------------------------------------------------------
-class StateFileError(CheckpointStorageError):
+class StateFileError(_RaisedInSpark, CheckpointStorageError):
     """A state file (or inline state) does not hold the columns, or the key groups, its ``_metadata`` records."""
 
     MARK = "[state file refused] "
-    """Starts the message of a check Spark runs on state rows (``raise_error``), so the step that
-    raised it is declined as this error (:meth:`raised_by_spark`)."""
-
-    @classmethod
-    def raised_by_spark(cls, error: BaseException) -> StateFileError | None:
-        """The refusal a Spark job raised with :data:`MARK`, as this error; ``None`` for any other error."""
-        text = str(error)
-        start = text.find(cls.MARK)
-        if start < 0:
-            return None
-        message = text[start + len(cls.MARK) :].split("\n", 1)[0]
-        return cls(message.split(" SQLSTATE:", 1)[0].strip())  # Spark appends the SQL state
 
 
 class RegistryError(CheckpointStorageError):
@@ -245,3 +261,13 @@ def _utc(timestamp: Any) -> str:
 # -- outside the hierarchy ---------------------------------------------------------------
 class InjectedFault(RuntimeError):
     """Raised at a fault point that a test switched on."""
+
+
+def raised_in_spark(error: BaseException) -> CheckpointError | None:
+    """The refusal a Spark task raised (:class:`StateFileError`, :class:`KafkaSourceError`), recognized in
+    the error Spark reports on the driver; ``None`` for any other error."""
+    for kind in (StateFileError, KafkaSourceError):
+        found = kind.raised_by_spark(error)
+        if found is not None:
+            return found  # type: ignore[no-any-return]
+    return None

@@ -25,7 +25,7 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.pop("CHECKPOINT_FAULTS", None)
 os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
 
-pytest_plugins = ["tests.servers.postgres", "tests.servers.s3"]
+pytest_plugins = ["tests.servers.kafka", "tests.servers.postgres", "tests.servers.s3"]
 
 LIVE = "tests/live/"
 SLOWEST_FIRST = (LIVE, "tests/airflow/test_cluster_execution.py")

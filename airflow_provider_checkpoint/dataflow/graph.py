@@ -93,6 +93,10 @@ class Source(Node):
     def initial_position(self) -> Any:
         raise NotImplementedError
 
+    def new_input(self, previous: Any) -> bool:
+        """Whether a barrier cut now would hold input beyond ``previous`` (the deferred input sensor asks)."""
+        return bool(self.barrier_position(previous) != previous)
+
     def barrier_position(self, previous: Any) -> Any:
         """The end position (exclusive) at trigger time, given the restored position."""
         raise NotImplementedError

@@ -62,7 +62,7 @@ class CheckpointStorageHook(BaseHook):
         found = []
         for source in sources:
             previous = positions.get(source.uid) or source.initial_position()
-            if source.barrier_position(previous) != previous:
+            if source.new_input(previous):
                 found.append(source.uid)
         return found
 

@@ -14,8 +14,8 @@ from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     RefusedInputError,
-    StateFileError,
     StepDeclined,
+    raised_in_spark,
 )
 from airflow_provider_checkpoint.state.handles import is_own, stray_handles
 from airflow_provider_checkpoint.storage import JobStorage
@@ -28,7 +28,7 @@ def decline_for(e: BaseException) -> StepDeclined:
     """How an exception of a step declines its checkpoint."""
     if isinstance(e, StepDeclined):
         return e
-    e = StateFileError.raised_by_spark(e) or e
+    e = raised_in_spark(e) or e
     reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
     reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
     fatal = isinstance(e, RefusedInputError | CheckpointStorageError)  # StateTooLargeError is refused input

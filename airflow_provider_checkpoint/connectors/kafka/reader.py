@@ -1,0 +1,138 @@
+"""Reading offset ranges of Kafka partitions on Spark's executors, through ``confluent-kafka``.
+
+Each Spark task reads one range ``[start, end)`` of one partition with a consumer of its
+own (assigned, never subscribed, committing nothing), and yields exactly the records whose
+offsets lie in the range, in offset order, whatever control records or transaction markers
+occupy offsets inside it. Records the range needs that are gone — the first offset the
+broker returns is past ``start``, or the partition now ends before ``end`` — are lost:
+counted in :data:`LOST` (a row of its own, without a record), or, with
+``fail_on_data_loss``, a failed task naming the topic, partition and offsets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.exceptions import KafkaSourceError, KafkaUnavailableError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+LOST = "__lost_records"
+"""Set on the one row a task adds when records of its range are gone: how many."""
+RAW_SCHEMA = (
+    "topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, key BINARY, value BINARY, "
+    f"headers ARRAY<STRUCT<key: STRING, value: BINARY>>, {LOST} LONG"
+)
+BATCH_ROWS = 10_000
+IDLE_SECONDS = 60.0
+"""A task that receives nothing for this long while its range is unfinished gives up (broker gone)."""
+
+Task = tuple[str, int, int, int]
+
+
+def _arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+            (LOST, pa.int64()),
+        ]
+    )
+
+
+def read_tasks(
+    config: Mapping[str, str], tasks: Sequence[Task], fail_on_data_loss: bool
+) -> Any:  # the function mapInArrow runs over ``spark.range(len(tasks))``
+    """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i``."""
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from read_range(config, tasks[index], fail_on_data_loss)
+
+    return read
+
+
+def read_range(config: Mapping[str, str], task: Task, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
+    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from airflow_provider_checkpoint.connectors.kafka.client import consumer_config
+
+    topic, partition, start, end = task
+    schema = _arrow_schema()
+    rows: dict[str, list[Any]] = {name: [] for name in schema.names}
+    consumer = Consumer(consumer_config(config))
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        expected, idle_since = start, time.monotonic()
+        lost = 0
+        while expected < end:
+            messages = consumer.consume(num_messages=BATCH_ROWS, timeout=1.0)
+            if not messages and time.monotonic() - idle_since > IDLE_SECONDS:
+                raise KafkaUnavailableError(
+                    f"Kafka {topic}[{partition}]: nothing received for {IDLE_SECONDS:.0f}s at offset {expected} "
+                    f"of [{start}, {end}) from {config.get('bootstrap.servers')}"
+                )
+            for message in messages:
+                idle_since = time.monotonic()
+                error = message.error()
+                offset = int(message.offset() or 0)
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaUnavailableError(f"Kafka {topic}[{partition}]: {error.str()}")
+                    if offset < end:  # the partition ends before the barrier's end: truncated
+                        lost += end - max(offset, expected)
+                        expected = end
+                    continue
+                if offset >= end:
+                    expected = end
+                    break
+                if expected == start and offset > start:  # the first records of the range are gone
+                    lost += offset - start
+                expected = offset + 1
+                _append(rows, topic, partition, offset, message)
+            if len(rows["offset"]) >= BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(rows, schema)
+                rows = {name: [] for name in schema.names}
+    finally:
+        consumer.close()
+    if lost:
+        where = f"{topic}[{partition}] offsets [{start}, {end})"
+        if fail_on_data_loss:
+            raise KafkaSourceError(
+                f"{KafkaSourceError.MARK}Kafka records lost: {lost:,} record(s) of {where} are gone from the "
+                "broker (retention or deleted records) before this checkpoint read them. Restore from an "
+                "older savepoint, or set fail_on_data_loss=False to skip them (counted in the checkpoint's stats)"
+            )
+        for name in schema.names:
+            rows[name].append(None)
+        rows["topic"][-1], rows["partition"][-1], rows[LOST][-1] = topic, partition, lost
+    if rows["topic"]:
+        yield pa.RecordBatch.from_pydict(rows, schema)
+
+
+def _append(rows: dict[str, list[Any]], topic: str, partition: int, offset: int, message: Any) -> None:
+    import datetime as dt
+
+    kind, millis = message.timestamp()
+    rows["topic"].append(topic)
+    rows["partition"].append(partition)
+    rows["offset"].append(offset)
+    rows["timestamp"].append(dt.datetime.fromtimestamp(millis / 1000, dt.UTC) if kind and millis >= 0 else None)
+    rows["key"].append(message.key())
+    rows["value"].append(message.value())
+    headers = message.headers()
+    rows["headers"].append([{"key": k, "value": v} for k, v in headers] if headers else [])
+    rows[LOST].append(0)

@@ -1,0 +1,269 @@
+"""KafkaSource: Kafka topics as a replayable source; the barrier is the partitions' end offsets."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.kafka import client
+from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, TopicPartition, bounded, split
+from airflow_provider_checkpoint.connectors.kafka.reader import LOST, RAW_SCHEMA, read_tasks
+from airflow_provider_checkpoint.core.documents import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("json", "csv", "raw")
+METADATA = ("key", "topic", "partition", "offset", "timestamp", "headers")
+CORRUPT = "_corrupt_record"
+_WHERE = ("__kafka_topic", "__kafka_partition", "__kafka_offset")
+_STARTS = ("earliest", "latest")
+
+
+class KafkaSource(Source):
+    """Records of Kafka topics, exactly once per completed checkpoint, through an Airflow ``kafka``
+    connection (``kafka_config_id``, the Apache Kafka provider's; its extra holds the client
+    properties: ``bootstrap.servers``, ``security.protocol``, ``sasl.*``).
+
+    **Topics**: ``topics`` (a list; each must exist) or ``pattern`` (a regular expression matched
+    against whole topic names; a topic that starts to match joins at the next barrier from its
+    earliest offset, as do partitions added to a topic).
+
+    **The barrier** is every partition's end offset at trigger time; a step reads exactly
+    ``[previous end, this end)`` of every partition, on the executors, whatever control records
+    occupy offsets in between; ``max_records_per_checkpoint`` bounds a backlog (each partition
+    gets a share proportional to its backlog). ``min_partitions`` splits large ranges over more
+    Spark tasks (as Structured Streaming's ``minPartitions``). ``starting_offsets`` is where the
+    job's first checkpoint starts: ``"earliest"``, ``"latest"`` or a timestamp (milliseconds
+    since the epoch: the first offset at or after it). A restore replays from the restored
+    checkpoint's offsets; the offsets are never read back from Kafka.
+
+    **Values**: ``format="json"`` or ``"csv"`` parsed with ``schema`` (a DDL string; ``options``
+    are Spark's ``from_json``/``from_csv`` options), ``"raw"`` keeps the bytes as column ``value``.
+    ``metadata_columns`` adds ``key`` (bytes), ``topic``, ``partition``, ``offset``,
+    ``timestamp`` and ``headers`` (``array<struct<key, value>>``). A value that does not parse
+    (``on_malformed="fail"``, the only choice for now) declines the checkpoint naming the topic,
+    partition and offset; nothing of that checkpoint is committed.
+
+    **Lost records**: records a barrier needs that are gone (retention, deleted records) fail
+    the step naming topic, partition and offsets (``fail_on_data_loss=True``), or are skipped and
+    counted in the checkpoint's stats (``source_lost``).
+
+    **Lag**: once a checkpoint completes, its end offsets are committed to consumer group
+    ``group_id`` (default: the connection's ``group.id``, else ``airflow-checkpoint-<uid>``) so
+    Kafka tooling shows the job's lag; recovery never reads them.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        topics: Sequence[str] | None = None,
+        *,
+        pattern: str | None = None,
+        kafka_config_id: str = "kafka_default",
+        format: str = "json",
+        schema: str | None = None,
+        options: dict[str, str] | None = None,
+        metadata_columns: Sequence[str] = ("key", "topic", "partition", "offset", "timestamp"),
+        starting_offsets: str | int = "earliest",
+        max_records_per_checkpoint: int | None = None,
+        min_partitions: int | None = None,
+        fail_on_data_loss: bool = True,
+        group_id: str | None = None,
+        on_malformed: str = "fail",
+    ) -> None:
+        super().__init__(uid)
+        if (topics is None) == (pattern is None):
+            raise PipelineDefinitionError(f"{uid}: give topics or pattern, exactly one of them")
+        if topics is not None:
+            topics = [topics] if isinstance(topics, str) else list(topics)
+            bad = [t for t in topics if not isinstance(t, str) or not TOPIC.match(t)]
+            if bad or not topics:
+                raise PipelineDefinitionError(f"{uid}: {bad or 'no topic'} are not Kafka topic names")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise PipelineDefinitionError(f"{uid}: pattern {pattern!r} is not a regular expression: {e}") from e
+        if format not in FORMATS:
+            raise PipelineDefinitionError(f"{uid}: format must be one of {FORMATS}, got {format!r}")
+        if (schema is None) != (format == "raw"):
+            raise PipelineDefinitionError(f"{uid}: format {format!r} needs {'no ' if format == 'raw' else 'a '}schema")
+        unknown = [c for c in metadata_columns if c not in METADATA]
+        if unknown or len(set(metadata_columns)) != len(metadata_columns):
+            raise PipelineDefinitionError(f"{uid}: metadata_columns must be distinct names of {METADATA}")
+        if isinstance(starting_offsets, bool) or not (
+            starting_offsets in _STARTS or (isinstance(starting_offsets, int) and starting_offsets >= 0)
+        ):
+            raise PipelineDefinitionError(
+                f"{uid}: starting_offsets must be 'earliest', 'latest' or a timestamp in milliseconds"
+            )
+        for name, value in (
+            ("max_records_per_checkpoint", max_records_per_checkpoint),
+            ("min_partitions", min_partitions),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise PipelineDefinitionError(f"{uid}: {name} must be a positive integer")
+        if on_malformed != "fail":
+            raise PipelineDefinitionError(f"{uid}: on_malformed must be 'fail' (dead letters are not offered yet)")
+        self.topics, self.pattern = topics, pattern
+        self.kafka_config_id = kafka_config_id
+        self.format, self.schema, self.options = format, schema, dict(options or {})
+        self.metadata_columns = tuple(metadata_columns)
+        self.starting_offsets = starting_offsets
+        self.max_records_per_checkpoint = max_records_per_checkpoint
+        self.min_partitions = min_partitions
+        self.fail_on_data_loss = fail_on_data_loss
+        self.group_id = group_id
+        self.on_malformed = on_malformed
+
+    def describe(self) -> JsonDict:
+        watched = {"topics": self.topics} if self.topics is not None else {"pattern": self.pattern}
+        return {**super().describe(), **watched, "format": self.format}
+
+    def to_spec(self) -> JsonDict:
+        return {
+            "uid": self.uid,
+            "topics": self.topics,
+            "pattern": self.pattern,
+            "kafka_config_id": self.kafka_config_id,
+            "format": self.format,
+            "schema": self.schema,
+            "options": self.options,
+            "metadata_columns": list(self.metadata_columns),
+            "starting_offsets": self.starting_offsets,
+            "max_records_per_checkpoint": self.max_records_per_checkpoint,
+            "min_partitions": self.min_partitions,
+            "fail_on_data_loss": self.fail_on_data_loss,
+            "group_id": self.group_id,
+        }
+
+    # -- positions (the driver, no Spark) ------------------------------------------------
+    def config(self) -> dict[str, str]:
+        return client.connection_config(self.kafka_config_id)
+
+    def initial_position(self) -> JsonDict:
+        return Offsets().to_json()
+
+    def barrier_position(self, previous: Any) -> JsonDict:
+        """Every partition's end offset now (at most ``max_records_per_checkpoint`` records past
+        ``previous``), and where partitions first seen now start."""
+        before = Offsets.parse(previous, f"source {self.uid} position")
+        config = self.config()
+        partitions = client.partitions(config, self.topics, self.pattern)
+        ends = client.end_offsets(config, partitions, before.offsets)
+        new = [tp for tp in partitions if tp not in before.offsets]
+        starts = self._starts(config, new, ends, first=not before.offsets)
+        begin = {**{tp: before.offsets[tp] for tp in partitions if tp in before.offsets}, **starts}
+        cut = bounded(begin, {tp: max(ends[tp], begin[tp]) for tp in partitions}, self.max_records_per_checkpoint)
+        return Offsets({**before.offsets, **cut}, starts).to_json()
+
+    def _starts(
+        self, config: dict[str, str], new: list[TopicPartition], ends: dict[TopicPartition, int], first: bool
+    ) -> dict[TopicPartition, int]:
+        """Where partitions first seen start: ``starting_offsets`` at the job's first barrier, else earliest."""
+        if not new:
+            return {}
+        if first and self.starting_offsets == "latest":
+            return {tp: ends[tp] for tp in new}
+        if first and isinstance(self.starting_offsets, int):
+            return client.offsets_at(config, new, self.starting_offsets, ends)
+        earliest = client.earliest_offsets(config, new)
+        return {tp: min(earliest[tp], ends[tp]) for tp in new}
+
+    def new_input(self, previous: Any) -> bool:
+        before = Offsets.parse(previous, f"source {self.uid} position")
+        return Offsets.parse(self.barrier_position(previous)).offsets != before.offsets
+
+    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
+        """Commit the checkpoint's end offsets to the consumer group (lag monitoring only; idempotent)."""
+        config = self.config()
+        group = self.group_id or config.get("group.id") or f"airflow-checkpoint-{self.uid}"
+        try:
+            client.commit(config, group, Offsets.parse(position).offsets)
+        except Exception as e:  # the lag display only: the next checkpoint commits again
+            log.warning(
+                "source %s: offsets of checkpoint %d not committed to group %s: %s", self.uid, checkpoint_id, group, e
+            )
+
+    # -- reading (Spark) ---------------------------------------------------------------
+    def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        return self.read_counted(ctx, previous, barrier)[0]
+
+    def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
+        """The records of ``[previous, barrier)``, parsed and cached, and their count; lost records
+        are counted (``source_lost``), malformed ones decline the checkpoint."""
+        from pyspark.sql import functions as F
+
+        before = Offsets.parse(previous, f"source {self.uid} position")
+        cut = Offsets.parse(barrier, f"source {self.uid} barrier")
+        ranges = list(cut.ranges(before))
+        tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
+        raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
+            read_tasks(self.config(), tasks, self.fail_on_data_loss), RAW_SCHEMA
+        )
+        df = self._parsed(raw).cache()
+        (row,) = df.agg(
+            F.count(F.when(F.col(LOST) == 0, 1)).alias("records"),
+            F.coalesce(F.sum(LOST), F.lit(0)).alias("lost"),
+            F.count(F.when((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull(), 1)).alias("malformed"),
+        ).collect()
+        records, lost, malformed = int(row["records"]), int(row["lost"]), int(row["malformed"])
+        if lost:
+            log.warning(
+                "source %s: %d record(s) lost before checkpoint %d read them", self.uid, lost, ctx.checkpoint_id
+            )
+            ctx.metrics.setdefault("source_lost", {})[self.uid] = lost
+        if malformed:
+            self._refuse_malformed(df, records, malformed)
+        out = df.where(F.col(LOST) == 0).drop(LOST, CORRUPT, *_WHERE)
+        return out, records
+
+    def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
+        df, records = self.read_counted(ctx, previous, barrier)
+        return df, lambda: records
+
+    def _parsed(self, raw: DataFrame) -> DataFrame:
+        """The value parsed (or kept as bytes), the metadata columns, and what the checks need."""
+        from pyspark.sql import functions as F
+
+        meta = [F.col(c) for c in self.metadata_columns]
+        where = [F.col(c).alias(f"__kafka_{c}") for c in ("topic", "partition", "offset")]
+        keep = [*where, F.col(LOST)]
+        if self.format == "raw":
+            return raw.select(F.col("value"), *meta, F.lit(None).cast("string").alias(CORRUPT), *keep)
+        ddl = f"{self.schema}, {CORRUPT} STRING"
+        options = {**self.options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
+        text = F.col("value").cast("string")
+        parsed = F.from_json(text, ddl, options) if self.format == "json" else F.from_csv(text, F.lit(ddl), options)
+        value = raw.select(parsed.alias("__value"), *meta, *keep)
+        names = value.schema["__value"].dataType.fieldNames()  # type: ignore[attr-defined]
+        clash = sorted(set(names) & set(self.metadata_columns))
+        if clash:
+            raise PipelineDefinitionError(f"{self.uid}: value column(s) {clash} clash with metadata_columns")
+        return value.select("__value.*", *self.metadata_columns, *_WHERE, LOST)
+
+    def _refuse_malformed(self, df: DataFrame, records: int, malformed: int) -> None:
+        from pyspark.sql import functions as F
+
+        first = (
+            df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull())
+            .select(*_WHERE, CORRUPT)
+            .orderBy(*_WHERE)
+            .limit(5)
+            .collect()
+        )
+        lines = [f"  {r[0]}[{r[1]}] offset {r[2]}: {str(r[3])[:200]!r}" for r in first]
+        raise MalformedInputError(
+            f"source {self.uid}: {malformed:,} of {records:,} record(s) are malformed {self.format} not matching "
+            f"schema <{self.schema}>:\n" + "\n".join(lines) + "\nNothing of this checkpoint was committed; fix "
+            "the producer, or restore from a checkpoint past these offsets."
+        )

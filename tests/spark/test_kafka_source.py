@@ -1,0 +1,154 @@
+"""KafkaSource against a real Kafka-protocol broker (Tansu on 127.0.0.1), through an Airflow connection.
+
+Every record the test produced reaches an append table exactly once (checked by topic,
+partition and offset against the produce log, read back with pyarrow), and an upsert table
+of per-user totals equals pandas over the same records: across checkpoints, a bounded
+backlog, a new topic matching the pattern, a restore that replays, and a malformed value.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from airflow_provider_checkpoint.connectors.kafka import client
+from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
+from airflow_provider_checkpoint.dataflow import KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.exceptions import KafkaSourceError, MalformedInputError
+from airflow_provider_checkpoint.restore.requests import request_restore
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.testing.inprocess import make_job
+from tests.servers.kafka import KafkaBroker
+
+pytestmark = pytest.mark.spark
+SCHEMA = "user STRING, amount LONG"
+
+
+@pytest.fixture
+def kafka(kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> KafkaBroker:
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", kafka_broker.uri())
+    return kafka_broker
+
+
+class Produced:
+    """What the test produced: ``(topic, partition, offset) -> (user, amount)``, offsets as the broker gave them."""
+
+    def __init__(self, broker: KafkaBroker, seed: int) -> None:
+        self.broker, self.rng, self.records = broker, random.Random(seed), {}
+        self.next: dict[tuple[str, int], int] = {}
+
+    def produce(self, topic: str, partitions: int, n: int) -> None:
+        batch = []
+        for _ in range(n):
+            partition = self.rng.randrange(partitions)
+            user, amount = f"u{self.rng.randrange(30)}", self.rng.randrange(1000)
+            offset = self.next.get((topic, partition), 0)
+            self.next[(topic, partition)] = offset + 1
+            self.records[(topic, partition, offset)] = (user, amount)
+            batch.append((partition, user.encode(), json.dumps({"user": user, "amount": amount}).encode()))
+        self.broker.produce(topic, batch)
+
+    def frame(self) -> pd.DataFrame:
+        rows = [(t, p, o, u, a) for (t, p, o), (u, a) in self.records.items()]
+        return pd.DataFrame(rows, columns=["topic", "partition", "offset", "user", "amount"])
+
+
+def pipeline(topics: list[str] | None = None, pattern: str | None = None, **options):
+    def declare(tmp: Path) -> None:
+        events = KafkaSource("events", topics, pattern=pattern, kafka_config_id="kafka_test", schema=SCHEMA, **options)
+        totals = KeyedAggregate("totals", events, keys=["user"], aggs={"n": "count", "total": "sum(amount)"})
+        ParquetTableSink("totals_table", totals, str(tmp / "totals"), mode="upsert", keys=["user"])
+        ParquetTableSink("events_table", events, str(tmp / "events"), mode="append")
+
+    return declare
+
+
+def table(path: Path) -> pd.DataFrame:
+    return ds.dataset(str(path), format="parquet").to_table().to_pandas()
+
+
+def check(tmp: Path, produced: pd.DataFrame) -> None:
+    """The append table holds each produced record once; the totals equal pandas over them."""
+    got = table(tmp / "events")
+    key = ["topic", "partition", "offset"]
+    assert not got.duplicated(key).any(), "a record reached the table twice"
+    merged = got[[*key, "user", "amount"]].merge(produced, on=key, how="outer", suffixes=("", "_sent"), indicator=True)
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"].head()
+    assert (merged["user"] == merged["user_sent"]).all() and (merged["amount"] == merged["amount_sent"]).all()
+    want = produced.groupby("user").agg(n=("amount", "size"), total=("amount", "sum")).reset_index()
+    totals = table(tmp / "totals")[["user", "n", "total"]].sort_values("user").reset_index(drop=True)
+    pd.testing.assert_frame_equal(totals, want.sort_values("user").reset_index(drop=True), check_dtype=False)
+
+
+def test_each_record_exactly_once_across_backlog_new_topics_and_a_restore(spark, kafka, tmp_path):
+    prefix = f"evt-{uuid.uuid4().hex[:8]}"
+    first, second = f"{prefix}-a", f"{prefix}-b"
+    kafka.create_topic(first, 4)
+    produced = Produced(kafka, seed=7)
+    produced.produce(first, 4, 700)
+    job = make_job(spark, tmp_path, pipeline(pattern=rf"{prefix}-.*", max_records_per_checkpoint=500))
+
+    one = job.checkpoint()  # a backlog of 700: at most 500 in one checkpoint
+    assert one.stats["records_in"] == 500
+    two = job.checkpoint()
+    assert two.stats["records_in"] == 200
+    check(tmp_path, produced.frame())
+
+    kafka.create_topic(second, 2)  # a topic that starts to match joins from its earliest offset
+    produced.produce(second, 2, 150)
+    produced.produce(first, 4, 120)
+    three = job.checkpoint()
+    assert three.stats["records_in"] == 270
+    check(tmp_path, produced.frame())
+    ends = {
+        (t, int(p)): o for t, parts in three.source_positions["events"]["offsets"].items() for p, o in parts.items()
+    }
+    assert ends == {(t, p): n for (t, p), n in produced.next.items()} | {
+        (first, p): ends[(first, p)] for p in range(4) if (first, p) not in produced.next
+    }
+    group = client.committed(kafka.config(), "airflow-checkpoint-events", sorted(ends))
+    assert group == {tp: o for tp, o in ends.items() if o > 0}, "the completed checkpoint's offsets, for lag tools"
+
+    request_restore(job.storage, job.storage.url("chk-2"), False, False)  # replay checkpoint 3's records
+    produced.produce(first, 4, 40)
+    four = job.checkpoint()
+    assert four.restored_from == 2 and four.stats["records_in"] == 310
+    check(tmp_path, produced.frame())
+    assert CompletedCheckpointStore(job.storage).completed_ids()[-1] == 4
+
+
+def test_latest_starts_at_the_end_and_a_malformed_value_commits_nothing(spark, kafka, tmp_path):
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produced = Produced(kafka, seed=3)
+    produced.produce(topic, 2, 50)
+    job = make_job(spark, tmp_path, pipeline([topic], starting_offsets="latest"))
+    assert job.checkpoint().stats["records_in"] == 0, "latest: what was there before the first barrier is skipped"
+    produced.records.clear()  # the records before the first barrier are not expected anywhere
+    produced.produce(topic, 2, 60)
+    assert job.checkpoint().stats["records_in"] == 60
+    check(tmp_path, produced.frame())
+
+    kafka.produce(topic, [(1, b"u1", b'{"user": "u1", "amount": 5}'), (1, b"u1", b"{not json")])
+    outputs = {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")}
+    with pytest.raises(
+        MalformedInputError, match=rf"(?s)1 of 2 record\(s\) are malformed json .*{topic}\[1\] offset \d+"
+    ):
+        job.checkpoint()
+    assert CompletedCheckpointStore(job.storage).completed_ids() == [1, 2], "nothing of that checkpoint committed"
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")} == outputs
+
+
+def test_a_missing_topic_and_an_unreachable_broker_are_named(spark, kafka, tmp_path, monkeypatch):
+    job = make_job(spark, tmp_path, pipeline(["no-such-topic"]))
+    with pytest.raises(KafkaSourceError, match=r"Kafka topic\(s\) no-such-topic do not exist on 127\.0\.0\.1:\d+"):
+        job.checkpoint()
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", json.dumps({"conn_type": "kafka", "extra": {}}))
+    with pytest.raises(KafkaSourceError, match="Kafka connection 'kafka_test': its extra must be a JSON object"):
+        client.connection_config("kafka_test")
