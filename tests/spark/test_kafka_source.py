@@ -152,3 +152,26 @@ def test_a_missing_topic_and_an_unreachable_broker_are_named(spark, kafka, tmp_p
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", json.dumps({"conn_type": "kafka", "extra": {}}))
     with pytest.raises(KafkaSourceError, match="Kafka connection 'kafka_test': its extra must be a JSON object"):
         client.connection_config("kafka_test")
+
+
+def test_malformed_values_go_to_dead_letters_exactly_once(spark, kafka, tmp_path):
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produced = Produced(kafka, seed=11)
+    produced.produce(topic, 2, 80)
+    bad = [(0, b"u1", b"{not json"), (1, b"u2", b'{"user": "u2", "amount": "many"}')]
+    kafka.produce(topic, bad)
+    offsets = [produced.next.get((topic, p), 0) for p, _, _ in bad]
+    job = make_job(
+        spark, tmp_path, pipeline([topic], on_malformed="dead_letter", dead_letter_path=str(tmp_path / "dlq"))
+    )
+    done = job.checkpoint()
+    assert (done.stats["records_in"], done.stats["malformed_records"]) == (80, 2)
+    check(tmp_path, produced.frame())
+    letters = table(tmp_path / "dlq").sort_values("file").reset_index(drop=True)
+    assert letters[["source", "file", "line", "raw", "checkpoint_id"]].values.tolist() == [
+        ["events", f"{topic}[0]", offsets[0], "{not json", 1],
+        ["events", f"{topic}[1]", offsets[1], '{"user": "u2", "amount": "many"}', 1],
+    ]
+    assert letters["error"].tolist()[0].startswith("not valid JSON")
+    assert job.checkpoint().stats["records_in"] == 0 and len(table(tmp_path / "dlq")) == 2, "each dead letter once"

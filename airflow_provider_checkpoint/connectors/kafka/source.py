@@ -7,12 +7,15 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.files.dead_letters import SCHEMA as DEAD_LETTERS
+from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, reason
 from airflow_provider_checkpoint.connectors.kafka import client
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, TopicPartition, bounded, split
 from airflow_provider_checkpoint.connectors.kafka.reader import LOST, RAW_SCHEMA, read_tasks
 from airflow_provider_checkpoint.core.documents import JsonDict
-from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.graph import Sink, Source
+from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -49,9 +52,12 @@ class KafkaSource(Source):
     **Values**: ``format="json"`` or ``"csv"`` parsed with ``schema`` (a DDL string; ``options``
     are Spark's ``from_json``/``from_csv`` options), ``"raw"`` keeps the bytes as column ``value``.
     ``metadata_columns`` adds ``key`` (bytes), ``topic``, ``partition``, ``offset``,
-    ``timestamp`` and ``headers`` (``array<struct<key, value>>``). A value that does not parse
-    (``on_malformed="fail"``, the only choice for now) declines the checkpoint naming the topic,
-    partition and offset; nothing of that checkpoint is committed.
+    ``timestamp`` and ``headers`` (``array<struct<key, value>>``). A value that does not parse, with
+    ``on_malformed="fail"``, declines the checkpoint naming the topic, partition and offset (nothing
+    of that checkpoint is committed); with ``"dead_letter"`` it goes to the source's dead-letter
+    table (as a file source's: ``file`` is ``topic[partition]``, ``line`` the offset), committed
+    exactly once with the checkpoint. More than ``max_malformed_fraction`` malformed records
+    decline the checkpoint either way. ``None`` takes the pipeline's setting.
 
     **Lost records**: records a barrier needs that are gone (retention, deleted records) fail
     the step naming topic, partition and offsets (``fail_on_data_loss=True``), or are skipped and
@@ -78,7 +84,9 @@ class KafkaSource(Source):
         min_partitions: int | None = None,
         fail_on_data_loss: bool = True,
         group_id: str | None = None,
-        on_malformed: str = "fail",
+        on_malformed: str | None = None,
+        max_malformed_fraction: float | None = None,
+        dead_letter_path: str | None = None,
     ) -> None:
         super().__init__(uid)
         if (topics is None) == (pattern is None):
@@ -112,8 +120,11 @@ class KafkaSource(Source):
         ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise PipelineDefinitionError(f"{uid}: {name} must be a positive integer")
-        if on_malformed != "fail":
-            raise PipelineDefinitionError(f"{uid}: on_malformed must be 'fail' (dead letters are not offered yet)")
+        check_malformed_policy(uid, on_malformed, max_malformed_fraction)
+        if format == "raw" and on_malformed == "dead_letter":
+            raise PipelineDefinitionError(f"{uid}: on_malformed='dead_letter' applies to json and csv, not raw")
+        if dead_letter_path is not None and on_malformed == "fail":
+            raise PipelineDefinitionError(f"{uid}: dead_letter_path needs on_malformed='dead_letter'")
         self.topics, self.pattern = topics, pattern
         self.kafka_config_id = kafka_config_id
         self.format, self.schema, self.options = format, schema, dict(options or {})
@@ -123,7 +134,28 @@ class KafkaSource(Source):
         self.min_partitions = min_partitions
         self.fail_on_data_loss = fail_on_data_loss
         self.group_id = group_id
-        self.on_malformed = on_malformed
+        self._own_policy = (on_malformed, max_malformed_fraction)
+        self.on_malformed = on_malformed or "fail"
+        self.max_malformed_fraction = 0.5 if max_malformed_fraction is None else max_malformed_fraction
+        self.dead_letter_path = dead_letter_path
+        self._malformed: dict[str, DataFrame] = {}
+
+    def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
+        """Resolve ``on_malformed`` and ``max_malformed_fraction``; the dead-letter sink if routing to one."""
+        defaults = defaults or SourceDefaults()
+        own, fraction = self._own_policy
+        self.on_malformed = "fail" if self.format == "raw" else own or defaults.on_malformed
+        self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
+        if self.on_malformed == "fail":
+            return ()
+        path = self.dead_letter_path
+        if path is None and defaults.dead_letter_path is None:
+            raise PipelineDefinitionError(
+                f"{self.uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
+                "on the source or on the pipeline"
+            )
+        path = path or f"{(defaults.dead_letter_path or '').rstrip('/')}/{self.uid}"
+        return [DeadLetterSink(self, path, self._dead_letters)]
 
     def describe(self) -> JsonDict:
         watched = {"topics": self.topics} if self.topics is not None else {"pattern": self.pattern}
@@ -219,13 +251,36 @@ class KafkaSource(Source):
         records, lost, malformed = int(row["records"]), int(row["lost"]), int(row["malformed"])
         if lost:
             log.warning(
-                "source %s: %d record(s) lost before checkpoint %d read them", self.uid, lost, ctx.checkpoint_id
+                "source %s: %d record(s) gone before checkpoint %d read them", self.uid, lost, ctx.checkpoint_id
             )
             ctx.metrics.setdefault("source_lost", {})[self.uid] = lost
-        if malformed:
-            self._refuse_malformed(df, records, malformed)
-        out = df.where(F.col(LOST) == 0).drop(LOST, CORRUPT, *_WHERE)
-        return out, records
+        if malformed and self.on_malformed == "fail":
+            self._refuse_malformed(df, MalformedInputError, f"{malformed:,} of {records:,} record(s) are malformed")
+        if records and malformed / records > self.max_malformed_fraction:
+            share = f"{malformed / records:.1%}, more than max_malformed_fraction {self.max_malformed_fraction:g}"
+            self._refuse_malformed(df, TooManyMalformedError, f"{malformed:,} of {records:,} record(s) ({share})")
+        if self.on_malformed == "dead_letter":
+            ctx.add_metric("malformed_records", malformed)
+            ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
+            self._malformed[ctx.attempt_tag] = df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull())
+        good = df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNull())
+        return good.drop(LOST, CORRUPT, *_WHERE), records - malformed
+
+    def _dead_letters(self, ctx: StepContext) -> DataFrame | None:
+        """This attempt's malformed records as dead-letter rows (``file`` = ``topic[partition]``, ``line`` = offset)."""
+        from pyspark.sql.types import StructType
+
+        malformed = self._malformed.pop(ctx.attempt_tag, None)
+        if malformed is None or not ctx.metrics.get("source_malformed", {}).get(self.uid):
+            return None
+        declared = StructType.fromDDL(self.schema or "")
+        columns = len(declared.fields) if isinstance(declared, StructType) else 0
+        schema, found = self.schema or "", malformed.select(*_WHERE, CORRUPT).orderBy(*_WHERE).collect()
+        why = [reason(self.format, r[3], schema, columns, self.options) for r in found]
+        rows = [
+            (self.uid, f"{r[0]}[{r[1]}]", r[2], r[3], w, ctx.checkpoint_id) for r, w in zip(found, why, strict=True)
+        ]
+        return ctx.spark.createDataFrame(rows, DEAD_LETTERS)
 
     def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
         df, records = self.read_counted(ctx, previous, barrier)
@@ -251,7 +306,7 @@ class KafkaSource(Source):
             raise PipelineDefinitionError(f"{self.uid}: value column(s) {clash} clash with metadata_columns")
         return value.select("__value.*", *self.metadata_columns, *_WHERE, LOST)
 
-    def _refuse_malformed(self, df: DataFrame, records: int, malformed: int) -> None:
+    def _refuse_malformed(self, df: DataFrame, error: type[MalformedInputError], what: str) -> None:
         from pyspark.sql import functions as F
 
         first = (
@@ -262,8 +317,9 @@ class KafkaSource(Source):
             .collect()
         )
         lines = [f"  {r[0]}[{r[1]}] offset {r[2]}: {str(r[3])[:200]!r}" for r in first]
-        raise MalformedInputError(
-            f"source {self.uid}: {malformed:,} of {records:,} record(s) are malformed {self.format} not matching "
-            f"schema <{self.schema}>:\n" + "\n".join(lines) + "\nNothing of this checkpoint was committed; fix "
-            "the producer, or restore from a checkpoint past these offsets."
+        raise error(
+            f"source {self.uid}: {what}: malformed {self.format} not matching schema <{self.schema}>:\n"
+            + "\n".join(lines)
+            + "\nNothing of this checkpoint was committed; fix the producer, route malformed records to "
+            "dead letters (on_malformed='dead_letter'), or restore from a checkpoint past these offsets."
         )
