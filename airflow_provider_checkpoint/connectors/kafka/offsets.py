@@ -105,7 +105,15 @@ def bounded(
     total = sum(backlog.values())
     if limit is None or total <= limit:
         return dict(ends)
-    share = {tp: n * limit // total for tp, n in backlog.items()}
+    waiting = [tp for tp, n in backlog.items() if n]
+    share = {tp: 0 for tp in backlog}
+    if limit >= len(waiting):  # one record each first: no backlog waits for good
+        share.update(dict.fromkeys(waiting, 1))
+    left = limit - sum(share.values())
+    rest = {tp: backlog[tp] - share[tp] for tp in backlog}
+    total = sum(rest.values())
+    for tp in backlog:
+        share[tp] += rest[tp] * left // total if total else 0
     left = limit - sum(share.values())
     for tp in sorted(backlog, key=lambda t: (-(backlog[t] - share[t]), t)):
         if left <= 0:

@@ -1,0 +1,91 @@
+"""Kafka positions and client configuration: pure rules, checked against independent models."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_provider_checkpoint.connectors.kafka.client import check_config, consumer_config
+from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets, bounded, split
+from airflow_provider_checkpoint.exceptions import InvalidPositionError, KafkaSourceError
+
+partitions = st.lists(st.tuples(st.sampled_from(["a", "b.c", "d-e_f"]), st.integers(0, 5)), unique=True, max_size=8)
+
+
+@given(partitions, st.data())
+def test_a_position_survives_its_json_and_ranges_cover_exactly_the_new_offsets(tps, data) -> None:
+    previous = {tp: data.draw(st.integers(0, 1000)) for tp in tps if data.draw(st.booleans())}
+    ends = {tp: previous.get(tp, 0) + data.draw(st.integers(0, 500)) for tp in tps}
+    starts = {tp: data.draw(st.integers(0, ends[tp])) for tp in tps if tp not in previous}
+    barrier = Offsets(ends, starts)
+    assert Offsets.parse(barrier.to_json()) == barrier
+    before = Offsets(previous)
+    got = {tp: (s, e) for tp, s, e in barrier.ranges(before)}
+    want = {tp: (previous.get(tp, starts.get(tp)), ends[tp]) for tp in tps}
+    assert got == {tp: r for tp, r in want.items() if r[1] > r[0]}
+
+
+@given(st.dictionaries(st.tuples(st.just("t"), st.integers(0, 9)), st.integers(0, 10_000), max_size=10), st.data())
+def test_a_bounded_barrier_takes_at_most_the_limit_and_never_starves_a_backlog(backlogs, data) -> None:
+    starts = {tp: data.draw(st.integers(0, 100)) for tp in backlogs}
+    ends = {tp: starts[tp] + n for tp, n in backlogs.items()}
+    limit = data.draw(st.integers(1, 20_000))
+    cut = bounded(starts, ends, limit)
+    taken = {tp: cut[tp] - starts[tp] for tp in ends}
+    assert all(0 <= taken[tp] <= backlogs[tp] for tp in ends)
+    assert sum(taken.values()) == min(limit, sum(backlogs.values()))
+    if sum(backlogs.values()) > limit >= len(backlogs):
+        assert all(taken[tp] > 0 for tp, n in backlogs.items() if n), "every backlog moves while the limit allows"
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=6), st.integers(1, 40))
+def test_split_ranges_cover_each_offset_once_in_order(sizes, tasks) -> None:
+    ranges = [(("t", p), 10 * p, 10 * p + n) for p, n in enumerate(sizes)]
+    pieces = split(ranges, tasks)
+    covered = [(t, p, o) for t, p, s, e in pieces for o in range(s, e)]
+    assert covered == [("t", p, o) for (_, p), s, e in ranges for o in range(s, e)]
+    if sum(sizes):
+        assert len(pieces) <= tasks + len(sizes)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"offsets": {"../x": {"0": 1}}},
+        {"offsets": {"t": {"-1": 1}}},
+        {"offsets": {"t": {"01": 1}}},
+        {"offsets": {"t": {"0": -5}}},
+        {"offsets": {"t": {"0": True}}},
+        {"offsets": {"t": {"0": 2**63}}},
+        {"offsets": {"t": {"0": 3}}, "starts": {"t": {"0": 9}}},
+        {"offsets": {"t": {"0": 3}}, "starts": {"u": {"0": 1}}},
+        {"offsets": [], "extra": 1},
+        "offsets",
+    ],
+)
+def test_a_forged_position_is_refused_naming_the_field(value) -> None:
+    with pytest.raises(InvalidPositionError):
+        Offsets.parse(value)
+
+
+def test_a_barrier_behind_its_previous_position_is_refused() -> None:
+    with pytest.raises(InvalidPositionError, match=r"t\[0\]: the barrier's end offset 3 is before 7"):
+        list(Offsets({("t", 0): 3}).ranges(Offsets({("t", 0): 7})))
+
+
+def test_the_connection_extra_is_checked_and_secrets_never_shown() -> None:
+    config = check_config("k", {"bootstrap.servers": "h:9092", "linger.ms": 5, "enable.idempotence": True})
+    assert config == {"bootstrap.servers": "h:9092", "linger.ms": "5", "enable.idempotence": "true"}
+    for extra, message in [
+        ({}, "its extra must be a JSON object"),
+        ({"linger.ms": 5}, "names no bootstrap.servers"),
+        ({"bootstrap.servers": "h", "oauth_cb": "x.y"}, "callback oauth_cb is not supported"),
+        ({"bootstrap.servers": "h", "Bad Key": "1"}, "is not a client property name"),
+        ({"bootstrap.servers": "h", "sasl.password": {"nested": "hunter2"}}, "sasl.password must be a string"),
+    ]:
+        with pytest.raises(KafkaSourceError, match=message) as refused:
+            check_config("k", extra)
+        assert "hunter2" not in str(refused.value)
+    ours = consumer_config({"bootstrap.servers": "h", "group.id": "theirs", "enable.auto.commit": "true"})
+    assert ours["enable.auto.commit"] is False and ours["group.id"].startswith("airflow-checkpoint-read-")
