@@ -29,12 +29,14 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.connectors.delta.source import DeltaSource
     from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
     from airflow_provider_checkpoint.connectors.files.source import FileSource
+    from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
     from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
 _CONNECTORS = {
     "DeltaSource": "airflow_provider_checkpoint.connectors.delta.source",
     "DeltaTableSink": "airflow_provider_checkpoint.connectors.delta.sink",
     "FileSource": "airflow_provider_checkpoint.connectors.files.source",
+    "KafkaSource": "airflow_provider_checkpoint.connectors.kafka.source",
     "ParquetTableSink": "airflow_provider_checkpoint.connectors.files.parquet_sink",
     "PostgresTableSink": "airflow_provider_checkpoint.connectors.postgres.sink",
 }
@@ -46,6 +48,7 @@ __all__ = [
     "DimensionEnrichment",
     "FileSource",
     "IntervalJoin",
+    "KafkaSource",
     "KeyedCoStateFunction",
     "KeyedAggregate",
     "KeyedStateFunction",
