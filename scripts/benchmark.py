@@ -12,6 +12,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 10000000
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --events 20000 --s3-long-run 70
+    .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -29,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import inprocess, longrun, postgres, report, scheduler, sinkupsert, stateio  # noqa: E402
+from bench import inprocess, kafka, longrun, postgres, report, scheduler, sinkupsert, stateio  # noqa: E402
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
+    "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
 }
 PNG = "benchmark-long-run.png"
 
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "sink-upsert": "large-state",
         "postgres": "large-state",
         "state-io": "large-state",
+        "kafka": "large-state",
     }.get(args.mode, args.mode)
     section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
         args.mode, args.mode
@@ -114,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "postgres":
         result = postgres.run(args.users, args.events, args.increments, work, args.seed)
         text = postgres.render(result)
+        ok = not result["problems"]
+    elif args.mode == "kafka":
+        result = kafka.run(args.events, args.increments, work, args.seed)
+        text = kafka.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
         long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)

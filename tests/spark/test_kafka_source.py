@@ -175,3 +175,34 @@ def test_malformed_values_go_to_dead_letters_exactly_once(spark, kafka, tmp_path
     ]
     assert letters["error"].tolist()[0].startswith("not valid JSON")
     assert job.checkpoint().stats["records_in"] == 0 and len(table(tmp_path / "dlq")) == 2, "each dead letter once"
+
+
+def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):
+    from airflow_provider_checkpoint.dataflow import FileSource, Union
+
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+
+    def declare(tmp: Path) -> None:
+        streamed = KafkaSource("streamed", [topic], kafka_config_id="kafka_test", schema=SCHEMA, metadata_columns=())
+        landed = FileSource("landed", str(landing), "json", SCHEMA)
+        both = Union("both", [streamed, landed])
+        totals = KeyedAggregate("totals", both, keys=["user"], aggs={"n": "count", "total": "sum(amount)"})
+        ParquetTableSink("totals_table", totals, str(tmp / "totals"), mode="upsert", keys=["user"])
+
+    job = make_job(spark, tmp_path, declare)
+    produced, files = Produced(kafka, seed=5), []
+    for n in range(1, 4):
+        produced.produce(topic, 2, 40 * n)
+        rows = [{"user": f"u{(n * 7 + i) % 30}", "amount": i} for i in range(25)]
+        (landing / f"f{n}.json").write_text("\n".join(json.dumps(r) for r in rows))
+        files += rows
+        done = job.checkpoint()
+        assert set(done.source_positions) == {"streamed", "landed"}, "one barrier across both sources"
+        assert done.stats["records_in"] == 40 * n + 25
+    events = pd.concat([produced.frame()[["user", "amount"]], pd.DataFrame(files)], ignore_index=True)
+    want = events.groupby("user").agg(n=("amount", "size"), total=("amount", "sum")).reset_index()
+    got = table(tmp_path / "totals")[["user", "n", "total"]].sort_values("user").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want.sort_values("user").reset_index(drop=True), check_dtype=False)

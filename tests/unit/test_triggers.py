@@ -178,3 +178,21 @@ def test_a_source_spec_names_only_this_packages_sources() -> None:
             source_from_spec(bad)
     with pytest.raises(TypeError, match="Plain cannot be watched by a deferred sensor"):
         source_spec(type("Plain", (Source,), {})("plain"))
+
+
+def test_a_kafka_source_round_trips_for_the_deferred_sensor() -> None:
+    from airflow_provider_checkpoint.dataflow import KafkaSource
+    from airflow_provider_checkpoint.triggers.checkpoint import source_from_spec
+
+    source = KafkaSource(
+        "clicks", pattern=r"clicks-.*", kafka_config_id="k", schema="user STRING", starting_offsets=1_700_000_000_000,
+        max_records_per_checkpoint=1000, fail_on_data_loss=False, metadata_columns=["offset", "headers"],
+    )  # fmt: skip
+    spec = json.loads(json.dumps(source_spec(source)))
+    rebuilt = source_from_spec(spec)
+    assert isinstance(rebuilt, KafkaSource) and source_spec(rebuilt) == spec
+    assert (rebuilt.pattern, rebuilt.starting_offsets, rebuilt.metadata_columns) == (
+        "clicks-.*",
+        1_700_000_000_000,
+        ("offset", "headers"),
+    )

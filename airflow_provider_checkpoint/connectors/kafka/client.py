@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 TIMEOUT_SECONDS = 30.0
 """How long one broker question may take before the broker counts as unreachable."""
+POLL_SECONDS = 0.05
+"""How long one ``consume`` call waits for more messages: it returns early only when it has a full batch."""
 _SECRET = re.compile(r"(password|secret|token|key\.pem|keystore|credentials)", re.IGNORECASE)
 _OURS = ("group.id", "enable.auto.commit", "enable.partition.eof", "auto.offset.reset", "isolation.level")
 _CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
@@ -170,7 +172,7 @@ def end_offsets(
                     f"Kafka broker {_servers(config)}: no end of partition {', '.join(waiting[:10])} within "
                     f"{TIMEOUT_SECONDS:.0f}s"
                 )
-            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+            for message in consumer.consume(num_messages=10_000, timeout=POLL_SECONDS):
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     ends[(str(message.topic()), int(message.partition() or 0))] = int(message.offset() or 0)

@@ -65,21 +65,19 @@ def read_tasks(
 
 def read_range(config: Mapping[str, str], task: Task, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
     """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`."""
-    import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    from airflow_provider_checkpoint.connectors.kafka.client import consumer_config
+    from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, consumer_config
 
     topic, partition, start, end = task
-    schema = _arrow_schema()
-    rows: dict[str, list[Any]] = {name: [] for name in schema.names}
+    rows = _Rows(topic, partition)
     consumer = Consumer(consumer_config(config))
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         expected, idle_since = start, time.monotonic()
         lost = 0
         while expected < end:
-            messages = consumer.consume(num_messages=BATCH_ROWS, timeout=1.0)
+            messages = consumer.consume(num_messages=BATCH_ROWS, timeout=POLL_SECONDS)
             if not messages and time.monotonic() - idle_since > IDLE_SECONDS:
                 raise KafkaUnavailableError(
                     f"Kafka {topic}[{partition}]: nothing received for {IDLE_SECONDS:.0f}s at offset {expected} "
@@ -88,7 +86,7 @@ def read_range(config: Mapping[str, str], task: Task, fail_on_data_loss: bool) -
             for message in messages:
                 idle_since = time.monotonic()
                 error = message.error()
-                offset = int(message.offset() or 0)
+                offset = message.offset() or 0
                 if error is not None:
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise KafkaUnavailableError(f"Kafka {topic}[{partition}]: {error.str()}")
@@ -102,37 +100,61 @@ def read_range(config: Mapping[str, str], task: Task, fail_on_data_loss: bool) -
                 if expected == start and offset > start:  # the first records of the range are gone
                     lost += offset - start
                 expected = offset + 1
-                _append(rows, topic, partition, offset, message)
-            if len(rows["offset"]) >= BATCH_ROWS:
-                yield pa.RecordBatch.from_pydict(rows, schema)
-                rows = {name: [] for name in schema.names}
+                rows.add(offset, message)
+            if len(rows.offsets) >= BATCH_ROWS:
+                yield rows.batch()
+                rows = _Rows(topic, partition)
     finally:
         consumer.close()
-    if lost:
-        where = f"{topic}[{partition}] offsets [{start}, {end})"
-        if fail_on_data_loss:
-            raise KafkaSourceError(
-                f"{KafkaSourceError.MARK}Kafka records lost: {lost:,} record(s) of {where} are gone from the "
-                "broker (retention or deleted records) before this checkpoint read them. Restore from an "
-                "older savepoint, or set fail_on_data_loss=False to skip them (counted in the checkpoint's stats)"
-            )
-        for name in schema.names:
-            rows[name].append(None)
-        rows["topic"][-1], rows["partition"][-1], rows[LOST][-1] = topic, partition, lost
-    if rows["topic"]:
-        yield pa.RecordBatch.from_pydict(rows, schema)
+    if lost and fail_on_data_loss:
+        raise KafkaSourceError(
+            f"{KafkaSourceError.MARK}Kafka records lost: {lost:,} record(s) of {topic}[{partition}] offsets "
+            f"[{start}, {end}) are gone from the broker (retention or deleted records) before this checkpoint "
+            "read them. Restore from an older savepoint, or set fail_on_data_loss=False to skip them (counted "
+            "in the checkpoint's stats)"
+        )
+    if rows.offsets or lost:
+        yield rows.batch(lost)
 
 
-def _append(rows: dict[str, list[Any]], topic: str, partition: int, offset: int, message: Any) -> None:
-    import datetime as dt
+class _Rows:
+    """The records of one task read so far, column by column."""
 
-    kind, millis = message.timestamp()
-    rows["topic"].append(topic)
-    rows["partition"].append(partition)
-    rows["offset"].append(offset)
-    rows["timestamp"].append(dt.datetime.fromtimestamp(millis / 1000, dt.UTC) if kind and millis >= 0 else None)
-    rows["key"].append(message.key())
-    rows["value"].append(message.value())
-    headers = message.headers()
-    rows["headers"].append([{"key": k, "value": v} for k, v in headers] if headers else [])
-    rows[LOST].append(0)
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.offsets: list[int] = []
+        self.millis: list[int | None] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[list[dict[str, Any]] | None] = []
+
+    def add(self, offset: int, message: Any) -> None:
+        kind, millis = message.timestamp()
+        self.offsets.append(offset)
+        self.millis.append(millis if kind and millis >= 0 else None)
+        self.keys.append(message.key())
+        self.values.append(message.value())
+        headers = message.headers()
+        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+
+    def batch(self, lost: int = 0) -> pa.RecordBatch:
+        """The rows as a batch; with ``lost``, one more row (no record) carrying that count."""
+        import pyarrow as pa
+
+        schema = _arrow_schema()
+        n, extra = len(self.offsets), 1 if lost else 0
+        pad: list[None] = [None] * extra
+        millis = pa.array(self.millis + pad, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.topic] * (n + extra), pa.string()),
+                pa.array([self.partition] * (n + extra), pa.int32()),
+                pa.array(self.offsets + pad, pa.int64()),
+                millis.cast(pa.timestamp("us", tz="UTC")),
+                pa.array(self.keys + pad, pa.binary()),
+                pa.array(self.values + pad, pa.binary()),
+                pa.array(self.headers + pad, schema.field("headers").type),
+                pa.array([0] * n + [lost] * extra, pa.int64()),
+            ],
+            schema=schema,
+        )

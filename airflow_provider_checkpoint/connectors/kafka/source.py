@@ -255,7 +255,7 @@ class KafkaSource(Source):
             )
             ctx.metrics.setdefault("source_lost", {})[self.uid] = lost
         if malformed and self.on_malformed == "fail":
-            self._refuse_malformed(df, MalformedInputError, f"{malformed:,} of {records:,} record(s) are malformed")
+            self._refuse_malformed(df, MalformedInputError, f"{malformed:,} of {records:,} record(s)")
         if records and malformed / records > self.max_malformed_fraction:
             share = f"{malformed / records:.1%}, more than max_malformed_fraction {self.max_malformed_fraction:g}"
             self._refuse_malformed(df, TooManyMalformedError, f"{malformed:,} of {records:,} record(s) ({share})")
@@ -318,7 +318,7 @@ class KafkaSource(Source):
         )
         lines = [f"  {r[0]}[{r[1]}] offset {r[2]}: {str(r[3])[:200]!r}" for r in first]
         raise error(
-            f"source {self.uid}: {what}: malformed {self.format} not matching schema <{self.schema}>:\n"
+            f"source {self.uid}: {what} are malformed {self.format} not matching schema <{self.schema}>:\n"
             + "\n".join(lines)
             + "\nNothing of this checkpoint was committed; fix the producer, route malformed records to "
             "dead letters (on_malformed='dead_letter'), or restore from a checkpoint past these offsets."
