@@ -92,115 +92,105 @@ def _consumer(config: Mapping[str, str], group: str | None = None) -> Consumer:
     return Consumer(consumer_config(config, group))
 
 
-def _servers(config: Mapping[str, str]) -> str:
-    return config.get("bootstrap.servers", "?")
+class Broker:
+    """One consumer for the trigger's questions (topics, partitions, offsets): one connection, closed on exit."""
 
+    def __init__(self, config: Mapping[str, str]) -> None:
+        self.config = config
+        self.consumer = _consumer(config)
 
-def partitions(config: Mapping[str, str], topics: Sequence[str] | None, pattern: str | None) -> list[TopicPartition]:
-    """The partitions of ``topics`` (each must exist) or of every topic matching ``pattern``, in order."""
-    consumer = _consumer(config)
-    try:
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.consumer.close()
+
+    @property
+    def servers(self) -> str:
+        return self.config.get("bootstrap.servers", "?")
+
+    def partitions(self, topics: Sequence[str] | None, pattern: str | None) -> list[TopicPartition]:
+        """The partitions of ``topics`` (each must exist) or of every topic matching ``pattern``, in order."""
         try:
-            metadata = consumer.list_topics(timeout=TIMEOUT_SECONDS)
+            metadata = self.consumer.list_topics(timeout=TIMEOUT_SECONDS)
         except Exception as e:  # KafkaException: transport failure, timeout
-            raise KafkaUnavailableError(f"Kafka broker {_servers(config)} cannot be reached: {shorten(e)}") from e
-    finally:
-        consumer.close()
-    found = {name: t for name, t in metadata.topics.items() if TOPIC.match(name) and t.error is None}
-    if topics is not None:
-        missing = [t for t in topics if t not in found]
-        if missing:
-            raise KafkaSourceError(
-                f"Kafka topic(s) {', '.join(missing)} do not exist on {_servers(config)} "
-                f"(it has: {', '.join(sorted(n for n in found if not n.startswith('__'))[:20]) or 'none'})"
+            raise KafkaUnavailableError(f"Kafka broker {self.servers} cannot be reached: {shorten(e)}") from e
+        found = {name: t for name, t in metadata.topics.items() if TOPIC.match(name) and t.error is None}
+        if topics is not None:
+            missing = [t for t in topics if t not in found]
+            if missing:
+                raise KafkaSourceError(
+                    f"Kafka topic(s) {', '.join(missing)} do not exist on {self.servers} "
+                    f"(it has: {', '.join(sorted(n for n in found if not n.startswith('__'))[:20]) or 'none'})"
+                )
+            names = list(topics)
+        else:
+            assert pattern is not None
+            names = sorted(n for n in found if re.fullmatch(pattern, n) and not n.startswith("__"))
+        return [(name, p) for name in names for p in sorted(found[name].partitions)]
+
+    def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        try:
+            low, high = self.consumer.get_watermark_offsets(
+                KafkaPartition(topic, partition), timeout=TIMEOUT_SECONDS, cached=False
             )
-        names = list(topics)
-    else:
-        assert pattern is not None
-        names = sorted(n for n in found if re.fullmatch(pattern, n) and not n.startswith("__"))
-    return [(name, p) for name in names for p in sorted(found[name].partitions)]
+        except Exception as e:
+            raise KafkaUnavailableError(
+                f"Kafka broker {self.servers}: offsets of {topic}[{partition}] unavailable: {shorten(e)}"
+            ) from e
+        return int(low), int(high)
 
+    def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset each partition still holds (its log start)."""
+        return {(topic, partition): self._watermarks(topic, partition)[0] for topic, partition in tps}
 
-def earliest_offsets(config: Mapping[str, str], tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-    """The first offset each partition still holds (its log start)."""
-    from confluent_kafka import TopicPartition as KafkaPartition
+    def ends(self, tps: Sequence[TopicPartition], known: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The end offset (the next offset to be written) of every partition of ``tps``, read by a fetch:
+        from ``max(known offset, listed end - 1)`` to the end-of-partition event."""
+        from confluent_kafka import KafkaError
+        from confluent_kafka import TopicPartition as KafkaPartition
 
-    consumer = _consumer(config)
-    try:
-        out = {}
-        for topic, partition in tps:
-            low, _ = _watermarks(consumer, KafkaPartition(topic, partition), config)
-            out[(topic, partition)] = low
-        return out
-    finally:
-        consumer.close()
-
-
-def _watermarks(consumer: Consumer, tp: Any, config: Mapping[str, str]) -> tuple[int, int]:
-    try:
-        low, high = consumer.get_watermark_offsets(tp, timeout=TIMEOUT_SECONDS, cached=False)
-    except Exception as e:
-        raise KafkaUnavailableError(
-            f"Kafka broker {_servers(config)}: offsets of {tp.topic}[{tp.partition}] unavailable: {shorten(e)}"
-        ) from e
-    return int(low), int(high)
-
-
-def end_offsets(
-    config: Mapping[str, str], tps: Sequence[TopicPartition], known: Mapping[TopicPartition, int]
-) -> dict[TopicPartition, int]:
-    """The end offset (the next offset to be written) of every partition of ``tps``, read by a fetch:
-    from ``max(known offset, listed end - 1)`` to the end-of-partition event."""
-    from confluent_kafka import KafkaError
-    from confluent_kafka import TopicPartition as KafkaPartition
-
-    if not tps:
-        return {}
-    consumer = _consumer(config)
-    try:
-        assignment = []
-        for topic, partition in tps:
-            _, listed = _watermarks(consumer, KafkaPartition(topic, partition), config)
-            assignment.append(KafkaPartition(topic, partition, max(known.get((topic, partition), 0), listed - 1, 0)))
-        consumer.assign(assignment)
+        if not tps:
+            return {}
+        starts = [max(known.get(tp, 0), self._watermarks(*tp)[1] - 1, 0) for tp in tps]
+        self.consumer.assign([KafkaPartition(t, p, s) for (t, p), s in zip(tps, starts, strict=True)])
         ends: dict[TopicPartition, int] = {}
         deadline = time.monotonic() + TIMEOUT_SECONDS
         while len(ends) < len(tps):
             if time.monotonic() > deadline:
                 waiting = [f"{t}[{p}]" for t, p in tps if (t, p) not in ends]
                 raise KafkaUnavailableError(
-                    f"Kafka broker {_servers(config)}: no end of partition {', '.join(waiting[:10])} within "
+                    f"Kafka broker {self.servers}: no end of partition {', '.join(waiting[:10])} within "
                     f"{TIMEOUT_SECONDS:.0f}s"
                 )
-            for message in consumer.consume(num_messages=10_000, timeout=POLL_SECONDS):
+            for message in self.consumer.consume(num_messages=10_000, timeout=POLL_SECONDS):
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     ends[(str(message.topic()), int(message.partition() or 0))] = int(message.offset() or 0)
                 elif error is not None:
-                    raise KafkaUnavailableError(f"Kafka broker {_servers(config)}: {shorten(error.str())}")
+                    raise KafkaUnavailableError(f"Kafka broker {self.servers}: {shorten(error.str())}")
+        self.consumer.unassign()
         return ends
-    finally:
-        consumer.close()
 
+    def at_time(
+        self, tps: Sequence[TopicPartition], millis: int, ends: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """The first offset of each partition whose timestamp is at or after ``millis`` (its end if none)."""
+        from confluent_kafka import TopicPartition as KafkaPartition
 
-def offsets_at(
-    config: Mapping[str, str], tps: Sequence[TopicPartition], millis: int, ends: Mapping[TopicPartition, int]
-) -> dict[TopicPartition, int]:
-    """The first offset of each partition whose timestamp is at or after ``millis`` (its end if none)."""
-    from confluent_kafka import TopicPartition as KafkaPartition
-
-    consumer = _consumer(config)
-    try:
-        found = consumer.offsets_for_times([KafkaPartition(t, p, millis) for t, p in tps], timeout=TIMEOUT_SECONDS)
-    except Exception as e:
-        raise KafkaUnavailableError(f"Kafka broker {_servers(config)}: offsets for a time: {shorten(e)}") from e
-    finally:
-        consumer.close()
-    out = {}
-    for tp in found:
-        key = (str(tp.topic), int(tp.partition))
-        out[key] = ends[key] if tp.offset < 0 else min(int(tp.offset), ends[key])
-    return out
+        try:
+            found = self.consumer.offsets_for_times(
+                [KafkaPartition(t, p, millis) for t, p in tps], timeout=TIMEOUT_SECONDS
+            )
+        except Exception as e:
+            raise KafkaUnavailableError(f"Kafka broker {self.servers}: offsets for a time: {shorten(e)}") from e
+        out = {}
+        for tp in found:
+            key = (str(tp.topic), int(tp.partition))
+            out[key] = ends[key] if tp.offset < 0 else min(int(tp.offset), ends[key])
+        return out
 
 
 def commit(config: Mapping[str, str], group: str, offsets: Mapping[TopicPartition, int]) -> None:

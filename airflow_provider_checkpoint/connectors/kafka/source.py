@@ -189,17 +189,17 @@ class KafkaSource(Source):
         """Every partition's end offset now (at most ``max_records_per_checkpoint`` records past
         ``previous``), and where partitions first seen now start."""
         before = Offsets.parse(previous, f"source {self.uid} position")
-        config = self.config()
-        partitions = client.partitions(config, self.topics, self.pattern)
-        ends = client.end_offsets(config, partitions, before.offsets)
-        new = [tp for tp in partitions if tp not in before.offsets]
-        starts = self._starts(config, new, ends, first=not before.offsets)
+        with client.Broker(self.config()) as broker:
+            partitions = broker.partitions(self.topics, self.pattern)
+            ends = broker.ends(partitions, before.offsets)
+            new = [tp for tp in partitions if tp not in before.offsets]
+            starts = self._starts(broker, new, ends, first=not before.offsets)
         begin = {**{tp: before.offsets[tp] for tp in partitions if tp in before.offsets}, **starts}
         cut = bounded(begin, {tp: max(ends[tp], begin[tp]) for tp in partitions}, self.max_records_per_checkpoint)
         return Offsets({**before.offsets, **cut}, starts).to_json()
 
     def _starts(
-        self, config: dict[str, str], new: list[TopicPartition], ends: dict[TopicPartition, int], first: bool
+        self, broker: client.Broker, new: list[TopicPartition], ends: dict[TopicPartition, int], first: bool
     ) -> dict[TopicPartition, int]:
         """Where partitions first seen start: ``starting_offsets`` at the job's first barrier, else earliest."""
         if not new:
@@ -207,8 +207,8 @@ class KafkaSource(Source):
         if first and self.starting_offsets == "latest":
             return {tp: ends[tp] for tp in new}
         if first and isinstance(self.starting_offsets, int):
-            return client.offsets_at(config, new, self.starting_offsets, ends)
-        earliest = client.earliest_offsets(config, new)
+            return broker.at_time(new, self.starting_offsets, ends)
+        earliest = broker.earliest(new)
         return {tp: min(earliest[tp], ends[tp]) for tp in new}
 
     def new_input(self, previous: Any) -> bool:
