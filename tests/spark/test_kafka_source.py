@@ -206,3 +206,43 @@ def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):
     want = events.groupby("user").agg(n=("amount", "size"), total=("amount", "sum")).reset_index()
     got = table(tmp_path / "totals")[["user", "n", "total"]].sort_values("user").reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want.sort_values("user").reset_index(drop=True), check_dtype=False)
+
+
+def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(spark, s3_server, tmp_path, monkeypatch):
+    """The broker keeps its log on the test S3 server (Tansu's ``s3://`` engine) and is restarted between
+    checkpoints; a step attempt fails after staging, a finalize dies after ``_metadata``."""
+    from tests.servers.kafka import _free_port
+
+    broker = KafkaBroker(
+        _free_port(), tmp_path / "tansu.log", storage="s3://checkpoints/",
+        env={"AWS_ENDPOINT": s3_server.endpoint, "AWS_ACCESS_KEY_ID": s3_server.key,
+             "AWS_SECRET_ACCESS_KEY": s3_server.secret, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+             "CLUSTER_ID": f"kafka-{uuid.uuid4().hex[:8]}"},
+    )  # fmt: skip
+    broker.start()
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", broker.uri())
+        topic = f"evt-{uuid.uuid4().hex[:8]}"
+        broker.create_topic(topic, 3)
+        produced = Produced(broker, seed=21)
+        job = make_job(spark, tmp_path, pipeline([topic]))
+        produced.produce(topic, 3, 200)
+        monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=1:attempt=1")
+        job.checkpoint()  # the step's first attempt staged, then failed: the retry reads the same range
+        attempts: dict[str, list[int]] = {}
+        for step, attempt in [(s, a) for cid, s, a in job.step_runs if cid == 1]:
+            attempts.setdefault(step, []).append(attempt)
+        assert attempts and all(a == [1, 2] for a in attempts.values()), attempts
+        check(tmp_path, produced.frame())
+
+        broker.restart()  # the log survives on S3
+        produced.produce(topic, 3, 150)
+        monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.after_metadata:checkpoint=2")
+        with pytest.raises(Exception, match="finalize.after_metadata"):
+            job.checkpoint()
+        monkeypatch.delenv("CHECKPOINT_FAULTS")
+        produced.produce(topic, 3, 50)
+        assert job.checkpoint().stats["records_in"] == 50, "the trigger finished checkpoint 2's commit first"
+        check(tmp_path, produced.frame())
+    finally:
+        broker.stop()
