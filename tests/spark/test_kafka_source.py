@@ -211,10 +211,10 @@ def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):
 def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(spark, s3_server, tmp_path, monkeypatch):
     """The broker keeps its log on the test S3 server (Tansu's ``s3://`` engine) and is restarted between
     checkpoints; a step attempt fails after staging, a finalize dies after ``_metadata``."""
-    from tests.servers.kafka import _free_port
+    from tests.servers.s3 import free_ports
 
     broker = KafkaBroker(
-        _free_port(), tmp_path / "tansu.log", storage="s3://checkpoints/",
+        free_ports(1)[0], tmp_path / "tansu.log", storage="s3://checkpoints/",
         env={"AWS_ENDPOINT": s3_server.endpoint, "AWS_ACCESS_KEY_ID": s3_server.key,
              "AWS_SECRET_ACCESS_KEY": s3_server.secret, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
              "CLUSTER_ID": f"kafka-{uuid.uuid4().hex[:8]}"},

@@ -16,7 +16,7 @@ from airflow_provider_checkpoint.connectors.files import positions as file_posit
 from airflow_provider_checkpoint.connectors.files.landing import Listing, clean_file, hidden, list_landing
 from airflow_provider_checkpoint.connectors.files.malformed import CORRUPT, dead_letter_rows, good_records, judge
 from airflow_provider_checkpoint.core.documents import JsonDict
-from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.exceptions import (
     InputChangedError,
@@ -177,22 +177,13 @@ class FileSource(Source):
 
     def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
         """Resolve ``on_malformed`` and ``max_malformed_fraction``; the dead-letter sink if routing to one."""
-        defaults = defaults or SourceDefaults()
-        own, fraction = self._own_policy
-        self.on_malformed = "fail" if self.format == "parquet" else own or defaults.on_malformed
-        self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
-        if self.on_malformed == "fail":
+        parseable = self.format != "parquet"
+        policy = resolve_malformed(self.uid, self._own_policy, self.dead_letter_path, defaults, parseable)
+        self.on_malformed, self.max_malformed_fraction, table = policy
+        if table is None:
             return ()
-        letters = functools.partial(dead_letter_rows, self)
-        if self.dead_letter_path is not None:
-            return [dead_letters.DeadLetterSink(self, self.dead_letter_path, letters, self.storage_options)]
-        if defaults.dead_letter_path is None:
-            raise PipelineDefinitionError(
-                f"{self.uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
-                "on the source or on the pipeline (a pipeline whose storage uses a connection has no default)"
-            )
-        path = f"{defaults.dead_letter_path.rstrip('/')}/{self.uid}"
-        return [dead_letters.DeadLetterSink(self, path, letters)]
+        options = self.storage_options if table == self.dead_letter_path else None  # the pipeline's: its own
+        return [dead_letters.DeadLetterSink(self, table, functools.partial(dead_letter_rows, self), options)]
 
     # -- positions (no Spark) ----------------------------------------------------------
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:

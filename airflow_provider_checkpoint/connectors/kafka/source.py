@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.connectors.kafka import client
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, TopicPartition, bounded, split
 from airflow_provider_checkpoint.connectors.kafka.reader import LOST, RAW_SCHEMA, read_tasks
 from airflow_provider_checkpoint.core.documents import JsonDict
-from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy
+from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
@@ -142,20 +142,10 @@ class KafkaSource(Source):
 
     def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
         """Resolve ``on_malformed`` and ``max_malformed_fraction``; the dead-letter sink if routing to one."""
-        defaults = defaults or SourceDefaults()
-        own, fraction = self._own_policy
-        self.on_malformed = "fail" if self.format == "raw" else own or defaults.on_malformed
-        self.max_malformed_fraction = defaults.max_malformed_fraction if fraction is None else fraction
-        if self.on_malformed == "fail":
-            return ()
-        path = self.dead_letter_path
-        if path is None and defaults.dead_letter_path is None:
-            raise PipelineDefinitionError(
-                f"{self.uid}: on_malformed='dead_letter' needs a dead-letter table: set dead_letter_path "
-                "on the source or on the pipeline"
-            )
-        path = path or f"{(defaults.dead_letter_path or '').rstrip('/')}/{self.uid}"
-        return [DeadLetterSink(self, path, self._dead_letters)]
+        parseable = self.format != "raw"
+        policy = resolve_malformed(self.uid, self._own_policy, self.dead_letter_path, defaults, parseable)
+        self.on_malformed, self.max_malformed_fraction, table = policy
+        return () if table is None else [DeadLetterSink(self, table, self._dead_letters)]
 
     def describe(self) -> JsonDict:
         watched = {"topics": self.topics} if self.topics is not None else {"pattern": self.pattern}
