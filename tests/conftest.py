@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 REPO = Path(__file__).resolve().parent.parent
 _HOME = Path(tempfile.mkdtemp(prefix="airflow-checkpoint-tests-"))
@@ -25,7 +26,11 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.pop("CHECKPOINT_FAULTS", None)
 os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
 
-pytest_plugins = ["tests.servers.kafka", "tests.servers.postgres", "tests.servers.s3"]
+pytest_plugins = ["tests.servers.s3", "tests.servers.postgres", "tests.servers.kafka"]  # s3 first: kafka imports it
+
+# property tests check semantics, not speed: no per-example deadline on a loaded machine (two workers, chaos)
+hypothesis_settings.register_profile("project", deadline=None)
+hypothesis_settings.load_profile("project")
 
 LIVE = "tests/live/"
 SLOWEST_FIRST = (LIVE, "tests/airflow/test_cluster_execution.py")
