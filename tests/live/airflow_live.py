@@ -52,6 +52,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def reserved_port() -> socket.socket:
+    """A socket bound to a free loopback port, held until the service that listens there starts: while it
+    is bound, no other bind and no outgoing connection of this machine takes the port (the api-server
+    starts a minute after its port is chosen, and once lost the race with another test's connection)."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", 0))
+    return held
+
+
 def poll(what: str, check: Callable[[], Any], timeout: float, interval: float = 1.0) -> Any:
     """Call ``check`` until it returns something truthy; raise after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -360,7 +370,8 @@ def running_airflow(
     """Migrate the DB, start the four services, wait until they are healthy and the DAGs
     ``dag_ids`` of ``dags_folder`` are parsed and unpaused; stop everything on exit, also
     after a failure."""
-    port = free_port()
+    held = reserved_port()
+    port = int(held.getsockname()[1])
     passwords = {user: secrets.token_urlsafe(12) for user in USER_ROLES}
     password = passwords[ADMIN_USER]
     home = root / "airflow-home"
@@ -391,6 +402,7 @@ def running_airflow(
         _start(live, "dag-processor", "dag-processor")
         _start(live, "scheduler", "scheduler", "--skip-serve-logs")  # task logs are local files
         _start(live, "triggerer", "triggerer", "--skip-serve-logs")  # deferred sensors wait here
+        held.close()
         _start(live, "api-server", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
         try:
             started = time.monotonic()
@@ -411,6 +423,7 @@ def running_airflow(
             raise ServiceError(f"{e}\n{live.diagnostics()}") from None
         yield live
     finally:
+        held.close()
         live.close()
         for name in reversed(list(live.procs)):
             stop_process_group(live.procs[name])
