@@ -42,9 +42,11 @@ def completion(
     """The figures of a completed checkpoint, summed over its steps' acks (kept in its ``_metadata``)."""
     source_records: dict[str, int] = {}
     source_malformed: dict[str, int] = {}
+    source_lost: dict[str, int] = {}
     for ack in acks.values():
         source_records.update(ack.metrics.get("source_records", {}))
         source_malformed.update(ack.metrics.get("source_malformed", {}))
+        source_lost.update(ack.metrics.get("source_lost", {}))
     point = plan.restore_point
     requested = point is not None and "restore_request_id" in plan.options
     return {
@@ -53,6 +55,7 @@ def completion(
         "records_in": sum(source_records.values()),
         "malformed_records": sum(source_malformed.values()),
         "source_malformed": source_malformed,
+        **({"lost_records": sum(source_lost.values()), "source_lost": source_lost} if source_lost else {}),
         "state_size": sum(s.size for s in operators.values()),
         "channel_bytes": sum(c.size for c in channels),
         "channel_rows": sum(c.rows for c in channels),

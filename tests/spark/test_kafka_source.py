@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import uuid
 from pathlib import Path
 
@@ -208,9 +209,8 @@ def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):
     pd.testing.assert_frame_equal(got, want.sort_values("user").reset_index(drop=True), check_dtype=False)
 
 
-def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(spark, s3_server, tmp_path, monkeypatch):
-    """The broker keeps its log on the test S3 server (Tansu's ``s3://`` engine) and is restarted between
-    checkpoints; a step attempt fails after staging, a finalize dies after ``_metadata``."""
+def s3_broker(s3_server, tmp_path: Path) -> KafkaBroker:
+    """A broker of its own keeping its log on the test S3 server (Tansu's ``s3://`` engine), started."""
     from tests.servers.s3 import free_ports
 
     broker = KafkaBroker(
@@ -220,6 +220,13 @@ def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(sp
              "CLUSTER_ID": f"kafka-{uuid.uuid4().hex[:8]}"},
     )  # fmt: skip
     broker.start()
+    return broker
+
+
+def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(spark, s3_server, tmp_path, monkeypatch):
+    """The broker keeps its log on the test S3 server and is restarted between checkpoints; a step
+    attempt fails after staging, a finalize dies after ``_metadata``."""
+    broker = s3_broker(s3_server, tmp_path)
     try:
         monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", broker.uri())
         topic = f"evt-{uuid.uuid4().hex[:8]}"
@@ -244,5 +251,57 @@ def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(sp
         produced.produce(topic, 3, 50)
         assert job.checkpoint().stats["records_in"] == 50, "the trigger finished checkpoint 2's commit first"
         check(tmp_path, produced.frame())
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_records_gone_before_the_step_reads_them_are_detected(
+    spark, s3_server, tmp_path, monkeypatch, fail_on_data_loss
+):
+    """Records of the barrier's range deleted from the broker's storage after the barrier is cut (the
+    oldest batch object of partition 0): the broker returns later offsets without an error."""
+    import s3fs
+
+    from airflow_provider_checkpoint.exceptions import raised_in_spark
+
+    broker = s3_broker(s3_server, tmp_path)
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", broker.uri())
+        topic = f"evt-{uuid.uuid4().hex[:8]}"
+        broker.create_topic(topic, 1)
+        produced = Produced(broker, seed=31)
+        for _ in range(3):  # three batch objects in partition 0
+            produced.produce(topic, 1, 40)
+        fs = s3fs.S3FileSystem(**s3_server.storage_options())
+        batches = sorted(
+            (p for p in fs.find("checkpoints") if f"/{topic}/" in p and p.endswith(".batch")),
+            key=lambda p: int(p.rsplit("/", 1)[1].split(".")[0]),
+        )
+        assert len(batches) >= 2, batches
+        oldest = int(batches[0].rsplit("/", 1)[1].split(".")[0])
+        job = make_job(spark, tmp_path, pipeline([topic], fail_on_data_loss=fail_on_data_loss))
+
+        def lose_the_oldest_batch() -> None:  # after the barrier is cut, before the step reads
+            fs.rm(batches[0])
+
+        if fail_on_data_loss:
+            with pytest.raises(Exception) as raised:
+                job.checkpoint(during=lose_the_oldest_batch)
+            refused = raised_in_spark(raised.value)
+            assert refused is not None and re.search(
+                rf"Kafka records lost: \d+ record\(s\) of {topic}\[0\] offsets \[{oldest}, 120\) are gone", str(refused)
+            ), raised.value
+            assert CompletedCheckpointStore(job.storage).completed_ids() == []
+        else:
+            done = job.checkpoint(during=lose_the_oldest_batch)
+            kept = table(tmp_path / "events")
+            lost = done.stats["steps"]
+            assert (
+                0
+                < 120 - len(kept)
+                == next(iter(m["source_lost"]["events"] for m in lost.values() if "source_lost" in m))
+            )
+            assert set(kept["offset"]) == set(range(120 - len(kept), 120)), "the later records, each once"
     finally:
         broker.stop()
