@@ -58,9 +58,17 @@ def fault_scope(**where: object) -> Iterator[None]:
 
 
 def fault_point(name: str, **where: object) -> None:
+    for action, message in armed(name, **where):
+        fire(name, action, message)
+
+
+def armed(name: str, **where: object) -> list[tuple[str, str]]:
+    """``(action, message)`` of every fault spec that matches point ``name`` at ``where`` now; a process
+    that cannot see the specs (a Spark executor's long-lived Python worker) is handed them to :func:`fire`."""
     if ENV not in os.environ and FILE_ENV not in os.environ:
-        return
+        return []
     where = {**dict(_SCOPE.get()), **where}
+    found = []
     for spec in _specs():
         point, *conditions = spec.strip().split(":")
         if point != name:
@@ -68,15 +76,20 @@ def fault_point(name: str, **where: object) -> None:
         wanted = dict(c.split("=", 1) for c in conditions)
         action = wanted.pop("action", "raise")
         if all(str(where.get(k)) == v for k, v in wanted.items()):
-            message = f"injected fault at {name} ({', '.join(f'{k}={v}' for k, v in where.items())})"
-            if action == "pause":
-                _pause(name)
-                continue
-            if action == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            if action == "oserror":
-                raise OSError(message)
-            raise InjectedFault(message)
+            found.append((action, f"injected fault at {name} ({', '.join(f'{k}={v}' for k, v in where.items())})"))
+    return found
+
+
+def fire(name: str, action: str, message: str) -> None:
+    """Do what an armed fault point does: pause, kill this process, or raise."""
+    if action == "pause":
+        _pause(name)
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action == "oserror":
+        raise OSError(message)
+    raise InjectedFault(message)
 
 
 def _pause(name: str) -> None:

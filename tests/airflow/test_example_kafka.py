@@ -77,19 +77,37 @@ def assert_tables(tmp_path: Path, server, produced: list[pd.DataFrame]) -> None:
     )
 
 
-def test_example_kafka_exactly_once_and_restore(kafka_example, kafka_broker, postgres_server, tmp_path):
+def step_tries(run_id: str) -> dict[str, int]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        found = session.query(TaskInstance).filter(TaskInstance.run_id == run_id).all()
+        return {ti.task_id: ti.try_number for ti in found if ti.task_id.startswith("step_")}
+
+
+def test_example_kafka_exactly_once_and_restore(kafka_example, kafka_broker, postgres_server, tmp_path, monkeypatch):
     dag, topic = kafka_example.dag, kafka_example.TOPIC
     produced = []
     for run in range(1, 4):
         produced.append(produce(kafka_broker, topic, 300, seed=run))
-        assert dag.test().state == "success", f"run {run}"
-        assert_tables(tmp_path, postgres_server, produced)
+        if run == 2:  # the Python worker reading a partition is killed mid-read on the step's first attempt
+            monkeypatch.setenv("CHECKPOINT_FAULTS", "step.kafka_read:checkpoint=2:attempt=1:partition=1:action=kill")
+        elif run == 3:  # finalize dies right after the commit point, on every attempt: the next run finishes it
+            monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.after_metadata:checkpoint=3")
+        dag_run = dag.test()
+        monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
+        assert dag_run.state == ("failed" if run == 3 else "success"), f"run {run}"
+        if run < 3:
+            assert_tables(tmp_path, postgres_server, produced)
+        if run == 2:  # both steps read the topic: each was killed once and acked on its second try
+            assert step_tries(dag_run.run_id) == {"step_click_totals_delta__click_totals_pg": 2, "step_clicks_delta": 2}
 
     restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
     conf = {"job_id": "example_kafka", "checkpoint": "1", "trigger_pipeline": False}
     assert restore.test(run_conf=conf).state == "success"
     produced.append(produce(kafka_broker, topic, 100, seed=9))
-    assert dag.test().state == "success"  # the records of runs 2 and 3 are replayed from Kafka, once
+    assert dag.test().state == "success"  # checkpoint 3 committed first; then runs 2 and 3 replayed, once
     assert_tables(tmp_path, postgres_server, produced)
 
 

@@ -51,14 +51,24 @@ def _arrow_schema() -> pa.Schema:
 
 
 def read_tasks(
-    config: Mapping[str, str], tasks: Sequence[Task], fail_on_data_loss: bool
+    config: Mapping[str, str], tasks: Sequence[Task], fail_on_data_loss: bool, where: Mapping[str, object]
 ) -> Any:  # the function mapInArrow runs over ``spark.range(len(tasks))``
-    """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i``."""
+    """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i``; ``where`` names the
+    step attempt at the fault point ``step.kafka_read`` (after a task's first batch: a kill mid-read),
+    armed here in the driver, whose environment the executors' long-lived Python workers do not see."""
+    from airflow_provider_checkpoint.core.faults import armed
+
+    faults = [armed("step.kafka_read", **where, partition=task[1]) for task in tasks]
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from airflow_provider_checkpoint.core.faults import fire
+
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                yield from read_range(config, tasks[index], fail_on_data_loss)
+                for n, records in enumerate(read_range(config, tasks[index], fail_on_data_loss)):
+                    yield records
+                    for action, message in faults[index] if n == 0 else ():
+                        fire("step.kafka_read", action, message)
 
     return read
 

@@ -31,6 +31,10 @@ _WHERE = ("__kafka_topic", "__kafka_partition", "__kafka_offset")
 _STARTS = ("earliest", "latest")
 
 
+def _where(ctx: StepContext) -> dict[str, object]:
+    return {"checkpoint": ctx.checkpoint_id, "step": ctx.step, "attempt": ctx.attempt}
+
+
 class KafkaSource(Source):
     """Records of Kafka topics, exactly once per completed checkpoint, through an Airflow ``kafka``
     connection (``kafka_config_id``, the Apache Kafka provider's; its extra holds the client
@@ -230,7 +234,7 @@ class KafkaSource(Source):
         ranges = list(cut.ranges(before))
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
         raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
-            read_tasks(self.config(), tasks, self.fail_on_data_loss), RAW_SCHEMA
+            read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx)), RAW_SCHEMA
         )
         df = self._parsed(raw).cache()
         (row,) = df.agg(
