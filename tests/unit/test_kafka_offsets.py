@@ -89,3 +89,21 @@ def test_the_connection_extra_is_checked_and_secrets_never_shown() -> None:
         assert "hunter2" not in str(refused.value)
     ours = consumer_config({"bootstrap.servers": "h", "group.id": "theirs", "enable.auto.commit": "true"})
     assert ours["enable.auto.commit"] is False and ours["group.id"].startswith("airflow-checkpoint-read-")
+
+
+def test_an_unreachable_broker_is_named_within_the_timeout(monkeypatch) -> None:
+    """Nothing listens at the connection's address: the trigger's question fails naming it, never hangs."""
+    import socket
+
+    from airflow_provider_checkpoint.connectors.kafka import client
+    from airflow_provider_checkpoint.exceptions import KafkaUnavailableError
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        monkeypatch.setattr(client, "TIMEOUT_SECONDS", 0.5)
+        with (
+            client.Broker({"bootstrap.servers": address}) as broker,
+            pytest.raises(KafkaUnavailableError, match=rf"Kafka broker {address} cannot be reached"),
+        ):
+            broker.partitions(["clicks"], None)
