@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_checkpoint.connectors.kafka import client
+from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets
 from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
 from airflow_provider_checkpoint.dataflow import KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import KafkaSourceError, MalformedInputError
@@ -305,3 +306,23 @@ def test_records_gone_before_the_step_reads_them_are_detected(
             assert set(kept["offset"]) == set(range(120 - len(kept), 120)), "the later records, each once"
     finally:
         broker.stop()
+
+
+def test_a_savepoint_restores_the_offsets_it_was_taken_at(spark, kafka, tmp_path):
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 3)
+    produced = Produced(kafka, seed=41)
+    job = make_job(spark, tmp_path, pipeline([topic]))
+    produced.produce(topic, 3, 90)
+    savepoint = tmp_path / "savepoints" / "sp-1"
+    taken = job.checkpoint(savepoint_target=f"file://{savepoint}")
+    produced.produce(topic, 3, 60)
+    job.checkpoint()
+    request_restore(job.storage, f"file://{savepoint}", False, False)  # back to the savepoint's offsets
+    produced.produce(topic, 3, 30)
+    restored = job.checkpoint()
+    assert restored.stats["records_in"] == 90, "the 60 after the savepoint again, and the 30 new ones"
+    assert restored.stats["restored_from_url"] == f"file://{savepoint}"
+    read = Offsets.parse(restored.source_positions["events"]).ranges(Offsets.parse(taken.source_positions["events"]))
+    assert sum(end - start for _, start, end in read) == 90, "read from the savepoint's offsets"
+    check(tmp_path, produced.frame())
