@@ -7,6 +7,8 @@
 * ``chaos_orders``: two inputs, two steps (orders enriched with customers, through a channel).
 * ``chaos_chained``: ``chain=True`` (one task per checkpoint): events appended to PostgreSQL,
   user totals upserted into Delta.
+* ``chaos_kafka``: the same tables from a Kafka topic of three partitions (each range read by
+  two Spark tasks), with each event's partition and offset appended to PostgreSQL.
 """
 
 DAG_ID = "chaos_clickstream"
@@ -123,5 +125,38 @@ with CheckpointedPipeline(
 
 dag = pipeline.dag
 """
-DAG_SOURCES = {DAG_ID: CHAOS_DAG, ORDERS_DAG_ID: ORDERS_DAG, CHAINED_DAG_ID: CHAINED_DAG}
-ROTATION = (DAG_ID, ORDERS_DAG_ID, CHAINED_DAG_ID)
+
+KAFKA_DAG_ID = "chaos_kafka"
+KAFKA_TOPIC = "chaos-events"
+KAFKA_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import CheckpointedPipeline, DeltaTableSink, KafkaSource, KeyedAggregate
+from airflow_provider_checkpoint import PostgresTableSink
+
+BASE = os.environ["CHAOS_DIR"] + "/kafka"
+
+with CheckpointedPipeline(
+    dag_id="chaos_kafka",
+    schedule=None,
+    retained_checkpoints=3,
+    inline_state_threshold=0,
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    finalize_retries=1,
+    retry_delay=datetime.timedelta(seconds=1),
+) as pipeline:
+    events = KafkaSource(uid="events", topics=["chaos-events"], kafka_config_id="chaos_kafka", format="json",
+                         schema="user STRING, page STRING, ts LONG", metadata_columns=["partition", "offset"],
+                         min_partitions=6)
+    PostgresTableSink(uid="events_pg", input=events, conn_id="chaos_pg", table="chaos.kafka_events", step="main")
+    users = KeyedAggregate(uid="user_totals", input=events, keys=["user"],
+                           aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"})
+    DeltaTableSink(uid="user_totals_delta", input=users, path=f"{BASE}/lake/user_totals", mode="upsert",
+                   keys=["user"], step="main")
+
+dag = pipeline.dag
+"""
+DAG_SOURCES = {DAG_ID: CHAOS_DAG, ORDERS_DAG_ID: ORDERS_DAG, CHAINED_DAG_ID: CHAINED_DAG, KAFKA_DAG_ID: KAFKA_DAG}
+ROTATION = (DAG_ID, ORDERS_DAG_ID, CHAINED_DAG_ID, KAFKA_DAG_ID)

@@ -1,26 +1,29 @@
 """Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
 
-The real Airflow services (LocalExecutor) run, in turn, the three pipelines of
+The real Airflow services (LocalExecutor) run, in turn, the four pipelines of
 :mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
-Delta (user totals, upsert) and PostgreSQL (page views, upsert) tables; a two-input,
-two-step pipeline (orders enriched with customers, joined by a channel); and a chained
-pipeline (``chain=True``: one task per checkpoint) appending events to PostgreSQL and
-upserting user totals into Delta. All keep incremental state in files while input keeps
-growing (every sixth run lands a file mixing good and malformed lines, which the clickstream
-pipeline routes to its dead-letter table). Steps run in ``connect`` mode, through a
-``spark_connect`` connection, on a Spark Connect server started by the test; PostgreSQL is
-the session's server (:mod:`tests.servers.postgres`), reached through an Airflow ``postgres``
+Delta (user totals, upsert) and PostgreSQL (page views, upsert) tables; a two-input, two-step
+pipeline (orders enriched with customers, joined by a channel); a chained pipeline
+(``chain=True``: one task per checkpoint) appending events to PostgreSQL and upserting user
+totals into Delta; and the same tables from a Kafka topic on a real Kafka-protocol broker
+(Tansu, its log on the test S3 server, restarted between some runs; some runs kill a Spark task
+mid-read). The ground truth of the Kafka tables is what the test produced, with the partition
+and offset the broker acknowledged for each record. All keep incremental state in files while
+input keeps growing (every sixth run lands a file mixing good and malformed lines, which the
+clickstream pipeline routes to its dead-letter table). Steps run in ``connect`` mode, through a
+``spark_connect`` connection, on a Spark Connect server started by the test; PostgreSQL is the
+session's server (:mod:`tests.servers.postgres`), reached through an Airflow ``postgres``
 connection. Before every DAG run the test writes one fault from the list below into
-``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a step
-fault hits both steps of the two-step pipeline); the run may succeed, be retried by Airflow,
-or fail. After a last clean run of each pipeline every table must equal the ground truth
-computed by pandas over all input (the dead-letter table: the malformed lines by Python's
-own parse, each once); each Delta table holds at most one commit per checkpoint id, and only
-of completed checkpoints; each PostgreSQL sink has exactly one marker row per committed
-checkpoint. Then the restore DAG returns the clickstream job to its second-newest retained
-checkpoint and runs it once more on new input: all its tables must equal the ground truth
-again (the undone checkpoints' commits and markers gone). Finally the storage audit, with
-every sink's own audit (staged files, staging tables), must find nothing left behind.
+``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a step fault
+hits both steps of the two-step pipeline); the run may succeed, be retried by Airflow, or fail.
+After a last clean run of each pipeline every table must equal the ground truth computed by
+pandas over all input (the dead-letter table: the malformed lines by Python's own parse, each
+once); each Delta table holds at most one commit per checkpoint id, and only of completed
+checkpoints; each PostgreSQL sink has exactly one marker row per committed checkpoint. Then the
+restore DAG returns the clickstream job to its second-newest retained checkpoint and runs it
+once more on new input: all its tables must equal the ground truth again (the undone
+checkpoints' commits and markers gone). Finally the storage audit, with every sink's own audit
+(staged files, staging tables), must find nothing left behind.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
 """
@@ -56,13 +59,17 @@ from airflow_provider_checkpoint.testing.orders import enriched, land_changes, l
 from tests.airflow.conftest import load_dag_module
 from tests.conftest import REPO
 from tests.live.airflow_live import running_airflow
-from tests.live.chaos_dags import CHAINED_DAG_ID, DAG_ID, DAG_SOURCES, ROTATION
+from tests.live.chaos_dags import CHAINED_DAG_ID, DAG_ID, DAG_SOURCES, KAFKA_DAG_ID, KAFKA_TOPIC, ROTATION
 from tests.live.spark_connect import spark_connect_server
 from tests.live.storage_view import completed_ids, latest_metadata
+from tests.servers.kafka import KafkaBroker, s3_broker
 from tests.servers.postgres import PostgresServer
+from tests.servers.s3 import S3Server
 
 pytestmark = [pytest.mark.live, pytest.mark.exclusive]  # 30+ runs within 20 minutes: not beside other tests
 RESTORE_DAG_ID = "restore_from_checkpoint"
+RESTART_BROKER = "Kafka broker restarted before the run"
+KILL_MID_READ = "step SIGKILLed mid Kafka read (attempt 1)"
 
 # name → fault specs (see airflow_provider_checkpoint.core.faults); weights favour the cheap ones.
 # ``{next}`` is the id the run's barrier gets: the trigger's recovery of the previous checkpoint
@@ -80,6 +87,8 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
     "step SIGKILLed while compacting state (attempt 1)": (1, ["step.during_compaction:attempt=1:action=kill"]),
     "step fails before its ack (attempt 1)": (2, ["step.before_ack:attempt=1"]),
     "step SIGKILLed before its ack (attempt 1)": (2, ["step.before_ack:attempt=1:action=kill"]),
+    KILL_MID_READ: (2, ["step.kafka_read:attempt=1:action=kill"]),
+    RESTART_BROKER: (2, []),
     "step storage error on every attempt": (1, ["step.before_state_write:action=oserror"]),
     "finalize fails before _metadata": (2, ["finalize.before_metadata"]),
     "finalize fails after _metadata (every attempt)": (2, ["finalize.after_metadata"]),
@@ -161,6 +170,21 @@ class PostgresCrasher:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def produce_events(broker: KafkaBroker, n: int, seed: int) -> pd.DataFrame:
+    """Produce ``n`` click events to the chaos topic's three partitions; each with the partition and
+    offset the broker acknowledged."""
+    rng = random.Random(seed)
+    rows = [(f"u{rng.randrange(30)}", f"/p{rng.randrange(10)}", seed * 1_000_000 + i) for i in range(n)]
+    records = [
+        (rng.randrange(3), user.encode(), json.dumps({"user": user, "page": page, "ts": ts}).encode())
+        for user, page, ts in rows
+    ]
+    acked = broker.produce(KAFKA_TOPIC, records)
+    frame = pd.DataFrame(rows, columns=["user", "page", "ts"])
+    frame["partition"], frame["offset"] = [p for p, _ in acked], [o for _, o in acked]
+    return frame
 
 
 def last_events(events: pd.DataFrame) -> pd.DataFrame:
@@ -307,8 +331,23 @@ def clickstream_problems(
     return problems
 
 
+def kafka_problems(base: Path, job: ChaosJob, db: Any, streamed: list[pd.DataFrame]) -> dict[str, str]:
+    """The Kafka job's tables against what the test produced: each record once, at its own offset."""
+    if not streamed:
+        return {}
+    events = pd.concat(streamed, ignore_index=True)
+    truth = expected_tables(events[["user", "page", "ts"]])
+    return {
+        **job.delta_problems(base / "kafka" / "lake" / "user_totals", "user_totals_delta", truth["user_totals"]),
+        **job.pg_problems(db, "kafka_events", "events_pg", events, "events"),
+    }
+
+
 def test_chaos_under_the_real_scheduler(
-    tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_server: PostgresServer,
+    s3_server: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
     runs = int(os.environ.get("CHAOS_RUNS", "30"))
@@ -325,6 +364,8 @@ def test_chaos_under_the_real_scheduler(
         db.execute("CREATE SCHEMA chaos")
     monkeypatch.setenv("CHAOS_DIR", str(base))  # the DAG files, loaded here too for their sinks' audit
     monkeypatch.setenv("AIRFLOW_CONN_CHAOS_PG", postgres_server.uri())
+    broker = s3_broker(s3_server, root)
+    broker.create_topic(KAFKA_TOPIC, 3)
     orders = ChaosOrders(base / "orders")
     faults_file = root / "faults.txt"
     pause_dir = root / "paused"
@@ -333,17 +374,21 @@ def test_chaos_under_the_real_scheduler(
     weights = [FAULTS[n][0] for n in names]
     landed: list[pd.DataFrame] = []
     chained: list[pd.DataFrame] = []
+    streamed: list[pd.DataFrame] = []  # produced to Kafka
     mixed: list[str] = []  # files of good and malformed lines
     outcomes: Counter[str] = Counter()
+    first_kafka_faults = [KILL_MID_READ, RESTART_BROKER]  # every seed has both; later runs draw
     jobs = {job: ChaosJob(root / "airflow" / "checkpoints", job) for job in ROTATION}
-    clicks, chained_job = jobs[DAG_ID], jobs[CHAINED_DAG_ID]
+    clicks, chained_job, kafka_job = jobs[DAG_ID], jobs[CHAINED_DAG_ID], jobs[KAFKA_DAG_ID]
     with contextlib.ExitStack() as stack:
+        stack.callback(broker.stop)
         remote = stack.enter_context(spark_connect_server(root / "spark-connect.log"))
         env = {
             "CHAOS_DIR": str(base),
             "CHECKPOINT_FAULTS_FILE": str(faults_file),
             "CHECKPOINT_FAULTS_PAUSE_DIR": str(pause_dir),
             "AIRFLOW_CONN_CHAOS_PG": postgres_server.uri(),
+            "AIRFLOW_CONN_CHAOS_KAFKA": broker.uri(),
             # connect mode through a spark_connect connection: no JVM per step attempt
             "AIRFLOW_CONN_CHAOS_SPARK_CONNECT": json.dumps(
                 {"conn_type": "spark_connect", "host": "127.0.0.1", "port": int(remote.rsplit(":", 1)[1])}
@@ -369,9 +414,15 @@ def test_chaos_under_the_real_scheduler(
                 chained.append(
                     land_events(base / "chained" / "landing", f"c-{run:03d}.json", rng.randrange(50, 400), run)
                 )
+            elif dag_id == KAFKA_DAG_ID:
+                streamed.append(produce_events(broker, rng.randrange(50, 400), run))
             else:
                 orders.land(run, rng)
             fault = "none" if run > runs else rng.choices(names, weights)[0]
+            if dag_id == KAFKA_DAG_ID and first_kafka_faults and run <= runs:
+                fault = first_kafka_faults.pop(0)
+            if fault == RESTART_BROKER:
+                broker.restart()  # its log is on S3: records and committed offsets survive
             specs = [spec.format(next=jobs[dag_id].next_checkpoint_id()) for spec in FAULTS[fault][1]]
             faults_file.write_text("\n".join(specs) + "\n")
             crasher.next_run()
@@ -392,6 +443,7 @@ def test_chaos_under_the_real_scheduler(
                     base / "chained" / "lake" / "user_totals", "user_totals_delta", chained_truth["user_totals"]
                 ),
                 **chained_job.pg_problems(db, "chained_events", "events_pg", chained_truth["events"], "events"),
+                **{f"kafka {name}": problem for name, problem in kafka_problems(base, kafka_job, db, streamed).items()},
             }
 
             # restore the clickstream job to its second-newest retained checkpoint through the restore

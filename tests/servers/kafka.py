@@ -14,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers.s3 import free_ports
+from tests.servers.s3 import S3Server, free_ports
 
 
 def tansu() -> Path:
@@ -86,19 +87,46 @@ class KafkaBroker:
         admin = AdminClient(self.config())  # held until the topic exists: its destruction fails the future
         admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(timeout=30)
 
-    def produce(self, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None]], **conf: Any) -> int:
-        """Produce ``(partition, key, value)`` records, in order; how many."""
-        from confluent_kafka import Producer
+    def produce(
+        self, topic: str, records: Iterable[tuple[int, bytes | None, bytes | None]], **conf: Any
+    ) -> list[tuple[int, int]]:
+        """Produce ``(partition, key, value)`` records, in order; the ``(partition, offset)`` each got."""
+        from confluent_kafka import KafkaError, Message, Producer
 
         producer = Producer({**self.config(), "linger.ms": 5, **conf})
-        n = 0
+        delivered: list[tuple[int, int] | None] = []
+        failures: list[KafkaError] = []
+
+        def acked(index: int) -> Any:
+            def report(error: KafkaError | None, message: Message) -> None:
+                if error is not None:
+                    failures.append(error)
+                else:
+                    delivered[index] = (int(message.partition() or 0), int(message.offset() or 0))
+
+            return report
+
         for partition, key, value in records:
-            producer.produce(topic, key=key, value=value, partition=partition)
-            n += 1
-            if n % 10_000 == 0:
+            delivered.append(None)
+            producer.produce(topic, key=key, value=value, partition=partition, on_delivery=acked(len(delivered) - 1))
+            if len(delivered) % 10_000 == 0:
                 producer.poll(0)
-        producer.flush(30)
-        return n
+        if producer.flush(30) or failures:
+            raise RuntimeError(f"{len(delivered)} records to {topic}: not all delivered ({failures[:3]})")
+        return [d for d in delivered if d is not None]
+
+
+def s3_broker(s3_server: S3Server, directory: Path) -> KafkaBroker:
+    """A broker of its own keeping its log on the test S3 server (Tansu's ``s3://`` engine), started:
+    its records and committed offsets survive :meth:`KafkaBroker.restart`."""
+    broker = KafkaBroker(
+        free_ports(1)[0], directory / "tansu.log", storage="s3://checkpoints/",
+        env={"AWS_ENDPOINT": s3_server.endpoint, "AWS_ACCESS_KEY_ID": s3_server.key,
+             "AWS_SECRET_ACCESS_KEY": s3_server.secret, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+             "CLUSTER_ID": f"kafka-{uuid.uuid4().hex[:8]}"},
+    )  # fmt: skip
+    broker.start()
+    return broker
 
 
 @pytest.fixture(scope="session")

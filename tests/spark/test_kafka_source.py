@@ -26,7 +26,7 @@ from airflow_provider_checkpoint.exceptions import KafkaSourceError, MalformedIn
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import make_job
-from tests.servers.kafka import KafkaBroker
+from tests.servers.kafka import KafkaBroker, s3_broker
 
 pytestmark = pytest.mark.spark
 SCHEMA = "user STRING, amount LONG"
@@ -208,20 +208,6 @@ def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):
     want = events.groupby("user").agg(n=("amount", "size"), total=("amount", "sum")).reset_index()
     got = table(tmp_path / "totals")[["user", "n", "total"]].sort_values("user").reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want.sort_values("user").reset_index(drop=True), check_dtype=False)
-
-
-def s3_broker(s3_server, tmp_path: Path) -> KafkaBroker:
-    """A broker of its own keeping its log on the test S3 server (Tansu's ``s3://`` engine), started."""
-    from tests.servers.s3 import free_ports
-
-    broker = KafkaBroker(
-        free_ports(1)[0], tmp_path / "tansu.log", storage="s3://checkpoints/",
-        env={"AWS_ENDPOINT": s3_server.endpoint, "AWS_ACCESS_KEY_ID": s3_server.key,
-             "AWS_SECRET_ACCESS_KEY": s3_server.secret, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
-             "CLUSTER_ID": f"kafka-{uuid.uuid4().hex[:8]}"},
-    )  # fmt: skip
-    broker.start()
-    return broker
 
 
 def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(spark, s3_server, tmp_path, monkeypatch):
