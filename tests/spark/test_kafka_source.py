@@ -294,7 +294,9 @@ def test_records_gone_before_the_step_reads_them_are_detected(
         broker.stop()
 
 
-def test_a_savepoint_restores_the_offsets_it_was_taken_at(spark, kafka, tmp_path):
+def test_a_savepoint_restores_the_offsets_it_was_taken_at_rescaled(spark, kafka, tmp_path):
+    """Restored from a savepoint with another parallelism (shuffle partitions, and ranges split over
+    more read tasks): the job replays from the savepoint's offsets, its keyed state rescaled."""
     topic = f"evt-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 3)
     produced = Produced(kafka, seed=41)
@@ -306,7 +308,15 @@ def test_a_savepoint_restores_the_offsets_it_was_taken_at(spark, kafka, tmp_path
     job.checkpoint()
     request_restore(job.storage, f"file://{savepoint}", False, False)  # back to the savepoint's offsets
     produced.produce(topic, 3, 30)
-    restored = job.checkpoint()
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "3")
+    try:
+        rescaled = make_job(spark, tmp_path, pipeline([topic], min_partitions=7))
+        restored = rescaled.checkpoint()
+        produced.produce(topic, 3, 25)
+        assert rescaled.checkpoint().stats["records_in"] == 25
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
     assert restored.stats["records_in"] == 90, "the 60 after the savepoint again, and the 30 new ones"
     assert restored.stats["restored_from_url"] == f"file://{savepoint}"
     read = Offsets.parse(restored.source_positions["events"]).ranges(Offsets.parse(taken.source_positions["events"]))
