@@ -62,7 +62,7 @@ def sink_assets(job: CheckpointJob) -> list[Asset]:
 
 def trigger_checkpoint(task: BaseOperator, job: CheckpointJob, context: Context) -> CheckpointPlan:
     """Cut the barrier of ``job`` for this DAG run (see :class:`CheckpointTriggerOperator`); returns the plan."""
-    options = savepoint_options(job, context.get("params") or {})
+    options = savepoint_options(job, run_conf(context))
     checkpoint_type = CheckpointType.SAVEPOINT if options else CheckpointType.CHECKPOINT
     ti = context["ti"]
     dag_run = context["dag_run"]
@@ -113,8 +113,20 @@ def _skip(task: BaseOperator, ti: Any, reason: str) -> None:
     raise AirflowSkipException(reason)
 
 
+def run_conf(context: Context) -> Mapping[str, Any]:
+    """The savepoint fields of this run's own conf (the trigger form, the REST API, ``dag.test(run_conf=...)``).
+
+    Never the DAG's resolved ``params``: ``dag.test()`` resolves a run's conf into the DAG's shared
+    ``Param`` objects, so a later run in the same process would inherit another run's savepoint request.
+    """
+    conf = getattr(context.get("dag_run"), "conf", None)
+    if not isinstance(conf, Mapping):
+        return {}
+    return {k: conf[k] for k in ("savepoint", "savepoint_dir", "stop_after_savepoint") if k in conf}
+
+
 def savepoint_options(job: CheckpointJob, params: Mapping[str, Any]) -> JsonDict:
-    """Validate the trigger form's savepoint params before anything is written."""
+    """Validate the run's savepoint request (:func:`run_conf`) before anything is written."""
     if not params.get("savepoint"):
         if params.get("stop_after_savepoint") or params.get("savepoint_dir"):
             raise AirflowFailException("savepoint_dir and stop_after_savepoint need savepoint=true")
