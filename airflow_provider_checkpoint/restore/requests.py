@@ -33,13 +33,16 @@ from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 _ID = re.compile(r"^[0-9]+$")
 
 
-def read_state(pointer: str, operator_uid: str, spark: SparkSession | None = None) -> pa.Table | DataFrame:
+def read_state(
+    pointer: str, operator_uid: str, spark: SparkSession | None = None, *, conn_id: str | None = None
+) -> pa.Table | DataFrame:
     """The keyed state of ``operator_uid`` in a checkpoint or savepoint, after checksum verification.
 
-    ``pointer`` is a checkpoint or savepoint directory, or its ``_metadata``. Returns a
-    pyarrow Table, or a Spark DataFrame when ``spark`` is given.
+    ``pointer`` is a checkpoint or savepoint directory, or its ``_metadata``; on S3 ``conn_id``
+    names the Airflow ``aws`` connection to read it with (else the standard AWS environment).
+    Returns a pyarrow Table, or a Spark DataFrame when ``spark`` is given.
     """
-    snapshot = open_snapshot(pointer)
+    snapshot = open_snapshot(pointer, **({} if conn_id is None else {"conn_id": conn_id}))
     state = snapshot.checkpoint.operators.get(operator_uid)
     if state is None:
         known = ", ".join(sorted(snapshot.checkpoint.operators)) or "none"

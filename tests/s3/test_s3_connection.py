@@ -33,12 +33,13 @@ from airflow_provider_checkpoint.dataflow import (
     PipelineGraph,
 )
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RefusedInputError
-from airflow_provider_checkpoint.restore.requests import request_restore
+from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.spark.runner import run_step
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.config import job_storage
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.object_store import for_executors
+from airflow_provider_checkpoint.testing.clickstream import expected_tables
 from tests.s3.s3_job import delta_reader, land, s3fs_of, table_mismatches
 from tests.servers.s3 import S3Server
 from tests.spark.conftest import spark  # noqa: F401 - a fixture
@@ -116,6 +117,11 @@ def test_pipeline_on_s3_through_an_aws_connection_only(
     savepoint = f"s3://{prefix}/savepoints/sp-3"
     checkpoint(None, CheckpointType.SAVEPOINT, savepoint_target=savepoint)
     assert fs.exists(f"{prefix}/savepoints/sp-3/_metadata")
+    # read_state reads it through the connection: the user totals of everything landed so far
+    state = read_state(savepoint, "user_totals", conn_id="s3_lake").to_pandas()
+    want = expected_tables(pd.concat(landed))["user_totals"].sort_values("user").reset_index(drop=True)
+    got = state[want.columns.tolist()].sort_values("user").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
     request_restore(storage, savepoint, allow_non_restored_state=False, dry_run=False)
     checkpoint(4)
     assert json.loads(fs.cat_file(f"{prefix}/checkpoints/job/chk-4/_metadata"))["restored_from"] == 3
