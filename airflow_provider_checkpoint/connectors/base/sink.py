@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -29,7 +30,13 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
-from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError, UnsafePathError
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    PipelineDefinitionError,
+    SinkClaimedError,
+    UnsafePathError,
+    shorten,
+)
 from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
@@ -43,6 +50,13 @@ CLAIM_FILE = "_table.json"
 
 
 MODES = ("append", "upsert")
+_LOCAL = ("file", "local")
+
+
+def _url(protocol: str | tuple[str, ...], path: str) -> str:
+    """``path`` of a filesystem speaking ``protocol`` as a URL (``file://`` for local paths)."""
+    name = protocol[0] if isinstance(protocol, tuple) else protocol
+    return f"{'file' if name in _LOCAL else name}://{path}"
 
 
 def check_mode(uid: str, mode: str) -> None:
@@ -195,12 +209,18 @@ class TableDirectorySink(TransactionalSink):
 
     def url(self, path: str) -> str:
         """The URL of ``path`` (a path on the table's filesystem), for Spark and delta-rs."""
-        fs, _ = self._fs()
-        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-        return f"{'file' if protocol in ('file', 'local') else protocol}://{path}"
+        return _url(self._fs()[0].protocol, path)
 
     def asset_uri(self) -> str:
-        return self.url(self._fs()[1])
+        """The table's URL, from its path alone: declaring a pipeline resolves no connection and
+        opens no filesystem (the DAG processor parses the file; only tasks reach storage)."""
+        protocol = fsspec.core.split_protocol(self.path)[0] or "file"
+        try:
+            kind = fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
+            raise CheckpointStorageError(f"{self.uid}: no filesystem serves {shorten(self.path)}: {e}") from e
+        path = kind._strip_protocol(self.path)
+        return _url(kind.protocol, (posixpath.abspath(path) if protocol in _LOCAL else path).rstrip("/"))
 
     def load_claim(self) -> JsonDict | None:
         table = self.table()
