@@ -4,6 +4,15 @@ Tansu speaks Apache Kafka's protocol; ``confluent-kafka`` (librdkafka) creates t
 produces, fetches and commits group offsets against it as against Kafka. The session fixture
 starts it on a free loopback port with in-memory storage on first use and stops it at the end;
 :meth:`KafkaBroker.restart` restarts it (in-memory storage starts empty).
+
+``KafkaBroker(..., authentication=True)`` starts ``tansu broker --authentication``: every client
+must log in with SASL (SCRAM-SHA-256/512) before any request (a client without SASL is
+disconnected). Tansu 0.6.0 can hold no user, though: its storage engines in this binary
+(``memory://``, ``s3://``: "dynostore") keep no SCRAM credentials (``upsert_user_scram_credential``
+does nothing, the lookup finds none), ``tansu user create`` answers OK on a broker without
+authentication and stores nothing, and is refused (``NotAuthenticated``) on one with it. Such a
+broker therefore refuses every login ("SASL SCRAM authentication failed: broker responded with
+unknown-user"): it stands for wrong credentials; right ones cannot be shown with it.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ class KafkaBroker:
     log: Path
     storage: str = "memory://tansu/"
     env: dict[str, str] = field(default_factory=dict)
+    authentication: bool = False
+    """``tansu broker --authentication``: SASL required, and every login refused (see the module)."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -50,7 +61,7 @@ class KafkaBroker:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [str(tansu()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-                 "--storage-engine", self.storage],
+                 "--storage-engine", self.storage, *(["--authentication"] if self.authentication else [])],
                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -77,9 +88,20 @@ class KafkaBroker:
     def config(self) -> dict[str, str]:
         return {"bootstrap.servers": self.servers}
 
-    def uri(self) -> str:
-        """An Airflow ``kafka`` connection (``AIRFLOW_CONN_<ID>``, JSON form) of this broker."""
-        return json.dumps({"conn_type": "kafka", "extra": self.config()})
+    def sasl_config(self, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+        """Client properties logging in to this broker as ``user`` with ``password`` (SASL over plaintext)."""
+        return {
+            **self.config(),
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism,
+            "sasl.username": user,
+            "sasl.password": password,
+        }
+
+    def uri(self, extra: dict[str, str] | None = None) -> str:
+        """An Airflow ``kafka`` connection (``AIRFLOW_CONN_<ID>``, JSON form) of this broker: ``extra``
+        (e.g. :meth:`sasl_config`), else :meth:`config`."""
+        return json.dumps({"conn_type": "kafka", "extra": extra or self.config()})
 
     def create_topic(self, name: str, partitions: int) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic

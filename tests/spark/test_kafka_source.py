@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from airflow_provider_checkpoint.connectors.kafka import client
 from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets
 from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
 from airflow_provider_checkpoint.dataflow import KeyedAggregate, ParquetTableSink
-from airflow_provider_checkpoint.exceptions import KafkaSourceError, MalformedInputError
+from airflow_provider_checkpoint.exceptions import KafkaSourceError, MalformedInputError, raised_in_spark
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -154,6 +155,62 @@ def test_a_missing_topic_and_an_unreachable_broker_are_named(spark, kafka, tmp_p
     monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", json.dumps({"conn_type": "kafka", "extra": {}}))
     with pytest.raises(KafkaSourceError, match="Kafka connection 'kafka_test': its extra must be a JSON object"):
         client.connection_config("kafka_test")
+
+
+def test_wrong_credentials_are_refused_at_once_and_commit_nothing(spark, kafka, tmp_path, monkeypatch):
+    """A broker requiring SASL refuses the connection's login (Tansu refuses every login: see
+    tests/servers/kafka.py) at the trigger, and later (the trigger's connection right) at the step: each
+    a refusal naming the connection and the address, never the password, within seconds, committing
+    nothing. Between them the same job, its connection fixed (the broker holding the records; Tansu
+    accepts no login), reads every record once."""
+    from airflow_provider_checkpoint.spark.acks import decline_for
+    from tests.servers.s3 import free_ports
+
+    topic, group = f"evt-{uuid.uuid4().hex[:8]}", "airflow-checkpoint-events"
+    kafka.create_topic(topic, 2)
+    produced = Produced(kafka, seed=51)
+    produced.produce(topic, 2, 60)
+    guarded = KafkaBroker(free_ports(1)[0], tmp_path / "tansu-auth.log", authentication=True)
+    guarded.start()
+    password = f"hunter2-{uuid.uuid4().hex}"
+    wrong = guarded.uri(guarded.sasl_config("etl", password))
+    refused = rf"Kafka connection 'kafka_test': the broker {re.escape(guarded.servers)} refused the credentials"
+
+    def outputs() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for table in ("events", "totals") for p in (tmp_path / table).rglob("*.parquet")}
+
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", wrong)
+        job = make_job(spark, tmp_path, pipeline([topic]))
+        started = time.monotonic()
+        with pytest.raises(KafkaSourceError, match=refused) as at_trigger:
+            job.checkpoint()
+        assert time.monotonic() - started < 15, "refused at once, not after the 30 s timeout"
+        assert password not in str(at_trigger.value)
+        assert CompletedCheckpointStore(job.storage).completed_ids() == [] and outputs() == {}
+        assert client.committed(kafka.config(), group, [(topic, 0), (topic, 1)]) == {}, "no group commit"
+
+        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", kafka.uri())
+        assert job.checkpoint().stats["records_in"] == 60
+        check(tmp_path, produced.frame())
+        ends = dict(produced.next)
+        assert client.committed(kafka.config(), group, sorted(ends)) == ends
+
+        produced.produce(topic, 2, 30)
+        before, completed = outputs(), CompletedCheckpointStore(job.storage).completed_ids()
+        assert before and completed
+        started = time.monotonic()
+        with pytest.raises(Exception) as at_step:  # the barrier is cut, then the step's login is wrong
+            job.checkpoint(during=lambda: monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", wrong))
+        assert time.monotonic() - started < 30, "refused at once, not after the reader's idle timeout"
+        step_refusal = raised_in_spark(at_step.value)
+        assert isinstance(step_refusal, KafkaSourceError) and re.search(refused, str(step_refusal)), at_step.value
+        assert decline_for(at_step.value).fatal, "a refusal: the step is not retried"
+        assert password not in str(at_step.value)
+        assert CompletedCheckpointStore(job.storage).completed_ids() == completed and outputs() == before
+        assert client.committed(kafka.config(), group, sorted(ends)) == ends, "no group commit"
+    finally:
+        guarded.stop()
 
 
 def test_malformed_values_go_to_dead_letters_exactly_once(spark, kafka, tmp_path):

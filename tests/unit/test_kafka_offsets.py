@@ -107,3 +107,48 @@ def test_an_unreachable_broker_is_named_within_the_timeout(monkeypatch) -> None:
             pytest.raises(KafkaUnavailableError, match=rf"Kafka broker {address} cannot be reached"),
         ):
             broker.partitions(["clicks"], None)
+
+
+def test_a_refused_login_is_named_at_once_by_every_client_path(tmp_path) -> None:
+    """Against a broker refusing every SASL login (Tansu with authentication), the trigger's questions,
+    the group commit and an executor's read each raise the refusal within seconds (not the 30 s
+    timeout), naming the connection and the address, never the password; the read's is marked for
+    the driver. An ``_AUTHENTICATION`` error saying the connection broke is no refusal (retried)."""
+    import time
+
+    from confluent_kafka import KafkaError
+
+    from airflow_provider_checkpoint.connectors.kafka import client, reader
+    from airflow_provider_checkpoint.exceptions import raised_in_spark
+    from tests.servers.kafka import KafkaBroker
+    from tests.servers.s3 import free_ports
+
+    guarded = KafkaBroker(free_ports(1)[0], tmp_path / "tansu.log", authentication=True)
+    guarded.start()
+    password = "hunter2-not-shown"
+    config = guarded.sasl_config("etl", password)
+    refused = f"Kafka connection 'k': the broker {guarded.servers} refused the credentials"
+
+    def partitions() -> object:
+        with client.Broker(config, "k") as broker:
+            return broker.partitions(["clicks"], None)
+
+    try:
+        for call in (
+            partitions,
+            lambda: client.commit(config, "g", {("clicks", 0): 5}, "k"),
+            lambda: client.committed(config, "g", [("clicks", 0)], "k"),
+            lambda: list(reader.read_range(config, ("clicks", 0, 0, 10), True, "k")),
+        ):
+            started = time.monotonic()
+            with pytest.raises(KafkaSourceError) as raised:
+                call()
+            assert time.monotonic() - started < 10 and refused in str(raised.value)
+            assert password not in str(raised.value)
+        assert raised_in_spark(RuntimeError(f"Py4J ... {raised.value}\n at ...")) is not None, "the read's is marked"
+    finally:
+        guarded.stop()
+    cut = KafkaError(KafkaError._AUTHENTICATION, "SASL handshake failed: Local: Broker transport failure")
+    assert not client.refused(cut) and client.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    error = KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED, f"invalid credentials {password}")
+    assert password not in str(client.refusal("k", config, error))

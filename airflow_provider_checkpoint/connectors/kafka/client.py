@@ -6,6 +6,14 @@ provider's ``kafka_config_id``): librdkafka properties such as ``bootstrap.serve
 boolean values are taken, callbacks are refused (the executors get the configuration as data),
 and no message ever names a secret value.
 
+**Refused credentials or access** end every question promptly in :class:`KafkaSourceError`
+(a refusal, not retried) naming the connection and ``bootstrap.servers``: librdkafka retries a
+failed SASL login forever and reports it only to an error callback, never in the answer of a
+blocking call (a metadata request then just times out), so each client made here carries our
+own :class:`Refusals` callback, and the first contact asks in growing steps, serving the
+callback in between. An authorization error (topic, group, cluster) in an answer is the same
+refusal. A broker that does not answer stays :class:`KafkaUnavailableError` (retried).
+
 End offsets come from a fetch, not from ``ListOffsets``: a consumer reads each partition from
 near its listed end up to the end-of-partition event, whose offset is the true end. A broker
 whose ``ListOffsets(latest)`` answers behind the end (the Tansu broker does after batched
@@ -17,14 +25,16 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
 
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, TopicPartition
-from airflow_provider_checkpoint.exceptions import KafkaSourceError, KafkaUnavailableError, shorten
+from airflow_provider_checkpoint.exceptions import KafkaSourceError, KafkaUnavailableError, redact, shorten
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaError
+
+T = TypeVar("T")
 
 TIMEOUT_SECONDS = 30.0
 """How long one broker question may take before the broker counts as unreachable."""
@@ -33,6 +43,17 @@ POLL_SECONDS = 0.05
 _SECRET = re.compile(r"(password|secret|token|key\.pem|keystore|credentials)", re.IGNORECASE)
 _OURS = ("group.id", "enable.auto.commit", "enable.partition.eof", "auto.offset.reset", "isolation.level")
 _CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
+FIRST_STEP_SECONDS = 0.5
+"""The first contact's first wait; each next one doubles (a slow broker still gets the whole timeout)."""
+_UNAUTHENTICATED = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "UNSUPPORTED_SASL_MECHANISM", "ILLEGAL_SASL_STATE")
+_UNAUTHORIZED = (
+    "TOPIC_AUTHORIZATION_FAILED",
+    "GROUP_AUTHORIZATION_FAILED",
+    "CLUSTER_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+)
+_CUT_OFF = re.compile(r"transport failure|disconnected|connection refused|timed out", re.IGNORECASE)
+"""An ``_AUTHENTICATION`` error saying this: the connection broke during the login, not a refusal."""
 
 
 def connection_config(kafka_config_id: str) -> dict[str, str]:
@@ -72,6 +93,46 @@ def redacted(config: Mapping[str, str]) -> dict[str, str]:
     return {k: "<redacted>" if _SECRET.search(k) else v for k, v in config.items()}
 
 
+def refused(error: KafkaError | None) -> TypeGuard[KafkaError]:
+    """Whether ``error`` says the broker refused the credentials (SASL) or the access (an ACL)."""
+    if error is None:
+        return False
+    name = error.name()
+    return name in _UNAUTHORIZED or (name in _UNAUTHENTICATED and not _CUT_OFF.search(error.str()))
+
+
+def refusal(name: str, config: Mapping[str, str], error: KafkaError, mark: str = "") -> KafkaSourceError:
+    """The refusal of ``error`` (see :func:`refused`), one line naming connection ``name`` and the broker
+    address; every secret value of ``config`` that librdkafka's text might hold is replaced by ``***``."""
+    detail = error.str()
+    for key, value in config.items():
+        if _SECRET.search(key) and value:
+            detail = detail.replace(value, "***")
+    detail = redact(" ".join(detail.split()))[:300]
+    what = "access" if error.name() in _UNAUTHORIZED else "the credentials"
+    return KafkaSourceError(
+        f"{mark}Kafka connection {name!r}: the broker {config.get('bootstrap.servers', '?')} refused {what} "
+        f"({error.name()}: {detail}); fix the connection's security.protocol/sasl.* settings or the ACLs. "
+        "Nothing was read or committed"
+    )
+
+
+class Refusals:
+    """librdkafka's error callback on our own clients: keeps the first error that is a refusal."""
+
+    def __init__(self) -> None:
+        self.first: KafkaError | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if self.first is None and refused(error):
+            self.first = error
+
+    def check(self, name: str, config: Mapping[str, str], mark: str = "") -> None:
+        """Raise the refusal (:func:`refusal`) if the broker refused since the client was made."""
+        if self.first is not None:
+            raise refusal(name, config, self.first, mark)
+
+
 def consumer_config(config: Mapping[str, str], group: str | None = None) -> dict[str, Any]:
     """A consumer that reads assigned partitions only and commits nothing unless asked."""
     own = {k: v for k, v in config.items() if k not in _OURS}
@@ -86,18 +147,55 @@ def consumer_config(config: Mapping[str, str], group: str | None = None) -> dict
     }
 
 
-def _consumer(config: Mapping[str, str], group: str | None = None) -> Consumer:
+def watched_consumer(
+    config: Mapping[str, str], group: str | None = None, **callbacks: Any
+) -> tuple[Consumer, Refusals]:
+    """A consumer of :func:`consumer_config` whose error callback is a new :class:`Refusals`; our ``callbacks``."""
     from confluent_kafka import Consumer
 
-    return Consumer(consumer_config(config, group))
+    refusals = Refusals()
+    return Consumer({**consumer_config(config, group), **callbacks, "error_cb": refusals}), refusals
+
+
+def _error(e: Exception) -> KafkaError | None:
+    """The ``KafkaError`` a ``KafkaException`` carries."""
+    from confluent_kafka import KafkaError
+
+    found = e.args[0] if e.args else None
+    return found if isinstance(found, KafkaError) else None
+
+
+def first_contact(
+    consumer: Consumer, refusals: Refusals, name: str, config: Mapping[str, str], ask: Callable[[float], T]
+) -> T:
+    """``ask(timeout)`` in growing steps (:data:`FIRST_STEP_SECONDS`, doubling) until it answers, serving the
+    error callback in between: a refusal ends it at once, no answer within :data:`TIMEOUT_SECONDS` is
+    :class:`KafkaUnavailableError`. The consumer must hold no assignment (serving the callback polls it)."""
+    deadline, step = time.monotonic() + TIMEOUT_SECONDS, FIRST_STEP_SECONDS
+    while True:
+        try:
+            return ask(max(min(step, deadline - time.monotonic()), 0.01))
+        except Exception as e:  # KafkaException: transport failure, timeout, refusal
+            found = _error(e)
+            if refused(found):
+                raise refusal(name, config, found) from e
+            consumer.poll(0)  # serves the error callback
+            refusals.check(name, config)
+            if time.monotonic() >= deadline:
+                raise KafkaUnavailableError(
+                    f"Kafka broker {config.get('bootstrap.servers', '?')} cannot be reached: {shorten(e)}"
+                ) from e
+            step *= 2
 
 
 class Broker:
-    """One consumer for the trigger's questions (topics, partitions, offsets): one connection, closed on exit."""
+    """One consumer for the trigger's questions (topics, partitions, offsets): one connection, closed on exit.
 
-    def __init__(self, config: Mapping[str, str]) -> None:
-        self.config = config
-        self.consumer = _consumer(config)
+    ``name`` is the Airflow connection the configuration came from, named in a refusal."""
+
+    def __init__(self, config: Mapping[str, str], name: str = "?") -> None:
+        self.config, self.name = config, name
+        self.consumer, self.refusals = watched_consumer(config)
 
     def __enter__(self) -> Broker:
         return self
@@ -111,12 +209,14 @@ class Broker:
 
     def partitions(self, topics: Sequence[str] | None, pattern: str | None) -> list[TopicPartition]:
         """The partitions of ``topics`` (each must exist) or of every topic matching ``pattern``, in order."""
-        try:
-            metadata = self.consumer.list_topics(timeout=TIMEOUT_SECONDS)
-        except Exception as e:  # KafkaException: transport failure, timeout
-            raise KafkaUnavailableError(f"Kafka broker {self.servers} cannot be reached: {shorten(e)}") from e
+        metadata = first_contact(
+            self.consumer, self.refusals, self.name, self.config, lambda t: self.consumer.list_topics(timeout=t)
+        )
         found = {name: t for name, t in metadata.topics.items() if TOPIC.match(name) and t.error is None}
         if topics is not None:
+            for topic in topics:
+                if topic in metadata.topics and refused(metadata.topics[topic].error):
+                    raise refusal(self.name, self.config, metadata.topics[topic].error)
             missing = [t for t in topics if t not in found]
             if missing:
                 raise KafkaSourceError(
@@ -129,6 +229,13 @@ class Broker:
             names = sorted(n for n in found if re.fullmatch(pattern, n) and not n.startswith("__"))
         return [(name, p) for name in names for p in sorted(found[name].partitions)]
 
+    def _failed(self, e: Exception, what: str) -> Exception:
+        """The error to raise for ``e`` of a question about ``what``: a refusal, else unavailable."""
+        found = _error(e)
+        if refused(found):
+            return refusal(self.name, self.config, found)
+        return KafkaUnavailableError(f"Kafka broker {self.servers}: {what} unavailable: {shorten(e)}")
+
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         from confluent_kafka import TopicPartition as KafkaPartition
 
@@ -137,9 +244,7 @@ class Broker:
                 KafkaPartition(topic, partition), timeout=TIMEOUT_SECONDS, cached=False
             )
         except Exception as e:
-            raise KafkaUnavailableError(
-                f"Kafka broker {self.servers}: offsets of {topic}[{partition}] unavailable: {shorten(e)}"
-            ) from e
+            raise self._failed(e, f"offsets of {topic}[{partition}]") from e
         return int(low), int(high)
 
     def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -169,8 +274,11 @@ class Broker:
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     ends[(str(message.topic()), int(message.partition() or 0))] = int(message.offset() or 0)
+                elif refused(error):
+                    raise refusal(self.name, self.config, error)
                 elif error is not None:
                     raise KafkaUnavailableError(f"Kafka broker {self.servers}: {shorten(error.str())}")
+            self.refusals.check(self.name, self.config)
         self.consumer.unassign()
         return ends
 
@@ -185,7 +293,7 @@ class Broker:
                 [KafkaPartition(t, p, millis) for t, p in tps], timeout=TIMEOUT_SECONDS
             )
         except Exception as e:
-            raise KafkaUnavailableError(f"Kafka broker {self.servers}: offsets for a time: {shorten(e)}") from e
+            raise self._failed(e, "offsets for a time") from e
         out = {}
         for tp in found:
             key = (str(tp.topic), int(tp.partition))
@@ -193,26 +301,49 @@ class Broker:
         return out
 
 
-def commit(config: Mapping[str, str], group: str, offsets: Mapping[TopicPartition, int]) -> None:
-    """Commit ``offsets`` (the next offset to read of each partition) to consumer group ``group``."""
+def commit(config: Mapping[str, str], group: str, offsets: Mapping[TopicPartition, int], name: str = "?") -> None:
+    """Commit ``offsets`` (the next offset to read of each partition) to consumer group ``group``; a refusal
+    (:class:`KafkaSourceError`) or no answer within :data:`TIMEOUT_SECONDS` (:class:`KafkaUnavailableError`)
+    raises. The login is checked first (a metadata request), so a refusal comes promptly and leaves no
+    commit in flight: closing a consumer waits for one, and a refused login never finds the coordinator."""
     from confluent_kafka import TopicPartition as KafkaPartition
 
     if not offsets:
         return
-    consumer = _consumer(config, group)
+    results: list[tuple[KafkaError | None, list[Any]]] = []
+    consumer, refusals = watched_consumer(config, group, on_commit=lambda err, tps: results.append((err, tps)))
     try:
-        consumer.commit(offsets=[KafkaPartition(t, p, o) for (t, p), o in sorted(offsets.items())], asynchronous=False)
+        topic = min(offsets)[0]
+        first_contact(consumer, refusals, name, config, lambda t: consumer.list_topics(topic, timeout=t))
+        consumer.commit(offsets=[KafkaPartition(t, p, o) for (t, p), o in sorted(offsets.items())], asynchronous=True)
+        deadline = time.monotonic() + TIMEOUT_SECONDS
+        while not results:
+            consumer.poll(POLL_SECONDS)  # no assignment: serves the callbacks only
+            refusals.check(name, config)
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(f"Kafka broker {config.get('bootstrap.servers')}: commit unanswered")
     finally:
         consumer.close()
+    error, tps = results[0]
+    errors = [error, *(tp.error for tp in tps)]
+    for found in errors:
+        if refused(found):
+            raise refusal(name, config, found)
+    failed = [e for e in errors if e is not None]
+    if failed:
+        raise KafkaUnavailableError(f"Kafka broker {config.get('bootstrap.servers')}: commit: {shorten(failed[0])}")
 
 
-def committed(config: Mapping[str, str], group: str, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+def committed(
+    config: Mapping[str, str], group: str, tps: Sequence[TopicPartition], name: str = "?"
+) -> dict[TopicPartition, int]:
     """What consumer group ``group`` has committed for ``tps`` (partitions without a commit left out)."""
     from confluent_kafka import TopicPartition as KafkaPartition
 
-    consumer = _consumer(config, group)
+    consumer, refusals = watched_consumer(config, group)
     try:
-        got = consumer.committed([KafkaPartition(t, p) for t, p in tps], timeout=TIMEOUT_SECONDS)
+        asked = [KafkaPartition(t, p) for t, p in tps]
+        got = first_contact(consumer, refusals, name, config, lambda t: consumer.committed(asked, timeout=t))
     finally:
         consumer.close()
     return {(tp.topic, tp.partition): int(tp.offset) for tp in got if tp.offset >= 0}

@@ -7,6 +7,12 @@ occupy offsets inside it. Records the range needs that are gone — the first of
 broker returns is past ``start``, or the partition now ends before ``end`` — are lost:
 counted in :data:`LOST` (a row of its own, without a record), or, with
 ``fail_on_data_loss``, a failed task naming the topic, partition and offsets.
+
+A broker that refuses the credentials or the access (SASL login, ACL) fails the task at once
+with a :class:`KafkaSourceError` carrying its :data:`~KafkaSourceError.MARK`, naming the
+connection and the broker address, never a secret: the driver recognizes it
+(:func:`~airflow_provider_checkpoint.exceptions.raised_in_spark`) and declines the checkpoint
+as fatal, not retried; nothing of it is committed.
 """
 
 from __future__ import annotations
@@ -51,11 +57,16 @@ def _arrow_schema() -> pa.Schema:
 
 
 def read_tasks(
-    config: Mapping[str, str], tasks: Sequence[Task], fail_on_data_loss: bool, where: Mapping[str, object]
+    config: Mapping[str, str],
+    tasks: Sequence[Task],
+    fail_on_data_loss: bool,
+    where: Mapping[str, object],
+    name: str = "?",
 ) -> Any:  # the function mapInArrow runs over ``spark.range(len(tasks))``
-    """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i``; ``where`` names the
-    step attempt at the fault point ``step.kafka_read`` (after a task's first batch: a kill mid-read),
-    armed here in the driver, whose environment the executors' long-lived Python workers do not see."""
+    """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i`` through connection
+    ``name`` (its ``config``); ``where`` names the step attempt at the fault point ``step.kafka_read``
+    (after a task's first batch: a kill mid-read), armed here in the driver, whose environment the
+    executors' long-lived Python workers do not see."""
     from airflow_provider_checkpoint.core.faults import armed
 
     faults = [armed("step.kafka_read", **where, partition=task[1]) for task in tasks]
@@ -65,7 +76,7 @@ def read_tasks(
 
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                for n, records in enumerate(read_range(config, tasks[index], fail_on_data_loss)):
+                for n, records in enumerate(read_range(config, tasks[index], fail_on_data_loss, name)):
                     yield records
                     for action, message in faults[index] if n == 0 else ():
                         fire("step.kafka_read", action, message)
@@ -73,21 +84,26 @@ def read_tasks(
     return read
 
 
-def read_range(config: Mapping[str, str], task: Task, fail_on_data_loss: bool) -> Iterator[pa.RecordBatch]:
-    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+def read_range(
+    config: Mapping[str, str], task: Task, fail_on_data_loss: bool, name: str = "?"
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`; a
+    refusal of connection ``name`` is a marked :class:`KafkaSourceError` (see the module)."""
+    from confluent_kafka import KafkaError, TopicPartition
 
-    from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, consumer_config
+    from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, refusal, refused, watched_consumer
 
     topic, partition, start, end = task
     rows = _Rows(topic, partition)
-    consumer = Consumer(consumer_config(config))
+    consumer, refusals = watched_consumer(config)
+    mark = KafkaSourceError.MARK
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         expected, idle_since = start, time.monotonic()
         lost = 0
         while expected < end:
             messages = consumer.consume(num_messages=BATCH_ROWS, timeout=POLL_SECONDS)
+            refusals.check(name, config, mark)
             if not messages and time.monotonic() - idle_since > IDLE_SECONDS:
                 raise KafkaUnavailableError(
                     f"Kafka {topic}[{partition}]: nothing received for {IDLE_SECONDS:.0f}s at offset {expected} "
@@ -98,6 +114,8 @@ def read_range(config: Mapping[str, str], task: Task, fail_on_data_loss: bool) -
                 error = message.error()
                 offset = message.offset() or 0
                 if error is not None:
+                    if refused(error):
+                        raise refusal(name, config, error, mark)
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise KafkaUnavailableError(f"Kafka {topic}[{partition}]: {error.str()}")
                     if offset < end:  # the partition ends before the barrier's end: truncated

@@ -183,7 +183,7 @@ class KafkaSource(Source):
         """Every partition's end offset now (at most ``max_records_per_checkpoint`` records past
         ``previous``), and where partitions first seen now start."""
         before = Offsets.parse(previous, f"source {self.uid} position")
-        with client.Broker(self.config()) as broker:
+        with client.Broker(self.config(), self.kafka_config_id) as broker:
             partitions = broker.partitions(self.topics, self.pattern)
             ends = broker.ends(partitions, before.offsets)
             new = [tp for tp in partitions if tp not in before.offsets]
@@ -214,7 +214,7 @@ class KafkaSource(Source):
         config = self.config()
         group = self.group_id or config.get("group.id") or f"airflow-checkpoint-{self.uid}"
         try:
-            client.commit(config, group, Offsets.parse(position).offsets)
+            client.commit(config, group, Offsets.parse(position).offsets, self.kafka_config_id)
         except Exception as e:  # the lag display only: the next checkpoint commits again
             log.warning(
                 "source %s: offsets of checkpoint %d not committed to group %s: %s", self.uid, checkpoint_id, group, e
@@ -234,7 +234,7 @@ class KafkaSource(Source):
         ranges = list(cut.ranges(before))
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
         raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
-            read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx)), RAW_SCHEMA
+            read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id), RAW_SCHEMA
         )
         df = self._parsed(raw).cache()
         (row,) = df.agg(
