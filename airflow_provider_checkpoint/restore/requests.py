@@ -42,7 +42,8 @@ def read_state(
     names the Airflow ``aws`` connection to read it with (else the standard AWS environment).
     Returns a pyarrow Table, or a Spark DataFrame when ``spark`` is given.
     """
-    snapshot = open_snapshot(pointer, **({} if conn_id is None else {"conn_id": conn_id}))
+    options: dict[str, Any] = {} if conn_id is None else {"conn_id": conn_id}
+    snapshot = open_snapshot(pointer, **options)
     state = snapshot.checkpoint.operators.get(operator_uid)
     if state is None:
         known = ", ".join(sorted(snapshot.checkpoint.operators)) or "none"
