@@ -154,8 +154,11 @@ def _stats(records: int) -> str:
 
 def commit_append(
     table: DeltaTable, app_id: str, checkpoint_id: int, changes: DeltaCommit, partition_by: list[str]
-) -> None:
-    """The commit of an append table, by delta-rs (which retries on conflicts)."""
+) -> int:
+    """The commit of an append table, by delta-rs (which retries on conflicts); the version it made.
+
+    Every :data:`CHECKPOINT_INTERVAL` versions a log checkpoint follows, as for upsert tables: an
+    append table's log replay stays as short as theirs however old the job is."""
     from deltalake import CommitProperties, Transaction
     from deltalake.transaction import AddAction
 
@@ -163,6 +166,7 @@ def commit_append(
     actions: list[Any] = [
         AddAction(a.path, a.size, a.partition_values, now, True, _stats(a.num_records)) for a in changes.adds
     ]
+    loaded = int(table.version())
     table.create_write_transaction(
         actions,
         "append",
@@ -174,3 +178,15 @@ def commit_append(
             max_commit_retries=RETRIES,
         ),
     )
+    table.update_incremental()  # reads the commits after the loaded version only
+    version = int(table.version())
+    if version > loaded + 1:  # other writers committed too (before or after ours): find ours
+        ours = [
+            e.get("version")
+            for e in table.history(version - loaded)
+            if e.get("checkpoint_app_id") == app_id and e.get("checkpoint_id") == checkpoint_id
+        ]
+        version = ours[0] if ours and isinstance(ours[0], int) else version
+    if version % CHECKPOINT_INTERVAL == 0:
+        table.create_checkpoint()
+    return version

@@ -362,8 +362,7 @@ class DeltaTableSink(TableDirectorySink):
             raise DocumentError(document, "deletes", "name deletion vector files that do not exist", missing[:5])
         started = time.monotonic()
         if self.upsert is None:
-            delta_commit.commit_append(table, app_id, checkpoint_id, commit, self.partition_by)
-            version: int | None = self._open().version()
+            version: int | None = delta_commit.commit_append(table, app_id, checkpoint_id, commit, self.partition_by)
         else:
             fs, root = self._fs()
             committed = lambda: self.is_committed(checkpoint_id)  # noqa: E731
