@@ -303,7 +303,8 @@ class CheckpointCoordinator:
 
     def _discard(self, checkpoint_id: int) -> None:
         for sink in self.graph.sinks:
-            sink.abort(checkpoint_id)
+            with sink.storage_errors():
+                sink.abort(checkpoint_id)
         self.storage.delete(self.storage.chk_dir(checkpoint_id))
 
     def _count_failure(

@@ -289,6 +289,12 @@ class Sink(Node):
         """Called before the step does any Spark work: check the target (reachable, writable by
         this job) so a bad connection fails fast. No-op here."""
 
+    @contextmanager
+    def storage_errors(self) -> Iterator[None]:
+        """Around what the step, finalize and an abort do to the target: a storage error whose cause
+        can be told (a missing bucket, denied access) becomes one naming the target and the fix. No-op here."""
+        yield
+
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         raise NotImplementedError
 

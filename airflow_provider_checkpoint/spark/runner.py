@@ -203,7 +203,8 @@ class _StepRun:
 
     def sink(self, node: Sink) -> None:
         try:
-            self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
+            with node.storage_errors():
+                self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
         except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
             self.refused.append(e)
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import uuid
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.model import CheckpointType
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.dataflow import (
     DeltaSource,
     DeltaTableSink,
@@ -160,3 +162,35 @@ def test_conn_id_is_refused_where_no_connection_applies(tmp_path: Path) -> None:
     for delta in (source, DeltaTableSink("table", source, f"file://{tmp_path}/u", **on_disk)):
         with pytest.raises(RefusedInputError, match="conn_id='s3_lake' applies to s3:// locations .*not file://"):
             delta._fs()
+
+
+@pytest.mark.parametrize("kind", ["parquet", "delta"])
+def test_a_sink_in_a_missing_bucket_is_named_with_the_fix(
+    spark,  # noqa: F811 - the fixture
+    s3_server: S3Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """The step names the table's URL, the missing bucket and the fix; so does the abort that follows
+    if it has anything to do there (a Delta table that does not exist has nothing to delete)."""
+    define_connection(monkeypatch, "s3_lake", s3_server, s3_server.secret)
+    (tmp_path / "landing").mkdir()
+    (tmp_path / "landing" / "e1.json").write_text('{"user": "u1", "ts": 1}\n')
+    events = FileSource("events", f"file://{tmp_path}/landing", "json", "user STRING, ts LONG")
+    table = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/marts/events"
+    sink_class = ParquetTableSink if kind == "parquet" else DeltaTableSink
+    sink = sink_class("events_table", events, table, "append", storage_options={"conn_id": "s3_lake"}, step="main")
+    graph = PipelineGraph([events, sink])
+    storage = job_storage("job", f"file://{tmp_path}/checkpoints")
+    coordinator = CheckpointCoordinator(storage, graph, CheckpointSettings(), None, [storage.url()])
+    plan = coordinator.trigger("run-1", CheckpointType.CHECKPOINT)
+    fix = rf"bucket 'no-such-bucket-\w+' of {table} does not exist: create it first"
+    with pytest.raises(CheckpointStorageError, match=fix):
+        run_step(spark, storage, graph, plan.steps[0], plan, 1, {}, coordinator.settings)
+    try:
+        coordinator.abort(plan, AbortReason.DECLINED, "the step failed")
+    except CheckpointStorageError as e:
+        assert re.search(fix, str(e)), e
+    else:
+        assert kind == "delta", "the Parquet sink's abort deletes its staging directory in the bucket"

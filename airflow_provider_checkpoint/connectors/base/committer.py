@@ -52,5 +52,6 @@ class SinkCommitter:
                     uid,
                 )
                 continue
-            self.sinks[uid].commit(completed.checkpoint_id, committables)
+            with self.sinks[uid].storage_errors():
+                self.sinks[uid].commit(completed.checkpoint_id, committables)
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)

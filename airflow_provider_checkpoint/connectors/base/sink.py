@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -38,6 +40,7 @@ from airflow_provider_checkpoint.exceptions import (
     shorten,
 )
 from airflow_provider_checkpoint.storage.job_storage import Location
+from airflow_provider_checkpoint.storage.object_store import check_reachable
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -246,6 +249,18 @@ class TableDirectorySink(TransactionalSink):
 
     def abort(self, checkpoint_id: int) -> None:
         self.table().delete(self.staging_dir(checkpoint_id))
+
+    @contextmanager
+    def storage_errors(self) -> Iterator[None]:
+        """A storage error of the table (``OSError``) on S3 is checked with one ``HeadBucket``: a missing
+        bucket or denied access raises :class:`CheckpointStorageError` naming the table and the fix, as
+        for the storage root; otherwise the error stays as it was (the task's retry may help)."""
+        try:
+            yield
+        except OSError:
+            fs, base = self._fs()
+            check_reachable(fs, base, self.asset_uri(), self.storage_options.get("conn_id"))
+            raise
 
     def audit(self) -> list[str]:
         """Staged files nobody will commit, and links out of the table (reported, not followed)."""
