@@ -146,7 +146,8 @@ def completed(checkpoint: CompletedCheckpoint, end_time: float, committed: Commi
         facts = committed.sinks.get(uid)
         facts = facts if isinstance(facts, dict) else {}
         version, when = count(facts.get("delta_version")), seconds(facts.get("commit_time"))
-        sinks[uid] = {**entry, "delta_version": version, "commit_time": when} if isinstance(entry, dict) else entry
+        if isinstance(entry, dict):
+            sinks[uid] = {**entry, "delta_version": version, "commit_time": when}
     return {**record, "sinks": sinks, "committed_by": committed.by, "committed_by_run_id": committed.run_id}
 
 
