@@ -200,3 +200,13 @@ def test_completed_from_any_stored_figures_never_crashes(staged: Any, steps: Any
     row = stats.history_row(record)
     assert row is not None
     _check_types(row)
+
+
+def test_a_sink_target_in_the_record_carries_no_credentials() -> None:
+    from airflow_provider_checkpoint.dataflow.graph import redact_url
+
+    assert redact_url("s3://AKIA:secret@bucket/marts/orders") == "s3://bucket/marts/orders"
+    assert redact_url("https://u:p@host/t") == "https://host/t"
+    assert redact_url("abfs://lake@account.dfs.core.windows.net/t") == "abfs://lake@account.dfs.core.windows.net/t"
+    assert redact_url("file:///data/t@1") == "file:///data/t@1", "an @ in the path is kept"
+    assert redact_url("orders_table") == "orders_table"
