@@ -210,3 +210,34 @@ def test_a_sink_target_in_the_record_carries_no_credentials() -> None:
     assert redact_url("abfs://lake@account.dfs.core.windows.net/t") == "abfs://lake@account.dfs.core.windows.net/t"
     assert redact_url("file:///data/t@1") == "file:///data/t@1", "an @ in the path is kept"
     assert redact_url("orders_table") == "orders_table"
+
+
+def test_details_read_back_the_record_typed() -> None:
+    record = stats.completed(
+        _completed(_completion()), T0 + 7, stats.Committed("finalize", "run-3", {"orders": {"commit_time": T0 + 6}})
+    )
+    sinks = {s["uid"]: s for s in stats.sink_details(record)}
+    assert sinks["orders"] == {"uid": "orders", **PARQUET, "step": "a", "delta_version": None, "commit_time": T0 + 6}
+    assert sinks["pg"]["files"] is None and sinks["pg"]["kind"] == "postgres"
+    (a, b) = stats.step_details(record)
+    assert (a["step"], a["attempt"], a["incremental"], a["merged_on_driver"], a["state_bytes"]) == (
+        "a",
+        2,
+        True,
+        False,
+        300,
+    )
+    assert (b["step"], b["records_out"], b["incremental"], b["alignment_seconds"]) == ("b", 4, None, {})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["steps", "sinks"]), JSON | st.dictionaries(st.text(max_size=5), JSON)))
+def test_details_of_any_stored_record_are_typed(record: dict[str, Any]) -> None:
+    for step in stats.step_details(record):
+        assert all(step[k] is None or type(step[k]) is int for k in ("attempt", "records_in", "state_rows"))
+        assert step["incremental"] in (None, True, False) and isinstance(step["alignment_seconds"], dict)
+        assert all(type(v) is int for v in step["input_records"].values())
+    for sink in stats.sink_details(record):
+        assert sink["kind"] in (*stats.SINK_KINDS, "sink") and isinstance(sink["target"], str)
+        assert all(sink[k] is None or type(sink[k]) is int for k in ("rows", "files", "bytes", "delta_version"))
+        assert sink["commit_time"] is None or type(sink["commit_time"]) is float
