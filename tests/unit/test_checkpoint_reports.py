@@ -290,3 +290,15 @@ def test_views_read_a_job_s_storage(tmp_path: Path, monkeypatch):
     (env.job_dir / "_stats" / "1.json").write_text("[not a record")
     assert views.detail_of(location, 1)["row"]["status"] == "COMPLETED", "from _metadata when the record is unreadable"
     assert views.configuration_of(location)["steps"] == ["step_table"]
+
+
+def test_cli_history_names_the_restored_snapshot_only_for_restores():
+    from airflow_provider_checkpoint.cli.commands import _history_cells
+
+    previous = stats.history_row({"checkpoint_id": 4, "status": "COMPLETED", "restored_from": 3})
+    restored = stats.history_row({**previous, "restored_from_url": "file:///sp/savepoint-1"})
+    assert previous is not None and restored is not None
+    assert _history_cells(previous)["restored from"] == "-", "the previous checkpoint is no restore"
+    assert _history_cells(restored)["restored from"] == "file:///sp/savepoint-1"
+    assert _history_cells({**previous, "restored": True})["restored from"] == 3
+    assert _history_cells({**restored, "restored": False})["restored from"] == "-"
