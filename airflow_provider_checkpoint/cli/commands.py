@@ -206,7 +206,7 @@ def show(args: argparse.Namespace) -> None:
     fields = {
         **_history_cells(row),
         "run id": row["run_id"],
-        "dag run": detail["dag_run_url"] or "-",
+        "dag run": _ui_url(detail["dag_run_url"]),
         "metadata": detail["metadata_path"] or "-",
         "committed by": _committed_by(detail),
         "abort message": detail["abort_message"],
@@ -220,6 +220,13 @@ def show(args: argparse.Namespace) -> None:
         if rows:
             print(f"\n{title}:")
             _print(rows, args.output, mapper)
+
+
+def _ui_url(path: str | None) -> str:
+    """An Airflow UI path as a link to ``[api] base_url`` (the path alone when that is not set)."""
+    from airflow.configuration import conf
+
+    return f"{conf.get('api', 'base_url', fallback='').rstrip('/')}{path}" if path else "-"
 
 
 def _document(document: dict[str, Any], output: str) -> None:
