@@ -268,6 +268,8 @@ def service_env(
     env.update(
         {
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+            # the services import this checkout's package, ahead of any installed copy
+            "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
             "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW_HOME": str(root / "airflow-home"),
