@@ -105,7 +105,9 @@ class CheckpointCoordinator:
         job = self._running_job()
         self._hold_lease(run_id, now, holder_alive)
         try:
-            restore_from, job = self._recover(job, now, periodic and checkpoint_type is CheckpointType.CHECKPOINT)
+            restore_from, job = self._recover(
+                job, run_id, now, periodic and checkpoint_type is CheckpointType.CHECKPOINT
+            )
             self._clean_up(job, now)
             self._record_topology(job)
             restore_point = self.restorer.restore_point(restore_from, options)
@@ -136,8 +138,11 @@ class CheckpointCoordinator:
         except LeaseHeld as e:
             raise CheckpointAborted(AbortReason.TOO_MANY_CONCURRENT, str(e)) from e
 
-    def _recover(self, job: JobRecord, now: float, periodic: bool) -> tuple[RestoreSource | None, JobRecord]:
-        """Validate what the checkpoint restores from, then finish the latest checkpoint's commit.
+    def _recover(
+        self, job: JobRecord, run_id: str, now: float, periodic: bool
+    ) -> tuple[RestoreSource | None, JobRecord]:
+        """Validate what the checkpoint restores from, then finish the latest checkpoint's commit (run
+        ``run_id``'s trigger commits it, if its finalize did not get that far).
 
         Returns the restore source and the job record as the recovery left it. A ``periodic``
         checkpoint within the minimum pause after the latest one aborts with ``MIN_PAUSE``.
@@ -153,7 +158,7 @@ class CheckpointCoordinator:
         # a pending restore sets the sinks to its own checkpoint: one of its earlier triggers may
         # have rolled them back past ``latest`` already, so ``latest`` is not committed to them again
         restore_requested = restore_from is not None and restore_from[1] is not None
-        self._finish(latest, commit_sinks=not restore_requested)
+        self._finish(latest, run_id, "trigger", commit_sinks=not restore_requested)
         job = self._running_job()  # e.g. a stop-with-savepoint finished just now
         pause = self.settings.min_pause_between_checkpoints_seconds
         if periodic and now - latest.completion_time < pause:
@@ -244,7 +249,7 @@ class CheckpointCoordinator:
                 savepoint_target(plan.options, self.allowed_roots, self.storage)
                 completed = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
-            self._finish(completed)
+            self._finish(completed, plan.run_id, "finalize")
         finally:
             self.records.release_lease(plan.run_id)
         log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
@@ -320,8 +325,11 @@ class CheckpointCoordinator:
         self.stats_store.write(checkpoint_id, stats.aborted(checkpoint_id, reason, message, counted, now, base))
 
     # -- after the commit point ------------------------------------------------------
-    def _finish(self, completed: CompletedCheckpoint, commit_sinks: bool = True) -> None:
-        """Everything after ``_metadata``; idempotent, so recovery simply runs it again."""
+    def _finish(self, completed: CompletedCheckpoint, run_id: str, by: str, commit_sinks: bool = True) -> None:
+        """Everything after ``_metadata``; idempotent, so recovery simply runs it again.
+
+        The stats record is written last, once: by run ``run_id``'s finalize, or (``by="trigger"``) by
+        the next run's trigger when finalize died before it; it names that task as the committer."""
         if commit_sinks:
             self.sink_committer.commit(completed)
         self.store.discard_channels(completed.checkpoint_id)
@@ -347,4 +355,5 @@ class CheckpointCoordinator:
             self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self.storage.has_file(self.storage.stats_path(completed.checkpoint_id)):
-            self.stats_store.write(completed.checkpoint_id, stats.completed(completed, time.time()))
+            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed.checkpoint_id))
+            self.stats_store.write(completed.checkpoint_id, stats.completed(completed, time.time(), committed))

@@ -2,15 +2,24 @@
 back here as the history row the CLI, the Checkpoints page and the sensors show.
 
 A record is written when a checkpoint completes (:func:`completed`, from the figures of
-:func:`completion` kept in ``_metadata``) or aborts (:func:`aborted`). Stored records are
-untrusted: :func:`history_row` type-checks every value it shows.
+:func:`completion` kept in ``_metadata`` and what the sinks' targets recorded about their
+commits, :class:`Committed`) or aborts (:func:`aborted`). Stored records are untrusted:
+:func:`history_row` type-checks every value it shows, and a malformed value reads as ``None``.
+
+A completed record holds, besides the totals: ``restored`` (true only when the checkpoint
+started from a restore request's snapshot), ``sinks`` (per sink entry uid: ``kind``,
+``step``, ``target``, ``rows``, ``files``, ``bytes``, ``delta_version``, ``commit_time``),
+``sink_bytes``, ``committed_by`` (``finalize``, or ``trigger`` when the next run's trigger
+finished the commit) with ``committed_by_run_id``, and per step its ack's metrics plus
+``attempt``, ``records_out``, ``input_records`` and, for a step with state,
+``state_incremental`` and ``state_merged_on_driver``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.exceptions import MAX_TIMESTAMP
@@ -19,6 +28,20 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CompletedCheckpoint
     from airflow_provider_checkpoint.core.status import AbortReason
     from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
+
+SINK_KINDS = ("parquet", "delta", "postgres", "dead_letters")
+COMMITTERS = ("finalize", "trigger")
+
+
+class Committed(NamedTuple):
+    """Who finished the commit of a completed checkpoint, and what the sinks' targets recorded about it."""
+
+    by: str
+    """``finalize``, or ``trigger``: the next run's trigger finished a commit its finalize did not."""
+    run_id: str
+    """The run whose task finished the commit."""
+    sinks: Mapping[str, JsonDict]
+    """Per sink entry uid: ``delta_version`` and ``commit_time`` (see ``Sink.commit_record``)."""
 
 
 def base(plan: CheckpointPlan) -> JsonDict:
@@ -39,7 +62,13 @@ def completion(
     completion_time: float,
     restored_from: int | None,
 ) -> JsonDict:
-    """The figures of a completed checkpoint, summed over its steps' acks (kept in its ``_metadata``)."""
+    """The figures of a completed checkpoint, summed over its steps' acks (kept in its ``_metadata``).
+
+    ``restored`` is true only for a checkpoint planned from a restore request (a savepoint or
+    retained checkpoint the restore DAG named); ``restored_from`` is the checkpoint it started
+    from either way. ``sinks`` holds what each sink staged (from its step's ack metrics, type-checked:
+    acks are untrusted); the commit's figures are added by :func:`completed`.
+    """
     source_records: dict[str, int] = {}
     source_malformed: dict[str, int] = {}
     source_lost: dict[str, int] = {}
@@ -49,6 +78,7 @@ def completion(
         source_lost.update(ack.metrics.get("source_lost", {}))
     point = plan.restore_point
     requested = point is not None and "restore_request_id" in plan.options
+    sinks = {uid: e for s, a in sorted(acks.items()) for uid, e in _staged_sinks(s, a.metrics.get("sinks")).items()}
     return {
         "run_id": plan.run_id,
         "duration_seconds": round(completion_time - plan.barrier.trigger_time, 3),
@@ -59,15 +89,48 @@ def completion(
         "state_size": sum(s.size for s in operators.values()),
         "channel_bytes": sum(c.size for c in channels),
         "channel_rows": sum(c.rows for c in channels),
+        "restored": requested,
         "restored_from": restored_from,
         **({"restored_from_url": point.location_url} if point is not None and requested else {}),
-        "steps": {s: a.metrics for s, a in sorted(acks.items())},
+        "sinks": sinks,
+        "sink_bytes": sum(e["bytes"] or 0 for e in sinks.values()),
+        "steps": {s: _step_metrics(a) for s, a in sorted(acks.items())},
     }
 
 
-def completed(checkpoint: CompletedCheckpoint, end_time: float) -> JsonDict:
-    """The record of a completed checkpoint."""
-    return {
+def _step_metrics(ack: Ack) -> JsonDict:
+    """An ack's metrics as the record keeps them: its sinks moved to the record's ``sinks``, its attempt
+    added, and for a step with state whether any of its operators wrote incrementally or merged on the
+    driver."""
+    metrics = {k: v for k, v in ack.metrics.items() if k != "sinks"}
+    flags = ("state_incremental", "state_merged_on_driver")
+    stateful = "state_rows" in metrics
+    return {**metrics, "attempt": ack.attempt, **({f: bool(metrics.get(f)) for f in flags} if stateful else {})}
+
+
+def _staged_sinks(step: str, staged: Any) -> dict[str, JsonDict]:
+    """The valid sink entries of a step's ack metrics (``sinks``), with the step."""
+    if not isinstance(staged, dict):
+        return {}
+    entries = {}
+    for uid, entry in staged.items():
+        if isinstance(uid, str) and isinstance(entry, dict) and count(entry.get("rows")) is not None:
+            kind = text(entry.get("kind"), 20)
+            entries[uid[:100]] = {
+                "kind": kind if kind in SINK_KINDS else "sink",
+                "step": step,
+                "target": text(entry.get("target"), 1000),
+                "rows": entry["rows"],
+                "files": count(entry.get("files")),
+                "bytes": count(entry.get("bytes")),
+            }
+    return entries
+
+
+def completed(checkpoint: CompletedCheckpoint, end_time: float, committed: Committed | None = None) -> JsonDict:
+    """The record of a completed checkpoint: its ``_metadata`` figures and, when known, who committed
+    it and each sink's commit figures (``delta_version``, ``commit_time``; ``None`` if not recorded)."""
+    record: JsonDict = {
         "checkpoint_id": checkpoint.checkpoint_id,
         "type": checkpoint.type.value,
         "trigger_time": checkpoint.trigger_time,
@@ -75,6 +138,16 @@ def completed(checkpoint: CompletedCheckpoint, end_time: float) -> JsonDict:
         "status": "COMPLETED",
         "end_time": end_time,
     }
+    if committed is None:
+        return record
+    staged = record.get("sinks")
+    sinks = {}
+    for uid, entry in (staged if isinstance(staged, dict) else {}).items():
+        facts = committed.sinks.get(uid)
+        facts = facts if isinstance(facts, dict) else {}
+        version, when = count(facts.get("delta_version")), seconds(facts.get("commit_time"))
+        sinks[uid] = {**entry, "delta_version": version, "commit_time": when} if isinstance(entry, dict) else entry
+    return {**record, "sinks": sinks, "committed_by": committed.by, "committed_by_run_id": committed.run_id}
 
 
 def aborted(
@@ -128,9 +201,27 @@ def _per_source(counts: Any) -> dict[str, int]:
     return {text(k, 100): v for k, v in counts.items() if isinstance(k, str) and count(v) is not None}
 
 
+def _restored(stats: JsonDict) -> bool:
+    """Whether the checkpoint started from a restore request; a record written before ``restored``
+    existed tells by its ``restored_from_url`` (set only then)."""
+    restored = stats.get("restored")
+    return restored if isinstance(restored, bool) else bool(text(stats.get("restored_from_url")))
+
+
+def _sum(*parts: int | None) -> int | None:
+    """The sum of the known ``parts``; ``None`` if none is known."""
+    known = [p for p in parts if p is not None]
+    return sum(known) if known else None
+
+
 def history_row(stats: Any) -> JsonDict | None:
     """One history row (CLI, Checkpoints page) from a stored record, untrusted: every value is
-    type-checked, what is malformed is left out; ``None`` if it has no valid id."""
+    type-checked, what is malformed reads as ``None`` (or empty); ``None`` if it has no valid id.
+
+    ``bytes_written`` is what the checkpoint wrote: its state files plus its sinks' output
+    (``sink_bytes``); ``restored_from`` is set only for a ``restored`` checkpoint;
+    ``committed_by`` is ``finalize``, ``trigger`` or ``None`` (not recorded).
+    """
     if not isinstance(stats, dict) or count(stats.get("checkpoint_id")) is None:
         return None
     steps = stats.get("steps")
@@ -140,6 +231,9 @@ def history_row(stats: Any) -> JsonDict | None:
     if duration is None and trigger is not None and end is not None and end >= trigger:
         duration = round(end - trigger, 3)
     status = text(stats.get("status"), 20)
+    restored = _restored(stats)
+    sink_bytes = count(stats.get("sink_bytes"))
+    committed_by = stats.get("committed_by")
     return {
         "checkpoint_id": stats["checkpoint_id"],
         "type": text(stats.get("type"), 20) or "checkpoint",
@@ -155,8 +249,11 @@ def history_row(stats: Any) -> JsonDict | None:
         "source_malformed": _per_source(stats.get("source_malformed")),
         "state_rows": _step_total(steps, "state_rows"),
         "state_size": count(stats.get("state_size")),
-        "bytes_written": _step_total(steps, "state_bytes"),
-        "files": sum(f for f in files if f is not None) if any(f is not None for f in files) else None,
-        "restored_from": count(stats.get("restored_from")),
-        "restored_from_url": text(stats.get("restored_from_url")),
+        "bytes_written": _sum(_step_total(steps, "state_bytes"), sink_bytes),
+        "sink_bytes": sink_bytes,
+        "files": _sum(*files),
+        "restored": restored,
+        "restored_from": count(stats.get("restored_from")) if restored else None,
+        "restored_from_url": text(stats.get("restored_from_url")) if restored else "",
+        "committed_by": committed_by if committed_by in COMMITTERS else None,
     }

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
+def redact_url(url: str) -> str:
+    """``url`` without the user and password of its authority (``s3://key:secret@bucket`` → ``s3://bucket``)."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+
+
 def _step_name(uid: str, step: str | None) -> str | None:
     if step is not None and not _UID.match(step):
         raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
@@ -328,6 +333,35 @@ class Sink(Node):
     def describe_commit(self, checkpoint_id: int) -> JsonDict:
         """What a savepoint and the Asset event record about the commit of ``checkpoint_id``
         (e.g. a table version); empty when the sink has nothing to add."""
+        return {}
+
+    record_kind: ClassVar[str] = "sink"
+    """The sink's ``kind`` in a checkpoint's stats record (``parquet``, ``delta``, ``postgres``, ``dead_letters``)."""
+
+    def record_target(self) -> str:
+        """Where the sink writes, as a checkpoint's stats record shows it (a table URL or ``schema.table``):
+        never credentials."""
+        return redact_url(self.asset_uri() or self.uid)
+
+    def staged_records(self, grown: Mapping[str, int]) -> dict[str, JsonDict]:
+        """The stats record entries (uid → ``kind``, ``target``, ``rows``, ``files``, ``bytes``) of what
+        this sink staged in a step, from what the step's metrics grew by while it staged (``sink_rows``,
+        ``sink_files_staged``, ``sink_bytes_staged``). A sink writing a second target (dead letters)
+        adds its entry."""
+        return {
+            self.uid: {
+                "kind": self.record_kind,
+                "target": self.record_target(),
+                "rows": int(grown.get("sink_rows", 0)),
+                "files": int(grown.get("sink_files_staged", 0)),
+                "bytes": int(grown.get("sink_bytes_staged", 0)),
+            }
+        }
+
+    def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """What the target records about its commit of ``checkpoint_id``, by stats entry uid (this sink's,
+        and its dead letters'): ``delta_version``, ``commit_time`` (seconds since the epoch) where the sink
+        knows them. Read after the commit; informational (empty when the sink records nothing)."""
         return {}
 
 

@@ -112,6 +112,17 @@ def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
 def _count_records(ctx: StepContext, source: str, records: int) -> None:
     ctx.add_metric("records_in", records)
     ctx.metrics.setdefault("source_records", {})[source] = records
+    ctx.metrics.setdefault("input_records", {})[source] = records
+
+
+def _counts(metrics: JsonDict) -> dict[str, int]:
+    return {k: v for k, v in metrics.items() if type(v) is int}
+
+
+def _records_out(metrics: JsonDict) -> int:
+    """Rows the step wrote to its sinks (dead letters included) and channels."""
+    sinks = metrics.get("sinks", {})
+    return sum(int(s["rows"]) for s in sinks.values()) + int(metrics.get("channel_rows_out", 0))
 
 
 class _StepRun:
@@ -200,12 +211,17 @@ class _StepRun:
         self.inputs[node.uid], channel = self.channels[node.uid]
         self.outputs[node.uid] = read_channel(ctx.spark, ctx.storage, channel)
         ctx.add_metric("channel_rows_in", channel.rows)
+        ctx.metrics.setdefault("input_records", {})[node.uid] = channel.rows
 
     def sink(self, node: Sink) -> None:
+        before = _counts(self.ctx.metrics)
         try:
             self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
         except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
             self.refused.append(e)
+            return
+        grown = {k: v - before.get(k, 0) for k, v in _counts(self.ctx.metrics).items()}
+        self.ctx.metrics.setdefault("sinks", {}).update(node.staged_records(grown))
 
     def check_sinks(self) -> None:
         """Raise the :class:`SinkSchemaError` of every sink of the step that refused its input."""
@@ -257,6 +273,7 @@ def run_step(
     finally:
         spark.catalog.clearCache()
     ctx.metrics["seconds"] = round(time.monotonic() - started, 3)
+    ctx.metrics["records_out"] = _records_out(ctx.metrics)
     return Ack(
         job_id=plan.job_id,
         checkpoint_id=ctx.checkpoint_id,

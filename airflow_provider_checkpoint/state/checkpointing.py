@@ -257,6 +257,7 @@ class _OperatorState:
             "state_keys_changed": counts["changed"],
             "state_ranges_compacted": len(compact),
             "state_size": snapshot.size,
+            "state_incremental": 1,
         }
         if output is None:
             output = changelog.where(~F.col(DELETED)).select(*columns)

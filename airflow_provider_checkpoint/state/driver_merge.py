@@ -133,6 +133,7 @@ def merge_on_driver(
         "state_ranges_compacted": len(compact),
         "state_size": snapshot.size,
         "state_merged_on_driver": 1,
+        "state_incremental": 1,
     }
     return snapshot, spark.createDataFrame(merged.select(columns), schema=struct), metrics
 

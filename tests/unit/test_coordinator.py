@@ -9,6 +9,7 @@ and hands the coordinator the corresponding Ack.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -128,10 +129,14 @@ def test_finalize_writes_metadata_then_commits_the_sink(env: Env) -> None:
     assert env.table_parts() == {target_name(1): b"ROWS1"}
     assert not (env.table / "_staging" / "chk-1").exists()
     log = json.loads((env.table / "_commits" / "0000000001.json").read_bytes())
+    assert log.pop("commit_time") == pytest.approx(time.time(), abs=60)
     assert log == {"checkpoint_id": 1, "files": [target_name(1)]}
 
     assert env.stats(1)["status"] == "COMPLETED"
     assert env.stats(1)["run_id"] == "run-1"
+    assert env.stats(1)["committed_by"] == "finalize"
+    assert env.stats(1)["committed_by_run_id"] == "run-1"
+    assert env.stats(1)["restored"] is False
     assert JobRecordStore(env.storage).lease_holder() is None
     assert env.job_record()["failures"]["last_completed_id"] == 1
 

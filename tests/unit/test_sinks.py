@@ -45,6 +45,7 @@ def test_commit_moves_staged_files_and_logs(sink: ParquetTableSink, table: Path)
     assert visible(table) == {"part-c0000000003-00000.parquet": b"zero", "part-c0000000003-00001.parquet": b"one"}
     assert sink.is_committed(3)
     log = json.loads((table / "_commits/0000000003.json").read_bytes())
+    assert sink.commit_record(3) == {"t": {"commit_time": log.pop("commit_time")}}
     assert log == {"checkpoint_id": 3, "files": ["part-c0000000003-00000.parquet", "part-c0000000003-00001.parquet"]}
     assert not (table / "_staging/chk-3").exists()
 

@@ -41,6 +41,18 @@ class SinkCommitter:
         described = {uid: s.describe_commit(checkpoint_id) for uid, s in self.sinks.items()}
         return {uid: d for uid, d in described.items() if d}
 
+    def commit_records(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """What each sink's target records about its commit of ``checkpoint_id`` (Delta version, commit
+        time), by stats entry uid; informational: a sink that cannot tell (its target unreachable now)
+        records nothing, and the commit is not affected."""
+        records: dict[str, JsonDict] = {}
+        for uid, sink in sorted(self.sinks.items()):
+            try:
+                records.update(sink.commit_record(checkpoint_id))
+            except Exception as e:  # the stats record is informational
+                log.warning("sink %s: commit of checkpoint %d not described: %r", uid, checkpoint_id, e)
+        return records
+
     def commit(self, completed: CompletedCheckpoint) -> None:
         """Commit every sink transaction of ``completed``; output for a sink the pipeline lost is skipped."""
         self.check(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")

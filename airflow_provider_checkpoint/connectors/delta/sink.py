@@ -247,6 +247,7 @@ class DeltaTableSink(TableDirectorySink):
     @staticmethod
     def _committables(ctx: StepContext, commit: DeltaCommit) -> list[JsonDict]:
         ctx.add_metric("sink_files_staged", len(commit.adds))
+        ctx.add_metric("sink_bytes_staged", sum(a.size for a in commit.adds))
         return [
             {
                 "checkpoint_id": ctx.checkpoint_id,
@@ -400,6 +401,22 @@ class DeltaTableSink(TableDirectorySink):
     def describe_commit(self, checkpoint_id: int) -> JsonDict:
         version = self.committed_versions().get(checkpoint_id)
         return {} if version is None else {"delta_version": version}
+
+    record_kind = "delta"
+
+    def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """The Delta version that committed ``checkpoint_id`` and its commit time, from the table's history."""
+        app_id, table = self.app_id(), self._delta()
+        if app_id is None or table is None:
+            return {}
+        for entry in table.history():
+            if entry.get("checkpoint_app_id") != app_id or entry.get("operation") == "RESTORE":
+                continue
+            if entry.get("checkpoint_id") == checkpoint_id and type(entry.get("version")) is int:
+                stamp = entry.get("timestamp")
+                when = stamp / 1000 if type(stamp) is int and stamp >= 0 else None
+                return {self.uid: {"delta_version": entry["version"], "commit_time": when}}
+        return {}
 
     def rollback(self, checkpoint_id: int) -> None:
         """Return the table to the version checkpoint ``checkpoint_id`` committed, in one ``RESTORE`` commit.

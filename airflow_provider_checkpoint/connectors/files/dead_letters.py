@@ -40,6 +40,7 @@ class DeadLetterSink(ParquetTableSink):
     """
 
     follows_input = True
+    record_kind = "dead_letters"
 
     def __init__(
         self,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -34,7 +35,7 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, 
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
-from airflow_provider_checkpoint.exceptions import DocumentError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError, UnsafePathError
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.job_storage import Location
 
@@ -143,6 +144,8 @@ class ParquetTableSink(TableDirectorySink):
         return f"_commits/{checkpoint_id:010d}.json"
 
     # -- writer (in the step) ----------------------------------------------------------
+    record_kind = "parquet"
+
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root = self._fs()
         return self._committables(ctx, self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx)))
@@ -151,6 +154,7 @@ class ParquetTableSink(TableDirectorySink):
         assert self.upsert is not None  # upsert mode
         fs, root = self._fs()
         staged = self.upsert.write(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
+        ctx.add_metric("sink_bytes_staged", sum(int(fs.size(path)) for _, path, _ in staged))
         return self._committables(ctx, [[path[len(root) + 1 :], bucket_file(b)] for b, path, _ in staged])
 
     @staticmethod
@@ -166,6 +170,7 @@ class ParquetTableSink(TableDirectorySink):
             rows = file.row_count(fs)
             ctx.add_metric("sink_rows", rows)
             if rows:
+                ctx.add_metric("sink_bytes_staged", file.size)
                 target = f"part-c{ctx.checkpoint_id:010d}-{len(moves):05d}.parquet"
                 moves.append([file.path[len(root) + 1 :], target])
         return moves
@@ -202,10 +207,20 @@ class ParquetTableSink(TableDirectorySink):
                 if table.fs.exists(source):
                     table.fs.mv(source, target)
                     break
-        log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves]}
+        log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves], "commit_time": time.time()}
         table.write_atomic(self._commit_log(checkpoint_id), json.dumps(log).encode())
         self.abort(checkpoint_id)
         table.delete(parked)
+
+    def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """The commit time its commit log ``_commits/<id>.json`` holds (logs written before it had none)."""
+        table = self.table()
+        try:
+            log = load_json(table.read_bytes(self._commit_log(checkpoint_id)), self._commit_log(checkpoint_id))
+        except (OSError, CheckpointStorageError, DocumentError, UnsafePathError):
+            return {}  # informational: a missing or unreadable log records nothing
+        when = log.get("commit_time") if isinstance(log, dict) else None
+        return {self.uid: {"commit_time": when if type(when) is float else None}}
 
     def rollback(self, checkpoint_id: int) -> None:
         """Append mode: withdraw the files of checkpoints newer than ``checkpoint_id`` (they are replayed).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode
@@ -130,6 +131,44 @@ class PostgresTableSink(TransactionalSink):
 
     def target_name(self) -> str:
         return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
+
+    record_kind = "postgres"
+
+    def record_target(self) -> str:
+        return f"{self.schema}.{self.table_name}"
+
+    def _dead_letters_uid(self) -> str:
+        return f"{self.uid}.dead_letters"
+
+    def staged_records(self, grown: Mapping[str, int]) -> dict[str, JsonDict]:
+        """Rows staged (no files, no bytes: a table), and with a dead-letter table the rows refused into it."""
+        entry = {"kind": self.record_kind, "target": self.record_target(), "files": None, "bytes": None}
+        records = {self.uid: {**entry, "rows": int(grown.get("sink_rows", 0))}}
+        if self.dead_letters:
+            target = ".".join(self.dead_letters)
+            refused = int(grown.get("sink_rows_refused", 0))
+            records[self._dead_letters_uid()] = {**entry, "kind": "dead_letters", "target": target, "rows": refused}
+        return records
+
+    def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
+        """The commit time of the marker row (the commit transaction's start), for the table and its dead letters."""
+        from psycopg import sql
+
+        with self._tx() as db:
+            claim = self.owned_claim(self._read_claim(db))
+            if claim is None:
+                return {}
+            row = db.execute(
+                sql.SQL(
+                    "SELECT extract(epoch FROM committed_at)::float8 FROM {} "
+                    "WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s"
+                ).format(self.table(pg.MARKERS)),
+                [claim["job_id"], claim["sink"], checkpoint_id],
+            ).fetchone()
+        if row is None:
+            return {}
+        when = {"commit_time": float(row[0])}
+        return {self.uid: when, **({self._dead_letters_uid(): when} if self.dead_letters else {})}
 
     def _connection(self) -> pg.PgConnection:
         return pg.PgConnection.from_airflow(self.conn_id)
