@@ -14,11 +14,12 @@ job), else a :class:`RegistryError` names the file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import posixpath
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -51,6 +52,9 @@ class JobLocation:
     storage_root: str | None = None
     storage_conn_id: str | None = None
     retained_checkpoints: int | None = None
+    settings: dict[str, Any] | None = field(default=None, compare=False)
+    """The checkpoint settings the job's last trigger ran with (``CheckpointSettings`` fields, untrusted:
+    :mod:`.configuration` type-checks each); ``None`` in entries written before they were recorded."""
 
     def hook(self) -> CheckpointStorageHook:
         from airflow_provider_checkpoint.hooks.checkpoint import CheckpointStorageHook
@@ -111,6 +115,7 @@ def register(job: CheckpointJob) -> None:
         storage_root=job.storage_root,
         storage_conn_id=job.storage_conn_id,
         retained_checkpoints=job.resolved_settings().retained_checkpoints,
+        settings=dataclasses.asdict(job.resolved_settings()),
     )
     data = json.dumps({"version": REGISTRY_VERSION, **asdict(entry)}, indent=1, sort_keys=True).encode()
     registry = _registry()
@@ -146,7 +151,8 @@ def decode_entry(data: bytes, source: str, job_id: str) -> JobLocation:
         problems.append(f"retained_checkpoints {retained!r} is not a positive integer")
     if problems:
         raise RegistryError(f"{source}: " + "; ".join(problems))
-    return JobLocation(job_id, str(dag_id), root, conn_id, retained)
+    settings = d.get("settings")
+    return JobLocation(job_id, str(dag_id), root, conn_id, retained, settings if isinstance(settings, dict) else None)
 
 
 def _plain_url(value: Any) -> bool:

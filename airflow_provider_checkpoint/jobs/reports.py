@@ -1,4 +1,6 @@
-"""What the CLI and the Checkpoints page show about a job: status, history, savepoints.
+"""What the CLI and the Checkpoints page show about a job: status, history, savepoints (the overview,
+summary, configuration, in-progress checkpoint and a checkpoint's detail are in the modules beside
+this one, wired to storage and Airflow's database by :mod:`.views`).
 
 Everything here is read from the job's storage (``_job.json``, ``_stats/*.json``,
 ``_metadata``, ``_restore.json``), documents that are untrusted: every value shown is
@@ -15,6 +17,7 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     RefusedInputError,
 )
+from airflow_provider_checkpoint.jobs.checkpoint_detail import is_restore
 from airflow_provider_checkpoint.jobs.registry import JobLocation
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
@@ -30,12 +33,17 @@ def checkpoint_stats(storage: JobStorage, checkpoint_id: int) -> JsonDict | None
     return stats.history_row(StatsStore(storage).load(checkpoint_id))
 
 
+def all_rows(storage: JobStorage) -> list[JsonDict]:
+    """Every history row of the job (one per valid stats record), newest first."""
+    rows = [r for r in map(stats.history_row, StatsStore(storage).read_all()) if r is not None]
+    return sorted(rows, key=lambda r: int(r["checkpoint_id"]), reverse=True)
+
+
 def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
     """A page of the job's checkpoint history, newest first, and the total number of rows."""
     if offset < 0 or not 1 <= limit <= MAX_PAGE:
         raise RefusedInputError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
-    rows = [r for r in map(stats.history_row, StatsStore(storage).read_all()) if r is not None]
-    rows.sort(key=lambda r: int(r["checkpoint_id"]), reverse=True)
+    rows = all_rows(storage)
     return {"total": len(rows), "offset": offset, "limit": limit, "rows": rows[offset : offset + limit]}
 
 
@@ -71,7 +79,7 @@ def job_status(location: JobLocation) -> JsonDict:
                 "completion_time": completed.completion_time,
                 "url": storage.url(storage.chk_dir(completed.checkpoint_id)),
             }
-    restores = [r for r in history(storage, limit=MAX_PAGE)["rows"] if r["restored_from_url"]]
+    restores = [r for r in all_rows(storage) if is_restore(r)]
     pending: dict[str, str | None] | None
     try:
         request = JobRecordStore(storage).load_restore_request()

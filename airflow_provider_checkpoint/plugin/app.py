@@ -11,30 +11,36 @@ an endpoint answers (a refusal's detail, a job's status) has URL credentials red
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Path, Query
 from fastapi.staticfiles import StaticFiles
 
 from airflow_provider_checkpoint.exceptions import CheckpointError, redact, redact_values
-from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs import reports, views
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.jobs.registry import JobLocation, list_jobs
 from airflow_provider_checkpoint.plugin.models import (
+    CheckpointDetail,
+    Configuration,
     HistoryPage,
+    InProgress,
     JobDetail,
     JobStatus,
+    Overview,
     RestoreRequest,
     RestoreSummary,
     SavepointRequest,
     SavepointTriggered,
+    Summary,
     UnreadableJob,
 )
 
-STATIC = Path(__file__).parent / "static"
+STATIC = FilePath(__file__).parent / "static"
 
 
 def _job(dag_id: str) -> JobLocation:
@@ -46,6 +52,14 @@ def _job(dag_id: str) -> JobLocation:
 
 def _refused(e: Exception, prefix: str = "") -> HTTPException:
     return HTTPException(400, redact(f"{prefix}{e}"))
+
+
+def _report(build: Callable[..., Any], *args: Any) -> Any:
+    """What ``build`` reports, every string redacted; an unreadable job answers 400 naming the document."""
+    try:
+        return redact_values(build(*args))
+    except CheckpointError as e:
+        raise _refused(e) from e
 
 
 def _trigger(dag_id: str, conf: dict[str, Any], user: Any) -> str:
@@ -108,6 +122,35 @@ def create_app() -> FastAPI:
             return HistoryPage.model_validate(redact_values(reports.history(_job(dag_id).storage(), offset, limit)))
         except CheckpointError as e:
             raise _refused(e) from e
+
+    @app.get("/api/dags/{dag_id}/overview", dependencies=read)
+    def overview(dag_id: str) -> Overview:
+        """Counts of completed, failed, in-progress and restored checkpoints; the latest of each kind."""
+        return Overview.model_validate(_report(views.overview_of, _job(dag_id)))
+
+    @app.get("/api/dags/{dag_id}/checkpoints/{checkpoint_id}", dependencies=read)
+    def checkpoint(dag_id: str, checkpoint_id: Annotated[int, Path(ge=1, le=2**63 - 1)]) -> CheckpointDetail:
+        """One checkpoint: per step its attempts and figures, per sink what it committed."""
+        job = _job(dag_id)
+        detail = _report(views.detail_of, job, checkpoint_id)
+        if detail is None:
+            raise HTTPException(404, f"job {job.job_id} has no checkpoint {checkpoint_id}")
+        return CheckpointDetail.model_validate(detail)
+
+    @app.get("/api/dags/{dag_id}/summary", dependencies=read)
+    def summary(dag_id: str) -> Summary:
+        """Min / average / max over the completed checkpoints of the history."""
+        return Summary.model_validate(_report(views.summary_of, _job(dag_id)))
+
+    @app.get("/api/dags/{dag_id}/configuration", dependencies=read)
+    def configuration(dag_id: str) -> Configuration:
+        return Configuration.model_validate(_report(views.configuration_of, _job(dag_id)))
+
+    @app.get("/api/dags/{dag_id}/in-progress", dependencies=read)
+    def in_progress(dag_id: str) -> InProgress | None:
+        """The checkpoint in flight with its acks per step and the lease holder; ``null`` when none is."""
+        found = _report(views.in_progress_of, _job(dag_id))
+        return None if found is None else InProgress.model_validate(found)
 
     @app.post("/api/dags/{dag_id}/savepoint", dependencies=create_run)
     def savepoint(dag_id: str, body: SavepointRequest, user: GetUserDep) -> SavepointTriggered:

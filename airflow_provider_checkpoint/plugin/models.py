@@ -133,3 +133,139 @@ class RestoreSummary(BaseModel):
     operators_starting_empty: list[str]
     dry_run: bool
     dag_run_id: str | None = None
+
+
+# -- Flink's checkpoint views: overview, detail, summary, configuration, in progress ------------
+class Counts(BaseModel):
+    completed: int
+    failed: int = Field(description="Aborted checkpoints")
+    in_progress: int
+    restored: int = Field(description="Checkpoints that started from a restore request or savepoint")
+
+
+class CheckpointRef(BaseModel):
+    """A checkpoint the overview links to."""
+
+    checkpoint_id: int
+    time: float | None = Field(description="Completed: end; failed: abort; savepoint: written; restore: trigger")
+    run_id: str
+    path: str = Field(description="The _metadata, savepoint or restored snapshot location ('' when unknown)")
+    reason: str = Field(description="The abort reason of a failed checkpoint, '' otherwise")
+
+
+class LatestCheckpoints(BaseModel):
+    completed: CheckpointRef | None
+    failed: CheckpointRef | None
+    savepoint: CheckpointRef | None
+    restore: CheckpointRef | None
+
+
+class Overview(BaseModel):
+    counts: Counts
+    latest: LatestCheckpoints
+
+
+class Attempt(BaseModel):
+    """One Airflow try of a step's task (TaskInstance and TaskInstanceHistory)."""
+
+    try_number: int
+    state: str | None
+    start: float | None
+    end: float | None
+    duration: float | None
+
+
+class StepDetail(BaseModel):
+    """What one step did in the checkpoint (its accepted ack's metrics); unknown values are ``null``."""
+
+    step: str
+    attempts: list[Attempt]
+    accepted_attempt: int | None = Field(description="The attempt whose ack the checkpoint took")
+    records_in: int | None
+    records_out: int | None
+    state_rows: int | None
+    state_bytes: int | None
+    state_files: int | None
+    incremental: bool | None
+    merged_on_driver: bool | None
+    seconds: float | None
+    alignment_seconds: dict[str, float] = Field(description="Multi-input steps: wait per input uid")
+
+
+class SinkCommit(BaseModel):
+    """What one sink committed for the checkpoint."""
+
+    uid: str
+    kind: str = Field(description="parquet, delta, postgres or dead_letters")
+    step: str
+    target: str = Field(description="Table path or schema.table, credentials redacted")
+    rows: int | None
+    files: int | None
+    bytes: int | None
+    delta_version: int | None
+    commit_time: float | None
+    dead_letters_path: str | None
+
+
+class CheckpointDetail(BaseModel):
+    row: CheckpointRow
+    metadata_path: str | None = Field(description="Its _metadata, while retained")
+    dag_run_url: str | None = Field(description="Airflow UI path of the DAG run")
+    committed_by: str | None = Field(description="finalize, or trigger: the next run's trigger finished the commit")
+    committed_by_run_id: str | None
+    abort_message: str
+    steps: list[StepDetail]
+    sinks: list[SinkCommit]
+
+
+class MinAvgMax(BaseModel):
+    min: float | None
+    avg: float | None
+    max: float | None
+
+
+class Summary(BaseModel):
+    """Over the completed checkpoints of the history."""
+
+    checkpoints: int
+    duration_seconds: MinAvgMax
+    state_size: MinAvgMax
+    records_in: MinAvgMax
+    bytes_written: MinAvgMax
+
+
+class Configuration(BaseModel):
+    """The settings the job's last trigger ran with, the DAG's schedule and chaining, and its topology."""
+
+    schedule: str | None
+    checkpoint_timeout_seconds: float | None
+    min_pause_seconds: float | None
+    tolerable_failed_checkpoints: int | None
+    retained_checkpoints: int | None
+    storage: str = Field(description="The job's storage URL")
+    checkpoint_storage: str | None = Field(description="filesystem or memory")
+    inline_state_threshold: int | None
+    incremental_state: bool | None
+    chain: bool | None
+    steps: list[str]
+    sinks: list[str]
+    sources: list[str]
+
+
+class StepAck(BaseModel):
+    step: str
+    acked: bool
+    ack_time: float | None
+    state: str | None = Field(description="The state of the step's task")
+
+
+class InProgress(BaseModel):
+    """The checkpoint in flight."""
+
+    checkpoint_id: int
+    run_id: str
+    type: str
+    trigger_time: float | None
+    lease_holder: str | None = Field(description="The run holding the job's lease")
+    lease_expires: float | None
+    steps: list[StepAck]
