@@ -6,7 +6,7 @@ function attempts(step) {
   if (!step.attempts.length) return "-";
   return el("ul", { class: "attempts" }, step.attempts.map((a) => el("li", {},
     `#${a.try_number} `, a.state ? badge(a.state) : el("span", { class: "muted" }, "unknown"),
-    ` ${duration(a.duration)}`)));
+    ` ${duration(a.duration)}`, a.try_number === step.accepted_attempt ? el("span", { class: "muted" }, " · acked") : "")));
 }
 
 function yesNo(value, yes, no) { return value == null ? "-" : value ? yes : no; }

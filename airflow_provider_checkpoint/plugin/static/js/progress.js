@@ -20,7 +20,7 @@ export async function showProgress(view) {
   }
   view.replaceChildren(
     el("div", { class: "card", id: "progress" }, fields([
-      ["Checkpoint", `#${p.checkpoint_id}`],
+      ["Checkpoint", `#${p.checkpoint_id} (${p.type})`],
       ["DAG run", airflowLink(`/dags/${encodeURIComponent(dagId)}/runs/${encodeURIComponent(p.run_id)}`, p.run_id)],
       ["Triggered at", time(p.trigger_time)],
       ["Lease holder", p.lease_holder ?? "-"],
