@@ -192,13 +192,13 @@ def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[
     assert steps.keys() == truth["steps"].keys()
     for name, step in truth["steps"].items():
         shown = steps[name]
-        assert shown["Records in"] == fmt_count(step.get("records_in")), shown
-        assert shown["Records out"] == fmt_count(step.get("records_out")), shown
-        assert shown["State rows"] == fmt_count(step.get("state_rows")), shown
-        assert shown["State bytes"] == fmt_bytes(step.get("state_bytes")), shown
+        assert shown["Records"] == f"{fmt_count(step.get('records_in'))} in · {fmt_count(step.get('records_out'))} out"
         assert f"#{step['attempt']}" in shown["Attempts"], shown
-        incremental = step.get("state_incremental")
-        assert shown["State"] == ("-" if incremental is None else "incremental" if incremental else "full"), shown
+        if step.get("state_rows") is not None:
+            figures = f"{step['state_rows']} rows · {fmt_bytes(step['state_bytes'])} · {step['state_files']} files"
+            how = "incremental" if step["state_incremental"] else "full"
+            merged = "the driver" if step["state_merged_on_driver"] else "Spark"
+            assert shown["State"] == f"{figures}\n{how}, merged by {merged}", shown
     sinks = {r["Sink"]: r for r in table_rows(frame, "sinks")}
     assert sinks.keys() == truth["sinks"].keys()
     for uid, sink in truth["sinks"].items():

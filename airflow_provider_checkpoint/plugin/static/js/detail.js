@@ -9,19 +9,24 @@ function attempts(step) {
     ` ${duration(a.duration)}`, a.try_number === step.accepted_attempt ? el("span", { class: "muted" }, " · acked") : "")));
 }
 
-function yesNo(value, yes, no) { return value == null ? "-" : value ? yes : no; }
+function state(s) {
+  if (s.state_rows == null && s.state_bytes == null) return "-"; // a stateless step
+  const how = [s.incremental == null ? null : s.incremental ? "incremental" : "full",
+    s.merged_on_driver == null ? null : `merged by ${s.merged_on_driver ? "the driver" : "Spark"}`].filter(Boolean);
+  return el("div", {}, el("div", { class: "nowrap" }, `${count(s.state_rows)} rows · ${bytes(s.state_bytes)} · ${count(s.state_files)} files`),
+    how.length ? el("div", { class: "muted" }, how.join(", ")) : "");
+}
 
 function alignment(step) {
   const waits = Object.entries(step.alignment_seconds || {});
   return waits.length ? el("ul", { class: "attempts" }, waits.map(([uid, s]) => el("li", {}, `${uid}: ${duration(s)}`))) : "-";
 }
 
-function stepRow(s) {
+function stepRow(s, aligned) {
   return el("tr", { "data-step": s.step },
-    el("td", { class: "mono" }, s.step), el("td", {}, attempts(s)), num(duration(s.seconds)),
-    num(count(s.records_in)), num(count(s.records_out)), num(count(s.state_rows)), num(bytes(s.state_bytes)),
-    num(count(s.state_files)), el("td", {}, yesNo(s.incremental, "incremental", "full")),
-    el("td", {}, yesNo(s.merged_on_driver, "driver", "Spark")), el("td", {}, alignment(s)));
+    el("td", { class: "mono nowrap" }, s.step), el("td", {}, attempts(s)), num(duration(s.seconds)),
+    el("td", { class: "nowrap" }, `${count(s.records_in)} in · ${count(s.records_out)} out`), el("td", {}, state(s)),
+    aligned ? el("td", {}, alignment(s)) : "");
 }
 
 function sinkRow(k) {
@@ -43,6 +48,7 @@ function committedBy(d) {
 export async function showDetail(view, id) {
   const d = await dagApi(`/checkpoints/${encodeURIComponent(id)}`);
   const r = d.row;
+  const aligned = d.steps.some((s) => Object.keys(s.alignment_seconds || {}).length); // multi-input steps
   const back = el("a", { href: "#history", class: "back" }, "‹ History");
   view.replaceChildren(
     el("div", { class: "detail-head" }, back,
@@ -63,9 +69,8 @@ export async function showDetail(view, id) {
       ["Restored from", r.restored ? el("span", { class: "mono" }, restoredFrom(r)) : undefined],
     ])),
     el("h3", {}, "Steps"),
-    table(["Step", "Attempts", { label: "Seconds", num: true }, { label: "Records in", num: true },
-      { label: "Records out", num: true }, { label: "State rows", num: true }, { label: "State bytes", num: true },
-      { label: "State files", num: true }, "State", "Merged on", "Alignment"], d.steps.map(stepRow), { id: "steps" }),
+    table(["Step", "Attempts", { label: "Seconds", num: true }, "Records", "State", ...(aligned ? ["Alignment wait"] : [])],
+      d.steps.map((s) => stepRow(s, aligned)), { id: "steps" }),
     el("h3", {}, "Sinks"),
     d.sinks.length
       ? table(["Sink", "Kind", "Step", "Target", { label: "Rows", num: true }, { label: "Files", num: true },
