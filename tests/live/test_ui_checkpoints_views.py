@@ -49,6 +49,8 @@ def fmt_time(seconds: float | None, zone: str = ZONE) -> str:
 def fmt_duration(s: float | None) -> str:
     if s is None:
         return "-"
+    if s <= 0:
+        return "0s"
     if s < 1:
         return f"{_round(s * 1000)}ms"
     if s < 60:
@@ -199,12 +201,14 @@ def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[
             how = "incremental" if step["state_incremental"] else "full"
             merged = "the driver" if step["state_merged_on_driver"] else "Spark"
             assert shown["State"] == f"{figures}\n{how}, merged by {merged}", shown
-    sinks = {r["Sink"]: r for r in table_rows(frame, "sinks")}
+    sinks = {r["Sink"].split("\n")[0]: r for r in table_rows(frame, "sinks")}
     assert sinks.keys() == truth["sinks"].keys()
     for uid, sink in truth["sinks"].items():
-        assert sinks[uid]["Rows"] == fmt_count(sink.get("rows")), sinks[uid]
-        assert sinks[uid]["Bytes"] == fmt_bytes(sink.get("bytes")), sinks[uid]
-        assert sinks[uid]["Kind"] == sink["kind"] and sinks[uid]["Step"] == sink["step"], sinks[uid]
+        shown = sinks[uid]
+        assert shown["Sink"] == f"{uid}\nin {sink['step']}" and shown["Kind"] == sink["kind"], shown
+        assert shown["Rows"] == fmt_count(sink.get("rows")) and shown["Files"] == fmt_count(sink.get("files")), shown
+        assert shown["Bytes"] == fmt_bytes(sink.get("bytes")) and shown["Target"] == sink["target"], shown
+        assert shown["Committed at"] == fmt_time(sink.get("commit_time")), shown
     metadata = live.job_dir / f"chk-{checkpoint_id}" / "_metadata"
     assert metadata.exists()
     expect(frame.locator("#metadata-path")).to_have_text(f"file://{metadata}")

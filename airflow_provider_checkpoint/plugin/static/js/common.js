@@ -88,6 +88,7 @@ export function time(seconds) {
 
 export function duration(s) {
   if (s == null) return "-";
+  if (s <= 0) return "0s";
   if (s < 1) return `${Math.round(s * 1000)}ms`;
   if (s < 60) return `${s.toFixed(1)}s`;
   let m = Math.floor(Math.round(s) / 60);

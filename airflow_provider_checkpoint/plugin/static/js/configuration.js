@@ -7,7 +7,7 @@ const yesNo = (v) => (v == null ? "-" : v ? "yes" : "no");
 export async function showConfiguration(view) {
   const c = await dagApi("/configuration");
   view.replaceChildren(el("div", { class: "card", id: "configuration" }, fields([
-    ["Schedule", c.schedule ?? "none (triggered only)"],
+    ["Schedule", c.schedule == null || c.schedule === "None" ? "none (triggered only)" : c.schedule],
     ["Checkpoint timeout", duration(c.checkpoint_timeout_seconds)],
     ["Min pause between checkpoints", duration(c.min_pause_seconds)],
     ["Tolerable failed checkpoints", count(c.tolerable_failed_checkpoints)],

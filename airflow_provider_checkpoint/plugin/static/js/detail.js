@@ -29,11 +29,11 @@ function stepRow(s, aligned) {
     aligned ? el("td", {}, alignment(s)) : "");
 }
 
-function sinkRow(k) {
-  const where = k.dead_letters_path ? el("span", { class: "mono" }, k.dead_letters_path) : el("span", { class: "mono" }, k.target);
+function sinkRow(k, delta) {
   return el("tr", { "data-sink": k.uid },
-    el("td", { class: "mono" }, k.uid), el("td", {}, k.kind), el("td", { class: "mono" }, k.step), el("td", {}, where),
-    num(count(k.rows)), num(count(k.files)), num(bytes(k.bytes)), num(count(k.delta_version)),
+    el("td", {}, el("div", { class: "mono nowrap" }, k.uid), el("div", { class: "muted nowrap" }, `in ${k.step}`)),
+    el("td", {}, k.kind), el("td", { class: "mono" }, k.dead_letters_path || k.target),
+    num(count(k.rows)), num(count(k.files)), num(bytes(k.bytes)), delta ? num(count(k.delta_version)) : "",
     el("td", { class: "time" }, time(k.commit_time)));
 }
 
@@ -49,6 +49,7 @@ export async function showDetail(view, id) {
   const d = await dagApi(`/checkpoints/${encodeURIComponent(id)}`);
   const r = d.row;
   const aligned = d.steps.some((s) => Object.keys(s.alignment_seconds || {}).length); // multi-input steps
+  const delta = d.sinks.some((k) => k.delta_version != null);
   const back = el("a", { href: "#history", class: "back" }, "‹ History");
   view.replaceChildren(
     el("div", { class: "detail-head" }, back,
@@ -62,7 +63,8 @@ export async function showDetail(view, id) {
       ["End time", time(r.end_time)],
       ["Duration", duration(r.duration_seconds)],
       ["Records in", count(r.records_in)],
-      ["State", `${count(r.state_rows)} rows, ${bytes(r.state_size)}, ${count(r.files)} files`],
+      ["State", `${count(r.state_rows)} rows, ${bytes(r.state_size)}`],
+      ["Files written", `${count(r.files)} (state and sinks)`],
       ["Written", `${bytes(r.bytes_written)} (sinks ${bytes(r.sink_bytes)})`],
       ["Metadata", d.metadata_path ? el("span", { class: "mono", id: "metadata-path" }, d.metadata_path) : "-"],
       ["Committed by", committedBy(d)],
@@ -73,8 +75,8 @@ export async function showDetail(view, id) {
       d.steps.map((s) => stepRow(s, aligned)), { id: "steps" }),
     el("h3", {}, "Sinks"),
     d.sinks.length
-      ? table(["Sink", "Kind", "Step", "Target", { label: "Rows", num: true }, { label: "Files", num: true },
-        { label: "Bytes", num: true }, { label: "Delta version", num: true }, "Committed at"], d.sinks.map(sinkRow), { id: "sinks" })
+      ? table(["Sink", "Kind", "Target", { label: "Rows", num: true }, { label: "Files", num: true }, { label: "Bytes", num: true },
+        ...(delta ? [{ label: "Delta version", num: true }] : []), "Committed at"], d.sinks.map((k) => sinkRow(k, delta)), { id: "sinks" })
       : el("p", { class: "muted", id: "sinks" }, "Nothing committed by this checkpoint."),
   );
 }

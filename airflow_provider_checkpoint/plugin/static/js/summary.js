@@ -50,7 +50,7 @@ function stat(label, m, format) {
 export async function showSummary(view) {
   const [s, recent] = await Promise.all([dagApi("/summary"), dagApi("/history?offset=0&limit=100")]);
   view.replaceChildren(
-    el("p", { class: "muted", id: "summary-count" }, `Over the ${s.checkpoints} retained completed checkpoint${s.checkpoints === 1 ? "" : "s"}.`),
+    el("p", { class: "muted", id: "summary-count" }, `Over the ${s.checkpoints} completed checkpoint${s.checkpoints === 1 ? "" : "s"} of the history.`),
     table(["", { label: "Min", num: true }, { label: "Average", num: true }, { label: "Max", num: true }], [
       stat("Duration", s.duration_seconds, duration), stat("State size", s.state_size, bytes),
       stat("Records in", s.records_in, count), stat("Written", s.bytes_written, bytes),
