@@ -142,9 +142,18 @@ export function fields(pairs) {
 }
 
 // -- links into Airflow's UI (the page lives under <airflow>/checkpoints/ui/) ------------
+// Airflow sandboxes the iframe without allow-top-navigation: a link cannot navigate the top
+// window. Same origin, the page asks Airflow's router instead (push the path, signal popstate).
 const AIRFLOW_ROOT = location.pathname.replace(/\/checkpoints\/ui\/.*$/, "");
 export function airflowLink(path, text) {
-  return el("a", { href: `${AIRFLOW_ROOT}${path}`, target: "_top" }, text);
+  const link = el("a", { href: `${AIRFLOW_ROOT}${path}`, target: "_top" }, text);
+  link.addEventListener("click", (e) => {
+    if (!parentRoot() || e.ctrlKey || e.metaKey || e.shiftKey) return; // on its own, or a new tab: the link as is
+    e.preventDefault();
+    window.parent.history.pushState(null, "", link.href);
+    window.parent.dispatchEvent(new PopStateEvent("popstate", { state: null }));
+  });
+  return link;
 }
 
 // -- the JSON API -----------------------------------------------------------------------
