@@ -142,6 +142,22 @@ def shot(page: Any, name: str) -> None:
 
 
 # -- the views -------------------------------------------------------------------------
+def test_jobs_list(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    page.goto(f"{live.base_url}/plugin/checkpoints")  # Browse → Checkpoints
+    frame = page.frame_locator("iframe")
+    row = frame.locator("#jobs tbody tr", has_text=PIPELINE)
+    job = read_json(live.job_dir / "_job.json")
+    expect(row.locator("td").nth(2)).to_have_text(job["status"])
+    expect(row.locator("td").nth(3)).to_have_text(str(completed_ids(live.job_dir)[-1]))
+    shot(page, "jobs")
+    row.click()
+    expect(frame.locator("#title")).to_have_text(f"Checkpoints of {PIPELINE}")
+
+
 def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
     from playwright.sync_api import expect
 
@@ -351,8 +367,11 @@ LIGHTNESS = """() => {
 FITS = """() => [...document.querySelectorAll("table")].filter((t) => t.getBoundingClientRect().right
   > document.documentElement.clientWidth + 0.5 || t.parentElement.scrollWidth > t.parentElement.clientWidth)
   .map((t) => t.id).concat(document.documentElement.scrollWidth > document.documentElement.clientWidth ? ["page"] : [])
-  .concat([...document.querySelectorAll("td.time")].filter((td) => td.getClientRects().length !== 1
-    || td.scrollWidth > td.clientWidth || td.getBoundingClientRect().height > 40).map(() => "a time wraps"))"""
+  .concat([...document.querySelectorAll("td.time")].filter((td) => {
+    const text = document.createRange();
+    text.selectNodeContents(td);
+    return new Set([...text.getClientRects()].map((r) => Math.round(r.top))).size > 1 || td.scrollWidth > td.clientWidth;
+  }).map((td) => `time ${td.textContent} wraps`))"""
 
 
 def test_dark_mode_follows_airflow_and_tables_fit_1280(
