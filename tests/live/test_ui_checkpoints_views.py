@@ -370,7 +370,8 @@ FITS = """() => [...document.querySelectorAll("table")].filter((t) => t.getBound
   .concat([...document.querySelectorAll("td.time")].filter((td) => {
     const text = document.createRange();
     text.selectNodeContents(td);
-    return new Set([...text.getClientRects()].map((r) => Math.round(r.top))).size > 1 || td.scrollWidth > td.clientWidth;
+    const lines = new Set([...text.getClientRects()].map((r) => Math.round(r.top))).size;
+    return lines > 1 || td.scrollWidth > td.clientWidth;
   }).map((td) => `time ${td.textContent} wraps`))"""
 
 
