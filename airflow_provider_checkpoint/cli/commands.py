@@ -25,8 +25,9 @@ from airflow.utils.providers_configuration_loader import providers_configuration
 from rich.markup import escape
 
 from airflow_provider_checkpoint.exceptions import CheckpointError, RegistryError, redact, redact_values
-from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs import reports, views
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
+from airflow_provider_checkpoint.jobs.checkpoint_detail import is_restore
 from airflow_provider_checkpoint.jobs.registry import find_job, list_jobs
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 
@@ -101,6 +102,13 @@ def _malformed_cell(row: dict[str, Any]) -> str:
     return f"{row['malformed_records']} ({per_source})" if per_source else str(row["malformed_records"])
 
 
+def _restored_from(row: dict[str, Any]) -> Any:
+    """The snapshot a restore started from (its URL, else its checkpoint id); ``-`` for every other checkpoint."""
+    if not is_restore(row):
+        return "-"
+    return row["restored_from_url"] or _count(row["restored_from"])
+
+
 def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
     reason = f"{row['reason']}: {row['message']}" if row["reason"] else ""
     return {
@@ -110,13 +118,13 @@ def _history_cells(row: dict[str, Any]) -> dict[str, Any]:
         "trigger time": _time(row["trigger_time"]),
         "end time": _time(row["end_time"]),
         "duration": reports.human_duration(row["duration_seconds"]),
-        "records in": "-" if row["records_in"] is None else row["records_in"],
+        "records in": _count(row["records_in"]),
         "malformed": _malformed_cell(row),
-        "state rows": "-" if row["state_rows"] is None else row["state_rows"],
+        "state rows": _count(row["state_rows"]),
         "state size": reports.human_bytes(row["state_size"]),
         "written": reports.human_bytes(row["bytes_written"]),
-        "files": "-" if row["files"] is None else row["files"],
-        "restored from": row["restored_from_url"] or ("-" if row["restored_from"] is None else row["restored_from"]),
+        "files": _count(row["files"]),
+        "restored from": _restored_from(row),
         "abort reason": reason,
     }
 
@@ -166,31 +174,128 @@ def history(args: argparse.Namespace) -> None:
 
 @providers_configuration_loaded
 def show(args: argparse.Namespace) -> None:
+    """The detail the Checkpoints page shows (:func:`.views.detail_of`) and the operators' state in ``_metadata``."""
     with _refusals(), _logs_to_stderr(args.output):
-        storage = find_job(args.job_id).storage()
-        row = reports.checkpoint_stats(storage, args.checkpoint_id)
+        location = find_job(args.job_id)
+        storage = location.storage()
+        detail = views.detail_of(location, args.checkpoint_id)
         store = CompletedCheckpointStore(storage)
         completed = store.load(args.checkpoint_id) if store.is_completed(args.checkpoint_id) else None
-    if row is None and completed is None:
+    if detail is None:
         _say(f"job {args.job_id} has no checkpoint {args.checkpoint_id} in {storage.url()}", error=True)
         raise SystemExit(REFUSED)
-    detail: dict[str, Any] = dict(row or {"checkpoint_id": args.checkpoint_id})
-    if completed is not None:
-        detail["metadata"] = storage.url(storage.metadata_path(args.checkpoint_id))
-        detail["restored_from"] = completed.restored_from
-        detail["operators"] = {
-            uid: {"files": len(s.handles), "bytes": s.size, "rows": s.rows, "keys": list(s.keys)}
+    operators = (
+        [
+            {"operator": uid, "files": len(s.handles), "bytes": s.size, "rows": s.rows, "keys": list(s.keys)}
             for uid, s in sorted(completed.operators.items())
+        ]
+        if completed is not None
+        else []
+    )
+    if args.output in ("json", "yaml"):
+        by_uid = {o["operator"]: {k: v for k, v in o.items() if k != "operator"} for o in operators}
+        document = {
+            **detail["row"],
+            "metadata": detail["metadata_path"],
+            **{k: v for k, v in detail.items() if k not in ("row", "metadata_path")},
+            **({"operators": by_uid} if completed is not None else {}),
         }
-        detail["sinks"] = {uid: len(c) for uid, c in sorted(completed.sinks.items())}
-    if args.output == "json":
-        print(json.dumps(redact_values(detail), indent=1))
+        _document(document, args.output)
         return
-    cells = {**_history_cells(row), "run id": row["run_id"]} if row else {"id": args.checkpoint_id}
-    for key in ("metadata", "operators", "sinks"):
-        if key in detail:
-            cells[key] = json.dumps(detail[key]) if key != "metadata" else detail[key]
-    _print([{"field": k, "value": v} for k, v in cells.items()], args.output, dict)
+    row = detail["row"]
+    fields = {
+        **_history_cells(row),
+        "run id": row["run_id"],
+        "dag run": _ui_url(detail["dag_run_url"]),
+        "metadata": detail["metadata_path"] or "-",
+        "committed by": _committed_by(detail),
+        "abort message": detail["abort_message"],
+    }
+    _print([{"field": k, "value": v} for k, v in fields.items()], args.output, dict)
+    for title, rows, mapper in (
+        ("steps", detail["steps"], _step_cells),
+        ("sinks", detail["sinks"], _sink_cells),
+        ("operators (state in _metadata)", operators, _operator_cells),
+    ):
+        if rows:
+            print(f"\n{title}:")
+            _print(rows, args.output, mapper)
+
+
+def _ui_url(path: str | None) -> str:
+    """An Airflow UI path as a link to ``[api] base_url`` (the path alone when that is not set)."""
+    from airflow.configuration import conf
+
+    return f"{conf.get('api', 'base_url', fallback='').rstrip('/')}{path}" if path else "-"
+
+
+def _document(document: dict[str, Any], output: str) -> None:
+    """One document on stdout, every string redacted."""
+    if output == "json":
+        print(json.dumps(redact_values(document), indent=1))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(redact_values(document), sort_keys=False), end="")
+
+
+def _committed_by(detail: dict[str, Any]) -> str:
+    if detail["committed_by"] == "trigger":
+        return f"the trigger of the next run ({detail['committed_by_run_id'] or '?'})"
+    return detail["committed_by"] or "-"
+
+
+def _count(value: int | None) -> Any:
+    return "-" if value is None else value
+
+
+def _flag(value: bool | None) -> str:
+    return "-" if value is None else "yes" if value else "no"
+
+
+def _attempts_cell(attempts: list[dict[str, Any]]) -> str:
+    """``1 failed 12.3s, 2 success 4.1s``."""
+    return (
+        ", ".join(f"{a['try_number']} {a['state'] or '?'} {reports.human_duration(a['duration'])}" for a in attempts)
+        or "-"
+    )
+
+
+def _step_cells(step: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "step": step["step"],
+        "attempts": _attempts_cell(step["attempts"]),
+        "records in": _count(step["records_in"]),
+        "records out": _count(step["records_out"]),
+        "state rows": _count(step["state_rows"]),
+        "state size": reports.human_bytes(step["state_bytes"]),
+        "state files": _count(step["state_files"]),
+        "incremental": _flag(step["incremental"]),
+        "merged on driver": _flag(step["merged_on_driver"]),
+        "duration": reports.human_duration(step["seconds"]),
+        "alignment": ", ".join(
+            f"{uid} {reports.human_duration(s)}" for uid, s in sorted(step["alignment_seconds"].items())
+        )
+        or "-",
+    }
+
+
+def _sink_cells(sink: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "sink": sink["uid"],
+        "kind": sink["kind"],
+        "step": sink["step"],
+        "target": sink["target"],
+        "rows": _count(sink["rows"]),
+        "files": _count(sink["files"]),
+        "written": reports.human_bytes(sink["bytes"]),
+        "delta version": _count(sink["delta_version"]),
+        "committed at": _time(sink["commit_time"]),
+    }
+
+
+def _operator_cells(operator: dict[str, Any]) -> dict[str, Any]:
+    return {**operator, "bytes": reports.human_bytes(operator["bytes"]), "keys": ", ".join(operator["keys"])}
 
 
 @providers_configuration_loaded

@@ -119,6 +119,7 @@ def dag_facts(dag_id: str) -> DagFacts:
     with create_session() as session:
         model = session.get(DagModel, dag_id)
         schedule = values.text_or_none(model.timetable_summary, 250) if model is not None else None
+        schedule = None if schedule == "None" else schedule  # no schedule, as Airflow's REST API answers it
         try:
             dag = SerializedDagModel.get_dag(dag_id, session=session)
         except Exception:  # noqa: BLE001 - a serialized DAG this Airflow cannot read: unknown

@@ -11,13 +11,7 @@ from typing import Any
 
 from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.documents import JsonDict, load_json
-from airflow_provider_checkpoint.exceptions import (
-    CheckpointStorageError,
-    DocumentError,
-    MetadataError,
-    UnsafePathError,
-    shorten,
-)
+from airflow_provider_checkpoint.exceptions import CheckpointError, shorten
 from airflow_provider_checkpoint.jobs import reports, values
 from airflow_provider_checkpoint.jobs.checkpoint_detail import checkpoint_detail
 from airflow_provider_checkpoint.jobs.configuration import configuration
@@ -64,7 +58,22 @@ def _plan(storage: JobStorage, checkpoint_id: int) -> Any:
     path = storage.plan_path(checkpoint_id)
     try:
         return load_json(storage.read_bytes(path), storage.url(path)) if storage.has_file(path) else None
-    except (DocumentError, CheckpointStorageError, UnsafePathError):
+    except CheckpointError:
+        return None
+
+
+def _topology(storage: JobStorage) -> Any:
+    """The job's recorded topology (untrusted), ``None`` when ``_job.json`` is unreadable."""
+    try:
+        return JobRecordStore(storage).load().topology
+    except CheckpointError:
+        return None
+
+
+def _lease(storage: JobStorage) -> Any:
+    try:
+        return JobRecordStore(storage).lease_holder()
+    except CheckpointError:
         return None
 
 
@@ -86,7 +95,7 @@ def in_progress_of(location: JobLocation, storage: JobStorage | None = None) -> 
     chained = _chained_task(_dag(location))
     run_id = stats.text(plan.get("run_id") if isinstance(plan, dict) else None, 500)
     facts = _run(location, run_id, ("return_value", "ack"))
-    return in_progress(plan, JobRecordStore(storage).lease_holder(), facts, chained)
+    return in_progress(plan, _lease(storage), facts, chained)
 
 
 def overview_of(location: JobLocation) -> JsonDict:
@@ -106,8 +115,7 @@ def summary_of(location: JobLocation) -> JsonDict:
 def configuration_of(location: JobLocation) -> JsonDict:
     storage = location.storage()
     settings = {"retained_checkpoints": location.retained(), **(location.settings or {})}
-    topology = JobRecordStore(storage).load().topology
-    return configuration(settings, topology, storage.url(), _dag(location))
+    return configuration(settings, _topology(storage), storage.url(), _dag(location))
 
 
 def _completed_record(storage: JobStorage, checkpoint_id: int) -> JsonDict | None:
@@ -115,40 +123,40 @@ def _completed_record(storage: JobStorage, checkpoint_id: int) -> JsonDict | Non
     store = CompletedCheckpointStore(storage)
     try:
         completed = store.load(checkpoint_id) if store.is_completed(checkpoint_id) else None
-    except (MetadataError, CheckpointStorageError, UnsafePathError):
+    except CheckpointError:
         return None
     return None if completed is None else stats.completed(completed, completed.completion_time)
+
+
+def _planned_record(checkpoint_id: int, plan: Any) -> JsonDict | None:
+    """What a checkpoint's plan says of it (id, run, type, trigger time) while it has no record."""
+    if not isinstance(plan, dict):
+        return None
+    barrier = {k: v for k, v in values.mapping(plan.get("barrier")).items() if k in ("type", "trigger_time")}
+    return {**barrier, "checkpoint_id": checkpoint_id, "run_id": plan.get("run_id")}
 
 
 def detail_of(location: JobLocation, checkpoint_id: int) -> JsonDict | None:
     """The detail of checkpoint ``checkpoint_id``; ``None`` when the job has no trace of it."""
     storage = location.storage()
-    record: Any = StatsStore(storage).load(checkpoint_id) or _completed_record(storage, checkpoint_id)
     plan = _plan(storage, checkpoint_id)
-    planned = plan if isinstance(plan, dict) else {}
-    chained = _chained_task(_dag(location))
-    status = None
-    if record is None and planned:
-        record = {
-            **values.mapping(planned.get("barrier")),
-            "checkpoint_id": checkpoint_id,
-            "run_id": planned.get("run_id"),
-        }
-        record.pop("positions", None)
-    if not isinstance(record, dict):
+    recorded = StatsStore(storage).load(checkpoint_id)
+    record = recorded or _completed_record(storage, checkpoint_id) or _planned_record(checkpoint_id, plan)
+    if record is None:
         return None
+    chained = _chained_task(_dag(location))
     facts = _run(location, stats.text(record.get("run_id"), 500), ("return_value", "ack"))
-    if planned and not StatsStore(storage).load(checkpoint_id):
-        lease = JobRecordStore(storage).lease_holder()
-        status = "IN_PROGRESS" if in_progress(planned, lease, facts, chained) else None
+    status = None
+    if recorded is None and plan is not None and in_progress(plan, _lease(storage), facts, chained):
+        status = "IN_PROGRESS"
     metadata = storage.metadata_path(checkpoint_id)
     return checkpoint_detail(
         record,
         dag_id=location.dag_id,
         metadata_url=storage.url(metadata) if storage.has_file(metadata) else None,
         facts=facts,
-        topology=JobRecordStore(storage).load().topology,
-        plan_steps=planned.get("steps"),
+        topology=_topology(storage),
+        plan_steps=values.mapping(plan).get("steps"),
         chained_task=chained,
         status=status,
     )

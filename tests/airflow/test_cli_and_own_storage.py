@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 import pytest
@@ -65,6 +66,7 @@ def test_job_with_its_own_storage_root(own_storage, example_dag, restore_dag, tm
     assert code == 0 and detail["records_in"] == len(landed[0])
     assert detail["operators"]["page_views"]["rows"] == landed[0]["page"].nunique()
     assert cli(capsys, "show", JOB, "7")[0] == 2
+    check_show(capsys, own, 1, detail)
 
     assert cli(capsys, "audit", JOB)[:2] == (0, f"job {JOB}: clean (file://{own})\n")
     # the sinks of the job's DAG are audited too: a link out of a table is named, not followed
@@ -130,3 +132,33 @@ def test_savepoint_command_triggers_a_run_with_the_trigger_form_conf(example_dag
     assert run.conf == {"savepoint": True, "savepoint_dir": None, "stop_after_savepoint": True}
     assert len(DagRun.find(dag_id=pipeline.dag_id)) == runs + 1, "the refused savepoint triggered nothing"
     assert cli(capsys, "savepoint", "no_such_dag")[0] == 2
+
+
+def check_show(capsys: pytest.CaptureFixture[str], job_dir: Path, checkpoint_id: int, detail: dict) -> None:
+    """``show``'s JSON against the checkpoint's stats record and Airflow's task instances; its table
+    with a line per step (its attempts) and per sink (never a ``{uid: n}`` map)."""
+    record = json.loads((job_dir / "_stats" / f"{checkpoint_id}.json").read_text())
+    steps = {s["step"]: s for s in detail["steps"]}
+    assert (
+        set(steps) == set(record["steps"]) and detail["metadata"] == f"file://{job_dir}/chk-{checkpoint_id}/_metadata"
+    )
+    assert detail["dag_run_url"] == f"/dags/{JOB}/runs/{quote(record['run_id'], safe='')}"
+    for name, step in steps.items():
+        assert [(a["try_number"], a["state"]) for a in step["attempts"]] == [(1, "success")], step
+        assert all(a["duration"] is not None and a["end"] >= a["start"] for a in step["attempts"])
+        assert (step["records_in"], step["seconds"]) == (
+            record["steps"][name]["records_in"],
+            record["steps"][name]["seconds"],
+        )
+        assert step["state_files"] == record["steps"][name].get("state_files")
+    sinks = {"page_views_table", "user_totals_table", "events_archive"}
+    assert {s["uid"] for s in detail["sinks"]} == sinks
+    code, out, err = cli(capsys, "show", JOB, str(checkpoint_id))
+    assert code == 0, err
+    table = out.split("\nsinks:")[1].split("\noperators")[0]
+    for uid in sinks:
+        (line,) = [line for line in table.splitlines() if uid in line]
+        assert "{" not in line, line
+    for name in steps:
+        (line,) = [line for line in out.split("\nsteps:")[1].split("\nsinks:")[0].splitlines() if name in line]
+        assert "1 success" in line, line

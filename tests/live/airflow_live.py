@@ -268,9 +268,10 @@ def service_env(
     env.update(
         {
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
-            # the services import this checkout's package, ahead of any installed copy
-            "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
+            # the services run this checkout's package, also from a git worktree (the venv's editable
+            # install points at the main checkout)
+            "PYTHONPATH": str(REPO),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW_HOME": str(root / "airflow-home"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),

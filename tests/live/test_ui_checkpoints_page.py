@@ -11,12 +11,13 @@ The page itself, in headless Chromium, is tested view by view in ``test_ui_check
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
 from tests.live.airflow_live import LiveAirflow
 from tests.live.conftest import Clickstream
-from tests.live.storage_view import completed_ids
+from tests.live.storage_view import completed_ids, read_json
 
 pytestmark = pytest.mark.live
 
@@ -56,10 +57,11 @@ def test_endpoints_honour_airflow_auth_and_refuse_crafted_paths(
 
     http = live.client
     savepoint = {"savepoint_dir": None, "stop": False}
+    newest = completed_ids(live.job_dir)[-1]
+    reads = [f"{API}/{route}" for route in ("status", "history", *VIEWS, f"checkpoints/{newest}")]
     for method, path, body in (
         ("GET", "/checkpoints/api/jobs", None),
-        ("GET", f"{API}/status", None),
-        ("GET", f"{API}/history", None),
+        *(("GET", path, None) for path in reads),
         ("POST", f"{API}/savepoint", savepoint),
         ("POST", f"{API}/restore", {"checkpoint": "latest"}),
     ):
@@ -69,8 +71,9 @@ def test_endpoints_honour_airflow_auth_and_refuse_crafted_paths(
         assert (forged.status_code, forged.json()["detail"]) == (403, "Invalid JWT token"), path
 
     nobody, viewer = bearer(live.token_of("nobody")), bearer(live.token_of("viewer"))
-    assert http.get(f"{API}/status", headers=nobody).status_code == 403
-    assert http.get(f"{API}/history", headers=nobody).status_code == 403
+    for path in reads:
+        assert http.get(path, headers=nobody).status_code == 403, path
+        assert http.get(path, headers=viewer).status_code == 200, path
     assert http.get("/checkpoints/api/jobs", headers=nobody).json() == [], "no access, no job listed"
     assert http.get(f"{API}/status", headers=viewer).json()["job_id"] == PIPELINE
     assert [j["dag_id"] for j in http.get("/checkpoints/api/jobs", headers=viewer).json()] == [PIPELINE]
@@ -99,3 +102,70 @@ def test_endpoints_honour_airflow_auth_and_refuse_crafted_paths(
     dry = live.api_json("POST", f"{API}/restore", json={"checkpoint": "latest", "dry_run": True})
     assert dry["dry_run"] is True and dry["checkpoint_id"] == completed_ids(live.job_dir)[-1]
     assert files(*watched) == before
+    check_views_against_storage(live)
+
+
+VIEWS = ("overview", "summary", "configuration", "in-progress")
+
+
+def check_views_against_storage(live: LiveAirflow) -> None:
+    """The overview, summary, configuration, in-progress and newest checkpoint's detail of a quiescent
+    job against its files (``_stats``, ``_job.json``, ``_registry``) and Airflow's REST API."""
+    records = [read_json(p) for p in (live.job_dir / "_stats").glob("*.json")]
+    done = sorted((r for r in records if r["status"] == "COMPLETED"), key=lambda r: r["checkpoint_id"])
+    newest = done[-1]
+    metadata = f"file://{live.job_dir}/chk-{newest['checkpoint_id']}/_metadata"
+    overview, summary, configuration, flying = (live.api_json("GET", f"{API}/{view}") for view in VIEWS)
+
+    assert flying is None, "no checkpoint in flight between runs"
+    assert overview["counts"] == {
+        "completed": len(done),
+        "failed": sum(r["status"] == "ABORTED" for r in records),
+        "in_progress": 0,
+        "restored": sum(bool(r.get("restored", bool(r.get("restored_from_url")))) for r in records),
+    }
+    latest = overview["latest"]["completed"]
+    assert (latest["checkpoint_id"], latest["run_id"], latest["path"]) == (
+        newest["checkpoint_id"],
+        newest["run_id"],
+        metadata,
+    )
+    assert summary["checkpoints"] == len(done)
+    for figure in ("records_in", "duration_seconds", "state_size"):
+        known = [float(r[figure]) for r in done]
+        assert (summary[figure]["min"], summary[figure]["max"]) == (min(known), max(known)), figure
+
+    job = read_json(live.job_dir / "_job.json")
+    entry = read_json(live.storage_root / "_registry" / f"{PIPELINE}.json")
+    dag = live.api_json("GET", f"/api/v2/dags/{PIPELINE}")
+    nodes = job["topology"]["nodes"]
+    assert configuration == {
+        **configuration,
+        "storage": f"file://{live.job_dir}",
+        "schedule": dag["timetable_summary"],
+        "chain": False,
+        "steps": list(job["topology"]["steps"]),
+        "sinks": sorted(uid for uid, n in nodes.items() if n["kind"] == "sink"),
+        "sources": sorted(uid for uid, n in nodes.items() if n["kind"] == "source"),
+        "retained_checkpoints": entry["retained_checkpoints"],
+        "checkpoint_timeout_seconds": entry["settings"]["checkpoint_timeout_seconds"],
+        "tolerable_failed_checkpoints": entry["settings"]["tolerable_failed_checkpoints"],
+    }
+
+    detail = live.api_json("GET", f"{API}/checkpoints/{newest['checkpoint_id']}")
+    run_id = newest["run_id"]
+    assert (detail["row"]["checkpoint_id"], detail["row"]["run_id"], detail["metadata_path"]) == (
+        newest["checkpoint_id"], run_id, metadata
+    )  # fmt: skip
+    assert detail["dag_run_url"] == f"/dags/{PIPELINE}/runs/{quote(run_id, safe='')}"
+    steps = {s["step"]: s for s in detail["steps"]}
+    assert set(steps) == set(newest["steps"])
+    for name, step in steps.items():
+        figures = newest["steps"][name]
+        assert (step["records_in"], step["seconds"]) == (figures.get("records_in"), figures["seconds"]), name
+        task = live.api_json("GET", f"/api/v2/dags/{PIPELINE}/dagRuns/{quote(run_id, safe='')}/taskInstances/{name}")
+        assert [a["try_number"] for a in step["attempts"]] == list(range(1, task["try_number"] + 1)), name
+        assert step["attempts"][-1]["state"] == task["state"] == "success"
+    assert {s["uid"] for s in detail["sinks"]} == {uid for uid, n in nodes.items() if n["kind"] == "sink"}
+    assert live.api("GET", f"{API}/checkpoints/999999").status_code == 404
+    assert live.api("GET", f"{API}/checkpoints/0").status_code == 422
