@@ -408,6 +408,6 @@ def test_dark_mode_follows_airflow_and_tables_fit_1280(
     # switched back in Airflow's own menu, the open page follows at once
     page.get_by_role("button", name="User").click()
     page.get_by_role("menuitem", name="Appearance").click()
-    page.get_by_role("menuitem", name="Light Mode").click()
+    page.get_by_text("Light Mode", exact=True).click()
     expect(frame.locator("html")).to_have_class("light")
     poll("the page to turn light", lambda: inner.evaluate(LIGHTNESS) > 0.7, UI_TIMEOUT_MS / 1000, interval=0.2)

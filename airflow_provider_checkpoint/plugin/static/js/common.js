@@ -157,7 +157,7 @@ export function airflowLink(path, text) {
 }
 
 // -- the JSON API -----------------------------------------------------------------------
-export class ApiError extends Error {
+class ApiError extends Error {
   constructor(status, detail) {
     const why = { 401: "not logged in", 403: "not allowed" }[status] || `HTTP ${status}`;
     super(`${why}: ${detail}`);

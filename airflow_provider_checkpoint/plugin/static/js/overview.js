@@ -2,7 +2,7 @@
 // restore (each linked to its detail), the retained savepoints.
 import { badge, count, dagApi, el, fields, table, time } from "./common.js";
 
-export function checkpointLink(id) {
+function checkpointLink(id) {
   return el("a", { href: `#checkpoint=${id}`, class: "mono" }, `#${id}`);
 }
 
@@ -35,7 +35,7 @@ export async function showOverview(view, status) {
   const c = o.counts;
   view.replaceChildren(
     el("div", { class: "stats" },
-      counter("Completed", c.completed, "success"), counter("Failed", c.failed, "failed"),
+      counter("Completed", c.completed, "success"), counter("Failed", c.failed, c.failed ? "failed" : ""),
       counter("In progress", c.in_progress, "running"), counter("Restored", c.restored, "info")),
     statusCard(status),
     el("h3", {}, "Latest"),
