@@ -237,6 +237,45 @@ def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[
     assert facts["Committed by"].startswith(by), facts
 
 
+def test_detail_shows_a_full_abort_reason_and_a_commit_by_the_next_trigger(
+    page: Any, live_airflow: LiveAirflow, clickstream: Clickstream
+) -> None:
+    """The rare cases, rendered from a real checkpoint's detail with the fields such a checkpoint has
+    (the chaos tests produce them for real): an abort with a long reason, and a commit that the next
+    run's trigger finished."""
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    newest = completed_ids(live.job_dir)[-1]
+    reason = "no ack from step(s) step_user_totals_table within the checkpoint timeout: attempt=3 " + "x" * 300
+    next_run = "manual__2026-11-25T18:14:40+00:00"
+    as_case: dict[str, Any] = {}
+
+    def rewrite(route: Any) -> None:
+        detail = route.fetch().json()
+        detail.update(as_case)
+        detail["row"].update(as_case.get("row", {}))
+        route.fulfill(json=detail)
+
+    page.route(f"**{API}/checkpoints/{newest}", rewrite)
+    shared = f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={newest}"
+    as_case.update(row={"status": "ABORTED", "reason": "declined"}, abort_message=reason)
+    page.goto(shared)
+    box = page.locator("#abort-reason")
+    expect(box).to_be_visible()
+    expect(box).to_have_text(f"declined {reason}")  # all of it, in the page, not in a tooltip
+    assert box.evaluate("e => e.scrollHeight <= e.clientHeight && e.scrollWidth <= e.clientWidth")
+
+    as_case.clear()
+    as_case.update(committed_by="trigger", committed_by_run_id=next_run)
+    page.reload()
+    expect(page.locator("#abort-reason")).to_have_count(0)
+    facts = page.locator(".card dt", has_text="Committed by").locator("xpath=following-sibling::dd[1]")
+    expect(facts).to_contain_text(f"the next run's trigger (run {next_run})")
+    page.screenshot(path=str(ARTIFACTS / "checkpoints-detail-trigger-commit.png"), full_page=True)
+
+
 def test_overview_summary_and_configuration(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
     from playwright.sync_api import expect
 
