@@ -355,5 +355,5 @@ class CheckpointCoordinator:
             self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self.storage.has_file(self.storage.stats_path(completed.checkpoint_id)):
-            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed.checkpoint_id))
+            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
             self.stats_store.write(completed.checkpoint_id, stats.completed(completed, time.time(), committed))

@@ -4,7 +4,8 @@ back here as the history row the CLI, the Checkpoints page and the sensors show.
 A record is written when a checkpoint completes (:func:`completed`, from the figures of
 :func:`completion` kept in ``_metadata`` and what the sinks' targets recorded about their
 commits, :class:`Committed`) or aborts (:func:`aborted`). Stored records are untrusted:
-:func:`history_row` type-checks every value it shows, and a malformed value reads as ``None``.
+:func:`history_row` (a history row), :func:`step_details` and :func:`sink_details` (the
+drill-down of one checkpoint) type-check every value they show; a malformed value reads as ``None``.
 
 A completed record holds, besides the totals: ``restored`` (true only when the checkpoint
 started from a restore request's snapshot), ``sinks`` (per sink entry uid: ``kind``,
@@ -146,7 +147,8 @@ def completed(checkpoint: CompletedCheckpoint, end_time: float, committed: Commi
         facts = committed.sinks.get(uid)
         facts = facts if isinstance(facts, dict) else {}
         version, when = count(facts.get("delta_version")), seconds(facts.get("commit_time"))
-        sinks[uid] = {**entry, "delta_version": version, "commit_time": when} if isinstance(entry, dict) else entry
+        if isinstance(entry, dict):
+            sinks[uid] = {**entry, "delta_version": version, "commit_time": when}
     return {**record, "sinks": sinks, "committed_by": committed.by, "committed_by_run_id": committed.run_id}
 
 
@@ -257,3 +259,71 @@ def history_row(stats: Any) -> JsonDict | None:
         "restored_from_url": text(stats.get("restored_from_url")) if restored else "",
         "committed_by": committed_by if committed_by in COMMITTERS else None,
     }
+
+
+# -- the drill-down of one checkpoint, read back from its stored record ------------------------
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _per_input(values: Any, read: Any) -> dict[str, Any]:
+    """``{input uid: value}`` of the entries of ``values`` that ``read`` accepts."""
+    if not isinstance(values, dict):
+        return {}
+    read_back = {text(k, 100): read(v) for k, v in values.items() if isinstance(k, str)}
+    return {k: v for k, v in read_back.items() if v is not None}
+
+
+def step_details(stats: Any) -> list[JsonDict]:
+    """Per step of a stored record, in step order, type-checked (a malformed value is ``None``): the
+    accepted ``attempt``, ``records_in``/``records_out``, ``state_rows``/``state_bytes``/``state_files``,
+    ``incremental`` and ``merged_on_driver`` (``None`` for a step without state), ``seconds``,
+    ``input_records`` and ``alignment_seconds`` (per input; empty: inputs align by the barrier cut)."""
+    steps = stats.get("steps") if isinstance(stats, dict) else None
+    if not isinstance(steps, dict):
+        return []
+    details = []
+    for step, m in sorted((k, v) for k, v in steps.items() if isinstance(k, str) and isinstance(v, dict)):
+        details.append(
+            {
+                "step": text(step, 500),
+                "attempt": count(m.get("attempt")),
+                "records_in": count(m.get("records_in")),
+                "records_out": count(m.get("records_out")),
+                "state_rows": count(m.get("state_rows")),
+                "state_bytes": count(m.get("state_bytes")),
+                "state_files": count(m.get("state_files")),
+                "incremental": _flag(m.get("state_incremental")),
+                "merged_on_driver": _flag(m.get("state_merged_on_driver")),
+                "seconds": number(m.get("seconds")),
+                "input_records": _per_input(m.get("input_records"), count),
+                "alignment_seconds": _per_input(m.get("alignment_seconds"), number),
+            }
+        )
+    return details
+
+
+def sink_details(stats: Any) -> list[JsonDict]:
+    """Per sink entry of a stored record, by uid, type-checked (a malformed value is ``None``, an entry
+    that is not an object is left out): ``uid``, ``kind``, ``step``, ``target``, ``rows``, ``files``,
+    ``bytes``, ``delta_version``, ``commit_time``."""
+    sinks = stats.get("sinks") if isinstance(stats, dict) else None
+    if not isinstance(sinks, dict):
+        return []
+    details = []
+    for uid, e in sorted((k, v) for k, v in sinks.items() if isinstance(k, str) and isinstance(v, dict)):
+        kind = text(e.get("kind"), 20)
+        details.append(
+            {
+                "uid": text(uid, 100),
+                "kind": kind if kind in SINK_KINDS else "sink",
+                "step": text(e.get("step"), 500),
+                "target": text(e.get("target"), 1000),
+                "rows": count(e.get("rows")),
+                "files": count(e.get("files")),
+                "bytes": count(e.get("bytes")),
+                "delta_version": count(e.get("delta_version")),
+                "commit_time": seconds(e.get("commit_time")),
+            }
+        )
+    return details

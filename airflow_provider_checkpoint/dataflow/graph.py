@@ -26,8 +26,9 @@ _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
 def redact_url(url: str) -> str:
-    """``url`` without the user and password of its authority (``s3://key:secret@bucket`` → ``s3://bucket``)."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+    """``url`` without a ``user:password@`` in its authority (``s3://key:secret@bucket`` → ``s3://bucket``);
+    a name alone before ``@`` (an abfs container) is kept."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*:[^/@]*@", r"\1", url)
 
 
 def _step_name(uid: str, step: str | None) -> str | None:

@@ -79,6 +79,7 @@ def test_dead_letters_are_committed_exactly_once_through_faults(airflow_db, tmp_
     dead_letters = job_dir / "dead_letters"  # the documented default place
     landed: dict[str, dict[int, list[str]]] = {"json": {}, "csv": {}}
     faults = {2: "step.before_ack:checkpoint=2:attempt=1", 3: "finalize.after_metadata:checkpoint=3"}
+    run_ids: dict[int, str] = {}
     for checkpoint_id in range(1, 5):
         for _, f in SOURCES:
             name = f"{f}-{checkpoint_id}.{f}"
@@ -90,6 +91,7 @@ def test_dead_letters_are_committed_exactly_once_through_faults(airflow_db, tmp_
             monkeypatch.delenv("CHECKPOINT_FAULTS", raising=False)
 
         run = module.dag.test()
+        run_ids[checkpoint_id] = run.run_id
 
         if checkpoint_id == 3:  # committed in storage, not yet in the sinks: readers still see checkpoint 2
             assert run.state == "failed" and (job_dir / "chk-3" / "_metadata").exists()
@@ -106,6 +108,14 @@ def test_dead_letters_are_committed_exactly_once_through_faults(airflow_db, tmp_
     for i, counts in per_checkpoint.items():
         stats = json.loads((job_dir / "_stats" / f"{i}.json").read_text())
         assert stats["source_malformed"] == counts and stats["malformed_records"] == sum(counts.values())
+        letters = {uid: stats["sinks"][f"{uid}.dead_letters"] for uid in counts}
+        assert {uid: (e["kind"], e["rows"]) for uid, e in letters.items()} == {
+            uid: ("dead_letters", n) for uid, n in counts.items()
+        }
+        assert {e["attempt"] for e in stats["steps"].values()} == {2 if i == 2 else 1}
+        # checkpoint 3's finalize died after _metadata: run 4's trigger finished its commit
+        committer = ("trigger", run_ids[4]) if i == 3 else ("finalize", run_ids[i])
+        assert (stats["committed_by"], stats["committed_by_run_id"]) == committer
     code, out, _ = cli(capsys, "history", JOB, "--output", "json")
     rows = {r["checkpoint_id"]: r for r in json.loads(out)}
     assert code == 0 and {i: rows[i]["source_malformed"] for i in rows} == per_checkpoint

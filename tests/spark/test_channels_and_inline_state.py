@@ -62,6 +62,16 @@ def test_channel_between_steps_with_region_failover(spark, tmp_path, monkeypatch
         (2, "step_publish", 2),
     ]
     assert completed.stats["channel_rows"] == 200 and completed.stats["channel_bytes"] > 0
+    steps, sinks = completed.stats["steps"], completed.stats["sinks"]
+    assert (steps["step_prepare"]["attempt"], steps["step_publish"]["attempt"]) == (1, 2)
+    assert steps["step_prepare"]["input_records"] == {"events": 200} and steps["step_prepare"]["records_out"] == 200
+    assert steps["step_publish"]["input_records"] == {"cleaned": 200}, "a channel's records, per input"
+    assert {uid: (s["step"], s["rows"]) for uid, s in sinks.items()} == {
+        "archive": ("step_publish", 200),
+        "totals": ("step_publish", landed[1].user.nunique()),  # the users whose total changed
+    }
+    assert steps["step_publish"]["records_out"] == 200 + landed[1].user.nunique()
+    assert type(steps["step_publish"]["state_incremental"]) is bool and "state_incremental" not in steps["step_prepare"]
     assert not list((tmp_path / "ckpt" / "multi").glob("chk-*/*/attempt-*/channels")), "channels are discarded"
 
     events = pd.concat(landed).assign(amount=lambda d: d.amount * 2)

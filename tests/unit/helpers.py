@@ -109,7 +109,18 @@ def make_ack(
         attempt=attempt,
         operators={"counts": OperatorSnapshot((handle, *extra_handles), SCHEMA, ("k",), 128, rows=1)},
         sinks={"table": [{"checkpoint_id": cid, "moves": [[staged_rel, target_name(cid)]]}]},
-        metrics={"source_records": {"events": 1}},
+        metrics={
+            "source_records": {"events": 1},
+            "sinks": {
+                "table": {
+                    "kind": "parquet",
+                    "target": f"file://{env.table}",
+                    "rows": 1,
+                    "files": 1,
+                    "bytes": len(staged),
+                }
+            },
+        },
         attempt_dir=JobStorage.attempt_dir(cid, STEP, attempt),
     )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_checkpoint.connectors.files.source import FileSource
-from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core import metadata, stats
 from airflow_provider_checkpoint.core.model import CheckpointPlan, CheckpointType
 from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.exceptions import (
@@ -217,6 +217,23 @@ def test_crash_after_metadata_is_committed_by_the_next_trigger(env: Env, monkeyp
     assert nxt.checkpoint_id == 2
     assert nxt.restore_point is not None and nxt.restore_point.checkpoint_id == 1
     assert env.chk(1).is_dir(), "the completed checkpoint is not treated as abandoned"
+    record = env.stats(1)
+    assert (record["committed_by"], record["committed_by_run_id"]) == ("trigger", "run-2")
+    log = json.loads((env.table / "_commits" / "0000000001.json").read_bytes())
+    assert record["sinks"] == {
+        "table": {
+            "kind": "parquet",
+            "step": STEP,
+            "target": f"file://{env.table}",
+            "rows": 1,
+            "files": 1,
+            "bytes": 4,
+            "delta_version": None,
+            "commit_time": log["commit_time"],
+        }
+    }
+    assert record["sink_bytes"] == 4
+    assert stats.history_row(record)["committed_by"] == "trigger"
 
 
 def test_crash_after_metadata_is_committed_by_a_finalize_retry(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,6 +247,7 @@ def test_crash_after_metadata_is_committed_by_a_finalize_retry(env: Env, monkeyp
     assert completed.completion_time == T0 + 1, "the retry reads the committed _metadata"
     assert env.table_parts() == {target_name(1): b"ROWS"}
     assert env.stats(1)["status"] == "COMPLETED"
+    assert (env.stats(1)["committed_by"], env.stats(1)["committed_by_run_id"]) == ("finalize", "run-1")
 
 
 def test_failures_reset_by_a_checkpoint_completed_through_recovery(

@@ -62,6 +62,9 @@ def test_commit_once_per_checkpoint(tmp_path):
     assert DeltaTable(str(table)).transaction_version("airflow-checkpoint:job:t") == 3
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
     assert sink.describe_commit(3) == {"delta_version": 1}
+    (entry,) = [h for h in DeltaTable(str(table)).history() if h["version"] == 1]
+    assert sink.commit_record(3) == {"t": {"delta_version": 1, "commit_time": entry["timestamp"] / 1000}}
+    assert sink.commit_record(4) == {}, "a checkpoint the table never committed records nothing"
 
 
 def _forged(table: Path) -> dict[str, Any]:

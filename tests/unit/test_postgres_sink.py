@@ -145,3 +145,13 @@ def test_good_connection_extras_reach_psycopg_as_strings(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", json.dumps({"conn_type": "postgres", "host": "h", "extra": extra}))
     options = dict(pg.PgConnection.from_airflow("pg_unit").options)
     assert options == {"connect_timeout": "7", "sslmode": "verify-full", "application_name": "etl"}
+
+
+def test_the_stats_record_names_the_table_and_its_dead_letters_without_the_connection():
+    grown = {"sink_rows": 5, "sink_rows_refused": 2, "sink_files_staged": 3}  # files: another sink's
+    entry = {"kind": "postgres", "target": "marts.facts", "rows": 5, "files": None, "bytes": None}
+    assert _sink().staged_records(grown) == {"out": entry}
+    assert _sink(dead_letter_table="ops.refused").staged_records(grown) == {
+        "out": entry,
+        "out.dead_letters": {**entry, "kind": "dead_letters", "target": "ops.refused", "rows": 2},
+    }

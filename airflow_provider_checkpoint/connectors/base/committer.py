@@ -41,12 +41,15 @@ class SinkCommitter:
         described = {uid: s.describe_commit(checkpoint_id) for uid, s in self.sinks.items()}
         return {uid: d for uid, d in described.items() if d}
 
-    def commit_records(self, checkpoint_id: int) -> dict[str, JsonDict]:
-        """What each sink's target records about its commit of ``checkpoint_id`` (Delta version, commit
-        time), by stats entry uid; informational: a sink that cannot tell (its target unreachable now)
-        records nothing, and the commit is not affected."""
+    def commit_records(self, completed: CompletedCheckpoint) -> dict[str, JsonDict]:
+        """What the target of each sink with output in ``completed`` records about its commit (Delta version,
+        commit time), by stats entry uid; informational: a sink that cannot tell (its target unreachable
+        now) records nothing, and the commit is not affected."""
         records: dict[str, JsonDict] = {}
+        checkpoint_id = completed.checkpoint_id
         for uid, sink in sorted(self.sinks.items()):
+            if uid not in completed.sinks:
+                continue
             try:
                 records.update(sink.commit_record(checkpoint_id))
             except Exception as e:  # the stats record is informational

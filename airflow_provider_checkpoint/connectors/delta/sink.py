@@ -71,6 +71,8 @@ _LOG_DAMAGE = ("Kernel error", "Invalid", "JSON", "Parquet error", "Arrow error"
 FORMAT = "delta_table"
 _DV_PROPERTY = "delta.enableDeletionVectors"
 _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_RECENT_COMMITS = 20
+"""How many of a table's newest commits :meth:`DeltaTableSink.commit_record` reads before the whole log."""
 
 
 class DeltaTableSink(TableDirectorySink):
@@ -405,17 +407,19 @@ class DeltaTableSink(TableDirectorySink):
     record_kind = "delta"
 
     def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
-        """The Delta version that committed ``checkpoint_id`` and its commit time, from the table's history."""
+        """The Delta version that committed ``checkpoint_id`` and its commit time, from the table's history:
+        its newest commits first (the record is written just after the commit), the whole log if need be."""
         app_id, table = self.app_id(), self._delta()
         if app_id is None or table is None:
             return {}
-        for entry in table.history():
-            if entry.get("checkpoint_app_id") != app_id or entry.get("operation") == "RESTORE":
-                continue
-            if entry.get("checkpoint_id") == checkpoint_id and type(entry.get("version")) is int:
-                stamp = entry.get("timestamp")
-                when = stamp / 1000 if type(stamp) is int and stamp >= 0 else None
-                return {self.uid: {"delta_version": entry["version"], "commit_time": when}}
+        for limit in (_RECENT_COMMITS, None):
+            for entry in table.history(limit):
+                if entry.get("checkpoint_app_id") != app_id or entry.get("operation") == "RESTORE":
+                    continue
+                if entry.get("checkpoint_id") == checkpoint_id and type(entry.get("version")) is int:
+                    stamp = entry.get("timestamp")
+                    when = stamp / 1000 if type(stamp) is int and stamp >= 0 else None
+                    return {self.uid: {"delta_version": entry["version"], "commit_time": when}}
         return {}
 
     def rollback(self, checkpoint_id: int) -> None:
