@@ -37,6 +37,8 @@ class DagFacts:
 
     schedule: str | None = None
     chained: bool | None = None
+    chained_task: str | None = None
+    """The task running trigger, step and finalize of a chained pipeline (``chain=True``)."""
 
 
 def _epoch(moment: Any) -> float | None:
@@ -124,5 +126,7 @@ def dag_facts(dag_id: str) -> DagFacts:
             dag = SerializedDagModel.get_dag(dag_id, session=session)
         except Exception:  # noqa: BLE001 - a serialized DAG this Airflow cannot read: unknown
             dag = None
-    chained = None if dag is None else any(t.task_type == CHAINED_OPERATOR for t in dag.tasks)
-    return DagFacts(schedule, chained)
+    if dag is None:
+        return DagFacts(schedule)
+    chained_task = next((t.task_id for t in dag.tasks if t.task_type == CHAINED_OPERATOR), None)
+    return DagFacts(schedule, chained_task is not None, chained_task)

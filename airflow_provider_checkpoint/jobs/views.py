@@ -45,14 +45,6 @@ def _run(location: JobLocation, run_id: str, xcom_keys: tuple[str, ...] = ()) ->
         return RunFacts()
 
 
-def _chained_task(dag: DagFacts) -> str | None:
-    if not dag.chained:
-        return None
-    from airflow_provider_checkpoint.pipeline import CHAINED_TASK_ID
-
-    return CHAINED_TASK_ID
-
-
 def _plan(storage: JobStorage, checkpoint_id: int) -> Any:
     """The stored plan of ``checkpoint_id`` (untrusted JSON), ``None`` when absent or unreadable."""
     path = storage.plan_path(checkpoint_id)
@@ -92,7 +84,7 @@ def in_progress_of(location: JobLocation, storage: JobStorage | None = None) -> 
     plan = _newest_plan(storage)
     if plan is None:
         return None
-    chained = _chained_task(_dag(location))
+    chained = _dag(location).chained_task
     run_id = stats.text(plan.get("run_id") if isinstance(plan, dict) else None, 500)
     facts = _run(location, run_id, ("return_value", "ack"))
     return in_progress(plan, _lease(storage), facts, chained)
@@ -144,7 +136,7 @@ def detail_of(location: JobLocation, checkpoint_id: int) -> JsonDict | None:
     record = recorded or _completed_record(storage, checkpoint_id) or _planned_record(checkpoint_id, plan)
     if record is None:
         return None
-    chained = _chained_task(_dag(location))
+    chained = _dag(location).chained_task
     facts = _run(location, stats.text(record.get("run_id"), 500), ("return_value", "ack"))
     status = None
     if recorded is None and plan is not None and in_progress(plan, _lease(storage), facts, chained):

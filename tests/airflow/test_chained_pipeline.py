@@ -21,7 +21,7 @@ from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.pipeline import CHAINED_TASK_ID, WAIT_FOR_INPUT_TASK_ID
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.clickstream import expected_tables, land_events, normalized, read_table
-from tests.airflow.conftest import cli, load_dag_module, own_dags_folder
+from tests.airflow.conftest import checkpoints_client, cli, load_dag_module, own_dags_folder
 from tests.airflow.test_example_clickstream import asset_event_checkpoints
 from tests.conftest import REPO
 
@@ -117,6 +117,16 @@ def test_retries_cut_new_barriers_and_output_is_exactly_once(chained, tmp_path, 
     rows = json.loads(out)
     assert code == 0 and [r["checkpoint_id"] for r in rows] == [7, 6, 5, 4, 3, 2, 1]
     assert [r["status"] for r in rows if r["checkpoint_id"] in (2, 4)] == ["ABORTED", "ABORTED"]
+
+    # each try of the chained task is the checkpoint it cut: chk-2 by try 1 and chk-3 by try 2 of one run
+    for checkpoint_id, try_number in ((1, 1), (2, 1), (3, 2), (4, 1), (5, 2), (6, 1)):
+        code, out, err = cli(capsys, "show", JOB, str(checkpoint_id), "--output", "json")
+        assert code == 0, err
+        (step,) = json.loads(out)["steps"]
+        assert [a["try_number"] for a in step["attempts"]] == [try_number], (checkpoint_id, step["attempts"])
+    client, headers = checkpoints_client()
+    configuration = client.get(f"/checkpoints/api/dags/{JOB}/configuration", headers=headers).json()
+    assert configuration["chain"] is True and configuration["sinks"] == ["page_views_table"]
 
 
 def test_savepoint_stop_and_restore_through_the_restore_dag(chained, tmp_path):
