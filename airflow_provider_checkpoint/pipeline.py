@@ -47,7 +47,7 @@ def savepoint_params() -> dict[str, Param]:
     return {
         "savepoint": Param(
             False,
-            type="boolean",
+            type=["boolean", "null"],  # Airflow's form marks a Param required unless null is allowed
             title="Take a savepoint",
             description="Write a self-contained, relocatable savepoint of this checkpoint. "
             "Savepoints are never deleted by retention.",
@@ -62,7 +62,7 @@ def savepoint_params() -> dict[str, Param]:
         ),
         "stop_after_savepoint": Param(
             False,
-            type="boolean",
+            type=["boolean", "null"],  # Airflow's form marks a Param required unless null is allowed
             title="Stop after the savepoint",
             description="Set the job STOPPED once the savepoint is written: scheduled runs are skipped "
             "until the job is restored (restore_from_checkpoint DAG).",

@@ -1,9 +1,10 @@
 """A savepoint taken the way a person takes it: in the real Airflow UI, in headless Chromium.
 
 Logs in on the SimpleAuthManager login page, opens the example pipeline's trigger form,
-switches "Take a savepoint" on and triggers. The run must succeed (polled through the
-API, then seen in the UI), write a savepoint, and leave the tables equal to the ground
-truth. The filled form is saved to ``test-artifacts/ui-savepoint-form.png``.
+checks that its switches are not marked required, switches "Take a savepoint" on and
+triggers. The run must succeed (polled through the API, then seen in the UI), write a
+savepoint, and leave the tables equal to the ground truth. The filled form is saved to
+``test-artifacts/ui-savepoint-form.png``.
 
 Needs Debian's ``chromium`` (the ``browser`` fixture of conftest.py).
 """
@@ -48,6 +49,9 @@ def test_savepoint_from_the_ui_trigger_form(browser: Any, live_airflow: LiveAirf
         stop = form.get_by_role("checkbox", name="Stop after the savepoint")
         expect(savepoint).not_to_be_checked()
         expect(stop).not_to_be_checked()
+        # optional switches: Airflow marks a Param required ("*") unless its type allows null
+        for title in ("Take a savepoint", "Stop after the savepoint"):
+            expect(form.locator("label", has_text=title)).to_have_text(title)
         # the text field has no accessible name in Airflow 3.3's form: find it by its field name
         expect(form.locator('input[name="element_savepoint_dir"]')).to_have_value("")
         savepoint.locator("xpath=..").click()  # the visible switch (the input itself is visually hidden)

@@ -1,0 +1,84 @@
+// The Checkpoints page: without ?dag_id every job; with it one job in tabs (#overview, #history,
+// #summary, #configuration, #in-progress) and a checkpoint's detail (#checkpoint=<id>).
+// The open view is refreshed every few seconds; a detail, which does not change, is not.
+import { enableActions, wireActions } from "./actions.js";
+import { showConfiguration } from "./configuration.js";
+import { airflowLink, badge, dagApi, dagId, el, followTheme, say, useChosenZone } from "./common.js";
+import { showDetail } from "./detail.js";
+import { showHistory } from "./history.js";
+import { showJobs } from "./jobs.js";
+import { showOverview } from "./overview.js";
+import { POLL_MS, showProgress } from "./progress.js";
+import { showSummary } from "./summary.js";
+
+const REFRESH_MS = 5000;
+const TABS = {
+  overview: showOverview, history: showHistory, summary: showSummary,
+  configuration: showConfiguration, "in-progress": showProgress,
+};
+
+function route() {
+  const hash = location.hash.slice(1);
+  const detail = /^checkpoint=(\d+)$/.exec(hash);
+  if (detail) return { tab: "history", checkpoint: detail[1] };
+  return { tab: TABS[hash] ? hash : "overview" };
+}
+
+function showEmpty() {
+  document.getElementById("status").replaceChildren();
+  document.getElementById("tabs").hidden = true;
+  document.getElementById("message").hidden = true;
+  enableActions(false);
+  return [el("div", { class: "empty", id: "empty" },
+    el("h2", {}, "No checkpoint yet"),
+    el("p", {}, `${dagId} has not run yet, so there is nothing to show. Trigger the DAG to start its job: `
+      + "its first run takes checkpoint 1, which appears here."),
+    el("p", {}, airflowLink(`/dags/${encodeURIComponent(dagId)}`, `Open ${dagId} in Airflow`), " and press Trigger."))];
+}
+
+let generation = 0;
+let timer;
+
+// Renders the open view into a detached node and shows it unless a newer render started meanwhile.
+async function render() {
+  const mine = ++generation;
+  clearTimeout(timer);
+  const view = document.getElementById("view");
+  const into = el("div");
+  const { tab, checkpoint } = route();
+  try {
+    if (!dagId) {
+      await showJobs(into);
+    } else {
+      const status = await dagApi("/status");
+      if (mine !== generation) return;
+      document.getElementById("title").textContent = `Checkpoints of ${status.job_id}`;
+      document.getElementById("status").replaceChildren(badge(status.status));
+      document.getElementById("tabs").hidden = false;
+      enableActions(true);
+      for (const a of document.querySelectorAll("#tabs a")) a.setAttribute("aria-selected", String(a.hash === `#${tab}`));
+      if (checkpoint) await showDetail(into, checkpoint); else await TABS[tab](into, status, render);
+    }
+    if (document.getElementById("message").classList.contains("error")) document.getElementById("message").hidden = true;
+  } catch (e) {
+    if (!e.noJobYet) say(e.message, "error"); else into.replaceChildren(...showEmpty());
+  }
+  if (mine !== generation) return;
+  view.replaceChildren(...into.childNodes);
+  view.dataset.view = checkpoint ? `checkpoint-${checkpoint}` : dagId ? tab : "jobs";
+  if (!checkpoint) timer = setTimeout(render, tab === "in-progress" ? POLL_MS : REFRESH_MS);
+}
+
+followTheme();
+document.getElementById("tz").textContent = `times in ${useChosenZone()}`;
+addEventListener("storage", (e) => {
+  if (e.key !== "timezone") return;
+  document.getElementById("tz").textContent = `times in ${useChosenZone()}`;
+  render();
+});
+if (dagId) {
+  document.getElementById("job-header").hidden = false;
+  wireActions();
+  addEventListener("hashchange", render);
+}
+render();

@@ -1,0 +1,64 @@
+// Summary: min / average / max over the retained completed checkpoints, and two charts
+// (duration and state size per checkpoint, from the newest 100 of the history).
+import { bytes, count, dagApi, duration, el, num, table } from "./common.js";
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function chart(id, rows, value, format) {
+  const W = 480, H = 180, L = 64, R = 12, T = 12, B = 28;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("id", id);
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("role", "img");
+  const add = (tag, attrs, text) => {
+    const n = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    if (text != null) n.textContent = text;
+    svg.append(n);
+    return n;
+  };
+  const points = rows.filter((r) => value(r) != null).sort((a, b) => a.checkpoint_id - b.checkpoint_id);
+  if (!points.length) {
+    add("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no data yet");
+    return svg;
+  }
+  const max = Math.max(...points.map(value)) || 1;
+  const ids = points.map((r) => r.checkpoint_id);
+  const lo = Math.min(...ids), hi = Math.max(...ids);
+  const x = (cid) => L + (hi === lo ? (W - L - R) / 2 : ((cid - lo) / (hi - lo)) * (W - L - R));
+  const y = (v) => T + (1 - v / max) * (H - T - B);
+  for (const f of [0, 0.5, 1]) {
+    add("line", { class: "grid", x1: L, x2: W - R, y1: y(max * f), y2: y(max * f) });
+    add("text", { x: L - 6, y: y(max * f) + 3, "text-anchor": "end" }, format(max * f));
+  }
+  add("polyline", { class: "series", points: points.map((r) => `${x(r.checkpoint_id)},${y(value(r))}`).join(" ") });
+  for (const r of points) {
+    add("circle", { class: `dot ${r.status}`, cx: x(r.checkpoint_id), cy: y(value(r)), r: 3.5 })
+      .append(Object.assign(document.createElementNS(SVG, "title"), { textContent: `checkpoint ${r.checkpoint_id}: ${format(value(r))}` }));
+  }
+  const step = Math.max(1, Math.ceil(points.length / 10));
+  points.forEach((r, i) => {
+    if (i % step === 0 || i === points.length - 1) add("text", { x: x(r.checkpoint_id), y: H - 10, "text-anchor": "middle" }, r.checkpoint_id);
+  });
+  return svg;
+}
+
+function stat(label, m, format) {
+  return el("tr", { "data-stat": label }, el("th", { scope: "row" }, label), num(format(m.min)), num(format(m.avg)), num(format(m.max)));
+}
+
+export async function showSummary(view) {
+  const [s, recent] = await Promise.all([dagApi("/summary"), dagApi("/history?offset=0&limit=100")]);
+  view.replaceChildren(
+    el("p", { class: "muted", id: "summary-count" }, `Over the ${s.checkpoints} completed checkpoint${s.checkpoints === 1 ? "" : "s"} of the history.`),
+    table(["", { label: "Min", num: true }, { label: "Average", num: true }, { label: "Max", num: true }], [
+      stat("Duration", s.duration_seconds, duration), stat("State size", s.state_size, bytes),
+      stat("Records in", s.records_in, count), stat("Written", s.bytes_written, bytes),
+    ], { id: "summary" }),
+    el("div", { class: "charts" },
+      el("figure", { class: "card" }, el("figcaption", {}, "Duration per checkpoint"),
+        chart("chart-duration", recent.rows, (r) => r.duration_seconds, duration)),
+      el("figure", { class: "card" }, el("figcaption", {}, "State size per completed checkpoint"),
+        chart("chart-size", recent.rows.filter((r) => r.status === "COMPLETED"), (r) => r.state_size, bytes))),
+  );
+}

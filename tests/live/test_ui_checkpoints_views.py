@@ -1,0 +1,452 @@
+"""The Checkpoints page's views in headless Chromium, against the real Airflow services of the live session.
+
+Every figure the page shows is checked against the job's files on disk (``_stats/<id>.json``,
+``_job.json``, ``chk-<id>/_metadata``, the savepoints), never against the JSON the page reads:
+
+* History (in the timezone chosen in Airflow's UI, Airflow's time format) and a checkpoint's
+  detail, opened by a row click and by its shareable URL; the DAG run link opens Airflow's run page.
+* Overview (counts, latest of each kind), Summary (min / average / max, charts), Configuration.
+* In progress while a savepoint taken with the page's button runs, then the savepoint on the page.
+* The empty state of a pipeline that never ran; dark mode following Airflow's theme, live; every
+  view's tables fit the DAG tab at 1280 px.
+
+Screenshots of every view go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from tests.live.airflow_live import LiveAirflow, poll
+from tests.live.conftest import ARTIFACTS, UI_TIMEOUT_MS, Clickstream, log_in
+from tests.live.storage_view import completed_ids, read_json, savepoint_dirs
+from tests.live.test_ui_checkpoints_page import API, PIPELINE, RUN_TIMEOUT, ensure_checkpoints
+
+pytestmark = pytest.mark.live
+
+ZONE = "Asia/Kolkata"  # not the machine's: the page must use the one chosen in Airflow
+NEVER_RAN = "example_orders"  # a pipeline of the DAGs folder no live test triggers
+RUN_SHOWS_MS = 180_000  # a triggered run's checkpoint shows once the scheduler started its first task
+
+
+# -- what the page must show, computed from the files, formatted as the page formats -------
+def _round(x: float) -> int:
+    return math.floor(x + 0.5)  # JavaScript's Math.round
+
+
+def fmt_time(seconds: float | None, zone: str = ZONE) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(seconds, ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s <= 0:
+        return "0s"
+    if s < 1:
+        return f"{_round(s * 1000)}ms"
+    if s < 60:
+        return f"{s:.1f}s"
+    m, sec = divmod(_round(s), 60)
+    if m < 60:
+        return f"{m}m {sec:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h {m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d {h:02d}h"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    units, v, u = ["B", "KiB", "MiB", "GiB", "TiB"], float(n), 0
+    while v >= 1024 and u < len(units) - 1:
+        v, u = v / 1024, u + 1
+    return f"{_round(n)} B" if u == 0 else f"{v:.1f} {units[u]}"
+
+
+def fmt_count(n: float | None) -> str:
+    return "-" if n is None else str(_round(n))
+
+
+def all_stats(live: LiveAirflow) -> dict[int, dict[str, Any]]:
+    return {int(p.stem): read_json(p) for p in (live.job_dir / "_stats").glob("*.json")}
+
+
+def written(stats: dict[str, Any]) -> int:
+    """What a checkpoint wrote: its steps' state bytes and its sinks' bytes."""
+    state = sum(s.get("state_bytes") or 0 for s in stats["steps"].values())
+    return state + sum(s.get("bytes") or 0 for s in stats["sinks"].values())
+
+
+# -- driving the page ----------------------------------------------------------------
+@pytest.fixture
+def page(browser: Any, live_airflow: LiveAirflow) -> Iterator[Any]:
+    """A logged-in admin at 1280 px (the DAG tab's iframe is then 936 px wide), Airflow's timezone set to ZONE."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    p = context.new_page()
+    log_in(p, live_airflow, f"/dags/{PIPELINE}")
+    # as Airflow's timezone selector stores it
+    p.evaluate("zone => localStorage.setItem('timezone', JSON.stringify(zone))", ZONE)
+    try:
+        yield p
+    finally:
+        context.close()
+
+
+def open_tab(page: Any, live: LiveAirflow, dag_id: str = PIPELINE) -> Any:
+    page.goto(f"{live.base_url}/dags/{dag_id}/plugin/checkpoints-dag")
+    return page.frame_locator("iframe")
+
+
+def show(frame: Any, tab: str, view: str) -> None:
+    from playwright.sync_api import expect
+
+    frame.locator("#tabs").get_by_role("link", name=tab, exact=True).click()
+    expect(frame.locator("#view")).to_have_attribute("data-view", view)
+
+
+def table_rows(frame: Any, table: str) -> list[dict[str, str]]:
+    headers = [h.strip() for h in frame.locator(f"#{table} thead th").all_inner_texts()]
+    return [
+        dict(zip(headers, [c.strip() for c in row.locator("th, td").all_inner_texts()], strict=False))
+        for row in frame.locator(f"#{table} tbody tr").all()
+    ]
+
+
+def fields(frame: Any, scope: str) -> dict[str, str]:
+    terms = frame.locator(f"{scope} dt").all_inner_texts()
+    return dict(zip(terms, [d.strip() for d in frame.locator(f"{scope} dd").all_inner_texts()], strict=True))
+
+
+def inner_frame(page: Any) -> Any:
+    (frame,) = [f for f in page.frames if "/checkpoints/ui/" in f.url]
+    return frame
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"checkpoints-{name}.png"), full_page=True)
+
+
+# -- the views -------------------------------------------------------------------------
+def test_jobs_list(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    page.goto(f"{live.base_url}/plugin/checkpoints")  # Browse → Checkpoints
+    frame = page.frame_locator("iframe")
+    row = frame.locator("#jobs tbody tr", has_text=PIPELINE)
+    job = read_json(live.job_dir / "_job.json")
+    expect(row.locator("td").nth(2)).to_have_text(job["status"])
+    expect(row.locator("td").nth(3)).to_have_text(str(completed_ids(live.job_dir)[-1]))
+    shot(page, "jobs")
+    row.click()
+    expect(frame.locator("#title")).to_have_text(f"Checkpoints of {PIPELINE}")
+
+
+def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 2)
+    frame = open_tab(page, live)
+    expect(frame.locator("#tz")).to_have_text(f"times in {ZONE}")
+    show(frame, "History", "history")
+    stats = all_stats(live)
+    newest = sorted(stats, reverse=True)[:20]
+    expect(frame.locator("#history tbody tr")).to_have_count(len(newest))
+    rows = table_rows(frame, "history")
+    assert [int(r["ID"]) for r in rows] == newest
+    for row, cid in zip(rows, newest, strict=True):
+        truth = stats[cid]
+        assert row["Status"].startswith(truth["status"]), row
+        assert row["Trigger time"] == fmt_time(truth.get("trigger_time")), row
+        assert row["Duration"] == fmt_duration(truth.get("duration_seconds")), row
+        assert row["Records in"] == fmt_count(truth.get("records_in")), row
+        assert row["State size"] == fmt_bytes(truth.get("state_size")), row
+        assert row["Written"] == fmt_bytes(written(truth)), row
+        assert row["Written"] != row["State size"], "Written counts the sinks' bytes too"
+        restored = truth.get("restored_from_url") or f"checkpoint {truth.get('restored_from')}"
+        assert row["Restored from"] == (restored if truth.get("restored") else "-"), row
+    shot(page, "history")
+
+    chosen = next(cid for cid in newest if stats[cid]["status"] == "COMPLETED")
+    truth = stats[chosen]
+    frame.locator(f'#history tbody tr[data-id="{chosen}"] td').nth(2).click()
+    expect(frame.locator("#detail-title")).to_have_text(f"Checkpoint {chosen}")
+    assert inner_frame(page).url.endswith(f"?dag_id={PIPELINE}#checkpoint={chosen}")
+    check_detail(frame, live, chosen, truth)
+    shot(page, "detail")
+
+    run_link = frame.get_by_role("link", name=truth["run_id"], exact=True)
+    expect(run_link).to_have_attribute("target", "_top")
+    run_link.click()  # Airflow's iframe may not navigate the top window: the page asks Airflow's router
+    expect(page).to_have_url(re.compile(rf".*/dags/{PIPELINE}/runs/{re.escape(quote(truth['run_id'], safe=''))}$"))
+    expect(page.get_by_role("heading", name=truth["run_id"])).to_be_visible()
+
+    # the detail's URL, shared: the page on its own opens the same checkpoint
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={chosen}")
+    expect(page.locator("#detail-title")).to_have_text(f"Checkpoint {chosen}")
+    check_detail(page, live, chosen, truth)
+
+
+def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[str, Any]) -> None:
+    from playwright.sync_api import expect
+
+    expect(frame.locator("#steps tbody tr")).to_have_count(len(truth["steps"]))
+    steps = {r["Step"]: r for r in table_rows(frame, "steps")}
+    assert steps.keys() == truth["steps"].keys()
+    for name, step in truth["steps"].items():
+        shown = steps[name]
+        assert shown["Records"] == f"{fmt_count(step.get('records_in'))} in · {fmt_count(step.get('records_out'))} out"
+        assert f"#{step['attempt']}" in shown["Attempts"], shown
+        if step.get("state_rows") is not None:
+            figures = f"{step['state_rows']} rows · {fmt_bytes(step['state_bytes'])} · {step['state_files']} files"
+            how = "incremental" if step["state_incremental"] else "full"
+            merged = "the driver" if step["state_merged_on_driver"] else "Spark"
+            assert shown["State"] == f"{figures}\n{how}, merged by {merged}", shown
+    sinks = {r["Sink"].split("\n")[0]: r for r in table_rows(frame, "sinks")}
+    assert sinks.keys() == truth["sinks"].keys()
+    for uid, sink in truth["sinks"].items():
+        shown = sinks[uid]
+        assert shown["Sink"] == f"{uid}\nin {sink['step']}" and shown["Kind"] == sink["kind"], shown
+        assert shown["Rows"] == fmt_count(sink.get("rows")) and shown["Files"] == fmt_count(sink.get("files")), shown
+        assert shown["Bytes"] == fmt_bytes(sink.get("bytes")) and shown["Target"] == sink["target"], shown
+        assert shown["Committed at"] == fmt_time(sink.get("commit_time")), shown
+    metadata = live.job_dir / f"chk-{checkpoint_id}" / "_metadata"
+    assert metadata.exists()
+    expect(frame.locator("#metadata-path")).to_have_text(f"file://{metadata}")
+    facts = fields(frame, ".card")
+    assert facts["Trigger time"] == fmt_time(truth["trigger_time"]) and facts["End time"] == fmt_time(truth["end_time"])
+    assert facts["Written"].startswith(fmt_bytes(written(truth)))
+    by = "the next run's trigger" if truth["committed_by"] == "trigger" else "finalize"
+    assert facts["Committed by"].startswith(by), facts
+
+
+def test_detail_shows_a_full_abort_reason_and_a_commit_by_the_next_trigger(
+    page: Any, live_airflow: LiveAirflow, clickstream: Clickstream
+) -> None:
+    """The rare cases, rendered from a real checkpoint's detail with the fields such a checkpoint has
+    (the chaos tests produce them for real): an abort with a long reason, and a commit that the next
+    run's trigger finished."""
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    newest = completed_ids(live.job_dir)[-1]
+    reason = "no ack from step(s) step_user_totals_table within the checkpoint timeout: attempt=3 " + "x" * 300
+    next_run = "manual__2026-11-25T18:14:40+00:00"
+    as_case: dict[str, Any] = {}
+
+    def rewrite(route: Any) -> None:
+        detail = route.fetch().json()
+        detail.update(as_case)
+        detail["row"].update(as_case.get("row", {}))
+        route.fulfill(json=detail)
+
+    page.route(f"**{API}/checkpoints/{newest}", rewrite)
+    shared = f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={newest}"
+    as_case.update(row={"status": "ABORTED", "reason": "declined"}, abort_message=reason)
+    page.goto(shared)
+    box = page.locator("#abort-reason")
+    expect(box).to_be_visible()
+    expect(box).to_have_text(f"declined {reason}")  # all of it, in the page, not in a tooltip
+    assert box.evaluate("e => e.scrollHeight <= e.clientHeight && e.scrollWidth <= e.clientWidth")
+
+    as_case.clear()
+    as_case.update(committed_by="trigger", committed_by_run_id=next_run)
+    page.reload()
+    expect(page.locator("#abort-reason")).to_have_count(0)
+    facts = page.locator(".card dt", has_text="Committed by").locator("xpath=following-sibling::dd[1]")
+    expect(facts).to_contain_text(f"the next run's trigger (run {next_run})")
+    page.screenshot(path=str(ARTIFACTS / "checkpoints-detail-trigger-commit.png"), full_page=True)
+
+
+def test_overview_summary_and_configuration(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 2)
+    stats = all_stats(live)
+    job = read_json(live.job_dir / "_job.json")
+    frame = open_tab(page, live)
+    show(frame, "Overview", "overview")
+    completed = [cid for cid, s in stats.items() if s["status"] == "COMPLETED"]
+    counts = {
+        "Completed": len(completed),
+        "Failed": sum(s["status"] == "ABORTED" for s in stats.values()),
+        "In progress": 0,
+        "Restored": sum(bool(s.get("restored")) for s in stats.values()),
+    }
+    for label, n in counts.items():
+        expect(frame.locator(".stat", has_text=label).locator(".stat-value")).to_have_text(str(n))
+    latest = {r[""]: r for r in table_rows(frame, "latest")}
+    newest = max(completed)
+    assert latest["Completed"]["Checkpoint"] == f"#{newest}"
+    assert latest["Completed"]["Location"] == f"file://{live.job_dir}/chk-{newest}/_metadata"
+    assert latest["Completed"]["Time"] == fmt_time(stats[newest]["end_time"])
+    if job["savepoints"]:
+        savepoint = max(job["savepoints"], key=lambda s: s["checkpoint_id"])
+        assert latest["Savepoint"]["Checkpoint"] == f"#{savepoint['checkpoint_id']}"
+        assert latest["Savepoint"]["Location"] == savepoint["path"]
+    shot(page, "overview")
+    frame.locator("#latest").get_by_role("link", name=f"#{newest}").click()
+    expect(frame.locator("#detail-title")).to_have_text(f"Checkpoint {newest}")
+
+    show(frame, "Summary", "summary")
+    done = [stats[cid] for cid in completed]
+    expect(frame.locator("#summary-count")).to_contain_text(f"the {len(done)} ")
+    summary = {r[""]: r for r in table_rows(frame, "summary")}
+    for label, figure, fmt in (
+        ("Duration", lambda s: s["duration_seconds"], fmt_duration),
+        ("State size", lambda s: s["state_size"], fmt_bytes),
+        ("Records in", lambda s: s["records_in"], fmt_count),
+        ("Written", written, fmt_bytes),
+    ):
+        values = [figure(s) for s in done]
+        expected = {"Min": fmt(min(values)), "Average": fmt(sum(values) / len(values)), "Max": fmt(max(values))}
+        assert {k: summary[label][k] for k in expected} == expected, label
+    recent = sorted(stats, reverse=True)[:100]
+    expect(frame.locator("#chart-duration circle")).to_have_count(len(recent))
+    expect(frame.locator("#chart-size circle")).to_have_count(sum(stats[c]["status"] == "COMPLETED" for c in recent))
+    shot(page, "summary")
+
+    show(frame, "Configuration", "configuration")
+    config = fields(frame, "#configuration")
+    topology = job["topology"]
+    kinds = {uid: node["kind"] for uid, node in topology["nodes"].items()}
+    assert set(config["Steps"].split(", ")) == set(topology["steps"])
+    assert set(config["Sources"].split(", ")) == {u for u, k in kinds.items() if k == "source"}
+    assert set(config["Sinks"].split(", ")) == {u for u, k in kinds.items() if k == "sink"}
+    assert config["Storage"] == f"file://{live.job_dir}"
+    assert config["Retained checkpoints"] == "3" and len(completed_ids(live.job_dir)) <= 3  # the DAG's setting
+    assert config["Schedule"] == "none (triggered only)"
+    shot(page, "configuration")
+
+
+def test_in_progress_while_a_savepoint_runs(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    clickstream.land(40)
+    frame = open_tab(page, live)
+    show(frame, "In progress", "in-progress")
+    expect(frame.locator("#no-progress")).to_be_visible()
+
+    before = savepoint_dirs(live.savepoint_root)
+    with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(f"{API}/savepoint")) as sent:
+        frame.get_by_role("button", name="Take savepoint").click()
+    assert sent.value.status == 200, sent.value.text()
+    run_id = sent.value.json()["dag_run_id"]
+    expect(frame.locator("#message")).to_contain_text(f"Savepoint run {run_id} triggered")
+
+    progress = frame.locator("#progress")
+    expect(progress).to_contain_text(run_id, timeout=RUN_SHOWS_MS)  # polled by the page, not reloaded
+    checkpoint_id = read_json(live.job_dir / "_job.json")["last_checkpoint_id"]
+    expect(progress).to_contain_text(f"#{checkpoint_id} (savepoint)")
+    steps = read_json(live.job_dir / "_job.json")["topology"]["steps"]
+    expect(frame.locator("#acks tbody tr")).to_have_count(len(steps))
+    assert {r["Step"] for r in table_rows(frame, "acks")} == set(steps)
+    shot(page, "in-progress")
+
+    live.wait_for_run(PIPELINE, run_id, timeout=RUN_TIMEOUT)
+    expect(frame.locator("#no-progress")).to_be_visible()
+    (target,) = poll("the savepoint directory", lambda: savepoint_dirs(live.savepoint_root) - before, 30)
+    assert read_json(target / "_metadata")["checkpoint_id"] == checkpoint_id
+    show(frame, "Overview", "overview")
+    expect(frame.locator("#savepoints tbody tr").first).to_contain_text(f"file://{target}")
+    show(frame, "History", "history")
+    newest = frame.locator("#history tbody tr").first
+    expect(newest.locator("td").first).to_have_text(str(checkpoint_id))
+    expect(newest).to_contain_text("savepoint")
+    assert clickstream.mismatches() == {}
+
+
+def test_a_pipeline_that_never_ran_shows_how_to_start(page: Any, live_airflow: LiveAirflow) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    poll(f"{NEVER_RAN} to be parsed", lambda: live.api("GET", f"/api/v2/dags/{NEVER_RAN}").status_code == 200, 120)
+    assert not (live.storage_root / NEVER_RAN).exists()
+    frame = open_tab(page, live, NEVER_RAN)
+    empty = frame.locator("#empty")
+    expect(empty).to_contain_text(f"{NEVER_RAN} has not run yet")
+    expect(empty).to_contain_text("Trigger the DAG")
+    for name in ("Take savepoint", "Stop with savepoint", "Restore…"):
+        expect(frame.get_by_role("button", name=name)).to_be_disabled()
+    expect(frame.locator("#savepoint-dir")).to_be_disabled()
+    expect(frame.locator("#message")).to_be_hidden()
+    expect(frame.locator("#tabs")).to_be_hidden()
+    shot(page, "empty")
+
+
+LIGHTNESS = """() => {
+  const c = document.createElement("canvas").getContext("2d");  // any CSS color (oklch, rgb) to sRGB
+  c.fillStyle = getComputedStyle(document.body).backgroundColor;
+  c.fillRect(0, 0, 1, 1);
+  const [r, g, b] = c.getImageData(0, 0, 1, 1).data;
+  return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
+}"""
+
+FITS = """() => [...document.querySelectorAll("table")].filter((t) => t.getBoundingClientRect().right
+  > document.documentElement.clientWidth + 0.5 || t.parentElement.scrollWidth > t.parentElement.clientWidth)
+  .map((t) => t.id).concat(document.documentElement.scrollWidth > document.documentElement.clientWidth ? ["page"] : [])
+  .concat([...document.querySelectorAll("td.time")].filter((td) => {
+    const text = document.createRange();
+    text.selectNodeContents(td);
+    const lines = new Set([...text.getClientRects()].map((r) => Math.round(r.top))).size;
+    return lines > 1 || td.scrollWidth > td.clientWidth;
+  }).map((td) => `time ${td.textContent} wraps`))"""
+
+
+def test_dark_mode_follows_airflow_and_tables_fit_1280(
+    page: Any, live_airflow: LiveAirflow, clickstream: Clickstream
+) -> None:
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    page.evaluate("localStorage.setItem('theme', 'dark')")  # Airflow's color mode (next-themes)
+    frame = open_tab(page, live)
+    expect(page.locator("html")).to_have_class("dark")
+    expect(frame.locator("html")).to_have_class("dark")
+    inner = inner_frame(page)
+    assert inner.evaluate(LIGHTNESS) < 0.3, "the page's background is dark"
+    views = [
+        ("Overview", "overview"),
+        ("History", "history"),
+        ("Summary", "summary"),
+        ("Configuration", "configuration"),
+        ("In progress", "in-progress"),
+    ]
+    for tab, view in views:
+        show(frame, tab, view)
+        assert inner.evaluate(FITS) == [], f"{view} does not fit the DAG tab at 1280 px"
+        shot(page, f"dark-{view}")
+    newest = max(all_stats(live))
+    inner.evaluate(f"location.hash = 'checkpoint={newest}'")
+    expect(frame.locator("#detail-title")).to_have_text(f"Checkpoint {newest}")
+    assert inner.evaluate(FITS) == [], "the detail does not fit the DAG tab at 1280 px"
+    shot(page, "dark-detail")
+
+    # switched back in Airflow's own menu, the open page follows at once
+    page.get_by_role("button", name="User").click()
+    page.get_by_role("menuitem", name="Appearance").click()
+    page.get_by_text("Light Mode", exact=True).click()
+    expect(frame.locator("html")).to_have_class("light")
+    poll("the page to turn light", lambda: inner.evaluate(LIGHTNESS) > 0.7, UI_TIMEOUT_MS / 1000, interval=0.2)
