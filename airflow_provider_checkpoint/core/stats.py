@@ -270,7 +270,7 @@ def _per_input(values: Any, read: Any) -> dict[str, Any]:
     """``{input uid: value}`` of the entries of ``values`` that ``read`` accepts."""
     if not isinstance(values, dict):
         return {}
-    read_back = {text(k, 100): read(v) for k, v in values.items() if isinstance(k, str)}
+    read_back = {text(k, 100): read(v) for k, v in values.items() if isinstance(k, str) and k}
     return {k: v for k, v in read_back.items() if v is not None}
 
 

@@ -20,6 +20,7 @@ from airflow_provider_checkpoint.jobs.runs import RunFacts
 
 ABORT_MESSAGE_LIMIT = 20_000
 DEAD_LETTERS = "dead_letters"
+_SINK_FIGURES = ("rows", "files", "bytes", "delta_version", "commit_time")
 
 
 def dag_run_url(dag_id: str, run_id: str) -> str | None:
@@ -57,48 +58,30 @@ def step_tries(step: str, tries: Mapping[str, list[JsonDict]], chained_task: str
     return during or own
 
 
-def step_figures(step: str, metrics: Any, attempts: Sequence[JsonDict]) -> JsonDict:
-    """What one step did in the checkpoint (its ack's metrics) and its attempts."""
-    m = values.mapping(metrics)
-    alignment = {
-        uid: wait
-        for uid, raw in values.mapping(m.get("alignment_seconds")).items()
-        if values.name(uid) and (wait := values.number(raw)) is not None
-    }
+_STEP_FIGURES = (
+    *("records_in", "records_out", "state_rows", "state_bytes", "state_files"),
+    *("incremental", "merged_on_driver", "seconds"),
+)
+
+
+def step_figures(step: str, figures: Mapping[str, Any] | None, attempts: Sequence[JsonDict]) -> JsonDict:
+    """What one step did in the checkpoint (``figures``: its entry of :func:`.stats.step_details`, ``None``
+    for a step the record does not name) and its attempts."""
+    f = figures or {}
     return {
         "step": step,
         "attempts": list(attempts),
-        "accepted_attempt": values.positive(m.get("attempt")),
-        "records_in": values.count(m.get("records_in")),
-        "records_out": values.count(m.get("records_out")),
-        "state_rows": values.count(m.get("state_rows")),
-        "state_bytes": values.count(m.get("state_bytes")),
-        "state_files": values.count(m.get("state_files")),
-        "incremental": values.flag(m.get("state_incremental")),
-        "merged_on_driver": values.flag(m.get("state_merged_on_driver")),
-        "seconds": values.number(m.get("seconds")),
-        "alignment_seconds": alignment,
+        "accepted_attempt": f.get("attempt") or None,
+        **{k: f.get(k) for k in _STEP_FIGURES},
+        "input_records": f.get("input_records") or {},
+        "alignment_seconds": f.get("alignment_seconds") or {},
     }
 
 
-def sink_commit(uid: Any, entry: Any) -> JsonDict | None:
-    """What one sink committed (the record's ``sinks[uid]``); ``None`` unless it is an object of a valid uid."""
-    if not values.name(uid) or not isinstance(entry, dict):
-        return None
-    kind = values.text(entry.get("kind"), 40)
-    target = values.target(entry.get("target"))
-    return {
-        "uid": uid,
-        "kind": kind,
-        "step": values.text(entry.get("step"), 250),
-        "target": target or "",
-        "rows": values.count(entry.get("rows")),
-        "files": values.count(entry.get("files")),
-        "bytes": values.count(entry.get("bytes")),
-        "delta_version": values.count(entry.get("delta_version")),
-        "commit_time": values.seconds(entry.get("commit_time")),
-        "dead_letters_path": target if kind == DEAD_LETTERS else None,
-    }
+def sink_commit(entry: Mapping[str, Any]) -> JsonDict:
+    """What one sink committed (an entry of :func:`.stats.sink_details`), its target's credentials redacted."""
+    target = values.target(entry["target"]) or ""
+    return {**entry, "target": target, "dead_letters_path": target if entry["kind"] == DEAD_LETTERS else None}
 
 
 def declared_sinks(topology: Any, steps: Sequence[str]) -> list[JsonDict]:
@@ -117,9 +100,9 @@ def declared_sinks(topology: Any, steps: Sequence[str]) -> list[JsonDict]:
         node = values.mapping(nodes.get(uid))
         if node.get("kind") == "sink":
             where = node.get("path") if isinstance(node.get("path"), str) else node.get("table")
-            entry = {"kind": values.text(node.get("format"), 40), "step": step, "target": where}
-            out.append(sink_commit(uid, entry))
-    return [s for s in out if s is not None]
+            entry = {"uid": uid, "kind": values.text(node.get("format"), 40), "step": step, "target": where}
+            out.append(sink_commit({**entry, **dict.fromkeys(_SINK_FIGURES)}))
+    return out
 
 
 def checkpoint_detail(
@@ -143,12 +126,12 @@ def checkpoint_detail(
     raw_steps = values.mapping(record.get("steps"))
     topology_steps = values.mapping(topology).get("steps")
     names = step_names(raw_steps, plan_steps, [] if raw_steps else topology_steps)
+    figures = {f["step"]: f for f in stats.step_details(record)}
     steps = [
-        step_figures(s, raw_steps.get(s), step_tries(s, facts.tries, chained_task, row["trigger_time"])) for s in names
+        step_figures(s, figures.get(s), step_tries(s, facts.tries, chained_task, row["trigger_time"])) for s in names
     ]
-    recorded = record.get("sinks")
-    if isinstance(recorded, dict):
-        sinks = [s for uid, e in sorted(recorded.items()) if (s := sink_commit(uid, e)) is not None]
+    if isinstance(record.get("sinks"), dict):
+        sinks = [sink_commit(entry) for entry in stats.sink_details(record)]
     else:
         sinks = declared_sinks(topology, names) if row["status"] == "COMPLETED" else []
     committed_by = values.text_or_none(record.get("committed_by"), 40)

@@ -189,6 +189,7 @@ class StepDetail(BaseModel):
     incremental: bool | None
     merged_on_driver: bool | None
     seconds: float | None
+    input_records: dict[str, int] = Field(description="Records read per source and channel uid")
     alignment_seconds: dict[str, float] = Field(description="Multi-input steps: wait per input uid")
 
 

@@ -175,7 +175,7 @@ def test_a_detail_reads_every_recorded_figure():
         "trigger_time": 99.0, "end_time": 210.0, "committed_by": "trigger", "committed_by_run_id": "scheduled__x",
         "steps": {
             "s2": {"records_in": 5, "records_out": 4, "state_rows": 3, "state_bytes": 1000, "state_files": 2,
-                   "state_incremental": True, "state_merged_on_driver": 1, "seconds": 1.5, "attempt": 2,
+                   "state_incremental": True, "state_merged_on_driver": True, "seconds": 1.5, "attempt": 2,
                    "alignment_seconds": {"a": 0.5, "b": "slow", "": 1.0}},
             "s1": {"records_in": -1, "state_incremental": "yes"},
         },
@@ -197,7 +197,7 @@ def test_a_detail_reads_every_recorded_figure():
     assert s2 == {
         "step": "s2", "attempts": TRIES, "accepted_attempt": 2, "records_in": 5, "records_out": 4, "state_rows": 3,
         "state_bytes": 1000, "state_files": 2, "incremental": True, "merged_on_driver": True, "seconds": 1.5,
-        "alignment_seconds": {"a": 0.5},
+        "input_records": {}, "alignment_seconds": {"a": 0.5},
     }  # fmt: skip
     dl, pg = detail["sinks"]
     assert dl["target"] == "s3://***@host/dl" and dl["dead_letters_path"] == dl["target"] and "pw" not in str(detail)
@@ -295,10 +295,20 @@ def test_views_read_a_job_s_storage(tmp_path: Path, monkeypatch):
 def test_cli_history_names_the_restored_snapshot_only_for_restores():
     from airflow_provider_checkpoint.cli.commands import _history_cells
 
-    previous = stats.history_row({"checkpoint_id": 4, "status": "COMPLETED", "restored_from": 3})
-    restored = stats.history_row({**previous, "restored_from_url": "file:///sp/savepoint-1"})
-    assert previous is not None and restored is not None
-    assert _history_cells(previous)["restored from"] == "-", "the previous checkpoint is no restore"
-    assert _history_cells(restored)["restored from"] == "file:///sp/savepoint-1"
-    assert _history_cells({**previous, "restored": True})["restored from"] == 3
-    assert _history_cells({**restored, "restored": False})["restored from"] == "-"
+    record = {"checkpoint_id": 4, "status": "COMPLETED", "restored_from": 3}
+    url = "file:///sp/savepoint-1"
+    cells = {
+        "previous checkpoint": record,
+        "restore (older record)": {**record, "restored_from_url": url},
+        "restore": {**record, "restored": True},
+        "restore of a savepoint": {**record, "restored": True, "restored_from_url": url},
+        "no restore, whatever the url": {**record, "restored": False, "restored_from_url": url},
+    }
+    shown = {name: _history_cells(stats.history_row(r) or {})["restored from"] for name, r in cells.items()}
+    assert shown == {
+        "previous checkpoint": "-",
+        "restore (older record)": url,
+        "restore": 3,
+        "restore of a savepoint": url,
+        "no restore, whatever the url": "-",
+    }
