@@ -273,10 +273,7 @@ def _step_cells(step: dict[str, Any]) -> dict[str, Any]:
         "incremental": _flag(step["incremental"]),
         "merged on driver": _flag(step["merged_on_driver"]),
         "duration": reports.human_duration(step["seconds"]),
-        "alignment": ", ".join(
-            f"{uid} {reports.human_duration(s)}" for uid, s in sorted(step["alignment_seconds"].items())
-        )
-        or "-",
+        "inputs": ", ".join(f"{uid} {_count(n)}" for uid, n in sorted(step["input_records"].items())) or "-",
     }
 
 

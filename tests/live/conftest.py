@@ -49,7 +49,9 @@ _live: LiveAirflow | None = None
 def live_airflow(request: pytest.FixtureRequest) -> Iterator[LiveAirflow]:
     global _live
     root = Path(tempfile.mkdtemp(prefix="airflow-checkpoint-live-")).resolve()
-    with running_airflow(root) as live:
+    faults = root / "faults.txt"  # empty: a test writes a fault for its run, and empties it after
+    faults.write_text("")
+    with running_airflow(root, extra_env={"CHECKPOINT_FAULTS_FILE": str(faults)}) as live:
         _live = live
         try:
             yield live

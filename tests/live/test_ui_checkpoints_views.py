@@ -240,39 +240,44 @@ def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[
 def test_detail_shows_a_full_abort_reason_and_a_commit_by_the_next_trigger(
     page: Any, live_airflow: LiveAirflow, clickstream: Clickstream
 ) -> None:
-    """The rare cases, rendered from a real checkpoint's detail with the fields such a checkpoint has
-    (the chaos tests produce them for real): an abort with a long reason, and a commit that the next
-    run's trigger finished."""
+    """The rare cases, made for real with the live session's fault file: a checkpoint aborted by a
+    storage error writing its ``_metadata`` (its full reason on the page, not in a tooltip), and one
+    whose finalize died after ``_metadata`` on every attempt, committed by the next run's trigger."""
     from playwright.sync_api import expect
 
     live = live_airflow
     ensure_checkpoints(live, clickstream, 1)
-    newest = completed_ids(live.job_dir)[-1]
-    reason = "no ack from step(s) step_user_totals_table within the checkpoint timeout: attempt=3 " + "x" * 300
-    next_run = "manual__2026-11-25T18:14:40+00:00"
-    as_case: dict[str, Any] = {}
+    faults = live.root / "faults.txt"
 
-    def rewrite(route: Any) -> None:
-        detail = route.fetch().json()
-        detail.update(as_case)
-        detail["row"].update(as_case.get("row", {}))
-        route.fulfill(json=detail)
+    def run_with(fault: str) -> int:
+        checkpoint = int(read_json(live.job_dir / "_job.json")["last_checkpoint_id"]) + 1
+        faults.write_text(fault.format(checkpoint=checkpoint) + "\n")
+        try:
+            clickstream.land(40)
+            live.wait_for_run(PIPELINE, live.trigger(PIPELINE, {}), timeout=RUN_TIMEOUT, expect_success=False)
+        finally:
+            faults.write_text("")
+        return checkpoint
 
-    page.route(f"**{API}/checkpoints/{newest}", rewrite)
-    shared = f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={newest}"
-    as_case.update(row={"status": "ABORTED", "reason": "declined"}, abort_message=reason)
-    page.goto(shared)
+    aborted = run_with("storage.write:file=_metadata:action=oserror")  # this run's _metadata: no other write
+    by_trigger = run_with("finalize.after_metadata:checkpoint={checkpoint}")
+    clickstream.land(40)
+    live.wait_for_run(PIPELINE, live.trigger(PIPELINE, {}), timeout=RUN_TIMEOUT)  # commits by_trigger first
+
+    record = read_json(live.job_dir / "_stats" / f"{aborted}.json")
+    assert record["status"] == "ABORTED" and record["message"], record
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={aborted}")
     box = page.locator("#abort-reason")
     expect(box).to_be_visible()
-    expect(box).to_have_text(f"declined {reason}")  # all of it, in the page, not in a tooltip
+    expect(box).to_have_text(f"{record['reason']} {record['message']}")  # all of it, in the page
     assert box.evaluate("e => e.scrollHeight <= e.clientHeight && e.scrollWidth <= e.clientWidth")
 
-    as_case.clear()
-    as_case.update(committed_by="trigger", committed_by_run_id=next_run)
-    page.reload()
+    record = read_json(live.job_dir / "_stats" / f"{by_trigger}.json")
+    assert (record["status"], record["committed_by"]) == ("COMPLETED", "trigger"), record
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={by_trigger}")
     expect(page.locator("#abort-reason")).to_have_count(0)
     facts = page.locator(".card dt", has_text="Committed by").locator("xpath=following-sibling::dd[1]")
-    expect(facts).to_contain_text(f"the next run's trigger (run {next_run})")
+    expect(facts).to_contain_text(f"the next run's trigger (run {record['committed_by_run_id']})")
     page.screenshot(path=str(ARTIFACTS / "checkpoints-detail-trigger-commit.png"), full_page=True)
 
 

@@ -17,16 +17,19 @@ function state(s) {
     how.length ? el("div", { class: "muted" }, how.join(", ")) : "");
 }
 
-function alignment(step) {
-  const waits = Object.entries(step.alignment_seconds || {});
-  return waits.length ? el("ul", { class: "attempts" }, waits.map(([uid, s]) => el("li", {}, `${uid}: ${duration(s)}`))) : "-";
+// A multi-input step's inputs: records read from each (they align by the barrier cut), and a wait where one was recorded.
+function inputs(step) {
+  const read = Object.entries(step.input_records || {});
+  const waits = step.alignment_seconds || {};
+  return read.length ? el("ul", { class: "attempts" }, read.map(([uid, n]) =>
+    el("li", { class: "nowrap" }, `${uid}: ${count(n)}`, uid in waits ? ` · waited ${duration(waits[uid])}` : ""))) : "-";
 }
 
 function stepRow(s, aligned) {
   return el("tr", { "data-step": s.step },
     el("td", { class: "mono nowrap" }, s.step), el("td", {}, attempts(s)), num(duration(s.seconds)),
     el("td", { class: "nowrap" }, `${count(s.records_in)} in · ${count(s.records_out)} out`), el("td", {}, state(s)),
-    aligned ? el("td", {}, alignment(s)) : "");
+    aligned ? el("td", {}, inputs(s)) : "");
 }
 
 function sinkRow(k, delta) {
@@ -48,7 +51,7 @@ function committedBy(d) {
 export async function showDetail(view, id) {
   const d = await dagApi(`/checkpoints/${encodeURIComponent(id)}`);
   const r = d.row;
-  const aligned = d.steps.some((s) => Object.keys(s.alignment_seconds || {}).length); // multi-input steps
+  const aligned = d.steps.some((s) => Object.keys(s.input_records || {}).length > 1); // multi-input steps
   const delta = d.sinks.some((k) => k.delta_version != null);
   const back = el("a", { href: "#history", class: "back" }, "‹ History");
   view.replaceChildren(
@@ -71,7 +74,7 @@ export async function showDetail(view, id) {
       ["Restored from", r.restored ? el("span", { class: "mono" }, restoredFrom(r)) : undefined],
     ])),
     el("h3", {}, "Steps"),
-    table(["Step", "Attempts", { label: "Seconds", num: true }, "Records", "State", ...(aligned ? ["Alignment wait"] : [])],
+    table(["Step", "Attempts", { label: "Seconds", num: true }, "Records", "State", ...(aligned ? ["Inputs (records)"] : [])],
       d.steps.map((s) => stepRow(s, aligned)), { id: "steps" }),
     el("h3", {}, "Sinks"),
     d.sinks.length
