@@ -21,7 +21,7 @@ from tests.unit.helpers import JOB, T0, make_env
 pytestmark = pytest.mark.airflow
 
 
-def test_cli_reads_a_job_on_s3(tmp_path: Path, s3_server: S3Server, monkeypatch, capsys) -> None:
+def test_cli_reads_a_job_on_s3(airflow_db, tmp_path: Path, s3_server: S3Server, monkeypatch, capsys) -> None:
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     root = s3_server.url(f"cli-{uuid.uuid4().hex[:8]}")

@@ -254,6 +254,21 @@ class LiveAirflow:
             self._client = None
 
 
+def checkout_on_path() -> dict[str, str]:
+    """``PYTHONPATH`` for the services when the venv's editable install is another checkout (a git
+    worktree of it), so they run this checkout's package; none when it is this one: the checkout's
+    ``*.egg-info`` on the path would be a second distribution and register the plugin twice."""
+    import json
+    from importlib.metadata import distributions
+
+    installed = [  # the venv's install (a checkout's egg-info on the path has no direct_url.json)
+        json.loads(direct).get("url", "").removeprefix("file://")
+        for d in distributions(name="airflow-provider-checkpoint")
+        if (direct := d.read_text("direct_url.json"))
+    ]
+    return {} if any(Path(i).resolve() == REPO.resolve() for i in installed if i) else {"PYTHONPATH": str(REPO)}
+
+
 def service_env(
     root: Path, port: int, password_file: Path, dags_folder: Path = REPO / "dags", extra: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -269,9 +284,7 @@ def service_env(
         {
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
             "PYTHONUNBUFFERED": "1",
-            # the services run this checkout's package, also from a git worktree (the venv's editable
-            # install points at the main checkout)
-            "PYTHONPATH": str(REPO),
+            **checkout_on_path(),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW_HOME": str(root / "airflow-home"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),

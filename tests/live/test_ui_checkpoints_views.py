@@ -173,7 +173,7 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
     assert [int(r["ID"]) for r in rows] == newest
     for row, cid in zip(rows, newest, strict=True):
         truth = stats[cid]
-        assert row["Status"].startswith(truth["status"]), row
+        assert row["Status"].startswith(truth["status"]) and truth.get("reason", "") in row["Status"], row
         assert row["Trigger time"] == fmt_time(truth.get("trigger_time")), row
         assert row["Duration"] == fmt_duration(truth.get("duration_seconds")), row
         assert row["Records in"] == fmt_count(truth.get("records_in")), row

@@ -13,7 +13,7 @@ export function restoredFrom(r) {
 function row(r) {
   const tr = el("tr", { class: "link", "data-id": r.checkpoint_id, tabindex: 0 },
     el("td", {}, el("a", { href: `#checkpoint=${r.checkpoint_id}` }, r.checkpoint_id)), el("td", {}, r.type),
-    el("td", { class: "status" }, badge(r.status), r.reason ? ` ${r.reason}` : ""),
+    el("td", { class: "status" }, badge(r.status), r.reason ? el("div", { class: "muted reason" }, r.reason) : ""),
     el("td", { class: "time" }, time(r.trigger_time)), num(duration(r.duration_seconds)),
     num(count(r.records_in)), num(count(r.state_rows)), num(bytes(r.state_size)), num(bytes(r.bytes_written)),
     num(count(r.files)), el("td", { class: "mono" }, restoredFrom(r)));
