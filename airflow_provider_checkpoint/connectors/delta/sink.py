@@ -400,7 +400,7 @@ class DeltaTableSink(TableDirectorySink):
         return versions
 
     def describe_commit(self, checkpoint_id: int) -> JsonDict:
-        version = self.committed_versions().get(checkpoint_id)
+        version = self.commit_record(checkpoint_id).get(self.uid, {}).get("delta_version")
         return {} if version is None else {"delta_version": version}
 
     record_kind = "delta"
