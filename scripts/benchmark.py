@@ -11,7 +11,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 10000000
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
-    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --events 20000 --s3-long-run 70
+    .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
@@ -64,7 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--buckets", type=int, default=16, help="sink-upsert mode's bucket files per table (the Delta sink's default)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
-    parser.add_argument("--s3-long-run", type=int, default=70, help="state-io mode's checkpoints of the long S3 run")
+    parser.add_argument("--s3-long-run", type=int, default=70, help="state-io mode's checkpoints on S3 (each in a fresh process)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         text = kafka.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
-        long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)
+        long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)  # the small pipeline
         result = stateio.run(spec, args.rounds, long_run, work)
         text = stateio.render(result)
         ok = not result["problems"]

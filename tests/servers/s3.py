@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -92,8 +93,11 @@ def _answers(endpoint: str) -> bool:
     return True
 
 
-def start_server(directory: Path, bucket: str = "checkpoints") -> tuple[subprocess.Popen[bytes], S3Server]:
-    """Start ``weed mini`` in ``directory``; return once the bucket is usable."""
+def start_server(
+    directory: Path, bucket: str = "checkpoints", access_log: bool = False
+) -> tuple[subprocess.Popen[bytes], S3Server]:
+    """Start ``weed mini`` in ``directory``; return once the bucket is usable. ``access_log``: the server
+    logs every request it answers to ``directory/weed.log`` (read with :class:`AccessLog`)."""
     ports = dict(zip(_PORTS, free_ports(len(_PORTS)), strict=True))
     server = S3Server(
         f"http://127.0.0.1:{ports['s3.port']}", "AK" + secrets.token_hex(8), secrets.token_hex(20), bucket
@@ -104,6 +108,7 @@ def start_server(directory: Path, bucket: str = "checkpoints") -> tuple[subproce
     (directory / "data").mkdir()
     args = [
         weed_binary(),
+        *(["-v=2"] if access_log else []),
         "mini",
         f"-dir={directory / 'data'}",
         "-ip=127.0.0.1",
@@ -221,6 +226,37 @@ class ThrottlingProxy:
     def close(self) -> None:
         self._http.shutdown()
         self._http.server_close()
+
+
+_ACCESS = re.compile(r' stats\.go:\d+ "[^"]*" (\w+) "([^"]*)" (\d+) ')
+"""One request in the server's log at ``-v=2``: identity, method, path (no query), status."""
+
+
+class AccessLog:
+    """The requests an S3 server started with ``access_log=True`` answered, read from its log.
+
+    Every client's requests are there (the driver's, Spark's Python workers', delta-rs's), as the
+    server saw them: :meth:`since` returns those logged after the previous call."""
+
+    def __init__(self, directory: Path) -> None:
+        self._path = directory / "weed.log"
+        self._offset = self._path.stat().st_size
+
+    def since(self) -> list[tuple[str, str, int]]:
+        """(kind, path, status) of each request answered since the last call, ``kind`` as
+        :func:`request_kind`; a GET of the bucket itself is a listing, a POST to it a bulk delete."""
+        with open(self._path, "rb") as f:
+            f.seek(self._offset)
+            text = f.read()
+        end = text.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += end
+        out = []
+        for match in _ACCESS.finditer(text[:end].decode(errors="replace")):
+            method, path, status = match.group(1), match.group(2), int(match.group(3))
+            bucket_only = path.strip("/").count("/") == 0
+            kind = ("LIST" if method == "GET" else "DELETE" if method == "POST" else method) if bucket_only else method
+            out.append((kind, path, status))
+        return out
 
 
 def request_kind(method: str, path: str) -> str:
