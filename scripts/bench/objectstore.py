@@ -97,7 +97,8 @@ def run(spec: DataSpec, work: Path, dump: Path | None = None) -> dict[str, Any]:
     directory = Path(tempfile.mkdtemp(prefix="objectstore-", dir=work))
     (directory / "s3").mkdir()
     process, server = start_server(directory / "s3", access_log=True)
-    env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")])}
+    path = [str(REPO), str(REPO / "scripts"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, **server.env(), "PYTHONPATH": os.pathsep.join(path)}
     s3 = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
     roots = {"small@s3": server.url("small"), "small@local": f"file://{directory}/local/small"}
     roots["every-kind@s3"] = server.url("every-kind")
