@@ -101,6 +101,7 @@ class CheckpointCoordinator:
         """
         now = time.time() if now is None else now
         options = dict(options or {})
+        self.store.refresh()
         savepoint_target(options, self.allowed_roots, self.storage)
         job = self._running_job()
         self._hold_lease(run_id, now, holder_alive)
@@ -158,8 +159,9 @@ class CheckpointCoordinator:
         # a pending restore sets the sinks to its own checkpoint: one of its earlier triggers may
         # have rolled them back past ``latest`` already, so ``latest`` is not committed to them again
         restore_requested = restore_from is not None and restore_from[1] is not None
-        self._finish(latest, run_id, "trigger", commit_sinks=not restore_requested)
-        job = self._running_job()  # e.g. a stop-with-savepoint finished just now
+        if not self._finished(latest.checkpoint_id):
+            self._finish(latest, run_id, "trigger", commit_sinks=not restore_requested)
+            job = self._running_job()  # e.g. a stop-with-savepoint finished just now
         pause = self.settings.min_pause_between_checkpoints_seconds
         if periodic and now - latest.completion_time < pause:
             raise CheckpointAborted(
@@ -171,7 +173,7 @@ class CheckpointCoordinator:
 
     def _clean_up(self, job: JobRecord, now: float) -> None:
         """Never reuse an id found in storage; abort the attempts no run will finish."""
-        for existing in self.storage.checkpoint_ids():
+        for existing in self.store.checkpoint_ids():
             job.observe_checkpoint_id(existing)
         for checkpoint_id, reason, message in self.store.abandoned_attempts():
             log.warning("aborting %s checkpoint %d of job %s", reason.value, checkpoint_id, job.job_id)
@@ -231,6 +233,7 @@ class CheckpointCoordinator:
         """
         now = time.time() if now is None else now
         checkpoint_id = plan.checkpoint_id
+        self.store.refresh()
         if plan.job_id != self.storage.job_id:
             raise RefusedInputError(
                 f"checkpoint plan of run {plan.run_id!r}: job_id {plan.job_id!r} is not job {self.storage.job_id!r}; "
@@ -310,7 +313,7 @@ class CheckpointCoordinator:
         for sink in self.graph.sinks:
             with sink.storage_errors():
                 sink.abort(checkpoint_id)
-        self.storage.delete(self.storage.chk_dir(checkpoint_id))
+        self.store.delete_dir(checkpoint_id)
 
     def _count_failure(
         self,
@@ -355,6 +358,11 @@ class CheckpointCoordinator:
         if "restore_request_id" in completed.options:
             self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
-        if not self.storage.has_file(self.storage.stats_path(completed.checkpoint_id)):
+        if not self._finished(completed.checkpoint_id):
             committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
             self.stats_store.write(completed.checkpoint_id, stats.completed(completed, time.time(), committed))
+
+    def _finished(self, checkpoint_id: int) -> bool:
+        """Whether everything after checkpoint ``checkpoint_id``'s ``_metadata`` is done: :meth:`_finish`
+        writes the stats record of a completed checkpoint last."""
+        return self.storage.has_file(self.storage.stats_path(checkpoint_id))

@@ -86,8 +86,6 @@ def merge_on_driver(
     compact = set(layout.to_compact())
     if not layout.has_deltas and len(batch) >= FULL_VERSION_SHARE * restored.rows:
         compact = set(range(layout.parallelism))  # a delta that large would make every range due
-    for handle in restored.handles:
-        storage.verify(handle, deep=False)
     state: dict[int, pa.Table] = {
         i: merged_rows(storage, restored, layout.ranges[i].handles, node.uid).cast(schema)
         for i in sorted(touched | compact)

@@ -215,10 +215,9 @@ def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnaps
 
     tables = []
     for handle in handles:
-        with base.fs.open(base.path(handle.path), "rb") as f:
-            file = pq.ParquetFile(f, page_checksum_verification=True)
-            check_columns(file.schema_arrow, state, handle.delta is not None, base.url(handle.path), uid)
-            tables.append(file.read())
+        file = pq.ParquetFile(pa.BufferReader(base.read_verified(handle, deep=False)), page_checksum_verification=True)
+        check_columns(file.schema_arrow, state, handle.delta is not None, base.url(handle.path), uid)
+        tables.append(file.read())
     if tables:
         return pa.concat_tables(tables, promote_options="default")
     names = [field["name"] for field in json.loads(state.schema)["fields"]]

@@ -12,6 +12,7 @@ and removes the leftovers of discarded checkpoints.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 from airflow_provider_checkpoint.core import metadata
@@ -25,6 +26,8 @@ from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.writes import create_exclusive
 
 log = logging.getLogger(__name__)
+_CHANNELS = re.compile(r"^[^/]+/attempt-\d+/channels(/|$)")
+"""A step attempt's channels, or a file in them, relative to its checkpoint's directory."""
 
 
 class CompletedCheckpointStore:
@@ -32,12 +35,42 @@ class CompletedCheckpointStore:
 
     def __init__(self, storage: JobStorage) -> None:
         self.storage = storage
+        self._completed: dict[int, CompletedCheckpoint | None] = {}
+        """Checkpoints found completed since :meth:`refresh`, with their loaded ``_metadata``."""
+        self._ids: list[int] | None = None
+        """The ``chk-*`` directories listed since :meth:`refresh` and not deleted since."""
+
+    def refresh(self) -> None:
+        """Ask storage again from now on. Within one task phase (a trigger, a finalize) the lease holder is the
+        only one to create or delete checkpoint directories, a checkpoint found completed stays completed and
+        its ``_metadata`` unchanged (an exclusive create, deleted only by retention): the directories are
+        listed once, each ``_metadata`` is read once. A checkpoint not found completed is asked again."""
+        self._completed.clear()
+        self._ids = None
+
+    def checkpoint_ids(self) -> list[int]:
+        """Ids of every ``chk-*`` directory, completed or not, ascending (listed once a phase)."""
+        if self._ids is None:
+            self._ids = self.storage.checkpoint_ids()
+        return list(self._ids)
+
+    def delete_dir(self, checkpoint_id: int) -> None:
+        """Delete checkpoint ``checkpoint_id``'s whole directory."""
+        self._completed.pop(checkpoint_id, None)
+        if self._ids is not None and checkpoint_id in self._ids:
+            self._ids.remove(checkpoint_id)
+        self.storage.delete(self.storage.chk_dir(checkpoint_id))
 
     def is_completed(self, checkpoint_id: int) -> bool:
-        return self.storage.has_file(self.storage.metadata_path(checkpoint_id))
+        if checkpoint_id in self._completed:
+            return True
+        found = self.storage.has_file(self.storage.metadata_path(checkpoint_id))
+        if found:
+            self._completed[checkpoint_id] = None
+        return found
 
     def completed_ids(self) -> list[int]:
-        return [i for i in self.storage.checkpoint_ids() if self.is_completed(i)]
+        return [i for i in self.checkpoint_ids() if self.is_completed(i)]
 
     def load(self, checkpoint_id: int) -> CompletedCheckpoint:
         """Checkpoint ``checkpoint_id`` of this job, refused unless its ``_metadata`` is its own.
@@ -45,9 +78,22 @@ class CompletedCheckpointStore:
         Identity before any effect: the document must name this job and the id of its
         ``chk-<id>/`` directory, and be a checkpoint, not a relocatable savepoint.
         """
+        found = self._metadata_of(checkpoint_id)
+        if found is None:
+            raise CheckpointStorageError(f"missing file {self.storage.url(self.storage.metadata_path(checkpoint_id))}")
+        return found
+
+    def _metadata_of(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        """:meth:`load`, or ``None`` when checkpoint ``checkpoint_id`` has no ``_metadata`` (one request)."""
+        known = self._completed.get(checkpoint_id)
+        if known is not None:
+            return known
         rel = self.storage.metadata_path(checkpoint_id)
+        data = self.storage.read_if_present(rel)
+        if data is None:
+            return None
         document = self.storage.url(rel)
-        checkpoint = metadata.decode(self.storage.read_bytes(rel), document)
+        checkpoint = metadata.decode(data, document)
         if checkpoint.job_id != self.storage.job_id:
             problem = f"belongs to job {checkpoint.job_id!r}, not {self.storage.job_id!r}"
         elif checkpoint.checkpoint_id != checkpoint_id:
@@ -55,6 +101,7 @@ class CompletedCheckpointStore:
         elif checkpoint.relocatable:
             problem = "is a relocatable savepoint, not a checkpoint of this job"
         else:
+            self._completed[checkpoint_id] = checkpoint
             return checkpoint
         raise MetadataError(
             document,
@@ -65,8 +112,11 @@ class CompletedCheckpointStore:
     def latest_completed(self) -> CompletedCheckpoint | None:
         """The newest checkpoint with ``_metadata`` (newest first: directories retention keeps for their
         files, older than every retained checkpoint, are not asked)."""
-        latest = next((i for i in reversed(self.storage.checkpoint_ids()) if self.is_completed(i)), None)
-        return None if latest is None else self.load(latest)
+        for checkpoint_id in reversed(self.checkpoint_ids()):
+            checkpoint = self._metadata_of(checkpoint_id)
+            if checkpoint is not None:
+                return checkpoint
+        return None
 
     def commit(self, checkpoint: CompletedCheckpoint) -> bool:
         """Create ``_metadata``, the commit point of the checkpoint; False if it already exists.
@@ -74,11 +124,13 @@ class CompletedCheckpointStore:
         An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
         the others get False and must continue with the committed document.
         """
-        return create_exclusive(
+        created = create_exclusive(
             self.storage.fs,
             self.storage.path(self.storage.metadata_path(checkpoint.checkpoint_id)),
             metadata.encode(checkpoint),
         )
+        self._completed[checkpoint.checkpoint_id] = checkpoint if created else None
+        return created
 
     def latest(self) -> CompletedCheckpoint | None:
         """The latest completed checkpoint; unreadable is an error unless a restore is requested."""
@@ -95,7 +147,7 @@ class CompletedCheckpointStore:
 
         Raises :class:`DocumentError` when that plan is unreadable.
         """
-        ids = self.storage.checkpoint_ids()
+        ids = self.checkpoint_ids()
         if not ids or not self.is_completed(ids[-1]):
             return None
         path = self.storage.plan_path(ids[-1])
@@ -109,11 +161,14 @@ class CompletedCheckpointStore:
     def checkpoints(self) -> list[CompletedCheckpoint]:
         """Every readable completed checkpoint, oldest first (unreadable ones are logged and skipped)."""
         completed = []
-        for checkpoint_id in self.completed_ids():
+        for checkpoint_id in self.checkpoint_ids():
             try:
-                completed.append(self.load(checkpoint_id))
+                checkpoint = self._metadata_of(checkpoint_id)
             except (MetadataError, CheckpointStorageError) as e:
                 log.warning("skipping unreadable checkpoint %d: %s", checkpoint_id, e)
+                continue
+            if checkpoint is not None:
+                completed.append(checkpoint)
         return completed
 
     def abandoned_attempts(self) -> list[tuple[int, AbortReason, str]]:
@@ -128,12 +183,15 @@ class CompletedCheckpointStore:
         needed = set().union(*(c.referenced_paths() for c in completed))
         latest_id = max((c.checkpoint_id for c in completed), default=0)
         abandoned = []
-        for checkpoint_id in self.storage.checkpoint_ids():
+        completed_ids = {c.checkpoint_id for c in completed}
+        for checkpoint_id in self.checkpoint_ids():
             chk = self.storage.chk_dir(checkpoint_id)
-            if self.is_completed(checkpoint_id) or any(p.startswith(chk + "/") for p in needed):
+            if checkpoint_id in completed_ids or any(p.startswith(chk + "/") for p in needed):
+                continue
+            if self.is_completed(checkpoint_id):  # its _metadata is unreadable: never abandoned
                 continue
             if not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
-                self.storage.delete(chk)
+                self.delete_dir(checkpoint_id)
             elif checkpoint_id < latest_id:
                 abandoned.append((checkpoint_id, AbortReason.SUBSUMED, f"subsumed by completed checkpoint {latest_id}"))
             else:
@@ -146,18 +204,18 @@ class CompletedCheckpointStore:
         """Delete every attempt directory of ``steps`` in checkpoint ``checkpoint_id`` but those in ``keep``."""
         chk = self.storage.chk_dir(checkpoint_id)
         for step in steps:
-            step_dir = self.storage.path(f"{chk}/{step}")
-            if not self.storage.fs.exists(step_dir):
+            try:
+                entries = self.storage.fs.ls(self.storage.path(f"{chk}/{step}"), detail=False)
+            except FileNotFoundError:
                 continue
-            for entry in self.storage.fs.ls(step_dir, detail=False):
+            for entry in entries:
                 rel = self.storage.relative(entry)
                 if rel not in keep:
                     self.storage.delete(rel)
 
     def discard_channels(self, checkpoint_id: int) -> None:
         """Channels are exchanged within one checkpoint: once it completes, nobody reads them again."""
-        pattern = self.storage.path(f"{self.storage.chk_dir(checkpoint_id)}/*/attempt-*/channels")
-        self.storage.delete_paths(self.storage.relative(p) for p in self.storage.fs.glob(pattern))
+        self.storage.delete_under(self.storage.chk_dir(checkpoint_id), _CHANNELS.match)
 
     def retain(self, retained: int) -> None:
         """Discard all but the ``retained`` newest completed checkpoints."""
@@ -166,19 +224,21 @@ class CompletedCheckpointStore:
         if not discard:
             return
         kept = [c for c in completed if c not in discard]
-        self.storage.delete_paths(deletable_paths(discard, kept))
+        for checkpoint in discard:
+            self._completed.pop(checkpoint.checkpoint_id, None)
+        self.storage.delete_files(deletable_paths(discard, kept))
         still_needed = set().union(*(c.referenced_paths() for c in kept))
         kept_ids = {c.checkpoint_id for c in kept}
         discarded_ids = {c.checkpoint_id for c in discard}
-        for checkpoint_id in self.storage.checkpoint_ids():
+        for checkpoint_id in self.checkpoint_ids():
             chk = self.storage.chk_dir(checkpoint_id)
             if checkpoint_id in kept_ids or checkpoint_id > max(kept_ids):
                 continue
             if any(p.startswith(chk + "/") for p in still_needed):
                 # a kept checkpoint still reads files here: keep only those (documents went when it was discarded)
                 if checkpoint_id in discarded_ids:
-                    self.storage.delete_paths(
+                    self.storage.delete_files(
                         [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
                     )
             elif self.is_completed(checkpoint_id) or not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
-                self.storage.delete(chk)
+                self.delete_dir(checkpoint_id)

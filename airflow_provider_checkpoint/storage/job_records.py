@@ -25,11 +25,14 @@ class JobRecordStore:
 
     def __init__(self, storage: JobStorage) -> None:
         self.storage = storage
+        self._stored: bytes | None = None
+        """The record as this store last read or wrote it."""
 
     def load(self) -> JobRecord:
-        if not self.storage.has_file(JOB_FILE):
+        data = self._stored = self.storage.read_if_present(JOB_FILE)
+        if data is None:
             return JobRecord(job_id=self.storage.job_id)
-        record = JobRecord.decode(self.storage.read_bytes(JOB_FILE), self.storage.url(JOB_FILE))
+        record = JobRecord.decode(data, self.storage.url(JOB_FILE))
         if record.job_id != self.storage.job_id:
             raise JobRecordError(
                 f"{self.storage.url('_job.json')}: belongs to job {record.job_id!r}, not {self.storage.job_id!r}"
@@ -37,15 +40,20 @@ class JobRecordStore:
         return record
 
     def save(self, record: JobRecord) -> None:
-        self.storage.write_atomic(JOB_FILE, record.encode())
+        """Replace the record with ``record``; nothing is written when it is what this store last read or wrote."""
+        data = record.encode()
+        if data != self._stored:
+            self.storage.write_atomic(JOB_FILE, data)
+            self._stored = data
 
     # -- restore request ---------------------------------------------------------------
     def load_restore_request(self) -> RestoreRequest | None:
-        if not self.storage.has_file(RESTORE_REQUEST):
+        data = self.storage.read_if_present(RESTORE_REQUEST)
+        if data is None:
             return None
         document = self.storage.url(RESTORE_REQUEST)
         try:
-            return RestoreRequest.from_dict(load_json(self.storage.read_bytes(RESTORE_REQUEST), document), document)
+            return RestoreRequest.from_dict(load_json(data, document), document)
         except DocumentError as e:
             raise CheckpointStorageError(f"restore request refused: {e}; run the restore DAG again") from e
 
@@ -56,7 +64,7 @@ class JobRecordStore:
         """Remove the pending restore request if it is still ``request_id``."""
         current = self.load_restore_request()
         if current is not None and current.request_id == request_id:
-            self.storage.delete(RESTORE_REQUEST)
+            self.storage.delete_files([RESTORE_REQUEST])
 
     # -- lease -------------------------------------------------------------------------
     def acquire_lease(
@@ -94,13 +102,14 @@ class JobRecordStore:
     def _break_lease(self, holder: JsonDict) -> None:
         """Delete the lease only if it is still ``holder``'s (another trigger may have broken it)."""
         if self.lease_holder() == holder:
-            self.storage.delete(LEASE_FILE)
+            self.storage.delete_files([LEASE_FILE])
 
     def lease_holder(self) -> JsonDict | None:
-        try:
-            holder = load_json(self.storage.fs.cat_file(self.storage.path(LEASE_FILE)), self.storage.url(LEASE_FILE))
-        except FileNotFoundError:
+        data = self.storage.read_if_present(LEASE_FILE)
+        if data is None:
             return None
+        try:
+            holder = load_json(data, self.storage.url(LEASE_FILE))
         except DocumentError:
             holder = None
         expires = holder.get("expires_at", math.inf) if isinstance(holder, dict) else None
@@ -112,4 +121,4 @@ class JobRecordStore:
     def release_lease(self, run_id: str) -> None:
         holder = self.lease_holder()
         if holder is not None and holder.get("run_id") == run_id:
-            self.storage.delete(LEASE_FILE)
+            self.storage.delete_files([LEASE_FILE])

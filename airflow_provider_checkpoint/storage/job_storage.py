@@ -20,7 +20,7 @@ import hashlib
 import os
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +37,11 @@ from airflow_provider_checkpoint.exceptions import (
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage.object_store import (
     check_reachable,
+    delete_listed,
     delete_objects,
     file_exists,
     is_s3,
+    read_object,
     with_defaults,
 )
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
@@ -125,9 +127,16 @@ class Location:
 
     def read_bytes(self, relative: str) -> bytes:
         try:
-            return bytes(self.fs.cat_file(self.path(relative)))
+            return read_object(self.fs, self.path(relative))
         except FileNotFoundError as e:
             raise CheckpointStorageError(f"missing file {self.url(relative)}") from e
+
+    def read_if_present(self, relative: str) -> bytes | None:
+        """The file ``relative``, or ``None`` when it does not exist (one request on an object store)."""
+        try:
+            return read_object(self.fs, self.path(relative))
+        except FileNotFoundError:
+            return None
 
     def write_atomic(self, relative: str, data: bytes) -> None:
         write_atomic(self.fs, self.path(relative), data)
@@ -143,6 +152,34 @@ class Location:
     def delete_paths(self, relatives: Iterable[str]) -> None:
         for rel in sorted(relatives):
             self.delete(rel)
+
+    def delete_under(self, name: str, chosen: Callable[[str], object]) -> None:
+        """Delete what lies under directory ``name`` whose path relative to it is ``chosen``: one listing,
+        then (on S3) bulk deletes of the chosen files and directory markers."""
+        root = self.path(name)
+        try:
+            found = self.fs.find(root, withdirs=True, detail=True)
+        except FileNotFoundError:
+            return
+        picked = {p: info for p, info in found.items() if p.startswith(root + "/") and chosen(p[len(root) + 1 :])}
+        if is_s3(self.fs):
+            delete_listed(self.fs, picked)
+            return
+        for path in sorted(picked, key=lambda p: p.count("/")):  # outermost first: rm takes what is inside
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+
+    def delete_files(self, relatives: Iterable[str]) -> None:
+        """Delete the files ``relatives`` that exist (not directories): one bulk request per 1,000 on S3."""
+        paths = [self.path(rel) for rel in sorted(set(relatives))]
+        if not paths:
+            return
+        if is_s3(self.fs):
+            self.fs.rm(paths)
+            return
+        for path in paths:
+            if self.fs.isfile(path):
+                self.fs.rm_file(path)
 
     def files_under(self, name: str, findings: list[str]) -> list[str]:
         """The files under ``name`` (relative to :attr:`base`; ``""``: all). On a local filesystem a link
@@ -168,9 +205,27 @@ class Location:
         full = self.path(relative)
         return StateHandle(relative, int(self.fs.size(full)), file_checksum(self.fs, full), key_groups)
 
+    def read_verified(self, handle: StateHandle, deep: bool = True) -> bytes:
+        """The bytes of ``handle``'s file, read once; :class:`CheckpointStorageError` naming the file if it is
+        missing or altered (its size; with ``deep`` also its SHA-256)."""
+        try:
+            data = read_object(self.fs, self.path(handle.path))
+        except FileNotFoundError:
+            raise CheckpointStorageError(f"state file missing: {self.url(handle.path)}") from None
+        if len(data) != handle.size:
+            raise CheckpointStorageError(
+                f"state file corrupt: {self.url(handle.path)} has {len(data)} bytes, expected {handle.size}"
+            )
+        if deep and "sha256:" + hashlib.sha256(data).hexdigest() != handle.checksum:
+            raise CheckpointStorageError(f"state file corrupt: checksum mismatch for {self.url(handle.path)}")
+        return data
+
     def verify(self, handle: StateHandle, deep: bool = True) -> None:
         """Raise :class:`CheckpointStorageError` naming the file if it is missing or altered
-        (its size; with ``deep`` also its SHA-256)."""
+        (its size; with ``deep`` also its SHA-256: the file is read once)."""
+        if deep:
+            self.read_verified(handle)
+            return
         full = self.path(handle.path)
         try:
             info = self.fs.info(full)  # one request on an object store
@@ -183,8 +238,6 @@ class Location:
             raise CheckpointStorageError(
                 f"state file corrupt: {self.url(handle.path)} has {size} bytes, expected {handle.size}"
             )
-        if deep and file_checksum(self.fs, full) != handle.checksum:
-            raise CheckpointStorageError(f"state file corrupt: checksum mismatch for {self.url(handle.path)}")
 
     def load_snapshot(self) -> CompletedCheckpoint:
         """The checkpoint or savepoint whose ``_metadata`` lies in this directory."""

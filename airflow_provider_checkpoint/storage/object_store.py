@@ -177,6 +177,14 @@ def is_s3(fs: AbstractFileSystem) -> bool:
     return bool(S3_PROTOCOLS & set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)))
 
 
+def read_object(fs: AbstractFileSystem, path: str) -> bytes:
+    """The whole file ``path``: one GET on S3 (s3fs's ``cat_file`` asks for the size first, and lists
+    the parent when the file is missing); :class:`FileNotFoundError` when it does not exist."""
+    if is_s3(fs):
+        return bytes(fs.cat_file(path, max_concurrency=1))
+    return bytes(fs.cat_file(path))
+
+
 def file_exists(fs: AbstractFileSystem, path: str) -> bool:
     """Whether the file ``path`` exists: one HEAD on S3, where ``fs.exists`` lists as well to find a directory."""
     if not is_s3(fs):
@@ -195,19 +203,31 @@ def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
     Stores backed by a file tree (SeaweedFS) keep a directory after its objects are gone,
     and listings would still show it: the ``<dir>/`` keys under ``path`` and of its
     ancestors below ``owner`` are deleted too, deepest first. Such a store keeps a
-    directory that is not empty; S3 ignores keys that do not exist. One listing, then
-    bulk DELETEs of at most 1000 keys.
+    directory that is not empty; S3 ignores keys that do not exist. One listing, then (if it
+    found anything) bulk DELETEs of at most 1000 keys.
     """
     found = fs.find(path, withdirs=True, detail=True)
+    if not found:
+        return
+    parents = []
+    parent = posixpath.dirname(path)
+    while parent.startswith(owner.rstrip("/") + "/"):
+        parents.append(parent)
+        parent = posixpath.dirname(parent)
+    delete_listed(fs, found, parents)
+
+
+def delete_listed(fs: AbstractFileSystem, found: dict[str, Any], parents: list[str] | None = None) -> None:
+    """Delete on S3 the files and directory markers of ``found`` (a ``find(detail=True, withdirs=True)``
+    answer or part of one), then the markers ``parents`` (deepest first): bulk DELETEs of at most 1000 keys."""
     files = [p for p, info in found.items() if info["type"] != "directory"]
     if files:
         fs.rm(files)
     markers = sorted((p for p, info in found.items() if info["type"] == "directory"), key=lambda p: -p.count("/"))
-    parent = posixpath.dirname(path)
-    while parent.startswith(owner.rstrip("/") + "/"):
-        markers.append(parent)
-        parent = posixpath.dirname(parent)
-    bucket = path.split("/", 1)[0]
+    markers += parents or []
+    if not markers:
+        return
+    bucket = markers[0].split("/", 1)[0]
     for start in range(0, len(markers), 1000):
         keys = [{"Key": p.split("/", 1)[1] + "/"} for p in markers[start : start + 1000]]
         fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})

@@ -29,9 +29,10 @@ class StatsStore:
         Stats are informational: an unreadable file is skipped, never trusted.
         """
         name = self.storage.stats_path(checkpoint_id)
+        data = self.storage.read_if_present(name)
         try:
-            stats = load_json(self.storage.fs.cat_file(self.storage.path(name)), self.storage.url(name))
-        except (FileNotFoundError, DocumentError):
+            stats = None if data is None else load_json(data, self.storage.url(name))
+        except DocumentError:
             return None
         return stats if isinstance(stats, dict) and stats.get("checkpoint_id") == checkpoint_id else None
 

@@ -194,9 +194,14 @@ class FileSource(Source):
     def listing(self, partition_floor: datetime | None = None) -> Listing:
         """Visible files now present (partitions before ``partition_floor`` not listed)."""
         fs, root = self.filesystem()
-        if not fs.exists(root):
-            raise FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
-        return list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
+        missing = FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
+        try:
+            listing = list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
+        except FileNotFoundError as e:
+            raise missing from e
+        if not listing.files and not listing.partitions and not fs.exists(root):  # asked only when it matters
+            raise missing
+        return listing
 
     def list_files(self, partition_floor: datetime | None = None) -> dict[str, int]:
         """Visible files now present, relative name → size."""
