@@ -72,6 +72,16 @@ def inline_parquet(state: OperatorSnapshot, uid: str) -> bytes:
     return data
 
 
+def _ancestors(path: str, base: str) -> list[str]:
+    """The directories of ``path`` below ``base``."""
+    out = []
+    parent = posixpath.dirname(path)
+    while parent.startswith(base.rstrip("/") + "/"):
+        out.append(parent)
+        parent = posixpath.dirname(parent)
+    return out
+
+
 @dataclass(frozen=True)
 class Location:
     """A directory on an fsspec filesystem; paths given to it are relative to ``base``."""
@@ -170,12 +180,14 @@ class Location:
                 self.fs.rm(path, recursive=True)
 
     def delete_files(self, relatives: Iterable[str]) -> None:
-        """Delete the files ``relatives`` that exist (not directories): one bulk request per 1,000 on S3."""
+        """Delete the files ``relatives`` that exist (not directories): on S3 one bulk request per 1,000, then one
+        for the directories they leave empty (a store with directories keeps them, and listings show them)."""
         paths = [self.path(rel) for rel in sorted(set(relatives))]
         if not paths:
             return
         if is_s3(self.fs):
-            self.fs.rm(paths)
+            ancestors = {a for p in paths for a in _ancestors(p, self.base)}  # stores with directories keep them
+            delete_listed(self.fs, {p: {"type": "file"} for p in paths}, sorted(ancestors, key=lambda a: -a.count("/")))
             return
         for path in paths:
             if self.fs.isfile(path):
