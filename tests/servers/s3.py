@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -228,8 +228,17 @@ class ThrottlingProxy:
         self._http.server_close()
 
 
-_ACCESS = re.compile(r' stats\.go:\d+ "[^"]*" (\w+) "([^"]*)" (\d+) ')
-"""One request in the server's log at ``-v=2``: identity, method, path (no query), status."""
+_ACCESS = re.compile(r'^\w(\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) +stats\.go:\d+ "[^"]*" (\w+) "([^"]*)" (\d+) ', re.M)
+"""One request in the server's log at ``-v=2``: month, day, time (local), identity, method, path (no query),
+status."""
+
+
+class Request(NamedTuple):
+    time: float
+    """When the server answered (seconds since the epoch)."""
+    kind: str
+    path: str
+    status: int
 
 
 class AccessLog:
@@ -242,20 +251,24 @@ class AccessLog:
         self._path = directory / "weed.log"
         self._offset = self._path.stat().st_size
 
-    def since(self) -> list[tuple[str, str, int]]:
-        """(kind, path, status) of each request answered since the last call, ``kind`` as
-        :func:`request_kind`; a GET of the bucket itself is a listing, a POST to it a bulk delete."""
+    def since(self) -> list[Request]:
+        """Each request answered since the last call, ``kind`` as :func:`request_kind`: a GET of the
+        bucket itself is a listing, a POST to it a bulk delete."""
         with open(self._path, "rb") as f:
             f.seek(self._offset)
             text = f.read()
         end = text.rfind(b"\n") + 1  # a line still being written is read next time
         self._offset += end
         out = []
+        year = time.localtime().tm_year
         for match in _ACCESS.finditer(text[:end].decode(errors="replace")):
-            method, path, status = match.group(1), match.group(2), int(match.group(3))
+            month, day, hour, minute = (int(g) for g in match.group(1, 2, 3, 4))
+            seconds = float(match.group(5))
+            when = time.mktime((year, month, day, hour, minute, int(seconds), 0, 0, -1)) + seconds % 1
+            method, path, status = match.group(6), match.group(7), int(match.group(8))
             bucket_only = path.strip("/").count("/") == 0
             kind = ("LIST" if method == "GET" else "DELETE" if method == "POST" else method) if bucket_only else method
-            out.append((kind, path, status))
+            out.append(Request(when, kind, path, status))
         return out
 
 
