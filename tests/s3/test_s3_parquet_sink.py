@@ -4,9 +4,6 @@ requests they take (issue #35: a few per checkpoint, no HEAD of what a listing o
 from __future__ import annotations
 
 import uuid
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -15,25 +12,8 @@ from airflow_provider_checkpoint.connectors.base import table_files
 from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
-from tests.s3.s3_job import s3fs_of
+from tests.s3.s3_job import counted_requests, s3fs_of
 from tests.servers.s3 import S3Server
-
-
-@contextmanager
-def requests(sink: ParquetTableSink) -> Iterator[Counter[str]]:
-    """The S3 API calls the sink's own client makes (botocore's event hooks)."""
-    fs = sink.table().fs
-    fs.connect()
-    counts: Counter[str] = Counter()
-
-    def count(model: Any, **_: Any) -> None:
-        counts[model.name] += 1
-
-    fs.s3.meta.events.register("before-call.s3", count)
-    try:
-        yield counts
-    finally:
-        fs.s3.meta.events.unregister("before-call.s3", count)
 
 
 @pytest.fixture
@@ -73,7 +53,7 @@ def target(checkpoint_id: int, n: int) -> str:
 
 def test_commit_publishes_in_one_copy_per_file_and_cleans_up(s3_server: S3Server, sink: ParquetTableSink) -> None:
     committables = stage(sink, 3, {target(3, 0): b"zero", target(3, 1): b"one"})
-    with requests(sink) as counts:
+    with counted_requests(sink.table()) as counts:
         sink.commit(3, committables)
         assert sink.commit_record(3)["t"]["commit_time"] is not None
     assert visible(sink) == {target(3, 0): b"zero", target(3, 1): b"one"}
@@ -107,7 +87,7 @@ def test_a_commit_stopped_half_way_completes_on_retry(
 def test_abort_deletes_that_checkpoints_staging_only(s3_server: S3Server, sink: ParquetTableSink) -> None:
     stage(sink, 5, {target(5, 0): b"five"})
     stage(sink, 6, {target(6, 0): b"six"})
-    with requests(sink) as counts:
+    with counted_requests(sink.table()) as counts:
         sink.abort(5)
         sink.abort(5)
     assert leftovers(s3_server, sink, "_staging/chk-5") == []
