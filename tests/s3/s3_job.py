@@ -17,6 +17,7 @@ import pyarrow.dataset as ds
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan
 from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.testing.clickstream import TABLES, expected_tables, land_events, normalized
 from tests.servers.s3 import S3Server
 from tests.unit.helpers import Env, make_ack, state_rel
@@ -37,8 +38,9 @@ def s3_ack(env: Env, storage: JobStorage, plan: CheckpointPlan) -> Ack:
 
 
 @contextmanager
-def counted_requests(storage: JobStorage) -> Iterator[Counter[str]]:
-    """Count the S3 API calls ``storage``'s real client makes (botocore's own event hooks)."""
+def counted_requests(storage: Location) -> Iterator[Counter[str]]:
+    """Count the S3 API calls ``storage``'s real client makes (botocore's own event hooks): a job's
+    storage, or a sink's table directory (``sink.table()``, the same client as the sink's)."""
     storage.fs.connect()
     events = storage.fs.s3.meta.events
     counts: Counter[str] = Counter()

@@ -177,6 +177,29 @@ def test_upsert_with_a_new_column_falls_back_to_spark_and_keeps_old_rows(spark, 
     pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
 
 
+def test_upsert_falls_back_to_spark_after_merging_some_buckets_in_the_driver(spark, tmp_path):
+    """Bucket 0, rewritten since a column was added, merges in the driver; the next bucket's older file
+    sends the whole upsert to Spark: what the driver staged is dropped, no row is counted twice."""
+    from pyspark.sql import functions as F
+
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    table = tmp_path / "table"
+    sink = ParquetTableSink("t", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "upsert", ["k"], 4)
+    v1 = pd.DataFrame({"k": [f"k{i}" for i in range(40)], "v": range(40)})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(v1)))
+    buckets = spark.createDataFrame(v1).select("k", F.pmod(F.xxhash64("k"), F.lit(4)).alias("b")).toPandas()
+    v2 = pd.DataFrame({"k": buckets.k[buckets.b == 0], "v": -1, "w": "new"})  # bucket 0 gets the column (Spark)
+    sink.commit(2, sink.stage(step_context(spark, storage, 2), spark.createDataFrame(v2)))
+    v3 = v1.assign(v=v1.v + 1000, w="again")
+    ctx = step_context(spark, storage, 3)
+    sink.commit(3, sink.stage(ctx, spark.createDataFrame(v3)))
+    assert ctx.metrics["sink_rows"] == 40
+    assert sorted(p.name for p in table.glob("part-*")) == [f"part-b{b:05d}.parquet" for b in range(4)]
+    got = spark.read.option("mergeSchema", "true").parquet(str(table)).toPandas()
+    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(v3, ["k"]), check_dtype=False)
+    assert not (table / "_staging" / "chk-3").exists()
+
+
 def test_append_sink_abort_discards_and_commit_once(spark, tmp_path):
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     table = tmp_path / "events"

@@ -26,6 +26,22 @@ def upsert_truth(old: pd.DataFrame, changed: pd.DataFrame, keys: list[str]) -> p
     return pd.concat([kept, changed], ignore_index=True)
 
 
+def merge(old: Path | None, changed: pa.Table, keys: list[str], out: Path) -> int:
+    """:func:`bucket_merge.merge_bucket` of the file ``old`` (if any); the rows it wrote (its size checked)."""
+    if old is None:
+        rows, size = bucket_merge.merge_bucket(FS, None, changed, keys, str(out))
+    else:
+        with bucket_merge.open_parquet(FS, str(old), old.stat().st_size) as reader:
+            rows, size = bucket_merge.merge_bucket(FS, reader, changed, keys, str(out))
+    assert size == out.stat().st_size
+    return rows
+
+
+def schema_of(path: Path) -> pa.Schema:
+    with bucket_merge.open_parquet(FS, str(path), path.stat().st_size) as reader:
+        return reader.schema_arrow
+
+
 def canonical(table: pa.Table) -> list[tuple[object, ...]]:
     return sorted((tuple(row.values()) for row in table.select(["k", "j", "v"]).to_pylist()), key=repr)
 
@@ -47,9 +63,7 @@ def test_merge_equals_pandas_upsert_with_null_keys_and_many_batches(
     pq.write_table(pa.Table.from_pandas(old, preserve_index=False), tmp_path / "old.parquet")
 
     changed_table = pa.Table.from_pandas(changed, preserve_index=False)
-    rows = bucket_merge.merge_bucket(
-        FS, str(tmp_path / "old.parquet"), changed_table, keys, str(tmp_path / "out.parquet")
-    )
+    rows = merge(tmp_path / "old.parquet", changed_table, keys, tmp_path / "out.parquet")
 
     truth = upsert_truth(old, changed, keys)
     assert rows == len(truth)
@@ -62,7 +76,7 @@ def test_new_bucket_holds_the_changed_rows_all_nullable(tmp_path: Path) -> None:
         {"k": pa.array(["a", "b"]), "n": pa.array([1, 2])},
         schema=pa.schema([("k", pa.string()), pa.field("n", pa.int64(), nullable=False)]),
     )
-    assert bucket_merge.merge_bucket(FS, None, changed, ["k"], str(tmp_path / "out.parquet")) == 2
+    assert merge(None, changed, ["k"], tmp_path / "out.parquet") == 2
     written = pq.read_table(tmp_path / "out.parquet")
     assert written.to_pydict() == {"k": ["a", "b"], "n": [1, 2]}
     assert all(f.nullable for f in written.schema)
@@ -75,9 +89,9 @@ def test_old_rows_are_cast_to_the_changed_rows_representation(tmp_path: Path) ->
     )
     pq.write_table(old, tmp_path / "old.parquet", use_deprecated_int96_timestamps=True)
     changed = pa.table({"k": pa.array(["b"]), "t": pa.array([5_000_000], pa.timestamp("us", tz="UTC"))})
-    assert bucket_merge.mergeable(FS, [str(tmp_path / "old.parquet")], changed.schema, ["k"])
+    assert bucket_merge.mergeable(schema_of(tmp_path / "old.parquet"), changed.schema)
 
-    bucket_merge.merge_bucket(FS, str(tmp_path / "old.parquet"), changed, ["k"], str(tmp_path / "out.parquet"))
+    merge(tmp_path / "old.parquet", changed, ["k"], tmp_path / "out.parquet")
 
     written = pq.read_table(tmp_path / "out.parquet")
     assert written.schema.field("t").type == pa.timestamp("us", tz="UTC")
@@ -95,9 +109,9 @@ def test_old_rows_are_cast_to_the_changed_rows_representation(tmp_path: Path) ->
 def test_files_with_other_columns_are_left_to_spark(tmp_path: Path, old_columns: dict[str, pa.Array]) -> None:
     pq.write_table(pa.table(old_columns), tmp_path / "old.parquet")
     changed = pa.table({"k": pa.array(["a"]), "v": pa.array([1])}).schema
-    assert not bucket_merge.mergeable(FS, [str(tmp_path / "old.parquet")], changed, ["k"])
+    assert not bucket_merge.mergeable(schema_of(tmp_path / "old.parquet"), changed)
 
 
 def test_keys_of_nested_types_are_left_to_spark() -> None:
     changed = pa.schema([("k", pa.list_(pa.int64())), ("v", pa.int64())])
-    assert not bucket_merge.mergeable(FS, [], changed, ["k"])
+    assert not bucket_merge.keys_mergeable(changed, ["k"])

@@ -3,14 +3,15 @@
 The upsert sink merges small changes this way in the driver instead of shuffling the
 table through Spark: per bucket, the old file is read batch by batch, every row whose key
 changed is dropped, and the changed rows are appended — memory is the changed rows plus
-one batch, whatever the bucket's size. Keys compare null-safely (a null key is a key like
-any other), as in the state merge.
+one batch, and the old file's bytes if it has at most :data:`WHOLE_FILE_BYTES` (read in one
+request, :func:`open_parquet`). Keys compare null-safely (a null key is a key like any other),
+as in the state merge.
 
 The written file has the changed rows' Arrow schema (from Spark's ``toArrow``) with every
-column nullable, as Spark writes Parquet; old rows are cast to it. Files whose columns
-differ in more than representation (string vs large string, timestamp unit or zone —
-Spark's INT96 timestamps are UTC instants) are not merged here: :func:`mergeable` says so
-first and the sink falls back to Spark.
+column nullable, as Spark writes Parquet; old rows are cast to it. Keys of a type compared
+here (:func:`keys_mergeable`) and files whose columns differ in no more than representation
+(string vs large string, timestamp unit or zone — Spark's INT96 timestamps are UTC instants;
+:func:`mergeable`) are merged here; otherwise the sink falls back to Spark.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.connectors.base.table_files import read_whole
+
 if TYPE_CHECKING:
     import fsspec
     import numpy as np
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     import pyarrow.parquet as pq
 
 BATCH_ROWS = 65_536
+WHOLE_FILE_BYTES = 32 * 1024**2
+"""An old bucket file up to this size is read in one request (:func:`open_parquet`)."""
 
 
 def _family(t: pa.DataType) -> object:
@@ -63,57 +68,70 @@ def target_schema(changed: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in changed])
 
 
-def mergeable(fs: fsspec.AbstractFileSystem, old_files: Sequence[str], changed: pa.Schema, keys: Sequence[str]) -> bool:
-    """Whether every file in ``old_files`` can be merged with rows of schema ``changed`` here."""
-    import pyarrow.parquet as pq
+def keys_mergeable(changed: pa.Schema, keys: Sequence[str]) -> bool:
+    """Whether the keys of rows of schema ``changed`` compare here (not nested types)."""
+    return all(_key_type_supported(changed.field(k).type) for k in keys)
 
-    if not all(_key_type_supported(changed.field(k).type) for k in keys):
-        return False
-    want = {f.name: _family(f.type) for f in changed}
-    for path in old_files:
-        with fs.open(path, "rb") as f:
-            have = pq.read_schema(f)
-        if {f.name: _family(f.type) for f in have} != want:
-            return False
-    return True
+
+def mergeable(old: pa.Schema, changed: pa.Schema) -> bool:
+    """Whether a file of schema ``old`` merges here with rows of schema ``changed``."""
+    return {f.name: _family(f.type) for f in old} == {f.name: _family(f.type) for f in changed}
 
 
 @contextmanager
-def table_writer(fs: fsspec.AbstractFileSystem, out: str, schema: pa.Schema) -> Iterator[pq.ParquetWriter]:
-    """A Parquet writer of ``out`` as the sinks write table files on the driver (zstd), closed on exit."""
+def open_parquet(fs: fsspec.AbstractFileSystem, path: str, size: int) -> Iterator[pq.ParquetFile]:
+    """The Parquet file ``path`` of ``size`` bytes (its size as listed): read whole in one request (no
+    HEAD first) if it has at most :data:`WHOLE_FILE_BYTES`, else streamed as its batches are read."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with fs.open(out, "wb") as sink, pq.ParquetWriter(sink, schema, compression="zstd") as writer:
-        yield writer
+    if size <= WHOLE_FILE_BYTES:
+        yield pq.ParquetFile(pa.BufferReader(read_whole(fs, path)), coerce_int96_timestamp_unit="us")
+        return
+    with fs.open(path, "rb") as source:
+        yield pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
+
+
+@contextmanager
+def table_writer(
+    fs: fsspec.AbstractFileSystem, out: str, schema: pa.Schema, written: list[int] | None = None
+) -> Iterator[pq.ParquetWriter]:
+    """A Parquet writer of ``out`` as the sinks write table files on the driver (zstd), closed on exit;
+    ``written``: the size of the complete file is appended to it."""
+    import pyarrow.parquet as pq
+
+    with fs.open(out, "wb") as sink:
+        with pq.ParquetWriter(sink, schema, compression="zstd") as writer:
+            yield writer
+        if written is not None:
+            written.append(sink.tell())
 
 
 def merge_bucket(
-    fs: fsspec.AbstractFileSystem, old: str | None, changed: pa.Table, keys: Sequence[str], out: str
-) -> int:
-    """Write ``out``: the rows of ``old`` whose key is not in ``changed``, then ``changed``; the row count.
+    fs: fsspec.AbstractFileSystem, old: pq.ParquetFile | None, changed: pa.Table, keys: Sequence[str], out: str
+) -> tuple[int, int]:
+    """Write ``out``: the rows of ``old`` whose key is not in ``changed``, then ``changed``;
+    ``(rows, bytes)`` written.
 
     ``changed`` holds each key at most once (the upsert's input); ``old`` each key at most once.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     schema = target_schema(changed.schema)
     changed = changed.select(schema.names).cast(schema)
-    rows = 0
-    with table_writer(fs, out, schema) as writer:
+    rows, size = 0, list[int]()
+    with table_writer(fs, out, schema, size) as writer:
         if old is not None:
             drop = KeySet(changed, keys)
-            with fs.open(old, "rb") as source:
-                reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
-                for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=schema.names):
-                    kept = drop.kept(pa.Table.from_batches([batch]).select(schema.names).cast(schema))
-                    if kept.num_rows:
-                        writer.write_table(kept)
-                        rows += kept.num_rows
+            for batch in old.iter_batches(batch_size=BATCH_ROWS, columns=schema.names):
+                kept = drop.kept(pa.Table.from_batches([batch]).select(schema.names).cast(schema))
+                if kept.num_rows:
+                    writer.write_table(kept)
+                    rows += kept.num_rows
         if changed.num_rows:
             writer.write_table(changed)
             rows += changed.num_rows
-    return rows
+    return rows, size[0]
 
 
 class KeySet:

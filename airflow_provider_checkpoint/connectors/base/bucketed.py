@@ -6,19 +6,23 @@ changed rows: a key is in the table exactly once (a null key too), and the cost 
 the changed keys' buckets, not the table.
 
 Small upserts (at most ``driver_merge_rows`` changed rows) are merged in the driver with
-pyarrow (:mod:`.bucket_merge`, no Spark shuffle; memory: the changed rows plus one batch);
-larger ones, or ``0``, by Spark, one shuffle of the old and changed rows.
+pyarrow (:mod:`.bucket_merge`, no Spark shuffle; memory: the changed rows plus one batch and
+one small old file); larger ones, or ``0``, by Spark, one shuffle of the old and changed rows.
+Either way each affected bucket's old file is read once, without a HEAD (its size comes from
+the caller's listing), and the staged files' sizes are known from writing them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.fileio.scans import read_parquet
 from airflow_provider_checkpoint.fileio.writes import write_parquet
+from airflow_provider_checkpoint.storage.object_store import is_s3
 
 if TYPE_CHECKING:
     import fsspec
@@ -35,13 +39,24 @@ DRIVER_MERGE_ROWS = 250_000
 Staged = tuple[int, str, int | None]
 """``(bucket, staged file, rows)``: ``rows`` is known when the driver merged the bucket, else ``None``."""
 
-ExistingBuckets = Callable[[list[int]], dict[int, str]]
-"""The committed file (a path on the table's filesystem) of each of the given buckets that has one."""
+
+class StagedBucket(NamedTuple):
+    """A bucket's staged file: its ``path``, ``rows`` (known when the driver merged it, else ``None``)
+    and ``size`` in bytes."""
+
+    bucket: int
+    path: str
+    rows: int | None
+    size: int
+
+
+ExistingBuckets = Callable[[list[int]], dict[int, tuple[str, int]]]
+"""The committed file of each of the given buckets that has one: ``(path on the table's filesystem, size)``."""
 
 
 @dataclass(frozen=True)
 class BucketedUpsert:
-    """The upsert writer of a bucketed table; :meth:`write` returns a :data:`Staged` per affected bucket."""
+    """The upsert writer of a bucketed table; :meth:`stage` returns a :class:`StagedBucket` per affected bucket."""
 
     uid: str
     keys: list[str]
@@ -61,6 +76,17 @@ class BucketedUpsert:
         staging: str,
         existing: ExistingBuckets,
     ) -> list[Staged]:
+        """:meth:`stage`, each staged file as :data:`Staged`."""
+        return [(s.bucket, s.path, s.rows) for s in self.stage(ctx, rows, fs, staging, existing)]
+
+    def stage(
+        self,
+        ctx: StepContext,
+        rows: UpsertRows,
+        fs: fsspec.AbstractFileSystem,
+        staging: str,
+        existing: ExistingBuckets,
+    ) -> list[StagedBucket]:
         """Merge ``rows`` (the changed rows) into the affected buckets, staged under ``staging``."""
         small = rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
         if small is not None:
@@ -76,26 +102,32 @@ class BucketedUpsert:
         fs: fsspec.AbstractFileSystem,
         staging: str,
         existing: ExistingBuckets,
-    ) -> list[Staged] | None:
-        """Each affected bucket merged with pyarrow; ``None`` if a file's columns differ."""
+    ) -> list[StagedBucket] | None:
+        """Each affected bucket merged with pyarrow; ``None`` (nothing left staged) if the keys' types or
+        an old file's columns differ (:func:`.bucket_merge.mergeable`, checked as each file is read)."""
         import numpy as np
 
         from airflow_provider_checkpoint.connectors.base import bucket_merge
 
-        rows = changed.num_rows
+        if not bucket_merge.keys_mergeable(changed.schema, self.keys):
+            return None
         changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
         affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
         changed = changed.drop_columns([_BUCKET])
         old = existing(affected.tolist())
-        if not bucket_merge.mergeable(fs, list(old.values()), changed.schema, self.keys):
-            return None
-        ctx.add_metric("sink_rows", rows)
-        fs.makedirs(staging, exist_ok=True)
-        staged: list[Staged] = []
+        if not is_s3(fs):  # object stores have no directories to make
+            fs.makedirs(staging, exist_ok=True)
+        staged: list[StagedBucket] = []
         for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
             out = f"{staging}/{bucket_file(b)}"
-            rows = bucket_merge.merge_bucket(fs, old.get(b), changed.slice(start, count), self.keys, out)
-            staged.append((b, out, rows))
+            with bucket_merge.open_parquet(fs, *old[b]) if b in old else nullcontext() as reader:
+                if reader is not None and not bucket_merge.mergeable(reader.schema_arrow, changed.schema):
+                    if fs.exists(staging):  # Spark writes a new directory
+                        fs.rm(staging, recursive=True)
+                    return None
+                merged, size = bucket_merge.merge_bucket(fs, reader, changed.slice(start, count), self.keys, out)
+            staged.append(StagedBucket(b, out, merged, size))
+        ctx.add_metric("sink_rows", changed.num_rows)
         return staged
 
     def _merge_in_spark(
@@ -105,7 +137,7 @@ class BucketedUpsert:
         fs: fsspec.AbstractFileSystem,
         staging: str,
         existing: ExistingBuckets,
-    ) -> list[Staged]:
+    ) -> list[StagedBucket]:
         """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
         from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 
@@ -116,7 +148,7 @@ class BucketedUpsert:
         if not affected:
             changed.unpersist()
             return []
-        old_files = list(existing(affected).values())
+        old_files = [path for path, _ in existing(affected).values()]
         merged = changed
         if old_files:
             old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
@@ -125,12 +157,12 @@ class BucketedUpsert:
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
         changed.unpersist()
-        staged: list[Staged] = []
+        staged: list[StagedBucket] = []
         for b in affected:
-            files = [f.path for f in written if f.partition == (str(b),)]
+            files = [f for f in written if f.partition == (str(b),)]
             if len(files) != 1:
                 raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
-            staged.append((b, files[0], None))
+            staged.append(StagedBucket(b, files[0].path, None, files[0].size))
         return staged
 
     def bucket_of(self) -> Column:

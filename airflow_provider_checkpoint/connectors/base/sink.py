@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from airflow_provider_checkpoint.connectors.base.table_files import Listing, delete_tree, list_tree, read_document
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -226,10 +227,12 @@ class TableDirectorySink(TransactionalSink):
         return _url(kind.protocol, (posixpath.abspath(path) if protocol in _LOCAL else path).rstrip("/"))
 
     def load_claim(self) -> JsonDict | None:
+        """The stored claim, ``None`` if the table has none: one GET on S3."""
         table = self.table()
-        if not table.exists(CLAIM_FILE):
+        data = read_document(table.fs, table.path(CLAIM_FILE))
+        if data is None:
             return None
-        claim: JsonDict = load_json(table.read_bytes(CLAIM_FILE), table.url(CLAIM_FILE))
+        claim: JsonDict = load_json(data, table.url(CLAIM_FILE))
         return claim
 
     def store_claim(self, claim: JsonDict) -> None:
@@ -240,15 +243,20 @@ class TableDirectorySink(TransactionalSink):
         return f"_staging/chk-{checkpoint_id}"
 
     def attempt_staging(self, ctx: StepContext) -> str:
-        """The attempt's empty staging directory (a path on the table's filesystem)."""
-        staging = self.table().path(f"_staging/{self.staging_name(ctx)}")
-        fs = self.table().fs
-        if fs.exists(staging):
-            fs.rm(staging, recursive=True)
-        return staging
+        """The attempt's empty staging directory (a path on the table's filesystem): what an earlier
+        run of the same attempt left there is deleted (one LIST on S3 when nothing is)."""
+        return self.clear(f"_staging/{self.staging_name(ctx)}")
+
+    def clear(self, relative: str, listing: Listing | None = None) -> str:
+        """Delete the directory ``relative`` (its files listed once unless ``listing`` holds them, then
+        one bulk DELETE on S3, none if it is empty); its path on the table's filesystem."""
+        table = self.table()
+        path = table.path(relative)
+        delete_tree(table.fs, path, list_tree(table.fs, path) if listing is None else listing, table.base)
+        return path
 
     def abort(self, checkpoint_id: int) -> None:
-        self.table().delete(self.staging_dir(checkpoint_id))
+        self.clear(self.staging_dir(checkpoint_id))
 
     @contextmanager
     def storage_errors(self) -> Iterator[None]:

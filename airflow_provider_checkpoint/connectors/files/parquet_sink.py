@@ -6,12 +6,21 @@ Table layout::
     <table>/_staging/chk-<id>/…     staged by steps; hidden from readers (leading ``_``)
     <table>/_commits/<id>.json      commit log: checkpoint <id> is committed
 
-Staged files become visible by renaming each into place; a rename replaces a file
-atomically, so a reader sees each file either whole or not at all, and never staged
-data. Commit is idempotent: a logged checkpoint is skipped, a file already moved is not
-moved again. Every path the sink reads, moves, creates or deletes goes through the
+Staged files become visible by publishing each into place (:func:`~.base.table_files.publish`):
+a rename locally, one server-side copy on an object store; either replaces a file
+atomically, so a reader (pyarrow, DuckDB, Spark) sees each file either whole or not at all,
+and never staged data. Commit is idempotent: a logged checkpoint is skipped, and a commit
+that stopped half-way publishes again what is still staged (a file already renamed is not
+moved again). Every path the sink reads, moves, creates or deletes goes through the
 table's :class:`~airflow_provider_checkpoint.storage.Location`: a symlink in the table
 (``_staging``, ``_commits``, ``_rolled_back``, a part file) that leads out of it is refused.
+
+Requests on S3 per checkpoint (a commit of ``n`` files, an upsert touching ``b`` buckets):
+the step reads the claim (one GET), lists its staging directory and the bucket files (a
+LIST each), reads each affected bucket once (one GET up to 32 MiB) and writes it (one PUT);
+the commit checks the log (one HEAD), lists the staging directory (one LIST), copies each
+file (``n`` copies), writes the log (one PUT) and deletes the staging directory (one bulk
+DELETE). No HEAD of a file whose size a listing or the writer already gave.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from airflow_provider_checkpoint.connectors.base.bucketed import (
     check_buckets,
 )
 from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_mode
+from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish, read_document
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -127,6 +137,8 @@ class ParquetTableSink(TableDirectorySink):
         self.buckets = buckets
         self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
         check_buckets(uid, buckets, driver_merge_rows)
+        self._logged: dict[int, JsonDict] = {}
+        """The commit logs this process wrote, by checkpoint id (a commit's record needs no read back)."""
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
@@ -153,9 +165,9 @@ class ParquetTableSink(TableDirectorySink):
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
         fs, root = self._fs()
-        staged = self.upsert.write(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
-        ctx.add_metric("sink_bytes_staged", sum(int(fs.size(path)) for _, path, _ in staged))
-        return self._committables(ctx, [[path[len(root) + 1 :], bucket_file(b)] for b, path, _ in staged])
+        staged = self.upsert.stage(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
+        ctx.add_metric("sink_bytes_staged", sum(s.size for s in staged))
+        return self._committables(ctx, [[s.path[len(root) + 1 :], bucket_file(s.bucket)] for s in staged])
 
     @staticmethod
     def _committables(ctx: StepContext, moves: list[list[str]]) -> list[JsonDict]:
@@ -175,24 +187,32 @@ class ParquetTableSink(TableDirectorySink):
                 moves.append([file.path[len(root) + 1 :], target])
         return moves
 
-    def _existing_buckets(self, buckets: list[int]) -> dict[int, str]:
-        """The committed files of ``buckets`` that exist (refused if one resolves outside the table)."""
+    def _existing_buckets(self, buckets: list[int]) -> dict[int, tuple[str, int]]:
+        """The committed files of ``buckets`` that exist, with their sizes, from one listing of the
+        table's bucket files (none for no buckets); refused if one resolves outside the table."""
+        if not buckets:
+            return {}
         table = self.table()
+        listed = list_names(table.fs, table.base, "part-b")
         paths = {b: table.path(bucket_file(b)) for b in buckets}
-        return {b: path for b, path in paths.items() if table.fs.exists(path)}
+        return {b: (path, listed[path]) for b, path in paths.items() if path in listed}
 
     # -- phase two: commit or abort (in finalize / recovery) ---------------------------
     def is_committed(self, checkpoint_id: int) -> bool:
-        return self.table().exists(self._commit_log(checkpoint_id))
+        """Whether ``_commits/<id>.json`` exists (one HEAD on S3)."""
+        return self.table().has_file(self._commit_log(checkpoint_id))
 
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[list[str]]:
         return check_table_committables(checkpoint_id, committables, self.mode, document)
 
     def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
-        """Move the staged files into the table, then log the commit.
+        """Publish the staged files into the table, log the commit, then delete the staging directory.
 
         Every move is checked first (shape, and on local filesystems that neither end
-        resolves outside the table), so a forged committable moves nothing.
+        resolves outside the table), so a forged committable moves nothing. Each file comes
+        from the staging directory, else (a checkpoint restored after a rollback parked its
+        output) from ``_rolled_back/chk-<id>/``; one listing of each tells which, and one that
+        is in neither was published by an earlier attempt of this commit.
         """
         table = self.table()
         moves: list[list[str]] = committables
@@ -200,25 +220,37 @@ class ParquetTableSink(TableDirectorySink):
         resolved = [
             (table.path(staged), table.path(f"{parked}/{target}"), table.path(target)) for staged, target in moves
         ]
-        for touched in (self.staging_dir(checkpoint_id), parked, self._commit_log(checkpoint_id)):
-            table.path(touched)  # everything this commit touches is confined before the first move
+        staging = table.path(self.staging_dir(checkpoint_id))
+        table.path(self._commit_log(checkpoint_id))  # everything this commit touches is confined before the first move
+        staged_files = list_tree(table.fs, staging)
+        parked_files = {}
+        if any(staged not in staged_files for staged, _, _ in resolved):
+            parked_files = list_tree(table.fs, table.path(parked))
+        listed = {**staged_files, **parked_files}
         for staged, parked_file, target in resolved:
-            for source in (staged, parked_file):
-                if table.fs.exists(source):
-                    table.fs.mv(source, target)
-                    break
+            source = staged if staged in staged_files else parked_file
+            if source in listed:
+                publish(table.fs, source, listed[source], target)
         log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves], "commit_time": time.time()}
         table.write_atomic(self._commit_log(checkpoint_id), json.dumps(log).encode())
-        self.abort(checkpoint_id)
-        table.delete(parked)
+        self._logged[checkpoint_id] = log
+        self.clear(self.staging_dir(checkpoint_id), staged_files)
+        if parked_files:
+            self.clear(parked, parked_files)
 
     def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
-        """The commit time its commit log ``_commits/<id>.json`` holds (logs written before it had none)."""
-        table = self.table()
-        try:
-            log = load_json(table.read_bytes(self._commit_log(checkpoint_id)), self._commit_log(checkpoint_id))
-        except (OSError, CheckpointStorageError, DocumentError, UnsafePathError):
-            return {}  # informational: a missing or unreadable log records nothing
+        """The commit time its commit log ``_commits/<id>.json`` holds (logs written before it had none):
+        the log this process committed, else one GET."""
+        log = self._logged.get(checkpoint_id)
+        if log is None:
+            table = self.table()
+            try:
+                data = read_document(table.fs, table.path(self._commit_log(checkpoint_id)))
+                log = load_json(data, self._commit_log(checkpoint_id)) if data is not None else None
+            except (OSError, CheckpointStorageError, DocumentError, UnsafePathError):
+                return {}  # informational: an unreadable log records nothing
+            if log is None:
+                return {}
         when = log.get("commit_time") if isinstance(log, dict) else None
         return {self.uid: {"commit_time": when if type(when) is float else None}}
 
@@ -244,6 +276,7 @@ class ParquetTableSink(TableDirectorySink):
                 if table.fs.exists(committed):
                     table.fs.mv(committed, parked_file)
             table.delete(log)
+            self._logged.pop(newer, None)
 
     def _read_commit_log(self, table: Location, log: str) -> tuple[int, list[str]]:
         """A commit log ``_commits/<id>.json``: its checkpoint id and the table files it committed."""
