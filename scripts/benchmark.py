@@ -64,7 +64,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--buckets", type=int, default=16, help="sink-upsert mode's bucket files per table (the Delta sink's default)"
     )
     parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
-    parser.add_argument("--s3-long-run", type=int, default=70, help="state-io mode's checkpoints on S3 (each in a fresh process)")
+    parser.add_argument(
+        "--s3-long-run", type=int, default=70, help="state-io mode's checkpoints on S3 (each in a fresh process)"
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"

@@ -22,6 +22,7 @@ compared with a pandas ground truth.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -71,6 +72,7 @@ def worker(spec: dict[str, Any]) -> None:
     from airflow_provider_checkpoint.testing.inprocess import Job
     from bench.inprocess import start_spark
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the provider's phases
     spark, _ = start_spark()
     out = {}
     for name, root in spec["jobs"]:
@@ -150,12 +152,13 @@ def land(s3: Any, root: str, name: str, data: bytes) -> None:
 def checkpoint_in_fresh_process(
     checkpoint: int, jobs: list[tuple[str, str]], directory: Path, env: dict[str, str]
 ) -> dict[str, Any]:
-    """Run :func:`worker` in a new Python process; its timings per job."""
+    """Run :func:`worker` in a new Python process; its timings per job (its log: ``checkpoint-NNN.log``)."""
     spec = {"checkpoint": checkpoint, "jobs": jobs, "tmp": str(directory / "tmp")}
     code = "import json, sys; from bench.objectstore import worker; worker(json.loads(sys.argv[1]))"
     done = subprocess.run(
         [sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True, text=True, check=False
     )
+    (directory / f"checkpoint-{checkpoint:03d}.log").write_text(done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not lines:
         raise RuntimeError(f"checkpoint {checkpoint} of {jobs} failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -163,7 +166,12 @@ def checkpoint_in_fresh_process(
 
 
 def summary(row: dict[str, Any]) -> str:
-    parts = [f"{name} {row[name]['seconds']:.1f}s" for name in row if "@" in name]
+    parts = [
+        f"{name} {row[name]['seconds']:.1f}s (trigger {row[name]['trigger']:.1f}, steps {row[name]['steps']:.1f}, "
+        f"finalize {row[name]['finalize']:.1f})"
+        for name in row
+        if "@" in name
+    ]
     parts += [f"{name} {sum(counts.values())} ({counts})" for name, counts in row.items() if name.endswith("requests")]
     return ", ".join(parts)
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.connectors.base.table_files import read_whole
+from airflow_provider_checkpoint.storage.object_store import read_object
 
 if TYPE_CHECKING:
     import fsspec
@@ -86,7 +86,7 @@ def open_parquet(fs: fsspec.AbstractFileSystem, path: str, size: int) -> Iterato
     import pyarrow.parquet as pq
 
     if size <= WHOLE_FILE_BYTES:
-        yield pq.ParquetFile(pa.BufferReader(read_whole(fs, path)), coerce_int96_timestamp_unit="us")
+        yield pq.ParquetFile(pa.BufferReader(read_object(fs, path)), coerce_int96_timestamp_unit="us")
         return
     with fs.open(path, "rb") as source:
         yield pq.ParquetFile(source, coerce_int96_timestamp_unit="us")

@@ -6,7 +6,7 @@ and a DELETE. The helpers here cost:
 
 - :func:`list_tree`, :func:`list_names`: one LIST (up to 1000 entries per page), sizes included,
   so what was listed needs no HEAD;
-- :func:`read_document`, :func:`read_whole`: one GET;
+- :func:`read_document`, :func:`~airflow_provider_checkpoint.storage.object_store.read_object`: one GET;
 - :func:`publish`: one server-side copy (``CopyObject``), which replaces the target atomically:
   readers see the old object or the new one, never a part;
 - :func:`delete_tree`: one bulk DELETE of a listed tree and its directory markers.
@@ -21,7 +21,7 @@ import posixpath
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_checkpoint.storage.object_store import is_s3
+from airflow_provider_checkpoint.storage.object_store import is_s3, read_object
 from airflow_provider_checkpoint.storage.paths import is_local
 
 Listing = dict[str, int]
@@ -51,15 +51,10 @@ def list_names(fs: AbstractFileSystem, directory: str, prefix: str) -> Listing:
     }
 
 
-def read_whole(fs: AbstractFileSystem, path: str) -> bytes:
-    """The content of ``path``: one GET on S3 (no HEAD first); ``FileNotFoundError`` if missing."""
-    return bytes(fs.cat_file(path, **({"max_concurrency": 1} if is_s3(fs) else {})))
-
-
 def read_document(fs: AbstractFileSystem, path: str) -> bytes | None:
     """The content of the small document ``path``, ``None`` if it does not exist: one GET on S3."""
     try:
-        return read_whole(fs, path)
+        return read_object(fs, path)
     except FileNotFoundError:
         return None
 
