@@ -37,6 +37,8 @@ DEFAULT_CONF = {
     "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
     # a step caches its input for one step only: building an uncompressed cache is faster
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    # Python workers forked with pyarrow, pandas, fsspec/s3fs and the file engine already imported
+    "spark.python.daemon.module": "airflow_provider_checkpoint.spark.daemon",
 }
 
 DRIVER_JAVA_OPTIONS = (
