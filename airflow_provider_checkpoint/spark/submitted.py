@@ -51,7 +51,13 @@ class StepJob(Protocol):
 DRIVER = Path(__file__).with_name("submit.py")
 CHANNELS_KEY = "_channels"
 """In the plan file handed to the driver: the upstream channels the step reads."""
-_EMBEDDED_ONLY = ("spark.driver.", "spark.ui.showConsoleProgress", "spark.hadoop.parquet.", "spark.sql.inMemory")
+_EMBEDDED_ONLY = (
+    "spark.driver.",
+    "spark.ui.showConsoleProgress",
+    "spark.hadoop.parquet.",
+    "spark.sql.inMemory",
+    "spark.python.daemon.",  # a cluster's executors may lack this package until the step ships it
+)
 SUBMIT_CONF = {key: value for key, value in DEFAULT_CONF.items() if not key.startswith(_EMBEDDED_ONLY)}
 """The defaults of the embedded session that make sense on any cluster (no loopback binding)."""
 
