@@ -25,6 +25,7 @@ import fsspec
 
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta.deletion_vectors import Descriptor
+from airflow_provider_checkpoint.connectors.delta.log_checks import COMMIT, LOG_DIR, newest_checkpoint
 from airflow_provider_checkpoint.core.documents import Fields, load_json, path_problem
 from airflow_provider_checkpoint.exceptions import (
     DeltaSourceError,
@@ -33,9 +34,6 @@ from airflow_provider_checkpoint.exceptions import (
     shorten,
 )
 
-LOG_DIR = "_delta_log"
-_COMMIT = re.compile(r"^(\d{20})\.json$")
-_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _MAX_VERSION = 2**63 - 1
 _GLOB = re.compile(r"[*?\[\]{}]")
@@ -123,7 +121,7 @@ def commit_versions(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
         names = fs.ls(f"{root}/{LOG_DIR}", detail=False)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for m in (_COMMIT.match(n.rsplit("/", 1)[-1]) for n in names) if m)
+    return sorted(int(m.group(1)) for m in (COMMIT.match(n.rsplit("/", 1)[-1]) for n in names) if m)
 
 
 def read_commit(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> Commit:
@@ -300,17 +298,8 @@ def added_in(fs: fsspec.AbstractFileSystem, root: str, table: str, paths: set[st
 def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[int, list[str]] | None:
     """The newest complete classic checkpoint at or before ``end``: its version and part files."""
     names = [n.rsplit("/", 1)[-1] for n in fs.ls(f"{root}/{LOG_DIR}", detail=False)]
-    found: dict[int, dict[int, list[str]]] = {}
-    for name in names:
-        match = _CHECKPOINT.match(name)
-        if match and int(match.group(1)) <= end:
-            parts = int(match.group(3) or 1)
-            found.setdefault(int(match.group(1)), {}).setdefault(parts, []).append(f"{root}/{LOG_DIR}/{name}")
-    for v in sorted(found, reverse=True):
-        for parts, files in found[v].items():
-            if len(files) == parts:
-                return v, sorted(files)
-    return None
+    found = newest_checkpoint(names, end)
+    return (found[0], [f"{root}/{LOG_DIR}/{n}" for n in found[1]]) if found else None
 
 
 def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> list[tuple[str, Any]]:
@@ -326,50 +315,3 @@ def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: 
                 if isinstance(action, dict) and isinstance(action.get(kind), dict):
                     out.append((kind, action[kind]))
     return out
-
-
-MAX_JSON_DEPTH = 64
-"""Deepest nesting a log line, or a JSON string inside one (``stats``, ``schemaString``), may have. A
-Delta log nests a few levels (stats: one per struct level of a column); delta-rs 1.6.6 panics on stats
-nested ~1,000 deep and its process dies (SIGSEGV) at 100,000."""
-_parsed: dict[tuple[str, int | None], None] = {}
-"""Commit files (path, size) already found parseable in this process: each is read once."""
-
-
-def check_log_json(fs: fsspec.AbstractFileSystem, root: str, table: str) -> None:
-    """Refuse (:class:`DocumentError`) a table whose log holds a file delta-rs would parse unsafely: a line
-    that is not JSON or nests deeper than :data:`MAX_JSON_DEPTH`, or holds such a JSON string. Checked
-    before delta-rs opens the table, since it would crash the task's process instead of failing."""
-    try:
-        entries = fs.ls(f"{root}/{LOG_DIR}", detail=True)
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        name = str(entry["name"])
-        key = (name, entry.get("size"))
-        if not name.endswith((".json", "/_last_checkpoint")) or key in _parsed:
-            continue
-        document = f"{table}/{LOG_DIR}/{name.rsplit('/', 1)[-1]}"
-        for number, line in enumerate(fs.cat_file(name).splitlines(), 1):
-            if line.strip():
-                _check_depth(load_json(line, document), document, f"line {number}")
-        if len(_parsed) > 100_000:
-            _parsed.clear()
-        if name.endswith(".json"):  # commits never change; _last_checkpoint is rewritten in place
-            _parsed[key] = None
-
-
-def _check_depth(value: Any, document: str, where: str) -> None:
-    """``value`` (parsed) nests at most :data:`MAX_JSON_DEPTH` deep, and so does every string in it that
-    holds JSON (an object or an array)."""
-    todo: list[tuple[Any, int]] = [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise DocumentError(document, where, f"nests deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, dict):
-            todo += [(v, depth + 1) for v in item.values()]
-        elif isinstance(item, list):
-            todo += [(v, depth + 1) for v in item]
-        elif isinstance(item, str) and item[:1] in ("{", "["):
-            _check_depth(load_json(item, document), document, where)
