@@ -82,7 +82,7 @@ class DeltaTableBase(TableDirectorySink):
         if not opened.has_claim():
             location = self.table()
             try:
-                data = location.fs.cat_file(location.path(CLAIM_FILE))
+                data = location.fs.cat_file(location.path(CLAIM_FILE), start=0)  # one GET: no HEAD first
             except FileNotFoundError:
                 opened.claim = None
             else:
