@@ -28,7 +28,7 @@ def _table(path: Path, commits: int) -> None:
         write_deltalake(str(path), ROWS, mode="append")
 
 
-def _check(path: Path, whole: bool = False) -> int | None:
+def _check(path: Path, whole: bool = False) -> log_checks.LogState | None:
     return log_checks.check_log(fsspec.filesystem("file"), str(path), str(path), whole)
 
 
@@ -41,13 +41,45 @@ def test_a_plain_open_checks_the_newest_checkpoint_and_the_commits_after_it_hist
     DeltaTable(str(tmp_path)).create_checkpoint()  # at version 2
     _table(tmp_path, 1)
     (tmp_path / "_delta_log" / f"{1:020d}.json").write_text('{"commitInfo":' + DEEP + "}\n")
-    assert _check(tmp_path) == 3
+    state = _check(tmp_path)
+    assert state is not None and state.version == 3
     with pytest.raises(DocumentError, match=f"{1:020d}.json.*nests deeper"):
         _check(tmp_path, whole=True)
     (tmp_path / "_delta_log" / f"{4:020d}.json").write_text('{"commitInfo":' + DEEP + "}\n")
     with pytest.raises(DocumentError, match=f"{4:020d}.json.*nests deeper"):
         _check(tmp_path)
     assert _check(tmp_path / "none") is None
+
+
+def test_the_check_replays_txn_versions_and_metadata_as_delta_rs_does_or_says_it_cannot(tmp_path):
+    """``txn`` versions by app id and the ``metaData`` from the checkpoint and the commits after it equal
+    delta-rs's; a gap in the commits or a log file the check does not know leaves them to delta-rs."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    def commit(app: str, version: int) -> None:
+        txn = CommitProperties(app_transactions=[Transaction(app, version)])
+        write_deltalake(str(tmp_path), ROWS, mode="append", commit_properties=txn)
+
+    commit("a", 1)
+    commit("b", 7)
+    DeltaTable(str(tmp_path)).create_checkpoint()
+    commit("a", 2)
+    state = _check(tmp_path)
+    table = DeltaTable(str(tmp_path))
+    assert state is not None and state.replayed and state.version == table.version() == 2
+    assert state.txns == {"a": table.transaction_version("a"), "b": table.transaction_version("b")} == {"a": 2, "b": 7}
+    assert state.metadata is not None and state.metadata["id"] == table.metadata().id
+    (tmp_path / "_delta_log" / "00000000000000000003.checkpoint.0000000001.0000000002.parquet").write_bytes(b"")
+    assert _check(tmp_path).replayed  # an incomplete multi-part checkpoint is not read
+    (tmp_path / "_delta_log" / "00000000000000000002.json").rename(
+        tmp_path / "_delta_log" / "00000000000000000004.json"
+    )
+    assert not _check(tmp_path).replayed  # a gap: delta-rs would refuse the table
+    (tmp_path / "_delta_log" / "00000000000000000004.json").rename(
+        tmp_path / "_delta_log" / "00000000000000000002.json"
+    )
+    (tmp_path / "_delta_log" / "00000000000000000002.00000000000000000002.compacted.json").write_text("")
+    assert not _check(tmp_path).replayed
 
 
 @pytest.mark.parametrize("damage", ["a stats string nested too deep", "larger than a checkpoint may be"])

@@ -60,8 +60,16 @@ class DeltaCommitter(DeltaTableBase):
 
     @in_call
     def is_committed(self, checkpoint_id: int) -> bool:
-        app_id, table = self.app_id(), self._delta()
-        version = table.transaction_version(app_id) if app_id and table else None
+        """Whether the table's ``transaction_version(app id)`` is at least ``checkpoint_id``: from the log
+        the check replayed (:class:`.log_checks.LogState`), else from delta-rs."""
+        app_id, state = self.app_id(), self._table().state()
+        if app_id is None or state is None:
+            return False
+        if state.replayed:
+            version = state.txns.get(app_id)
+        else:
+            table = self._delta()
+            version = table.transaction_version(app_id) if table else None
         return version is not None and version >= checkpoint_id
 
     @in_call

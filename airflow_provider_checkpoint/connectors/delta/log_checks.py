@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.exceptions import DocumentError
@@ -42,7 +43,7 @@ MAX_JSON_DEPTH = 64
 Parquet schema may have. A Delta log nests a few levels (stats: one per struct level of a column)."""
 MAX_CHECKPOINT_BYTES = 1 << 30
 """Largest checkpoint part delta-rs is handed (it loads a checkpoint whole): 1 GiB, some millions of files."""
-_parsed: dict[tuple[str, int | None], None] = {}
+_parsed: dict[tuple[str, int | None], Found] = {}
 """Commit and checkpoint files (path, size) already found parseable in this process: each is read once."""
 
 
@@ -62,10 +63,33 @@ def newest_checkpoint(names: list[str], end: int | None = None) -> tuple[int, li
     return None
 
 
-def check_log(fs: fsspec.AbstractFileSystem, root: str, table: str, whole: bool = False) -> int | None:
+@dataclass
+class Found:
+    """What a checked log file holds that the sink reads without delta-rs: its ``txn`` versions by app
+    id and its ``metaData`` action (the last one); of ``_last_checkpoint``: the version it names."""
+
+    txns: dict[str, int] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+    version: int = -1
+
+
+class LogState(NamedTuple):
+    """A checked log: the table's latest version and, when ``replayed``, its ``txn`` versions by app id
+    and its ``metaData`` at that version, replayed from the files checked as the protocol replays them
+    (the checkpoint's, then each commit's after it in order). ``replayed`` is false when the log holds
+    anything delta-rs might read in another way (a gap in the commits, a checkpoint kind or file not
+    listed here, a ``_last_checkpoint`` past the checkpoint found): callers then ask delta-rs."""
+
+    version: int
+    replayed: bool
+    txns: dict[str, int]
+    metadata: dict[str, Any] | None
+
+
+def check_log(fs: fsspec.AbstractFileSystem, root: str, table: str, whole: bool = False) -> LogState | None:
     """Refuse (:class:`DocumentError`) a table whose log holds a file delta-rs would parse unsafely (see
-    the module docstring); one listing of the log. The table's latest version (its newest commit or
-    checkpoint), ``None`` if the log has none: a caller opens delta-rs at that version, so it reads
+    the module docstring); one listing of the log. ``None`` if the log has no version, else its state
+    (:class:`LogState`; ``whole``: not replayed): a caller opens delta-rs at that version, so it reads
     nothing this check did not see."""
     try:
         entries = fs.ls(f"{root}/{LOG_DIR}", detail=True)
@@ -78,31 +102,61 @@ def check_log(fs: fsspec.AbstractFileSystem, root: str, table: str, whole: bool 
     latest = max([*commits, *([checkpoint[0]] if checkpoint else [])], default=None)
     if latest is None:
         return None
+    after = checkpoint[0] if checkpoint else -1
+    parts = checkpoint[1] if checkpoint else []
+    replayed = [f"{v:020d}.json" for v in range(after + 1, latest + 1)]
     if whole:
         todo = [n for n in names if COMMIT.match(n) or CHECKPOINT.match(n) or n == LAST_CHECKPOINT]
     else:
-        after = checkpoint[0] if checkpoint else -1
-        todo = [
-            *([LAST_CHECKPOINT] if LAST_CHECKPOINT in sizes else []),
-            *(checkpoint[1] if checkpoint else []),
-            *(f"{v:020d}.json" for v in commits if v > after),
-        ]
-    for name in todo:
-        key = (f"{root}/{LOG_DIR}/{name}", sizes[name])
-        if key in _parsed:
-            continue
-        document = f"{table}/{LOG_DIR}/{name}"
-        if CHECKPOINT.match(name):
-            _check_checkpoint(fs, key[0], key[1], document)
-        else:
-            for number, line in enumerate(_read(fs, key[0], key[1]).splitlines(), 1):
-                if line.strip():
-                    check_depth(load_json(line, document), document, f"line {number}")
-        if len(_parsed) > 100_000:
-            _parsed.clear()
-        if name != LAST_CHECKPOINT:
-            _parsed[key] = None
-    return latest
+        todo = [*([LAST_CHECKPOINT] if LAST_CHECKPOINT in sizes else []), *parts, *(n for n in replayed if n in sizes)]
+    found = {name: _checked(fs, root, table, name, sizes[name]) for name in todo}
+    known = all(COMMIT.match(n) or CHECKPOINT.match(n) or n == LAST_CHECKPOINT for n in names)
+    hint = found.get(LAST_CHECKPOINT)
+    exact = not whole and known and all(n in sizes for n in replayed) and (hint is None or hint.version <= after)
+    txns: dict[str, int] = {}
+    metadata = None
+    for name in [*parts, *replayed] if exact else []:
+        txns.update(found[name].txns)
+        metadata = found[name].metadata or metadata
+    return LogState(latest, exact, txns, metadata)
+
+
+def _checked(fs: fsspec.AbstractFileSystem, root: str, table: str, name: str, size: int | None) -> Found:
+    """Check the log file ``name`` (listed with ``size``); what it holds (``_last_checkpoint``: its version
+    as the ``txns`` of app id ``"_"``, -1 if it has none)."""
+    key = (f"{root}/{LOG_DIR}/{name}", size)
+    if key in _parsed:
+        return _parsed[key]
+    document = f"{table}/{LOG_DIR}/{name}"
+    if CHECKPOINT.match(name):
+        found = _check_checkpoint(fs, key[0], size, document)
+    else:
+        found = Found()
+        for number, line in enumerate(_read(fs, key[0], size).splitlines(), 1):
+            if line.strip():
+                action = load_json(line, document)
+                check_depth(action, document, f"line {number}")
+                _collect(action, found)
+        if name == LAST_CHECKPOINT:  # rewritten in place: checked every time
+            return found
+    if len(_parsed) > 100_000:
+        _parsed.clear()
+    _parsed[key] = found
+    return found
+
+
+def _collect(action: Any, found: Found) -> None:
+    """Keep what a well-formed ``txn``, ``metaData`` or ``_last_checkpoint`` line says (others are
+    delta-rs's to refuse)."""
+    if not isinstance(action, dict):
+        return
+    txn, metadata, version = action.get("txn"), action.get("metaData"), action.get("version")
+    if isinstance(txn, dict) and isinstance(txn.get("appId"), str) and type(txn.get("version")) is int:
+        found.txns[txn["appId"]] = txn["version"]
+    if isinstance(metadata, dict):
+        found.metadata = metadata
+    if type(version) is int:
+        found.version = version
 
 
 def _read(fs: fsspec.AbstractFileSystem, path: str, size: int | None) -> bytes:
@@ -111,9 +165,10 @@ def _read(fs: fsspec.AbstractFileSystem, path: str, size: int | None) -> bytes:
     return b"" if size == 0 else bytes(fs.cat_file(path, start=0, end=size))
 
 
-def _check_checkpoint(fs: fsspec.AbstractFileSystem, path: str, size: int | None, document: str) -> None:
+def _check_checkpoint(fs: fsspec.AbstractFileSystem, path: str, size: int | None, document: str) -> Found:
     """A checkpoint part: at most :data:`MAX_CHECKPOINT_BYTES`, a Parquet schema at most
-    :data:`MAX_JSON_DEPTH` deep, no string in it holding JSON nested deeper (or not JSON)."""
+    :data:`MAX_JSON_DEPTH` deep, no string in it holding JSON nested deeper (or not JSON); its ``txn``
+    rows and ``metaData``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -134,6 +189,13 @@ def _check_checkpoint(fs: fsspec.AbstractFileSystem, path: str, size: int | None
             for value in strings.to_pylist():
                 if value and value[:1] in ("{", "["):
                     check_depth(load_json(value, document), document, "a string value")
+    found = Found()
+    for row in content.column("txn").to_pylist() if "txn" in content.column_names else []:
+        _collect({"txn": row}, found)
+    for row in content.column("metaData").to_pylist() if "metaData" in content.column_names else []:
+        if isinstance(row, dict):
+            _collect({"metaData": {**row, "configuration": dict(row.get("configuration") or [])}}, found)
+    return found
 
 
 def _type_depth(t: pa.DataType) -> int:

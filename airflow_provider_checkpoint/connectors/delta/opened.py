@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
-from airflow_provider_checkpoint.connectors.delta.log_checks import LOG_DIR
+from airflow_provider_checkpoint.connectors.delta.log_checks import LOG_DIR, LogState
 from airflow_provider_checkpoint.exceptions import DocumentError
 
 if TYPE_CHECKING:
@@ -38,24 +38,31 @@ class OpenedTable:
         self.claim: Any = _UNSET
         """The claim read in this call (``None``: none), :data:`_UNSET` before it is read."""
         self._table: DeltaTable | None = None
-        self._opened = False
+        self._state: LogState | None = None
+        self._checked = False
         self._whole = False
 
     def has_claim(self) -> bool:
         return self.claim is not _UNSET
 
+    def state(self) -> LogState | None:
+        """The log as this call first checked it (links and log, :func:`.storage.check_table`); ``None``: no
+        table yet."""
+        if not self._checked:
+            self._state = delta_storage.check_table(self.fs, self.root, self.url, whole=False)
+            self._checked = True
+        return self._state
+
     def latest(self) -> DeltaTable | None:
-        """delta-rs's table at its latest version when first asked in this call (links and log checked
-        first), ``None`` if there is no table yet."""
-        if not self._opened:
-            version = delta_storage.check_table(self.fs, self.root, self.url, whole=False)
-            self._table = None if version is None else self.load(version)
-            self._opened = True
+        """delta-rs's table at the version :meth:`state` checked, ``None`` if there is no table yet."""
+        state = self.state()
+        if self._table is None and state is not None:
+            self._table = self.load(state.version)
         return self._table
 
     def created(self, table: DeltaTable) -> DeltaTable:
         """The table this call just created: the one used from now on."""
-        self._table, self._opened = table, True
+        self._table, self._checked = table, False
         return table
 
     def whole_log(self) -> DeltaTable | None:
@@ -67,14 +74,14 @@ class OpenedTable:
         return table
 
     def advance(self) -> DeltaTable:
-        """The table at its latest version after a commit of this call: the commits since checked first,
-        then read by delta-rs (only they)."""
+        """The table at its latest version after a commit of this call: the log checked again, then the
+        commits since read by delta-rs (only they)."""
         table = self.latest()
         assert table is not None  # a commit needs a table
-        version = delta_storage.check_table(self.fs, self.root, self.url, whole=False)
-        if version is not None and version != table.version():
+        self._state = delta_storage.check_table(self.fs, self.root, self.url, whole=False)
+        if self._state is not None and self._state.version != table.version():
             with self.log_errors():
-                table.load_as_version(version)
+                table.load_as_version(self._state.version)
         return table
 
     def load(self, version: int | None = None) -> DeltaTable:

@@ -17,7 +17,7 @@ layout) lives in ``_table.json`` beside ``_delta_log``.
 from __future__ import annotations
 
 import posixpath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from airflow_provider_checkpoint.connectors.base.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
@@ -35,6 +35,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     is_upsert_file,
 )
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
+from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -43,7 +44,6 @@ from airflow_provider_checkpoint.fileio.writes import write_parquet
 
 if TYPE_CHECKING:
     import fsspec
-    from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
@@ -149,20 +149,26 @@ class DeltaTableSink(DeltaCommitter):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(df.schema, timezone="UTC")
-        table = self._delta()
-        if table is None:
-            table = self._table().created(
-                DeltaTable.create(
-                    self.asset_uri(),
-                    schema,
-                    mode="ignore",
-                    partition_by=self.partition_by or None,
-                    storage_options=self.delta_options(),
-                    configuration={_DV_PROPERTY: "true"} if self.upsert else None,
+        layout = _layout(self._table().state())
+        if layout is None:
+            table = self._delta()
+            if table is None:
+                table = self._table().created(
+                    DeltaTable.create(
+                        self.asset_uri(),
+                        schema,
+                        mode="ignore",
+                        partition_by=self.partition_by or None,
+                        storage_options=self.delta_options(),
+                        configuration={_DV_PROPERTY: "true"} if self.upsert else None,
+                    )
                 )
-            )
-        self._check_input(table, schema)
-        if self.upsert and table.metadata().configuration.get(_DV_PROPERTY) != "true":
+            metadata = table.metadata()
+            layout = _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
+        self._check_input(layout, schema)
+        if self.upsert and layout.configuration.get(_DV_PROPERTY) != "true":
+            table = self._delta()
+            assert table is not None  # the layout came from a table
             table.alter.set_table_properties({_DV_PROPERTY: "true"})  # a table of an earlier version of the sink
         fs, root = self._fs()
         staging = self.table().path(self.staging_name(ctx))
@@ -211,15 +217,16 @@ class DeltaTableSink(DeltaCommitter):
         partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
         return DeltaFile(full[len(root) + 1 :], size, rows, partition)
 
-    def _check_input(self, table: DeltaTable, schema: Any) -> None:
+    def _check_input(self, layout: _Layout, schema: Any) -> None:
         """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning."""
         from deltalake.schema import Schema
 
         url = self.asset_uri()
-        check_input_columns(url, _columns(table.schema()), _columns(Schema.from_arrow(schema)))
-        partitioned = list(table.metadata().partition_columns)
-        if partitioned != self.partition_by:  # an upsert sink has none
-            raise SinkSchemaError(f"Delta table {url} is partitioned by {partitioned}, the sink by {self.partition_by}")
+        check_input_columns(url, layout.columns, _columns(Schema.from_arrow(schema)))
+        if layout.partition_by != self.partition_by:  # an upsert sink has none
+            raise SinkSchemaError(
+                f"Delta table {url} is partitioned by {layout.partition_by}, the sink by {self.partition_by}"
+            )
 
     def _upsert_files(self) -> dict[str, DataFile]:
         """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another
@@ -260,6 +267,35 @@ class DeltaTableSink(DeltaCommitter):
             f"rows may repeat keys, so the sink will not upsert over them. To go on: {way} "
             "(docs/delta-lake.md, 'Another writer in an upsert table')"
         )
+
+
+class _Layout(NamedTuple):
+    """What the writer checks its input against: the table's columns (name → Delta type), partition
+    columns and properties."""
+
+    columns: dict[str, str]
+    partition_by: list[str]
+    configuration: dict[str, str]
+
+
+def _layout(state: LogState | None) -> _Layout | None:
+    """The layout of the table from the ``metaData`` the log check replayed; ``None`` when it did not
+    replay one or it is not well-formed (delta-rs then reads the table, and refuses a damaged one)."""
+    from deltalake.schema import Schema
+
+    metadata = state.metadata if state is not None and state.replayed else None
+    if metadata is None:
+        return None
+    text, partitions, config = (metadata.get(k) for k in ("schemaString", "partitionColumns", "configuration"))
+    if not (isinstance(text, str) and isinstance(partitions, list) and isinstance(config, dict)):
+        return None
+    if not all(isinstance(p, str) for p in partitions) or not all(isinstance(v, str) for v in config.values()):
+        return None
+    try:
+        columns = _columns(Schema.from_json(text))
+    except ValueError:  # delta-rs refuses the schema when it opens the table
+        return None
+    return _Layout(columns, partitions, config)
 
 
 def _columns(schema: Any) -> dict[str, str]:

@@ -106,7 +106,7 @@ class DeltaTableBase(TableDirectorySink):
     def check_target(self) -> None:
         """Refuse a directory that holds anything but a Delta table (and this sink's claim and files)."""
         fs, root = self._fs()
-        if self._delta() is not None or not fs.exists(root):
+        if self._table().state() is not None or not fs.exists(root):
             return
         foreign = sorted(
             name
