@@ -25,6 +25,7 @@ from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit
+from airflow_provider_checkpoint.connectors.delta.log_checks import listing
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError
 from airflow_provider_checkpoint.storage.writes import create_exclusive
@@ -58,8 +59,7 @@ def commit(
     actions = _actions(app_id, checkpoint_id, changes)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
-        latest = delta_log.commit_versions(fs, root)[-1]
-        live = delta_log.live_actions(fs, root, table, latest)
+        latest, live = _latest(fs, root, table)
         _check(live, changes, document)
         version = latest + 1
         _check_version(
@@ -72,6 +72,15 @@ def commit(
             return None
         log.info("Delta table %s: version %d was taken by another writer, retrying on top of it", table, version)
     raise CheckpointStorageError(f"Delta table {table}: no commit version free after {RETRIES} attempts")
+
+
+def _latest(
+    fs: fsspec.AbstractFileSystem, root: str, table: str
+) -> tuple[int, dict[tuple[str, str | None], delta_log.RawFile]]:
+    """The table's latest version and its live files: one listing of the log."""
+    files = listing(fs, root)
+    latest = delta_log.commit_versions(fs, root, files)[-1]
+    return latest, delta_log.live_actions(fs, root, table, latest, files=files)
 
 
 def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: DeltaCommit, document: str) -> None:
@@ -91,8 +100,7 @@ def check_staged(
     """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
     version the writer gets wrong is refused before the checkpoint completes (its step fails, the
     checkpoint is aborted), not only when its commit is about to be written."""
-    latest = delta_log.commit_versions(fs, root)[-1]
-    live = delta_log.live_actions(fs, root, table, latest)
+    latest, live = _latest(fs, root, table)
     where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
     _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {})
 

@@ -17,7 +17,7 @@ change: the unchanged rows of a rewritten file come out once deleted and once in
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
@@ -25,7 +25,7 @@ import fsspec
 
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta.deletion_vectors import Descriptor
-from airflow_provider_checkpoint.connectors.delta.log_checks import COMMIT, LOG_DIR, newest_checkpoint
+from airflow_provider_checkpoint.connectors.delta.log_checks import COMMIT, LOG_DIR, listing, newest_checkpoint, read
 from airflow_provider_checkpoint.core.documents import Fields, load_json, path_problem
 from airflow_provider_checkpoint.exceptions import (
     DeltaSourceError,
@@ -115,13 +115,9 @@ class Commit(NamedTuple):
     metadata: dict[str, Any] | None
 
 
-def commit_versions(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
-    """The versions whose commit file is in the table's log, ascending."""
-    try:
-        names = fs.ls(f"{root}/{LOG_DIR}", detail=False)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in (COMMIT.match(n.rsplit("/", 1)[-1]) for n in names) if m)
+def commit_versions(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str] | None = None) -> list[int]:
+    """The versions whose commit file is in the table's log (``names``: its files, else listed), ascending."""
+    return sorted(int(m.group(1)) for m in map(COMMIT.match, listing(fs, root) if names is None else names) if m)
 
 
 def read_commit(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> Commit:
@@ -222,7 +218,12 @@ RawFile = tuple[int, dict[str, Any]]
 
 
 def live_actions(
-    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None, in_order: bool = False
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    table: str,
+    version: int | None = None,
+    in_order: bool = False,
+    files: dict[str, int | None] | None = None,
 ) -> dict[tuple[str, str | None], RawFile]:
     """The live ``add`` actions of the table at ``version`` (default: the latest) by (path, DV id).
 
@@ -230,23 +231,25 @@ def live_actions(
     so a file a commit removes and adds with the same DV (invalid, issue #30) is dropped, as delta-rs
     and DuckDB drop it; ``in_order``: in the order of the commit file (the sink's view before the fix).
 
-    Replays the log from its last classic checkpoint (single or multi-part Parquet) at or
+    ``files``: the log's files and sizes if just listed (:func:`.log_checks.listing`). Replays the log
+    from its last classic checkpoint (single or multi-part Parquet) at or
     before ``version``, then the commits after it. The actions are not validated: callers
     validate what they use (:func:`snapshot`) or only compare identities.
     """
     import pyarrow.parquet as pq
 
-    versions = commit_versions(fs, root)
+    files = listing(fs, root) if files is None else files
+    versions = commit_versions(fs, root, files)
     end = versions[-1] if version is None and versions else version
     if end is None:
         raise DeltaSourceError(f"Delta table {table} has no commits")
     live: dict[tuple[str, str | None], RawFile] = {}
     start = 0
-    checkpoints = _checkpoints(fs, root, end)
-    if checkpoints:
-        start, parts = checkpoints
+    checkpoint = newest_checkpoint(list(files), end)
+    if checkpoint:
+        start, parts = checkpoint
         for part in parts:
-            with fs.open(part, "rb") as f:
+            with fs.open(f"{root}/{LOG_DIR}/{part}", "rb", size=files[part]) as f:
                 rows = pq.read_table(f, columns=["add"]).column("add").to_pylist()
             for row in rows:
                 if row is not None:
@@ -254,7 +257,7 @@ def live_actions(
                     live[_key(row)] = (start, row)
         start += 1
     for v in range(start, end + 1):
-        actions = _raw_actions(fs, root, v, table)
+        actions = _raw_actions(fs, root, v, table, files.get(f"{v:020d}.json"))
         if not in_order:
             actions = [a for a in actions if a[0] == "add"] + [a for a in actions if a[0] != "add"]
         for kind, raw in actions:
@@ -295,18 +298,17 @@ def added_in(fs: fsspec.AbstractFileSystem, root: str, table: str, paths: set[st
     return found
 
 
-def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[int, list[str]] | None:
-    """The newest complete classic checkpoint at or before ``end``: its version and part files."""
-    names = [n.rsplit("/", 1)[-1] for n in fs.ls(f"{root}/{LOG_DIR}", detail=False)]
-    found = newest_checkpoint(names, end)
-    return (found[0], [f"{root}/{LOG_DIR}/{n}" for n in found[1]]) if found else None
-
-
-def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> list[tuple[str, Any]]:
-    """The ``add`` and ``remove`` actions of commit ``version`` in order, as the log holds them."""
+def _raw_actions(
+    fs: fsspec.AbstractFileSystem, root: str, version: int, table: str, size: int | None = None
+) -> list[tuple[str, Any]]:
+    """The ``add`` and ``remove`` actions of commit ``version`` (``size`` bytes if listed) in order, as the
+    log holds them."""
     name = f"{LOG_DIR}/{version:020d}.json"
-    with fs.open(f"{root}/{name}", "rb") as f:
-        lines = f.read().splitlines()
+    if size is None:
+        with fs.open(f"{root}/{name}", "rb") as f:
+            lines = f.read().splitlines()
+    else:
+        lines = read(fs, f"{root}/{name}", size).splitlines()
     out = []
     for line in lines:
         if line.strip():

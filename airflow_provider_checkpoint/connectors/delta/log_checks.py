@@ -86,16 +86,21 @@ class LogState(NamedTuple):
     metadata: dict[str, Any] | None
 
 
+def listing(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int | None]:
+    """The names of the files in the table's log and their sizes: one listing (empty: no log)."""
+    try:
+        entries = fs.ls(f"{root}/{LOG_DIR}", detail=True)
+    except FileNotFoundError:
+        return {}
+    return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
+
+
 def check_log(fs: fsspec.AbstractFileSystem, root: str, table: str, whole: bool = False) -> LogState | None:
     """Refuse (:class:`DocumentError`) a table whose log holds a file delta-rs would parse unsafely (see
     the module docstring); one listing of the log. ``None`` if the log has no version, else its state
     (:class:`LogState`; ``whole``: not replayed): a caller opens delta-rs at that version, so it reads
     nothing this check did not see."""
-    try:
-        entries = fs.ls(f"{root}/{LOG_DIR}", detail=True)
-    except FileNotFoundError:
-        return None
-    sizes = {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries}
+    sizes = listing(fs, root)
     names = sorted(sizes)
     commits = [int(m.group(1)) for m in map(COMMIT.match, names) if m]
     checkpoint = newest_checkpoint(names)
@@ -132,7 +137,7 @@ def _checked(fs: fsspec.AbstractFileSystem, root: str, table: str, name: str, si
         found = _check_checkpoint(fs, key[0], size, document)
     else:
         found = Found()
-        for number, line in enumerate(_read(fs, key[0], size).splitlines(), 1):
+        for number, line in enumerate(read(fs, key[0], size).splitlines(), 1):
             if line.strip():
                 action = load_json(line, document)
                 check_depth(action, document, f"line {number}")
@@ -159,7 +164,7 @@ def _collect(action: Any, found: Found) -> None:
         found.version = version
 
 
-def _read(fs: fsspec.AbstractFileSystem, path: str, size: int | None) -> bytes:
+def read(fs: fsspec.AbstractFileSystem, path: str, size: int | None) -> bytes:
     """The file at ``path`` of ``size`` bytes (as listed): one GET on an object store (a ranged read
     needs no HEAD first)."""
     return b"" if size == 0 else bytes(fs.cat_file(path, start=0, end=size))
