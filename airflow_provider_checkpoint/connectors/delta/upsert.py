@@ -180,7 +180,7 @@ def _lookup(
 
     old = _deleted(fs, root, file)
     hits, deleted_keys, rows = [], [], 0
-    with fs.open(f"{root}/{file.path}", "rb", size=file.size) as source:  # the log's size: no HEAD first
+    with fs.open(f"{root}/{file.path}", "rb", size=file.size) as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
             keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
