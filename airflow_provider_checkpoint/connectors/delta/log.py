@@ -17,7 +17,7 @@ change: the unchanged rows of a rewritten file come out once deleted and once in
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
@@ -25,6 +25,7 @@ import fsspec
 
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta.deletion_vectors import Descriptor
+from airflow_provider_checkpoint.connectors.delta.log_checks import COMMIT, LOG_DIR, listing, newest_checkpoint, read
 from airflow_provider_checkpoint.core.documents import Fields, load_json, path_problem
 from airflow_provider_checkpoint.exceptions import (
     DeltaSourceError,
@@ -33,9 +34,6 @@ from airflow_provider_checkpoint.exceptions import (
     shorten,
 )
 
-LOG_DIR = "_delta_log"
-_COMMIT = re.compile(r"^(\d{20})\.json$")
-_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
 _TABLE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _MAX_VERSION = 2**63 - 1
 _GLOB = re.compile(r"[*?\[\]{}]")
@@ -117,13 +115,9 @@ class Commit(NamedTuple):
     metadata: dict[str, Any] | None
 
 
-def commit_versions(fs: fsspec.AbstractFileSystem, root: str) -> list[int]:
-    """The versions whose commit file is in the table's log, ascending."""
-    try:
-        names = fs.ls(f"{root}/{LOG_DIR}", detail=False)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for m in (_COMMIT.match(n.rsplit("/", 1)[-1]) for n in names) if m)
+def commit_versions(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str] | None = None) -> list[int]:
+    """The versions whose commit file is in the table's log (``names``: its files, else listed), ascending."""
+    return sorted(int(m.group(1)) for m in map(COMMIT.match, listing(fs, root) if names is None else names) if m)
 
 
 def read_commit(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> Commit:
@@ -224,7 +218,12 @@ RawFile = tuple[int, dict[str, Any]]
 
 
 def live_actions(
-    fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None, in_order: bool = False
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    table: str,
+    version: int | None = None,
+    in_order: bool = False,
+    files: dict[str, int | None] | None = None,
 ) -> dict[tuple[str, str | None], RawFile]:
     """The live ``add`` actions of the table at ``version`` (default: the latest) by (path, DV id).
 
@@ -232,23 +231,25 @@ def live_actions(
     so a file a commit removes and adds with the same DV (invalid, issue #30) is dropped, as delta-rs
     and DuckDB drop it; ``in_order``: in the order of the commit file (the sink's view before the fix).
 
-    Replays the log from its last classic checkpoint (single or multi-part Parquet) at or
+    ``files``: the log's files and sizes if just listed (:func:`.log_checks.listing`). Replays the log
+    from its last classic checkpoint (single or multi-part Parquet) at or
     before ``version``, then the commits after it. The actions are not validated: callers
     validate what they use (:func:`snapshot`) or only compare identities.
     """
     import pyarrow.parquet as pq
 
-    versions = commit_versions(fs, root)
+    files = listing(fs, root) if files is None else files
+    versions = commit_versions(fs, root, files)
     end = versions[-1] if version is None and versions else version
     if end is None:
         raise DeltaSourceError(f"Delta table {table} has no commits")
     live: dict[tuple[str, str | None], RawFile] = {}
     start = 0
-    checkpoints = _checkpoints(fs, root, end)
-    if checkpoints:
-        start, parts = checkpoints
+    checkpoint = newest_checkpoint(list(files), end)
+    if checkpoint:
+        start, parts = checkpoint
         for part in parts:
-            with fs.open(part, "rb") as f:
+            with fs.open(f"{root}/{LOG_DIR}/{part}", "rb", size=files[part]) as f:
                 rows = pq.read_table(f, columns=["add"]).column("add").to_pylist()
             for row in rows:
                 if row is not None:
@@ -256,7 +257,7 @@ def live_actions(
                     live[_key(row)] = (start, row)
         start += 1
     for v in range(start, end + 1):
-        actions = _raw_actions(fs, root, v, table)
+        actions = _raw_actions(fs, root, v, table, files.get(f"{v:020d}.json"))
         if not in_order:
             actions = [a for a in actions if a[0] == "add"] + [a for a in actions if a[0] != "add"]
         for kind, raw in actions:
@@ -297,27 +298,17 @@ def added_in(fs: fsspec.AbstractFileSystem, root: str, table: str, paths: set[st
     return found
 
 
-def _checkpoints(fs: fsspec.AbstractFileSystem, root: str, end: int) -> tuple[int, list[str]] | None:
-    """The newest complete classic checkpoint at or before ``end``: its version and part files."""
-    names = [n.rsplit("/", 1)[-1] for n in fs.ls(f"{root}/{LOG_DIR}", detail=False)]
-    found: dict[int, dict[int, list[str]]] = {}
-    for name in names:
-        match = _CHECKPOINT.match(name)
-        if match and int(match.group(1)) <= end:
-            parts = int(match.group(3) or 1)
-            found.setdefault(int(match.group(1)), {}).setdefault(parts, []).append(f"{root}/{LOG_DIR}/{name}")
-    for v in sorted(found, reverse=True):
-        for parts, files in found[v].items():
-            if len(files) == parts:
-                return v, sorted(files)
-    return None
-
-
-def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: str) -> list[tuple[str, Any]]:
-    """The ``add`` and ``remove`` actions of commit ``version`` in order, as the log holds them."""
+def _raw_actions(
+    fs: fsspec.AbstractFileSystem, root: str, version: int, table: str, size: int | None = None
+) -> list[tuple[str, Any]]:
+    """The ``add`` and ``remove`` actions of commit ``version`` (``size`` bytes if listed) in order, as the
+    log holds them."""
     name = f"{LOG_DIR}/{version:020d}.json"
-    with fs.open(f"{root}/{name}", "rb") as f:
-        lines = f.read().splitlines()
+    if size is None:
+        with fs.open(f"{root}/{name}", "rb") as f:
+            lines = f.read().splitlines()
+    else:
+        lines = read(fs, f"{root}/{name}", size).splitlines()
     out = []
     for line in lines:
         if line.strip():
@@ -326,50 +317,3 @@ def _raw_actions(fs: fsspec.AbstractFileSystem, root: str, version: int, table: 
                 if isinstance(action, dict) and isinstance(action.get(kind), dict):
                     out.append((kind, action[kind]))
     return out
-
-
-MAX_JSON_DEPTH = 64
-"""Deepest nesting a log line, or a JSON string inside one (``stats``, ``schemaString``), may have. A
-Delta log nests a few levels (stats: one per struct level of a column); delta-rs 1.6.6 panics on stats
-nested ~1,000 deep and its process dies (SIGSEGV) at 100,000."""
-_parsed: dict[tuple[str, int | None], None] = {}
-"""Commit files (path, size) already found parseable in this process: each is read once."""
-
-
-def check_log_json(fs: fsspec.AbstractFileSystem, root: str, table: str) -> None:
-    """Refuse (:class:`DocumentError`) a table whose log holds a file delta-rs would parse unsafely: a line
-    that is not JSON or nests deeper than :data:`MAX_JSON_DEPTH`, or holds such a JSON string. Checked
-    before delta-rs opens the table, since it would crash the task's process instead of failing."""
-    try:
-        entries = fs.ls(f"{root}/{LOG_DIR}", detail=True)
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        name = str(entry["name"])
-        key = (name, entry.get("size"))
-        if not name.endswith((".json", "/_last_checkpoint")) or key in _parsed:
-            continue
-        document = f"{table}/{LOG_DIR}/{name.rsplit('/', 1)[-1]}"
-        for number, line in enumerate(fs.cat_file(name).splitlines(), 1):
-            if line.strip():
-                _check_depth(load_json(line, document), document, f"line {number}")
-        if len(_parsed) > 100_000:
-            _parsed.clear()
-        if name.endswith(".json"):  # commits never change; _last_checkpoint is rewritten in place
-            _parsed[key] = None
-
-
-def _check_depth(value: Any, document: str, where: str) -> None:
-    """``value`` (parsed) nests at most :data:`MAX_JSON_DEPTH` deep, and so does every string in it that
-    holds JSON (an object or an array)."""
-    todo: list[tuple[Any, int]] = [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise DocumentError(document, where, f"nests deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(item, dict):
-            todo += [(v, depth + 1) for v in item.values()]
-        elif isinstance(item, list):
-            todo += [(v, depth + 1) for v in item]
-        elif isinstance(item, str) and item[:1] in ("{", "["):
-            _check_depth(load_json(item, document), document, where)

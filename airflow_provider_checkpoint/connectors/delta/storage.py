@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_checkpoint.connectors.delta import log as delta_log
-from airflow_provider_checkpoint.connectors.delta.log import LOG_DIR
+from airflow_provider_checkpoint.connectors.delta import log_checks
+from airflow_provider_checkpoint.connectors.delta.log_checks import LOG_DIR, LogState
 from airflow_provider_checkpoint.exceptions import UnsafePathError
 from airflow_provider_checkpoint.storage.object_store import is_s3
 from airflow_provider_checkpoint.storage.paths import confine, is_local
@@ -65,11 +65,14 @@ def delta_rs_options(
     return {**options, "aws_conditional_put": "etag", **delta_only}
 
 
-def check_table(fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = ()) -> None:
+def check_table(
+    fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = (), whole: bool = True
+) -> LogState | None:
     """What delta-rs, Spark and pyarrow are handed is safe to open: no link in the log and no file linking
-    out (:func:`check_links`), no log file that would crash delta-rs (:func:`.log.check_log_json`)."""
+    out (:func:`check_links`), no log file delta-rs would read (``whole``: for history and time travel too)
+    that would crash it (:func:`.log_checks.check_log`); the log's state, ``None`` for no table."""
     check_links(fs, root, table, files)
-    delta_log.check_log_json(fs, root, table)
+    return log_checks.check_log(fs, root, table, whole)
 
 
 def check_links(fs: AbstractFileSystem, root: str, table: str, files: Iterable[DataFile] = ()) -> None:

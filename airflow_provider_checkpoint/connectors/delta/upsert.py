@@ -180,7 +180,7 @@ def _lookup(
 
     old = _deleted(fs, root, file)
     hits, deleted_keys, rows = [], [], 0
-    with fs.open(f"{root}/{file.path}", "rb") as source:
+    with fs.open(f"{root}/{file.path}", "rb", size=file.size) as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
             keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
@@ -208,7 +208,7 @@ def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) 
     import pyarrow.parquet as pq
 
     written, at = 0, 0
-    with fs.open(f"{root}/{found.file.path}", "rb") as source:
+    with fs.open(f"{root}/{found.file.path}", "rb", size=found.file.size) as source:
         reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
         schema = _rewrite_schema(reader)
         with table_writer(fs, out, schema) as writer:
