@@ -31,6 +31,8 @@ from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, 
 from airflow_provider_checkpoint.connectors.base.upsert_rule import check_sequence_by
 from airflow_provider_checkpoint.connectors.postgres import dead_letters, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+from airflow_provider_checkpoint.connectors.postgres.load import LOAD_RESULT, copy_partitions, one_stream_per_core
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN, NULLS_NOT_DISTINCT_SINCE
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.faults import fault_point
@@ -170,8 +172,8 @@ class PostgresTableSink(TransactionalSink):
         when = {"commit_time": float(row[0])}
         return {self.uid: when, **({self._dead_letters_uid(): when} if self.dead_letters else {})}
 
-    def _connection(self) -> pg.PgConnection:
-        return pg.PgConnection.from_airflow(self.conn_id)
+    def _connection(self) -> PgConnection:
+        return PgConnection.from_airflow(self.conn_id)
 
     def _tx(self) -> psycopg.Connection[Any]:
         return self._connection().connect()
@@ -293,8 +295,8 @@ class PostgresTableSink(TransactionalSink):
             db.execute(sql.SQL("CREATE TABLE {} ({})").format(self.table(staging), definition))  # logged: durable
             if self.dead_letters:
                 dead_letters.prepare(self, db, self.dead_letters, staging)
-        load = pg.copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
-        results = pg.one_stream_per_core(df).mapInArrow(load, pg.LOAD_RESULT).collect()
+        load = copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
+        results = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
         failed = [r["error"] for r in results if r["error"]]
         if failed:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
@@ -313,7 +315,7 @@ class PostgresTableSink(TransactionalSink):
         )  # fmt: skip
         return [committable]
 
-    def _check_staged(self, conn: pg.PgConnection, staging: str, null_keys: bool) -> None:
+    def _check_staged(self, conn: PgConnection, staging: str, null_keys: bool) -> None:
         """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
         index) and refuse a key staged twice, or a null key part where the table's unique index would not
         match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
