@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 
 class SinkTable(Protocol):
-    """What the undo log and the dead-letter table need of a :class:`~.sink.PostgresTableSink`."""
+    """What the target checks, the undo log, the partitions and the dead letters need of the sink
+    (:class:`~.sink.PostgresTableSink`)."""
 
     uid: str
     schema: str
@@ -29,6 +30,8 @@ class SinkTable(Protocol):
     undo_checkpoints: int
     dead_letters: tuple[str, str] | None
     max_refused_fraction: float
+    create_table: bool
+    partition_per_checkpoint: bool
 
     def target_name(self) -> str: ...
 
