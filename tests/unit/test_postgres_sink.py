@@ -94,6 +94,8 @@ def test_types_without_a_mapping_and_bad_definitions_are_refused():
     with pytest.raises(PipelineDefinitionError, match=r"max_refused_fraction must be in \[0, 1\]"):
         _sink(dead_letter_table="refused", max_refused_fraction=1.5)
     assert _sink(dead_letter_table="refused").describe()["dead_letters"] == "marts.refused"
+    assert _sink(partition_per_checkpoint=True).describe()["partition_per_checkpoint"] is True
+    assert "partition_per_checkpoint" not in _sink().describe()
     assert _sink(dead_letter_table="ops.refused").dead_letters == ("ops", "refused")
 
 

@@ -138,6 +138,8 @@ class PostgresTableSink(TransactionalSink):
 
     def describe(self) -> dict[str, Any]:
         described = {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
+        if self.partition_per_checkpoint:
+            described["partition_per_checkpoint"] = True
         return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
 
     def target_name(self) -> str:
