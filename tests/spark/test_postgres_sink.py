@@ -441,14 +441,23 @@ def test_partition_per_checkpoint_keeps_a_users_partitioned_table_its_indexes_an
     assert sorted(_partitions(postgres_server, target).values()) == [[], [1]]
 
 
-def test_partition_per_checkpoint_refuses_a_table_not_partitioned_by_checkpoint(spark, postgres_server, target):
-    with postgres_server.connect() as db:
-        db.execute(f"CREATE TABLE {target}.facts (k text, v bigint, amount numeric(12,2), ts timestamptz, "
-                   f"tags text[], {CHECKPOINT_COLUMN} bigint NOT NULL)")  # fmt: skip
+def _create_facts(server: PostgresServer, schema: str, partitioned: str = "") -> None:
+    """``schema.facts`` for the append input, as a user would create it (replacing any)."""
+    with server.connect() as db:
+        db.execute(f"DROP TABLE IF EXISTS {schema}.facts")
+        db.execute(f"CREATE TABLE {schema}.facts (k text, v bigint, amount numeric(12,2), ts timestamptz, "
+                   f"tags text[], {CHECKPOINT_COLUMN} bigint NOT NULL){partitioned}")  # fmt: skip
+
+
+def test_a_table_partitioned_other_than_the_option_says_is_refused(spark, postgres_server, target):
+    _create_facts(postgres_server, target)
     sink = _sink(target, partition_per_checkpoint=True)
     with pytest.raises(SinkSchemaError, match=r"PARTITION BY LIST \(_checkpoint_id\), and it is not partitioned"):
         _stage(spark, sink, "job", 1, _rows(1, range(3)))
     assert _partitions(postgres_server, target) == {} and _staging_tables(postgres_server, target) == []
+    _create_facts(postgres_server, target, f" PARTITION BY LIST ({CHECKPOINT_COLUMN})")
+    with pytest.raises(SinkSchemaError, match="without a DEFAULT partition, so a commit could not insert"):
+        _stage(spark, _sink(target), "job", 1, _rows(1, range(3)))  # the option off: its INSERT would fail
     with pytest.raises(PipelineDefinitionError, match="partition_per_checkpoint is for append mode"):
         _sink(target, "upsert", partition_per_checkpoint=True)
 

@@ -48,19 +48,30 @@ def _partition_checkpoint(digest: str, name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def check_partitioned(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> None:
-    """Refuse a table not partitioned ``PARTITION BY LIST (_checkpoint_id)``."""
+def check_partitioning(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> None:
+    """With ``partition_per_checkpoint``, refuse a table not partitioned ``PARTITION BY LIST
+    (_checkpoint_id)``; without it, refuse an append table partitioned so and without a ``DEFAULT``
+    partition, whose commit's ``INSERT`` would find no partition for a new checkpoint's rows (a
+    completed checkpoint that could never commit)."""
     row = db.execute(
-        "SELECT p.partstrat, p.partnatts, a.attname FROM pg_partitioned_table p LEFT JOIN pg_attribute a "
-        "ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] WHERE p.partrelid = to_regclass(%s)",
+        "SELECT p.partstrat, p.partnatts, a.attname, p.partdefid <> 0 FROM pg_partitioned_table p "
+        "LEFT JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] "
+        "WHERE p.partrelid = to_regclass(%s)",
         [f'"{sink.schema}"."{sink.table_name}"'],
     ).fetchone()
-    if row is None or tuple(row) != ("l", 1, CHECKPOINT_COLUMN):
+    by_checkpoint = row is not None and tuple(row[:3]) == ("l", 1, CHECKPOINT_COLUMN)
+    if sink.partition_per_checkpoint and not by_checkpoint:
         raise SinkSchemaError(
             f"sink {sink.uid}: partition_per_checkpoint needs table {sink.target_name()} partitioned "
             f"PARTITION BY LIST ({CHECKPOINT_COLUMN}), and it is "
             f"{'not partitioned' if row is None else 'partitioned otherwise'} (the sink does not change the "
             "structure of an existing table: create it so, or leave partition_per_checkpoint off)"
+        )
+    if sink.mode == "append" and not sink.partition_per_checkpoint and by_checkpoint and row and not row[3]:
+        raise SinkSchemaError(
+            f"sink {sink.uid}: table {sink.target_name()} is partitioned PARTITION BY LIST ({CHECKPOINT_COLUMN}) "
+            "without a DEFAULT partition, so a commit could not insert a new checkpoint's rows: set "
+            "partition_per_checkpoint=True (each checkpoint attached as its partition)"
         )
 
 

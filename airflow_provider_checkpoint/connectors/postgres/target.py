@@ -51,8 +51,8 @@ def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> N
 def check_target(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
     """The target's types of the input columns, the table created first if absent and the sink may;
     refused unless its columns are exactly the input's (and ``_checkpoint_id`` in append mode), an
-    upsert table has a unique index on exactly the keys, and a table the sink attaches partitions to
-    is partitioned by list of ``_checkpoint_id``."""
+    upsert table has a unique index on exactly the keys, and an append table's partitioning suits
+    its commits (:func:`~.partitions.check_partitioning`)."""
     target = pg.table_columns(db, sink.schema, sink.table_name)
     if not target:
         if not sink.create_table:
@@ -72,8 +72,7 @@ def check_target(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame)
         raise SinkSchemaError(
             f"sink {sink.uid}: table {sink.target_name()} has no unique index on exactly {sink.keys} (upsert keys)"
         )
-    if sink.partition_per_checkpoint:
-        partitions.check_partitioned(sink, db)
+    partitions.check_partitioning(sink, db)
     return {c: target[c] for c in expected}
 
 
