@@ -391,12 +391,17 @@ def test_partition_per_checkpoint_attaches_the_attempt_metadata_names_once_and_r
     spark, postgres_server, target
 ):
     """A retried step (two attempts) commits the attempt it names, once, as its own partition holding
-    its checkpoint's rows only; a restore drops the partitions of later checkpoints."""
+    its checkpoint's rows only, also after a crash of the server between the step and the commit; a
+    restore drops the partitions of later checkpoints."""
     sink = _sink(target, partition_per_checkpoint=True)
     batches = [_rows(1, range(0, 30)), _rows(2, range(20, 45)), _rows(3, range(0, 7))]
     for checkpoint_id, batch in enumerate(batches, start=1):
         _stage(spark, sink, "job", checkpoint_id, batch, attempt=1)
         committables = _stage(spark, sink, "job", checkpoint_id, batch, attempt=2)
+        if checkpoint_id == 2:  # the staged rows survive crash recovery (logged staging tables)
+            postgres_server.kill()
+            postgres_server.start()
+        sink.verify_staged(checkpoint_id, committables)
         sink.commit(checkpoint_id, committables)
         sink.commit(checkpoint_id, committables)
         pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", batches[:checkpoint_id]))
