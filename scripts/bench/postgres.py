@@ -103,6 +103,7 @@ def _load(sink: Any, spark: SparkSession, storage: Any, checkpoint_id: int, batc
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # as an aggregate's output arrives
     df = spark.createDataFrame(batch).repartition(partitions).cache()
     df.count()
+    spark._jvm.System.gc()  # type: ignore[union-attr]  # not the previous load's garbage in this one's time
     ctx = step_context(spark, storage, checkpoint_id)
     started = time.perf_counter()
     sink.prepare(ctx)
@@ -131,7 +132,9 @@ def _round(spark: SparkSession, server: Any, n: int, rows: int, changed: int, se
     base = _rows(rows, 0, seed)
     floors = [_floor(server, schema, base)]
     out: dict[str, Any] = {"round": n, "rows": rows, "changed": changed, "floor_s": floors, "problems": []}
-    for name, options in SINKS.items():
+    names = list(SINKS)
+    for name in names[n % len(names) :] + names[: n % len(names)]:  # no sink always loads first
+        options = SINKS[name]
         mode = str(options["mode"])
         table = f"{schema}.{name.replace('-', '_')}"
         sink = PostgresTableSink(name, Source("src"), CONN_ID, table, **options)
