@@ -1,15 +1,16 @@
-"""PostgresTableSink: step load rate against the physical floor, and finalize times, in one run.
+"""PostgresTableSink: staging, verify and commit of a load against the physical floor, in one run.
 
 Starts PostgreSQL the way the tests do (:func:`tests.servers.postgres.start_server`). Per round,
 in a fresh schema, with narrow rows ``(id bigint, label text, value double precision)``:
 
 - **floor**: one plain psycopg ``COPY`` of the same rows from the driver (Arrow-written CSV into
   a logged table, like the staging table), measured before and after the sinks' loads;
-- **append**: checkpoint 1 stages ``rows`` rows (the step's load rate) and commits them;
-  checkpoint 2 appends ``changed`` rows (finalize time into a ``rows``-row table);
+- **append**, **append-partitions** (``partition_per_checkpoint``): checkpoint 1 stages ``rows`` rows,
+  finalize verifies and commits them (each phase timed); checkpoint 2 appends ``changed`` rows
+  (finalize time into a ``rows``-row table);
 - **upsert**: the same, keyed by ``id``; checkpoint 2 changes ``changed`` existing keys.
 
-Both tables are compared with a pandas ground truth at the end of every round.
+Every table is compared with a pandas ground truth at the end of every round.
 
 The step runs in the session a data-heavy step is advised to use (docs/operations.md): the full
 JIT (:data:`JVM_OPTIONS`). With the default C1-only JIT, the JVM's conversion of the rows to
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 CONN_ID = "bench_pg"
 COLUMNS = "id bigint, label text, value double precision"
+PGJDBC = Path("/usr/share/java/postgresql.jar")
+"""Debian's pgjdbc (``libpostgresql-jdbc-java``, installed by scripts/bootstrap.sh where apt-get runs as
+root): with it, each round also times Spark's JDBC writer loading the same rows, for reference."""
 JVM_OPTIONS = "-XX:TieredStopAtLevel=4"
 """The full JIT (C1, then C2 for hot code) over the embedded default C1 only."""
 
@@ -82,47 +86,93 @@ def _truth(mode: str, base: pd.DataFrame, later: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([kept, later]).sort_values("id").reset_index(drop=True)
 
 
+SINKS = {
+    "append": {"mode": "append"},
+    "append-partitions": {"mode": "append", "partition_per_checkpoint": True},
+    "upsert": {"mode": "upsert", "keys": ["id"]},
+}
+"""The sinks loaded per round: append (the commit copies the staged rows with ``INSERT … SELECT``),
+append with ``partition_per_checkpoint`` (the commit attaches them), upsert by ``id``."""
+
+
+def _load(sink: Any, spark: SparkSession, storage: Any, checkpoint_id: int, batch: pd.DataFrame) -> dict[str, Any]:
+    """One checkpoint through the sink as a step and finalize run it: ``prepare`` + ``stage`` (the step),
+    ``verify_staged`` (finalize, before ``_metadata``), ``commit``; seconds of each."""
+    from tests.spark.helpers import step_context  # the step context the Spark tests build
+
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # as an aggregate's output arrives
+    df = spark.createDataFrame(batch).repartition(partitions).cache()
+    df.count()
+    spark._jvm.System.gc()  # type: ignore[union-attr]  # not the previous load's garbage in this one's time
+    ctx = step_context(spark, storage, checkpoint_id)
+    started = time.perf_counter()
+    sink.prepare(ctx)
+    committables = sink.stage(ctx, df)
+    figures = {"rows": len(batch), "stage_s": elapsed(started)}
+    started = time.perf_counter()
+    sink.verify_staged(checkpoint_id, committables)
+    figures["verify_s"] = elapsed(started)
+    started = time.perf_counter()
+    sink.commit(checkpoint_id, committables)
+    figures["commit_s"] = elapsed(started)
+    df.unpersist()
+    settle(spark)
+    return figures
+
+
 def _round(spark: SparkSession, server: Any, n: int, rows: int, changed: int, seed: int) -> dict[str, Any]:
-    """One round in schema ``r<n>``: floor, append and upsert sinks, floor again, ground truth."""
+    """One round in schema ``r<n>``: floor, the :data:`SINKS`, floor again, ground truth."""
     from airflow_provider_checkpoint.dataflow import PostgresTableSink, Source
     from airflow_provider_checkpoint.storage import JobStorage
 
     sys.path.insert(0, str(REPO))
-    from tests.spark.helpers import step_context  # the step context the Spark tests build
-
     schema, seed = f"r{n}", seed + 10 * n
     with server.connect() as db:
         db.execute(f"CREATE SCHEMA {schema}")
     base = _rows(rows, 0, seed)
     floors = [_floor(server, schema, base)]
     out: dict[str, Any] = {"round": n, "rows": rows, "changed": changed, "floor_s": floors, "problems": []}
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # as an aggregate's output arrives
-    for mode in ("append", "upsert"):
-        table = f"{schema}.{mode}_facts"
-        sink = PostgresTableSink(mode, Source("src"), CONN_ID, table, mode, ["id"] if mode == "upsert" else None)
-        storage = JobStorage.for_job(str(Path("/tmp/checkpoint-bench-pg") / schema), mode)  # the sink writes no files
+    names = list(SINKS)
+    for name in names[n % len(names) :] + names[: n % len(names)]:  # no sink always loads first
+        options = SINKS[name]
+        mode = str(options["mode"])
+        table = f"{schema}.{name.replace('-', '_')}"
+        sink = PostgresTableSink(name, Source("src"), CONN_ID, table, **options)
+        storage = JobStorage.for_job(str(Path("/tmp/checkpoint-bench-pg") / schema), name)  # the sink writes no files
         later = _later(mode, rows, changed, seed)
         for checkpoint_id, batch in ((1, base), (2, later)):
-            df = spark.createDataFrame(batch).repartition(partitions).cache()
-            df.count()
-            ctx = step_context(spark, storage, checkpoint_id)
-            started = time.perf_counter()
-            sink.prepare(ctx)
-            committables = sink.stage(ctx, df)
-            step = elapsed(started)
-            started = time.perf_counter()
-            sink.commit(checkpoint_id, committables)
-            commit = elapsed(started)
-            out[f"{mode}_{checkpoint_id}"] = {"rows": len(batch), "step_s": step, "commit_s": commit}
-            log(f"round {n} {mode} checkpoint {checkpoint_id}: {len(batch):,} rows, step {step:.2f}s, "
-                f"commit {commit:.3f}s")  # fmt: skip
-            df.unpersist()
-            settle(spark)
+            figures = out[f"{name}_{checkpoint_id}"] = _load(sink, spark, storage, checkpoint_id, batch)
+            log(f"round {n} {name} checkpoint {checkpoint_id}: {len(batch):,} rows, step {figures['stage_s']:.2f}s, "
+                f"verify {figures['verify_s']:.3f}s, commit {figures['commit_s']:.3f}s")  # fmt: skip
         if not _table(server, table).astype(str).equals(_truth(mode, base, later).astype(str)):
-            out["problems"].append(f"round {n}: {mode} table differs from the ground truth")
+            out["problems"].append(f"round {n}: {name} table differs from the ground truth")
+    if PGJDBC.exists():
+        out["jdbc_s"] = _jdbc(spark, server, schema, base)
+        log(f"round {n} JDBC writer: {out['jdbc_s']:.2f}s")
     floors.append(_floor(server, schema, base))
     log(f"round {n} floor: {floors[0]:.2f}s, {floors[1]:.2f}s for {rows:,} rows")
     return out
+
+
+def _jdbc(spark: SparkSession, server: Any, schema: str, rows: pd.DataFrame) -> float:
+    """Seconds of Spark's JDBC writer (pgjdbc, batched ``INSERT`` rewritten to multi-row statements, one
+    stream per core as the sink loads) of ``rows`` into a logged table."""
+    from airflow_provider_checkpoint.connectors.postgres.load import one_stream_per_core
+    from tests.servers.postgres import DATABASE, USER
+
+    with server.connect() as db:
+        db.execute(f"CREATE TABLE {schema}.jdbc ({COLUMNS})")
+    df = spark.createDataFrame(rows).repartition(int(spark.conf.get("spark.sql.shuffle.partitions"))).cache()
+    df.count()
+    url = f"jdbc:postgresql://127.0.0.1:{server.port}/{DATABASE}"
+    options = {"user": USER, "password": server.password, "driver": "org.postgresql.Driver"}
+    started = time.perf_counter()
+    one_stream_per_core(df).write.jdbc(
+        url, f"{schema}.jdbc", "append", {**options, "batchsize": "10000", "reWriteBatchedInserts": "true"}
+    )
+    seconds = elapsed(started)
+    df.unpersist()
+    return seconds
 
 
 def _warm_up(spark: SparkSession, server: Any) -> None:
@@ -145,7 +195,11 @@ def run(rows: int, changed: int, rounds: int, work: Path, seed: int) -> dict[str
     server = start_server(root)
     try:
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = server.uri()
-        spark, session_seconds = start_spark({"spark.driver.extraJavaOptions": JVM_OPTIONS})
+        conf = {
+            "spark.driver.extraJavaOptions": JVM_OPTIONS,
+            **({"spark.jars": str(PGJDBC)} if PGJDBC.exists() else {}),
+        }
+        spark, session_seconds = start_spark(conf)
         _warm_up(spark, server)
         results = [_round(spark, server, n, rows, changed, seed) for n in range(1, rounds + 1)]
     finally:
@@ -168,7 +222,7 @@ def render(result: dict[str, Any]) -> str:
     rounds = result["rounds"]
     first = rounds[0]
     lines = [
-        f"### PostgreSQL sink: step load vs the COPY floor, finalize ({first['rows']:,} rows, "
+        f"### PostgreSQL sink: the whole load (staging and commit) vs one COPY ({first['rows']:,} rows, "
         f"{first['changed']:,} changed keys)",
         "",
         *machine_lines(result),
@@ -177,22 +231,36 @@ def render(result: dict[str, Any]) -> str:
         f"the driver JVM runs with `{result['jvm_options']}` (full JIT, as docs/operations.md advises for "
         "data-heavy steps; the embedded default is C1 only).",
         "- **floor**: one psycopg `COPY` of the same rows from the driver (Arrow CSV of the in-memory rows, into a "
-        "logged table like the staging table), measured before and after the sinks in the same round; the ratio "
-        "uses the faster one.",
-        "- **step**: `prepare` + `stage` of checkpoint 1 (claim, table check and creation, staging table, the "
-        "executors' COPY, checks); **finalize**: `commit` of checkpoint 2 into the table of checkpoint 1.",
+        "logged table like the staging table), measured before and after the sinks in the same round; the ratios "
+        "use the faster one.",
+        "- Checkpoint 1 loads the rows into a new table: **staging** = `prepare` + `stage` (claim, table check and "
+        "creation, staging table, the executors' COPY, checks), **verify** = finalize's check of the staging table "
+        "before `_metadata` (a row count), **commit** = the commit transaction; **whole** = the three; "
+        "**later commit**: checkpoint 2's commit into the table of checkpoint 1.",
+        "- Sinks: `append` (the commit copies the staged rows, `INSERT … SELECT`), `append-partitions` "
+        "(`partition_per_checkpoint=True`: the commit attaches them), `upsert` by `id`.",
         "",
-        "| round | floor rows/s | append step rows/s | ratio (target ≥ 0.7) | upsert step rows/s | ratio "
-        "| append finalize s | upsert finalize s (target < 1) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| round | sink | floor s | staging s | verify s | commit s | whole s | floor / whole (target ≥ 0.6) "
+        "| floor / staging | later commit s |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rounds:
-        floor = r["rows"] / min(r["floor_s"])
-        append, upsert = r["rows"] / r["append_1"]["step_s"], r["rows"] / r["upsert_1"]["step_s"]
-        lines.append(
-            f"| {r['round']} | {floor:,.0f} | {append:,.0f} | {append / floor:.2f} | {upsert:,.0f} | "
-            f"{upsert / floor:.2f} | {r['append_2']['commit_s']:.3f} | {r['upsert_2']['commit_s']:.3f} |"
-        )
+        floor = min(r["floor_s"])
+        for name in SINKS:
+            one, later = r[f"{name}_1"], r[f"{name}_2"]
+            whole = one["stage_s"] + one["verify_s"] + one["commit_s"]
+            lines.append(
+                f"| {r['round']} | {name} | {floor:.2f} | {one['stage_s']:.2f} | {one['verify_s']:.2f} | "
+                f"{one['commit_s']:.2f} | {whole:.2f} | {floor / whole:.2f} | {floor / one['stage_s']:.2f} | "
+                f"{later['commit_s']:.3f} |"
+            )
+    jdbc = [f"{r['jdbc_s']:.2f}" for r in rounds if "jdbc_s" in r]
+    if jdbc:
+        lines += [
+            "",
+            f"Spark's JDBC writer (Debian's pgjdbc, `batchsize=10000`, `reWriteBatchedInserts=true`, one stream per "
+            f"core) loading the same rows into a plain table, per round: {', '.join(jdbc)} s.",
+        ]
     lines += [
         "",
         f"Ground truth (pandas, every table, every round): "

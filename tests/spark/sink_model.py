@@ -54,10 +54,15 @@ class Config:
     null_keys: bool = True  # soak.py --no-null-keys: look past a failure on null key parts
     faults: tuple[str, ...] = ()  # soak.py --skip-fault: faults left out
     one_row_per_key: bool = False  # soak.py --one-row-per-key: look past a failure on several rows of a key
+    partition_per_checkpoint: bool = False  # postgres append: commits attach a partition per checkpoint
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-{self.mode}" + ("-seq" if self.sequence_by else "")
+        return (
+            f"{self.kind}-{self.mode}"
+            + ("-seq" if self.sequence_by else "")
+            + ("-partitions" if self.partition_per_checkpoint else "")
+        )
 
     @property
     def dead_letters(self) -> bool:
@@ -134,6 +139,8 @@ class Harness:
         options: dict[str, Any] = {"keys": KEYS if upsert else None}
         if config.sequence_by:
             options["sequence_by"] = ["seq"]
+        if config.partition_per_checkpoint:
+            options["partition_per_checkpoint"] = True
         if config.kind != "postgres" and upsert:
             options.update(buckets=config.buckets, driver_merge_rows=config.driver_merge_rows)
         if config.kind == "parquet":

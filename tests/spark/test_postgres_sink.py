@@ -16,6 +16,8 @@ import pytest
 from airflow_provider_checkpoint.connectors.postgres.sink import CHECKPOINT_COLUMN, PostgresTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    PipelineDefinitionError,
     RestoreError,
     SinkClaimedError,
     SinkConnectionError,
@@ -105,9 +107,19 @@ def _staging_tables(server: PostgresServer, schema: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-@pytest.mark.parametrize("mode", ["append", "upsert"])
+MODES = ["append", "append-partitions", "upsert"]
+"""``append-partitions``: append with ``partition_per_checkpoint`` (commits attach, not copy)."""
+
+
+def _sink_of(schema: str, mode: str) -> PostgresTableSink:
+    if mode == "append-partitions":
+        return _sink(schema, "append", partition_per_checkpoint=True)
+    return _sink(schema, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_checkpoints_match_pandas_and_commit_twice_is_once(spark, postgres_server, target, mode):
-    sink = _sink(target, mode)
+    sink = _sink_of(target, mode)
     batches = [_rows(1, range(0, 40)), _rows(2, range(30, 70)), _rows(3, range(60, 65))]
     for checkpoint_id, batch in enumerate(batches, start=1):
         committables = _stage(spark, sink, "job", checkpoint_id, batch)
@@ -123,8 +135,9 @@ def test_checkpoints_match_pandas_and_commit_twice_is_once(spark, postgres_serve
     assert sink.audit() == []
 
 
-def test_abort_drops_every_attempt_and_audit_lists_leftovers(spark, postgres_server, target):
-    sink = _sink(target)
+@pytest.mark.parametrize("mode", ["append", "append-partitions"])
+def test_abort_drops_every_attempt_and_audit_lists_leftovers(spark, postgres_server, target, mode):
+    sink = _sink_of(target, mode)
     _stage(spark, sink, "job", 1, _rows(1, range(10)), attempt=1)
     _stage(spark, sink, "job", 1, _rows(1, range(10)), attempt=2)
     kept = _stage(spark, sink, "job", 2, _rows(2, range(5)))
@@ -139,9 +152,9 @@ def test_abort_drops_every_attempt_and_audit_lists_leftovers(spark, postgres_ser
     assert _table(postgres_server, target).empty
 
 
-@pytest.mark.parametrize("mode", ["append", "upsert"])
+@pytest.mark.parametrize("mode", MODES)
 def test_restore_returns_the_table_to_an_earlier_checkpoint(spark, postgres_server, target, mode):
-    sink = _sink(target, mode)
+    sink = _sink_of(target, mode)
     batches = [_rows(c, range(10 * c, 10 * c + 25)) for c in range(1, 5)]
     for checkpoint_id, batch in enumerate(batches, start=1):
         sink.commit(checkpoint_id, _stage(spark, sink, "job", checkpoint_id, batch))
@@ -358,3 +371,116 @@ def test_refused_rows_go_to_the_dead_letter_table_exactly_once_and_restore_remov
     sink.abort(3)
     assert _staging_tables(postgres_server, target) == []
     pd.testing.assert_frame_equal(table(), truth([batches[1]]))
+
+
+def _partitions(server: PostgresServer, schema: str) -> dict[str, list[int]]:
+    """Each partition of ``schema.facts``: the checkpoint ids its rows carry (read with psycopg)."""
+    with server.connect() as db:
+        names = db.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass(%s) ORDER BY 1",
+            [f"{schema}.facts"],
+        ).fetchall()
+        return {
+            n: [r[0] for r in db.execute(f"SELECT DISTINCT {CHECKPOINT_COLUMN} FROM {schema}.{n} ORDER BY 1")]
+            for (n,) in names
+        }
+
+
+def test_partition_per_checkpoint_attaches_the_attempt_metadata_names_once_and_restore_drops_newer(
+    spark, postgres_server, target
+):
+    """A retried step (two attempts) commits the attempt it names, once, as its own partition holding
+    its checkpoint's rows only, also after a crash of the server between the step and the commit; a
+    restore drops the partitions of later checkpoints."""
+    sink = _sink(target, partition_per_checkpoint=True)
+    batches = [_rows(1, range(0, 30)), _rows(2, range(20, 45)), _rows(3, range(0, 7))]
+    for checkpoint_id, batch in enumerate(batches, start=1):
+        _stage(spark, sink, "job", checkpoint_id, batch, attempt=1)
+        committables = _stage(spark, sink, "job", checkpoint_id, batch, attempt=2)
+        if checkpoint_id == 2:  # the staged rows survive crash recovery (logged staging tables)
+            postgres_server.kill()
+            postgres_server.start()
+        sink.verify_staged(checkpoint_id, committables)
+        sink.commit(checkpoint_id, committables)
+        sink.commit(checkpoint_id, committables)
+        pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", batches[:checkpoint_id]))
+    parts = _partitions(postgres_server, target)
+    assert sorted(parts.values()) == [[1], [2], [3]] and all(n.endswith(f"_p{c[0]}") for n, c in parts.items())
+    assert _staging_tables(postgres_server, target) == [] and sink.audit() == []
+    sink.rollback(1)
+    assert sorted(_partitions(postgres_server, target).values()) == [[1]]
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", batches[:1]))
+    assert not sink.is_committed(2)
+    replay = _rows(4, range(50, 60))
+    sink.commit(4, _stage(spark, sink, "job", 4, replay))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", [batches[0], replay]))
+
+
+def test_partition_per_checkpoint_keeps_a_users_partitioned_table_its_indexes_and_constraints(
+    spark, postgres_server, target
+):
+    """A table the user made (``LIST (_checkpoint_id)``, an index, a ``CHECK``, a partition of its own)
+    gets one partition per checkpoint carrying the index; the sink adds nothing else to it."""
+    with postgres_server.connect() as db:
+        db.execute(
+            f"CREATE TABLE {target}.facts (k text NOT NULL, v bigint CHECK (v >= 0), amount numeric(12,2), "
+            f"ts timestamptz, tags text[], {CHECKPOINT_COLUMN} bigint NOT NULL) PARTITION BY LIST ({CHECKPOINT_COLUMN})"
+        )
+        db.execute(f"CREATE INDEX facts_v ON {target}.facts (v)")
+        db.execute(f"CREATE TABLE {target}.old PARTITION OF {target}.facts FOR VALUES IN (0)")
+    sink = _sink(target, partition_per_checkpoint=True, create_table=False)
+    batch = _rows(1, range(0, 12))
+    sink.commit(1, _stage(spark, sink, "job", 1, batch))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", [batch]))
+    with postgres_server.connect() as db:
+        indexed = db.execute(
+            "SELECT count(*) FROM pg_inherits i JOIN pg_index x ON x.indexrelid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass(%s)",
+            [f"{target}.facts_v"],
+        ).fetchone()[0]
+        checks = db.execute(
+            "SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND conrelid = to_regclass(%s)", [f"{target}.facts"]
+        ).fetchone()[0]
+    assert indexed == 2 and checks == 1  # both partitions indexed; the sink's staging CHECK is gone
+    assert sorted(_partitions(postgres_server, target).values()) == [[], [1]]
+
+
+def _create_facts(server: PostgresServer, schema: str, partitioned: str = "") -> None:
+    """``schema.facts`` for the append input, as a user would create it (replacing any)."""
+    with server.connect() as db:
+        db.execute(f"DROP TABLE IF EXISTS {schema}.facts")
+        db.execute(f"CREATE TABLE {schema}.facts (k text, v bigint, amount numeric(12,2), ts timestamptz, "
+                   f"tags text[], {CHECKPOINT_COLUMN} bigint NOT NULL){partitioned}")  # fmt: skip
+
+
+def test_a_table_partitioned_other_than_the_option_says_is_refused(spark, postgres_server, target):
+    _create_facts(postgres_server, target)
+    sink = _sink(target, partition_per_checkpoint=True)
+    with pytest.raises(SinkSchemaError, match=r"PARTITION BY LIST \(_checkpoint_id\), and it is not partitioned"):
+        _stage(spark, sink, "job", 1, _rows(1, range(3)))
+    assert _partitions(postgres_server, target) == {} and _staging_tables(postgres_server, target) == []
+    _create_facts(postgres_server, target, f" PARTITION BY LIST ({CHECKPOINT_COLUMN})")
+    with pytest.raises(SinkSchemaError, match="without a DEFAULT partition, so a commit could not insert"):
+        _stage(spark, _sink(target), "job", 1, _rows(1, range(3)))  # the option off: its INSERT would fail
+    with pytest.raises(PipelineDefinitionError, match="partition_per_checkpoint is for append mode"):
+        _sink(target, "upsert", partition_per_checkpoint=True)
+
+
+@pytest.mark.parametrize("mode", ["append", "append-partitions"])
+def test_a_staging_table_changed_after_the_step_is_refused_and_nothing_commits(spark, postgres_server, target, mode):
+    """Rows added to the staging table by hand: the commit (the INSERT's row count, or the attach's
+    count) refuses it, its transaction rolled back, and commits once the table is as staged."""
+    sink = _sink_of(target, mode)
+    batch = _rows(1, range(0, 9))
+    committables = _stage(spark, sink, "job", 1, batch)
+    staged = f"{target}.{committables[0]['staging_table']}"
+    with postgres_server.connect() as db:
+        db.execute(f"INSERT INTO {staged} (k, v) SELECT k || '-x', v FROM {staged}")
+    with pytest.raises(CheckpointStorageError, match=rf"staging table {staged} holds 18 rows, the checkpoint staged 9"):
+        sink.commit(1, committables)
+    assert _table(postgres_server, target).empty and not sink.is_committed(1)
+    with postgres_server.connect() as db:
+        db.execute(f"DELETE FROM {staged} WHERE k LIKE '%-x'")
+    sink.commit(1, committables)
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", [batch]))

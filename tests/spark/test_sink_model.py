@@ -31,6 +31,7 @@ CONFIGS = [
     Config("delta", "upsert"),
     Config("delta", "upsert", sequence_by=True),
     Config("postgres", "append"),
+    Config("postgres", "append", partition_per_checkpoint=True),
     Config("postgres", "upsert"),
     Config("postgres", "upsert", sequence_by=True),
 ]

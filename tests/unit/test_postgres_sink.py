@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import types as T
 
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import (
@@ -93,6 +94,8 @@ def test_types_without_a_mapping_and_bad_definitions_are_refused():
     with pytest.raises(PipelineDefinitionError, match=r"max_refused_fraction must be in \[0, 1\]"):
         _sink(dead_letter_table="refused", max_refused_fraction=1.5)
     assert _sink(dead_letter_table="refused").describe()["dead_letters"] == "marts.refused"
+    assert _sink(partition_per_checkpoint=True).describe()["partition_per_checkpoint"] is True
+    assert "partition_per_checkpoint" not in _sink().describe()
     assert _sink(dead_letter_table="ops.refused").dead_letters == ("ops", "refused")
 
 
@@ -113,7 +116,7 @@ def test_an_unreachable_server_is_refused_naming_it_but_not_the_password(monkeyp
     with pytest.raises(SinkUnavailableError, match=f"127.0.0.1:{port}/db as 'u'") as refused:
         _sink().load_claim()
     assert "s3cret-pw" not in str(refused.value)
-    connection = pg.PgConnection.from_airflow("pg_unit")
+    connection = PgConnection.from_airflow("pg_unit")
     assert connection.password == "s3cret-pw" and "s3cret-pw" not in repr(connection)
 
 
@@ -136,14 +139,14 @@ def test_a_bad_connection_extra_is_refused_naming_it_never_a_secret(monkeypatch,
     conn = {"conn_type": "postgres", "host": "127.0.0.1", "login": "u", "password": SECRET, "extra": extra}
     monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", json.dumps(conn))
     with pytest.raises(SinkConnectionError, match=f"Airflow connection 'pg_unit': extra {rule}") as refused:
-        pg.PgConnection.from_airflow("pg_unit")
+        PgConnection.from_airflow("pg_unit")
     assert SECRET not in str(refused.value) and SECRET not in caplog.text
 
 
 def test_good_connection_extras_reach_psycopg_as_strings(monkeypatch):
     extra = {"connect_timeout": 7, "sslmode": "verify-full", "application_name": "etl", "unrelated": "kept out"}
     monkeypatch.setenv("AIRFLOW_CONN_PG_UNIT", json.dumps({"conn_type": "postgres", "host": "h", "extra": extra}))
-    options = dict(pg.PgConnection.from_airflow("pg_unit").options)
+    options = dict(PgConnection.from_airflow("pg_unit").options)
     assert options == {"connect_timeout": "7", "sslmode": "verify-full", "application_name": "etl"}
 
 

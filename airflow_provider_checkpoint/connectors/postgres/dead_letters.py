@@ -26,6 +26,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointStorageError, SinkS
 if TYPE_CHECKING:
     import psycopg
 
+    from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
     from airflow_provider_checkpoint.core.model import JsonDict
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def prepare(sink: pg.SinkTable, db: psycopg.Connection[Any], table: tuple[str, s
     db.execute(sql.SQL("CREATE TABLE {} ({})").format(dead, columns))
 
 
-def check_refused(sink: pg.SinkTable, conn: pg.PgConnection, staging: str, rows: int, refused: int) -> None:
+def check_refused(sink: pg.SinkTable, conn: PgConnection, staging: str, rows: int, refused: int) -> None:
     """After the load: decline the checkpoint if more than ``max_refused_fraction`` of its rows were
     refused, else log how many were (with the first, for a person to act on)."""
     from psycopg import sql

@@ -12,7 +12,9 @@
 - **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
   or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
-  the trigger's recovery, finds the marker and does nothing.
+  the trigger's recovery, finds the marker and does nothing. With ``partition_per_checkpoint`` an
+  append commit attaches the staging table as the checkpoint's partition instead of copying its
+  rows (:mod:`.partitions`).
 - **Restore** to checkpoint N, in one transaction: ``append`` deletes the rows whose
   ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
   the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
@@ -29,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode
 from airflow_provider_checkpoint.connectors.base.upsert_rule import check_sequence_by
-from airflow_provider_checkpoint.connectors.postgres import dead_letters, undo
+from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN, NULLS_NOT_DISTINCT_SINCE
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+from airflow_provider_checkpoint.connectors.postgres.load import LOAD_RESULT, copy_partitions, one_stream_per_core
+from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -80,6 +84,9 @@ class PostgresTableSink(TransactionalSink):
     :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).
     :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
         checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
+    :param partition_per_checkpoint: append mode: the commit attaches the staged rows as the
+        checkpoint's partition of a table partitioned ``PARTITION BY LIST (_checkpoint_id)`` instead of
+        copying them (:mod:`.partitions`); ``create_table`` creates it so, an existing table must be.
     """
 
     def __init__(
@@ -96,6 +103,7 @@ class PostgresTableSink(TransactionalSink):
         max_refused_fraction: float = 0.5,
         step: str | None = None,
         sequence_by: list[str] | None = None,
+        partition_per_checkpoint: bool = False,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -118,6 +126,9 @@ class PostgresTableSink(TransactionalSink):
                 f"{uid}: max_refused_fraction must be in [0, 1], got {max_refused_fraction!r}"
             )
         self.max_refused_fraction = max_refused_fraction
+        if partition_per_checkpoint and mode != "append":
+            raise PipelineDefinitionError(f"{uid}: partition_per_checkpoint is for append mode")
+        self.partition_per_checkpoint = partition_per_checkpoint
 
     def _dead_letter_table(self, table: str) -> tuple[str, str]:
         schema, name = pg.split_table(self.uid, table if "." in table else f"{self.schema}.{table}")
@@ -127,6 +138,8 @@ class PostgresTableSink(TransactionalSink):
 
     def describe(self) -> dict[str, Any]:
         described = {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
+        if self.partition_per_checkpoint:
+            described["partition_per_checkpoint"] = True
         return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
 
     def target_name(self) -> str:
@@ -170,8 +183,8 @@ class PostgresTableSink(TransactionalSink):
         when = {"commit_time": float(row[0])}
         return {self.uid: when, **({self._dead_letters_uid(): when} if self.dead_letters else {})}
 
-    def _connection(self) -> pg.PgConnection:
-        return pg.PgConnection.from_airflow(self.conn_id)
+    def _connection(self) -> PgConnection:
+        return PgConnection.from_airflow(self.conn_id)
 
     def _tx(self) -> psycopg.Connection[Any]:
         return self._connection().connect()
@@ -221,62 +234,7 @@ class PostgresTableSink(TransactionalSink):
         self.claim(ctx.plan.job_id)
 
     # -- writer (step side) ------------------------------------------------------------
-    def _create_target(self, db: psycopg.Connection[Any], df: DataFrame) -> None:
-        from psycopg import sql
-
-        columns = [
-            sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(self.uid, f.name, f.dataType)))
-            for f in df.schema.fields
-        ]
-        if self.mode == "append":
-            columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
-        elif db.info.server_version >= NULLS_NOT_DISTINCT_SINCE:  # a null key part is a key value, as in every sink
-            columns.append(sql.SQL("UNIQUE NULLS NOT DISTINCT ({})").format(pg.idents(self.keys)))
-        else:
-            columns.append(sql.SQL("PRIMARY KEY ({})").format(pg.idents(self.keys)))
-        db.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(self.table(), sql.SQL(", ").join(columns)))
-        log.info("sink %s: created table %s", self.uid, self.target_name())
-
-    def _check_target(self, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
-        """The target's types of the input columns; refused unless its columns are exactly the input's."""
-        target = pg.table_columns(db, self.schema, self.table_name)
-        if not target:
-            if not self.create_table:
-                raise SinkSchemaError(
-                    f"sink {self.uid}: table {self.target_name()} does not exist (create_table=False)"
-                )
-            self._create_target(db, df)
-            target = pg.table_columns(db, self.schema, self.table_name)
-        expected = [f.name for f in df.schema.fields]
-        own = [CHECKPOINT_COLUMN] if self.mode == "append" else []
-        missing = [c for c in [*expected, *own] if c not in target]
-        extra = [c for c in target if c not in expected and c not in own]
-        if missing or extra:
-            raise SinkSchemaError(
-                f"sink {self.uid}: table {self.target_name()} does not match the input: "
-                f"missing columns {missing}, columns the input does not have {extra}"
-            )
-        if self.mode == "upsert" and self._unique_index(db) is None:
-            raise SinkSchemaError(
-                f"sink {self.uid}: table {self.target_name()} has no unique index on exactly {self.keys} (upsert keys)"
-            )
-        return {c: target[c] for c in expected}
-
-    def _unique_index(self, db: psycopg.Connection[Any]) -> bool | None:
-        """Whether the table's unique index on exactly the keys matches null key parts (``NULLS NOT
-        DISTINCT``, PostgreSQL 15+); ``None`` if it has no such index."""
-        nulls_match = "i.indnullsnotdistinct" if db.info.server_version >= NULLS_NOT_DISTINCT_SINCE else "false"
-        row = db.execute(
-            f"SELECT {nulls_match} FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique "
-            "AND i.indpred IS NULL AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute "
-            "WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey)) = %s::name[] ORDER BY 1 DESC LIMIT 1",
-            [f'"{self.schema}"."{self.table_name}"', sorted(self.keys)],
-        ).fetchone()
-        return None if row is None else bool(row[0])
-
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        from psycopg import sql
-
         started = time.monotonic()
         conn = self._connection()
         staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
@@ -286,21 +244,19 @@ class PostgresTableSink(TransactionalSink):
             raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
         dead = pg.dead_letter_staging(staging) if self.dead_letters else None
         with conn.connect() as db:
-            types = self._check_target(db, df)
-            null_keys = self.mode == "upsert" and bool(self._unique_index(db))
-            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table(staging)))
-            definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
-            db.execute(sql.SQL("CREATE TABLE {} ({})").format(self.table(staging), definition))  # logged: durable
+            types = target.check_target(self, db, df)
+            null_keys = self.mode == "upsert" and bool(target.unique_index(self, db))
+            target.create_staging(self, db, staging, types, ctx.checkpoint_id)
             if self.dead_letters:
                 dead_letters.prepare(self, db, self.dead_letters, staging)
-        load = pg.copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
-        results = pg.one_stream_per_core(df).mapInArrow(load, pg.LOAD_RESULT).collect()
+        load = copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
+        results = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
         failed = [r["error"] for r in results if r["error"]]
         if failed:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
         rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
         dead_letters.check_refused(self, conn, staging, rows, refused)
-        self._check_staged(conn, staging, null_keys)
+        target.check_staged(self, conn, staging, null_keys)
         ctx.add_metric("sink_rows", rows)
         committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
         if dead:
@@ -312,35 +268,6 @@ class PostgresTableSink(TransactionalSink):
             staging, len(results), time.monotonic() - started,
         )  # fmt: skip
         return [committable]
-
-    def _check_staged(self, conn: pg.PgConnection, staging: str, null_keys: bool) -> None:
-        """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
-        index) and refuse a key staged twice, or a null key part where the table's unique index would not
-        match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
-        table once, in order: nothing to check or plan."""
-        from psycopg import sql
-
-        if self.mode != "upsert":
-            return
-        with conn.connect(autocommit=True) as db:
-            db.execute(sql.SQL("ANALYZE {}").format(self.table(staging)))
-            keys = pg.idents(self.keys)
-            null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in self.keys)
-            refused = sql.SQL("false") if null_keys else null
-            bad = db.execute(
-                sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
-                        "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=self.table(staging), n=refused)
-            ).fetchone()  # fmt: skip
-        if bad:
-            key = ", ".join(f"{k}={v!r}" for k, v in zip(self.keys, bad[:-1], strict=True))
-            if bad[-1] == "a null key":
-                raise SinkValueError(
-                    f"sink {self.uid}: upsert key ({key}) is a null key, which the unique index of "
-                    f"{self.target_name()} on {self.keys} does not match (nulls distinct, or a primary key): create "
-                    "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
-                    "null keys upstream"
-                )
-            raise SinkValueError(f"sink {self.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
 
     # -- committer (finalize / recovery side) ------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int, int]]:
@@ -405,8 +332,11 @@ class PostgresTableSink(TransactionalSink):
                 return
             columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
             rows = 0
-            for staging, expected, refused in committables:
-                rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
+            for i, (staging, expected, refused) in enumerate(committables):
+                if self.partition_per_checkpoint and i == 0:  # one partition per checkpoint
+                    rows += partitions.attach(self, db, checkpoint_id, staging, expected)
+                else:
+                    rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
                 dead_letters.move(self, db, claim, checkpoint_id, staging, refused)
             fault_point("finalize.inside_sink_commit", checkpoint=checkpoint_id, sink=self.uid)
             undo.write_marker(self, db, claim, checkpoint_id, rows)
@@ -425,6 +355,8 @@ class PostgresTableSink(TransactionalSink):
             if self._read_claim(db) is None:
                 return
             claim = self._locked_claim(db)
+            if self.partition_per_checkpoint:
+                partitions.drop_newer(self, db, checkpoint_id)
             undone = undo.undo_newer(self, db, claim, checkpoint_id)
             dead_letters.delete_newer(self, db, claim, checkpoint_id)
             later = [n for n in self._staging_tables(db) if pg.staged_checkpoint(n) > checkpoint_id]

@@ -17,7 +17,7 @@ Undo, by mode:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
@@ -31,12 +31,16 @@ UNDO_CHECKPOINT = "_undo_checkpoint"
 UNDO_EXISTED = "_undo_existed"
 
 
+def _exists(db: psycopg.Connection[Any], schema: str, table: str) -> bool:
+    found = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
+    return bool(found and found[0])
+
+
 def staged_rows_problem(db: psycopg.Connection[Any], schema: str, table: str, expected: int) -> str | None:
     """How staging table ``schema.table`` differs from holding the ``expected`` rows; ``None`` if it holds them."""
     from psycopg import sql
 
-    exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
-    if not exists or not exists[0]:
+    if not _exists(db, schema, table):
         return "is gone"
     counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
     return None if counted and counted[0] == expected else f"holds {counted and counted[0]} rows"
@@ -46,14 +50,19 @@ def check_staged_rows(
     db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int, checkpoint_id: int
 ) -> None:
     """Refuse to commit checkpoint ``checkpoint_id`` from staging table ``schema.table`` unless it
-    holds the ``expected`` rows. Staging tables are logged, so a crash of the server does not empty
-    them, and finalize checks them just before ``_metadata`` (:meth:`~.sink.PostgresTableSink.verify_staged`):
-    one gone or short now was dropped or changed by hand after that (or the database lost committed
-    transactions, e.g. a failover to a replica that lagged). The message says how to get the job
-    moving again."""
-    found = staged_rows_problem(db, schema, table, expected)
-    if found is None:
-        return
+    holds the ``expected`` rows (:func:`refuse_commit`)."""
+    if found := staged_rows_problem(db, schema, table, expected):
+        refuse_commit(uid, schema, table, expected, checkpoint_id, found)
+
+
+def refuse_commit(uid: str, schema: str, table: str, expected: int, checkpoint_id: int, found: str) -> NoReturn:
+    """The commit of ``checkpoint_id`` refused: its staging table ``schema.table`` ``found`` (is gone,
+    or holds another number of rows than the ``expected`` ones). Staging tables are logged, so a crash
+    of the server does not empty them, and finalize checks them just before ``_metadata``
+    (:meth:`~.sink.PostgresTableSink.verify_staged`): one gone or short now was dropped or changed by
+    hand after that (or the database lost committed transactions, e.g. a failover to a replica that
+    lagged). The message says how to get the job moving again; raised inside the commit transaction,
+    it rolls back whatever the caller moved."""
     raise CheckpointStorageError(
         f"sink {uid}: cannot commit checkpoint {checkpoint_id}: its staging table {schema}.{table} {found}, the "
         f"checkpoint staged {expected} rows there (was it dropped or changed by hand?). Checkpoint {checkpoint_id} "
@@ -91,20 +100,26 @@ def move_rows(
     expected: int,
     columns: list[str],
 ) -> int:
-    """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop it."""
+    """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop
+    it; refused unless it holds the ``expected`` rows (:func:`check_staged_rows`). An append reads the
+    staging table once: its ``INSERT``'s row count is the check."""
     from psycopg import sql
 
-    check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
     stg, target = sink.table(staging), sink.table()
     cols = pg.idents(columns)
     if sink.mode == "append":
-        db.execute(
+        if not _exists(db, sink.schema, staging):
+            refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, "is gone")
+        moved = db.execute(
             sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, %s FROM {}").format(
                 target, cols, pg.ident(pg.CHECKPOINT_COLUMN), cols, stg
             ),
             [checkpoint_id],
-        )
+        ).rowcount
+        if moved != expected:
+            refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, f"holds {moved} rows")
     else:
+        check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
         _record_before_images(sink, db, checkpoint_id, staging, columns)
         others = [c for c in columns if c not in sink.keys]
         action = (

@@ -1,0 +1,211 @@
+"""The executor side of :class:`~.sink.PostgresTableSink`'s step: the bulk load into a staging table.
+
+Nothing here holds rows in the driver: :func:`copy_partitions` runs in the executors, one
+``COPY`` per Arrow batch inside one transaction per partition, and returns one small row
+(counts, error) per partition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.postgres.sql import DEAD_LETTER_STAGED, ident, idents
+
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+    from psycopg import sql
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+
+
+def _nul_column(row: dict[str, Any]) -> str | None:
+    """The first column of ``row`` whose value holds a NUL byte (PostgreSQL text cannot), if any."""
+    return next((c for c, v in row.items() if _has_nul(v)), None)
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return isinstance(value, str) and "\0" in value
+
+
+NUL_REFUSED = "a NUL byte (0x00) in text, which PostgreSQL cannot store"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A row PostgreSQL refused: its index in the rows sent (``None``: not told), column, message."""
+
+    index: int | None
+    column: str | None
+    message: str
+
+    @classmethod
+    def of_server(cls, error: psycopg.Error, count: int) -> Refusal:
+        """From a failed value-by-value ``COPY`` of ``count`` rows: the line and column in the
+        server's context (``None`` where it does not say, as from a server in another language)."""
+        found = re.search(r"line (\d+)(?:, column (\w+))?", error.diag.context or "")
+        index = int(found.group(1)) - 1 if found else None
+        return cls(
+            index if index is not None and 0 <= index < count else None,
+            found.group(2) if found else None,
+            (error.diag.message_primary or str(error)).strip(),
+        )
+
+    def describe(self, row: dict[str, Any], keys: list[str], partition: int) -> str:
+        """The refused column and the key (or row number) of ``row``, and the message."""
+        where = f"partition {partition}" if self.index is None else f"row {self.index + 1} of partition {partition}"
+        if keys and row:
+            where = "key (" + ", ".join(f"{k}={row.get(k)!r}" for k in keys) + ")"
+        return f"column {self.column or '?'}, {where}: {self.message}"
+
+    def dead_letter(self, row: dict[str, Any], keys: list[str]) -> tuple[str | None, ...]:
+        """:data:`DEAD_LETTER_STAGED` of ``row``: key and row as JSON text (a NUL byte escaped as ``\\u0000``)."""
+        key = json.dumps({k: row[k] for k in keys}, default=_json_value, ensure_ascii=False) if keys else None
+        return self.column, key, json.dumps(row, default=_json_value, ensure_ascii=False), self.message
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return "\\x" + bytes(value).hex()
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def _as_csv(batch: pa.RecordBatch) -> bytes | None:
+    """``batch`` as headerless CSV (Arrow's writer, no Python per row); ``None`` if a column has no CSV form."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    if any(pa.types.is_nested(f.type) or pa.types.is_binary(f.type) for f in batch.schema):
+        return None
+    out = pa.BufferOutputStream()
+    pacsv.write_csv(batch, out, write_options=pacsv.WriteOptions(include_header=False))
+    return bytes(out.getvalue())
+
+
+def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[Any]) -> None:
+    """``COPY`` of ``rows`` (dicts or tuples) value by value: psycopg adapts arrays and bytes."""
+    with cur.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(tuple(row.values()) if isinstance(row, dict) else row)
+
+
+ROW_BY_ROW_CHUNK = 1000
+"""Rows per ``COPY`` when a refused batch is sent again value by value: each refused row costs
+at most two ``COPY`` of this many rows."""
+
+
+def _load_skipping_refused(
+    cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[dict[str, Any]]
+) -> Iterator[Refusal]:
+    """Load ``rows`` value by value, each chunk under a savepoint, skipping every row PostgreSQL
+    refuses, and yield a :class:`Refusal` for each: first the rows holding a NUL byte (psycopg
+    refuses them before the server sees the rows sent ahead of them, so they are found before
+    sending), then the rows the server refuses, by the line it names. Where the server does not
+    name one, the refusal has no index and nothing more is loaded."""
+    import psycopg
+
+    nul = {i: column for i, row in enumerate(rows) if (column := _nul_column(row))}
+    for index, column in nul.items():
+        yield Refusal(index, column, NUL_REFUSED)
+    rest = [i for i in range(len(rows)) if i not in nul]
+    start = 0
+    while start < len(rest):
+        chunk = rest[start : start + ROW_BY_ROW_CHUNK]
+        refused: Refusal | None = None
+        try:
+            with cur.connection.transaction():
+                _write_rows(cur, statement, [rows[i] for i in chunk])
+        except psycopg.DataError as e:
+            refused = Refusal.of_server(e, len(chunk))
+        if refused is None:
+            start += len(chunk)
+            continue
+        if refused.index is None:
+            yield refused
+            return
+        if refused.index:
+            with cur.connection.transaction():
+                _write_rows(cur, statement, [rows[i] for i in chunk[: refused.index]])
+        yield Refusal(chunk[refused.index], refused.column, refused.message)
+        start += refused.index + 1
+
+
+def one_stream_per_core(df: DataFrame) -> DataFrame:
+    """``df`` in at most as many partitions as the session has cores (merged without a shuffle):
+    one ``COPY`` stream per core. Each Python task costs a fixed start (worker, connection,
+    transaction) that, with more partitions than cores, is paid several times per core. Under
+    Spark Connect, where the client does not see the cores, ``df`` as it is."""
+    context = getattr(df.sparkSession, "sparkContext", None)
+    return df if context is None else df.coalesce(max(int(context.defaultParallelism), 1))
+
+
+LOAD_RESULT = "rows long, refused long, error string"
+"""What :func:`copy_partitions` yields per partition."""
+
+
+def copy_partitions(
+    conn: PgConnection, schema: str, staging: str, columns: list[str], keys: list[str], dead_letters: str | None
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function loading each partition into ``staging`` in one transaction; it
+    yields :data:`LOAD_RESULT`: the rows loaded, the rows refused, and the first refusal (column,
+    key, message) that fails the partition (its transaction rolled back).
+
+    A batch goes as CSV written by Arrow where its columns allow, else value by value, under a
+    savepoint. A refused batch is sent again value by value to find the refused rows: without
+    ``dead_letters`` the first one fails the partition; with it (a staging table of
+    :data:`DEAD_LETTER_STAGED` columns) each refused row is skipped and staged there as a dead
+    letter (:meth:`Refusal.dead_letter`), in the same transaction.
+    """
+
+    def load(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
+        import pyarrow as pa
+        from psycopg import sql
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        partition = task.partitionId() if task else 0
+        target = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
+        as_csv = target + sql.SQL(" (FORMAT csv)")
+        loaded, letters, error = 0, [], ""
+        with conn.connect(autocommit=True) as db, db.cursor() as cur, db.transaction():
+            for batch in batches:
+                batch = batch.select(columns)
+                text = _as_csv(batch)
+                try:
+                    with db.transaction():
+                        if text is None:
+                            _write_rows(cur, target, batch.to_pylist())
+                        else:
+                            with cur.copy(as_csv) as copy:
+                                copy.write(text)
+                    loaded += batch.num_rows
+                    continue
+                except psycopg.DataError:
+                    rows = batch.to_pylist()
+                loaded += len(rows)
+                for refused in _load_skipping_refused(cur, target, rows):
+                    row = rows[refused.index] if refused.index is not None else {}
+                    if dead_letters is None or refused.index is None:
+                        error = refused.describe(row, keys, partition)
+                        break
+                    letters.append(refused.dead_letter(row, keys))
+                if error:
+                    break
+            if error:
+                raise psycopg.Rollback()
+            if letters:
+                staged = sql.SQL("COPY {} ({}) FROM STDIN").format(
+                    ident(schema, str(dead_letters)), idents(list(DEAD_LETTER_STAGED))
+                )
+                _write_rows(cur, staged, letters)
+        yield pa.RecordBatch.from_pydict({"rows": [loaded - len(letters)], "refused": [len(letters)], "error": [error]})
+
+    return load

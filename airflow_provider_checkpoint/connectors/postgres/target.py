@@ -1,0 +1,136 @@
+"""The step side of :class:`~.sink.PostgresTableSink` around the load: the target table checked (or
+created), the staging table created beside it, and, in upsert mode, the staged keys checked.
+
+Nothing here changes the structure of an existing target table: a table that does not match the
+input (columns, upsert keys' unique index, partitioning by checkpoint when the sink attaches
+partitions) is refused with :class:`SinkSchemaError`, naming what differs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.postgres import partitions
+from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN, NULLS_NOT_DISTINCT_SINCE
+from airflow_provider_checkpoint.exceptions import SinkSchemaError, SinkValueError
+
+if TYPE_CHECKING:
+    import psycopg
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+
+log = logging.getLogger(__name__)
+
+
+def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> None:
+    """``CREATE TABLE IF NOT EXISTS`` from the input's columns: in append mode with ``_checkpoint_id``
+    (and partitioned by it when the sink attaches partitions), in upsert mode with a unique key."""
+    from psycopg import sql
+
+    columns = [
+        sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(sink.uid, f.name, f.dataType)))
+        for f in df.schema.fields
+    ]
+    if sink.mode == "append":
+        columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
+    elif db.info.server_version >= NULLS_NOT_DISTINCT_SINCE:  # a null key part is a key value, as in every sink
+        columns.append(sql.SQL("UNIQUE NULLS NOT DISTINCT ({})").format(pg.idents(sink.keys)))
+    else:
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(pg.idents(sink.keys)))
+    by = sql.SQL(" PARTITION BY LIST ({})").format(pg.ident(CHECKPOINT_COLUMN))
+    partitioned = by if sink.partition_per_checkpoint else sql.SQL("")
+    db.execute(
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}){}").format(sink.table(), sql.SQL(", ").join(columns), partitioned)
+    )
+    log.info("sink %s: created table %s", sink.uid, sink.target_name())
+
+
+def check_target(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
+    """The target's types of the input columns, the table created first if absent and the sink may;
+    refused unless its columns are exactly the input's (and ``_checkpoint_id`` in append mode), an
+    upsert table has a unique index on exactly the keys, and an append table's partitioning suits
+    its commits (:func:`~.partitions.check_partitioning`)."""
+    target = pg.table_columns(db, sink.schema, sink.table_name)
+    if not target:
+        if not sink.create_table:
+            raise SinkSchemaError(f"sink {sink.uid}: table {sink.target_name()} does not exist (create_table=False)")
+        _create(sink, db, df)
+        target = pg.table_columns(db, sink.schema, sink.table_name)
+    expected = [f.name for f in df.schema.fields]
+    own = [CHECKPOINT_COLUMN] if sink.mode == "append" else []
+    missing = [c for c in [*expected, *own] if c not in target]
+    extra = [c for c in target if c not in expected and c not in own]
+    if missing or extra:
+        raise SinkSchemaError(
+            f"sink {sink.uid}: table {sink.target_name()} does not match the input: "
+            f"missing columns {missing}, columns the input does not have {extra}"
+        )
+    if sink.mode == "upsert" and unique_index(sink, db) is None:
+        raise SinkSchemaError(
+            f"sink {sink.uid}: table {sink.target_name()} has no unique index on exactly {sink.keys} (upsert keys)"
+        )
+    partitions.check_partitioning(sink, db)
+    return {c: target[c] for c in expected}
+
+
+def unique_index(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> bool | None:
+    """Whether the table's unique index on exactly the keys matches null key parts (``NULLS NOT
+    DISTINCT``, PostgreSQL 15+); ``None`` if it has no such index."""
+    nulls_match = "i.indnullsnotdistinct" if db.info.server_version >= NULLS_NOT_DISTINCT_SINCE else "false"
+    row = db.execute(
+        f"SELECT {nulls_match} FROM pg_index i WHERE i.indrelid = to_regclass(%s) AND i.indisunique "
+        "AND i.indpred IS NULL AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute "
+        "WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey)) = %s::name[] ORDER BY 1 DESC LIMIT 1",
+        [f'"{sink.schema}"."{sink.table_name}"', sorted(sink.keys)],
+    ).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def create_staging(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str, types: dict[str, str], checkpoint_id: int
+) -> None:
+    """(Re)create the staging table of this attempt: an ordinary, WAL-logged table (never ``UNLOGGED``,
+    which crash recovery empties), without indexes; the input's columns with the target's types, or,
+    when the sink attaches partitions, the partition the commit will attach
+    (:func:`~.partitions.create_staging`)."""
+    from psycopg import sql
+
+    db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sink.table(staging)))
+    if sink.partition_per_checkpoint:
+        partitions.create_staging(sink, db, staging, checkpoint_id)
+        return
+    definition = sql.SQL(", ").join(sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in types.items())
+    db.execute(sql.SQL("CREATE TABLE {} ({})").format(sink.table(staging), definition))
+
+
+def check_staged(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys: bool) -> None:
+    """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
+    index) and refuse a key staged twice, or a null key part where the table's unique index would not
+    match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
+    table once, in order (or attaches it): nothing to check or plan."""
+    from psycopg import sql
+
+    if sink.mode != "upsert":
+        return
+    with conn.connect(autocommit=True) as db:
+        db.execute(sql.SQL("ANALYZE {}").format(sink.table(staging)))
+        keys = pg.idents(sink.keys)
+        null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in sink.keys)
+        refused = sql.SQL("false") if null_keys else null
+        bad = db.execute(
+            sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
+                    "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=sink.table(staging), n=refused)
+        ).fetchone()  # fmt: skip
+    if bad:
+        key = ", ".join(f"{k}={v!r}" for k, v in zip(sink.keys, bad[:-1], strict=True))
+        if bad[-1] == "a null key":
+            raise SinkValueError(
+                f"sink {sink.uid}: upsert key ({key}) is a null key, which the unique index of "
+                f"{sink.target_name()} on {sink.keys} does not match (nulls distinct, or a primary key): create "
+                "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
+                "null keys upstream"
+            )
+        raise SinkValueError(f"sink {sink.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
