@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-DRIVER_INPUT_BYTES = 16 << 20
+DRIVER_INPUT_BYTES = 64 << 20
 """The largest input (Spark's size estimate) whose per-key partials the driver collects."""
 _RANGE = "__kgr"
 _ARROW_MERGEABLE = {"string", "byte", "short", "integer", "long", "boolean", "date", "timestamp", "timestamp_ntz"}

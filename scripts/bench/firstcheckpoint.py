@@ -66,7 +66,8 @@ def render(result: dict[str, Any]) -> str:
         f"| keys | inc | events | ours: trigger / step / finalize s | **ours s** | {ss} s | **ours/{ss}** |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    firsts, later = [], []
+    firsts: list[tuple[int, float]] = []
+    later: list[tuple[int, float]] = []
     for job in result["jobs"]:
         for r in job["rows"]:
             o, ratio = r["ours"], r["ours"].seconds / max(r[ss].seconds, 1e-9)
