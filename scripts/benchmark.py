@@ -13,6 +13,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
+    .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --events 1000000 --increments 3
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -30,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import inprocess, kafka, longrun, postgres, report, scheduler, sinkupsert, stateio  # noqa: E402
+from bench import firstcheckpoint, inprocess, kafka, longrun, postgres, report, scheduler, sinkupsert, stateio  # noqa: E402
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +45,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
     "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
+    "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
 }
 PNG = "benchmark-long-run.png"
 
@@ -66,6 +68,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
     parser.add_argument(
         "--s3-long-run", type=int, default=70, help="state-io mode's checkpoints on S3 (each in a fresh process)"
+    )
+    parser.add_argument(
+        "--sizes", default="1000000,4000000", help="first-checkpoint mode's keys (first checkpoint events) per job"
     )
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
@@ -100,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "postgres": "large-state",
         "state-io": "large-state",
         "kafka": "large-state",
+        "first-checkpoint": "large-state",
     }.get(args.mode, args.mode)
     section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
         args.mode, args.mode
@@ -123,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "kafka":
         result = kafka.run(args.events, args.increments, work, args.seed)
         text = kafka.render(result)
+        ok = not result["problems"]
+    elif args.mode == "first-checkpoint":
+        sizes = [int(size) for size in args.sizes.split(",")]
+        result = firstcheckpoint.run(sizes, args.events, args.increments, work, args.seed, args.pages)
+        text = firstcheckpoint.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
         long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)  # the small pipeline

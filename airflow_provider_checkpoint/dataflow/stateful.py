@@ -19,7 +19,12 @@ StateFunction = Callable[["DataFrame", "DataFrame"], "tuple[DataFrame, DataFrame
 
 SHUFFLE_MERGE_ROWS = 250_000
 """A :class:`KeyedAggregate` state of at most this many rows is merged with an increment in one
-aggregation (the whole state shuffled once); a larger one is semi-joined with the increment's keys."""
+aggregation (the whole state shuffled once); a larger one is semi-joined with the increment's keys,
+unless the increment is big (:data:`BIG_INCREMENT_SHARE`)."""
+BIG_INCREMENT_SHARE = 0.1
+"""An increment with keys for at least this share of a large state's rows is merged with the state in
+one aggregation too: the semi-join would shuffle the whole state anyway (its keys are too many to
+broadcast), and the changelog then lists every key, so a checkpoint changing most keys writes a full version."""
 
 _AGG = re.compile(r"^\s*(count|sum|min|max)\s*(?:\(\s*([A-Za-z_][A-Za-z0-9_]*|\*)?\s*\))?\s*$")
 
@@ -65,7 +70,9 @@ class KeyedAggregate(StatefulOperator):
     The input is read once, in the checkpoint's first Spark action: its rows are aggregated
     together with the state's (one shuffle), or, in an incremental checkpoint over more than
     :data:`SHUFFLE_MERGE_ROWS` rows of state, aggregated and cached, then merged with the
-    state of its keys only. A source feeding only this operator is read in one pass.
+    state of its keys only (or, for an increment with keys for :data:`BIG_INCREMENT_SHARE` of
+    the state, aggregated together with the whole state). A source feeding only this operator
+    is read in one pass.
     """
 
     reads_input_once = True
@@ -127,20 +134,24 @@ class KeyedAggregate(StatefulOperator):
         A state of at most :data:`SHUFFLE_MERGE_ROWS` rows is merged in the aggregation
         itself: input rows and state rows are aggregated together (one shuffle, one pass
         over the input), and the changelog lists every key, ``__changed`` marking those in
-        the input. A larger state is semi-joined with the input's keys first, so that only
-        the touched keys are shuffled.
+        the input. A larger state is semi-joined with the keys of the input's per-key
+        aggregates (cached: one pass over the input), so that only the touched keys are
+        shuffled; unless those keys are at least :data:`BIG_INCREMENT_SHARE` of the state's
+        rows: then the aggregates are aggregated together with the state, as above.
         """
         from pyspark.sql import functions as F
 
-        input = inputs[self.inputs[0].uid]
-        if state_rows <= SHUFFLE_MERGE_ROWS:
-            merged = self._aggregated_with(state, input)
-            return merged.select(
-                *self.keys, *self.aggs, F.lit(False).alias(DELETED), NEW, F.col("__touched").alias(CHANGED)
-            )
-        batch = self._partial(input).persist()  # used twice: the input is read once
-        touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
-        return self._merged(touched, batch).withColumn(DELETED, F.lit(False))
+        input, partial = inputs[self.inputs[0].uid], False
+        if state_rows > SHUFFLE_MERGE_ROWS:
+            batch = self._partial(input).persist()  # used twice: the input is read once
+            if batch.count() < BIG_INCREMENT_SHARE * state_rows:
+                touched = state.join(other_side(batch.select(*self.keys)), keys_match(self.keys), "left_semi")
+                return self._merged(touched, batch).withColumn(DELETED, F.lit(False))
+            input, partial = batch, True
+        merged = self._aggregated_with(state, input, partial)
+        return merged.select(
+            *self.keys, *self.aggs, F.lit(False).alias(DELETED), NEW, F.col("__touched").alias(CHANGED)
+        )
 
     def partials(self, inputs: Mapping[str, DataFrame]) -> DataFrame:
         """The input's aggregates per key (one row per key in the input)."""
@@ -189,21 +200,23 @@ class KeyedAggregate(StatefulOperator):
             }
         )
 
-    def _aggregated_with(self, state: DataFrame, input: DataFrame) -> DataFrame:
+    def _aggregated_with(self, state: DataFrame, input: DataFrame, partial: bool = False) -> DataFrame:
         """Every key of ``state`` and ``input`` with its new aggregates, from one aggregation of
-        the input's rows and the state's; ``__touched`` marks keys in the input, ``__new`` keys
-        without a state row."""
+        the input's rows (``partial``: its per-key aggregates, :meth:`_partial`) and the state's;
+        ``__touched`` marks keys in the input, ``__new`` keys without a state row."""
         from pyspark.sql import functions as F
 
-        def value(fn: str, col: str | None) -> Column:
+        def value(out: str, fn: str, col: str | None) -> Column:
             """A row's contribution: what the aggregate of this row alone would be."""
+            if partial:  # already the aggregate of the key's rows, combined as the state's is
+                return F.col(out)
             if col is None:  # count(*)
                 return F.lit(1)
             return F.col(col).isNotNull().cast("long") if fn == "count" else F.col(col)
 
         rows = input.select(
             *self.keys,
-            *[value(fn, col).alias(out) for out, (fn, col) in self.aggs.items()],
+            *[value(out, fn, col).alias(out) for out, (fn, col) in self.aggs.items()],
             F.lit(True).alias("__input"),
         )
         combine = {"count": F.sum, "sum": F.sum, "min": F.min, "max": F.max}

@@ -23,7 +23,7 @@ from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, o
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout
+from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout
 from airflow_provider_checkpoint.state.keygroups import index_for_key_group
 from airflow_provider_checkpoint.state.ownership import keeps_files_of
 from airflow_provider_checkpoint.state.spark_backend import (
@@ -179,10 +179,14 @@ class _OperatorState:
             F.col(NEW).cast("boolean"),
             *([F.col(CHANGED).cast("boolean")] if every_key else []),
         ).persist()
+        small = self.restored.rows <= RANGE_ROWS
+        big = False  # a delta of more than RANGE_ROWS rows is written by one task per range
         if every_key:
-            if not layout.has_deltas:  # recent checkpoints may have changed most keys: count
+            # count when recent checkpoints may have changed most keys, or when a large state's
+            # changelog lists every key (a big increment): most may change in this one
+            if not layout.has_deltas or not small:
                 totals = (
-                    changelog.coalesce(1)  # one task counts the cached changelog: no shuffle
+                    (changelog.coalesce(1) if small else changelog)  # one task counts a small cached changelog
                     .agg(
                         F.count(F.lit(1)).alias("keys"),
                         F.coalesce(F.sum(F.col(CHANGED).cast("long")), F.lit(0)).alias("changed"),
@@ -193,6 +197,7 @@ class _OperatorState:
                 assert totals is not None
                 if totals["changed"] >= FULL_VERSION_SHARE * totals["keys"]:
                     return self.full_version_from(changelog, totals, output)
+                big = totals["changed"] > RANGE_ROWS
             changelog = changelog.where(F.col(CHANGED)).drop(CHANGED)
         changelog = changelog.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
         compact = layout.to_compact()
@@ -219,7 +224,7 @@ class _OperatorState:
             max_parallelism,
             parallelism,
             self.checkpoint_id,
-            spread=False,
+            spread=big,
         ):
             written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
         counts = observed_metrics(observation, lambda: changelog.agg(*delta_metrics).first())

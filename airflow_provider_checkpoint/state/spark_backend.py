@@ -122,12 +122,13 @@ def write_ranges(
     """Write ``rows`` under ``directory``, one file per key-group range (of ``parallelism``) that
     has rows, and return their handles (``delta``: the checkpoint id of a delta's files).
 
-    ``spread``: one task per range; otherwise (and for one range) one task writes every
-    range's file, which suits small rows such as deltas (no sampling of range bounds and
-    no shuffle: the task reads the rows where they are, e.g. from the cache).
+    ``spread``: one task per range (one shuffle, each row sent straight to its range's
+    partition: no pass to sample range bounds); otherwise (and for one range) one task writes
+    every range's file, which suits small rows such as deltas (no shuffle: the task reads the
+    rows where they are, e.g. from the cache).
     """
     ranged = rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-    ranged = ranged.repartitionByRange(parallelism, "kgr") if spread and parallelism > 1 else ranged.coalesce(1)
+    ranged = ranged.repartitionById(parallelism, "kgr") if spread and parallelism > 1 else ranged.coalesce(1)
     handles = []
     for file in write_parquet(ranged, storage.fs, storage.path(directory), partition_by=("kgr",)):
         span = range_for_index(max_parallelism, parallelism, int(file.partition[0] or 0))

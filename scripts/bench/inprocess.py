@@ -35,8 +35,9 @@ def start_spark(conf: dict[str, str] | None = None) -> tuple[SparkSession, float
     return spark, elapsed(started)
 
 
-def make_sides(spark: SparkSession, root: Path, landing: Path) -> list[Side]:
-    return [Ours(spark, root / "ours", landing), *(Streaming(spark, root / f"ss-{s}", landing, s) for s in STORES)]
+def make_sides(spark: SparkSession, root: Path, landing: Path, stores: tuple[str, ...] = tuple(STORES)) -> list[Side]:
+    """Our side first, then Structured Streaming on each of ``stores``."""
+    return [Ours(spark, root / "ours", landing), *(Streaming(spark, root / f"ss-{s}", landing, s) for s in stores)]
 
 
 def run_round(sides: list[Side], i: int, spark: SparkSession) -> dict[str, SideResult]:
@@ -50,7 +51,7 @@ def run_round(sides: list[Side], i: int, spark: SparkSession) -> dict[str, SideR
     return results
 
 
-def warm_up(spark: SparkSession, run_dir: Path, data_file: Path) -> None:
+def warm_up(spark: SparkSession, run_dir: Path, data_file: Path, stores: tuple[str, ...] = tuple(STORES)) -> None:
     """One small increment through every side, so none pays the JVM's warm-up in the figures."""
     started = time.perf_counter()
     root = run_dir / "warmup"
@@ -58,7 +59,7 @@ def warm_up(spark: SparkSession, run_dir: Path, data_file: Path) -> None:
     landing.mkdir(parents=True)
     with data_file.open() as f:
         (landing / "warmup.json").write_text("".join(line for _, line in zip(range(20_000), f, strict=False)))
-    run_round(make_sides(spark, root, landing), 1, spark)
+    run_round(make_sides(spark, root, landing, stores), 1, spark)
     shutil.rmtree(root)
     log(f"warm-up: {elapsed(started):.1f}s")
 
@@ -69,8 +70,6 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
     run_dir = work / "run" / spec.workload
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    landing = run_dir / "landing"
-    landing.mkdir(parents=True)
     load_before = os.getloadavg()
     cpu_all = CpuMeter()
     started = time.perf_counter()
@@ -78,7 +77,37 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
     facts = machine_facts(spark, session_seconds)
     if warmup:
         warm_up(spark, run_dir, files[0])
-    sides = make_sides(spark, run_dir, landing)
+    job = run_job(spark, spec, files, run_dir, profiled=len(files))
+    wall = elapsed(started)
+    spark.stop()
+    return {
+        "spec": spec,
+        "machine": facts,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "other_processes_cores": round(cpu_all.stop()[1], 2),
+        "wall_seconds": round(wall, 1),
+        **job,
+    }
+
+
+def run_job(
+    spark: SparkSession,
+    spec: DataSpec,
+    files: list[Path],
+    run_dir: Path,
+    profiled: int,
+    stores: tuple[str, ...] = tuple(STORES),
+) -> dict[str, Any]:
+    """One fresh job per side over ``files`` (the increments of ``spec``), the sides alternating.
+
+    Our checkpoint of increment ``profiled`` records where its time goes (:mod:`bench.breakdown`).
+    The figures: per increment every side's result, each side's footprint, and every side whose
+    final output differs from the pandas ground truth (``problems``).
+    """
+    landing = run_dir / "landing"
+    landing.mkdir(parents=True)
+    sides = make_sides(spark, run_dir, landing, stores)
     seen: set[str] = set()
     frames: list[pd.DataFrame] = []
     rows: list[dict[str, Any]] = []
@@ -88,7 +117,7 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
         changed = set(frame["user"].unique())
         seen |= changed
         land(data_file, landing)
-        sides[0].profile = i == len(files)  # type: ignore[attr-defined]  # the last increment: where time goes
+        sides[0].profile = i == profiled  # type: ignore[attr-defined]
         results = run_round(sides, i, spark)
         wrong = {name: r.records_in for name, r in results.items() if r.records_in != len(frame)}
         if wrong:
@@ -100,7 +129,6 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
             f"increment {i}: "
             + " | ".join(f"{n} {r.seconds:.2f}s {r.bytes_chk / 1e6:.2f} MB" for n, r in results.items())
         )
-    wall = elapsed(started)
     truth = ground_truth(pd.concat(frames, ignore_index=True))
     problems: dict[str, str] = {}
     for side in sides:
@@ -108,16 +136,8 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
             pd.testing.assert_frame_equal(normalized(side.output()), truth)
         except AssertionError as e:
             problems[side.name] = str(e)
-    footprints = {side.name: side.footprint() for side in sides}
-    spark.stop()
     return {
-        "spec": spec,
-        "machine": facts,
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "other_processes_cores": round(cpu_all.stop()[1], 2),
-        "wall_seconds": round(wall, 1),
-        "footprint_bytes": footprints,
+        "footprint_bytes": {side.name: side.footprint() for side in sides},
         "truth_rows": len(truth),
         "problems": problems,
         "rows": rows,

@@ -20,11 +20,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_checkpoint.core.faults import ENV as FAULTS_ENV
-from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, KeyedStateFunction, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import (
+    FileSource,
+    KeyedAggregate,
+    KeyedStateFunction,
+    ParquetTableSink,
+    stateful,
+)
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
-from airflow_provider_checkpoint.state import incremental
+from airflow_provider_checkpoint.state import checkpointing, incremental
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
@@ -143,11 +149,21 @@ def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(incremental, "COMPACTION_RATIO", 1000.0)
 
 
-@pytest.mark.parametrize("driver_merge_rows", [1_000_000, 60], ids=["driver", "mixed"])
-def test_incremental_state_equals_full_recomputation(spark, tmp_path, small_ranges, monkeypatch, driver_merge_rows):
+@pytest.mark.parametrize(
+    ("driver_merge_rows", "shuffle_merge_rows"),
+    [(1_000_000, 250_000), (60, 250_000), (0, 20)],
+    ids=["driver", "mixed", "large state"],
+)
+def test_incremental_state_equals_full_recomputation(
+    spark, tmp_path, small_ranges, monkeypatch, driver_merge_rows, shuffle_merge_rows
+):
     """``driver``: the aggregate's state is merged with pyarrow on the driver; ``mixed``: on the
     driver while the state has at most 60 rows, by Spark jobs once it grows (most checkpoints)
-    and back on restores, each path continuing the other's files."""
+    and back on restores, each path continuing the other's files; ``large state``: by Spark, the
+    state "large" above 20 rows (semi-joined with small increments, aggregated with the
+    per-key aggregates of big ones) and deltas above 10 rows written one task per range."""
+    monkeypatch.setattr(stateful, "SHUFFLE_MERGE_ROWS", shuffle_merge_rows)
+    monkeypatch.setattr(checkpointing, "RANGE_ROWS", 10)
     rng = random.Random(SEED)
     job = make_job(
         spark, tmp_path, declare, inline_state_threshold=0, retained_checkpoints=3, driver_merge_rows=driver_merge_rows

@@ -238,12 +238,20 @@ def test_malformed_json_names_file_and_line(spark, tmp_path):
         source.read(step_context(spark, storage, 1), None, only_typed)
 
 
-@pytest.mark.parametrize("state_rows", [0, 10**9], ids=["one-aggregation", "semi-join"])
-def test_keyed_aggregate_merges_alike_with_either_plan(spark, state_rows):
-    """Both plans of ``KeyedAggregate.changes`` (one aggregation of input and state, or a
-    semi-join of the state with the input's keys) and the full-state ``apply`` give pandas'
-    aggregates over all input; null keys are keys, null values are skipped."""
+@pytest.mark.parametrize(
+    ("state_rows", "shuffle_merge_rows"),
+    [(0, 250_000), (10**9, 250_000), (4, 1)],
+    ids=["one-aggregation", "semi-join", "big-increment"],
+)
+def test_keyed_aggregate_merges_alike_with_any_plan(spark, monkeypatch, state_rows, shuffle_merge_rows):
+    """Every plan of ``KeyedAggregate.changes`` (one aggregation of input and state; a semi-join
+    of a large state with the input's keys; one aggregation of a large state with the input's
+    per-key aggregates when they cover a big share of it) and the full-state ``apply`` give
+    pandas' aggregates over all input; null keys are keys, null values are skipped."""
     from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
+    from airflow_provider_checkpoint.dataflow import stateful
+
+    monkeypatch.setattr(stateful, "SHUFFLE_MERGE_ROWS", shuffle_merge_rows)
 
     schema = "user STRING, amount LONG, ts LONG"
     NULL = "<null key>"  # stands for the null key on both sides
@@ -268,7 +276,7 @@ def test_keyed_aggregate_merges_alike_with_either_plan(spark, state_rows):
     batch = spark.createDataFrame(second, schema)
     changelog = frame(agg.changes({"src": batch}, state, barrier(2), state_rows))
     every_key = "__changed" in changelog  # the one-aggregation plan lists every key, the changed ones marked
-    assert every_key == (state_rows == 0)
+    assert every_key == (state_rows < 10**9)
     new_state, output = agg.process({"src": batch}, state, barrier(2))
 
     everything = pd.DataFrame(first + second, columns=["user", "amount", "ts"])

@@ -1,0 +1,120 @@
+"""First-checkpoint mode: a job's first checkpoint and big increments, ours vs Structured Streaming.
+
+For every size in ``sizes`` a fresh job on each side (ours, and Structured Streaming
+``availableNow`` on RocksDB with changelog checkpointing): checkpoint 1 holds every one of
+``size`` keys once (the first checkpoint of a job, a backfill, a catch-up after downtime),
+each later one ``events`` events over random keys. All jobs run in one process and one
+SparkSession, the sides alternating per increment (:func:`bench.inprocess.run_job`); every
+output is checked against a pandas ground truth. Our first checkpoint of the first size is
+profiled (:mod:`bench.breakdown`; the profiler adds a little to it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import breakdown
+from bench.inprocess import machine_facts, run_job, start_spark, warm_up
+from bench.measure import CpuMeter, elapsed, log
+from bench.report import machine_lines, med, verdict
+from bench.workloads import DataSpec, generate
+
+STORES = ("rocksdb",)
+TARGET = 0.8
+"""Time ours/SS at most this for first checkpoints and big increments (issue #35)."""
+
+
+def run(sizes: list[int], events: int, increments: int, work: Path, seed: int, pages: int) -> dict[str, Any]:
+    """Every size's job on both sides in one session; the raw figures (JSON-able)."""
+    specs = [DataSpec("large-state", increments, events, size, pages, seed) for size in sizes]
+    files = {spec.users: generate(work / "data" / f"first-checkpoint-{spec.users}", spec) for spec in specs}
+    run_dir = work / "run" / "first-checkpoint"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    load_before = os.getloadavg()
+    cpu_all = CpuMeter()
+    started = time.perf_counter()
+    spark, session_seconds = start_spark()
+    facts = machine_facts(spark, session_seconds)
+    warm_up(spark, run_dir, files[sizes[0]][0], STORES)
+    jobs = []
+    for n, spec in enumerate(specs):
+        log(f"job of {spec.users:,} keys")
+        job = run_job(spark, spec, files[spec.users], run_dir / f"keys-{spec.users}", int(n == 0), STORES)
+        jobs.append({"spec": spec, **job})
+    wall = elapsed(started)
+    spark.stop()
+    return {
+        "machine": facts,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "other_processes_cores": round(cpu_all.stop()[1], 2),
+        "wall_seconds": round(wall, 1),
+        "jobs": jobs,
+        "problems": {f"{job['spec'].users}/{side}": p for job in jobs for side, p in job["problems"].items()},
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    """Per job and increment: our phases, both sides' seconds and the ratio; the targets; the breakdown."""
+    ss = f"ss-{STORES[0]}"
+    table = [
+        f"| keys | inc | events | ours: trigger / step / finalize s | **ours s** | {ss} s | **ours/{ss}** |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    firsts: list[tuple[int, float]] = []
+    later: list[tuple[int, float]] = []
+    for job in result["jobs"]:
+        for r in job["rows"]:
+            o, ratio = r["ours"], r["ours"].seconds / max(r[ss].seconds, 1e-9)
+            (firsts if r["increment"] == 1 else later).append((job["spec"].users, ratio))
+            table.append(
+                f"| {job['spec'].users:,} | {r['increment']} | {r['events']:,} | "
+                f"{o.parts['trigger']:.2f} / {o.parts['step']:.2f} / {o.parts['finalize']:.2f} | "
+                f"**{o.seconds:.2f}** | {r[ss].seconds:.2f} | **{ratio:.2f}** |"
+            )
+    targets = [f"- First checkpoint of {k:,} events, ours/{ss}: {verdict(v, TARGET)}" for k, v in firsts]
+    if later:
+        events = result["jobs"][0]["spec"].events
+        targets.append(
+            f"- Increments of {events:,} events, ours/{ss} (median of {len(later)}, worst "
+            f"{max(v for _, v in later):.2f}): {verdict(med([v for _, v in later]), TARGET)}"
+        )
+    correct = (
+        "Every output equals the pandas ground truth ("
+        + ", ".join(f"{job['truth_rows']:,}" for job in result["jobs"])
+        + " keys)."
+        if not result["problems"]
+        else "**Outputs do NOT match the ground truth: " + ", ".join(result["problems"]) + "** — figures invalid."
+    )
+    first = result["jobs"][0]
+    profiled = first["rows"][0]["ours"]
+    return "\n".join(
+        [
+            "### first checkpoint and big increments",
+            "",
+            f"One fresh job per size and side; checkpoint 1 holds every key once, each later one "
+            f"{first['spec'].events:,} events over random keys; {first['spec'].pages:,} pages, seed "
+            f"{first['spec'].seed}. Ours vs Structured Streaming `availableNow` on RocksDB with changelog "
+            f"checkpointing, in one process and one SparkSession, the sides alternating. {correct}",
+            "",
+            *machine_lines(result),
+            f"- Wall time {result['wall_seconds']}s",
+            "",
+            "**Targets**",
+            "",
+            *targets,
+            "",
+            "**Time per checkpoint**",
+            "",
+            *table,
+            "",
+            breakdown.render(profiled.info["breakdown"], 1, profiled.parts).replace(
+                "(increment 1,", f"(the first checkpoint of {first['spec'].users:,} keys,", 1
+            ),
+        ]
+    )
