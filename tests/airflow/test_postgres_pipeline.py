@@ -158,18 +158,21 @@ def test_exactly_once_into_postgres_through_a_server_crash_and_finalize_faults(
             assert step.try_number == 2, "the step failed with the server and was retried"
     monkeypatch.setenv("AIRFLOW_CONN_PG_CHAOS", postgres_server.uri(password="wrong"))
     landed.append(land_events(tmp_path / "landing", "events-5.json", 200, seed=5))
-    run = module.dag.test()  # refused by the trigger's recovery (is checkpoint 4 committed?): no step runs
+    # checkpoint 4 is finished (its stats record is written last), so the trigger asks no sink; the step is
+    # refused and checkpoint 5 is aborted with nothing written
+    run = module.dag.test()
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    assert run.state == "failed" and states["trigger_checkpoint"] == "failed" and states["step_main"] != "success"
+    assert run.state == "failed" and states["trigger_checkpoint"] == "success" and states["step_main"] == "failed"
+    _assert_tables(postgres_server, landed[:4], landed[:4])
     monkeypatch.setenv("AIRFLOW_CONN_PG_CHAOS", postgres_server.uri())
-    assert module.dag.test().state == "success"  # checkpoint 5
+    assert module.dag.test().state == "success"  # checkpoint 6
     _assert_tables(postgres_server, landed, landed)
 
     restore = load_dag_module(REPO / "dags" / "restore_from_checkpoint.py").dag
     assert (
         restore.test(run_conf={"job_id": "pg_clicks", "checkpoint": "3", "trigger_pipeline": False}).state == "success"
     )
-    assert module.dag.test().state == "success"  # checkpoint 6: both tables back to 3, then events 4 and 5 again
+    assert module.dag.test().state == "success"  # checkpoint 7: both tables back to 3, then events 4 and 5 again
     _assert_tables(postgres_server, landed, landed)
     with postgres_server.connect() as db:
         staged = db.execute(
@@ -177,7 +180,7 @@ def test_exactly_once_into_postgres_through_a_server_crash_and_finalize_faults(
         )
         assert staged.fetchone() == (0,), "no staging table left behind"
         markers = db.execute("SELECT sink_uid, checkpoint_id FROM clicks.checkpoint_sink_markers ORDER BY 1, 2")
-        assert markers.fetchall() == [(s, c) for s in ("a_views", "b_events") for c in (1, 2, 3, 6)]
+        assert markers.fetchall() == [(s, c) for s in ("a_views", "b_events") for c in (1, 2, 3, 7)]
     written = [p for root in (tmp_path / "checkpoints", Path(os.environ["AIRFLOW_HOME"])) for p in root.rglob("*")]
     leaked = [p for p in written if p.is_file() and postgres_server.password.encode() in p.read_bytes()]
     assert len(written) > 20 and leaked == [], "the password is in no checkpoint document and no task log"
