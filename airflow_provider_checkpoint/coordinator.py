@@ -281,7 +281,9 @@ class CheckpointCoordinator:
                 self.sink_committer.check(plan.checkpoint_id, ack.sinks, f"ack of step {ack.step}")
                 self.sink_committer.verify_staged(plan.checkpoint_id, ack.sinks)
             for uid, snapshot in sorted(completed.operators.items()):
-                verify_state(self.storage, uid, snapshot, new_in=self.storage.chk_dir(plan.checkpoint_id))
+                verify_state(
+                    self.storage, uid, snapshot, self.storage.chk_dir(plan.checkpoint_id), self.store.listed_size
+                )
             fault_point("finalize.before_metadata", checkpoint=plan.checkpoint_id)
             committed = self.store.commit(completed)
         except CheckpointAborted as e:

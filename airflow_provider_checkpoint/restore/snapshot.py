@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, RestorePoint, RestoreRequest
@@ -42,20 +42,28 @@ class Snapshot:
             verify_state(self.base, uid, snapshot)
 
 
-def verify_state(base: Location, uid: str, state: OperatorSnapshot, new_in: str | None = None) -> None:
+def verify_state(
+    base: Location,
+    uid: str,
+    state: OperatorSnapshot,
+    new_in: str | None = None,
+    listed_size: Callable[[str], int | None] = lambda path: None,
+) -> None:
     """The state files, or the inline state, of operator ``uid`` are intact.
 
     Without ``new_in`` (a snapshot to restore or read), each also holds the recorded
     columns (:class:`~airflow_provider_checkpoint.exceptions.StateFileError` otherwise).
     With ``new_in`` (a directory; finalize), files outside it — kept from older
-    checkpoints, each hashed when it was written — are checked by size only.
+    checkpoints, each hashed when it was written — are checked by size only: the size
+    ``listed_size`` gives (a listing of this task), else asked of storage.
     """
     if state.inline is not None and new_in is None:
         read_inline(state, uid)
     elif state.inline is not None:
         inline_parquet(state, uid)
     for handle in state.handles:
-        base.verify(handle, deep=new_in is None or handle.path.startswith(new_in + "/"))
+        deep = new_in is None or handle.path.startswith(new_in + "/")
+        base.verify(handle, deep, None if deep else listed_size(handle.path))
         if new_in is None:
             check_file(base, handle, state, uid)
 

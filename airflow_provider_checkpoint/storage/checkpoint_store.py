@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import load_json
@@ -37,34 +38,79 @@ class CompletedCheckpointStore:
         self.storage = storage
         self._completed: dict[int, CompletedCheckpoint | None] = {}
         """Checkpoints found completed since :meth:`refresh`, with their loaded ``_metadata``."""
-        self._ids: list[int] | None = None
-        """The ``chk-*`` directories listed since :meth:`refresh` and not deleted since."""
+        self._listing: dict[str, Any] | None = None
+        """What the ``chk-*`` directories held when listed since :meth:`refresh`, less what was deleted since."""
 
     def refresh(self) -> None:
         """Ask storage again from now on. Within one task phase (a trigger, a finalize) the lease holder is the
         only one to create or delete checkpoint directories, a checkpoint found completed stays completed and
-        its ``_metadata`` unchanged (an exclusive create, deleted only by retention): the directories are
-        listed once, each ``_metadata`` is read once. A checkpoint not found completed is asked again."""
+        its ``_metadata`` unchanged (an exclusive create, deleted only by retention): the ``chk-*`` directories
+        are listed once (one request on S3, whatever their number), each ``_metadata`` is read once.
+
+        A checkpoint older than the newest listed with ``_metadata`` cannot complete any more (its
+        ``_metadata`` is gone for good, or it was subsumed): what the listing shows of it is final, and
+        nothing of it is asked again. Whether a newer one completed is always asked."""
         self._completed.clear()
-        self._ids = None
+        self._listing = None
+
+    def _listed(self) -> dict[str, Any]:
+        if self._listing is None:
+            self._listing = self.storage.list_checkpoints()
+        return self._listing
+
+    def _final(self, checkpoint_id: int) -> bool:
+        """Whether the listing's answer for checkpoint ``checkpoint_id``'s documents is final (see :meth:`refresh`)."""
+        listed = self._listed()
+        return any(i > checkpoint_id and self.storage.metadata_path(i) in listed for i in self.checkpoint_ids())
+
+    def _has(self, checkpoint_id: int, relative: str) -> bool:
+        """Whether the file ``relative`` of checkpoint ``checkpoint_id`` exists: the listing's answer when final,
+        else (one request) storage's."""
+        if relative in self._listed():
+            return True
+        return not self._final(checkpoint_id) and self.storage.has_file(relative)
 
     def checkpoint_ids(self) -> list[int]:
         """Ids of every ``chk-*`` directory, completed or not, ascending (listed once a phase)."""
-        if self._ids is None:
-            self._ids = self.storage.checkpoint_ids()
-        return list(self._ids)
+        ids = set()
+        for path in self._listed():
+            name = path.split("/", 1)[0]
+            if JobStorage.is_chk_dir(name):
+                ids.add(int(name[4:]))
+        return sorted(ids)
+
+    def listed_size(self, relative: str) -> int | None:
+        """The size of file ``relative`` in a ``chk-*`` directory as listed, ``None`` if not listed."""
+        info = self._listed().get(relative)
+        return None if info is None or info.get("type") == "directory" else int(info["size"])
+
+    def _forget(self, paths: Iterable[str]) -> None:
+        listed = self._listed()
+        for path in paths:
+            listed.pop(path, None)
 
     def delete_dir(self, checkpoint_id: int) -> None:
         """Delete checkpoint ``checkpoint_id``'s whole directory."""
-        self._completed.pop(checkpoint_id, None)
-        if self._ids is not None and checkpoint_id in self._ids:
-            self._ids.remove(checkpoint_id)
-        self.storage.delete(self.storage.chk_dir(checkpoint_id))
+        self.delete_dirs([checkpoint_id])
+
+    def delete_dirs(self, checkpoint_ids: Collection[int]) -> None:
+        """Delete the directories of ``checkpoint_ids``, what was listed in them with one bulk request on S3."""
+        if not checkpoint_ids:
+            return
+        listed = self._listed()
+        final = {self.storage.chk_dir(i) for i in checkpoint_ids if self._final(i)}
+        for checkpoint_id in checkpoint_ids:
+            self._completed.pop(checkpoint_id, None)
+            if self.storage.chk_dir(checkpoint_id) not in final:  # it may have changed since listed: list again
+                self.storage.delete(self.storage.chk_dir(checkpoint_id))
+        self.storage.delete_listed_dirs(final, listed)
+        gone = {self.storage.chk_dir(i) for i in checkpoint_ids}
+        self._forget([p for p in listed if p.split("/", 1)[0] in gone])
 
     def is_completed(self, checkpoint_id: int) -> bool:
         if checkpoint_id in self._completed:
             return True
-        found = self.storage.has_file(self.storage.metadata_path(checkpoint_id))
+        found = self._has(checkpoint_id, self.storage.metadata_path(checkpoint_id))
         if found:
             self._completed[checkpoint_id] = None
         return found
@@ -89,7 +135,7 @@ class CompletedCheckpointStore:
         if known is not None:
             return known
         rel = self.storage.metadata_path(checkpoint_id)
-        data = self.storage.read_if_present(rel)
+        data = self.storage.read_if_present(rel) if rel in self._listed() or not self._final(checkpoint_id) else None
         if data is None:
             return None
         document = self.storage.url(rel)
@@ -124,12 +170,11 @@ class CompletedCheckpointStore:
         An exclusive create: of concurrent finalizes of one checkpoint exactly one commits,
         the others get False and must continue with the committed document.
         """
-        created = create_exclusive(
-            self.storage.fs,
-            self.storage.path(self.storage.metadata_path(checkpoint.checkpoint_id)),
-            metadata.encode(checkpoint),
-        )
+        rel, data = self.storage.metadata_path(checkpoint.checkpoint_id), metadata.encode(checkpoint)
+        created = create_exclusive(self.storage.fs, self.storage.path(rel), data)
         self._completed[checkpoint.checkpoint_id] = checkpoint if created else None
+        if created and self._listing is not None:
+            self._listing[rel] = {"type": "file", "size": len(data)}
         return created
 
     def latest(self) -> CompletedCheckpoint | None:
@@ -151,7 +196,7 @@ class CompletedCheckpointStore:
         if not ids or not self.is_completed(ids[-1]):
             return None
         path = self.storage.plan_path(ids[-1])
-        if not self.storage.has_file(path):
+        if not self._has(ids[-1], path):
             return None
         plan = CheckpointPlan.from_dict(
             load_json(self.storage.read_bytes(path), self.storage.url(path)), self.storage.url(path)
@@ -190,7 +235,7 @@ class CompletedCheckpointStore:
                 continue
             if self.is_completed(checkpoint_id):  # its _metadata is unreadable: never abandoned
                 continue
-            if not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
+            if not self._has(checkpoint_id, self.storage.plan_path(checkpoint_id)):
                 self.delete_dir(checkpoint_id)
             elif checkpoint_id < latest_id:
                 abandoned.append((checkpoint_id, AbortReason.SUBSUMED, f"subsumed by completed checkpoint {latest_id}"))
@@ -226,10 +271,13 @@ class CompletedCheckpointStore:
         kept = [c for c in completed if c not in discard]
         for checkpoint in discard:
             self._completed.pop(checkpoint.checkpoint_id, None)
-        self.storage.delete_files(deletable_paths(discard, kept))
+        deletable = deletable_paths(discard, kept)
+        self.storage.delete_files(deletable)
+        self._forget(deletable)
         still_needed = set().union(*(c.referenced_paths() for c in kept))
         kept_ids = {c.checkpoint_id for c in kept}
         discarded_ids = {c.checkpoint_id for c in discard}
+        doomed = []
         for checkpoint_id in self.checkpoint_ids():
             chk = self.storage.chk_dir(checkpoint_id)
             if checkpoint_id in kept_ids or checkpoint_id > max(kept_ids):
@@ -237,8 +285,11 @@ class CompletedCheckpointStore:
             if any(p.startswith(chk + "/") for p in still_needed):
                 # a kept checkpoint still reads files here: keep only those (documents went when it was discarded)
                 if checkpoint_id in discarded_ids:
-                    self.storage.delete_files(
-                        [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
-                    )
-            elif self.is_completed(checkpoint_id) or not self.storage.has_file(self.storage.plan_path(checkpoint_id)):
-                self.delete_dir(checkpoint_id)
+                    documents = [self.storage.metadata_path(checkpoint_id), self.storage.plan_path(checkpoint_id)]
+                    self.storage.delete_files(documents)
+                    self._forget(documents)
+            elif self.is_completed(checkpoint_id) or not self._has(
+                checkpoint_id, self.storage.plan_path(checkpoint_id)
+            ):
+                doomed.append(checkpoint_id)
+        self.delete_dirs(doomed)

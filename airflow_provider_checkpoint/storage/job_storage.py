@@ -20,7 +20,7 @@ import hashlib
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from airflow_provider_checkpoint.storage.object_store import (
     delete_listed,
     delete_objects,
     file_exists,
+    find_prefixed,
     is_s3,
     read_object,
     with_defaults,
@@ -232,20 +233,22 @@ class Location:
             raise CheckpointStorageError(f"state file corrupt: checksum mismatch for {self.url(handle.path)}")
         return data
 
-    def verify(self, handle: StateHandle, deep: bool = True) -> None:
+    def verify(self, handle: StateHandle, deep: bool = True, listed_size: int | None = None) -> None:
         """Raise :class:`CheckpointStorageError` naming the file if it is missing or altered
-        (its size; with ``deep`` also its SHA-256: the file is read once)."""
+        (its size; with ``deep`` also its SHA-256: the file is read once). ``listed_size``: its size
+        as a listing in this task found it, else it is asked (one request on an object store)."""
         if deep:
             self.read_verified(handle)
             return
-        full = self.path(handle.path)
-        try:
-            info = self.fs.info(full)  # one request on an object store
-        except FileNotFoundError:
-            info = None
-        if info is None or info.get("type") != "file":
-            raise CheckpointStorageError(f"state file missing: {self.url(handle.path)}")
-        size = int(info["size"])
+        size = listed_size
+        if size is None:
+            try:
+                info = self.fs.info(self.path(handle.path))
+            except FileNotFoundError:
+                info = None
+            if info is None or info.get("type") != "file":
+                raise CheckpointStorageError(f"state file missing: {self.url(handle.path)}")
+            size = int(info["size"])
         if size != handle.size:
             raise CheckpointStorageError(
                 f"state file corrupt: {self.url(handle.path)} has {size} bytes, expected {handle.size}"
@@ -312,6 +315,27 @@ class JobStorage(Location):
         return f"{cls.chk_dir(checkpoint_id)}/{step}/attempt-{attempt}"
 
     # -- checkpoints -------------------------------------------------------------------
+    def list_checkpoints(self) -> dict[str, Any]:
+        """Every file and directory in the ``chk-*`` directories, relative path to its ``find`` info:
+        on S3 one listing (a page per 1,000 entries); the job's other files (statistics) are not listed."""
+        found = find_prefixed(self.fs, self.job_dir, "chk-")
+        return {self.relative(p): info for p, info in found.items() if p != self.job_dir}
+
+    def delete_listed_dirs(self, directories: Collection[str], listing: Mapping[str, Any]) -> None:
+        """Delete the directories ``directories`` (relative) and what ``listing`` (as
+        :meth:`list_checkpoints` answers) names in them: on S3 bulk DELETEs of what was listed
+        (at most 1,000 keys a request), no further listing; elsewhere each directory recursively."""
+        if not directories:
+            return
+        if not is_s3(self.fs):
+            for directory in sorted(directories):
+                self.delete(directory)
+            return
+        inside = tuple(d + "/" for d in directories)
+        found = {self.path(p): info for p, info in listing.items() if p.startswith(inside)}
+        found.update({self.path(d): {"type": "directory"} for d in directories})
+        delete_listed(self.fs, found)
+
     def checkpoint_ids(self) -> list[int]:
         """Ids of every ``chk-*`` directory, completed or not, ascending."""
         try:

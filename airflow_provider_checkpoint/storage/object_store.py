@@ -197,6 +197,31 @@ def file_exists(fs: AbstractFileSystem, path: str) -> bool:
     return True
 
 
+def find_prefixed(fs: AbstractFileSystem, directory: str, prefix: str) -> dict[str, Any]:
+    """Every file and directory below ``directory`` whose name there starts with ``prefix``, as
+    ``find(detail=True, withdirs=True)`` answers: on S3 one listing (a page per 1,000 keys), the
+    server filtering by prefix; elsewhere a listing of ``directory`` and a walk of each match."""
+    if is_s3(fs):
+        try:
+            found: dict[str, Any] = fs.find(directory, prefix=prefix, withdirs=True, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {p: info for p, info in found.items() if p.startswith(f"{directory}/{prefix}")}
+    try:
+        entries = fs.ls(directory, detail=True)
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for entry in entries:
+        name = entry["name"].rstrip("/")
+        if not posixpath.basename(name).startswith(prefix):
+            continue
+        found[name] = entry
+        if entry["type"] == "directory":
+            found.update(fs.find(name, withdirs=True, detail=True))
+    return found
+
+
 def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
     """Delete the object ``path`` or every object under ``path/`` on S3, with their directory markers.
 

@@ -6,6 +6,7 @@ The job's storage root is on S3; the landing directory and the table stay local.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ from airflow_provider_checkpoint.core.model import CheckpointType, CompletedChec
 from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, UnsafePathError
 from airflow_provider_checkpoint.restore.snapshot import open_snapshot
+from airflow_provider_checkpoint.state.handles import StateHandle
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.s3.s3_job import coordinator_on, counted_requests, s3_ack
 from tests.servers.s3 import S3Server
-from tests.unit.helpers import JOB, T0, make_env, target_name
+from tests.unit.helpers import JOB, T0, make_ack, make_env, state_rel, target_name
 
 
 def new_job(server: S3Server, kind: str = "job") -> JobStorage:
@@ -102,6 +104,36 @@ def test_requests_per_checkpoint_stay_flat_as_the_job_ages(tmp_path: Path, s3_se
         costs[checkpoint_id] = counts
     assert costs[4] == costs[9], costs
     assert coordinator.storage.checkpoint_ids() == [8, 9]
+
+
+def test_kept_state_files_of_older_checkpoints_cost_no_request(tmp_path: Path, s3_server: S3Server) -> None:
+    """Incremental state: checkpoint k keeps the state files of every checkpoint since the last full
+    version (the directories of checkpoints retention discarded stay for them). Trigger and finalize
+    cost the same at chain length 3 and 11: the ``chk-*`` directories are listed once a phase (no
+    ``_metadata`` asked of a directory kept for its files, no size asked of a kept file). Once a full
+    version replaces the chain, retention deletes every directory it leaves in two bulk requests."""
+    env = make_env(tmp_path, retained=2)
+    coordinator = coordinator_on(env, new_job(s3_server, "chain"))
+    chain: list[StateHandle] = []
+    costs = {}
+    for checkpoint_id in range(1, 15):
+        full = checkpoint_id in (1, 13)
+        chain = [] if full else chain
+        with counted_requests(coordinator.storage) as counts:
+            plan = coordinator.trigger(f"run-{checkpoint_id}", now=T0 + 10 * checkpoint_id)
+            ack = make_ack(env, plan, extra_handles=tuple(chain))
+            coordinator.storage.write_atomic(
+                state_rel(checkpoint_id, 1), (env.job_dir / state_rel(checkpoint_id, 1)).read_bytes()
+            )
+            coordinator.finalize(plan, [ack], now=T0 + 10 * checkpoint_id + 1)
+        chain.append(ack.operators["counts"].handles[0])
+        costs[checkpoint_id] = counts
+    assert costs[4] == costs[12], costs
+    assert costs[13] == costs[4], costs  # checkpoint 12, still retained, reads the chain
+    extra = costs[14] - costs[4]  # checkpoint 12 discarded: the chain goes, and the directories it held
+    assert extra == Counter({"DeleteObjects": 2}), extra
+    assert coordinator.storage.checkpoint_ids() == [13, 14]
+    assert CompletedCheckpointStore(coordinator.storage).completed_ids() == [13, 14]
 
 
 def test_failed_metadata_put_aborts_and_leaves_no_metadata(
