@@ -159,10 +159,6 @@ class Location:
         elif self.fs.exists(path):
             self.fs.rm(path, recursive=True)
 
-    def delete_paths(self, relatives: Iterable[str]) -> None:
-        for rel in sorted(relatives):
-            self.delete(rel)
-
     def delete_under(self, name: str, chosen: Callable[[str], object]) -> None:
         """Delete what lies under directory ``name`` whose path relative to it is ``chosen``: one listing,
         then (on S3) bulk deletes of the chosen files and directory markers."""
