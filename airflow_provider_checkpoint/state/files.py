@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.exceptions import StateFileError
-from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle, checksum_of
 from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet
@@ -198,15 +198,13 @@ def write_state_file(
     bytes written rather than read back. Zstandard without dictionaries (state rows are mostly
     distinct keys and values: a third smaller than Spark's default Snappy with dictionaries),
     with page checksums."""
-    import hashlib
-
     import pyarrow.parquet as pq
 
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd", use_dictionary=False, write_page_checksum=True)
     data = buffer.getvalue()
     base.write_atomic(relative, data)
-    return StateHandle(relative, len(data), "sha256:" + hashlib.sha256(data).hexdigest(), key_groups, delta)
+    return StateHandle(relative, len(data), checksum_of([data]), key_groups, delta)
 
 
 def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnapshot, uid: str) -> pa.Table:

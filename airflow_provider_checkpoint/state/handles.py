@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,14 @@ from airflow_provider_checkpoint.core.documents import CHECKSUM, Fields, JsonDic
 _CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 MAX_KEY_GROUPS = 32768
+
+
+def checksum_of(chunks: Iterable[bytes]) -> str:
+    """The checksum a handle records of the bytes ``chunks`` hold, in order: ``sha256:<hex>``."""
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,7 @@ class InlineState:
 
     @classmethod
     def of(cls, parquet: bytes) -> InlineState:
-        return cls(base64.b64encode(parquet).decode(), len(parquet), "sha256:" + hashlib.sha256(parquet).hexdigest())
+        return cls(base64.b64encode(parquet).decode(), len(parquet), checksum_of([parquet]))
 
     def parquet(self) -> bytes | None:
         """The Parquet bytes, or ``None`` if they do not match the recorded size and checksum."""
@@ -126,8 +135,7 @@ class InlineState:
             data = base64.b64decode(self.data, validate=True)
         except ValueError:
             return None
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        return data if (len(data), digest) == (self.size, self.checksum) else None
+        return data if (len(data), checksum_of([data])) == (self.size, self.checksum) else None
 
     def to_dict(self) -> JsonDict:
         return {"data": self.data, "size": self.size, "checksum": self.checksum}

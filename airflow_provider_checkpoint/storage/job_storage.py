@@ -16,7 +16,6 @@ never both commit a checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import re
@@ -34,7 +33,7 @@ from airflow_provider_checkpoint.exceptions import (
     UnsafePathError,
     shorten,
 )
-from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle, checksum_of
 from airflow_provider_checkpoint.storage.object_store import (
     check_reachable,
     delete_listed,
@@ -58,11 +57,9 @@ _CHK = re.compile(r"^chk-(\d+)$")
 
 
 def file_checksum(fs: AbstractFileSystem, path: str) -> str:
-    digest = hashlib.sha256()
+    """The handle checksum (:func:`.handles.checksum_of`) of the file ``path``, read in chunks of 1 MiB."""
     with fs.open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+        return checksum_of(iter(lambda: f.read(1 << 20), b""))
 
 
 def inline_parquet(state: OperatorSnapshot, uid: str) -> bytes:
@@ -160,10 +157,6 @@ class Location:
         elif self.fs.exists(path):
             self.fs.rm(path, recursive=True)
 
-    def delete_paths(self, relatives: Iterable[str]) -> None:
-        for rel in sorted(relatives):
-            self.delete(rel)
-
     def delete_under(self, name: str, chosen: Callable[[str], object]) -> None:
         """Delete what lies under directory ``name`` whose path relative to it is ``chosen``: one listing,
         then (on S3) bulk deletes of the chosen files and directory markers."""
@@ -229,7 +222,7 @@ class Location:
             raise CheckpointStorageError(
                 f"state file corrupt: {self.url(handle.path)} has {len(data)} bytes, expected {handle.size}"
             )
-        if deep and "sha256:" + hashlib.sha256(data).hexdigest() != handle.checksum:
+        if deep and checksum_of([data]) != handle.checksum:
             raise CheckpointStorageError(f"state file corrupt: checksum mismatch for {self.url(handle.path)}")
         return data
 

@@ -244,18 +244,17 @@ def delete_objects(fs: AbstractFileSystem, path: str, owner: str) -> None:
 
 def delete_listed(fs: AbstractFileSystem, found: dict[str, Any], parents: list[str] | None = None) -> None:
     """Delete on S3 the files and directory markers of ``found`` (a ``find(detail=True, withdirs=True)``
-    answer or part of one), then the markers ``parents`` (deepest first): bulk DELETEs of at most 1000 keys."""
-    files = [p for p, info in found.items() if info["type"] != "directory"]
-    if files:
-        fs.rm(files)
+    answer or part of one), then the markers ``parents`` (deepest first): the files, then the markers,
+    in bulk DELETEs of at most 1000 keys (one request when they fit). Nothing to delete: no request."""
+    files = sorted(p for p, info in found.items() if info["type"] != "directory")
     markers = sorted((p for p, info in found.items() if info["type"] == "directory"), key=lambda p: -p.count("/"))
-    markers += parents or []
-    if not markers:
+    keys = files + [f"{m}/" for m in markers + (parents or [])]
+    if not keys:
         return
-    bucket = markers[0].split("/", 1)[0]
-    for start in range(0, len(markers), 1000):
-        keys = [{"Key": p.split("/", 1)[1] + "/"} for p in markers[start : start + 1000]]
-        fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    bucket = keys[0].split("/", 1)[0]
+    for start in range(0, len(keys), 1000):
+        objects = [{"Key": key.split("/", 1)[1]} for key in keys[start : start + 1000]]
+        fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
 
 
 _ENVIRONMENT_OPTIONS = (

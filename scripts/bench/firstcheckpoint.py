@@ -11,15 +11,12 @@ profiled (:mod:`bench.breakdown`; the profiler adds a little to it).
 
 from __future__ import annotations
 
-import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 from bench import breakdown
-from bench.inprocess import machine_facts, run_job, start_spark, warm_up
-from bench.measure import CpuMeter, elapsed, log
+from bench.inprocess import run_job, start_run, warm_up
+from bench.measure import log
 from bench.report import machine_lines, med, verdict
 from bench.workloads import DataSpec, generate
 
@@ -33,27 +30,15 @@ def run(sizes: list[int], events: int, increments: int, work: Path, seed: int, p
     specs = [DataSpec("large-state", increments, events, size, pages, seed) for size in sizes]
     files = {spec.users: generate(work / "data" / f"first-checkpoint-{spec.users}", spec) for spec in specs}
     run_dir = work / "run" / "first-checkpoint"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    load_before = os.getloadavg()
-    cpu_all = CpuMeter()
-    started = time.perf_counter()
-    spark, session_seconds = start_spark()
-    facts = machine_facts(spark, session_seconds)
-    warm_up(spark, run_dir, files[sizes[0]][0], STORES)
+    measured = start_run(run_dir)
+    warm_up(measured.spark, run_dir, files[sizes[0]][0], STORES)
     jobs = []
     for n, spec in enumerate(specs):
         log(f"job of {spec.users:,} keys")
-        job = run_job(spark, spec, files[spec.users], run_dir / f"keys-{spec.users}", int(n == 0), STORES)
+        job = run_job(measured.spark, spec, files[spec.users], run_dir / f"keys-{spec.users}", int(n == 0), STORES)
         jobs.append({"spec": spec, **job})
-    wall = elapsed(started)
-    spark.stop()
     return {
-        "machine": facts,
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "other_processes_cores": round(cpu_all.stop()[1], 2),
-        "wall_seconds": round(wall, 1),
+        **measured.finish(),
         "jobs": jobs,
         "problems": {f"{job['spec'].users}/{side}": p for job in jobs for side, p in job["problems"].items()},
     }

@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,40 @@ def start_spark(conf: dict[str, str] | None = None) -> tuple[SparkSession, float
     spark = get_spark(master="local[2]", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")  # SS warns about AQE and state-store loading on every start
     return spark, elapsed(started)
+
+
+@dataclass
+class BenchRun:
+    """A benchmark run under way: its session, the machine's facts and what :meth:`finish` reports against."""
+
+    spark: SparkSession
+    facts: dict[str, Any]
+    load_before: tuple[float, float, float]
+    cpu_all: CpuMeter
+    started: float
+
+    def finish(self) -> dict[str, Any]:
+        """Stop the session; the machine's facts, the load before and after, other processes' cores, the wall time."""
+        wall = elapsed(self.started)
+        self.spark.stop()
+        return {
+            "machine": self.facts,
+            "load_before": self.load_before,
+            "load_after": os.getloadavg(),
+            "other_processes_cores": round(self.cpu_all.stop()[1], 2),
+            "wall_seconds": round(wall, 1),
+        }
+
+
+def start_run(run_dir: Path) -> BenchRun:
+    """Clear ``run_dir``, note the load, start measuring every process's CPU and the wall time, start the session."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    load_before = os.getloadavg()
+    cpu_all = CpuMeter()
+    started = time.perf_counter()
+    spark, session_seconds = start_spark()
+    return BenchRun(spark, machine_facts(spark, session_seconds), load_before, cpu_all, started)
 
 
 def make_sides(spark: SparkSession, root: Path, landing: Path, stores: tuple[str, ...] = tuple(STORES)) -> list[Side]:
@@ -68,27 +103,11 @@ def run(spec: DataSpec, work: Path, warmup: bool = True) -> dict[str, Any]:
     """Run the workload; the raw figures (JSON-able), including whether every output was correct."""
     files = generate(work / "data" / spec.workload, spec)
     run_dir = work / "run" / spec.workload
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    load_before = os.getloadavg()
-    cpu_all = CpuMeter()
-    started = time.perf_counter()
-    spark, session_seconds = start_spark()
-    facts = machine_facts(spark, session_seconds)
+    measured = start_run(run_dir)
     if warmup:
-        warm_up(spark, run_dir, files[0])
-    job = run_job(spark, spec, files, run_dir, profiled=len(files))
-    wall = elapsed(started)
-    spark.stop()
-    return {
-        "spec": spec,
-        "machine": facts,
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "other_processes_cores": round(cpu_all.stop()[1], 2),
-        "wall_seconds": round(wall, 1),
-        **job,
-    }
+        warm_up(measured.spark, run_dir, files[0])
+    job = run_job(measured.spark, spec, files, run_dir, profiled=len(files))
+    return {"spec": spec, **measured.finish(), **job}
 
 
 def run_job(

@@ -36,9 +36,6 @@ _BUCKET = "_bucket"
 DRIVER_MERGE_ROWS = 250_000
 """Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
 
-Staged = tuple[int, str, int | None]
-"""``(bucket, staged file, rows)``: ``rows`` is known when the driver merged the bucket, else ``None``."""
-
 
 class StagedBucket(NamedTuple):
     """A bucket's staged file: its ``path``, ``rows`` (known when the driver merged it, else ``None``)
@@ -67,17 +64,6 @@ class BucketedUpsert:
         if not self.keys:
             raise PipelineDefinitionError(f"{self.uid}: upsert mode needs keys")
         check_buckets(self.uid, self.buckets, self.driver_merge_rows)
-
-    def write(
-        self,
-        ctx: StepContext,
-        rows: UpsertRows,
-        fs: fsspec.AbstractFileSystem,
-        staging: str,
-        existing: ExistingBuckets,
-    ) -> list[Staged]:
-        """:meth:`stage`, each staged file as :data:`Staged`."""
-        return [(s.bucket, s.path, s.rows) for s in self.stage(ctx, rows, fs, staging, existing)]
 
     def stage(
         self,

@@ -21,7 +21,7 @@ import posixpath
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_checkpoint.storage.object_store import is_s3, read_object
+from airflow_provider_checkpoint.storage.object_store import delete_listed, is_s3, read_object
 from airflow_provider_checkpoint.storage.paths import is_local
 
 Listing = dict[str, int]
@@ -79,17 +79,15 @@ def publish(fs: AbstractFileSystem, staged: str, size: int, target: str) -> None
 def delete_tree(fs: AbstractFileSystem, directory: str, listing: Listing, owner: str) -> None:
     """Delete ``directory``, whose files ``listing`` holds (as :func:`list_tree` returned it).
 
-    On S3 one bulk DELETE (per 1000 keys) of the files, then in the same request the directory
-    markers a store backed by a file tree (SeaweedFS) keeps: those of ``directory``, of every
-    directory in it and of its ancestors below ``owner``, deepest first (a store keeps a marker
-    whose directory still holds something; S3 ignores keys that do not exist). Nothing listed:
-    no request. Elsewhere ``directory`` is removed if it exists.
+    On S3 one bulk DELETE (per 1000 keys, :func:`.object_store.delete_listed`) of the files, then in
+    the same request the directory markers a store backed by a file tree (SeaweedFS) keeps: those of
+    ``directory``, of every directory in it and of its ancestors below ``owner`` (never ``owner`` or
+    above), deepest first (a store keeps a marker whose directory still holds something; S3 ignores
+    keys that do not exist). Nothing listed: no request. Elsewhere ``directory`` is removed if it exists.
     """
     if not is_s3(fs):
         if fs.exists(directory):
             fs.rm(directory, recursive=True)
-        return
-    if not listing:
         return
     below = owner.rstrip("/") + "/"
     markers: set[str] = set()
@@ -98,8 +96,5 @@ def delete_tree(fs: AbstractFileSystem, directory: str, listing: Listing, owner:
         while parent.startswith(below) and parent not in markers:
             markers.add(parent)
             parent = posixpath.dirname(parent)
-    bucket = directory.split("/", 1)[0]
-    keys = sorted(listing) + [f"{m}/" for m in sorted(markers, key=lambda m: (-m.count("/"), m))]
-    for start in range(0, len(keys), 1000):
-        objects = [{"Key": key.split("/", 1)[1]} for key in keys[start : start + 1000]]
-        fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+    files = {path: {"type": "file"} for path in listing}
+    delete_listed(fs, files, sorted(markers, key=lambda m: (-m.count("/"), m)))

@@ -210,7 +210,7 @@ class DeltaCommitter(DeltaTableBase):
         location = self.table()
         staged = self._staged(checkpoint_id) if staged is None else staged
         leftovers = self._leftovers(checkpoint_id, staged, kept)
-        location.delete_paths(leftovers)
+        location.delete_files(leftovers)
         prefix = f"chk-{checkpoint_id}"
         if is_local(location.fs) and len(leftovers) == len(staged) and location.exists(prefix):
             location.delete(prefix)  # an object store has no empty directories

@@ -135,11 +135,11 @@ class DeltaTableSink(DeltaCommitter):
                 delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit)
             return self._committables(ctx, commit)
         files = []  # the first load: one file per bucket
-        for b, full, count in self.upsert.write(ctx, rows, fs, staging, lambda _: {}):
-            named = f"{staging}/{bucket_file(b)}"
-            if full != named:
-                fs.mv(full, named)
-            files.append((named, count))
+        for staged_bucket in self.upsert.stage(ctx, rows, fs, staging, lambda _: {}):
+            named = f"{staging}/{bucket_file(staged_bucket.bucket)}"
+            if staged_bucket.path != named:
+                fs.mv(staged_bucket.path, named)
+            files.append((named, staged_bucket.rows))
         return self._committables(ctx, DeltaCommit(self._adds(fs, root, staging, files), [], []))
 
     def _prepare(self, ctx: StepContext, df: DataFrame) -> tuple[fsspec.AbstractFileSystem, str, str]:
