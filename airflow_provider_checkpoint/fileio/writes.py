@@ -20,7 +20,6 @@ attempt's directory, deleted with it).
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import uuid
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
+from airflow_provider_checkpoint.state.handles import Checksum
 from airflow_provider_checkpoint.storage.job_storage import file_checksum
 from airflow_provider_checkpoint.storage.object_store import for_executors
 from airflow_provider_checkpoint.storage.paths import is_local
@@ -148,10 +148,10 @@ class _HashingFile:
     """A writable file that hashes and counts what passes through it."""
 
     def __init__(self, target: Any) -> None:
-        self.target, self.digest, self.size, self.closed = target, hashlib.sha256(), 0, False
+        self.target, self.checksum, self.size, self.closed = target, Checksum(), 0, False
 
     def write(self, data: bytes) -> int:
-        self.digest.update(data)
+        self.checksum.update(data)
         self.size += len(data)
         self.target.write(data)
         return len(data)
@@ -210,7 +210,7 @@ class _PartFile:
         self.writer.close()
         assert self.file is not None
         self.file.close()
-        return self.path, self.file.size, self.rows, "sha256:" + self.file.digest.hexdigest()
+        return self.path, self.file.size, self.rows, self.file.checksum.value
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,26 @@ _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 MAX_KEY_GROUPS = 32768
 
 
+class Checksum:
+    """The checksum a handle records of bytes fed in order (:meth:`update`): :attr:`value`, ``sha256:<hex>``."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+
+    def update(self, chunk: bytes) -> None:
+        self._digest.update(chunk)
+
+    @property
+    def value(self) -> str:
+        return "sha256:" + self._digest.hexdigest()
+
+
 def checksum_of(chunks: Iterable[bytes]) -> str:
-    """The checksum a handle records of the bytes ``chunks`` hold, in order: ``sha256:<hex>``."""
-    digest = hashlib.sha256()
+    """The :class:`Checksum` of the bytes ``chunks`` hold, in order."""
+    checksum = Checksum()
     for chunk in chunks:
-        digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+        checksum.update(chunk)
+    return checksum.value
 
 
 @dataclass(frozen=True)
