@@ -217,28 +217,29 @@ class CompletedCheckpointStore:
         return completed
 
     def abandoned_attempts(self) -> list[tuple[int, AbortReason, str]]:
-        """Every ``chk-*`` without ``_metadata`` whose files no completed checkpoint needs, with why it
-        is aborted: older than the latest completed checkpoint ``SUBSUMED`` (not counted), newer
+        """Every ``chk-*`` with a plan and without ``_metadata`` whose files no completed checkpoint needs,
+        with why it is aborted: older than the latest completed checkpoint ``SUBSUMED`` (not counted), newer
         ``ABANDONED``. Call it holding the lease, so no checkpoint is in flight.
 
-        A directory that retention kept for the shared files of a newer checkpoint is not
-        abandoned; one without a plan is a leftover of retention, deleted here.
+        A newer directory without a plan is a leftover (of a trigger that died), deleted here. An older
+        one without a plan is kept for the shared files of a newer checkpoint, or is retention's to delete;
+        the completed checkpoints' ``_metadata`` are read only when an older directory has a plan.
         """
-        completed = self.checkpoints()
-        needed = set().union(*(c.referenced_paths() for c in completed))
-        latest_id = max((c.checkpoint_id for c in completed), default=0)
+        ids = self.checkpoint_ids()
+        newest = max((i for i in ids if self.is_completed(i)), default=0)
+        undecided = [i for i in ids if not self.is_completed(i)]
+        older_planned = [i for i in undecided if i < newest and self._has(i, self.storage.plan_path(i))]
+        needed = set().union(*(c.referenced_paths() for c in self.checkpoints())) if older_planned else set()
         abandoned = []
-        completed_ids = {c.checkpoint_id for c in completed}
-        for checkpoint_id in self.checkpoint_ids():
+        for checkpoint_id in undecided:
             chk = self.storage.chk_dir(checkpoint_id)
-            if checkpoint_id in completed_ids or any(p.startswith(chk + "/") for p in needed):
-                continue
-            if self.is_completed(checkpoint_id):  # its _metadata is unreadable: never abandoned
-                continue
-            if not self._has(checkpoint_id, self.storage.plan_path(checkpoint_id)):
+            if checkpoint_id < newest:
+                if checkpoint_id in older_planned and not any(p.startswith(chk + "/") for p in needed):
+                    abandoned.append(
+                        (checkpoint_id, AbortReason.SUBSUMED, f"subsumed by completed checkpoint {newest}")
+                    )
+            elif not self._has(checkpoint_id, self.storage.plan_path(checkpoint_id)):
                 self.delete_dir(checkpoint_id)
-            elif checkpoint_id < latest_id:
-                abandoned.append((checkpoint_id, AbortReason.SUBSUMED, f"subsumed by completed checkpoint {latest_id}"))
             else:
                 abandoned.append(
                     (checkpoint_id, AbortReason.ABANDONED, "abandoned: its run died before finalize decided")
