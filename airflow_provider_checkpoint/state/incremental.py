@@ -25,7 +25,9 @@ from airflow_provider_checkpoint.state.keygroups import index_for_key_group, ran
 RANGE_ROWS = 250_000
 """Rows per key-group range of a full version (a range is the unit of compaction)."""
 COMPACTION_RATIO = 1.0
-MAX_DELTAS = 32
+MAX_DELTAS = 10
+"""Deltas a range keeps at most (Structured Streaming's ``minDeltasForSnapshot`` is 10 too): a restore
+reads each, one request per file on an object store."""
 FULL_VERSION_SHARE = 0.5
 """A checkpoint whose changelog lists every key writes a full version instead of a delta when at
 least this share of the keys changed (a delta that large would make its ranges due at once)."""
