@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from airflow_provider_checkpoint.fileio.records import check_options
 from airflow_provider_checkpoint.fileio.writes import engine_for, url
-from airflow_provider_checkpoint.storage.object_store import for_executors
+from airflow_provider_checkpoint.storage.object_store import for_executors, open_sized
 
 if TYPE_CHECKING:
     import fsspec
@@ -41,6 +41,7 @@ def read_parquet(
     engine: str | None = None,
     options: dict[str, str] | None = None,
     row_index: str | None = None,
+    sizes: Sequence[int] | None = None,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
@@ -48,6 +49,8 @@ def read_parquet(
     ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
     Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
     of that name holding each row's position in its file (from 0, as ``_metadata.row_index``).
+    ``sizes`` (bytes, one per path, known from a handle): the Python engine then reads a small file
+    on an object store in one request (:func:`~.object_store.open_sized`).
     """
     if not paths:
         if schema is None:
@@ -63,7 +66,8 @@ def read_parquet(
         return _with_path_column(df, file_column)
     check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
-    read = ParquetReader(for_executors(fs), _arrow(schema), row_index)
+    known = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
+    read = ParquetReader(for_executors(fs), _arrow(schema), row_index, known)
     return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column)
 
 
@@ -261,6 +265,8 @@ class ParquetReader:
     fs: Any = field(repr=False)
     schema: pa.Schema
     row_index: str | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+    """path → its size when known (:func:`~.object_store.open_sized`)."""
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -268,7 +274,7 @@ class ParquetReader:
 
         position = 0
 
-        with self.fs.open(path, "rb") as f:
+        with open_sized(self.fs, path, self.sizes.get(path)) as f:
             with named_if_corrupt(self.fs, path):
                 file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
                 present = [n for n in self.schema.names if n in file.schema_arrow.names]
@@ -320,7 +326,9 @@ class RecordReader:
         declared = pa.schema(list(self.schema)[:-1])
         empty = [None] * len(declared)
         rows: list[list[Any]] = []
-        with self.fs.open(path, "rb") as raw:
+        expected = self.sizes.get(path)
+        # a byte more than the barrier's: a file that grew or was replaced since is read past it, and refused
+        with open_sized(self.fs, path, None if expected is None else expected + 1) as raw:
             compression = infer_compression(path)
             stream = compr[compression](raw, mode="rb") if compression else raw
             text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
@@ -329,7 +337,6 @@ class RecordReader:
                 if len(rows) == BATCH_ROWS:
                     yield _batch(rows, self.schema)
                     rows = []
-            expected = self.sizes.get(path)
             if expected is not None and raw.tell() != expected:
                 raise OSError(
                     f"read {raw.tell()} of the {expected} bytes of {url(self.fs, path)} cut into the barrier: "

@@ -28,4 +28,5 @@ def read_channel(spark: SparkSession, storage: Location, channel: ChannelSnapsho
     schema = StructType.fromJson(json.loads(channel.schema))
     for handle in channel.handles:
         storage.verify(handle)
-    return read_parquet(spark, storage.fs, [storage.path(h.path) for h in channel.handles], schema)
+    paths = [storage.path(h.path) for h in channel.handles]
+    return read_parquet(spark, storage.fs, paths, schema, sizes=[h.size for h in channel.handles])

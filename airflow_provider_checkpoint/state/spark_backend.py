@@ -227,10 +227,11 @@ def read_files(
 
     paths = [storage.path(h.path) for h in handles]
     ranged = [(path, h.key_groups) for path, h in zip(paths, handles, strict=True) if h.key_groups is not None]
+    sizes = [h.size for h in handles]
     if not ranged:
-        return read_parquet(spark, storage.fs, paths, schema)
+        return read_parquet(spark, storage.fs, paths, schema, sizes=sizes)
     column = FileColumn(_FILE)
-    df = read_parquet(spark, storage.fs, paths, schema, column)
+    df = read_parquet(spark, storage.fs, paths, schema, column, sizes=sizes)
     files = [(F.lit(column.key(storage.fs, path)), span) for path, span in ranged]
     low = F.create_map(*[x for name, span in files for x in (name, F.lit(span[0]))])
     high = F.create_map(*[x for name, span in files for x in (name, F.lit(span[1]))])

@@ -247,21 +247,31 @@ class CompletedCheckpointStore:
         return abandoned
 
     def discard_attempts_except(self, checkpoint_id: int, steps: Sequence[str], keep: set[str]) -> None:
-        """Delete every attempt directory of ``steps`` in checkpoint ``checkpoint_id`` but those in ``keep``."""
+        """Delete every attempt directory of ``steps`` in checkpoint ``checkpoint_id`` but those in ``keep``
+        (as listed: call it once the steps are done)."""
         chk = self.storage.chk_dir(checkpoint_id)
-        for step in steps:
-            try:
-                entries = self.storage.fs.ls(self.storage.path(f"{chk}/{step}"), detail=False)
-            except FileNotFoundError:
-                continue
-            for entry in entries:
-                rel = self.storage.relative(entry)
-                if rel not in keep:
-                    self.storage.delete(rel)
+        found = set()
+        for path in self._listed():
+            parts = path.split("/")
+            if len(parts) > 2 and parts[0] == chk and parts[1] in steps:
+                found.add("/".join(parts[:3]))
+        self._delete_listed_dirs(found - keep)
 
     def discard_channels(self, checkpoint_id: int) -> None:
         """Channels are exchanged within one checkpoint: once it completes, nobody reads them again."""
-        self.storage.delete_under(self.storage.chk_dir(checkpoint_id), _CHANNELS.match)
+        chk = self.storage.chk_dir(checkpoint_id)
+        found = set()
+        for path in self._listed():
+            match = _CHANNELS.match(path[len(chk) + 1 :]) if path.startswith(chk + "/") else None
+            if match:
+                found.add(path[: len(chk) + 1 + match.end()].rstrip("/"))
+        self._delete_listed_dirs(found)
+
+    def _delete_listed_dirs(self, directories: set[str]) -> None:
+        listed = self._listed()
+        self.storage.delete_listed_dirs(directories, listed)
+        inside = tuple(d + "/" for d in directories)
+        self._forget([p for p in listed if p in directories or p.startswith(inside)])
 
     def retain(self, retained: int) -> None:
         """Discard all but the ``retained`` newest completed checkpoints."""

@@ -12,6 +12,7 @@ with backoff, then surface as errors.
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
 import posixpath
@@ -183,6 +184,20 @@ def read_object(fs: AbstractFileSystem, path: str) -> bytes:
     if is_s3(fs):
         return bytes(fs.cat_file(path, max_concurrency=1))
     return bytes(fs.cat_file(path))
+
+
+WHOLE_READ_BYTES = 64 << 20
+"""A file of a known size up to this many bytes is read from an object store in one GET."""
+
+
+def open_sized(fs: AbstractFileSystem, path: str, size: int | None = None) -> Any:
+    """``path`` opened to read. On S3, a file whose ``size`` is known (from a handle) and at most
+    :data:`WHOLE_READ_BYTES` comes in one GET, no HEAD first: a Parquet reader's seeks to the footer and
+    back then cost no request. At most ``size`` bytes are read: the object's first ``size`` bytes if it
+    is larger, all of it if smaller (the caller's checks see either)."""
+    if size is None or size > WHOLE_READ_BYTES or not is_s3(fs):
+        return fs.open(path, "rb")
+    return io.BytesIO(fs.cat_file(path, start=0, end=size) if size else b"")
 
 
 def file_exists(fs: AbstractFileSystem, path: str) -> bool:
