@@ -28,7 +28,7 @@ from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit
-from airflow_provider_checkpoint.connectors.delta.log_checks import listing, read
+from airflow_provider_checkpoint.connectors.delta.log_checks import listing, read, remember
 from airflow_provider_checkpoint.core.documents import Fields, load_json
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError
 from airflow_provider_checkpoint.storage.writes import create_exclusive
@@ -64,16 +64,20 @@ def commit(
     document: str,
     since: int,
     partition_by: list[str] | None = None,
+    listed: dict[str, int | None] | None = None,
 ) -> Committed | None:
     """Commit ``changes`` with ``txn(app_id, checkpoint_id)``: an upsert's ``MERGE``, or with ``partition_by``
-    an append's ``WRITE``. ``since``: the version whose log said the checkpoint was not committed; ``None``
-    if a commit after it holds the checkpoint's ``txn`` (another attempt committed it meanwhile), a
-    :class:`CheckpointStorageError` if one changed the table's metadata or protocol (a conflict, as Delta
-    has it: the next attempt of the task checks the input against the new metadata)."""
+        an append's ``WRITE``. ``since``: the version whose log said the checkpoint was not committed; ``None``
+        if a commit after it holds the checkpoint's ``txn`` (another attempt committed it meanwhile), a
+        :class:`CheckpointStorageError` if one changed the table's metadata or protocol (a conflict, as Delta
+        has it: the next attempt of the task checks the input against the new metadata). ``listed``: the log's
+    files as just listed (at ``since``), for the first attempt (a version taken since is a conflict, then
+    listed again)."""
     actions = _actions(app_id, checkpoint_id, changes, partition_by)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
-        files, latest, live = _latest(fs, root, table)
+        files, latest, live = _latest(fs, root, table, listed)
+        listed = None
         if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id):
             return None
         since = latest
@@ -84,16 +88,18 @@ def commit(
         )
         body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
+            remember(fs, root, table, f"{version:020d}.json", body)  # the log check after it reads it not
             return Committed(version, actions[0]["commitInfo"]["timestamp"])
         log.info("Delta table %s: version %d was taken by another writer, retrying on top of it", table, version)
     raise CheckpointStorageError(f"Delta table {table}: no commit version free after {RETRIES} attempts")
 
 
 def _latest(
-    fs: fsspec.AbstractFileSystem, root: str, table: str
+    fs: fsspec.AbstractFileSystem, root: str, table: str, listed: dict[str, int | None] | None = None
 ) -> tuple[dict[str, int | None], int, dict[tuple[str, str | None], delta_log.RawFile]]:
-    """The log's files and sizes, the table's latest version and its live files: one listing of the log."""
-    files = listing(fs, root)
+    """The log's files and sizes, the table's latest version and its live files: one listing of the log
+    (none if ``listed``)."""
+    files = listing(fs, root) if listed is None else listed
     latest = delta_log.commit_versions(fs, root, files)[-1]
     return files, latest, delta_log.live_actions(fs, root, table, latest, files=files)
 

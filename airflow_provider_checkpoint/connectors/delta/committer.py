@@ -99,7 +99,16 @@ class DeltaCommitter(DeltaTableBase):
         fs, root = self._fs()
         partition_by = None if self.upsert else self.partition_by
         done = delta_commit.commit(
-            fs, root, self.asset_uri(), app_id, checkpoint_id, commit, document, state.version, partition_by
+            fs,
+            root,
+            self.asset_uri(),
+            app_id,
+            checkpoint_id,
+            commit,
+            document,
+            state.version,
+            partition_by,
+            state.files,
         )
         version = done.version if done else None
         if done is not None:  # the version and time the table's history gives it (:meth:`_record`)
