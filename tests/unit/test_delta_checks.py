@@ -45,7 +45,8 @@ def _table(tmp_path: Path) -> str:
 
 
 def _commit(root: str, changes: DeltaCommit) -> int | None:
-    return delta_commit.commit(LOCAL, root, "t", "app", 2, changes, "committables", lambda: False)
+    done = delta_commit.commit(LOCAL, root, "t", "app", 2, changes, "committables", since=0)
+    return done.version if done else None
 
 
 def _deletes(new: dv.Descriptor, **kwargs: Any) -> DeltaCommit:

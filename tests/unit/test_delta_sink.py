@@ -279,3 +279,100 @@ def test_an_append_table_gets_a_log_checkpoint_every_interval_and_the_version_is
         if version % commit.CHECKPOINT_INTERVAL == 0:
             assert (table / "_delta_log" / f"{version:020d}.checkpoint.parquet").exists()
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2 * 12
+
+
+def test_a_commit_that_lost_the_race_to_another_attempt_commits_nothing(tmp_path, monkeypatch):
+    """A finalize that found checkpoint 3 uncommitted, then saw another attempt commit it before its own
+    commit, commits nothing: the other commit's ``txn`` is seen (no checkpoint twice in the table)."""
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table)
+    committables = _committables(3, _staged(table, 3))
+    staged = DeltaTableSink._staged
+    raced = []
+
+    def race(self: DeltaTableSink, checkpoint_id: int) -> dict[str, int]:
+        if self is sink and not raced:  # after the idempotence check, before the commit
+            raced.append(True)
+            other = DeltaTableSink("t", Source("src"), str(table))
+            other.claim("job")
+            other.commit(3, committables)
+        return staged(self, checkpoint_id)
+
+    monkeypatch.setattr(DeltaTableSink, "_staged", race)
+    sink.commit(3, committables)
+    assert raced and _log_versions(table) == 2  # the create and the other attempt's commit
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+    assert sink.committed_versions() == {3: 1}
+
+
+def test_a_commit_after_another_writers_metadata_change_is_a_conflict(tmp_path, monkeypatch):
+    """Another writer's commit changing the table's metadata between the idempotence check and the commit
+    fails the commit (Delta's conflict rule, as delta-rs had it); the task's retry commits on top of it."""
+    from deltalake import DeltaTable
+
+    from airflow_provider_checkpoint.exceptions import CheckpointStorageError
+
+    table = tmp_path / "t"
+    sink = _sink(table)
+    committables = _committables(3, _staged(table, 3))
+    staged = DeltaTableSink._staged
+    changed = []
+
+    def change(self: DeltaTableSink, checkpoint_id: int) -> dict[str, int]:
+        if not changed:
+            changed.append(True)
+            DeltaTable(str(table)).alter.set_table_properties({"delta.logRetentionDuration": "interval 60 days"})
+        return staged(self, checkpoint_id)
+
+    monkeypatch.setattr(DeltaTableSink, "_staged", change)
+    with pytest.raises(CheckpointStorageError, match="metadata or protocol"):
+        sink.commit(3, committables)
+    assert not sink.is_committed(3)
+    sink.commit(3, committables)
+    assert sink.committed_versions() == {3: 2}
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+
+
+def test_an_append_commit_refuses_a_table_partitioned_otherwise(tmp_path):
+    """The table's partition columns (from the log's replayed metaData) must be the sink's."""
+    table = tmp_path / "t"
+    sink = _sink(table, partition_by=["k"])
+    add = {**_staged(table, 3, "k=a/part-00000.parquet"), "partition_values": {"k": "a"}}
+    with pytest.raises(DocumentError, match=r"partitioned by \['k'\].*by \[\]"):
+        sink.commit(3, _committables(3, add))
+    assert not sink.is_committed(3)
+
+
+def test_an_append_commit_carries_partition_values_stats_and_the_checkpoint(tmp_path):
+    """An append's commit file: ``WRITE`` with the checkpoint's app id and id in ``commitInfo``, its ``txn``,
+    and each add with its partition values, ``numRecords`` and ``dataChange``; delta-rs reads it back."""
+    import json
+
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = DeltaTableSink("t", Source("src"), str(table), partition_by=["k"])
+    sink.claim("job")
+    DeltaTable.create(str(table), ROWS.schema, partition_by=["k"])
+    relative = "chk-3/job/step/attempt-1/k=a b%3A/part-00000.parquet"
+    (table / relative).parent.mkdir(parents=True)
+    pq.write_table(ROWS.drop_columns(["k"]), table / relative)
+    size = (table / relative).stat().st_size
+    add = {"path": relative, "size": size, "num_records": 2, "partition_values": {"k": "a b:"}}
+    sink.commit(3, _committables(3, add))
+    lines = [json.loads(line) for line in (table / "_delta_log" / f"{1:020d}.json").read_text().splitlines()]
+    info, txn, added = (lines[0]["commitInfo"], lines[1]["txn"], lines[2]["add"])
+    assert (info["operation"], info["checkpoint_app_id"], info["checkpoint_id"]) == (
+        "WRITE",
+        "airflow-checkpoint:job:t",
+        3,
+    )
+    assert (txn["appId"], txn["version"]) == ("airflow-checkpoint:job:t", 3)
+    assert added["partitionValues"] == {"k": "a b:"} and added["dataChange"] is True
+    assert json.loads(added["stats"]) == {"numRecords": 2}
+    read = DeltaTable(str(table))
+    assert read.transaction_version("airflow-checkpoint:job:t") == 3
+    assert read.file_uris() == [str(table / add["path"])]
+    assert sorted(read.to_pyarrow_table().column("k").to_pylist()) == ["a b:", "a b:"]

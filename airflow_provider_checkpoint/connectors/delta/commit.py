@@ -1,14 +1,17 @@
-"""The Delta commit of a checkpoint: an append's by delta-rs, an upsert's written by us (delta-rs's
-transaction API has no deletion vectors).
+"""The Delta commit of a checkpoint, an append's (adds only) and an upsert's, written by us with our own
+log replay (no delta-rs open before it: delta-rs's transaction API has no deletion vectors, and reads
+the log many times over on an object store).
 
 One commit file ``_delta_log/<version>.json`` created exclusively (a hard link locally, a
 conditional PUT on object stores): ``commitInfo``, ``txn(app id, checkpoint id)``, the
 removes, per file with new deletes a ``remove`` (with its old DV) and an ``add`` of the
 same path with the new DV, and the adds; checked before it is created against the Delta
 protocol and the sink's invariants (:mod:`.checks`). Another writer's commit in between
-is a conflict only if it touched a file this commit removes or deletes from (Delta's rule for
-deletes); otherwise the commit is retried on top of it. Every :data:`CHECKPOINT_INTERVAL` versions
-delta-rs writes a log checkpoint (it keeps the DVs): the log replay of each stage and commit
+is a conflict if it touched a file this commit removes or deletes from (Delta's rule for
+deletes) or changed the table's metadata or protocol; one holding this checkpoint's ``txn``
+means another attempt committed it; otherwise the commit is retried on top of it. Every
+:data:`CHECKPOINT_INTERVAL` versions delta-rs writes a log checkpoint (it keeps the DVs), opened at the
+new version after the commit: the log replay of each stage and commit
 (:func:`~airflow_provider_checkpoint.connectors.delta.log.snapshot`) reads fewer than that many
 commits after it.
 """
@@ -19,14 +22,14 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit
-from airflow_provider_checkpoint.connectors.delta.log_checks import listing
-from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.connectors.delta.log_checks import listing, read, remember
+from airflow_provider_checkpoint.core.documents import Fields, load_json
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError
 from airflow_provider_checkpoint.storage.writes import create_exclusive
 
@@ -44,6 +47,13 @@ CHECKPOINT_INTERVAL = 1
 job than every 10 commits (delta-rs reads each commit after a checkpoint twice per open), and flat."""
 
 
+class Committed(NamedTuple):
+    """A commit this writer made: its version and its ``commitInfo`` timestamp (ms since the epoch)."""
+
+    version: int
+    timestamp: int
+
+
 def commit(
     fs: fsspec.AbstractFileSystem,
     root: str,
@@ -52,14 +62,25 @@ def commit(
     checkpoint_id: int,
     changes: DeltaCommit,
     document: str,
-    committed: Any,
-) -> int | None:
-    """Commit ``changes`` with ``txn(app_id, checkpoint_id)``; the new version, ``None`` if
-    ``committed()`` says another attempt committed the checkpoint meanwhile."""
-    actions = _actions(app_id, checkpoint_id, changes)
+    since: int,
+    partition_by: list[str] | None = None,
+    listed: dict[str, int | None] | None = None,
+) -> Committed | None:
+    """Commit ``changes`` with ``txn(app_id, checkpoint_id)``: an upsert's ``MERGE``, or with ``partition_by``
+        an append's ``WRITE``. ``since``: the version whose log said the checkpoint was not committed; ``None``
+        if a commit after it holds the checkpoint's ``txn`` (another attempt committed it meanwhile), a
+        :class:`CheckpointStorageError` if one changed the table's metadata or protocol (a conflict, as Delta
+        has it: the next attempt of the task checks the input against the new metadata). ``listed``: the log's
+    files as just listed (at ``since``), for the first attempt (a version taken since is a conflict, then
+    listed again)."""
+    actions = _actions(app_id, checkpoint_id, changes, partition_by)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
-        latest, live = _latest(fs, root, table)
+        files, latest, live = _latest(fs, root, table, listed)
+        listed = None
+        if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id):
+            return None
+        since = latest
         _check(live, changes, document)
         version = latest + 1
         _check_version(
@@ -67,20 +88,54 @@ def commit(
         )
         body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
-            return version
-        if committed():
-            return None
+            remember(fs, root, table, f"{version:020d}.json", body)  # the log check after it reads it not
+            return Committed(version, actions[0]["commitInfo"]["timestamp"])
         log.info("Delta table %s: version %d was taken by another writer, retrying on top of it", table, version)
     raise CheckpointStorageError(f"Delta table {table}: no commit version free after {RETRIES} attempts")
 
 
 def _latest(
-    fs: fsspec.AbstractFileSystem, root: str, table: str
-) -> tuple[int, dict[tuple[str, str | None], delta_log.RawFile]]:
-    """The table's latest version and its live files: one listing of the log."""
-    files = listing(fs, root)
+    fs: fsspec.AbstractFileSystem, root: str, table: str, listed: dict[str, int | None] | None = None
+) -> tuple[dict[str, int | None], int, dict[tuple[str, str | None], delta_log.RawFile]]:
+    """The log's files and sizes, the table's latest version and its live files: one listing of the log
+    (none if ``listed``)."""
+    files = listing(fs, root) if listed is None else listed
     latest = delta_log.commit_versions(fs, root, files)[-1]
-    return latest, delta_log.live_actions(fs, root, table, latest, files=files)
+    return files, latest, delta_log.live_actions(fs, root, table, latest, files=files)
+
+
+def _committed_since(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    table: str,
+    files: dict[str, int | None],
+    since: int,
+    latest: int,
+    app_id: str,
+    checkpoint_id: int,
+) -> bool:
+    """Whether a commit after ``since`` (up to ``latest``, as ``files`` lists the log) holds
+    ``txn(app_id, checkpoint_id or later)``; a :class:`CheckpointStorageError` for one with a ``metaData``
+    or ``protocol`` action (Delta's conflict rule). Reads only the other writers' commits."""
+    for v in range(since + 1, latest + 1):
+        name = f"{v:020d}.json"
+        document = f"{table}/{delta_log.LOG_DIR}/{name}"
+        for line in read(fs, f"{root}/{delta_log.LOG_DIR}/{name}", files.get(name)).splitlines():
+            action = load_json(line, document) if line.strip() else None
+            if not isinstance(action, dict):
+                continue
+            txn = action.get("txn")
+            if isinstance(txn, dict) and txn.get("appId") == app_id:
+                found = txn.get("version")
+                if type(found) is int and found >= checkpoint_id:
+                    return True
+            if "metaData" in action or "protocol" in action:
+                raise CheckpointStorageError(
+                    f"Delta table {table}: version {v}, committed by another writer since version {since}, "
+                    "changes the table's metadata or protocol: a conflict, nothing committed (a retry of the "
+                    "task commits on top of it)"
+                )
+    return False
 
 
 def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: DeltaCommit, document: str) -> None:
@@ -100,7 +155,7 @@ def check_staged(
     """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
     version the writer gets wrong is refused before the checkpoint completes (its step fails, the
     checkpoint is aborted), not only when its commit is about to be written."""
-    latest, live = _latest(fs, root, table)
+    _, latest, live = _latest(fs, root, table)
     where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
     _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {})
 
@@ -123,20 +178,20 @@ def _check_version(
     delta_checks.check_version(where, actions, live, positions)
 
 
-def _actions(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> list[dict[str, Any]]:
-    """The actions of the commit, one line each in ``_delta_log/<version>.json``."""
+def _actions(
+    app_id: str, checkpoint_id: int, changes: DeltaCommit, partition_by: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The actions of the commit, one line each in ``_delta_log/<version>.json`` (``partition_by``: an
+    append's, as delta-rs writes it)."""
     now = int(time.time() * 1000)
+    if partition_by is None:
+        operation: dict[str, Any] = {"operation": "MERGE", "operationParameters": {"predicate": "upsert by keys"}}
+    else:
+        parameters = {"mode": "Append", "partitionBy": json.dumps(partition_by)}
+        operation = {"operation": "WRITE", "operationParameters": parameters, "isBlindAppend": True}
+    info = {"timestamp": now, **operation, "checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id}
     actions: list[dict[str, Any]] = [
-        {
-            "commitInfo": {
-                "timestamp": now,
-                "operation": "MERGE",
-                "operationParameters": {"predicate": "upsert by keys"},
-                "checkpoint_app_id": app_id,
-                "checkpoint_id": checkpoint_id,
-                "engineInfo": "airflow-provider-checkpoint",
-            }
-        },
+        {"commitInfo": {**info, "engineInfo": "airflow-provider-checkpoint"}},
         {"txn": {"appId": app_id, "version": checkpoint_id, "lastUpdated": now}},
     ]
     for r in changes.removes:
@@ -145,14 +200,15 @@ def _actions(app_id: str, checkpoint_id: int, changes: DeltaCommit) -> list[dict
         actions.append({"remove": _file(d.path, d.size, now, d.old, remove=True)})
         actions.append({"add": {**_file(d.path, d.size, now, d.new), "stats": _stats(d.num_records)}})
     for a in changes.adds:
-        actions.append({"add": {**_file(a.path, a.size, now, None), "stats": _stats(a.num_records)}})
+        add = {**_file(a.path, a.size, now, None), "partitionValues": dict(a.partition_values)}
+        actions.append({"add": {**add, "stats": _stats(a.num_records)}})
     return actions
 
 
 def _file(path: str, size: int, now: int, dv: Any, remove: bool = False) -> dict[str, Any]:
     from urllib.parse import quote
 
-    out: dict[str, Any] = {"path": quote(path), "partitionValues": {}, "size": size, "dataChange": True}
+    out: dict[str, Any] = {"path": quote(path, safe="/="), "partitionValues": {}, "size": size, "dataChange": True}
     out["deletionTimestamp" if remove else "modificationTime"] = now
     if remove:
         out["extendedFileMetadata"] = True
@@ -163,48 +219,9 @@ def _stats(records: int) -> str:
     return json.dumps({"numRecords": records})
 
 
-def commit_append(
-    table: DeltaTable,
-    app_id: str,
-    checkpoint_id: int,
-    changes: DeltaCommit,
-    partition_by: list[str],
-    advance: Callable[[], DeltaTable],
-) -> int:
-    """The commit of an append table, by delta-rs (which retries on conflicts); the version it made.
-    ``advance`` brings ``table`` to the log's latest version after it (the new commits checked first)."""
-    from deltalake import CommitProperties, Transaction
-    from deltalake.transaction import AddAction
-
-    now = int(time.time() * 1000)
-    actions: list[Any] = [
-        AddAction(a.path, a.size, a.partition_values, now, True, _stats(a.num_records)) for a in changes.adds
-    ]
-    loaded = int(table.version())
-    table.create_write_transaction(
-        actions,
-        "append",
-        table.schema(),
-        partition_by=partition_by or None,
-        commit_properties=CommitProperties(
-            custom_metadata={"checkpoint_app_id": app_id, "checkpoint_id": checkpoint_id},
-            app_transactions=[Transaction(app_id, checkpoint_id)],
-            max_commit_retries=RETRIES,
-        ),
-    )
-    version = int(advance().version())
-    if version > loaded + 1:  # other writers committed too (before or after ours): find ours
-        ours = [
-            e.get("version")
-            for e in table.history(version - loaded)
-            if e.get("checkpoint_app_id") == app_id and e.get("checkpoint_id") == checkpoint_id
-        ]
-        version = ours[0] if ours and isinstance(ours[0], int) else version
-    return version
-
-
-def log_checkpoint(table: DeltaTable, version: int) -> None:
-    """A log checkpoint of ``table`` (at ``version`` or later) when ``version`` is a multiple of
-    :data:`CHECKPOINT_INTERVAL`: opening the table then reads it and the commits after it."""
+def log_checkpoint(table: Callable[[], DeltaTable], version: int) -> None:
+    """A log checkpoint of the table ``table()`` opens (at ``version`` or later) when ``version`` is a
+    multiple of :data:`CHECKPOINT_INTERVAL`: opening the table then reads it and the commits after it.
+    delta-rs is opened only then."""
     if version % CHECKPOINT_INTERVAL == 0:
-        table.create_checkpoint()
+        table().create_checkpoint()

@@ -6,7 +6,8 @@ vectors) and a ``txn`` action with app id ``airflow-checkpoint:<job>:<sink uid>`
 not committed again, so a finalize retry and recovery may both commit. Every commit is followed
 by a log checkpoint (:data:`.commit.CHECKPOINT_INTERVAL`). Restore to checkpoint N
 (:meth:`DeltaCommitter.rollback`) is one ``RESTORE`` commit back to the version N committed.
-Each entry point opens the table once (:mod:`.opened`).
+Each entry point opens the table once (:mod:`.opened`); a commit is written with our own log replay
+(:mod:`.commit`), delta-rs is opened only after it, for the log checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     kept_files,
     read_delta_committables,
 )
+from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import DeltaTableBase, in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.exceptions import DocumentError, RestoreError
@@ -78,9 +80,10 @@ class DeltaCommitter(DeltaTableBase):
         on conflicts with other writers. Every added file must exist with the size its committable names
         (one listing of ``chk-<id>/``), every DV file must exist, every removed file must be in the table."""
         commit: DeltaCommit = committables
-        app_id, table = self.app_id(), self._delta()
+        opened = self._table()
+        app_id, state = self.app_id(), opened.state()
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
-        if app_id is None or table is None:
+        if app_id is None or state is None:
             raise DocumentError(
                 document, "committables", f"name files of {self.asset_uri()}, which nothing staged into"
             )
@@ -91,23 +94,26 @@ class DeltaCommitter(DeltaTableBase):
         missing = sorted(f for f in dv_files(commit) if f not in staged)
         if missing:
             raise DocumentError(document, "deletes", "name deletion vector files that do not exist", missing[:5])
+        self._check_partitions(state, document)
         started = time.monotonic()
-        opened = self._table()
-        if self.upsert is None:
-            version: int | None = delta_commit.commit_append(
-                table, app_id, checkpoint_id, commit, self.partition_by, opened.advance
-            )
-        else:
-            fs, root = self._fs()
-            committed = lambda: (opened.advance().transaction_version(app_id) or 0) >= checkpoint_id  # noqa: E731
-            version = delta_commit.commit(
-                fs, root, self.asset_uri(), app_id, checkpoint_id, commit, document, committed
-            )
-            if version is not None:
-                opened.advance()
-        if version is not None:
-            self._records[checkpoint_id] = self._record(table, app_id, checkpoint_id, table.version() - version + 1)
-            delta_commit.log_checkpoint(table, version)
+        fs, root = self._fs()
+        partition_by = None if self.upsert else self.partition_by
+        done = delta_commit.commit(
+            fs,
+            root,
+            self.asset_uri(),
+            app_id,
+            checkpoint_id,
+            commit,
+            document,
+            state.version,
+            partition_by,
+            state.files,
+        )
+        version = done.version if done else None
+        if done is not None:  # the version and time the table's history gives it (:meth:`_record`)
+            self._records[checkpoint_id] = {"delta_version": done.version, "commit_time": done.timestamp / 1000}
+            delta_commit.log_checkpoint(opened.advance, done.version)
         log.info(
             "sink %s: checkpoint %d committed as Delta version %s (%d adds, %d removes, %d files with new deletes) "
             "in %.3fs",
@@ -120,6 +126,22 @@ class DeltaCommitter(DeltaTableBase):
             time.monotonic() - started,
         )
         self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit), staged)
+
+    def _check_partitions(self, state: LogState, document: str) -> None:
+        """The table's partition columns are the sink's (the step checked them and the input's columns
+        against the table's, :meth:`.sink.DeltaTableSink._check_input`): from the ``metaData`` the log check
+        replayed, else from delta-rs."""
+        metadata = state.metadata if state.replayed else None
+        columns = metadata.get("partitionColumns") if metadata is not None else None
+        if not isinstance(columns, list):
+            table = self._delta()
+            columns = list(table.metadata().partition_columns) if table is not None else []
+        if columns != self.partition_by:
+            raise DocumentError(
+                document,
+                "adds",
+                f"are partitioned by {self.partition_by}, the Delta table {self.asset_uri()} by {columns}",
+            )
 
     def describe_commit(self, checkpoint_id: int) -> JsonDict:
         version = self.commit_record(checkpoint_id).get(self.uid, {}).get("delta_version")

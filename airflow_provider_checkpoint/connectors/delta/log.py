@@ -236,6 +236,7 @@ def live_actions(
     before ``version``, then the commits after it. The actions are not validated: callers
     validate what they use (:func:`snapshot`) or only compare identities.
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     files = listing(fs, root) if files is None else files
@@ -249,8 +250,8 @@ def live_actions(
     if checkpoint:
         start, parts = checkpoint
         for part in parts:
-            with fs.open(f"{root}/{LOG_DIR}/{part}", "rb", size=files[part]) as f:
-                rows = pq.read_table(f, columns=["add"]).column("add").to_pylist()
+            data = pa.BufferReader(read(fs, f"{root}/{LOG_DIR}/{part}", files[part]))  # one GET, no HEAD
+            rows = pq.read_table(data, columns=["add"]).column("add").to_pylist()
             for row in rows:
                 if row is not None:
                     row["partitionValues"] = dict(row.get("partitionValues") or [])

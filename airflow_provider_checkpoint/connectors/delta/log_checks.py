@@ -84,6 +84,8 @@ class LogState(NamedTuple):
     replayed: bool
     txns: dict[str, int]
     metadata: dict[str, Any] | None
+    files: dict[str, int | None] = {}
+    """The log's files and sizes as the check listed them."""
 
 
 def listing(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, int | None]:
@@ -123,12 +125,20 @@ def check_log(fs: fsspec.AbstractFileSystem, root: str, table: str, whole: bool 
     for name in [*parts, *replayed] if exact else []:
         txns.update(found[name].txns)
         metadata = found[name].metadata or metadata
-    return LogState(latest, exact, txns, metadata)
+    return LogState(latest, exact, txns, metadata, sizes)
 
 
-def _checked(fs: fsspec.AbstractFileSystem, root: str, table: str, name: str, size: int | None) -> Found:
-    """Check the log file ``name`` (listed with ``size``); what it holds (``_last_checkpoint``: its version
-    as the ``txns`` of app id ``"_"``, -1 if it has none)."""
+def remember(fs: fsspec.AbstractFileSystem, root: str, table: str, name: str, data: bytes) -> None:
+    """Check the commit file ``name`` this process just created with ``data``, as the next check of the log
+    would: that check then does not read it back."""
+    _checked(fs, root, table, name, len(data), data)
+
+
+def _checked(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, name: str, size: int | None, data: bytes | None = None
+) -> Found:
+    """Check the log file ``name`` (listed with ``size``; ``data``: its content if known); what it holds
+    (``_last_checkpoint``: its version as the ``txns`` of app id ``"_"``, -1 if it has none)."""
     key = (f"{root}/{LOG_DIR}/{name}", size)
     if key in _parsed:
         return _parsed[key]
@@ -137,7 +147,7 @@ def _checked(fs: fsspec.AbstractFileSystem, root: str, table: str, name: str, si
         found = _check_checkpoint(fs, key[0], size, document)
     else:
         found = Found()
-        for number, line in enumerate(read(fs, key[0], size).splitlines(), 1):
+        for number, line in enumerate((read(fs, key[0], size) if data is None else data).splitlines(), 1):
             if line.strip():
                 action = load_json(line, document)
                 check_depth(action, document, f"line {number}")
@@ -180,8 +190,7 @@ def _check_checkpoint(fs: fsspec.AbstractFileSystem, path: str, size: int | None
     if size is None or size > MAX_CHECKPOINT_BYTES:
         raise DocumentError(document, "", f"is {size} bytes, more than a checkpoint may have ({MAX_CHECKPOINT_BYTES})")
     try:
-        with fs.open(path, "rb", size=size) as f:
-            parquet = pq.ParquetFile(f)
+        with pq.ParquetFile(pa.BufferReader(read(fs, path, size))) as parquet:  # one GET, no HEAD
             if _type_depth(pa.struct(list(parquet.schema_arrow))) > MAX_JSON_DEPTH:
                 raise DocumentError(document, "", f"has a schema nested deeper than {MAX_JSON_DEPTH} levels")
             content = parquet.read()

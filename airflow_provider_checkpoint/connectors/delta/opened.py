@@ -74,15 +74,17 @@ class OpenedTable:
         return table
 
     def advance(self) -> DeltaTable:
-        """The table at its latest version after a commit of this call: the log checked again, then the
-        commits since read by delta-rs (only they)."""
-        table = self.latest()
-        assert table is not None  # a commit needs a table
+        """The table at its latest version after a commit of this call: the log checked again, then delta-rs
+        opened at that version (only then, if this call had not opened it) or the commits since read by it."""
         self._state = delta_storage.check_table(self.fs, self.root, self.url, whole=False)
-        if self._state is not None and self._state.version != table.version():
+        self._checked = True
+        assert self._state is not None  # a commit needs a table
+        if self._table is None:
+            self._table = self.load(self._state.version)
+        elif self._state.version != self._table.version():
             with self.log_errors():
-                table.load_as_version(self._state.version)
-        return table
+                self._table.load_as_version(self._state.version)
+        return self._table
 
     def load(self, version: int | None = None) -> DeltaTable:
         """delta-rs's table at ``version`` (checked first by the caller)."""
