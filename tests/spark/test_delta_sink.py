@@ -166,6 +166,32 @@ def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, 
         pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
 
 
+def test_upsert_merges_update_files_past_the_bound(spark, tmp_path, monkeypatch):
+    """Every checkpoint adds an update file; past ``MAX_UPDATE_FILES`` (2 here) one checkpoint merges them
+    into one with their live rows: the table keeps at most 3 (2 and its own), every reader reads the model."""
+    import random
+
+    monkeypatch.setattr(delta_upsert, "MAX_UPDATE_FILES", 2)
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    path = tmp_path / "t"
+    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=2)
+    truth = pd.DataFrame({"k": [f"k{i}" for i in range(60)], "v": range(60)})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(truth)))
+    rng, merges = random.Random(7), 0
+    for checkpoint_id in range(2, 12):
+        keys = rng.sample(range(80), rng.randint(1, 25))  # new keys too
+        changed = pd.DataFrame({"k": [f"k{i}" for i in keys], "v": [checkpoint_id * 100 + i for i in keys]})
+        (staged,) = sink.stage(step_context(spark, storage, checkpoint_id), spark.createDataFrame(changed))
+        merges += any("part-u" in r["path"] for r in staged["removes"])
+        sink.commit(checkpoint_id, [staged])
+        truth = pd.concat([truth[~truth.k.isin(changed.k)], changed])
+        live = delta_log.snapshot(fsspec.filesystem("file"), str(path), str(path))
+        assert sum("part-u" in p for p in live) <= 3, sorted(live)
+        for name, got in _readers(spark, path).items():
+            pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
+    assert merges >= 2 and sink.audit() == []
+
+
 def test_commit_is_idempotent_and_other_attempts_are_deleted(spark, tmp_path):
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "events"

@@ -14,7 +14,10 @@ batch (memory: the changed keys plus one batch per thread); the table is never l
 Compaction: a file whose deleted rows reach :data:`COMPACT_FRACTION` of its rows is
 rewritten with its live rows in the same checkpoint (remove + add, no DV), so a read never
 decodes more than twice a file's live rows and DV files stay small. A file with fewer
-deletes keeps its bytes and only its DV changes.
+deletes keeps its bytes and only its DV changes. Once a table has more than
+:data:`MAX_UPDATE_FILES` update files, a checkpoint merges them into one (their live rows,
+remove + add): every upsert reads the keys of every update file, so their number, and the
+requests of a checkpoint on an object store, stay bounded however old the table is.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import math
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +43,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
 )
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
 from airflow_provider_checkpoint.fileio.writes import write_parquet
+from airflow_provider_checkpoint.storage.object_store import open_sized
 
 if TYPE_CHECKING:
     import fsspec
@@ -57,6 +62,8 @@ INLINE_DV_BYTES = 2048
 """DVs up to this size go inline into the log (Z85: 5/4 of it); larger ones into a DV file. delta-rs
 1.6 (``scan()``, ``deletion_vectors()``) was seen to hang reading ~1,000 files' DVs from DV files and
 reads the same DVs inline; inline DVs also spare a reader one file read per data file."""
+MAX_UPDATE_FILES = 8
+"""Update files an upsert table has at most after a checkpoint, but for that checkpoint's own."""
 THREADS = 8
 """Files whose keys are looked up (and compacted) at once."""
 _BUCKET = "_bucket"
@@ -120,7 +127,9 @@ def stage(
         found = [f for f in pool.map(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
         deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
         delta_checks.check_keys(document, upsert.keys, changed.table, deleted)
-        full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows]
+        updates = sorted(p for p in live if bucket_of_path(p) is None)
+        merged = updates if len(updates) > MAX_UPDATE_FILES else []
+        full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows and f.file.path not in merged]
         rewritten = list(
             pool.map(lambda f: _compact(fs, root, f, f"{staging}/{posixpath.basename(f.file.path)}"), full)
         )
@@ -128,10 +137,17 @@ def stage(
         delta_checks.check_rewrite(document, f.file.path, f.rows, len(f.deleted), written)
     removes = [_remove(f.file) for f in full]
     adds += [(out, rows) for out, rows in rewritten if rows]
-    partial = [f for f in found if f not in full]
+    if merged:
+        hits = {f.file.path: f.deleted for f in found}
+        sources = [(live[p], hits[p] if p in hits else _deleted(fs, root, live[p])) for p in merged]
+        out = f"{staging}/{update_file(ctx.checkpoint_id, len(adds))}"
+        written = _merge(fs, root, sources, out, document)
+        removes += [_remove(live[p]) for p in merged]
+        adds += [(out, written)] if written else []
+    partial = [f for f in found if f not in full and f.file.path not in merged]
     deletes = _write_dvs(fs, root, staging, partial)
     ctx.add_metric("sink_files_deleted_from", len(deletes))
-    ctx.add_metric("sink_files_compacted", len(full))
+    ctx.add_metric("sink_files_compacted", len(full) + len(merged))
     return StagedUpsert(adds, removes, deletes)
 
 
@@ -176,12 +192,11 @@ def _lookup(
     get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
     DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     old = _deleted(fs, root, file)
     hits, deleted_keys, rows = [], [], 0
-    with fs.open(f"{root}/{file.path}", "rb", size=file.size) as source:
-        reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
+    with open_sized(fs, f"{root}/{file.path}", file.size) as source:
+        reader = _pq_file(source)
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
             keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
             at = np.flatnonzero(changed.changed(keys))
@@ -204,24 +219,56 @@ def _deleted(fs: fsspec.AbstractFileSystem, root: str, file: DataFile) -> np.nda
 
 def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) -> tuple[str, int]:
     """Write ``found.file``'s live rows to ``out``, streamed batch by batch; ``(out, rows written)``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    written, at = 0, 0
-    with fs.open(f"{root}/{found.file.path}", "rb", size=found.file.size) as source:
-        reader = pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
-        schema = _rewrite_schema(reader)
-        with table_writer(fs, out, schema) as writer:
-            for batch in reader.iter_batches(batch_size=BATCH_ROWS):
-                positions = np.arange(at, at + batch.num_rows, dtype=np.uint64)
-                kept = pa.Table.from_batches([batch]).cast(schema).filter(pa.array(~np.isin(positions, found.deleted)))
-                at += batch.num_rows
-                if kept.num_rows:
-                    writer.write_table(kept)
-                    written += kept.num_rows
+    with ExitStack() as stack:
+        source = stack.enter_context(open_sized(fs, f"{root}/{found.file.path}", found.file.size))
+        reader = _pq_file(source)
+        writer = stack.enter_context(table_writer(fs, out, _rewrite_schema(reader)))
+        written = _live_rows(reader, found.deleted, writer)
     if not written:
         fs.rm(out)
     return out, written
+
+
+def _merge(
+    fs: fsspec.AbstractFileSystem, root: str, sources: list[tuple[DataFile, np.ndarray]], out: str, document: str
+) -> int:
+    """Write the live rows of ``sources`` (each file with every position deleted from it) to ``out`` in order,
+    streamed; the rows written. Refused (:mod:`.checks`) unless each file gave exactly its live rows."""
+    with ExitStack() as stack:
+        writer = None
+        written = 0
+        for file, deleted in sources:
+            with open_sized(fs, f"{root}/{file.path}", file.size) as source:
+                reader = _pq_file(source)
+                if writer is None:
+                    writer = stack.enter_context(table_writer(fs, out, _rewrite_schema(reader)))
+                kept = _live_rows(reader, deleted, writer)
+                delta_checks.check_rewrite(document, file.path, reader.metadata.num_rows, len(deleted), kept)
+                written += kept
+    if not written:
+        fs.rm(out)
+    return written
+
+
+def _pq_file(source: object) -> pq.ParquetFile:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
+
+
+def _live_rows(reader: pq.ParquetFile, deleted: np.ndarray, writer: pq.ParquetWriter) -> int:
+    """Append the rows of ``reader`` whose positions ``deleted`` does not hold to ``writer``; how many."""
+    import pyarrow as pa
+
+    written, at = 0, 0
+    for batch in reader.iter_batches(batch_size=BATCH_ROWS):
+        positions = np.arange(at, at + batch.num_rows, dtype=np.uint64)
+        kept = pa.Table.from_batches([batch]).cast(writer.schema).filter(pa.array(~np.isin(positions, deleted)))
+        at += batch.num_rows
+        if kept.num_rows:
+            writer.write_table(kept)
+            written += kept.num_rows
+    return written
 
 
 def _rewrite_schema(reader: pq.ParquetFile) -> pa.Schema:
