@@ -72,6 +72,8 @@ _UNIT_MS = {
     "day": 86_400_000,
     "week": 7 * 86_400_000,
 }
+_LAST_CHECKPOINT_BYTES = 1 << 16
+"""More than a ``_last_checkpoint`` this writer reads holds (a ranged GET needs no HEAD first)."""
 Key = tuple[str, str | None]
 
 
@@ -362,10 +364,10 @@ def write(fs: fsspec.AbstractFileSystem, root: str, state: Replay) -> bool:
     create_exclusive(fs, f"{root}/{LOG_DIR}/{name}", data)  # already there: the same state, kept
     path = f"{root}/{LOG_DIR}/{LAST_CHECKPOINT}"
     try:
-        current = json.loads(fs.cat_file(path))
+        current = json.loads(fs.cat_file(path, start=0, end=_LAST_CHECKPOINT_BYTES))  # one GET, no HEAD
     except FileNotFoundError:
         current = None
-    except ValueError:  # a damaged hint: replaced
+    except (ValueError, OSError):  # a damaged hint (not JSON, empty: no range to read) is replaced
         current = None
     found = current.get("version") if isinstance(current, dict) else None
     if not (type(found) is int and found >= state.version):
