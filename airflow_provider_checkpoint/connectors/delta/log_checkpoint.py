@@ -63,7 +63,7 @@ _CONFIG_REFUSED_ANY = ("delta.setTransactionRetentionDuration",)
 _RETENTION = "delta.deletedFileRetentionDuration"
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 """Delta's default ``delta.deletedFileRetentionDuration`` (one week): older tombstones are dropped."""
-_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(\w+?)s?\s*$", re.IGNORECASE)
+_INTERVAL = re.compile(r"^\s*(?:interval\s+)?(\d+)\s+(\w+?)s?\s*$", re.IGNORECASE)
 _UNIT_MS = {
     "millisecond": 1,
     "second": 1000,
@@ -184,6 +184,8 @@ def why_not(state: Replay) -> str | None:
         return "the log has no protocol or metaData"
     protocol = state.protocol
     readers, writers = protocol.get("readerFeatures") or [], protocol.get("writerFeatures") or []
+    if not isinstance(readers, list) or not isinstance(writers, list):
+        return "table features that are not lists"
     if protocol.get("minReaderVersion") not in (1, 3) or not isinstance(protocol.get("minWriterVersion"), int):
         return f"reader version {protocol.get('minReaderVersion')!r}"
     if protocol["minWriterVersion"] in (5, 6) or protocol["minWriterVersion"] > 7:
@@ -322,8 +324,10 @@ def _row(kind: str, body: dict[str, Any], t: pa.StructType) -> dict[str, Any]:
     for i in range(t.num_fields):
         name, ft = t.field(i).name, t.field(i).type
         value = body.get(name)
-        if kind == "add" and name == "partitionValues" and value is None:
-            value = {}
+        if value is None and pa.types.is_map(ft) and not t.field(i).nullable:
+            value = {}  # as delta-rs reads a missing one
+        if value is None and not t.field(i).nullable:
+            raise ValueError(f"a {kind} action without {name}")
         if isinstance(value, dict) and pa.types.is_map(ft):
             value = list(value.items())
         elif isinstance(value, dict) and pa.types.is_struct(ft):
@@ -359,7 +363,13 @@ def write(fs: fsspec.AbstractFileSystem, root: str, state: Replay) -> bool:
     names this version or a newer one. False, writing nothing, if :func:`why_not` refuses the table."""
     if why_not(state) is not None:
         return False
-    data, last = encode(state, int(time.time() * 1000))
+    import pyarrow as pa
+
+    try:
+        data, last = encode(state, int(time.time() * 1000))
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        state.unsupported = f"its actions do not fit a checkpoint: {str(e)[:200]}"
+        return False
     name = f"{state.version:020d}.checkpoint.parquet"
     create_exclusive(fs, f"{root}/{LOG_DIR}/{name}", data)  # already there: the same state, kept
     path = f"{root}/{LOG_DIR}/{LAST_CHECKPOINT}"
