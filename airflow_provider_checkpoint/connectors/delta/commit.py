@@ -10,8 +10,9 @@ protocol and the sink's invariants (:mod:`.checks`). Another writer's commit in 
 is a conflict if it touched a file this commit removes or deletes from (Delta's rule for
 deletes) or changed the table's metadata or protocol; one holding this checkpoint's ``txn``
 means another attempt committed it; otherwise the commit is retried on top of it. Every
-:data:`CHECKPOINT_INTERVAL` versions delta-rs writes a log checkpoint (it keeps the DVs), opened at the
-new version after the commit: the log replay of each stage and commit
+:data:`CHECKPOINT_INTERVAL` versions a log checkpoint is written from the commit's own log
+replay (:mod:`.log_checkpoint`; delta-rs's ``create_checkpoint`` for a table using what that does
+not write): the log replay of each stage and commit
 (:func:`~airflow_provider_checkpoint.connectors.delta.log.snapshot`) reads fewer than that many
 commits after it.
 """
@@ -27,7 +28,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta import log_checkpoint as log_checkpoint_writer
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit
+from airflow_provider_checkpoint.connectors.delta.log_checkpoint import Replay
 from airflow_provider_checkpoint.connectors.delta.log_checks import listing, read, remember
 from airflow_provider_checkpoint.core.documents import Fields, load_json
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError
@@ -48,10 +51,12 @@ job than every 10 commits (delta-rs reads each commit after a checkpoint twice p
 
 
 class Committed(NamedTuple):
-    """A commit this writer made: its version and its ``commitInfo`` timestamp (ms since the epoch)."""
+    """A commit this writer made: its version, its ``commitInfo`` timestamp (ms since the epoch) and the
+    table's state at that version (the log replay of the version before it, the commit applied)."""
 
     version: int
     timestamp: int
+    state: Replay
 
 
 def commit(
@@ -76,7 +81,8 @@ def commit(
     actions = _actions(app_id, checkpoint_id, changes, partition_by)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
-        files, latest, live = _latest(fs, root, table, listed)
+        files, latest, state = _latest(fs, root, table, listed)
+        live = state.adds
         listed = None
         if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id):
             return None
@@ -89,19 +95,20 @@ def commit(
         body = "".join(json.dumps(a, separators=(",", ":")) + "\n" for a in actions).encode()
         if create_exclusive(fs, f"{root}/{delta_log.LOG_DIR}/{version:020d}.json", body):
             remember(fs, root, table, f"{version:020d}.json", body)  # the log check after it reads it not
-            return Committed(version, actions[0]["commitInfo"]["timestamp"])
+            state.apply(version, actions)
+            return Committed(version, actions[0]["commitInfo"]["timestamp"], state)
         log.info("Delta table %s: version %d was taken by another writer, retrying on top of it", table, version)
     raise CheckpointStorageError(f"Delta table {table}: no commit version free after {RETRIES} attempts")
 
 
 def _latest(
     fs: fsspec.AbstractFileSystem, root: str, table: str, listed: dict[str, int | None] | None = None
-) -> tuple[dict[str, int | None], int, dict[tuple[str, str | None], delta_log.RawFile]]:
-    """The log's files and sizes, the table's latest version and its live files: one listing of the log
-    (none if ``listed``)."""
+) -> tuple[dict[str, int | None], int, Replay]:
+    """The log's files and sizes, the table's latest version and its state (its live files, as
+    :func:`.log.live_actions` has them): one listing of the log (none if ``listed``)."""
     files = listing(fs, root) if listed is None else listed
     latest = delta_log.commit_versions(fs, root, files)[-1]
-    return files, latest, delta_log.live_actions(fs, root, table, latest, files=files)
+    return files, latest, log_checkpoint_writer.replay(fs, root, table, latest, files)
 
 
 def _committed_since(
@@ -155,7 +162,8 @@ def check_staged(
     """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
     version the writer gets wrong is refused before the checkpoint completes (its step fails, the
     checkpoint is aborted), not only when its commit is about to be written."""
-    _, latest, live = _latest(fs, root, table)
+    _, latest, state = _latest(fs, root, table)
+    live = state.adds
     where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
     _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {})
 
@@ -219,9 +227,19 @@ def _stats(records: int) -> str:
     return json.dumps({"numRecords": records})
 
 
-def log_checkpoint(table: Callable[[], DeltaTable], version: int) -> None:
-    """A log checkpoint of the table ``table()`` opens (at ``version`` or later) when ``version`` is a
-    multiple of :data:`CHECKPOINT_INTERVAL`: opening the table then reads it and the commits after it.
-    delta-rs is opened only then."""
-    if version % CHECKPOINT_INTERVAL == 0:
-        table().create_checkpoint()
+def log_checkpoint(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, done: Committed, opened: Callable[[], DeltaTable]
+) -> None:
+    """A log checkpoint of the version ``done`` committed when it is a multiple of :data:`CHECKPOINT_INTERVAL`:
+    written from the commit's log replay (:mod:`.log_checkpoint`), or by delta-rs opened at that version or
+    later (``opened()``) for a table whose checkpoint this writer does not reproduce."""
+    if done.version % CHECKPOINT_INTERVAL != 0:
+        return
+    if not log_checkpoint_writer.write(fs, root, done.state):
+        log.info(
+            "Delta table %s: log checkpoint of version %d by delta-rs (%s)",
+            table,
+            done.version,
+            log_checkpoint_writer.why_not(done.state),
+        )
+        opened().create_checkpoint()

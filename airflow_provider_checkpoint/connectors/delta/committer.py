@@ -113,7 +113,7 @@ class DeltaCommitter(DeltaTableBase):
         version = done.version if done else None
         if done is not None:  # the version and time the table's history gives it (:meth:`_record`)
             self._records[checkpoint_id] = {"delta_version": done.version, "commit_time": done.timestamp / 1000}
-            delta_commit.log_checkpoint(opened.advance, done.version)
+            delta_commit.log_checkpoint(fs, root, self.asset_uri(), done, opened.advance)
         log.info(
             "sink %s: checkpoint %d committed as Delta version %s (%d adds, %d removes, %d files with new deletes) "
             "in %.3fs",
