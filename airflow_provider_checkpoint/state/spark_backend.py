@@ -25,7 +25,7 @@ from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 SEQ = "__seq"
 _FILE = "__state_file"
@@ -196,10 +196,19 @@ def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool 
 
     ``layers``: how many checkpoints' deltas ``changes`` holds (one holds each key once:
     no ranking needed). ``small``: broadcast the changed keys to the full version.
+
+    Several layers of a state whose values are all fixed-width are merged by one hash
+    aggregation of the full version and the deltas (per key each value of the newest row, by
+    ``__seq``): no sort of the deltas, and the result is partitioned by the keys, which a
+    later aggregation or join on them reuses. Other values would make that aggregation sort
+    (Spark hashes fixed-width aggregation buffers only): the deltas are ranked per key instead.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    values = [f for f in full.schema.fields if f.name not in keys]
+    if layers > 1 and all(_fixed_width(f.dataType) for f in values):
+        return _merged_by_hash(full, changes, keys, [f.name for f in values])
     latest = changes
     if layers > 1:
         newest = Window.partitionBy(*[F.col(k) for k in keys]).orderBy(F.col(SEQ).desc())
@@ -207,6 +216,37 @@ def merge(full: DataFrame, changes: DataFrame, keys: Sequence[str], small: bool 
     changed = other_side(latest.select(*keys))
     kept = full.join(F.broadcast(changed) if small else changed, keys_match(keys), "left_anti")
     return kept.unionByName(latest.where(~F.col(DELETED)).select(*full.columns))
+
+
+def _merged_by_hash(full: DataFrame, changes: DataFrame, keys: Sequence[str], values: list[str]) -> DataFrame:
+    """:func:`merge` as one aggregation: the full version's rows rank below every delta row
+    (``__seq`` -1, checkpoint ids are positive); per key each value, and the tombstone flag,
+    is taken from the row of the highest ``__seq`` (null values included)."""
+    from pyspark.sql import functions as F
+
+    rows = full.select(*full.columns, F.lit(False).alias(DELETED), F.lit(-1).cast("long").alias(SEQ))
+    rows = rows.unionByName(changes.select(*full.columns, DELETED, SEQ))
+    newest = rows.groupBy(*keys).agg(*[F.max_by(F.col(c), F.col(SEQ)).alias(c) for c in [*values, DELETED]])
+    return newest.where(~F.col(DELETED)).select(*full.columns)
+
+
+def _fixed_width(data_type: DataType) -> bool:
+    """Whether Spark's hash aggregation holds a value of ``data_type`` in its buffer (else it sorts)."""
+    from pyspark.sql import types as T
+
+    fixed = (
+        T.BooleanType,
+        T.ByteType,
+        T.ShortType,
+        T.IntegerType,
+        T.LongType,
+        T.FloatType,
+        T.DoubleType,
+        T.DateType,
+        T.TimestampType,
+        T.TimestampNTZType,
+    )
+    return isinstance(data_type, fixed) or (isinstance(data_type, T.DecimalType) and data_type.precision <= 18)
 
 
 def read_files(

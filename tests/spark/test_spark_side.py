@@ -294,3 +294,38 @@ def test_keyed_aggregate_merges_alike_with_any_plan(spark, monkeypatch, state_ro
     pd.testing.assert_frame_equal(changelog[columns], touched[columns], check_dtype=False)
     assert not changelog["__deleted"].any()
     assert changelog["__new"].to_dict() == {k: k not in {r[0] or NULL for r in first} for k in touched.index}
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["broadcast", "shuffle"])
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("value", ["string", "double"], ids=["ranked", "hashed"])
+def test_merge_takes_the_newest_delta_row_per_key(spark, small, layers, value):
+    """Per key the newest delta row wins over older ones and the full version (a null value
+    included), a tombstone deletes, a key deleted then written again is back, a null key is a key:
+    alike whether several layers are ranked per key (a string value) or hash-aggregated (fixed-width values)."""
+    import random
+
+    from airflow_provider_checkpoint.state.spark_backend import merge
+
+    rng = random.Random(layers)
+    keys = [None, *[f"k{i}" for i in range(30)]]
+    cast = str if value == "string" else float
+    full = {k: (i, cast(i + 0.5)) for i, k in enumerate(keys) if rng.random() < 0.7}
+    changes, want = [], dict(full)
+    for seq in range(2, 2 + layers):
+        for k in rng.sample(keys, 12):
+            deleted = rng.random() < 0.3
+            row = (None if rng.random() < 0.2 else seq * 100, None if rng.random() < 0.2 else cast(seq + 0.25))
+            changes.append((k, None if deleted else row[0], None if deleted else row[1], deleted, seq))
+            if deleted:
+                want.pop(k, None)
+            else:
+                want[k] = row
+    rng.shuffle(changes)
+    full_df = spark.createDataFrame([(k, *v) for k, v in full.items()], f"k string, n long, s {value}")
+    changes_df = spark.createDataFrame(changes, f"k string, n long, s {value}, __deleted boolean, __seq long")
+    got = merge(full_df, changes_df, ["k"], small, layers).collect()
+    assert sorted(((r["k"], r["n"], r["s"]) for r in got), key=str) == sorted(
+        ((k, *v) for k, v in want.items()), key=str
+    )
+    assert [f.name for f in merge(full_df, changes_df, ["k"], small, layers).schema.fields] == ["k", "n", "s"]
