@@ -38,12 +38,15 @@ _ARROW_NAMES = {
 """Spark's simple types and the pyarrow types Parquet files of them read as."""
 
 
-def check_file(base: Location, handle: StateHandle, state: OperatorSnapshot, uid: str) -> None:
-    """The columns in the Parquet footer of ``handle`` are those ``state`` records (one small read)."""
+def check_file(
+    base: Location, handle: StateHandle, state: OperatorSnapshot, uid: str, data: bytes | None = None
+) -> None:
+    """The columns in the Parquet footer of ``handle`` are those ``state`` records (one small read, none
+    given the file's bytes ``data``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with base.fs.open(base.path(handle.path), "rb") as f:
+    with pa.BufferReader(data) if data is not None else base.fs.open(base.path(handle.path), "rb") as f:
         try:
             schema = pq.read_schema(f)
         except pa.ArrowException as e:

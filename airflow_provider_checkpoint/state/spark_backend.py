@@ -22,6 +22,7 @@ from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnaps
 from airflow_provider_checkpoint.state.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.state.keygroups import range_for_index
 from airflow_provider_checkpoint.storage import Location
+from airflow_provider_checkpoint.storage.object_store import WHOLE_READ_BYTES, is_s3
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -156,14 +157,18 @@ def read_state(
     footer holding the recorded columns (else
     :class:`~airflow_provider_checkpoint.exceptions.StateFileError`), and with ``verify`` its
     SHA-256 too (a step continuing its own checkpoints skips the re-hash: each file was
-    hashed when written, and Parquet page checksums are verified on read).
+    hashed when written, and Parquet page checksums are verified on read). On an object store a
+    file of up to :data:`~.object_store.WHOLE_READ_BYTES` is read once for all three checks.
     """
     schema = state_schema(snapshot)
     if snapshot.inline is not None:
         return spark.createDataFrame(read_inline(snapshot, uid), schema)
     for handle in snapshot.handles:
-        storage.verify(handle, deep=verify)
-        check_file(storage, handle, snapshot, uid)
+        if is_s3(storage.fs) and handle.size <= WHOLE_READ_BYTES:  # one GET: size, checksum and footer
+            check_file(storage, handle, snapshot, uid, storage.read_verified(handle, deep=verify))
+        else:
+            storage.verify(handle, deep=verify)
+            check_file(storage, handle, snapshot, uid)
     base, deltas = merge_order(snapshot.handles)
     keys, groups = snapshot.keys, snapshot.max_parallelism
     full = read_files(spark, storage, base, schema, keys, groups)

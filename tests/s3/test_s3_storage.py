@@ -250,3 +250,50 @@ def test_throttling_is_retried_a_bounded_number_of_times(
     assert attempts == MAX_REQUESTS, f"{attempts} requests in {elapsed:.1f}s"
     assert elapsed < 60
     assert not storage.exists("_job.json")
+
+
+def test_restoring_state_checks_each_file_with_one_request(storage: JobStorage) -> None:
+    """Before Spark reads a state file on S3, its size, SHA-256 and footer columns are checked from one
+    GET; a file altered since its handle was written is refused, naming it."""
+    from airflow_provider_checkpoint.exceptions import StateFileError
+    from airflow_provider_checkpoint.state.handles import OperatorSnapshot
+    from airflow_provider_checkpoint.state.spark_backend import read_state
+    from tests.unit.state_files import SCHEMA, state_file
+
+    class Stop(Exception):
+        """Raised where Spark would be asked to read the files: every check passed."""
+
+    class NoSpark:
+        def __getattr__(self, name: str) -> Any:
+            raise Stop(name)
+
+    def snapshot_of(data: bytes) -> tuple[OperatorSnapshot, str]:
+        rel = f"chk-1/step/attempt-1/state/counts/kgr=0/part-{uuid.uuid4().hex}.parquet"
+        storage.write_atomic(rel, data)
+        handle = storage.handle_for(rel, (0, 127))
+        return OperatorSnapshot((handle,), SCHEMA, ("k",), 128, rows=1), rel
+
+    good, _ = snapshot_of(state_file("v"))
+    with counted_requests(storage) as counts, pytest.raises(Stop):
+        read_state(NoSpark(), storage, good, verify=True, uid="counts")  # type: ignore[arg-type]
+    assert counts == Counter({"GetObject": 1}), counts
+
+    altered, rel = snapshot_of(state_file("v"))
+    storage.write_atomic(rel, state_file("w"))  # same size, other bytes
+    with pytest.raises(CheckpointStorageError, match="checksum mismatch for s3://"):
+        read_state(NoSpark(), storage, altered, verify=True, uid="counts")  # type: ignore[arg-type]
+    other, _ = snapshot_of(pa_file_with_columns())
+    with pytest.raises(StateFileError, match="state file s3://"):
+        read_state(NoSpark(), storage, other, verify=True, uid="counts")  # type: ignore[arg-type]
+
+
+def pa_file_with_columns() -> bytes:
+    """A Parquet file without the recorded state columns."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"other": [1]}), buffer)
+    return buffer.getvalue()
