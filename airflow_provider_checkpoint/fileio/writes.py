@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from airflow_provider_checkpoint.state.handles import Checksum
+from airflow_provider_checkpoint.core.checksums import Checksum
 from airflow_provider_checkpoint.storage.job_storage import file_checksum
 from airflow_provider_checkpoint.storage.object_store import for_executors
 from airflow_provider_checkpoint.storage.paths import is_local

@@ -13,8 +13,9 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.exceptions import StateFileError
-from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle, checksum_of
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet

@@ -8,39 +8,16 @@ confines paths to the checkpoint (``HandleScope``) before anything reads them.
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.core.documents import CHECKSUM, Fields, JsonDict
 
 _CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 MAX_KEY_GROUPS = 32768
-
-
-class Checksum:
-    """The checksum a handle records of bytes fed in order (:meth:`update`): :attr:`value`, ``sha256:<hex>``."""
-
-    def __init__(self) -> None:
-        self._digest = hashlib.sha256()
-
-    def update(self, chunk: bytes) -> None:
-        self._digest.update(chunk)
-
-    @property
-    def value(self) -> str:
-        return "sha256:" + self._digest.hexdigest()
-
-
-def checksum_of(chunks: Iterable[bytes]) -> str:
-    """The :class:`Checksum` of the bytes ``chunks`` hold, in order."""
-    checksum = Checksum()
-    for chunk in chunks:
-        checksum.update(chunk)
-    return checksum.value
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,14 @@ import fsspec
 from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
+from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     UnsafePathError,
     shorten,
 )
-from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle, checksum_of
+from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage.object_store import (
     check_reachable,
     delete_listed,
@@ -57,7 +58,7 @@ _CHK = re.compile(r"^chk-(\d+)$")
 
 
 def file_checksum(fs: AbstractFileSystem, path: str) -> str:
-    """The handle checksum (:func:`.handles.checksum_of`) of the file ``path``, read in chunks of 1 MiB."""
+    """The handle checksum (:func:`.checksums.checksum_of`) of the file ``path``, read in chunks of 1 MiB."""
     with fs.open(path, "rb") as f:
         return checksum_of(iter(lambda: f.read(1 << 20), b""))
 
