@@ -16,6 +16,7 @@ Screenshots of every view go to ``test-artifacts/``.
 from __future__ import annotations
 
 import datetime
+import decimal
 import math
 import re
 from collections.abc import Iterator
@@ -42,6 +43,11 @@ def _round(x: float) -> int:
     return math.floor(x + 0.5)  # JavaScript's Math.round
 
 
+def _fixed1(x: float) -> str:
+    """JavaScript's ``x.toFixed(1)``: the float's exact value, a tie rounds up (Python's rounds to even)."""
+    return str(decimal.Decimal(x).quantize(decimal.Decimal("0.1"), rounding=decimal.ROUND_HALF_UP))
+
+
 def fmt_time(seconds: float | None, zone: str = ZONE) -> str:
     if seconds is None:
         return "-"
@@ -56,7 +62,7 @@ def fmt_duration(s: float | None) -> str:
     if s < 1:
         return f"{_round(s * 1000)}ms"
     if s < 60:
-        return f"{s:.1f}s"
+        return f"{_fixed1(s)}s"
     m, sec = divmod(_round(s), 60)
     if m < 60:
         return f"{m}m {sec:02d}s"
@@ -73,7 +79,7 @@ def fmt_bytes(n: float | None) -> str:
     units, v, u = ["B", "KiB", "MiB", "GiB", "TiB"], float(n), 0
     while v >= 1024 and u < len(units) - 1:
         v, u = v / 1024, u + 1
-    return f"{_round(n)} B" if u == 0 else f"{v:.1f} {units[u]}"
+    return f"{_round(n)} B" if u == 0 else f"{_fixed1(v)} {units[u]}"
 
 
 def fmt_count(n: float | None) -> str:
