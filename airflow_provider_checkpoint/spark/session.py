@@ -37,6 +37,9 @@ DEFAULT_CONF = {
     "spark.hadoop.parquet.page.verify-checksum.enabled": "true",
     # a step caches its input for one step only: building an uncompressed cache is faster
     "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    # adaptive execution coalesces a cached result's small shuffle partitions too: a sink
+    # writes one file per task, not one per `spark.sql.shuffle.partitions`
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
     # Python workers forked with pyarrow, pandas, fsspec/s3fs and the file engine already imported
     "spark.python.daemon.module": "airflow_provider_checkpoint.spark.daemon",
 }
