@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
@@ -42,6 +42,7 @@ def read_parquet(
     options: dict[str, str] | None = None,
     row_index: str | None = None,
     sizes: Sequence[int] | None = None,
+    loaded: Mapping[str, bytes] | None = None,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
@@ -50,7 +51,9 @@ def read_parquet(
     Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
     of that name holding each row's position in its file (from 0, as ``_metadata.row_index``).
     ``sizes`` (bytes, one per path, known from a handle): the Python engine then reads a small file
-    on an object store in one request (:func:`~.object_store.open_sized`).
+    on an object store in one request (:func:`~.object_store.open_sized`). ``loaded`` (path → bytes the
+    driver already read): the Python engine's tasks get these files' bytes with the plan and read them
+    from memory, not from ``fs`` (keep them small: they travel with the plan to every task of the scan).
     """
     if not paths:
         if schema is None:
@@ -67,7 +70,7 @@ def read_parquet(
     check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     known = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
-    read = ParquetReader(for_executors(fs), _arrow(schema), row_index, known)
+    read = ParquetReader(for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}))
     return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column)
 
 
@@ -267,14 +270,16 @@ class ParquetReader:
     row_index: str | None = None
     sizes: dict[str, int] = field(default_factory=dict)
     """path → its size when known (:func:`~.object_store.open_sized`)."""
+    loaded: dict[str, bytes] = field(default_factory=dict, repr=False)
+    """path → the file's bytes, read (and checked) by the driver: shipped with the task, no request."""
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         position = 0
-
-        with open_sized(self.fs, path, self.sizes.get(path)) as f:
+        data = self.loaded.get(path)
+        with pa.BufferReader(data) if data is not None else open_sized(self.fs, path, self.sizes.get(path)) as f:
             with named_if_corrupt(self.fs, path):
                 file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
                 present = [n for n in self.schema.names if n in file.schema_arrow.names]

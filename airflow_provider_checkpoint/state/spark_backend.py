@@ -9,7 +9,7 @@ checkpoint: their new rows, or a tombstone (``__deleted``), and that checkpoint'
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.dataflow.graph import DELETED
@@ -32,6 +32,9 @@ SEQ = "__seq"
 _FILE = "__state_file"
 BROADCAST_BYTES = 64 << 20
 """Deltas up to this size are broadcast when merged with a full version (no shuffle of the full version)."""
+SHIPPED_BYTES = 16 << 20
+"""State files the driver read on an object store, up to this many bytes in all, travel to Spark's tasks
+with the plan instead of being read again."""
 
 
 def key_group(keys: tuple[str, ...], max_parallelism: int) -> Column:
@@ -158,23 +161,31 @@ def read_state(
     :class:`~airflow_provider_checkpoint.exceptions.StateFileError`), and with ``verify`` its
     SHA-256 too (a step continuing its own checkpoints skips the re-hash: each file was
     hashed when written, and Parquet page checksums are verified on read). On an object store a
-    file of up to :data:`~.object_store.WHOLE_READ_BYTES` is read once for all three checks.
+    file of up to :data:`~.object_store.WHOLE_READ_BYTES` is read once for all three checks, and
+    the first :data:`SHIPPED_BYTES` of such files go to Spark's tasks with the plan: each is read
+    once in all.
     """
     schema = state_schema(snapshot)
     if snapshot.inline is not None:
         return spark.createDataFrame(read_inline(snapshot, uid), schema)
+    loaded: dict[str, bytes] = {}
+    shipped = 0
     for handle in snapshot.handles:
         if is_s3(storage.fs) and handle.size <= WHOLE_READ_BYTES:  # one GET: size, checksum and footer
-            check_file(storage, handle, snapshot, uid, storage.read_verified(handle, deep=verify))
+            data = storage.read_verified(handle, deep=verify)
+            check_file(storage, handle, snapshot, uid, data)
+            if shipped + len(data) <= SHIPPED_BYTES:
+                loaded[handle.path], shipped = data, shipped + len(data)
         else:
             storage.verify(handle, deep=verify)
             check_file(storage, handle, snapshot, uid)
     base, deltas = merge_order(snapshot.handles)
     keys, groups = snapshot.keys, snapshot.max_parallelism
-    full = read_files(spark, storage, base, schema, keys, groups)
+    full = read_files(spark, storage, base, schema, keys, groups, loaded)
     if not deltas:
         return full
-    changes = read_files(spark, storage, [h for _, hs in deltas for h in hs], delta_schema(schema), keys, groups)
+    changed = [h for _, hs in deltas for h in hs]
+    changes = read_files(spark, storage, changed, delta_schema(schema), keys, groups, loaded)
     small = sum(h.size for _, hs in deltas for h in hs) <= BROADCAST_BYTES
     return merge(full, changes, snapshot.keys, small, len(deltas))
 
@@ -261,8 +272,10 @@ def read_files(
     schema: StructType,
     keys: Sequence[str],
     max_parallelism: int,
+    loaded: Mapping[str, bytes] | None = None,
 ) -> DataFrame:
-    """The rows of the state files ``handles``, read with ``schema``.
+    """The rows of the state files ``handles``, read with ``schema`` (``loaded``: handle path → the
+    bytes of a file already read and checked, which Spark's tasks then read from memory).
 
     A row whose key (``keys``) falls outside the key-group range its file's handle records fails
     the Spark job that reads it with :class:`~airflow_provider_checkpoint.exceptions.StateFileError`'s
@@ -273,10 +286,11 @@ def read_files(
     paths = [storage.path(h.path) for h in handles]
     ranged = [(path, h.key_groups) for path, h in zip(paths, handles, strict=True) if h.key_groups is not None]
     sizes = [h.size for h in handles]
+    known = {storage.path(h.path): (loaded or {})[h.path] for h in handles if h.path in (loaded or {})}
     if not ranged:
-        return read_parquet(spark, storage.fs, paths, schema, sizes=sizes)
+        return read_parquet(spark, storage.fs, paths, schema, sizes=sizes, loaded=known)
     column = FileColumn(_FILE)
-    df = read_parquet(spark, storage.fs, paths, schema, column, sizes=sizes)
+    df = read_parquet(spark, storage.fs, paths, schema, column, sizes=sizes, loaded=known)
     files = [(F.lit(column.key(storage.fs, path)), span) for path, span in ranged]
     low = F.create_map(*[x for name, span in files for x in (name, F.lit(span[0]))])
     high = F.create_map(*[x for name, span in files for x in (name, F.lit(span[1]))])

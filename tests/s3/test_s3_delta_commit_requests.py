@@ -14,22 +14,16 @@ again), the listing of the staged files, the commit file, our own log checkpoint
 from __future__ import annotations
 
 import io
-import shutil
-import subprocess
-import tempfile
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from airflow_provider_checkpoint.connectors.delta import log_checks
 from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
-from tests.servers.s3 import AccessLog, S3Server, start_server
+from tests.servers.s3 import AccessLog, S3Server
 
 ROWS = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([1, 2], pa.int64()), "p": pa.array(["x", "y"])})
 APPEND_REQUESTS = 11
@@ -43,23 +37,6 @@ UPSERT_REQUESTS = 11
 """Requests of an upsert's finalize that removes a file and adds one: measured 49 (GET 35, LIST 8, HEAD 3,
 PUT 3) opening delta-rs before the commit; 42 (GET 33, LIST 5, HEAD 1, PUT 3) after; 10 (GET 5, LIST 2,
 PUT 3) with our own log checkpoint."""
-
-
-@pytest.fixture(scope="module")
-def logged_s3() -> Iterator[tuple[S3Server, AccessLog]]:
-    """An S3 server of this module's own, logging every request it answers."""
-    directory = Path(tempfile.mkdtemp(prefix="checkpoint-s3-log-"))
-    process, server = start_server(directory, access_log=True)
-    try:
-        yield server, AccessLog(directory)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _delta_options(server: S3Server) -> dict[str, str]:

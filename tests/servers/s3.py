@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -141,13 +142,13 @@ def start_server(
     return process, server
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """A real S3 endpoint for the whole session, started on first use."""
+@contextmanager
+def running_server(access_log: bool = False) -> Iterator[tuple[S3Server, Path]]:
+    """A server of its own (:func:`start_server`) and its directory, stopped and removed on exit."""
     directory = Path(tempfile.mkdtemp(prefix="checkpoint-s3-"))
-    process, server = start_server(directory)
+    process, server = start_server(directory, access_log=access_log)
     try:
-        yield server
+        yield server, directory
     finally:
         process.terminate()
         try:
@@ -156,6 +157,21 @@ def s3_server() -> Iterator[S3Server]:
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 endpoint for the whole session, started on first use."""
+    with running_server() as (server, _):
+        yield server
+
+
+@pytest.fixture(scope="session")
+def logged_s3() -> Iterator[tuple[S3Server, AccessLog]]:
+    """A second S3 endpoint for the whole session, logging every request it answers (from any
+    process: the driver's, Spark's Python workers', delta-rs's)."""
+    with running_server(access_log=True) as (server, directory):
+        yield server, AccessLog(directory)
 
 
 SLOW_DOWN = (
