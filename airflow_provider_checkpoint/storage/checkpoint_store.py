@@ -40,6 +40,8 @@ class CompletedCheckpointStore:
         """Checkpoints found completed since :meth:`refresh`, with their loaded ``_metadata``."""
         self._listing: dict[str, Any] | None = None
         """What the ``chk-*`` directories held when listed since :meth:`refresh`, less what was deleted since."""
+        self._newest_listed: int | None = None
+        """The newest checkpoint whose ``_metadata`` is in the listing (0: none); unknown until asked."""
 
     def refresh(self) -> None:
         """Ask storage again from now on. Within one task phase (a trigger, a finalize) the lease holder is the
@@ -52,6 +54,7 @@ class CompletedCheckpointStore:
         nothing of it is asked again. Whether a newer one completed is always asked."""
         self._completed.clear()
         self._listing = None
+        self._newest_listed = None
 
     def _listed(self) -> dict[str, Any]:
         if self._listing is None:
@@ -60,8 +63,11 @@ class CompletedCheckpointStore:
 
     def _final(self, checkpoint_id: int) -> bool:
         """Whether the listing's answer for checkpoint ``checkpoint_id``'s documents is final (see :meth:`refresh`)."""
-        listed = self._listed()
-        return any(i > checkpoint_id and self.storage.metadata_path(i) in listed for i in self.checkpoint_ids())
+        if self._newest_listed is None:
+            listed = self._listed()
+            completed = [i for i in self.checkpoint_ids() if self.storage.metadata_path(i) in listed]
+            self._newest_listed = max(completed, default=0)
+        return checkpoint_id < self._newest_listed
 
     def _has(self, checkpoint_id: int, relative: str) -> bool:
         """Whether the file ``relative`` of checkpoint ``checkpoint_id`` exists: the listing's answer when final,
@@ -88,6 +94,12 @@ class CompletedCheckpointStore:
         listed = self._listed()
         for path in paths:
             listed.pop(path, None)
+        self._newest_listed = None
+
+    def _forget_dirs(self, directories: Collection[str]) -> None:
+        """Forget the listed ``directories`` and everything in them."""
+        inside = tuple(d + "/" for d in directories)
+        self._forget([p for p in self._listed() if p in directories or p.startswith(inside)])
 
     def delete_dir(self, checkpoint_id: int) -> None:
         """Delete checkpoint ``checkpoint_id``'s whole directory."""
@@ -97,15 +109,14 @@ class CompletedCheckpointStore:
         """Delete the directories of ``checkpoint_ids``, what was listed in them with one bulk request on S3."""
         if not checkpoint_ids:
             return
-        listed = self._listed()
         final = {self.storage.chk_dir(i) for i in checkpoint_ids if self._final(i)}
+        changing = {self.storage.chk_dir(i) for i in checkpoint_ids} - final
         for checkpoint_id in checkpoint_ids:
             self._completed.pop(checkpoint_id, None)
-            if self.storage.chk_dir(checkpoint_id) not in final:  # it may have changed since listed: list again
-                self.storage.delete(self.storage.chk_dir(checkpoint_id))
-        self.storage.delete_listed_dirs(final, listed)
-        gone = {self.storage.chk_dir(i) for i in checkpoint_ids}
-        self._forget([p for p in listed if p.split("/", 1)[0] in gone])
+        for directory in changing:  # it may have changed since listed: list again
+            self.storage.delete(directory)
+        self._forget_dirs(changing)
+        self._delete_listed_dirs(final)
 
     def is_completed(self, checkpoint_id: int) -> bool:
         if checkpoint_id in self._completed:
@@ -268,10 +279,8 @@ class CompletedCheckpointStore:
         self._delete_listed_dirs(found)
 
     def _delete_listed_dirs(self, directories: set[str]) -> None:
-        listed = self._listed()
-        self.storage.delete_listed_dirs(directories, listed)
-        inside = tuple(d + "/" for d in directories)
-        self._forget([p for p in listed if p in directories or p.startswith(inside)])
+        self.storage.delete_listed_dirs(directories, self._listed())
+        self._forget_dirs(directories)
 
     def retain(self, retained: int) -> None:
         """Discard all but the ``retained`` newest completed checkpoints."""
