@@ -26,7 +26,9 @@ from airflow_provider_checkpoint.dataflow.graph import (
 )
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
+from airflow_provider_checkpoint.fileio.writes import engine_for
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
+from airflow_provider_checkpoint.spark.warmup import start_python_workers
 from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
@@ -258,6 +260,8 @@ def run_step(
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
+    if engine_for(spark, storage.fs) == "python":
+        start_python_workers(spark)
     ctx = StepContext(spark, storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
     run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {})
