@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pytest
 
-from airflow_provider_checkpoint.spark import warmup
+from airflow_provider_checkpoint.spark import daemon, warmup
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -19,18 +19,19 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.spark
 
 
-def _loaded(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _forked_from(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     import sys
 
     for _ in batches:
         pass
-    yield pa.RecordBatch.from_pydict({"s3fs": [int("s3fs" in sys.modules)]})
+    main = sys.modules["__main__"].__spec__
+    loaded = all(name in sys.modules for name in daemon.PRELOADED)
+    yield pa.RecordBatch.from_pydict({"daemon": [main.name if main else ""], "loaded": [loaded]})
 
 
-def test_workers_start_with_the_file_engine_loaded(spark: SparkSession) -> None:
-    """A task finds s3fs imported although nothing in pyspark or the task imported it: the daemon did."""
-    rows = spark.range(0, 2, 1, 2).mapInArrow(_loaded, "s3fs long").collect()
-    assert [r["s3fs"] for r in rows] == [1, 1]
+def test_workers_are_forked_from_the_provider_daemon_with_its_modules(spark: SparkSession) -> None:
+    rows = spark.range(0, 2, 1, 2).mapInArrow(_forked_from, "daemon string, loaded boolean").collect()
+    assert [(r["daemon"], r["loaded"]) for r in rows] == [(daemon.__name__, True)] * 2
 
 
 def test_workers_are_started_once_per_session_in_the_background(
