@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,22 @@ def test_an_append_table_gets_a_log_checkpoint_every_interval_and_the_version_is
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2 * 12
 
 
+def _once_before_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -> list[bool]:
+    """Run ``action`` once, inside the next commit of any sink, after its idempotence check and before
+    it writes (``DeltaTableSink._staged``); the returned list is non-empty once it ran."""
+    staged = DeltaTableSink._staged
+    ran: list[bool] = []
+
+    def hook(self: DeltaTableSink, checkpoint_id: int) -> dict[str, int]:
+        if not ran:
+            ran.append(True)
+            action()
+        return staged(self, checkpoint_id)
+
+    monkeypatch.setattr(DeltaTableSink, "_staged", hook)
+    return ran
+
+
 def test_a_commit_that_lost_the_race_to_another_attempt_commits_nothing(tmp_path, monkeypatch):
     """A finalize that found checkpoint 3 uncommitted, then saw another attempt commit it before its own
     commit, commits nothing: the other commit's ``txn`` is seen (no checkpoint twice in the table)."""
@@ -289,18 +306,13 @@ def test_a_commit_that_lost_the_race_to_another_attempt_commits_nothing(tmp_path
     table = tmp_path / "t"
     sink = _sink(table)
     committables = _committables(3, _staged(table, 3))
-    staged = DeltaTableSink._staged
-    raced = []
 
-    def race(self: DeltaTableSink, checkpoint_id: int) -> dict[str, int]:
-        if self is sink and not raced:  # after the idempotence check, before the commit
-            raced.append(True)
-            other = DeltaTableSink("t", Source("src"), str(table))
-            other.claim("job")
-            other.commit(3, committables)
-        return staged(self, checkpoint_id)
+    def race() -> None:
+        other = DeltaTableSink("t", Source("src"), str(table))
+        other.claim("job")
+        other.commit(3, committables)
 
-    monkeypatch.setattr(DeltaTableSink, "_staged", race)
+    raced = _once_before_commit(monkeypatch, race)
     sink.commit(3, committables)
     assert raced and _log_versions(table) == 2  # the create and the other attempt's commit
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
@@ -317,16 +329,11 @@ def test_a_commit_after_another_writers_metadata_change_is_a_conflict(tmp_path, 
     table = tmp_path / "t"
     sink = _sink(table)
     committables = _committables(3, _staged(table, 3))
-    staged = DeltaTableSink._staged
-    changed = []
 
-    def change(self: DeltaTableSink, checkpoint_id: int) -> dict[str, int]:
-        if not changed:
-            changed.append(True)
-            DeltaTable(str(table)).alter.set_table_properties({"delta.logRetentionDuration": "interval 60 days"})
-        return staged(self, checkpoint_id)
+    def change() -> None:
+        DeltaTable(str(table)).alter.set_table_properties({"delta.logRetentionDuration": "interval 60 days"})
 
-    monkeypatch.setattr(DeltaTableSink, "_staged", change)
+    _once_before_commit(monkeypatch, change)
     with pytest.raises(CheckpointStorageError, match="metadata or protocol"):
         sink.commit(3, committables)
     assert not sink.is_committed(3)
