@@ -2,11 +2,9 @@
 libraries every step's Python workers use imported once, before it forks them.
 
 Spark starts one daemon per executor and forks a Python worker from it for each concurrent task;
-every worker would otherwise import pyarrow, fsspec (and s3fs for ``s3://`` data) and this
+every worker would otherwise import pyarrow, pandas, fsspec (and s3fs for ``s3://`` data) and this
 provider's file engine on its first task, a second or more each. Forked from a daemon that has
-imported them, a worker starts with them loaded. pandas is not among them: the file engine's
-tasks (``mapInArrow``) never import it, and it would add about a second to the daemon's start
-(a pandas UDF's worker imports it on first use, as with pyspark's own daemon). Set as ``spark.python.daemon.module`` by
+imported them, a worker starts with them loaded. Set as ``spark.python.daemon.module`` by
 :func:`~airflow_provider_checkpoint.spark.session.get_spark` (docs/operations.md: set it on a cluster).
 """
 
@@ -18,6 +16,7 @@ PRELOADED = (
     "pyarrow",
     "pyarrow.compute",
     "pyarrow.parquet",
+    "pandas",
     "fsspec",
     "s3fs",
     "pyspark.worker",

@@ -40,7 +40,7 @@ DEFAULT_CONF = {
     # adaptive execution coalesces a cached result's small shuffle partitions too: a sink
     # writes one file per task, not one per `spark.sql.shuffle.partitions`
     "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
-    # Python workers forked with pyarrow, fsspec/s3fs and the file engine already imported
+    # Python workers forked with pyarrow, pandas, fsspec/s3fs and the file engine already imported
     "spark.python.daemon.module": "airflow_provider_checkpoint.spark.daemon",
 }
 
