@@ -186,7 +186,7 @@ def read_state(
         return full
     changed = [h for _, hs in deltas for h in hs]
     changes = read_files(spark, storage, changed, delta_schema(schema), keys, groups, loaded)
-    small = sum(h.size for _, hs in deltas for h in hs) <= BROADCAST_BYTES
+    small = sum(h.size for h in changed) <= BROADCAST_BYTES
     return merge(full, changes, snapshot.keys, small, len(deltas))
 
 
@@ -286,7 +286,8 @@ def read_files(
     paths = [storage.path(h.path) for h in handles]
     ranged = [(path, h.key_groups) for path, h in zip(paths, handles, strict=True) if h.key_groups is not None]
     sizes = [h.size for h in handles]
-    known = {storage.path(h.path): (loaded or {})[h.path] for h in handles if h.path in (loaded or {})}
+    loaded = loaded or {}
+    known = {storage.path(h.path): loaded[h.path] for h in handles if h.path in loaded}
     if not ranged:
         return read_parquet(spark, storage.fs, paths, schema, sizes=sizes, loaded=known)
     column = FileColumn(_FILE)

@@ -78,8 +78,8 @@ def snapshot(storage: JobStorage, seed: int) -> tuple[OperatorSnapshot, dict[str
         )
         relative = f"chk-{checkpoint}/s/attempt-1/state/op/delta/kgr=0/part-0.parquet"
         handles.append(write_state_file(storage, relative, table, span, delta=checkpoint))
-    rows = len(model(full, changes))
-    return OperatorSnapshot(tuple(handles), SCHEMA, ("k",), GROUPS, rows=rows), model(full, changes)
+    truth = model(full, changes)
+    return OperatorSnapshot(tuple(handles), SCHEMA, ("k",), GROUPS, rows=len(truth)), truth
 
 
 def _rows(values: dict[str, int]) -> pa.Table:
