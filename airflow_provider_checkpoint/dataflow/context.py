@@ -11,6 +11,8 @@ from airflow_provider_checkpoint.storage import JobStorage
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+
 
 @dataclass
 class StepContext:
@@ -27,6 +29,8 @@ class StepContext:
     step: str
     attempt: int
     metrics: JsonDict = field(default_factory=dict)
+    in_driver: dict[str, DriverRows] = field(default_factory=dict)
+    """By node uid: the output rows this attempt also holds in the driver (see :mod:`.driver_rows`)."""
 
     @property
     def checkpoint_id(self) -> int:

@@ -197,6 +197,8 @@ class _StepRun:
             source, count = self.counting.pop(node.uid)
             _count_records(ctx, source, count())
         self.outputs[node.uid] = result.output
+        if result.in_driver is not None:
+            ctx.in_driver[node.uid] = result.in_driver
 
     def channel(self, node: Channel) -> None:
         """Write the channel in the step that produces it; read the producer's accepted attempt elsewhere."""

@@ -43,14 +43,18 @@ from airflow_provider_checkpoint.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+
 
 @dataclass(frozen=True)
 class OperatorCheckpoint:
-    """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack."""
+    """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack;
+    ``in_driver``: the output's rows when the driver holds them too (merged there)."""
 
     snapshot: OperatorSnapshot
     output: DataFrame
     metrics: dict[str, int]
+    in_driver: DriverRows | None = None
 
 
 def checkpoint_operator(

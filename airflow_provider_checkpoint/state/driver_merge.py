@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
 from airflow_provider_checkpoint.dataflow.graph import NEW, StatefulOperator
 from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overlay, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
@@ -67,11 +68,11 @@ def merge_on_driver(
     restored: OperatorSnapshot,
     layout: StateLayout,
     fault: Callable[[str], None],
-) -> tuple[OperatorSnapshot, DataFrame, dict[str, int]]:
+) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows]:
     """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`), into
     ``restored`` and write the deltas (and the ranges :meth:`StateLayout.to_compact` picks, or
     every range when most keys changed) under ``directory``: the new snapshot, the new rows of
-    the changed keys, and the ack metrics."""
+    the changed keys (as a DataFrame), the ack metrics, and those rows as the driver holds them."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -81,7 +82,9 @@ def merge_on_driver(
     struct = state_schema(restored)
     schema = to_arrow_schema(struct, timezone="UTC")
     columns = schema.names
-    batch = partials.withColumn(_RANGE, range_index(node.keys, node.max_parallelism, layout.parallelism)).toArrow()
+    batch = partials.withColumns(
+        {_RANGE: range_index(node.keys, node.max_parallelism, layout.parallelism), KEY_HASH: key_hash(node.keys)}
+    ).toArrow()
     touched = {int(i) for i in pc.unique(batch[_RANGE]).to_pylist()}
     compact = set(layout.to_compact())
     if not layout.has_deltas and len(batch) >= FULL_VERSION_SHARE * restored.rows:
@@ -133,7 +136,9 @@ def merge_on_driver(
         "state_merged_on_driver": 1,
         "state_incremental": 1,
     }
-    return snapshot, spark.createDataFrame(merged.select(columns), schema=struct), metrics
+    output = merged.select(columns)
+    held = DriverRows(output.append_column(KEY_HASH, merged[KEY_HASH]), node.keys)
+    return snapshot, spark.createDataFrame(output, schema=struct), metrics, held
 
 
 def _with_range(schema: pa.Schema, batch: pa.Table) -> pa.Schema:

@@ -23,9 +23,10 @@ pytestmark = pytest.mark.spark
 
 FIRST_JOBS = 7
 """The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
-INCREMENTAL_JOBS = {"driver": 3, "large input": 5}
+INCREMENTAL_JOBS = {"driver": 2, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
-input (two jobs: the shuffle stage runs as one), upsert the table. ``large input`` (Spark): read the input
+input (two jobs: the shuffle stage runs as one); the upsert takes the merged rows from the driver
+(no job). ``large input`` (Spark): read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
 SWITCH_JOBS = {"driver": 10, "large input": 10}

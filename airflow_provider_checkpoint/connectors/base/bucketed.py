@@ -74,12 +74,20 @@ class BucketedUpsert:
         existing: ExistingBuckets,
     ) -> list[StagedBucket]:
         """Merge ``rows`` (the changed rows) into the affected buckets, staged under ``staging``."""
-        small = rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
+        small = self.in_driver(rows)
         if small is not None:
             staged = self._merge_in_driver(ctx, small, fs, staging, existing)
             if staged is not None:
                 return staged
         return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, existing)
+
+    def in_driver(self, rows: UpsertRows) -> pa.Table | None:
+        """The changed rows in the driver, with their ``_bucket``: as the driver holds them already (any
+        number), or collected in one Spark job if at most ``driver_merge_rows``; ``None``: merge in Spark."""
+        if not self.driver_merge_rows:
+            return None
+        held = rows.held(_BUCKET, self.buckets)
+        return held if held is not None else rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
 
     def _merge_in_driver(
         self,

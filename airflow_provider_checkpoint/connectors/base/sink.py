@@ -138,8 +138,9 @@ class TransactionalSink(Sink):
         self.check_target()
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
+            held = ctx.in_driver.get(self.inputs[0].uid)
             return self.write_upsert(
-                ctx, UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order())
+                ctx, UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order(), held)
             )
         return self.write(ctx, df)
 

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
 
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+
 _ROW, _ORDER, _RANK = "__upsert_row", "__upsert_order", "__upsert_rank"
 
 
@@ -95,13 +97,15 @@ def _comparable_in_arrow(t: DataType, floating: bool) -> bool:
 @dataclass(frozen=True)
 class UpsertRows:
     """An upsert sink's input, one row per key by the rule where ``reduce`` (the input may repeat a key):
-    :meth:`frame` in Spark, or :meth:`collect` into the driver when it is small."""
+    :meth:`frame` in Spark, or :meth:`collect` into the driver when it is small; ``in_driver``: the
+    input's rows when the driver holds them already (:mod:`~airflow_provider_checkpoint.dataflow.driver_rows`)."""
 
     uid: str
     df: DataFrame
     keys: Sequence[str]
     sequence_by: Sequence[str]
     reduce: bool
+    in_driver: DriverRows | None = None
 
     def frame(self) -> DataFrame:
         """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
@@ -135,6 +139,17 @@ class UpsertRows:
         if any(pc.any(pc.is_nan(c)).as_py() for c in floats):  # Spark orders NaN above every value
             return None
         return latest_in_arrow(rows, self.keys, [*self.sequence_by, _ORDER]).drop_columns([_ORDER])
+
+    def held(self, pmod_column: str, divisor: int) -> pa.Table | None:
+        """The rows as the driver holds them, with ``pmod_column`` = ``pmod(xxhash64(keys), divisor)`` as
+        Spark computes it (e.g. a bucket), when they are held hashed by exactly these keys and need no
+        reduction (one row per key already); ``None`` otherwise. No Spark job, whatever their number."""
+        import pyarrow as pa
+
+        held = self.in_driver
+        if held is None or self.reduce or held.keys != tuple(self.keys):
+            return None
+        return held.rows().append_column(pmod_column, pa.array(held.pmod_of_keys(divisor)))
 
 
 def latest_in_arrow(rows: pa.Table, keys: Sequence[str], order: Sequence[str]) -> pa.Table:

@@ -100,11 +100,12 @@ def stage(
     """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
     (:mod:`.checks`) unless it leaves one live row per key.
 
-    Up to ``upsert.driver_merge_rows`` changed rows are collected in one Spark job and written by the
-    driver (pyarrow); more are written by the executors (Spark)."""
+    Changed rows the driver holds already (:meth:`BucketedUpsert.in_driver`), or up to
+    ``upsert.driver_merge_rows`` collected in one Spark job, are written by the driver (pyarrow); more
+    are written by the executors (Spark)."""
     import pyarrow as pa
 
-    small = rows.collect(upsert.driver_merge_rows, {_BUCKET: upsert.bucket_of()})
+    small = upsert.in_driver(rows)
     if small is not None:
         keys = small.select([*upsert.keys, _BUCKET])
         adds = _write_rows(ctx.checkpoint_id, small.drop_columns([_BUCKET]), fs, staging)

@@ -1,0 +1,48 @@
+"""A node's output that is also held in the driver as Arrow, so a consumer can skip a Spark round trip.
+
+A stateful operator merged on the driver (:mod:`~airflow_provider_checkpoint.state.driver_merge`)
+has its output rows in the driver before it hands them to Spark. An upsert sink reading that output
+merges its buckets in the driver from these rows directly: no Spark job collects them back, and no
+row limit applies (the driver holds them already). Bucketing needs Spark's hash of the keys, which
+the driver cannot compute itself bit for bit; the rows carry it (:data:`KEY_HASH`), computed by
+Spark in the job that collected the operator's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import Column
+
+KEY_HASH = "__key_hash"
+"""Spark's ``xxhash64`` of the key columns, in the order of :attr:`DriverRows.keys`."""
+
+
+def key_hash(keys: tuple[str, ...]) -> Column:
+    """Spark's hash of ``keys`` as :data:`KEY_HASH` holds it (``pmod`` of it gives key groups and buckets)."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*[F.col(k) for k in keys])
+
+
+@dataclass(frozen=True)
+class DriverRows:
+    """The rows of a node's output DataFrame, in the driver: the same columns in the same order, plus
+    :data:`KEY_HASH` of ``keys`` (one row per key: the node's ``unique_keys``)."""
+
+    table: pa.Table
+    keys: tuple[str, ...]
+
+    def rows(self) -> pa.Table:
+        """The rows as the DataFrame has them (without :data:`KEY_HASH`)."""
+        return self.table.drop_columns([KEY_HASH])
+
+    def pmod_of_keys(self, divisor: int) -> np.ndarray:
+        """Per row, Spark's ``pmod(xxhash64(keys), divisor)`` (e.g. a bucket), as int64."""
+        import numpy as np
+
+        return np.mod(self.table[KEY_HASH].to_numpy(), np.int64(divisor))
