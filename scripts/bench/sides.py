@@ -103,7 +103,10 @@ class Ours:
             t0 = time.perf_counter()
             plan = self.coordinator.trigger(f"bench-run-{i}")
             t1 = time.perf_counter()
-            acks = [run_step(self.spark, self.storage, self.graph, step, plan, 1) for step in plan.steps]
+            settings = self.coordinator.settings
+            acks = [
+                run_step(self.spark, self.storage, self.graph, step, plan, 1, settings=settings) for step in plan.steps
+            ]
             t2 = time.perf_counter()
             completed = self.coordinator.finalize(plan, acks)
             t3 = time.perf_counter()
