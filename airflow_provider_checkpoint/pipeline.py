@@ -124,7 +124,7 @@ class CheckpointedPipeline:
         inline_state_threshold: int = 20 << 10,
         max_state_size: int = 5 << 20,
         incremental_state: bool = True,
-        driver_merge_rows: int = 1_000_000,
+        driver_merge_rows: int = CheckpointSettings.driver_merge_rows,
         spark_conn_id: str | None = None,
         wait_for_input: datetime.timedelta | None = None,
         on_malformed: str = "fail",
