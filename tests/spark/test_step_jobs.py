@@ -21,8 +21,9 @@ from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
 
-FIRST_JOBS = 7
-"""The first checkpoint: read the input, aggregate, write a full version, upsert the table."""
+FIRST_JOBS = 6
+"""The first checkpoint: read the input, aggregate, write a full version, upsert the table (a first load:
+written in one pass, no job first to find the buckets)."""
 INCREMENTAL_JOBS = {"driver": 2, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
 input (two jobs: the shuffle stage runs as one); the upsert takes the merged rows from the driver

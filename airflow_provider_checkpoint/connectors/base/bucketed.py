@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.fileio.scans import read_parquet
-from airflow_provider_checkpoint.fileio.writes import write_parquet
+from airflow_provider_checkpoint.fileio.writes import WrittenFile, write_parquet
 from airflow_provider_checkpoint.storage.object_store import is_s3
 
 if TYPE_CHECKING:
@@ -132,9 +132,14 @@ class BucketedUpsert:
         staging: str,
         existing: ExistingBuckets,
     ) -> list[StagedBucket]:
-        """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket."""
+        """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket.
+        Into a table with no bucket file yet (a first load), the rows are written in that one pass:
+        no job first to find the affected buckets."""
         from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 
+        committed = existing(list(range(self.buckets)))
+        if not committed:
+            return self._first_load(ctx, changed, fs, staging)
         changed = changed.cache()
         per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
         affected = sorted(per_bucket)
@@ -142,7 +147,7 @@ class BucketedUpsert:
         if not affected:
             changed.unpersist()
             return []
-        old_files = [path for path, _ in existing(affected).values()]
+        old_files = [committed[b][0] for b in affected if b in committed]
         merged = changed
         if old_files:
             old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
@@ -151,8 +156,27 @@ class BucketedUpsert:
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
         changed.unpersist()
+        return self._one_file_each(written, affected)
+
+    def _first_load(
+        self, ctx: StepContext, changed: DataFrame, fs: fsspec.AbstractFileSystem, staging: str
+    ) -> list[StagedBucket]:
+        """Every bucket of ``changed`` written by Spark in one pass (rows counted on that pass)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+
+        observation, rows = Observation(), F.count(F.lit(1)).alias("rows")
+        observed = changed.observe(observation, rows)
+        written = write_parquet(observed.repartition(self.buckets, _BUCKET), fs, staging, (_BUCKET,))
+        ctx.add_metric("sink_rows", int(observed_metrics(observation, lambda: changed.agg(rows).first())["rows"]))
+        return self._one_file_each(written, sorted({int(f.partition[0] or 0) for f in written}))
+
+    def _one_file_each(self, written: list[WrittenFile], buckets: list[int]) -> list[StagedBucket]:
+        """The staged file of each of ``buckets`` among the ``written`` files; exactly one each."""
         staged: list[StagedBucket] = []
-        for b in affected:
+        for b in buckets:
             files = [f for f in written if f.partition == (str(b),)]
             if len(files) != 1:
                 raise RuntimeError(f"sink {self.uid}: expected one staged file for bucket {b}, found {len(files)}")
