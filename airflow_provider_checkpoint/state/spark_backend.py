@@ -70,7 +70,8 @@ def write_state(
     bytes is kept inline instead (no file). ``max_inline`` set means memory checkpoint
     storage: all state inline, and :class:`StateTooLargeError` above that size.
     """
-    state = state.persist()
+    if not reads_only_cached(state):  # counted, then written: computed once
+        state = state.persist()
     rows = state.count()
     limit = max_inline if max_inline is not None else inline_threshold
     if rows <= limit:  # a state with more rows than bytes allowed is not even collected
@@ -87,6 +88,17 @@ def write_state(
             "(at most 64 MiB) or use checkpoint_storage='filesystem'"
         )
     return write_full_version(storage, directory, state, rows, state.schema.json(), keys, max_parallelism, parallelism)
+
+
+def reads_only_cached(df: DataFrame) -> bool:
+    """Whether ``df`` reads nothing but cached data (e.g. columns of a persisted DataFrame): persisting it
+    too would copy the cache. ``False`` where the plan cannot be seen (Spark Connect)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return False
+    leaves = jdf.queryExecution().withCachedData().collectLeaves()
+    kinds = {leaves.apply(i).getClass().getSimpleName() for i in range(leaves.size())}
+    return kinds == {"InMemoryRelation"}
 
 
 def write_full_version(

@@ -21,16 +21,17 @@ from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
 
-FIRST_JOBS = 6
-"""The first checkpoint: read the input, aggregate, write a full version, upsert the table (a first load:
-written in one pass, no job first to find the buckets)."""
+FIRST_JOBS = 5
+"""The first checkpoint: read the input, aggregate into the cache (counted there: the state is not
+cached a second time), write a full version, upsert the table (a first load: written in one pass, no
+job first to find the buckets)."""
 INCREMENTAL_JOBS = {"driver": 2, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
 input (two jobs: the shuffle stage runs as one); the upsert takes the merged rows from the driver
 (no job). ``large input`` (Spark): read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
-SWITCH_JOBS = {"driver": 10, "large input": 10}
+SWITCH_JOBS = {"driver": 6, "large input": 6}
 """Where few changed keys turn into most: a delta as large as the state, then the full version
 it makes due (the state read with its deltas merged, by Spark on either path)."""
 
