@@ -2,7 +2,10 @@
 
 With the ``python`` engine a read is one Spark task per file (up to
 :data:`MAX_READ_TASKS`): the executor opens it through fsspec and hands Spark Arrow batches
-of the requested schema, parsed with pyarrow or :mod:`.records`.
+of the requested schema, parsed with pyarrow or :mod:`.records`. Files of at most
+:data:`DRIVER_READ_BYTES` in all (their sizes known beforehand) are read the same way on the
+driver, whose filesystem client is warm, and handed to Spark as Arrow: no task, and no Python
+worker to start for it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ MAX_READ_TASKS = 256
 """A Python read spreads its files over at most this many tasks."""
 BATCH_ROWS = 65_536
 """Rows per Arrow batch a Python read hands to Spark."""
+DRIVER_READ_BYTES = 8 << 20
+"""A Python read of files of at most this many bytes in all, their sizes known, runs on the driver."""
 
 
 def read_parquet(
@@ -70,8 +75,9 @@ def read_parquet(
     check_options("parquet", options or {})
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     known = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
-    read = ParquetReader(for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}))
-    return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column)
+    driver = on_driver(sizes)
+    read = ParquetReader(fs if driver else for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}))
+    return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column, driver)
 
 
 def read_records(
@@ -106,8 +112,14 @@ def read_records(
     check_options(format, options)
     converters(_arrow(declared), text=format == "csv")  # refuses unsupported column types in the driver
     expected = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
-    parse = RecordReader(for_executors(fs), format, _arrow(schema), options, expected)
-    return _scan(spark, fs, paths, schema, parse, file_column)
+    driver = on_driver(sizes)
+    parse = RecordReader(fs if driver else for_executors(fs), format, _arrow(schema), options, expected)
+    return _scan(spark, fs, paths, schema, parse, file_column, driver)
+
+
+def on_driver(sizes: Sequence[int] | None) -> bool:
+    """Whether a Python read of files of these ``sizes`` runs on the driver (:data:`DRIVER_READ_BYTES`)."""
+    return sizes is not None and sum(sizes) <= DRIVER_READ_BYTES
 
 
 def in_file_order(
@@ -219,12 +231,20 @@ def _scan(
     schema: StructType,
     read: Callable[[str], Iterator[pa.RecordBatch]],
     file_column: FileColumn | None,
+    driver: bool,
 ) -> DataFrame:
-    """One row of ids per file, read by ``read`` on the executors (:class:`FileScan`); ``schema`` nullable."""
+    """The files read by ``read`` (:class:`FileScan`) on the driver (``driver``) or on the executors, one
+    row of ids per file; ``schema`` nullable."""
+    import pyarrow as pa
+
     labels = [file_column.label(fs, p) for p in paths] if file_column else None
-    tasks = min(len(paths), MAX_READ_TASKS)
     scan = FileScan(list(paths), read, labels, file_column.name if file_column else "")
-    return spark.range(0, len(paths), 1, tasks).mapInArrow(scan, _with_file(schema, file_column))
+    out = _with_file(schema, file_column)
+    if driver:
+        ids = pa.record_batch([pa.array(range(len(paths)), pa.int64())], names=["id"])
+        return spark.createDataFrame(pa.Table.from_batches(list(scan(iter([ids]))), _arrow(out)), schema=out)
+    tasks = min(len(paths), MAX_READ_TASKS)
+    return spark.range(0, len(paths), 1, tasks).mapInArrow(scan, out)
 
 
 @dataclass(frozen=True)

@@ -336,9 +336,11 @@ class FileSource(Source):
         sizes = dict(zip(paths, [todo[n] for n in sorted(todo)], strict=True))
 
         def scan(files: list[str], column: FileColumn | None) -> DataFrame:
-            if self.format == "parquet":
-                return file_scans.read_parquet(ctx.spark, fs, files, declared, column, options=self.options)
             counted = [sizes[f] for f in files]
+            if self.format == "parquet":
+                return file_scans.read_parquet(
+                    ctx.spark, fs, files, declared, column, options=self.options, sizes=counted
+                )
             return file_scans.read_records(
                 ctx.spark, fs, files, self.format, declared, self.options, CORRUPT, column, sizes=counted
             )

@@ -1,0 +1,90 @@
+"""The Python file engine's reads give the same rows on the driver (small files, sizes known) and on the
+executors (``mapInArrow``), checked against rows parsed independently (``json``, pyarrow)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from airflow_provider_checkpoint.fileio import scans
+
+pytestmark = pytest.mark.spark
+
+DECLARED = StructType([StructField("user", StringType()), StructField("ts", LongType())])
+
+
+def plan_of(df: Any) -> str:
+    return str(df._jdf.queryExecution().optimizedPlan().toString())
+
+
+def json_files(root: Path, seed: int) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Files of JSON lines (unicode, nulls, missing fields, malformed lines, an empty file) and the rows
+    a permissive read gives: ``(user, ts, corrupt text)``, parsed here with ``json``."""
+    rng = random.Random(seed)
+    paths, expected = [], []
+    for f in range(4):
+        lines = []
+        for _ in range(rng.randrange(0 if f == 2 else 1, 30)):
+            if rng.random() < 0.1:
+                lines.append('{"user": "broken", "ts": ')
+                expected.append((None, None, lines[-1]))
+                continue
+            record = {"user": rng.choice([None, "", "a", "é✓𝄞"]), "ts": rng.choice([None, rng.randrange(-9, 10**12)])}
+            record = {k: v for k, v in record.items() if rng.random() < 0.9}
+            lines.append(json.dumps(record, ensure_ascii=rng.random() < 0.5))
+            expected.append((record.get("user"), record.get("ts"), None))
+        path = root / f"events-{f}.json"
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        paths.append(str(path))
+    return paths, expected
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_json_lines_read_alike_on_the_driver_and_on_the_executors(spark, tmp_path, monkeypatch, seed) -> None:
+    fs = fsspec.filesystem("file")
+    paths, expected = json_files(tmp_path, seed)
+    sizes = [Path(p).stat().st_size for p in paths]
+    rows = {}
+    for where, limit in (("driver", scans.DRIVER_READ_BYTES), ("executors", 0)):
+        monkeypatch.setattr(scans, "DRIVER_READ_BYTES", limit)
+        df = scans.read_records(spark, fs, paths, "json", DECLARED, {}, "_corrupt", engine="python", sizes=sizes)
+        assert ("MapInArrow" in plan_of(df)) is (where == "executors"), plan_of(df)
+        rows[where] = [(r["user"], r["ts"], r["_corrupt"]) for r in df.collect()]
+    assert rows["driver"] == rows["executors"] == expected  # in file order, each file's lines in order
+
+
+def test_parquet_reads_alike_with_file_column_and_row_index(spark, tmp_path, monkeypatch) -> None:
+    fs = fsspec.filesystem("file")
+    rng = random.Random(7)
+    paths, expected = [], []
+    for f in range(3):
+        users = [rng.choice([None, "", "b", "ü𝄞"]) for _ in range(rng.randrange(0, 40))]
+        table = pa.table({"user": pa.array(users, pa.string()), "ts": pa.array(range(len(users)), pa.int64())})
+        path = str(tmp_path / f"part-{f}.parquet")
+        pq.write_table(table, path)
+        paths.append(path)
+        expected += [(u, i, i, Path(path).name) for i, u in enumerate(users)]
+    sizes = [Path(p).stat().st_size for p in paths]
+    column = scans.FileColumn("_file", "name")
+    rows = {}
+    for where, limit in (("driver", scans.DRIVER_READ_BYTES), ("executors", 0)):
+        monkeypatch.setattr(scans, "DRIVER_READ_BYTES", limit)
+        df = scans.read_parquet(spark, fs, paths, DECLARED, column, "python", row_index="_row", sizes=sizes)
+        assert ("MapInArrow" in plan_of(df)) is (where == "executors"), plan_of(df)
+        rows[where] = [(r["user"], r["ts"], r["_row"], r["_file"]) for r in df.collect()]
+    assert rows["driver"] == rows["executors"] == expected
+
+
+def test_a_read_of_unknown_sizes_runs_on_the_executors(spark, tmp_path) -> None:
+    paths, expected = json_files(tmp_path, 3)
+    df = scans.read_records(spark, fsspec.filesystem("file"), paths, "json", DECLARED, {}, "_c", engine="python")
+    assert "MapInArrow" in plan_of(df)
+    assert [(r["user"], r["ts"], r["_c"]) for r in df.collect()] == expected
