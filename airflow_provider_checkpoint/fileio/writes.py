@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import posixpath
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -108,21 +108,35 @@ def write_parquet(
     directory: str,
     partition_by: Sequence[str] = (),
     engine: str | None = None,
+    held: pa.Table | None = None,
 ) -> list[WrittenFile]:
     """Write ``df`` as Parquet files under ``directory`` (a new directory on ``fs``), sorted by path.
 
     ``partition_by``: subdirectories ``<column>=<value>`` per value, the columns left out
     of the files, as Spark writes them. Each task writes one file per partition it holds; a
-    task with no rows writes nothing.
+    task with no rows writes nothing. ``held``: ``df``'s rows as the driver holds them already
+    (the same columns; e.g. merged there): the ``python`` engine writes them from the driver, one
+    file per partition, with no Spark job and no Python worker.
     """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     if engine_for(df.sparkSession, fs, engine) == "hadoop":
         writer = df.write.partitionBy(*partition_by) if partition_by else df.write
         writer.parquet(url(fs, directory))
         return written_by_spark(fs, directory)
     codec = str(df.sparkSession.conf.get("spark.sql.parquet.compression.codec", "snappy"))
-    task = ParquetTask(for_executors(fs), directory, tuple(partition_by), "none" if codec == "uncompressed" else codec)
-    found = df.mapInArrow(task, _WRITTEN).collect()
-    files = (WrittenFile(r.path, r.size, r.rows, r.checksum, partition_values(r.partition)) for r in found)
+    compression = "none" if codec == "uncompressed" else codec
+    if held is not None and held.schema.names == df.columns:
+        rows = held.cast(to_arrow_schema(df.schema, timezone="UTC"))  # as Spark would hand them over
+        stem = f"part-00000-driver-{uuid.uuid4().hex[:8]}.parquet"
+        found = ParquetTask(fs, directory, tuple(partition_by), compression).files(rows.to_batches(), stem)
+    else:
+        task = ParquetTask(for_executors(fs), directory, tuple(partition_by), compression)
+        found = [tuple(r) for r in df.mapInArrow(task, _WRITTEN).collect()]
+    files = (
+        WrittenFile(path, size, rows, checksum, partition_values(within))
+        for path, size, rows, checksum, within in found
+    )
     return sorted(files, key=lambda f: f.path)
 
 
@@ -229,14 +243,7 @@ class ParquetTask:
         context = TaskContext.get()
         assert context is not None, "runs in a Spark task"
         stem = f"part-{context.partitionId():05d}-a{context.taskAttemptId()}-{uuid.uuid4().hex[:8]}.parquet"
-        files: dict[str, _PartFile] = {}
-        for batch in batches:
-            for within, table in split_by(pa.Table.from_batches([batch]), self.partition_by):
-                if within not in files:
-                    path = posixpath.join(self.directory, within, stem)
-                    files[within] = _PartFile(self.fs, path, self.compression)
-                files[within].add(table)
-        written = [(*files[within].close(), within) for within in sorted(files)]
+        written = self.files(batches, stem)
         yield pa.RecordBatch.from_pylist(
             [dict(zip(("path", "size", "rows", "checksum", "partition"), w, strict=True)) for w in written],
             schema=pa.schema(
@@ -249,6 +256,20 @@ class ParquetTask:
                 ]
             ),
         )
+
+    def files(self, batches: Iterable[pa.RecordBatch], stem: str) -> list[tuple[str, int, int, str, str]]:
+        """``batches`` written as files named ``stem``, one per partition: (path, size, rows, checksum, partition
+        directories) of each, by partition."""
+        import pyarrow as pa
+
+        files: dict[str, _PartFile] = {}
+        for batch in batches:
+            for within, table in split_by(pa.Table.from_batches([batch]), self.partition_by):
+                if within not in files:
+                    path = posixpath.join(self.directory, within, stem)
+                    files[within] = _PartFile(self.fs, path, self.compression)
+                files[within].add(table)
+        return [(*files[within].close(), within) for within in sorted(files)]
 
 
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"

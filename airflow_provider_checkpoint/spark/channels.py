@@ -11,12 +11,14 @@ from airflow_provider_checkpoint.state.handles import ChannelSnapshot, StateHand
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 
-def write_channel(storage: Location, directory: str, df: DataFrame) -> ChannelSnapshot:
-    """Write ``df`` under ``directory`` (job-relative); every file is hashed once, here."""
-    files = write_parquet(df, storage.fs, storage.path(directory))
+def write_channel(storage: Location, directory: str, df: DataFrame, held: pa.Table | None = None) -> ChannelSnapshot:
+    """Write ``df`` under ``directory`` (job-relative), from ``held`` (its rows) if the driver holds them;
+    every file is hashed once, here."""
+    files = write_parquet(df, storage.fs, storage.path(directory), held=held)
     handles = [StateHandle(storage.relative(f.path), f.size, f.sha256(storage.fs)) for f in files]
     return ChannelSnapshot(tuple(handles), df.schema.json(), sum(f.row_count(storage.fs) for f in files))
 

@@ -26,9 +26,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
 )
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
-from airflow_provider_checkpoint.fileio.writes import engine_for
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
-from airflow_provider_checkpoint.spark.warmup import start_python_workers
 from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
@@ -204,7 +202,9 @@ class _StepRun:
         """Write the channel in the step that produces it; read the producer's accepted attempt elsewhere."""
         ctx, producer = self.ctx, self.graph.channel_steps[node.uid]
         if producer == ctx.step:
-            produced = write_channel(ctx.storage, f"{ctx.attempt_dir}/channels/{node.uid}", self.input_of(node))
+            held = ctx.in_driver.get(node.inputs[0].uid)
+            directory = f"{ctx.attempt_dir}/channels/{node.uid}"
+            produced = write_channel(ctx.storage, directory, self.input_of(node), held and held.rows())
             self.produced[node.uid] = produced
             ctx.add_metric("channel_rows_out", produced.rows)
             ctx.add_metric("channel_bytes_out", produced.size)
@@ -262,8 +262,6 @@ def run_step(
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
-    if engine_for(spark, storage.fs) == "python":
-        start_python_workers(spark)
     ctx = StepContext(spark, storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
     run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {})

@@ -96,3 +96,55 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
         # order; otherwise (a full version) every sink's input goes through Spark
         assert sorted(set(through_spark)) == (["swapped"] if on_driver else ["delta", "parquet", "swapped"]), i
     assert merged_on_driver.count(True) >= 4, merged_on_driver
+
+
+def declare_appends(base: Path) -> None:
+    events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG")
+    totals = KeyedAggregate("totals", events, keys=KEYS, aggs={"n": "count", "first": "min(ts)", "last": "max(ts)"})
+    ParquetTableSink("parquet", totals, f"{base}/parquet", "append")
+    DeltaTableSink("delta", totals, f"{base}/delta", "append", partition_by=["page"])
+
+
+def test_held_rows_append_from_the_driver_with_the_python_engine(spark, tmp_path: Path, monkeypatch) -> None:
+    """With the Python file engine (an object store's), a checkpoint merged on the driver reads its small
+    input there and writes its append sinks from the rows it holds: no ``mapInArrow`` (no Python worker);
+    each table holds every checkpoint's changed totals once (pyarrow, delta-rs against pandas)."""
+    from deltalake import DeltaTable
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    from airflow_provider_checkpoint.fileio.writes import ENGINE_CONF
+
+    python_jobs: list[str] = []
+    original = DataFrame.mapInArrow
+
+    def spy(self, *args, **kwargs):
+        python_jobs.append(repr(args[0])[:80])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "mapInArrow", spy)
+    spark.conf.set(ENGINE_CONF, "python")
+    try:
+        job = make_job(spark, tmp_path, declare_appends, inline_state_threshold=0)
+        events: list[dict[str, object]] = []
+        appended: list[pd.DataFrame] = []
+        merged_on_driver = []
+        for i, n in enumerate([300, 40, 0, 90, 25], start=1):
+            new = land(tmp_path / "landing", n, seed=i)
+            events += new
+            python_jobs.clear()
+            completed = job.checkpoint()
+            on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+            merged_on_driver.append(on_driver)
+            if new:
+                changed = truth(new)[KEYS]
+                appended.append(truth(events).merge(changed, on=KEYS))
+            expected = normalized(pd.concat(appended))
+            parquet = ds.dataset(str(tmp_path / "parquet"), format="parquet").to_table().to_pandas()
+            delta = pa.table(DeltaTable(str(tmp_path / "delta")).scan()).to_pandas()
+            for name, table in (("parquet", parquet), ("delta", delta)):
+                pd.testing.assert_frame_equal(normalized(table), expected, obj=f"{name} after checkpoint {i}")
+            if on_driver:
+                assert python_jobs == [], (i, python_jobs)
+        assert merged_on_driver.count(True) >= 3, merged_on_driver
+    finally:
+        spark.conf.unset(ENGINE_CONF)

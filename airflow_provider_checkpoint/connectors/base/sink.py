@@ -44,6 +44,7 @@ from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.object_store import check_reachable
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
@@ -143,6 +144,12 @@ class TransactionalSink(Sink):
                 ctx, UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order(), held)
             )
         return self.write(ctx, df)
+
+    def held_input(self, ctx: StepContext) -> pa.Table | None:
+        """In append mode, the input's rows when the driver holds them already (merged there), for a
+        write from the driver; upsert mode takes them through :class:`UpsertRows`."""
+        held = ctx.in_driver.get(self.inputs[0].uid) if self.mode == "append" else None
+        return None if held is None else held.rows()
 
     def needs_source_order(self) -> bool:
         """In upsert mode, unless the input already has at most one row per key (its node's

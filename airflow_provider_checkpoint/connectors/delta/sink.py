@@ -119,7 +119,7 @@ class DeltaTableSink(DeltaCommitter):
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root, staging = self._prepare(ctx, df)
-        written = write_parquet(df, fs, staging, self.partition_by)
+        written = write_parquet(df, fs, staging, self.partition_by, held=self.held_input(ctx))
         files = [(f.path, f.rows) for f in written]
         adds = [a for a in self._adds(fs, root, staging, files, {f.path: f.size for f in written}) if a.num_records]
         ctx.add_metric("sink_rows", sum(a.num_records for a in adds))

@@ -178,7 +178,7 @@ class ParquetTableSink(TableDirectorySink):
         self, ctx: StepContext, df: DataFrame, fs: fsspec.AbstractFileSystem, root: str, staging: str
     ) -> list[list[str]]:
         moves: list[list[str]] = []
-        for file in write_parquet(df, fs, staging):
+        for file in write_parquet(df, fs, staging, held=self.held_input(ctx)):
             rows = file.row_count(fs)
             ctx.add_metric("sink_rows", rows)
             if rows:
