@@ -9,12 +9,12 @@ server of ``tests/servers`` (SeaweedFS) or on local disk:
 - **every sink kind**: the same aggregate into ParquetTableSink (append) and DeltaTableSink
   (upsert), on S3 only.
 
-Each checkpoint runs in a fresh Python process with its own SparkSession, as Airflow runs each
-task in a fresh process: nothing a process caches carries over from one checkpoint to the next.
-The small pipeline's S3 and local checkpoints alternate which goes first; the every-kind one runs
-last. The S3 server logs every request it answers, whoever sends it (the driver, Spark's Python
-workers, delta-rs), with the time; the requests are counted by kind from its log per pipeline (by
-when the every-kind checkpoint started); landing the input is not counted.
+Each checkpoint of each job runs in a fresh Python process with its own SparkSession, as Airflow
+runs each task in a fresh process: nothing a process caches carries over from one checkpoint to
+the next, and no job finds the JVM warmed up by another. The small pipeline's S3 and local
+checkpoints alternate which goes first; the every-kind one runs last. The S3 server logs every
+request it answers, whoever sends it (the driver, Spark's Python workers, delta-rs); the requests
+are counted by kind from its log per process; landing the input is not counted.
 At the end every table is read back with readers we did not write (pyarrow, delta-rs) and
 compared with a pandas ground truth.
 """
@@ -62,7 +62,7 @@ def declare(root: str, parquet_mode: str, delta_mode: str) -> None:
 
 
 def worker(spec: dict[str, Any]) -> None:
-    """Checkpoint ``spec["checkpoint"]`` of each job in ``spec["jobs"]`` ((name, root)), in that order."""
+    """Checkpoint ``spec["checkpoint"]`` of the job ``spec["name"]`` under ``spec["root"]``."""
     sys.path.insert(0, str(REPO))
     from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
     from airflow_provider_checkpoint.core.settings import CheckpointSettings
@@ -74,18 +74,16 @@ def worker(spec: dict[str, Any]) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the provider's phases
     spark, _ = start_spark()
-    out = {}
-    for name, root in spec["jobs"]:
-        with collecting() as nodes:
-            declare(root, *PIPELINES[name.split("@")[0]])
-        graph = PipelineGraph(nodes)
-        storage = JobStorage.for_job(f"{root}/checkpoints", "bench")
-        coordinator = CheckpointCoordinator(storage, graph, CheckpointSettings(retained_checkpoints=3), None, None)
-        job = Job(spark, Path(spec["tmp"]), graph, storage, coordinator, checkpoints=spec["checkpoint"] - 1)
-        wall, started = time.time(), time.perf_counter()
-        job.checkpoint()
-        out[name] = {"started": wall, "seconds": elapsed(started), **job.timings[-1]}
-    print(RESULT + json.dumps(out), flush=True)
+    name, root = spec["name"], spec["root"]
+    with collecting() as nodes:
+        declare(root, *PIPELINES[name.split("@")[0]])
+    graph = PipelineGraph(nodes)
+    storage = JobStorage.for_job(f"{root}/checkpoints", "bench")
+    coordinator = CheckpointCoordinator(storage, graph, CheckpointSettings(retained_checkpoints=3), None, None)
+    job = Job(spark, Path(spec["tmp"]), graph, storage, coordinator, checkpoints=spec["checkpoint"] - 1)
+    started = time.perf_counter()
+    job.checkpoint()
+    print(RESULT + json.dumps({name: {"seconds": elapsed(started), **job.timings[-1]}}), flush=True)
 
 
 def run(spec: DataSpec, work: Path, dump: Path | None = None) -> dict[str, Any]:
@@ -114,19 +112,17 @@ def run(spec: DataSpec, work: Path, dump: Path | None = None) -> dict[str, Any]:
             landed.append(events)
             for root in roots.values():
                 land(s3, root, f"inc-{i:04d}.json", events.to_json(orient="records", lines=True).encode())
-            access.since()
-            jobs = [*["small@s3", "small@local"][:: 1 if i % 2 else -1], "every-kind@s3"]
             row: dict[str, Any] = {"checkpoint": i, "events": len(events)}
-            times = checkpoint_in_fresh_process(i, [(name, roots[name]) for name in jobs], directory, env)
-            row.update(times)
-            requests = access.since()
-            every_kind = times["every-kind@s3"]["started"]  # it runs last, alone: a window of time
-            for pipeline, late in (("small", False), ("every-kind", True)):
-                chosen = [r for r in requests if (r.time >= every_kind) is late]
-                counts = Counter(r.kind for r in chosen)
+            for name in [*["small@s3", "small@local"][:: 1 if i % 2 else -1], "every-kind@s3"]:
+                access.since()
+                row.update(checkpoint_in_fresh_process(i, name, roots[name], directory, env))
+                if not name.endswith("@s3"):
+                    continue
+                pipeline, requests = name.removesuffix("@s3"), access.since()
+                counts = Counter(r.kind for r in requests)
                 row[f"{pipeline} requests"] = {k: counts.get(k, 0) for k in KINDS}
                 if dump:
-                    text = "\n".join(f"{r.kind} {r.path} {r.status}" for r in chosen)
+                    text = "\n".join(f"{r.kind} {r.path} {r.status}" for r in requests)
                     (dump / f"{pipeline}-{i:03d}.txt").write_text(text)
             rows.append(row)
             log(f"object-store: checkpoint {i}: {summary(row)}")
@@ -150,18 +146,18 @@ def land(s3: Any, root: str, name: str, data: bytes) -> None:
 
 
 def checkpoint_in_fresh_process(
-    checkpoint: int, jobs: list[tuple[str, str]], directory: Path, env: dict[str, str]
+    checkpoint: int, name: str, root: str, directory: Path, env: dict[str, str]
 ) -> dict[str, Any]:
-    """Run :func:`worker` in a new Python process; its timings per job (its log: ``checkpoint-NNN.log``)."""
-    spec = {"checkpoint": checkpoint, "jobs": jobs, "tmp": str(directory / "tmp")}
+    """Run :func:`worker` in a new Python process; the job's timings (its log: ``checkpoint-NNN-<name>.log``)."""
+    spec = {"checkpoint": checkpoint, "name": name, "root": root, "tmp": str(directory / "tmp")}
     code = "import json, sys; from bench.objectstore import worker; worker(json.loads(sys.argv[1]))"
     done = subprocess.run(
         [sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True, text=True, check=False
     )
-    (directory / f"checkpoint-{checkpoint:03d}.log").write_text(done.stderr)
+    (directory / f"checkpoint-{checkpoint:03d}-{name}.log").write_text(done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode or not lines:
-        raise RuntimeError(f"checkpoint {checkpoint} of {jobs} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"checkpoint {checkpoint} of {name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return dict(json.loads(lines[-1].removeprefix(RESULT)))
 
 
