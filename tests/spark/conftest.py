@@ -15,3 +15,14 @@ def spark() -> Iterator[SparkSession]:
     from airflow_provider_checkpoint.spark.session import get_spark
 
     yield get_spark(master="local[2]")
+
+
+@pytest.fixture
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges of 10 rows, at most 3 deltas, no bound by size: ranges split, deltas pile up and
+    compact (some ranges at a time) within a few checkpoints."""
+    from airflow_provider_checkpoint.state import incremental
+
+    monkeypatch.setattr(incremental, "RANGE_ROWS", 10)
+    monkeypatch.setattr(incremental, "MAX_DELTAS", 3)
+    monkeypatch.setattr(incremental, "COMPACTION_RATIO", 1000.0)

@@ -191,10 +191,24 @@ def run(
 ) -> None:
     """Run the machine for ``config`` from ``seed``: ``examples`` sequences of up to ``steps`` steps; a
     failure is shrunk for at most ``shrink_seconds`` (Hypothesis's own bound is 300 s)."""
+    verbose = bool(os.environ.get("SINK_MODEL_VERBOSE"))
+    run_machine(machine_for(config, env), seed, examples, steps, shrink, shrink_seconds, verbose)
+
+
+def run_machine(
+    machine: type[RuleBasedStateMachine],
+    seed: int,
+    examples: int,
+    steps: int,
+    shrink: bool,
+    shrink_seconds: int,
+    verbose: bool = False,
+) -> None:
+    """Run ``machine`` from ``seed`` as :func:`run` does: no example database, no deadline, every health
+    check off (each step runs Spark jobs), shrinking bounded by ``shrink_seconds``."""
     from hypothesis.internal.conjecture import engine
 
     engine.MAX_SHRINKING_SECONDS = shrink_seconds  # every step runs Spark jobs: bound the shrinking in CI
-    machine = machine_for(config, env)
     machine._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]  # what @seed(...) sets
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
     run_state_machine_as_test(
@@ -208,6 +222,6 @@ def run(
             phases=phases,
             suppress_health_check=list(HealthCheck),
             print_blob=False,
-            verbosity=Verbosity.verbose if os.environ.get("SINK_MODEL_VERBOSE") else Verbosity.normal,
+            verbosity=Verbosity.verbose if verbose else Verbosity.normal,
         ),
     )

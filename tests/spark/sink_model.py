@@ -186,40 +186,13 @@ class Harness:
     # -- independent readers ---------------------------------------------------------------
     def readers(self) -> dict[str, Callable[[], list[Row]]]:
         if self.config.kind == "parquet":
-            return {"pyarrow": self._pyarrow}
+            return {"pyarrow": lambda: parquet_rows(self.path, COLUMNS)}
         if self.config.kind == "delta":
-            return {"delta-rs scan()": self._delta_scan, "duckdb delta_scan": self._duckdb}
+            return {
+                "delta-rs scan()": lambda: delta_rows(self.path, COLUMNS),
+                "duckdb delta_scan": lambda: duckdb_delta_rows(self.path, COLUMNS),
+            }
         return {"psycopg": self._psycopg}
-
-    def _pyarrow(self) -> list[Row]:
-        import pyarrow.dataset as ds
-
-        if not self.path.exists():
-            return []
-        table = ds.dataset(str(self.path), format="parquet").to_table()
-        return [] if table.num_rows == 0 else sort_rows(map(_normal, table.select(COLUMNS).to_pylist()))
-
-    def _has_delta(self) -> bool:
-        return (self.path / "_delta_log").exists() and any((self.path / "_delta_log").glob("*.json"))
-
-    def _delta_scan(self) -> list[Row]:
-        import pyarrow as pa
-        from deltalake import DeltaTable
-
-        if not self._has_delta():
-            return []
-        return sort_rows(map(_normal, pa.table(DeltaTable(str(self.path)).scan()).select(COLUMNS).to_pylist()))
-
-    def _duckdb(self) -> list[Row]:
-        import duckdb
-        import duckdb_extension_delta
-
-        if not self._has_delta():
-            return []
-        ext = pathlib.Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}"
-        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-        con.load_extension(str(ext / "delta.duckdb_extension"))
-        return sort_rows(tuple(r) for r in con.sql(f"SELECT k1, k2, seq, v FROM delta_scan('{self.path}')").fetchall())
 
     def _psycopg(self) -> list[Row]:
         with self.server.connect() as db:
@@ -235,6 +208,52 @@ class Harness:
                 return []
             found = db.execute(f"SELECT checkpoint_id, record FROM {self.schema}.dead").fetchall()
         return sorted(((c, _normal(json.loads(r))) for c, r in found), key=repr)
+
+
+def parquet_rows(path: pathlib.Path, columns: Sequence[str]) -> list[Any]:
+    """The ``columns`` of every row of the Parquet table at ``path`` (none if it does not exist), read
+    with pyarrow (files and directories named ``_*`` or ``.*`` are skipped), sorted."""
+    import pyarrow.dataset as ds
+
+    if not path.exists():
+        return []
+    table = ds.dataset(str(path), format="parquet").to_table()
+    return sort_rows(_tuples(table, columns)) if table.num_rows else []  # no file yet: no columns either
+
+
+def _has_delta(path: pathlib.Path) -> bool:
+    return (path / "_delta_log").exists() and any((path / "_delta_log").glob("*.json"))
+
+
+def delta_rows(path: pathlib.Path, columns: Sequence[str]) -> list[Any]:
+    """The ``columns`` of every live row of the Delta table at ``path`` (none if it has no log), read
+    with delta-rs ``scan()`` (deletion vectors applied), sorted."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    if not _has_delta(path):
+        return []
+    return sort_rows(_tuples(pa.table(DeltaTable(str(path)).scan()), columns))
+
+
+def duckdb_delta_rows(path: pathlib.Path, columns: Sequence[str]) -> list[Any]:
+    """The ``columns`` of every live row of the Delta table at ``path``, read with DuckDB's
+    ``delta_scan`` (the extension loaded from PyPI's ``duckdb-extension-delta``), sorted."""
+    import duckdb
+    import duckdb_extension_delta
+
+    if not _has_delta(path):
+        return []
+    ext = pathlib.Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}"
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    con.load_extension(str(ext / "delta.duckdb_extension"))
+    select = ", ".join(f'"{c}"' for c in columns)
+    return sort_rows(tuple(r) for r in con.sql(f"SELECT {select} FROM delta_scan('{path}')").fetchall())
+
+
+def _tuples(table: Any, columns: Sequence[str]) -> Iterable[tuple[Any, ...]]:
+    """The ``columns`` of a pyarrow ``table``, row by row."""
+    return zip(*(table[c].to_pylist() for c in columns), strict=True)
 
 
 def scratch_root() -> pathlib.Path:

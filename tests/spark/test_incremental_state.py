@@ -30,7 +30,7 @@ from airflow_provider_checkpoint.dataflow import (
 from airflow_provider_checkpoint.exceptions import CheckpointAborted
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
-from airflow_provider_checkpoint.state import checkpointing, incremental
+from airflow_provider_checkpoint.state import checkpointing
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.clickstream import read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
@@ -138,15 +138,6 @@ def _tables_match(base: Path, truth: Truth, checkpoint_id: int) -> None:
     pd.testing.assert_frame_equal(_sorted(views, ["user", "page"]), _sorted(want, ["user", "page"]), check_dtype=False)
     # the totals table keeps the last emitted total of every user ever changed: a reset user is not deleted
     assert set(truth.totals(checkpoint_id)["user"]) <= set(totals["user"])
-
-
-@pytest.fixture
-def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ranges of 10 rows, at most 3 deltas, no bound by size: ranges split, deltas pile up and
-    compact (some ranges at a time) within a few checkpoints."""
-    monkeypatch.setattr(incremental, "RANGE_ROWS", 10)
-    monkeypatch.setattr(incremental, "MAX_DELTAS", 3)
-    monkeypatch.setattr(incremental, "COMPACTION_RATIO", 1000.0)
 
 
 @pytest.mark.parametrize(
