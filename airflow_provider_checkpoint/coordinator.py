@@ -156,9 +156,14 @@ class CheckpointCoordinator:
             raise
         if latest is None:
             return restore_from, job
+        request = restore_from[1] if restore_from is not None else None
+        if request is not None and latest.options.get("restore_request_id") == request.request_id:
+            # ``latest`` took the request and completed (its finalize died before clearing it): the
+            # restore is done, so ``latest`` is committed and continued from, not restored over
+            restore_from, request = (self.restorer.own_snapshot(latest), None), None
         # a pending restore sets the sinks to its own checkpoint: one of its earlier triggers may
         # have rolled them back past ``latest`` already, so ``latest`` is not committed to them again
-        restore_requested = restore_from is not None and restore_from[1] is not None
+        restore_requested = request is not None
         if not self._finished(latest.checkpoint_id):
             self._finish(latest, run_id, "trigger", commit_sinks=not restore_requested)
             job = self._running_job()  # e.g. a stop-with-savepoint finished just now

@@ -16,7 +16,8 @@ Spark: a row the driver later puts in another bucket shows as a key twice). Each
   switches between them; maybe a savepoint; maybe with an injected fault: a step attempt that
   fails (retried), a finalize that fails before ``_metadata`` (aborted: its input is read
   again) or after it (the next trigger commits it);
-- a restore request to a retained checkpoint or a savepoint (docs/savepoints-and-restore.md).
+- a restore request to a retained checkpoint or a savepoint committed to the sinks
+  (docs/savepoints-and-restore.md).
 
 After every step each table, read with pyarrow (Parquet), delta-rs and DuckDB (Delta), must hold
 exactly one row per key and equal :class:`Model`: the aggregates of every event landed before the
@@ -29,7 +30,7 @@ good share of its checkpoints, so that it cannot pass vacuously.
 
 CI runs the fixed seed below; ``HELD_ROWS_SEEDS=1,2,3``, ``HELD_ROWS_EXAMPLES`` and
 ``HELD_ROWS_STEPS`` run more, ``HELD_ROWS_SHRINK=0`` skips shrinking a failure and
-``HELD_ROWS_SHRINK_SECONDS`` (default 60) bounds it; ``HELD_ROWS_VERBOSE=1`` prints every step.
+``HELD_ROWS_SHRINK_SECONDS`` (default 60) bounds it; ``HELD_ROWS_VERBOSE=1`` makes Hypothesis verbose.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class Model:
     uncommitted: int | None = None
     """A completed checkpoint whose finalize failed after ``_metadata``: the next trigger commits it."""
     restore: int | None = None
-    """A requested restore's checkpoint, until a checkpoint completes (its finalize clears the request)."""
+    """A requested restore's checkpoint, until a checkpoint takes it and writes ``_metadata`` (if that
+    checkpoint's finalize dies after it, the next trigger commits the checkpoint and clears the request)."""
     next_id: int = 1
 
     def trigger(self) -> int:
@@ -280,7 +282,7 @@ def machine_for(env: Env) -> type[RuleBasedStateMachine]:
                 return
             except InjectedFault:
                 assert fault == "committed later"
-                self.model.uncommitted = checkpoint_id
+                self.model.uncommitted, self.model.restore = checkpoint_id, None
                 if target:
                     self.savepoints[checkpoint_id] = target
                 return

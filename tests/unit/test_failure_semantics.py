@@ -28,7 +28,8 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
-from airflow_provider_checkpoint.exceptions import CheckpointAborted, JobNotRunning, LeaseHeld
+from airflow_provider_checkpoint.exceptions import CheckpointAborted, InjectedFault, JobNotRunning, LeaseHeld
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
@@ -600,6 +601,35 @@ def test_oserror_after_the_commit_point_propagates_and_recovery_completes(
     assert env.stats(plan.checkpoint_id)["status"] == "COMPLETED"
     assert env.job_record()["failures"]["failed_ids"] == []
     assert nxt.restore_point is not None and nxt.restore_point.checkpoint_id == plan.checkpoint_id
+
+
+def test_a_restore_whose_checkpoint_completed_is_not_taken_again_after_its_finalize_died(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoint 3 takes a restore to 1 and writes ``_metadata``, then its finalize dies before it
+    commits the sinks and removes the request. The next trigger commits 3 and continues from it: it
+    used to restore to 1 again without committing 3, so that once that run failed, the run after it
+    continued from 3 and 3's output (here the replayed file b.json) never reached the table.
+
+    Found while modelling restores for tests/spark/test_held_rows_machine.py."""
+    run_checkpoint(env, "run-1", T0)  # a.json
+    (env.landing / "b.json").write_bytes(b'{"k": 2}\n')
+    run_checkpoint(env, "run-2", T0 + 5)
+    request_restore(env.storage, env.storage.url("chk-1"), False, False)
+    third = env.coordinator.trigger("run-3", now=T0 + 10)
+    assert third.restore_point is not None and third.restore_point.checkpoint_id == 1
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.after_metadata")
+    with pytest.raises(InjectedFault):
+        env.coordinator.finalize(third, [make_ack(env, third)], now=T0 + 11)
+    monkeypatch.delenv("CHECKPOINT_FAULTS")
+
+    fourth = env.coordinator.trigger("run-4", now=T0 + 20)
+    assert fourth.restore_point is not None and fourth.restore_point.checkpoint_id == 3
+    assert JobRecordStore(env.storage).load_restore_request() is None
+    with pytest.raises(CheckpointAborted):
+        env.coordinator.finalize(fourth, [], now=T0 + 21)  # its step never acked
+    run_checkpoint(env, "run-5", T0 + 30)
+    assert sorted(env.table_parts()) == [target_name(1), target_name(3), target_name(5)]
 
 
 def test_oserror_writing_the_plan_fails_the_trigger_without_holding_the_lease(
