@@ -23,13 +23,14 @@ import pathlib
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 Row = tuple[str | None, int | None, int, str | None]
 Key = tuple[str | None, int | None]
 SCHEMA = "k1 string, k2 long, seq long, v string"
 COLUMNS = ["k1", "k2", "seq", "v"]
 KEYS = ["k1", "k2"]
+T = TypeVar("T")
 POISON = "nul\x00byte"
 """A value PostgreSQL refuses (a NUL byte in text): a dead letter for the PostgreSQL sink."""
 
@@ -38,7 +39,7 @@ def key_of(row: Row) -> Key:
     return (row[0], row[1])
 
 
-def sort_rows(rows: Iterable[Row]) -> list[Row]:
+def sort_rows(rows: Iterable[T]) -> list[T]:
     return sorted(rows, key=repr)
 
 

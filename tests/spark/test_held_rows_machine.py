@@ -97,10 +97,11 @@ def declare(base: Path, buckets: int, sink_rows: tuple[int, int, int]) -> None:
     """The pipeline; ``sink_rows``: each sink's ``driver_merge_rows``, in :data:`SINKS` order."""
     events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG, tag STRING")
     totals = KeyedAggregate("totals", events, keys=list(KEYS), aggs=AGGS)
-    parquet, delta, swapped = ({"mode": "upsert", "buckets": buckets, "driver_merge_rows": n} for n in sink_rows)
-    ParquetTableSink("parquet", totals, f"{base}/parquet", keys=list(KEYS), **parquet)
-    DeltaTableSink("delta", totals, f"{base}/delta", keys=list(KEYS), **delta)
-    ParquetTableSink("swapped", totals, f"{base}/swapped", keys=list(KEYS[::-1]), **swapped)  # another hash
+    parquet, delta, swapped = sink_rows
+    keys, other = list(KEYS), list(KEYS[::-1])  # another hash
+    ParquetTableSink("parquet", totals, f"{base}/parquet", "upsert", keys, buckets=buckets, driver_merge_rows=parquet)
+    DeltaTableSink("delta", totals, f"{base}/delta", "upsert", keys, buckets=buckets, driver_merge_rows=delta)
+    ParquetTableSink("swapped", totals, f"{base}/swapped", "upsert", other, buckets=buckets, driver_merge_rows=swapped)
 
 
 def aggregate(events: Iterable[Event]) -> list[tuple[Any, ...]]:
@@ -238,10 +239,11 @@ def machine_for(env: Env) -> type[RuleBasedStateMachine]:
             self.model = Model()
             self.cold = itertools.count()
             self.savepoints: dict[int, str] = {}
-            every_key = [(u, p, 0, None) for u in USERS for p in PAGES]
+            every_key: list[Event] = [(u, p, 0, None) for u in USERS for p in PAGES]
             self.checkpoint([Batch(0, every_key, False), first], None, Knobs(5_000_000, 0), "none", False)
 
         def land(self, batch: Batch) -> None:
+            """Write ``batch`` as the next landing file (JSON lines, UTF-8), complete when it appears."""
             rows = [(f"cold{i}", f"/c{i % 3}", i, "cold") for i in itertools.islice(self.cold, batch.cold)]
             events: list[Event] = rows + batch.events
             landing = self.base / "landing"
@@ -320,6 +322,7 @@ def machine_for(env: Env) -> type[RuleBasedStateMachine]:
 
         @invariant()
         def tables_match_the_model(self) -> None:
+            """Every reader of every table gets exactly the model's rows, no key twice."""
             readers = {
                 "parquet": {"pyarrow": parquet_rows},
                 "delta": {"delta-rs scan()": delta_rows, "duckdb delta_scan": duckdb_delta_rows},
@@ -356,6 +359,7 @@ def held_by(monkeypatch: pytest.MonkeyPatch) -> Iterator[set[str]]:
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_held_rows_match_the_model(spark: Any, small_ranges: None, held_by: set[str], seed: int) -> None:
+    """The machine from ``seed``; then at least a third of its completed checkpoints took the held rows."""
     tally = Tally(held_by=held_by)
     verbose = bool(os.environ.get("HELD_ROWS_VERBOSE"))
     run_machine(machine_for(Env(spark, scratch_root(), tally)), seed, EXAMPLES, STEPS, SHRINK, SHRINK_SECONDS, verbose)
