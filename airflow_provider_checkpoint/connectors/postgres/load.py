@@ -1,21 +1,23 @@
-"""The executor side of :class:`~.sink.PostgresTableSink`'s step: the bulk load into a staging table.
+"""The step side of :class:`~.sink.PostgresTableSink`'s load into a staging table.
 
-Nothing here holds rows in the driver: :func:`copy_partitions` runs in the executors, one
-``COPY`` per Arrow batch inside one transaction per partition, and returns one small row
-(counts, error) per partition.
+:func:`copy_partitions` loads each partition in one transaction, one ``COPY`` per Arrow batch
+(binary where the column types allow, else CSV, else value by value), and returns one small row
+(counts, error) per partition. It runs in the executors (``mapInArrow``), or in the driver on rows
+the driver holds already.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.postgres.sql import DEAD_LETTER_STAGED, ident, idents
 
 if TYPE_CHECKING:
+    import pgpq
     import psycopg
     import pyarrow as pa
     from psycopg import sql
@@ -89,6 +91,34 @@ def _as_csv(batch: pa.RecordBatch) -> bytes | None:
     return bytes(out.getvalue())
 
 
+BINARY_TYPES: dict[str, str] = {
+    "int8": "smallint",
+    "int16": "smallint",
+    "int32": "integer",
+    "int64": "bigint",
+    "float": "real",
+    "double": "double precision",
+    "bool": "boolean",
+    "string": "text",
+    "large_string": "text",
+    "binary": "bytea",
+    "large_binary": "bytea",
+    "date32[day]": "date",
+}
+"""Arrow type → the PostgreSQL type whose binary ``COPY`` form :mod:`pgpq` writes for it exactly."""
+
+
+def binary_encoder(schema: pa.Schema, types: Mapping[str, str]) -> pgpq.ArrowToPostgresBinaryEncoder | None:
+    """A :mod:`pgpq` encoder of ``schema`` into PostgreSQL's binary ``COPY`` format when every column's
+    staging type (``types``) is the type its Arrow type encodes to (:data:`BINARY_TYPES`), else ``None``
+    (a ``COPY`` in binary form must match the column types exactly; text forms are converted)."""
+    import pgpq
+
+    if any(BINARY_TYPES.get(str(f.type)) != types.get(f.name) for f in schema):
+        return None
+    return pgpq.ArrowToPostgresBinaryEncoder(schema)
+
+
 def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[Any]) -> None:
     """``COPY`` of ``rows`` (dicts or tuples) value by value: psycopg adapts arrays and bytes."""
     with cur.copy(statement) as copy:
@@ -151,14 +181,21 @@ LOAD_RESULT = "rows long, refused long, error string"
 
 
 def copy_partitions(
-    conn: PgConnection, schema: str, staging: str, columns: list[str], keys: list[str], dead_letters: str | None
+    conn: PgConnection,
+    schema: str,
+    staging: str,
+    types: Mapping[str, str],
+    keys: list[str],
+    dead_letters: str | None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function loading each partition into ``staging`` in one transaction; it
-    yields :data:`LOAD_RESULT`: the rows loaded, the rows refused, and the first refusal (column,
-    key, message) that fails the partition (its transaction rolled back).
+    """The ``mapInArrow`` function loading each partition into ``staging`` (whose columns and their
+    types are ``types``) in one transaction; it yields :data:`LOAD_RESULT`: the rows loaded, the rows
+    refused, and the first refusal (column, key, message) that fails the partition (its transaction
+    rolled back).
 
-    A batch goes as CSV written by Arrow where its columns allow, else value by value, under a
-    savepoint. A refused batch is sent again value by value to find the refused rows: without
+    A batch goes, under a savepoint, in PostgreSQL's binary form written by :mod:`pgpq` where every
+    column's type allows (:func:`binary_encoder`), else as CSV written by Arrow where its columns
+    allow, else value by value. A refused batch is sent again value by value to find the refused rows: without
     ``dead_letters`` the first one fails the partition; with it (a staging table of
     :data:`DEAD_LETTER_STAGED` columns) each refused row is skipped and staged there as a dead
     letter (:meth:`Refusal.dead_letter`), in the same transaction.
@@ -172,20 +209,27 @@ def copy_partitions(
 
         task = TaskContext.get()
         partition = task.partitionId() if task else 0
+        columns = list(types)
         target = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
-        as_csv = target + sql.SQL(" (FORMAT csv)")
+        as_csv, as_binary = target + sql.SQL(" (FORMAT csv)"), target + sql.SQL(" (FORMAT binary)")
         loaded, letters, error = 0, [], ""
+        encoder: pgpq.ArrowToPostgresBinaryEncoder | None = None
         with conn.connect(autocommit=True) as db, db.cursor() as cur, db.transaction():
-            for batch in batches:
+            for i, batch in enumerate(batches):
                 batch = batch.select(columns)
-                text = _as_csv(batch)
+                if i == 0:
+                    encoder = binary_encoder(batch.schema, types)
                 try:
                     with db.transaction():
-                        if text is None:
-                            _write_rows(cur, target, batch.to_pylist())
-                        else:
+                        if encoder is not None:
+                            with cur.copy(as_binary) as copy:
+                                for part in (encoder.write_header(), encoder.write_batch(batch), encoder.finish()):
+                                    copy.write(part)
+                        elif (text := _as_csv(batch)) is not None:
                             with cur.copy(as_csv) as copy:
                                 copy.write(text)
+                        else:
+                            _write_rows(cur, target, batch.to_pylist())
                     loaded += batch.num_rows
                     continue
                 except psycopg.DataError:
