@@ -18,7 +18,13 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
-from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import (
+    DeltaTableSink,
+    FileSource,
+    KeyedAggregate,
+    ParquetTableSink,
+    PostgresTableSink,
+)
 from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
@@ -148,3 +154,55 @@ def test_held_rows_append_from_the_driver_with_the_python_engine(spark, tmp_path
         assert merged_on_driver.count(True) >= 3, merged_on_driver
     finally:
         spark.conf.unset(ENGINE_CONF)
+
+
+def declare_postgres(base: Path) -> None:
+    events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG")
+    totals = KeyedAggregate("totals", events, keys=KEYS, aggs={"n": "count", "first": "min(ts)", "last": "max(ts)"})
+    PostgresTableSink("pg_append", totals, "pg_test", f"{base.name}.appended", "append")
+    PostgresTableSink("pg_upsert", totals, "pg_test", f"{base.name}.totals", "upsert", keys=KEYS)
+
+
+def test_held_rows_load_postgres_from_the_driver(spark, tmp_path: Path, postgres_server, monkeypatch) -> None:
+    """A checkpoint merged on the driver loads the PostgreSQL sinks' staging tables from the rows it holds:
+    no ``mapInArrow`` (no Python worker); the append table holds every checkpoint's changed totals once and
+    the upsert table the totals (psycopg against pandas), with messy keys (nulls, empty strings)."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    python_jobs: list[str] = []
+    original = DataFrame.mapInArrow
+
+    def spy(self, *args, **kwargs):
+        python_jobs.append(repr(args[0])[:80])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "mapInArrow", spy)
+    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
+    schema = f"held_{tmp_path.name.lower()}"
+    base = tmp_path / schema
+    with postgres_server.connect() as db:
+        db.execute(f'CREATE SCHEMA "{schema}"')
+
+    def table(name: str) -> pd.DataFrame:
+        with postgres_server.connect() as db:
+            rows = db.execute(f'SELECT "user", page, n, first, last FROM "{schema}".{name}').fetchall()
+        return normalized(pd.DataFrame(rows, columns=[*KEYS, "n", "first", "last"]))
+
+    job = make_job(spark, base, declare_postgres, inline_state_threshold=0)
+    events: list[dict[str, object]] = []
+    appended: list[pd.DataFrame] = []
+    merged_on_driver = []
+    for i, n in enumerate([300, 40, 0, 90, 25], start=1):
+        new = land(base / "landing", n, seed=i)
+        events += new
+        python_jobs.clear()
+        completed = job.checkpoint()
+        on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+        merged_on_driver.append(on_driver)
+        if new:
+            appended.append(truth(events).merge(truth(new)[KEYS], on=KEYS))
+        pd.testing.assert_frame_equal(table("appended"), normalized(pd.concat(appended)), obj=f"append after {i}")
+        pd.testing.assert_frame_equal(table("totals"), truth(events), obj=f"upsert after {i}")
+        if on_driver:
+            assert python_jobs == [], (i, python_jobs)
+    assert merged_on_driver.count(True) >= 3, merged_on_driver

@@ -1,13 +1,13 @@
 """Exactly-once into a PostgreSQL table through an Airflow ``postgres`` connection.
 
-- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging
-  table unique to the checkpoint attempt (:func:`~.sql.staging_table`); the driver
-  never holds rows. A value PostgreSQL refuses fails the step, naming column and key, or with
-  ``dead_letter_table`` its row goes there instead (:mod:`.dead_letters`). The
-  committable is ``{"checkpoint_id", "staging_table", "rows"}`` (and ``"dead_letters"``, a
-  count, with a dead-letter table): names and counts only. Staging tables are ordinary,
-  WAL-logged tables (never UNLOGGED, which crash recovery empties): once the step's load has
-  committed, what ``_metadata`` will name survives a crash of the server and reaches its
+- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging table
+  unique to the checkpoint attempt (:func:`~.sql.staging_table`); rows the driver holds already (an
+  input merged there) go from the driver, in one stream, with no Spark job. A value PostgreSQL
+  refuses fails the step, naming column and key, or with ``dead_letter_table`` its row goes there
+  instead (:mod:`.dead_letters`). The committable is ``{"checkpoint_id", "staging_table", "rows"}``
+  (and ``"dead_letters"``, a count, with a dead-letter table): names and counts only. Staging tables
+  are ordinary, WAL-logged tables (never UNLOGGED, which crash recovery empties): once the step's
+  load has committed, what ``_metadata`` will name survives a crash of the server and reaches its
   replicas, so a completed checkpoint can always commit.
 - **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
   or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
@@ -249,8 +249,12 @@ class PostgresTableSink(TransactionalSink):
             target.create_staging(self, db, staging, types, ctx.checkpoint_id)
             if self.dead_letters:
                 dead_letters.prepare(self, db, self.dead_letters, staging)
-        load = copy_partitions(conn, self.schema, staging, columns, self.keys, dead)
-        results = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
+        load = copy_partitions(conn, self.schema, staging, types, self.keys, dead)
+        held = ctx.in_driver.get(self.inputs[0].uid)
+        if held is None:
+            results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
+        else:  # merged on the driver: one stream from here, no Spark job, no Python worker
+            results = [r for batch in load(iter(held.rows().to_batches())) for r in batch.to_pylist()]
         failed = [r["error"] for r in results if r["error"]]
         if failed:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
@@ -263,9 +267,9 @@ class PostgresTableSink(TransactionalSink):
             ctx.add_metric("sink_rows_refused", refused)
             committable["dead_letters"] = refused
         log.info(
-            "sink %s: staged %d rows%s into %s.%s from %d partitions in %.2fs",
+            "sink %s: staged %d rows%s into %s.%s from %s in %.2fs",
             self.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", self.schema,
-            staging, len(results), time.monotonic() - started,
+            staging, "the driver" if held else f"{len(results)} partitions", time.monotonic() - started,
         )  # fmt: skip
         return [committable]
 
