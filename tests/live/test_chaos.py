@@ -1,4 +1,4 @@
-"""Seeded chaos under the real scheduler: 30+ checkpoints, a random fault in each.
+"""Seeded chaos under the real scheduler: 16+ checkpoints (``CHAOS_RUNS``), a random fault in each.
 
 The real Airflow services (LocalExecutor) run, in turn, the four pipelines of
 :mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
@@ -26,6 +26,7 @@ checkpoints' commits and markers gone). Finally the storage audit, with every si
 (staged files, staging tables), must find nothing left behind.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
+    CHAOS_RUNS=60 pytest tests/live/test_chaos.py                   # a longer soak (a new seed each time)
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from tests.servers.kafka import KafkaBroker, s3_broker
 from tests.servers.postgres import PostgresServer
 from tests.servers.s3 import S3Server
 
-pytestmark = [pytest.mark.live, pytest.mark.exclusive]  # 30+ runs within 20 minutes: not beside other tests
+pytestmark = [pytest.mark.live, pytest.mark.exclusive]  # its time bound is part of the test: not beside others
 RESTORE_DAG_ID = "restore_from_checkpoint"
 RESTART_BROKER = "Kafka broker restarted before the run"
 KILL_MID_READ = "step SIGKILLed mid Kafka read (attempt 1)"
@@ -350,7 +351,7 @@ def test_chaos_under_the_real_scheduler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
-    runs = int(os.environ.get("CHAOS_RUNS", "30"))
+    runs = int(os.environ.get("CHAOS_RUNS", "16"))
     print(f"\nchaos seed {seed} ({runs} runs); reproduce with CHAOS_SEED={seed}")
     rng = random.Random(seed)
     root = tmp_path_factory.mktemp("chaos")
@@ -476,4 +477,5 @@ def test_chaos_under_the_real_scheduler(
     assert staged == [], f"seed {seed}: staged dead letters left behind: {staged}"
     steps = [m for s in stats if s["status"] == "COMPLETED" for m in s.get("steps", {}).values()]
     assert any(m.get("state_keys_changed") for m in steps), "no checkpoint continued its state incrementally"
-    assert elapsed < 20 * 60, f"chaos took {elapsed:.0f}s, more than 20 minutes"
+    bound = 40 * (runs + len(ROTATION)) + 180  # 40 s a run on average, 3 minutes for servers and restore
+    assert elapsed < bound, f"chaos took {elapsed:.0f}s, more than {bound}s for {runs + len(ROTATION)} runs"

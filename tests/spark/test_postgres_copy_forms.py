@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
-from airflow_provider_checkpoint.connectors.postgres.load import binary_encoder, copy_partitions
+from airflow_provider_checkpoint.connectors.postgres.load import as_binary, copy_partitions
 from tests.servers.postgres import PostgresServer
 
 INT16, INT32, INT64 = (st.integers(-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (16, 32, 64))
@@ -94,9 +94,11 @@ def test_every_form_loads_exactly_the_rows_drawn_or_refuses_a_nul_and_loads_none
 
 def test_the_binary_form_is_taken_only_where_every_type_matches_exactly() -> None:
     schema = pa.schema([(c, t) for c, (t, _, _) in COLUMNS.items()])
+    batch = schema.empty_table().to_batches(max_chunksize=1) or [pa.RecordBatch.from_pylist([], schema)]
     exact = {c: t[0] for c, (_, _, t) in COLUMNS.items()}
-    assert binary_encoder(schema, exact) is not None
+    assert as_binary(batch[0], exact) is not None
     for column, (_, _, choices) in COLUMNS.items():
         for other in choices[1:]:
-            assert binary_encoder(schema, {**exact, column: other}) is None, (column, other)
-    assert binary_encoder(pa.schema([("ts", pa.timestamp("us", "UTC"))]), {"ts": "timestamp with time zone"}) is None
+            assert as_binary(batch[0], {**exact, column: other}) is None, (column, other)
+    zoned = pa.RecordBatch.from_pylist([], pa.schema([("ts", pa.timestamp("us", "UTC"))]))
+    assert as_binary(zoned, {"ts": "timestamp with time zone"}) is None

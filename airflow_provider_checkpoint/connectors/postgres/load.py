@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.postgres.sql import DEAD_LETTER_STAGED, ident, idents
 
 if TYPE_CHECKING:
-    import pgpq
     import psycopg
     import pyarrow as pa
     from psycopg import sql
@@ -108,15 +107,16 @@ BINARY_TYPES: dict[str, str] = {
 """Arrow type → the PostgreSQL type whose binary ``COPY`` form :mod:`pgpq` writes for it exactly."""
 
 
-def binary_encoder(schema: pa.Schema, types: Mapping[str, str]) -> pgpq.ArrowToPostgresBinaryEncoder | None:
-    """A :mod:`pgpq` encoder of ``schema`` into PostgreSQL's binary ``COPY`` format when every column's
-    staging type (``types``) is the type its Arrow type encodes to (:data:`BINARY_TYPES`), else ``None``
-    (a ``COPY`` in binary form must match the column types exactly; text forms are converted)."""
+def as_binary(batch: pa.RecordBatch, types: Mapping[str, str]) -> Iterator[bytes] | None:
+    """``batch`` in PostgreSQL's binary ``COPY`` form, written by :mod:`pgpq` (no Python per row), when
+    every column's staging type (``types``) is the one its Arrow type encodes to (:data:`BINARY_TYPES`),
+    else ``None``: a binary ``COPY`` must match the column types exactly, where text is converted."""
     import pgpq
 
-    if any(BINARY_TYPES.get(str(f.type)) != types.get(f.name) for f in schema):
+    if any(BINARY_TYPES.get(str(f.type)) != types.get(f.name) for f in batch.schema):
         return None
-    return pgpq.ArrowToPostgresBinaryEncoder(schema)
+    encoder = pgpq.ArrowToPostgresBinaryEncoder(batch.schema)  # one COPY each: header, rows, trailer
+    return iter((encoder.write_header(), encoder.write_batch(batch), encoder.finish()))
 
 
 def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[Any]) -> None:
@@ -194,7 +194,7 @@ def copy_partitions(
     rolled back).
 
     A batch goes, under a savepoint, in PostgreSQL's binary form written by :mod:`pgpq` where every
-    column's type allows (:func:`binary_encoder`), else as CSV written by Arrow where its columns
+    column's type allows (:func:`as_binary`), else as CSV written by Arrow where its columns
     allow, else value by value. A refused batch is sent again value by value to find the refused rows: without
     ``dead_letters`` the first one fails the partition; with it (a staging table of
     :data:`DEAD_LETTER_STAGED` columns) each refused row is skipped and staged there as a dead
@@ -211,19 +211,16 @@ def copy_partitions(
         partition = task.partitionId() if task else 0
         columns = list(types)
         target = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
-        as_csv, as_binary = target + sql.SQL(" (FORMAT csv)"), target + sql.SQL(" (FORMAT binary)")
+        as_csv, in_binary = target + sql.SQL(" (FORMAT csv)"), target + sql.SQL(" (FORMAT binary)")
         loaded, letters, error = 0, [], ""
-        encoder: pgpq.ArrowToPostgresBinaryEncoder | None = None
         with conn.connect(autocommit=True) as db, db.cursor() as cur, db.transaction():
-            for i, batch in enumerate(batches):
+            for batch in batches:
                 batch = batch.select(columns)
-                if i == 0:
-                    encoder = binary_encoder(batch.schema, types)
                 try:
                     with db.transaction():
-                        if encoder is not None:
-                            with cur.copy(as_binary) as copy:
-                                for part in (encoder.write_header(), encoder.write_batch(batch), encoder.finish()):
+                        if (binary := as_binary(batch, types)) is not None:
+                            with cur.copy(in_binary) as copy:
+                                for part in binary:
                                     copy.write(part)
                         elif (text := _as_csv(batch)) is not None:
                             with cur.copy(as_csv) as copy:
