@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +26,7 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     PostgresTableSink,
 )
-from airflow_provider_checkpoint.testing.inprocess import make_job
+from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
 pytestmark = pytest.mark.spark
 
@@ -104,6 +105,49 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
     assert merged_on_driver.count(True) >= 4, merged_on_driver
 
 
+@pytest.fixture
+def python_jobs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The functions given to ``mapInArrow`` (each a Spark job run by Python workers) while the test runs."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    called: list[str] = []
+    original = DataFrame.mapInArrow
+
+    def spy(self, *args, **kwargs):
+        called.append(repr(args[0])[:80])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataFrame, "mapInArrow", spy)
+    return called
+
+
+def run_held_checkpoints(
+    job: Job,
+    landing: Path,
+    python_jobs: list[str],
+    check: Callable[[int, list[dict[str, object]], pd.DataFrame], None],
+) -> None:
+    """Five checkpoints of messy events (one with none); after each, ``check(checkpoint, every event,
+    every checkpoint's changed totals appended)``. A checkpoint merged on the driver runs no
+    ``mapInArrow`` (:func:`python_jobs`), and at least three are."""
+    events: list[dict[str, object]] = []
+    appended: list[pd.DataFrame] = []
+    merged_on_driver = []
+    for i, n in enumerate([300, 40, 0, 90, 25], start=1):
+        new = land(landing, n, seed=i)
+        events += new
+        python_jobs.clear()
+        completed = job.checkpoint()
+        on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+        merged_on_driver.append(on_driver)
+        if new:
+            appended.append(truth(events).merge(truth(new)[KEYS], on=KEYS))
+        check(i, events, normalized(pd.concat(appended)))
+        if on_driver:
+            assert python_jobs == [], (i, python_jobs)
+    assert merged_on_driver.count(True) >= 3, merged_on_driver
+
+
 def declare_appends(base: Path) -> None:
     events = FileSource("events", f"{base}/landing", "json", "user STRING, page STRING, ts LONG")
     totals = KeyedAggregate("totals", events, keys=KEYS, aggs={"n": "count", "first": "min(ts)", "last": "max(ts)"})
@@ -111,47 +155,25 @@ def declare_appends(base: Path) -> None:
     DeltaTableSink("delta", totals, f"{base}/delta", "append", partition_by=["page"])
 
 
-def test_held_rows_append_from_the_driver_with_the_python_engine(spark, tmp_path: Path, monkeypatch) -> None:
+def test_held_rows_append_from_the_driver_with_the_python_engine(spark, tmp_path: Path, python_jobs: list[str]) -> None:
     """With the Python file engine (an object store's), a checkpoint merged on the driver reads its small
     input there and writes its append sinks from the rows it holds: no ``mapInArrow`` (no Python worker);
     each table holds every checkpoint's changed totals once (pyarrow, delta-rs against pandas)."""
     from deltalake import DeltaTable
-    from pyspark.sql.classic.dataframe import DataFrame
 
     from airflow_provider_checkpoint.fileio.writes import ENGINE_CONF
 
-    python_jobs: list[str] = []
-    original = DataFrame.mapInArrow
-
-    def spy(self, *args, **kwargs):
-        python_jobs.append(repr(args[0])[:80])
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(DataFrame, "mapInArrow", spy)
     spark.conf.set(ENGINE_CONF, "python")
     try:
         job = make_job(spark, tmp_path, declare_appends, inline_state_threshold=0)
-        events: list[dict[str, object]] = []
-        appended: list[pd.DataFrame] = []
-        merged_on_driver = []
-        for i, n in enumerate([300, 40, 0, 90, 25], start=1):
-            new = land(tmp_path / "landing", n, seed=i)
-            events += new
-            python_jobs.clear()
-            completed = job.checkpoint()
-            on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
-            merged_on_driver.append(on_driver)
-            if new:
-                changed = truth(new)[KEYS]
-                appended.append(truth(events).merge(changed, on=KEYS))
-            expected = normalized(pd.concat(appended))
+
+        def check(i: int, events: list[dict[str, object]], appended: pd.DataFrame) -> None:
             parquet = ds.dataset(str(tmp_path / "parquet"), format="parquet").to_table().to_pandas()
             delta = pa.table(DeltaTable(str(tmp_path / "delta")).scan()).to_pandas()
             for name, table in (("parquet", parquet), ("delta", delta)):
-                pd.testing.assert_frame_equal(normalized(table), expected, obj=f"{name} after checkpoint {i}")
-            if on_driver:
-                assert python_jobs == [], (i, python_jobs)
-        assert merged_on_driver.count(True) >= 3, merged_on_driver
+                pd.testing.assert_frame_equal(normalized(table), appended, obj=f"{name} after checkpoint {i}")
+
+        run_held_checkpoints(job, tmp_path / "landing", python_jobs, check)
     finally:
         spark.conf.unset(ENGINE_CONF)
 
@@ -163,20 +185,12 @@ def declare_postgres(base: Path) -> None:
     PostgresTableSink("pg_upsert", totals, "pg_test", f"{base.name}.totals", "upsert", keys=KEYS)
 
 
-def test_held_rows_load_postgres_from_the_driver(spark, tmp_path: Path, postgres_server, monkeypatch) -> None:
+def test_held_rows_load_postgres_from_the_driver(
+    spark, tmp_path: Path, postgres_server, monkeypatch, python_jobs: list[str]
+) -> None:
     """A checkpoint merged on the driver loads the PostgreSQL sinks' staging tables from the rows it holds:
     no ``mapInArrow`` (no Python worker); the append table holds every checkpoint's changed totals once and
     the upsert table the totals (psycopg against pandas), with messy keys (nulls, empty strings)."""
-    from pyspark.sql.classic.dataframe import DataFrame
-
-    python_jobs: list[str] = []
-    original = DataFrame.mapInArrow
-
-    def spy(self, *args, **kwargs):
-        python_jobs.append(repr(args[0])[:80])
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(DataFrame, "mapInArrow", spy)
     monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
     schema = f"held_{tmp_path.name.lower()}"
     base = tmp_path / schema
@@ -188,21 +202,9 @@ def test_held_rows_load_postgres_from_the_driver(spark, tmp_path: Path, postgres
             rows = db.execute(f'SELECT "user", page, n, first, last FROM "{schema}".{name}').fetchall()
         return normalized(pd.DataFrame(rows, columns=[*KEYS, "n", "first", "last"]))
 
-    job = make_job(spark, base, declare_postgres, inline_state_threshold=0)
-    events: list[dict[str, object]] = []
-    appended: list[pd.DataFrame] = []
-    merged_on_driver = []
-    for i, n in enumerate([300, 40, 0, 90, 25], start=1):
-        new = land(base / "landing", n, seed=i)
-        events += new
-        python_jobs.clear()
-        completed = job.checkpoint()
-        on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
-        merged_on_driver.append(on_driver)
-        if new:
-            appended.append(truth(events).merge(truth(new)[KEYS], on=KEYS))
-        pd.testing.assert_frame_equal(table("appended"), normalized(pd.concat(appended)), obj=f"append after {i}")
+    def check(i: int, events: list[dict[str, object]], appended: pd.DataFrame) -> None:
+        pd.testing.assert_frame_equal(table("appended"), appended, obj=f"append after {i}")
         pd.testing.assert_frame_equal(table("totals"), truth(events), obj=f"upsert after {i}")
-        if on_driver:
-            assert python_jobs == [], (i, python_jobs)
-    assert merged_on_driver.count(True) >= 3, merged_on_driver
+
+    job = make_job(spark, base, declare_postgres, inline_state_threshold=0)
+    run_held_checkpoints(job, base / "landing", python_jobs, check)
