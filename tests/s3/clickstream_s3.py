@@ -12,13 +12,21 @@ from tests.servers.s3 import S3Server
 JOB = "s3_clickstream"
 
 
-def s3_clickstream_source() -> str:
-    """The clickstream example as DAG ``s3_clickstream`` keeping every state in files (no inline state)."""
+ONE_STEP = "main"
+"""The step of every sink when the pipeline runs in one step."""
+
+
+def s3_clickstream_source(one_step: bool = False) -> str:
+    """The clickstream example as DAG ``s3_clickstream`` keeping every state in files (no inline state);
+    ``one_step``: its three sinks in one step (:data:`ONE_STEP`), one Spark application per checkpoint."""
     source = (REPO / "dags" / "example_clickstream.py").read_text()
-    for old, new in (
+    edits = [
         ('dag_id="example_clickstream"', f'dag_id="{JOB}"'),
         ("retained_checkpoints=3,", "retained_checkpoints=3, inline_state_threshold=0,"),
-    ):
+    ]
+    if one_step:
+        edits += [(f'mode="{mode}"', f'mode="{mode}", step="{ONE_STEP}"') for mode in ("upsert", "append")]
+    for old, new in edits:
         assert old in source, old
         source = source.replace(old, new)
     return source
