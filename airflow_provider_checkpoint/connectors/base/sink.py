@@ -146,9 +146,13 @@ class TransactionalSink(Sink):
         return self.write(ctx, df)
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
-        """In append mode, the input's rows when the driver holds them already (merged there), for a
-        write from the driver; upsert mode takes them through :class:`UpsertRows`."""
-        held = ctx.in_driver.get(self.inputs[0].uid) if self.mode == "append" else None
+        """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
+        them as they are, for a write from the driver: in append mode, or in upsert mode when they are
+        one row per key already (:meth:`needs_source_order` false). A sink that stages upserts by
+        bucket takes them through :class:`UpsertRows` instead."""
+        if self.needs_source_order():
+            return None
+        held = ctx.in_driver.get(self.inputs[0].uid)
         return None if held is None else held.rows()
 
     def needs_source_order(self) -> bool:

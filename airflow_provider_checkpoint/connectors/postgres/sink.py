@@ -250,11 +250,11 @@ class PostgresTableSink(TransactionalSink):
             if self.dead_letters:
                 dead_letters.prepare(self, db, self.dead_letters, staging)
         load = copy_partitions(conn, self.schema, staging, types, self.keys, dead)
-        held = ctx.in_driver.get(self.inputs[0].uid)
+        held = self.held_input(ctx)
         if held is None:
             results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
         else:  # merged on the driver: one stream from here, no Spark job, no Python worker
-            results = [r for batch in load(iter(held.rows().to_batches())) for r in batch.to_pylist()]
+            results = [r for batch in load(iter(held.to_batches())) for r in batch.to_pylist()]
         failed = [r["error"] for r in results if r["error"]]
         if failed:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
