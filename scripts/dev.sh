@@ -18,17 +18,9 @@ case "${1:-}" in
       if [ "${CI:-}" = "true" ]; then exit 1; fi
       echo "warning: no Chromium; the UI test will be skipped" >&2
     fi
-    # two workers (pytest-xdist; TEST_WORKERS=0: none), each test module whole in one of them
-    # (tests/conftest.py); the whole suite runs its `exclusive` tests first, alone: their time
-    # bounds are part of what they test
-    xdist=(-n "${TEST_WORKERS:-2}" --no-loadscope-reorder)
-    if [ $# -gt 0 ]; then
-      exec python -m pytest "${xdist[@]}" "$@"
-    fi
-    status=0
-    python -m pytest -m exclusive || status=$?
-    python -m pytest "${xdist[@]}" -m "not exclusive" || status=$?
-    exit "$status"
+    # two workers (pytest-xdist; TEST_WORKERS=0: none), each test module whole in one of them,
+    # the longest first (tests/conftest.py)
+    exec python -m pytest -n "${TEST_WORKERS:-2}" --no-loadscope-reorder "$@"
     ;;
   *)
     echo "usage: scripts/dev.sh demo|test [args...]" >&2

@@ -194,9 +194,9 @@ def copy_partitions(
     rolled back).
 
     A batch goes, under a savepoint, in PostgreSQL's binary form written by :mod:`pgpq` where every
-    column's type allows (:func:`as_binary`), else as CSV written by Arrow where its columns
-    allow, else value by value. A refused batch is sent again value by value to find the refused rows: without
-    ``dead_letters`` the first one fails the partition; with it (a staging table of
+    column's type allows (:func:`as_binary`), else as CSV written by Arrow where its columns allow,
+    else value by value. A refused batch is sent again value by value to find the refused rows:
+    without ``dead_letters`` the first one fails the partition; with it (a staging table of
     :data:`DEAD_LETTER_STAGED` columns) each refused row is skipped and staged there as a dead
     letter (:meth:`Refusal.dead_letter`), in the same transaction.
     """
