@@ -477,5 +477,6 @@ def test_chaos_under_the_real_scheduler(
     assert staged == [], f"seed {seed}: staged dead letters left behind: {staged}"
     steps = [m for s in stats if s["status"] == "COMPLETED" for m in s.get("steps", {}).values()]
     assert any(m.get("state_keys_changed") for m in steps), "no checkpoint continued its state incrementally"
-    bound = 40 * (runs + len(ROTATION)) + 180  # 40 s a run on average, 3 minutes for servers and restore
+    # 55 s a run on average (about 20 alone, 36 beside the other worker's tests), 3 minutes for servers and restore
+    bound = 55 * (runs + len(ROTATION)) + 180
     assert elapsed < bound, f"chaos took {elapsed:.0f}s, more than {bound}s for {runs + len(ROTATION)} runs"
