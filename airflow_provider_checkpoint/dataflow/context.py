@@ -31,6 +31,8 @@ class StepContext:
     metrics: JsonDict = field(default_factory=dict)
     in_driver: dict[str, DriverRows] = field(default_factory=dict)
     """By node uid: the output rows this attempt also holds in the driver (see :mod:`.driver_rows`)."""
+    output_rows: dict[str, int] = field(default_factory=dict)
+    """By node uid: how many rows its output has, where the attempt knows it without a Spark job."""
 
     @property
     def checkpoint_id(self) -> int:

@@ -17,7 +17,7 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
     from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
@@ -221,6 +221,16 @@ class StatefulOperator(Node):
         """This checkpoint's input reduced to at most one row per key, which :meth:`merge_arrow`
         combines with the keys' state rows; ``None`` (the default): the operator has no such
         form, and its state is merged by Spark only."""
+        return None
+
+    def first_state(
+        self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int
+    ) -> DataFrame | None:
+        """The state after a first checkpoint (no state before), clustered by key-group range in one
+        shuffle: the state columns plus ``name`` = ``range_column`` (a range index below ``ranges``), in
+        ``ranges`` partitions by it, so that each range's file is written where it is computed. The
+        output of such a checkpoint must be these state rows: every key changed, none deleted.
+        ``None`` (the default): the operator has no such form."""
         return None
 
     def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:

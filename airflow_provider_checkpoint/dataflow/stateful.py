@@ -106,7 +106,8 @@ class KeyedAggregate(StatefulOperator):
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "aggs": {k: f"{f}({c or '*'})" for k, (f, c) in self.aggs.items()}}
 
-    def _partial(self, input: DataFrame) -> DataFrame:
+    def _partial(self, input: DataFrame, *by: str) -> DataFrame:
+        """The aggregates of ``input`` per key (grouped by the columns ``by`` too)."""
         from pyspark.sql import functions as F
 
         exprs: list[Column] = []
@@ -115,10 +116,16 @@ class KeyedAggregate(StatefulOperator):
                 exprs.append(F.count(F.lit(1)).alias(out))
             else:
                 exprs.append(getattr(F, fn)(F.col(col)).alias(out))
-        return input.groupBy(*self.keys).agg(*exprs)
+        return input.groupBy(*by, *self.keys).agg(*exprs)
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
+
+    def first_state(self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int) -> DataFrame:
+        """The input's aggregates per key, the input's rows shuffled once by range (no partial
+        aggregation before the shuffle: the output of a first checkpoint is every key, one row each)."""
+        input = inputs[self.inputs[0].uid].withColumn(name, range_column)
+        return self._partial(input.repartitionById(ranges, name), name)
 
     def apply(self, input: DataFrame, state: DataFrame) -> tuple[DataFrame, DataFrame]:
         """Every key's new state from one aggregation of the input with the state; the output

@@ -197,6 +197,8 @@ class _StepRun:
         self.outputs[node.uid] = result.output
         if result.in_driver is not None:
             ctx.in_driver[node.uid] = result.in_driver
+        if result.output_rows is not None:
+            ctx.output_rows[node.uid] = result.output_rows
 
     def channel(self, node: Channel) -> None:
         """Write the channel in the step that produces it; read the producer's accepted attempt elsewhere."""

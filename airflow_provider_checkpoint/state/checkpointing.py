@@ -12,7 +12,7 @@ from it instead. Otherwise it writes a full version (and the next checkpoint con
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
@@ -21,20 +21,24 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
 from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout
-from airflow_provider_checkpoint.state.keygroups import index_for_key_group
+from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout, ranges_for
+from airflow_provider_checkpoint.state.keygroups import coarsest_nesting, index_for_key_group, range_for_index
 from airflow_provider_checkpoint.state.ownership import keeps_files_of
 from airflow_provider_checkpoint.state.spark_backend import (
+    RANGE,
     SEQ,
     delta_schema,
+    estimated_rows,
     merge,
     range_index,
     read_files,
     read_state,
     state_schema,
     write_full_version,
+    write_ranged,
     write_ranges,
     write_state,
 )
@@ -49,12 +53,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class OperatorCheckpoint:
     """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack;
-    ``in_driver``: the output's rows when the driver holds them too (merged there)."""
+    ``in_driver``: the output's rows when the driver holds them too (merged there); ``output_rows``:
+    how many rows the output has, when known."""
 
     snapshot: OperatorSnapshot
     output: DataFrame
     metrics: dict[str, int]
     in_driver: DriverRows | None = None
+    output_rows: int | None = None
 
 
 def checkpoint_operator(
@@ -94,6 +100,10 @@ def checkpoint_operator(
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
         if changelog is not None and _same_columns(changelog, restored):
             return operator.incremental(layout, changelog, output)
+    if restored is None:
+        first = first_full_version(storage, directory, node, inputs, settings, {**where, "checkpoint": checkpoint_id})
+        if first is not None:
+            return first
     state = (
         read_state(spark, restore_base, restored, verify=False, uid=node.uid)
         if restored is not None
@@ -113,6 +123,61 @@ def checkpoint_operator(
     )
     fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
     return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot))
+
+
+def first_full_version(
+    storage: Location,
+    directory: str,
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    settings: CheckpointSettings,
+    where: Mapping[str, object],
+) -> OperatorCheckpoint | None:
+    """An operator's first state (none before: a new job, a backfill) written by key-group range in the
+    pass that computes it, when the operator has that form (:meth:`StatefulOperator.first_state`) and
+    Spark expects more input rows than ``inline_state_threshold`` bytes; else ``None``.
+
+    The input is shuffled once, by range, and each range's file is written by the task that aggregates
+    it: nothing cached, no second shuffle, no count before. The ranges are as many as Spark's estimate
+    of the input's rows needs (the state has at most as many rows); if the written state needs fewer,
+    adjacent files share a range (:func:`coarsest_nesting`), as a later compaction finds them. The
+    output (every key's row) is read back from the written files.
+    """
+    from pyspark.sql import Observation, Row
+    from pyspark.sql import functions as F
+
+    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
+    if settings.max_inline_state is not None or None in estimates:
+        return None
+    estimate = sum(e or 0 for e in estimates)
+    if estimate <= settings.inline_state_threshold:  # a state this small may be kept inline
+        return None
+    max_parallelism = node.max_parallelism
+    ranges = ranges_for(estimate, max_parallelism)
+    state = node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges)
+    if state is None:
+        return None
+    observation = Observation()
+    observed = state.observe(observation, F.count(F.lit(1)).alias("rows"))
+    fault_point("step.before_state_write", **where)
+    handles = write_ranged(storage, directory, observed, max_parallelism, ranges)
+    rows = int(observed_metrics(observation, lambda: None if handles else Row(rows=0))["rows"])
+    fewer = coarsest_nesting(
+        max_parallelism, [h.key_groups for h in handles if h.key_groups], ranges_for(rows, max_parallelism)
+    )
+    if fewer < ranges:
+        handles = [replace(h, key_groups=_span_in(h, max_parallelism, fewer)) for h in handles]
+    fault_point("step.after_state_write", **where)
+    schema = as_nullable(state.drop(RANGE).schema)
+    snapshot = OperatorSnapshot(tuple(handles), schema.json(), node.keys, max_parallelism, rows)
+    paths, sizes = [storage.path(h.path) for h in handles], [h.size for h in handles]
+    output = read_parquet(state.sparkSession, storage.fs, paths, schema, sizes=sizes)
+    return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot), output_rows=rows)
+
+
+def _span_in(handle: StateHandle, max_parallelism: int, parallelism: int) -> tuple[int, int]:
+    """The key-group range, of ``parallelism``, that holds ``handle``'s."""
+    return range_for_index(max_parallelism, parallelism, _index(handle, max_parallelism, parallelism))
 
 
 def _full_version_metrics(snapshot: OperatorSnapshot) -> dict[str, int]:
@@ -203,7 +268,7 @@ class _OperatorState:
                     return self.full_version_from(changelog, totals, output)
                 big = totals["changed"] > RANGE_ROWS
             changelog = changelog.where(F.col(CHANGED)).drop(CHANGED)
-        changelog = changelog.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
+        changelog = changelog.withColumn(RANGE, range_index(keys, max_parallelism, parallelism))
         compact = layout.to_compact()
         self.fault("step.before_state_write")
         observation = Observation()  # the counts come from the pass that writes the deltas
@@ -215,9 +280,9 @@ class _OperatorState:
         newest = changelog.withColumn(SEQ, F.lit(self.checkpoint_id).cast("long")).drop(NEW)
         delta = (
             changelog.observe(observation, *delta_metrics)
-            .where(~F.col("kgr").isin(compact))
+            .where(~F.col(RANGE).isin(compact))
             .withColumn(SEQ, F.lit(self.checkpoint_id).cast("long"))
-            .drop(NEW, "kgr")
+            .drop(NEW, RANGE)
         )
         written: dict[int, list[StateHandle]] = {}
         for handle in write_ranges(
@@ -244,7 +309,7 @@ class _OperatorState:
             older = read_files(spark, self.storage, deltas, delta_schema(schema), keys, max_parallelism)
             layers = 1 + len({h.delta for h in kept if h.delta is not None})
             merged = merge(
-                full, older.unionByName(newest.where(F.col("kgr").isin(compact)).drop("kgr")), keys, True, layers
+                full, older.unionByName(newest.where(F.col(RANGE).isin(compact)).drop(RANGE)), keys, True, layers
             )
             for handle in write_ranges(
                 self.storage, f"{self.directory}/compacted", merged, keys, max_parallelism, parallelism

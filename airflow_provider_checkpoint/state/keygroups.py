@@ -26,6 +26,19 @@ def index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) 
     return key_group * parallelism // max_parallelism
 
 
+def coarsest_nesting(max_parallelism: int, spans: list[tuple[int, int]], at_most: int) -> int:
+    """The largest parallelism up to ``at_most`` each of whose ranges holds every one of ``spans``
+    (inclusive key-group ranges) it meets whole; 1 always does."""
+    for parallelism in range(min(at_most, max_parallelism), 1, -1):
+        if all(
+            index_for_key_group(max_parallelism, parallelism, lo)
+            == index_for_key_group(max_parallelism, parallelism, hi)
+            for lo, hi in spans
+        ):
+            return parallelism
+    return 1
+
+
 def _check(max_parallelism: int, parallelism: int) -> None:
     if not 1 <= parallelism <= max_parallelism:
         raise ValueError(f"parallelism {parallelism} must be in [1, max_parallelism={max_parallelism}]")

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
 SEQ = "__seq"
+RANGE = "kgr"
+"""The column (and directory level ``kgr=<index>``) holding a row's key-group range index as state is written."""
 _FILE = "__state_file"
 BROADCAST_BYTES = 64 << 20
 """Deltas up to this size are broadcast when merged with a full version (no shuffle of the full version)."""
@@ -143,14 +145,40 @@ def write_ranges(
     every range's file, which suits small rows such as deltas (no shuffle: the task reads the
     rows where they are, e.g. from the cache).
     """
-    ranged = rows.withColumn("kgr", range_index(keys, max_parallelism, parallelism))
-    ranged = ranged.repartitionById(parallelism, "kgr") if spread and parallelism > 1 else ranged.coalesce(1)
+    ranged = rows.withColumn(RANGE, range_index(keys, max_parallelism, parallelism))
+    ranged = ranged.repartitionById(parallelism, RANGE) if spread and parallelism > 1 else ranged.coalesce(1)
+    return write_ranged(storage, directory, ranged, max_parallelism, parallelism, delta)
+
+
+def write_ranged(
+    storage: Location,
+    directory: str,
+    ranged: DataFrame,
+    max_parallelism: int,
+    parallelism: int,
+    delta: int | None = None,
+) -> list[StateHandle]:
+    """Write ``ranged`` (rows with their range index, of ``parallelism``, in column :data:`RANGE`) under
+    ``directory``, one file per range that has rows in each task, and return their handles."""
     handles = []
-    for file in write_parquet(ranged, storage.fs, storage.path(directory), partition_by=("kgr",)):
+    for file in write_parquet(ranged, storage.fs, storage.path(directory), partition_by=(RANGE,)):
         span = range_for_index(max_parallelism, parallelism, int(file.partition[0] or 0))
         relative = storage.relative(file.path)
         handles.append(StateHandle(relative, file.size, file.sha256(storage.fs), span, delta))
     return handles
+
+
+def estimated_rows(df: DataFrame) -> int | None:
+    """Spark's estimate of ``df``'s rows: the size its plan's statistics give (for files, their bytes)
+    over the default size of one of its rows. ``None`` where Spark knows no size or the plan cannot be
+    seen (Spark Connect)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return None
+    size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    if size >= (1 << 63) - 1:  # spark.sql.defaultSizeInBytes: unknown
+        return None
+    return size // (8 + int(jdf.schema().defaultSize()))
 
 
 def _parquet_bytes(state: DataFrame) -> bytes:

@@ -21,10 +21,10 @@ from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
 
-FIRST_JOBS = 5
-"""The first checkpoint: read the input, aggregate into the cache (counted there: the state is not
-cached a second time), write a full version, upsert the table (a first load: written in one pass, no
-job first to find the buckets)."""
+FIRST_JOBS = 3
+"""The first checkpoint: read the input and write the full version where it is aggregated (two jobs:
+the shuffle stage by key-group range runs as one), then the upsert collects those rows back from the
+files (a small first load, merged in the driver)."""
 INCREMENTAL_JOBS = {"driver": 2, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
 input (two jobs: the shuffle stage runs as one); the upsert takes the merged rows from the driver

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.state.keygroups import index_for_key_group, range_for_index
+from airflow_provider_checkpoint.state.keygroups import coarsest_nesting, index_for_key_group, range_for_index
 
 PAIRS = [
     (128, 1),
@@ -67,3 +67,21 @@ def test_range_for_index_rejects_bad_arguments(max_p: int, p: int, index: int) -
 def test_index_for_key_group_rejects_bad_arguments(max_p: int, p: int, kg: int) -> None:
     with pytest.raises(ValueError):
         index_for_key_group(max_p, p, kg)
+
+
+@pytest.mark.parametrize(
+    ("max_p", "fine", "at_most"), [(128, 128, 6), (128, 16, 4), (128, 12, 5), (97, 13, 13), (10, 7, 3)]
+)
+def test_coarsest_nesting_groups_whole_ranges_and_is_the_largest(max_p: int, fine: int, at_most: int) -> None:
+    """Every span (a file's range) lies in one range of the result, and no larger parallelism up to
+    ``at_most`` has that property (brute force over the key groups)."""
+    spans = [range_for_index(max_p, fine, i) for i in range(0, fine, 2)]  # a range without rows has no file
+
+    def nests(p: int) -> bool:
+        return all(index_for_key_group(max_p, p, lo) == index_for_key_group(max_p, p, hi) for lo, hi in spans)
+
+    got = coarsest_nesting(max_p, spans, at_most)
+    assert 1 <= got <= at_most and nests(got)
+    assert not any(nests(p) for p in range(got + 1, at_most + 1))
+    if fine % at_most == 0:
+        assert got == at_most  # an even split of the spans' ranges nests

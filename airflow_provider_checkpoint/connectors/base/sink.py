@@ -139,10 +139,17 @@ class TransactionalSink(Sink):
         self.check_target()
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
-            held = ctx.in_driver.get(self.inputs[0].uid)
-            return self.write_upsert(
-                ctx, UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order(), held)
+            upstream = self.inputs[0].uid
+            rows = UpsertRows(
+                self.uid,
+                df,
+                self.keys,
+                self.sequence_by,
+                self.needs_source_order(),
+                ctx.in_driver.get(upstream),
+                ctx.output_rows.get(upstream),
             )
+            return self.write_upsert(ctx, rows)
         return self.write(ctx, df)
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:

@@ -106,6 +106,8 @@ class UpsertRows:
     sequence_by: Sequence[str]
     reduce: bool
     in_driver: DriverRows | None = None
+    count: int | None = None
+    """How many rows ``df`` has, when known: :meth:`collect` then runs no job for more than its limit."""
 
     def frame(self) -> DataFrame:
         """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
@@ -118,7 +120,7 @@ class UpsertRows:
         import pyarrow.compute as pc
         from pyspark.sql import functions as F
 
-        if not limit:
+        if not limit or (self.count is not None and self.count > limit):
             return None
         _check_columns(self.uid, self.df, self.keys, self.sequence_by)
         types = {f.name: f.dataType for f in self.df.schema.fields}
