@@ -24,11 +24,16 @@ def land_events(landing: Path, name: str, n: int, seed: int, users: int = 30, pa
         {"user": f"u{rng.randrange(users)}", "page": f"/p{rng.randrange(pages)}", "ts": seed * 1_000_000 + i}
         for i in range(n)
     ]
+    land_json_lines(landing, name, rows)
+    return pd.DataFrame(rows, columns=["user", "page", "ts"])
+
+
+def land_json_lines(landing: Path, name: str, rows: list[dict[str, object]]) -> None:
+    """Write ``rows`` as the JSON Lines file ``name`` in ``landing``, atomically (hidden name, then rename)."""
     landing.mkdir(parents=True, exist_ok=True)
     tmp = landing / f".{name}.inflight"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.rename(landing / name)
-    return pd.DataFrame(rows, columns=["user", "page", "ts"])
 
 
 def expected_tables(events: pd.DataFrame) -> dict[str, pd.DataFrame]:

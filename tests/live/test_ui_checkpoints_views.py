@@ -97,18 +97,29 @@ def written(stats: dict[str, Any]) -> int:
 
 
 # -- driving the page ----------------------------------------------------------------
-@pytest.fixture
-def page(browser: Any, live_airflow: LiveAirflow) -> Iterator[Any]:
-    """A logged-in admin at 1280 px (the DAG tab's iframe is then 936 px wide), Airflow's timezone set to ZONE."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+@pytest.fixture(scope="module")
+def signed_in(browser: Any, live_airflow: LiveAirflow) -> dict[str, Any]:
+    """The browser storage of an admin signed in on Airflow's login page, with Airflow's timezone set to
+    ZONE (as its timezone selector stores it): each test's page starts from it, in a context of its own."""
+    context = browser.new_context()
     context.set_default_timeout(UI_TIMEOUT_MS)
-    p = context.new_page()
-    log_in(p, live_airflow, f"/dags/{PIPELINE}")
-    # as Airflow's timezone selector stores it
-    p.evaluate("zone => localStorage.setItem('timezone', JSON.stringify(zone))", ZONE)
     try:
-        yield p
+        p = context.new_page()
+        log_in(p, live_airflow, f"/dags/{PIPELINE}")
+        p.evaluate("zone => localStorage.setItem('timezone', JSON.stringify(zone))", ZONE)
+        return dict(context.storage_state())
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(browser: Any, signed_in: dict[str, Any]) -> Iterator[Any]:
+    """A signed-in admin's page at 1280 px (the DAG tab's iframe is then 936 px wide), in Airflow's timezone ZONE."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, storage_state=signed_in)
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        yield context.new_page()
     finally:
         context.close()
 

@@ -9,7 +9,6 @@ and with Spark jobs) and compact them.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -18,10 +17,10 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.jobs.audit import audit_job
-from airflow_provider_checkpoint.restore.requests import read_state
+from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.state import incremental
 from airflow_provider_checkpoint.state.incremental import StateLayout, ranges_for
-from airflow_provider_checkpoint.testing.clickstream import read_table
+from airflow_provider_checkpoint.testing.clickstream import land_json_lines, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
@@ -42,10 +41,7 @@ def land(base: Path, rng: random.Random, name: str, n: int, users: int) -> pd.Da
         {"user": rng.choice(names), "ts": rng.randrange(10**9), "amount": rng.choice([None, *range(1, 50)])}
         for _ in range(n)
     ]
-    landing = base / "landing"
-    landing.mkdir(parents=True, exist_ok=True)
-    (landing / f".{name}").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (landing / f".{name}").rename(landing / name)
+    land_json_lines(base / "landing", name, rows)
     return pd.DataFrame(rows)
 
 
@@ -79,13 +75,23 @@ def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypa
     assert layout.parallelism == ranges_for(42, 128) == 4  # grouped into the ranges 42 rows want
     assert len(snapshot.handles) > layout.parallelism  # written one file per estimated range
     assert [s["state_rows"] for s in completed.stats["steps"].values()] == [42]
+    savepoint = f"file://{tmp_path}/savepoints/sp-2"
     for cid, (events, users) in enumerate([(0, 0), (30, 42), (2000, 60), (40, 60), (5, 60)], start=1):
         if cid > 1:
             landed.append(land(tmp_path, rng, f"e{cid}.json", events, users))
-            completed = job.checkpoint()
+            completed = job.checkpoint(savepoint_target=savepoint if cid == 2 else None)
         want = truth(pd.concat(landed))
         pointer = job.storage.url(job.storage.chk_dir(completed.checkpoint_id))
         pd.testing.assert_frame_equal(normal(read_state(pointer, "totals").to_pandas()), want)
-        pd.testing.assert_frame_equal(normal(read_state(pointer, "totals", spark=spark).toPandas()), want)
         pd.testing.assert_frame_equal(normal(read_table(tmp_path / "totals")), want)
         assert audit_job(job.storage, 10, job.graph.sinks) == []
+    pd.testing.assert_frame_equal(normal(read_state(pointer, "totals", spark=spark).toPandas()), want)
+    # back to the savepoint of checkpoint 2 (checkpoint 1's grouped files, then a delta): the files the
+    # savepoint's position has not processed are read again, once
+    request_restore(job.storage, savepoint, False, False)
+    more = land(tmp_path, rng, "e6.json", 50, 60)
+    completed = job.checkpoint()
+    pointer = job.storage.url(job.storage.chk_dir(completed.checkpoint_id))
+    want = truth(pd.concat([*landed, more]))
+    pd.testing.assert_frame_equal(normal(read_state(pointer, "totals").to_pandas()), want)
+    assert audit_job(job.storage, 10, job.graph.sinks) == []

@@ -32,7 +32,7 @@ from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.state import checkpointing
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
-from airflow_provider_checkpoint.testing.clickstream import read_table
+from airflow_provider_checkpoint.testing.clickstream import land_json_lines, read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
 SEED = int(os.environ.get("INCREMENTAL_SEED", "7"))
@@ -103,10 +103,7 @@ def _land(base: Path, rng: random.Random, n: int, name: str) -> pd.DataFrame:
         {"user": f"u{rng.choice(hot)}", "page": f"/p{rng.randrange(4)}", "amount": rng.randrange(1, 9)}
         for _ in range(n)
     ]
-    landing = base / "landing"
-    landing.mkdir(parents=True, exist_ok=True)
-    (landing / f".{name}").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (landing / f".{name}").rename(landing / name)
+    land_json_lines(base / "landing", name, rows)
     return pd.DataFrame(rows)
 
 
