@@ -443,6 +443,7 @@ def test_dark_mode_follows_airflow_and_tables_fit_1280(
 
     live = live_airflow
     ensure_checkpoints(live, clickstream, 1)
+    page.goto(f"{live.base_url}/api/v2/monitor/health")  # Airflow's origin, for its storage
     page.evaluate("localStorage.setItem('theme', 'dark')")  # Airflow's color mode (next-themes)
     frame = open_tab(page, live)
     expect(page.locator("html")).to_have_class("dark")
