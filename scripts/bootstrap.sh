@@ -39,9 +39,10 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ constraints.txt -nt
   # pyarrow: without .pyc files (uv writes none, and PYTHONDONTWRITEBYTECODE=1 keeps Python from
   # caching them) each process compiles them again, which doubled the time of the test suite
   echo "compiling the installed modules to bytecode (once, about half a minute)"
-  .venv/bin/python -m compileall -q -j 0 .venv/lib/python*/site-packages >/dev/null \
-    || echo "warning: some installed modules did not compile; they compile on every import instead"
-  touch "$STAMP"
+  # in the background, beside the class-data sharing archive below (a JVM that leaves a core idle)
+  { .venv/bin/python -m compileall -q -j 0 .venv/lib/python*/site-packages >/dev/null \
+    || echo "warning: some installed modules did not compile; they compile on every import instead"; } &
+  COMPILING=$!
 fi
 .venv/bin/python -m compileall -q -j 0 airflow_provider_checkpoint dags plugins tests scripts >/dev/null \
   || echo "warning: some of the repository's modules did not compile; they compile on every import instead"
@@ -50,4 +51,8 @@ if [ ! -f "$CDS_ARCHIVE" ]; then
   echo "creating the Spark driver's class-data sharing archive (once, about a minute)"
   SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python -m airflow_provider_checkpoint.spark.cds \
     || echo "no class-data sharing archive (optional): the embedded Spark JVM starts slower"
+fi
+if [ -n "${COMPILING:-}" ]; then
+  wait "$COMPILING"
+  touch "$STAMP"
 fi

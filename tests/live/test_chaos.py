@@ -1,4 +1,4 @@
-"""Seeded chaos under the real scheduler: 14+ checkpoints (``CHAOS_RUNS``), a random fault in each.
+"""Seeded chaos under the real scheduler: 12+ checkpoints (``CHAOS_RUNS``), a random fault in each.
 
 The real Airflow services (LocalExecutor) run, in turn, the four pipelines of
 :mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
@@ -351,7 +351,7 @@ def test_chaos_under_the_real_scheduler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
-    runs = int(os.environ.get("CHAOS_RUNS", "14"))
+    runs = int(os.environ.get("CHAOS_RUNS", "12"))
     print(f"\nchaos seed {seed} ({runs} runs); reproduce with CHAOS_SEED={seed}")
     rng = random.Random(seed)
     root = tmp_path_factory.mktemp("chaos")

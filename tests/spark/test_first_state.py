@@ -62,11 +62,12 @@ def normal(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(user=df["user"].fillna("<null>")).sort_values("user").reset_index(drop=True)
 
 
-@pytest.mark.parametrize("driver_merge_rows", [5_000_000, 0], ids=["driver", "spark"])
-def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypatch, driver_merge_rows) -> None:
+def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypatch) -> None:
+    """The grouped ranges are continued on the driver (checkpoint 2: at most 45 rows of state), then by
+    Spark jobs (checkpoint 3, above 45 rows), then written in full (checkpoint 4: most keys change)."""
     monkeypatch.setattr(incremental, "RANGE_ROWS", 12)  # ~40 keys want 4 ranges; the estimate wants 128
     rng = random.Random(11)
-    job = make_job(spark, tmp_path, declare, inline_state_threshold=0, driver_merge_rows=driver_merge_rows)
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0, driver_merge_rows=45)
     landed = [land(tmp_path, rng, "e1.json", 3000, 42)]
     completed = job.checkpoint()
     snapshot = completed.operators["totals"]
@@ -76,10 +77,12 @@ def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypa
     assert len(snapshot.handles) > layout.parallelism  # written one file per estimated range
     assert [s["state_rows"] for s in completed.stats["steps"].values()] == [42]
     savepoint = f"file://{tmp_path}/savepoints/sp-2"
-    for cid, (events, users) in enumerate([(0, 0), (30, 42), (2000, 60), (40, 60), (5, 60)], start=1):
+    for cid, (events, users) in enumerate([(0, 0), (30, 50), (40, 60), (2000, 60), (5, 60)], start=1):
         if cid > 1:
             landed.append(land(tmp_path, rng, f"e{cid}.json", events, users))
             completed = job.checkpoint(savepoint_target=savepoint if cid == 2 else None)
+            on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+            assert on_driver is (cid == 2), (cid, completed.stats["steps"])
         want = truth(pd.concat(landed))
         pointer = job.storage.url(job.storage.chk_dir(completed.checkpoint_id))
         pd.testing.assert_frame_equal(normal(read_state(pointer, "totals").to_pandas()), want)
