@@ -25,7 +25,12 @@ from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
 from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout, ranges_for
-from airflow_provider_checkpoint.state.keygroups import coarsest_nesting, index_for_key_group, range_for_index
+from airflow_provider_checkpoint.state.keygroups import (
+    balanced_parallelism,
+    coarsest_nesting,
+    index_for_key_group,
+    range_for_index,
+)
 from airflow_provider_checkpoint.state.ownership import keeps_files_of
 from airflow_provider_checkpoint.state.spark_backend import (
     RANGE,
@@ -139,9 +144,10 @@ def first_full_version(
 
     The input is shuffled once, by range, and each range's file is written by the task that aggregates
     it: nothing cached, no second shuffle, no count before. The ranges are as many as Spark's estimate
-    of the input's rows needs (the state has at most as many rows); if the written state needs fewer,
-    adjacent files share a range (:func:`coarsest_nesting`), as a later compaction finds them. The
-    output (every key's row) is read back from the written files.
+    of the input's rows needs (the state has at most as many rows), or a multiple of that which keeps
+    every task slot busy (:func:`balanced_parallelism`); if the written state needs fewer, adjacent
+    files share a range (:func:`coarsest_nesting`), as a later compaction finds them. The output
+    (every key's row) is read back from the written files.
     """
     from pyspark.sql import Observation, Row
     from pyspark.sql import functions as F
@@ -153,7 +159,8 @@ def first_full_version(
     if estimate <= settings.inline_state_threshold:  # a state this small may be kept inline
         return None
     max_parallelism = node.max_parallelism
-    ranges = ranges_for(estimate, max_parallelism)
+    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
+    ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
     state = node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges)
     if state is None:
         return None

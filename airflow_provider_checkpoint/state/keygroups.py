@@ -7,6 +7,8 @@ partitions is read with any other.
 
 from __future__ import annotations
 
+import math
+
 
 def range_for_index(max_parallelism: int, parallelism: int, index: int) -> tuple[int, int]:
     """The inclusive key-group range of partition ``index`` out of ``parallelism``."""
@@ -37,6 +39,17 @@ def coarsest_nesting(max_parallelism: int, spans: list[tuple[int, int]], at_most
         ):
             return parallelism
     return 1
+
+
+def balanced_parallelism(wanted: int, slots: int, max_parallelism: int) -> int:
+    """A parallelism of at least ``wanted`` ranges (one task each) that keeps ``slots`` task slots
+    evenly busy and nests in ``wanted``: their least common multiple when it is at most twice the
+    larger of the two, else ``wanted`` rounded up to a multiple of ``slots``; at most ``max_parallelism``."""
+    _check(max_parallelism, wanted)
+    common = math.lcm(wanted, max(1, slots))
+    if common > 2 * max(wanted, slots):
+        common = -(-wanted // slots) * slots
+    return min(common, max_parallelism)
 
 
 def _check(max_parallelism: int, parallelism: int) -> None:

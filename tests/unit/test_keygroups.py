@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.state.keygroups import coarsest_nesting, index_for_key_group, range_for_index
+from airflow_provider_checkpoint.state.keygroups import (
+    balanced_parallelism,
+    coarsest_nesting,
+    index_for_key_group,
+    range_for_index,
+)
 
 PAIRS = [
     (128, 1),
@@ -85,3 +90,19 @@ def test_coarsest_nesting_groups_whole_ranges_and_is_the_largest(max_p: int, fin
     assert not any(nests(p) for p in range(got + 1, at_most + 1))
     if fine % at_most == 0:
         assert got == at_most  # an even split of the spans' ranges nests
+
+
+@pytest.mark.parametrize(
+    ("wanted", "slots", "expected"),
+    [(3, 2, 6), (4, 2, 4), (12, 2, 12), (1, 2, 2), (5, 4, 8), (3, 16, 16)]
+    + [(7, 16, 16), (1, 1, 1), (100, 3, 102), (127, 2, 128)],
+)
+def test_balanced_parallelism_keeps_every_slot_busy_and_nests(wanted: int, slots: int, expected: int) -> None:
+    """At least ``wanted`` ranges, a multiple of ``slots`` (no slot idle in the last wave) and, where
+    that costs at most twice the ranges, of ``wanted`` too: the ranges group back into ``wanted``."""
+    got = balanced_parallelism(wanted, slots, 128)
+    assert got == expected
+    assert got >= wanted and (got % slots == 0 or got == 128)
+    spans = [range_for_index(128, got, i) for i in range(got)]
+    if got % wanted == 0:
+        assert coarsest_nesting(128, spans, wanted) == wanted
