@@ -14,6 +14,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --events 1000000 --increments 3
+    .venv/bin/python scripts/benchmark.py jit --sizes 250000,1000000,4000000 --rounds 2
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -31,7 +32,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import firstcheckpoint, inprocess, kafka, longrun, postgres, report, scheduler, sinkupsert, stateio  # noqa: E402
+from bench import (  # noqa: E402
+    firstcheckpoint,
+    inprocess,
+    jit,
+    kafka,
+    longrun,
+    postgres,
+    report,
+    scheduler,
+    sinkupsert,
+    stateio,
+)
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,6 +58,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
     "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
     "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
+    "jit": (1, 1, 1),  # --sizes keys, --rounds runs per JIT, each in a fresh process
 }
 PNG = "benchmark-long-run.png"
 
@@ -65,7 +78,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--buckets", type=int, default=16, help="sink-upsert mode's bucket files per table (the Delta sink's default)"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="state-io mode's measured rounds per engine")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="state-io mode's measured rounds per engine; jit mode's runs per JIT"
+    )
     parser.add_argument(
         "--s3-long-run", type=int, default=70, help="state-io mode's checkpoints on S3 (each in a fresh process)"
     )
@@ -106,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "state-io": "large-state",
         "kafka": "large-state",
         "first-checkpoint": "large-state",
+        "jit": "large-state",
     }.get(args.mode, args.mode)
     section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
         args.mode, args.mode
@@ -134,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(size) for size in args.sizes.split(",")]
         result = firstcheckpoint.run(sizes, args.events, args.increments, work, args.seed, args.pages)
         text = firstcheckpoint.render(result)
+        ok = not result["problems"]
+    elif args.mode == "jit":
+        result = jit.run([int(size) for size in args.sizes.split(",")], args.rounds, work, args.seed, args.pages)
+        text = jit.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
         long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)  # the small pipeline

@@ -107,6 +107,11 @@ class Source(Node):
         """The end position (exclusive) at trigger time, given the restored position."""
         raise NotImplementedError
 
+    def input_bytes(self, previous: Any, barrier: Any) -> int | None:
+        """The bytes in ``[previous, barrier)`` where the source knows them without reading (a file
+        source: its files' sizes); ``None`` otherwise. Positions are validated as :meth:`read` does."""
+        return None
+
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
         """Everything in ``[previous, barrier)``, deterministically, as a cached DataFrame."""
         raise NotImplementedError

@@ -265,7 +265,7 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
         from airflow_provider_checkpoint.spark.execution import ExecutionMode, resolve_execution
-        from airflow_provider_checkpoint.spark.runner import run_step
+        from airflow_provider_checkpoint.spark.runner import run_step, step_input_bytes
         from airflow_provider_checkpoint.spark.session import get_spark
         from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
@@ -278,7 +278,8 @@ class SparkCheckpointOperator(BaseOperator):
                 self.job, execution.conn_id, self.dag.fileloc, self.dag.dag_id, self.task_id
             )
             return self._submitted.run(storage, self.step, plan, attempt, channels)
-        spark = get_spark(conf=self.job.spark_conf, remote=execution.remote)
+        input_bytes = None if execution.remote else step_input_bytes(self.job.graph, self.step, plan)
+        spark = get_spark(conf=self.job.spark_conf, remote=execution.remote, input_bytes=input_bytes)
         settings = self.job.resolved_settings()
         return run_step(spark, storage, self.job.graph, self.step, plan, attempt, channels, settings)
 

@@ -249,6 +249,20 @@ RUNNERS: dict[type[Node], Callable[[_StepRun, Any], None]] = {
 """How each kind of node runs in a step, by node class (the nearest registered base class applies)."""
 
 
+def step_input_bytes(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> int | None:
+    """The bytes ``step``'s sources will read in the checkpoint of ``plan``, as far as they know them
+    before reading (:meth:`Source.input_bytes`); ``None`` when none does."""
+    known = [
+        node.input_bytes(
+            plan.restore_point.source_positions.get(node.uid) if plan.restore_point else None,
+            plan.barrier.positions[node.uid],
+        )
+        for node in graph.steps[step]
+        if isinstance(node, Source)
+    ]
+    return None if all(k is None for k in known) else sum(k or 0 for k in known)
+
+
 def run_step(
     spark: SparkSession,
     storage: JobStorage,

@@ -44,13 +44,17 @@ DEFAULT_CONF = {
     "spark.python.daemon.module": "airflow_provider_checkpoint.spark.daemon",
 }
 
+C1_ONLY = "-XX:TieredStopAtLevel=1"
 DRIVER_JAVA_OPTIONS = (
     f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}",
     # a step's JVM lives seconds to minutes: the C1 compiler alone starts it much faster
-    "-XX:TieredStopAtLevel=1",
+    C1_ONLY,
     "-Xshare:auto",
 )
 """Prepended to ``spark.driver.extraJavaOptions``: options given in ``conf`` come later and win."""
+FULL_JIT_INPUT_BYTES = 128 << 20
+"""A step that reads at least this many bytes runs long enough for the C2 compiler to pay off: its JVM
+starts without :data:`C1_ONLY` (docs/operations.md has the figures)."""
 
 
 def archive_path() -> Path:
@@ -60,31 +64,46 @@ def archive_path() -> Path:
     return Path(sys.prefix) / "share" / "airflow-provider-checkpoint" / f"spark-{__version__}-driver.jsa"
 
 
-def driver_java_options() -> tuple[str, ...]:
-    """:data:`DRIVER_JAVA_OPTIONS`, plus the class-data sharing archive if it was created.
+def full_jit(input_bytes: int | None) -> bool:
+    """Whether a step reading ``input_bytes`` (``None``: not known) starts its JVM with the full JIT."""
+    return input_bytes is not None and input_bytes >= FULL_JIT_INPUT_BYTES
+
+
+def driver_java_options(input_bytes: int | None = None) -> tuple[str, ...]:
+    """:data:`DRIVER_JAVA_OPTIONS` (without :data:`C1_ONLY` for a step reading ``input_bytes`` that
+    :func:`full_jit` accepts), plus the class-data sharing archive if it was created.
 
     ``CHECKPOINT_SPARK_CDS=off`` leaves the archive out.
     """
+    options = tuple(o for o in DRIVER_JAVA_OPTIONS if o != C1_ONLY) if full_jit(input_bytes) else DRIVER_JAVA_OPTIONS
     archive = archive_path()
     if os.environ.get(CDS_ENV, "").lower() == "off" or not archive.is_file():
-        return DRIVER_JAVA_OPTIONS
-    return (*DRIVER_JAVA_OPTIONS, f"-XX:SharedArchiveFile={archive}")
+        return options
+    return (*options, f"-XX:SharedArchiveFile={archive}")
 
 
-def embedded_conf(conf: dict[str, str] | None = None) -> dict[str, str]:
-    """The configuration of an embedded session: the defaults, ``conf`` over them."""
+def embedded_conf(conf: dict[str, str] | None = None, input_bytes: int | None = None) -> dict[str, str]:
+    """The configuration of an embedded session for a step reading ``input_bytes``: the defaults, ``conf``
+    over them."""
     merged = {**DEFAULT_CONF, **(conf or {})}
-    java_options = " ".join((*driver_java_options(), (conf or {}).get("spark.driver.extraJavaOptions", "")))
+    options = driver_java_options(input_bytes)
+    java_options = " ".join((*options, (conf or {}).get("spark.driver.extraJavaOptions", "")))
     merged["spark.driver.extraJavaOptions"] = java_options.strip()
     return merged
 
 
-def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remote: str | None = None) -> SparkSession:
+def get_spark(
+    master: str = "local[*]",
+    conf: dict[str, str] | None = None,
+    remote: str | None = None,
+    input_bytes: int | None = None,
+) -> SparkSession:
     """The SparkSession a step runs in.
 
     ``remote`` (``sc://host:port``) connects to a Spark Connect server (``connect``
     execution mode: no JVM in the task). Otherwise an embedded ``local`` session bound to
-    loopback, reusing the active one in this process.
+    loopback, reusing the active one in this process; a JVM started for a step that reads
+    ``input_bytes`` gets the JIT that suits it (:func:`full_jit`).
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -99,9 +118,18 @@ def get_spark(master: str = "local[*]", conf: dict[str, str] | None = None, remo
     if active is not None:
         return active
     spark_conf = (
-        SparkConf().setMaster(master).setAppName("airflow-checkpoint").setAll(list(embedded_conf(conf).items()))
+        SparkConf()
+        .setMaster(master)
+        .setAppName("airflow-checkpoint")
+        .setAll(list(embedded_conf(conf, input_bytes).items()))
     )
     if SparkContext._active_spark_context is None:
+        if full_jit(input_bytes):
+            logging.getLogger(__name__).info(
+                "the step reads %d MiB: its JVM compiles hot code with C2 too (below %d MiB, C1 alone)",
+                (input_bytes or 0) >> 20,
+                FULL_JIT_INPUT_BYTES >> 20,
+            )
         # the JVM's stderr (its start-up warnings) joins stdout, which the task log records as INFO
         gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.STDOUT})
         SparkContext(conf=spark_conf, gateway=gateway)

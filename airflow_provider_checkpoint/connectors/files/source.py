@@ -228,6 +228,10 @@ class FileSource(Source):
             file_positions.validate_position(self.uid, barrier).files,
         )
 
+    def input_bytes(self, previous: Any, barrier: Any) -> int:
+        """The sizes of the files in ``[previous, barrier)``, as the barrier recorded them."""
+        return sum(self.split(previous, barrier).values())
+
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
         """``clean_source``: archive or delete the processed files of a committed position.
 
