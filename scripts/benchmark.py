@@ -13,7 +13,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
-    .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --events 1000000 --increments 3
+    .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --increments 3 --rounds 3
     .venv/bin/python scripts/benchmark.py jit --sizes 250000,1000000,4000000 --rounds 2
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
@@ -79,7 +79,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--buckets", type=int, default=16, help="sink-upsert mode's bucket files per table (the Delta sink's default)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=3, help="state-io mode's measured rounds per engine; jit mode's runs per JIT"
+        "--rounds",
+        type=int,
+        default=3,
+        help="state-io mode's measured rounds per engine; jit mode's runs per JIT; first-checkpoint mode's "
+        "fresh jobs per size",
     )
     parser.add_argument(
         "--s3-long-run", type=int, default=70, help="state-io mode's checkpoints on S3 (each in a fresh process)"
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = not result["problems"]
     elif args.mode == "first-checkpoint":
         sizes = [int(size) for size in args.sizes.split(",")]
-        result = firstcheckpoint.run(sizes, args.events, args.increments, work, args.seed, args.pages)
+        result = firstcheckpoint.run(sizes, args.events, args.increments, work, args.seed, args.pages, args.rounds)
         text = firstcheckpoint.render(result)
         ok = not result["problems"]
     elif args.mode == "jit":

@@ -117,10 +117,12 @@ def run_job(
     run_dir: Path,
     profiled: int,
     stores: tuple[str, ...] = tuple(STORES),
+    rotate: int = 0,
 ) -> dict[str, Any]:
     """One fresh job per side over ``files`` (the increments of ``spec``), the sides alternating.
 
     Our checkpoint of increment ``profiled`` records where its time goes (:mod:`bench.breakdown`).
+    ``rotate`` shifts which side starts each increment (:func:`run_round`).
     The figures: per increment every side's result, each side's footprint, and every side whose
     final output differs from the pandas ground truth (``problems``).
     """
@@ -137,7 +139,7 @@ def run_job(
         seen |= changed
         land(data_file, landing)
         sides[0].profile = i == profiled  # type: ignore[attr-defined]
-        results = run_round(sides, i, spark)
+        results = run_round(sides, i + rotate, spark)
         wrong = {name: r.records_in for name, r in results.items() if r.records_in != len(frame)}
         if wrong:
             log(f"!! increment {i}: records in {wrong}, expected {len(frame)}")
