@@ -243,8 +243,8 @@ def render(result: dict[str, Any]) -> str:
         *machine_lines(result),
         "- Narrow rows `(id bigint, label text, value double precision)`, server from `tests/servers/postgres.py` "
         "(`fsync=off`); the step's input is cached in Spark in `spark.sql.shuffle.partitions` partitions; "
-        f"the driver JVM runs with `{result['jvm_options']}` (full JIT, as docs/operations.md advises for "
-        "data-heavy steps; the embedded default is C1 only).",
+        f"the driver JVM runs with `{result['jvm_options']}` (the full JIT, which the provider gives a step "
+        "that reads at least 128 MiB; a smaller step starts with C1 alone, docs/operations.md).",
         "- **floor**: one psycopg `COPY` of the same rows from the driver into a logged table like the staging "
         "table, written from the in-memory rows as CSV (Arrow) and in binary form (pgpq, as the sink sends these "
         "column types), each measured before and after the sinks in the same round; **floor** is the fastest of "
