@@ -158,7 +158,7 @@ class _StepRun:
 
     def source(self, node: Source) -> None:
         ctx, barrier = self.ctx, self.ctx.plan.barrier.positions[node.uid]
-        previous = self.restore.source_positions.get(node.uid) if self.restore else None
+        previous = restored_position(ctx.plan, node.uid)
         if node.uid in self.read_once:
             df, count = node.read_once(ctx, previous, barrier)
             self.counting[self.read_once[node.uid]] = (node.uid, count)
@@ -249,14 +249,16 @@ RUNNERS: dict[type[Node], Callable[[_StepRun, Any], None]] = {
 """How each kind of node runs in a step, by node class (the nearest registered base class applies)."""
 
 
+def restored_position(plan: CheckpointPlan, uid: str) -> Any:
+    """Where source ``uid`` starts in the checkpoint of ``plan``: its position in the restore point (``None``: none)."""
+    return plan.restore_point.source_positions.get(uid) if plan.restore_point else None
+
+
 def step_input_bytes(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> int | None:
     """The bytes ``step``'s sources will read in the checkpoint of ``plan``, as far as they know them
     before reading (:meth:`Source.input_bytes`); ``None`` when none does."""
     known = [
-        node.input_bytes(
-            plan.restore_point.source_positions.get(node.uid) if plan.restore_point else None,
-            plan.barrier.positions[node.uid],
-        )
+        node.input_bytes(restored_position(plan, node.uid), plan.barrier.positions[node.uid])
         for node in graph.steps[step]
         if isinstance(node, Source)
     ]
