@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core import stats
@@ -50,12 +51,23 @@ from airflow_provider_checkpoint.storage.stats import StatsStore
 log = logging.getLogger(__name__)
 
 
+class CheckpointEvents(Protocol):
+    """Told what the coordinator decided (the provider's metrics, :mod:`airflow_provider_checkpoint.metrics`);
+    must never raise."""
+
+    def triggered(self, plan: CheckpointPlan) -> None:
+        """Checkpoint ``plan`` was planned: its barrier is cut and its id allocated."""
+
+    def recorded(self, record: JsonDict) -> None:
+        """The stats record of a completed or aborted checkpoint was written (once per checkpoint)."""
+
+
 class CheckpointCoordinator:
     """Decides: triggers checkpoints, completes or aborts them, recovers after crashes.
 
     ``allowed_roots`` are where snapshots may be restored from and savepoints written
     (URLs); by default only the job's storage root. Every URL a stored document names is
-    confined to them again before use.
+    confined to them again before use. ``events`` is told of every plan and stats record.
     """
 
     def __init__(
@@ -65,6 +77,7 @@ class CheckpointCoordinator:
         settings: CheckpointSettings,
         dag_id: str | None = None,
         allowed_roots: Sequence[str] | None = None,
+        events: CheckpointEvents | None = None,
     ) -> None:
         self.storage = storage
         self.graph = graph
@@ -76,6 +89,7 @@ class CheckpointCoordinator:
         self.stats_store = StatsStore(storage)
         self.sink_committer = SinkCommitter(graph.sinks, storage.job_id)
         self.restorer = Restorer(storage, graph, self.allowed_roots, self.sink_committer)
+        self.events = events
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -117,6 +131,8 @@ class CheckpointCoordinator:
             self.records.release_lease(run_id)
             raise
         log.info("triggered checkpoint %d of job %s (run %s)", plan.checkpoint_id, job.job_id, run_id)
+        if self.events:
+            self.events.triggered(plan)
         return plan
 
     def _running_job(self) -> JobRecord:
@@ -333,7 +349,7 @@ class CheckpointCoordinator:
     ) -> None:
         counted = job.count_failure(checkpoint_id, reason, message, self.settings.tolerable_failed_checkpoints)
         self.records.save(job)
-        self.stats_store.write(checkpoint_id, stats.aborted(checkpoint_id, reason, message, counted, now, base))
+        self._record(checkpoint_id, stats.aborted(checkpoint_id, reason, message, counted, now, base))
 
     # -- after the commit point ------------------------------------------------------
     def _finish(self, completed: CompletedCheckpoint, run_id: str, by: str, commit_sinks: bool = True) -> None:
@@ -367,7 +383,13 @@ class CheckpointCoordinator:
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self._finished(completed.checkpoint_id):
             committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
-            self.stats_store.write(completed.checkpoint_id, stats.completed(completed, time.time(), committed))
+            self._record(completed.checkpoint_id, stats.completed(completed, time.time(), committed))
+
+    def _record(self, checkpoint_id: int, record: JsonDict) -> None:
+        """Write the stats record of a completed or aborted checkpoint, and tell ``events``."""
+        self.stats_store.write(checkpoint_id, record)
+        if self.events:
+            self.events.recorded(record)
 
     def _finished(self, checkpoint_id: int) -> bool:
         """Whether everything after checkpoint ``checkpoint_id``'s ``_metadata`` is done: :meth:`_finish`

@@ -26,7 +26,8 @@ os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ.pop("CHECKPOINT_FAULTS", None)
 os.environ.pop("CHECKPOINT_FAULTS_FILE", None)
 
-pytest_plugins = ["tests.servers.s3", "tests.servers.postgres", "tests.servers.kafka"]  # s3 first: kafka imports it
+# s3 first: kafka imports it
+pytest_plugins = ["tests.servers.s3", "tests.servers.postgres", "tests.servers.kafka", "tests.servers.statsd"]
 
 # property tests check semantics, not speed: no per-example deadline on a loaded machine (two workers, chaos)
 hypothesis_settings.register_profile("project", deadline=None)

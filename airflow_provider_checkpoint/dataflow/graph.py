@@ -112,6 +112,11 @@ class Source(Node):
         source: its files' sizes); ``None`` otherwise. Positions are validated as :meth:`read` does."""
         return None
 
+    def offsets_behind(self, previous: Any, barrier: Any) -> int | None:
+        """How far ``barrier`` lies past ``previous`` in the source's own offsets, where positions
+        alone tell it (Kafka: the offsets of every partition in between); ``None`` otherwise."""
+        return None
+
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
         """Everything in ``[previous, barrier)``, deterministically, as a cached DataFrame."""
         raise NotImplementedError

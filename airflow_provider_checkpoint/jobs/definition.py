@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+from airflow_provider_checkpoint.metrics import CheckpointMetrics
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.config import allowed_roots, config_value, job_storage
 
@@ -38,5 +39,10 @@ class CheckpointJob:
 
     def coordinator(self) -> CheckpointCoordinator:
         return CheckpointCoordinator(
-            self.storage(), self.graph, self.resolved_settings(), self.dag_id, allowed_roots(self.storage_root)
+            self.storage(),
+            self.graph,
+            self.resolved_settings(),
+            self.dag_id,
+            allowed_roots(self.storage_root),
+            CheckpointMetrics(self.job_id, self.graph.sources),
         )

@@ -2,7 +2,7 @@
 
 ``exceptions`` ← ``core`` with the pure part of ``state`` (key groups, handles, incremental
 bookkeeping) ← ``storage`` ← ``fileio`` ← ``dataflow`` ← ``connectors`` and the ``state``
-backends ← ``restore`` ← ``spark`` ← ``coordinator`` ← ``jobs``/``hooks`` ← the Airflow face
+backends ← ``restore`` ← ``spark`` ← ``coordinator`` ← ``jobs``/``hooks``/``metrics`` ← the Airflow face
 (``operators``, ``sensors``, ``triggers``, ``plugin``, ``cli``) ← ``pipeline``. A module's
 layer is that of the longest entry of :data:`LAYERS` naming it. Imports under ``if
 TYPE_CHECKING:`` are type hints only and may cross layers; imports inside functions run, so
@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "spark": 7,
     "coordinator": 8,
     "jobs": 9,
+    "metrics": 9,
     "hooks": 9,
     "operators": 10,
     "sensors": 10,

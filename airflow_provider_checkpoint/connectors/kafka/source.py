@@ -209,6 +209,12 @@ class KafkaSource(Source):
         before = Offsets.parse(previous, f"source {self.uid} position")
         return Offsets.parse(self.barrier_position(previous)).offsets != before.offsets
 
+    def offsets_behind(self, previous: Any, barrier: Any) -> int | None:
+        """The offsets in ``[previous, barrier)`` over all partitions: the job's consumer lag at
+        trigger time, up to ``max_records_per_checkpoint`` (the barrier's bound)."""
+        before = Offsets.parse(previous, f"source {self.uid} position")
+        return sum(end - start for _, start, end in Offsets.parse(barrier, f"source {self.uid} barrier").ranges(before))
+
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
         """Commit the checkpoint's end offsets to the consumer group (lag monitoring only; idempotent)."""
         config = self.config()
