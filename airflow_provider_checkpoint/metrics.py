@@ -52,6 +52,12 @@ def _legacy_names_on() -> bool:
     return conf.getboolean("metrics", "legacy_names_on", fallback=True)
 
 
+def _total(entries: Any, metric: str) -> int:
+    """The sum of the valid counts ``metric`` of a record's per-step or per-sink ``entries``."""
+    values = entries.values() if isinstance(entries, Mapping) else ()
+    return sum(records.count(e.get(metric)) or 0 for e in values if isinstance(e, Mapping))
+
+
 class CheckpointMetrics:
     """The metrics of one job; the coordinator calls :meth:`triggered` and :meth:`recorded`."""
 
@@ -83,14 +89,13 @@ class CheckpointMetrics:
         duration_ms = round(1000 * (records.number(record.get("duration_seconds")) or 0.0))
         records_in = records.count(record.get("records_in")) or 0
         sinks = record.get("sinks")
-        records_out = sum(
-            records.count(e.get("rows")) or 0 for e in (sinks.values() if isinstance(sinks, Mapping) else ())
-        )
+        records_out = _total(sinks, "rows")
         self._emit("incr", "completed", 1)
         self._emit("gauge", "last_completed_id", record["checkpoint_id"])
         self._emit("gauge", "last_duration", duration_ms)
         self._emit("timing", "duration", duration_ms)
-        self._emit("gauge", "last_size", records.count(record.get("state_size")) or 0)
+        self._emit("gauge", "last_full_size", records.count(record.get("state_size")) or 0)
+        self._emit("gauge", "last_size", _total(record.get("steps"), "state_bytes"))
         self._emit("gauge", "last_records_in", records_in)
         self._emit("gauge", "last_records_out", records_out)
         self._emit("incr", "records_in", records_in)

@@ -84,6 +84,8 @@ def test_checkpoint_metrics_reach_a_real_statsd_daemon(
     assert [r["records_in"] for r in done] == [len(first), len(second)]
     rows_out = [sum(s["rows"] for s in r["sinks"].values()) for r in done]
     durations = [round(1000 * r["duration_seconds"]) for r in done]
+    written = sum(m.get("state_bytes", 0) for m in records[3]["steps"].values())
+    assert 0 < written <= last["stats"]["state_size"]
 
     got = received(statsd_daemon, statsd_prefix)
     counters, gauges, timers = got["counters"], got["gauges"], got["timers"]
@@ -95,7 +97,8 @@ def test_checkpoint_metrics_reach_a_real_statsd_daemon(
         assert counters[f"checkpoint.records_out{name}"] == sum(rows_out)
         assert gauges[f"checkpoint.last_completed_id{name}"] == 3
         assert gauges[f"checkpoint.last_duration{name}"] == durations[-1]
-        assert gauges[f"checkpoint.last_size{name}"] == last["stats"]["state_size"] == records[3]["state_size"]
+        assert gauges[f"checkpoint.last_full_size{name}"] == last["stats"]["state_size"] == records[3]["state_size"]
+        assert gauges[f"checkpoint.last_size{name}"] == written
         assert gauges[f"checkpoint.last_records_in{name}"] == len(second)
         assert gauges[f"checkpoint.last_records_out{name}"] == rows_out[-1]
         assert timers[f"checkpoint.duration{name}"] == durations

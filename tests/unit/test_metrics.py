@@ -88,6 +88,7 @@ def completed_record() -> JsonDict:
         "state_size": 4096,
         "restored": True,
         "sinks": {"a": {"rows": 40}, "b": {"rows": 2}, "bad": {"rows": "x"}},
+        "steps": {"s1": {"state_bytes": 1000}, "s2": {"records_in": 500}, "s3": {"state_bytes": 24}},
     }
 
 
@@ -100,7 +101,8 @@ def test_a_completed_record_gives_tagged_and_named_metrics(backend: Backend) -> 
         ("gauge", "checkpoint.last_completed_id"): 7,
         ("gauge", "checkpoint.last_duration"): 12346,
         ("timing", "checkpoint.duration"): 12346,
-        ("gauge", "checkpoint.last_size"): 4096,
+        ("gauge", "checkpoint.last_full_size"): 4096,
+        ("gauge", "checkpoint.last_size"): 1024,
         ("gauge", "checkpoint.last_records_in"): 500,
         ("gauge", "checkpoint.last_records_out"): 42,
         ("incr", "checkpoint.records_in"): 500,
