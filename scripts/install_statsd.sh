@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent: installs what the metrics test (tests/airflow/test_metrics_statsd.py) needs that pip
 # cannot: Etsy's StatsD daemon (npm package `statsd`, pinned) into .cache/statsd. It needs Node.js
-# and npm (Debian: apt-get install -y nodejs npm); npm's own cache makes a second install offline.
+# and npm (installed with apt-get when missing and run as root); npm's own cache makes a second
+# install offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,10 @@ DIR=.cache/statsd
 if [ -f "$DIR/node_modules/statsd/stats.js" ] && grep -q "\"version\": \"$VERSION\"" "$DIR/node_modules/statsd/package.json"; then
   echo "statsd $VERSION present in $DIR"
   exit 0
+fi
+if { ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; } && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing nodejs and npm (apt-get) for the StatsD daemon"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } || true
 fi
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "error: the metrics test needs Node.js and npm for the StatsD daemon; install them (apt-get install -y nodejs npm) and run scripts/install_statsd.sh" >&2
