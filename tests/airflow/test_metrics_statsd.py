@@ -1,7 +1,7 @@
 """Checkpoint metrics read back from a real StatsD daemon (Etsy's ``statsd``, ``tests/servers/statsd.py``).
 
-Real checkpoints through ``dag.test()`` and real Spark: one completed, one aborted in finalize, a
-restore through the restore DAG, and the restored checkpoint. Every value the daemon received is
+Real checkpoints of a one-step pipeline through ``dag.test()`` and real Spark: one completed, one
+aborted in finalize, a restore through the restore DAG, and the restored checkpoint. Every value the daemon received is
 compared with what the checkpoints' ``_stats`` records and ``_metadata`` say, read from the files
 here, and the record counts with the events landed.
 """
@@ -12,15 +12,39 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from airflow_provider_checkpoint.testing.clickstream import land_events
+from tests.airflow.conftest import own_dags_folder
 from tests.servers.statsd import StatsdDaemon
 
 pytestmark = pytest.mark.airflow
-JOB = "example_clickstream"
+JOB = "metrics_views"
+
+PIPELINE = """
+import os
+
+from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink
+
+BASE = os.environ["METRICS_DIR"]
+with CheckpointedPipeline(dag_id="metrics_views", schedule=None) as pipeline:  # one step
+    events = FileSource(uid="events", path=f"{BASE}/landing", format="json", schema="user STRING, page STRING, ts LONG")
+    views = KeyedAggregate(uid="page_views", input=events, keys=["page"], aggs={"views": "count"})
+    ParquetTableSink(uid="page_views_table", input=views, path=f"{BASE}/page_views", mode="upsert", keys=["page"])
+dag = pipeline.dag
+"""
+
+
+@pytest.fixture
+def pipeline(restore_dag: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The one-step pipeline, over the storage of ``restore_dag``."""
+    monkeypatch.setenv("METRICS_DIR", str(tmp_path / "metrics"))
+    (tmp_path / "metrics" / "landing").mkdir(parents=True)
+    return own_dags_folder(tmp_path, monkeypatch, JOB, PIPELINE)
 
 
 @pytest.fixture
@@ -59,19 +83,19 @@ def received(daemon: StatsdDaemon, prefix: str) -> dict[str, dict[str, Any]]:
 
 
 def test_checkpoint_metrics_reach_a_real_statsd_daemon(
-    example_dag, restore_dag, statsd_daemon, statsd_prefix, tmp_path, monkeypatch
+    pipeline, restore_dag, statsd_daemon, statsd_prefix, tmp_path, monkeypatch
 ):
-    pipeline, landing = example_dag.dag, tmp_path / "clickstream" / "landing"
+    dag, landing = pipeline.dag, tmp_path / "metrics" / "landing"
     job_dir = tmp_path / "checkpoints" / JOB
     first = land_events(landing, "e1.json", 300, 1)
-    assert pipeline.test().state == "success"  # checkpoint 1
+    assert dag.test().state == "success"  # checkpoint 1
     monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.before_metadata:checkpoint=2")
-    assert pipeline.test().state == "failed"  # checkpoint 2 (no new input) aborted in finalize
+    assert dag.test().state == "failed"  # checkpoint 2 (no new input) aborted in finalize
     monkeypatch.delenv("CHECKPOINT_FAULTS")
     second = land_events(landing, "e2.json", 200, 2)
     restore = {"job_id": JOB, "checkpoint": "1", "trigger_pipeline": False}
     assert restore_dag.dag.test(run_conf=restore).state == "success"
-    assert pipeline.test().state == "success"  # checkpoint 3, restored from checkpoint 1: reads e2
+    assert dag.test().state == "success"  # checkpoint 3, restored from checkpoint 1: reads e2
 
     records = {int(p.stem): json.loads(p.read_text()) for p in (job_dir / "_stats").glob("*.json")}
     assert sorted(records) == [1, 2, 3]
