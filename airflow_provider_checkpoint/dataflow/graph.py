@@ -96,6 +96,19 @@ class Source(Node):
         """The source :meth:`to_spec` described."""
         return cls(**spec)
 
+    def declared_schema(self) -> str | None:
+        """The schema DDL the definition declares for the records :meth:`read` returns (``""``: no
+        columns of the user's); ``None`` when only Spark knows them. Checked when the DAG is parsed."""
+        return None
+
+    def added_columns(self) -> str:
+        """The DDL of the columns :meth:`read` adds to :meth:`declared_schema` (metadata); none here."""
+        return ""
+
+    def reads_target(self, target: str) -> bool:
+        """Whether a sink writing ``target`` (a :meth:`Sink.targets` entry) would feed this source; no here."""
+        return False
+
     def initial_position(self) -> Any:
         raise NotImplementedError
 
@@ -310,6 +323,16 @@ class Sink(Node):
     def needs_source_order(self) -> bool:
         """Whether the sink resolves several rows of one key by the order its input delivers them."""
         return False
+
+    def required_columns(self) -> dict[str, list[str]]:
+        """The input columns the sink's parameters name, by parameter (``keys``, ``sequence_by``); none here."""
+        return {}
+
+    def targets(self) -> list[str]:
+        """What the sink writes, normalized so that two sinks writing the same table give the same
+        string: its :meth:`asset_uri`, or the tables of a connection it writes."""
+        uri = self.asset_uri()
+        return [] if uri is None else [uri]
 
     def prepare(self, ctx: StepContext) -> None:
         """Called before the step does any Spark work: check the target (reachable, writable by

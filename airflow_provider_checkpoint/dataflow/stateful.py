@@ -103,6 +103,10 @@ class KeyedAggregate(StatefulOperator):
         """The output holds one row per changed key."""
         return self.keys
 
+    def input_columns(self) -> tuple[str, ...]:
+        """The input columns the aggregates read, each once, in the order of ``aggs``."""
+        return tuple(dict.fromkeys(col for _, col in self.aggs.values() if col is not None))
+
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "aggs": {k: f"{f}({c or '*'})" for k, (f, c) in self.aggs.items()}}
 

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_checkpoint import FileSource, ParquetTableSink
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by, latest_per_key
-from airflow_provider_checkpoint.dataflow import DeltaTableSink
+from airflow_provider_checkpoint.dataflow import DeltaTableSink, Transform
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.helpers import table, write_json
@@ -205,8 +205,9 @@ def _rows_of(df: Any) -> list[tuple[Any, ...]]:
 def test_every_sink_that_refuses_its_input_is_named(spark: SparkSession, tmp_path: Path) -> None:
     def declare(base: Path) -> None:
         events = FileSource("events", f"{base}/landing", "json", EVENT)
+        shaped = Transform("shaped", events, lambda df: df)  # its columns are Spark's to tell: checked at run time
         for uid in ("first", "second"):
-            ParquetTableSink(uid, events, f"{base}/{uid}", "upsert", ["id"], sequence_by=["ts"], step="publish")
+            ParquetTableSink(uid, shaped, f"{base}/{uid}", "upsert", ["id"], sequence_by=["ts"], step="publish")
 
     job = make_job(spark, tmp_path, declare)
     write_json(tmp_path / "landing" / "0.json", [{"id": "a", "seq": 1, "v": 1}])

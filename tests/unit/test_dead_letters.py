@@ -52,16 +52,16 @@ def test_checkpointed_pipeline_refuses_a_bad_on_malformed() -> None:
 
 
 def test_dead_letters_need_a_table(tmp_path: Path) -> None:
-    src = FileSource("events", str(tmp_path), "json", SCHEMA, on_malformed="dead_letter")
+    src = FileSource("events", str(tmp_path / "landing"), "json", SCHEMA, on_malformed="dead_letter")
     sink = ParquetTableSink("out", src, str(tmp_path / "out"))
     with pytest.raises(PipelineDefinitionError, match="events: on_malformed='dead_letter' needs a dead-letter table"):
         PipelineGraph([src, sink])
 
 
 def test_the_source_setting_wins_over_the_pipeline_default(tmp_path: Path) -> None:
-    own = FileSource("own", str(tmp_path), "json", SCHEMA, on_malformed="fail", max_malformed_fraction=0.1)
-    inherits = FileSource("inherits", str(tmp_path), "csv", SCHEMA)
-    table = FileSource("table", str(tmp_path), "json", SCHEMA, dead_letter_path=str(tmp_path / "mine"))
+    own = FileSource("own", str(tmp_path / "landing"), "json", SCHEMA, on_malformed="fail", max_malformed_fraction=0.1)
+    inherits = FileSource("inherits", str(tmp_path / "landing"), "csv", SCHEMA)
+    table = FileSource("table", str(tmp_path / "landing"), "json", SCHEMA, dead_letter_path=str(tmp_path / "mine"))
     sinks = [ParquetTableSink(f"{s.uid}_out", s, str(tmp_path / s.uid)) for s in (own, inherits, table)]
     defaults = SourceDefaults("dead_letter", 0.3, str(tmp_path / "dead"))
     graph = PipelineGraph([own, inherits, table, *sinks], defaults)
@@ -76,7 +76,7 @@ def test_the_source_setting_wins_over_the_pipeline_default(tmp_path: Path) -> No
 
 
 def test_the_dead_letter_sink_runs_last_in_the_first_step_reading_its_source(tmp_path: Path) -> None:
-    src = FileSource("events", str(tmp_path), "json", SCHEMA, on_malformed="dead_letter")
+    src = FileSource("events", str(tmp_path / "landing"), "json", SCHEMA, on_malformed="dead_letter")
     views = KeyedAggregate("views", src, keys=["page"], aggs={"n": "count"})
     users = KeyedAggregate("users", src, keys=["user"], aggs={"n": "count"})
     a = ParquetTableSink("views_out", views, str(tmp_path / "v"), mode="upsert", keys=["page"])

@@ -64,6 +64,20 @@ def _url(protocol: str | tuple[str, ...], path: str) -> str:
     return f"{'file' if name in _LOCAL else name}://{path}"
 
 
+def table_url(uid: str, path: str) -> str:
+    """The URL of a table or directory ``path`` (a local path or fsspec URL) from the path alone, normalized
+    (absolute, no ``.``/``..`` or trailing ``/``): declaring a pipeline resolves no connection and opens no
+    filesystem (the DAG processor parses the file; only tasks reach storage)."""
+    protocol = fsspec.core.split_protocol(path)[0] or "file"
+    try:
+        kind = fsspec.get_filesystem_class(protocol)
+    except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
+        raise CheckpointStorageError(f"{uid}: no filesystem serves {shorten(path)}: {e}") from e
+    stripped = kind._strip_protocol(path)
+    normalized = posixpath.abspath(stripped) if protocol in _LOCAL else posixpath.normpath(stripped)
+    return _url(kind.protocol, normalized.rstrip("/"))
+
+
 def check_mode(uid: str, mode: str) -> None:
     """Refuse a sink ``mode`` other than ``append`` or ``upsert`` when the pipeline is defined."""
     if mode not in MODES:
@@ -162,6 +176,10 @@ class TransactionalSink(Sink):
         held = ctx.in_driver.get(self.inputs[0].uid)
         return None if held is None else held.rows()
 
+    def required_columns(self) -> dict[str, list[str]]:
+        """``keys`` in upsert mode, ``sequence_by``."""
+        return {"keys": self.keys if self.mode == "upsert" else [], "sequence_by": self.sequence_by}
+
     def needs_source_order(self) -> bool:
         """In upsert mode, unless the input already has at most one row per key (its node's
         ``unique_keys`` are among the keys)."""
@@ -235,15 +253,8 @@ class TableDirectorySink(TransactionalSink):
         return _url(self._fs()[0].protocol, path)
 
     def asset_uri(self) -> str:
-        """The table's URL, from its path alone: declaring a pipeline resolves no connection and
-        opens no filesystem (the DAG processor parses the file; only tasks reach storage)."""
-        protocol = fsspec.core.split_protocol(self.path)[0] or "file"
-        try:
-            kind = fsspec.get_filesystem_class(protocol)
-        except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
-            raise CheckpointStorageError(f"{self.uid}: no filesystem serves {shorten(self.path)}: {e}") from e
-        path = kind._strip_protocol(self.path)
-        return _url(kind.protocol, (posixpath.abspath(path) if protocol in _LOCAL else path).rstrip("/"))
+        """The table's URL, from its path alone (:func:`table_url`)."""
+        return table_url(self.uid, self.path)
 
     def load_claim(self) -> JsonDict | None:
         """The stored claim, ``None`` if the table has none: one GET on S3."""

@@ -107,6 +107,9 @@ class DeltaTableSink(DeltaCommitter):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
 
+    def required_columns(self) -> dict[str, list[str]]:
+        return {**super().required_columns(), "partition_by": self.partition_by}
+
     def claim_document(self, job_id: str) -> JsonDict:
         claim = {**super().claim_document(job_id), "format": FORMAT, "mode": self.mode, "keys": self.keys}
         return {**claim, "buckets": self.upsert.buckets} if self.upsert else claim

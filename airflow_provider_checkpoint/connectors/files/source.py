@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import logging
 import posixpath
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from airflow_provider_checkpoint.connectors.base.sink import table_url
 from airflow_provider_checkpoint.connectors.files import dead_letters
 from airflow_provider_checkpoint.connectors.files import positions as file_positions
 from airflow_provider_checkpoint.connectors.files.landing import Listing, clean_file, hidden, list_landing
@@ -154,6 +156,18 @@ class FileSource(Source):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "format": self.format}
+
+    def declared_schema(self) -> str:
+        return self.schema
+
+    def reads_target(self, target: str) -> bool:
+        """Whether a table written at ``target`` lies in the landing directory, not under a hidden name,
+        with data files (``*.parquet``) that ``pattern`` matches."""
+        landing = table_url(self.uid, self.path)
+        if target != landing and not target.startswith(landing + "/"):
+            return False
+        inside = target[len(landing) + 1 :]
+        return not (inside and hidden(inside)) and fnmatch.fnmatch("part-00000.parquet", self.pattern)
 
     def to_spec(self) -> JsonDict:
         """What decides which files are new: location, format, pattern and partitions (lateness in seconds)."""

@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("json", "csv", "raw")
 METADATA = ("key", "topic", "partition", "offset", "timestamp", "headers")
+_METADATA_TYPES = {
+    "key": "BINARY",
+    "topic": "STRING",
+    "partition": "INT",
+    "offset": "BIGINT",
+    "timestamp": "TIMESTAMP",
+    "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>",
+}
 CORRUPT = "_corrupt_record"
 _WHERE = ("__kafka_topic", "__kafka_partition", "__kafka_offset")
 _STARTS = ("earliest", "latest")
@@ -150,6 +158,14 @@ class KafkaSource(Source):
         policy = resolve_malformed(self.uid, self._own_policy, self.dead_letter_path, defaults, parseable)
         self.on_malformed, self.max_malformed_fraction, table = policy
         return () if table is None else [DeadLetterSink(self, table, self._dead_letters)]
+
+    def declared_schema(self) -> str:
+        return "" if self.schema is None else self.schema
+
+    def added_columns(self) -> str:
+        """``value`` (raw format) and the ``metadata_columns``, typed as the reader gives them."""
+        raw = ["value BINARY"] if self.format == "raw" else []
+        return ", ".join(raw + [f"{c} {_METADATA_TYPES[c]}" for c in self.metadata_columns])
 
     def describe(self) -> JsonDict:
         watched = {"topics": self.topics} if self.topics is not None else {"pattern": self.pattern}

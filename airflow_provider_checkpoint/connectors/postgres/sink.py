@@ -142,6 +142,11 @@ class PostgresTableSink(TransactionalSink):
             described["partition_per_checkpoint"] = True
         return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
 
+    def targets(self) -> list[str]:
+        """``postgres://<conn_id>/<schema>.<table>`` of the table, and of the dead-letter table."""
+        tables = [(self.schema, self.table_name), *([self.dead_letters] if self.dead_letters else [])]
+        return [f"postgres://{self.conn_id}/{schema}.{name}" for schema, name in tables]
+
     def target_name(self) -> str:
         return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
 
