@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
-from airflow_provider_checkpoint.core import stats
+from airflow_provider_checkpoint.core import reasons, stats
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
@@ -309,7 +309,7 @@ class CheckpointCoordinator:
             committed = self.store.commit(completed)
         except CheckpointAborted as e:
             e = pending.with_declines(e, declines)
-            self.abort(plan, e.reason, e.message, now)
+            self.abort(plan, e.reason, e.message, now, e.detail)
             raise e from None
         except (CheckpointStorageError, RefusedInputError) as e:
             self.abort(plan, AbortReason.CORRUPT_STATE, str(e), now)
@@ -317,20 +317,27 @@ class CheckpointCoordinator:
         except Exception as e:
             if self.store.is_completed(plan.checkpoint_id):
                 raise
-            self.abort(plan, AbortReason.FINALIZE_FAILURE, repr(e), now)
-            raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, repr(e)) from e
+            why, full = reasons.reason(e), reasons.detail(e)
+            self.abort(plan, AbortReason.FINALIZE_FAILURE, why, now, full)
+            raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, why, full) from e
         if not committed:  # a concurrent finalize committed first: finish its checkpoint
             log.warning("checkpoint %d: another finalize committed _metadata first", plan.checkpoint_id)
             return self.store.load(plan.checkpoint_id)
         return completed
 
-    def abort(self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None) -> None:
-        """Discard everything of the checkpoint and account for the failure."""
+    def abort(
+        self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None, detail: str = ""
+    ) -> None:
+        """Discard everything of the checkpoint and account for the failure; ``detail``: the full text of the
+        errors behind ``message``, kept in the checkpoint's stats."""
         now = time.time() if now is None else now
         log.error("aborting checkpoint %d of job %s: %s", plan.checkpoint_id, plan.job_id, message)
         self._discard(plan.checkpoint_id)
         job = self.records.load()
-        self._count_failure(job, plan.checkpoint_id, reason, message, now, stats.base(plan))
+        known = stats.base(plan)
+        self._count_failure(
+            job, plan.checkpoint_id, reason, message, now, {**known, "detail": detail} if detail else known
+        )
 
     def _discard(self, checkpoint_id: int) -> None:
         for sink in self.graph.sinks:

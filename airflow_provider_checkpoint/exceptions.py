@@ -214,21 +214,25 @@ class RegistryError(CheckpointStorageError):
 
 # -- aborted -----------------------------------------------------------------------------
 class CheckpointAborted(CheckpointAbortedError):
-    """A pending checkpoint cannot complete; ``reason`` says why."""
+    """A pending checkpoint cannot complete; ``reason`` says why, ``detail`` holds the full text of the
+    errors behind it (empty when ``message`` says everything)."""
 
-    def __init__(self, reason: AbortReason, message: str) -> None:
+    def __init__(self, reason: AbortReason, message: str, detail: str = "") -> None:
         super().__init__(f"checkpoint aborted ({reason.value}): {message}")
         self.reason = reason
         self.message = message
+        self.detail = detail
 
 
 class StepDeclined(CheckpointAbortedError):
-    """The step declined the checkpoint; ``fatal`` ones are not retried (bad input, corrupt state)."""
+    """The step declined the checkpoint with a one-line ``message``; ``fatal`` ones are not retried (bad
+    input, corrupt state, a deterministic error); ``detail`` is the full text of the error behind it."""
 
-    def __init__(self, reason: AbortReason, message: str, fatal: bool) -> None:
+    def __init__(self, reason: AbortReason, message: str, fatal: bool, detail: str = "") -> None:
         super().__init__(message)
         self.reason = reason
         self.fatal = fatal
+        self.detail = detail
 
 
 class LeaseHeld(CheckpointAbortedError, RuntimeError):

@@ -210,6 +210,7 @@ def show(args: argparse.Namespace) -> None:
         "metadata": detail["metadata_path"] or "-",
         "committed by": _committed_by(detail),
         "abort message": detail["abort_message"],
+        "abort detail": detail["abort_detail"],
     }
     _print([{"field": k, "value": v} for k, v in fields.items()], args.output, dict)
     for title, rows, mapper in (

@@ -113,13 +113,15 @@ class PendingCheckpoint:
     def with_declines(self, aborted: CheckpointAborted, declines: Mapping[str, JsonDict]) -> CheckpointAborted:
         """``aborted`` for missing acks, given the reason and message of the steps that declined
         (``declines``: step → ``{"reason", "message"}``); any other abort unchanged."""
-        declined = [declines[s] for s in self.missing_steps if isinstance(declines.get(s), dict)]
+        declined = {s: declines[s] for s in self.missing_steps if isinstance(declines.get(s), dict)}
         if aborted.reason is not AbortReason.DECLINED or not declined:
             return aborted
         reasons = {r.value: r for r in AbortReason}
+        first = next(iter(declined.values()))
         return CheckpointAborted(
-            reasons.get(str(declined[0].get("reason")), AbortReason.DECLINED),
-            f"{aborted.message}: " + "; ".join(str(d.get("message"))[:2000] for d in declined),
+            reasons.get(str(first.get("reason")), AbortReason.DECLINED),
+            f"{aborted.message}: " + "; ".join(str(d.get("message"))[:2000] for d in declined.values()),
+            "\n\n".join(f"{s}: {d['detail']}" for s, d in declined.items() if d.get("detail")),
         )
 
     def complete(

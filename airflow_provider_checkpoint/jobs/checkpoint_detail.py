@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.documents import JsonDict
+from airflow_provider_checkpoint.core.reasons import DETAIL_LIMIT
+from airflow_provider_checkpoint.exceptions import redact
 from airflow_provider_checkpoint.jobs import values
 from airflow_provider_checkpoint.jobs.runs import RunFacts
 
@@ -142,6 +144,7 @@ def checkpoint_detail(
         "committed_by": committed_by,
         "committed_by_run_id": values.text_or_none(record.get("committed_by_run_id"), 250),
         "abort_message": values.text(record.get("message"), ABORT_MESSAGE_LIMIT),
+        "abort_detail": redact(values.text(record.get("detail"), DETAIL_LIMIT)),
         "steps": steps,
         "sinks": sinks,
     }

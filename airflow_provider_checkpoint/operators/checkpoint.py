@@ -219,7 +219,7 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _step(self, ti: Any, plan: CheckpointPlan) -> Ack:
         """Run this step of ``plan`` as attempt ``try_number``; on failure push the decline and raise."""
-        from airflow_provider_checkpoint.spark.acks import decline_for
+        from airflow_provider_checkpoint.spark.acks import decline_for, decline_record
         from airflow_provider_checkpoint.spark.runner import describe_metrics
 
         if plan.restore_point is not None:
@@ -234,9 +234,7 @@ class SparkCheckpointOperator(BaseOperator):
             ack = self._run(plan, attempt, channels)
         except Exception as e:
             declined = decline_for(e)
-            ti.xcom_push(
-                key=DECLINE_KEY, value={"reason": declined.reason.value, "message": f"{self.step}: {declined}"}
-            )
+            ti.xcom_push(key=DECLINE_KEY, value=decline_record(self.step, declined))
             if declined.fatal:
                 raise AirflowFailException(str(declined)) from e
             raise

@@ -10,6 +10,7 @@ import json
 
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
+from airflow_provider_checkpoint.core.reasons import detail, deterministic, reason
 from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
@@ -28,11 +29,19 @@ def decline_for(e: BaseException) -> StepDeclined:
     """How an exception of a step declines its checkpoint."""
     if isinstance(e, StepDeclined):
         return e
+    full = detail(e)
     e = raised_in_spark(e) or e
-    reason = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
-    reason = AbortReason.IO_ERROR if isinstance(e, OSError) else reason
-    fatal = isinstance(e, RefusedInputError | CheckpointStorageError)  # StateTooLargeError is refused input
-    return StepDeclined(reason, str(e), fatal)
+    why = AbortReason.CORRUPT_STATE if isinstance(e, CheckpointStorageError) else AbortReason.DECLINED
+    why = AbortReason.IO_ERROR if isinstance(e, OSError) else why
+    # StateTooLargeError is refused input; a Spark analysis error or a definition error repeats on a retry
+    fatal = isinstance(e, RefusedInputError | CheckpointStorageError) or deterministic(e)
+    return StepDeclined(why, reason(e), fatal, full)
+
+
+def decline_record(step: str, declined: StepDeclined) -> JsonDict:
+    """What a failed step attempt pushes for finalize: its abort reason, a one-line message naming the step
+    and the error (never blank), and the error's full text (the checkpoint's detail)."""
+    return {"reason": declined.reason.value, "message": f"{step}: {declined}", "detail": declined.detail}
 
 
 def read_ack(storage: JobStorage, plan: CheckpointPlan, step: str, attempt: int) -> Ack:
@@ -75,11 +84,17 @@ def read_decline(storage: JobStorage, attempt_dir: str) -> StepDeclined | None:
     try:
         d = load_json(storage.read_bytes(f"{attempt_dir}/{DECLINE_FILE}"), storage.url(f"{attempt_dir}/{DECLINE_FILE}"))
         reasons = {r.value: r for r in AbortReason}
-        return StepDeclined(reasons.get(str(d["reason"]), AbortReason.DECLINED), str(d["message"]), bool(d["fatal"]))
+        why = reasons.get(str(d["reason"]), AbortReason.DECLINED)
+        return StepDeclined(why, str(d["message"]), bool(d["fatal"]), str(d.get("detail", "")))
     except (ValueError, KeyError, TypeError) as e:
         return StepDeclined(AbortReason.DECLINED, f"unreadable {DECLINE_FILE} in {attempt_dir}: {e}", False)
 
 
 def write_decline(storage: JobStorage, attempt_dir: str, declined: StepDeclined) -> None:
-    record: JsonDict = {"reason": declined.reason.value, "message": str(declined), "fatal": declined.fatal}
+    record: JsonDict = {
+        "reason": declined.reason.value,
+        "message": str(declined),
+        "fatal": declined.fatal,
+        "detail": declined.detail,
+    }
     storage.write_atomic(f"{attempt_dir}/{DECLINE_FILE}", json.dumps(record).encode())

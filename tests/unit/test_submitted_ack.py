@@ -61,8 +61,8 @@ def test_a_state_file_refusal_raised_inside_spark_declines_as_corrupt_state_for_
     declined = decline_for(spark_error)
     assert (declined.reason, declined.fatal) == (AbortReason.CORRUPT_STATE, True)
     assert str(declined) == (
-        "state file file:/x/kg.parquet holds a key of key group 7, outside the range its handle records [0, 0]: "
-        "restore another checkpoint"
+        "StateFileError: state file file:/x/kg.parquet holds a key of key group 7, outside the range its handle "
+        "records [0, 0]: restore another checkpoint"
     )
     other = decline_for(RuntimeError("[DIVIDE_BY_ZERO] division by zero"))
     assert (other.reason, other.fatal) == (AbortReason.DECLINED, False)
