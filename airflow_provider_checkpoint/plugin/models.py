@@ -215,6 +215,7 @@ class CheckpointDetail(BaseModel):
     committed_by: str | None = Field(description="finalize, or trigger: the next run's trigger finished the commit")
     committed_by_run_id: str | None
     abort_message: str
+    abort_detail: str = Field(description="The full text of the errors behind an abort (empty when none)")
     steps: list[StepDetail]
     sinks: list[SinkCommit]
 
