@@ -307,3 +307,29 @@ def test_a_valid_pipeline_has_no_problem(tmp_path: Path) -> None:
         DeltaTableSink(uid="held_out", input=hold, path=str(tmp_path / "held"), partition_by=["segment"]),
     ]
     assert problems([source, agg, *hold.inputs, hold, *sinks]) == []
+
+
+def test_a_dead_letter_path_in_the_landing_directory_is_a_feedback_loop(tmp_path: Path) -> None:
+    landing = tmp_path / "landing"
+    with collecting() as nodes:
+        source = FileSource(
+            uid="files",
+            path=str(landing),
+            format="json",
+            schema=SCHEMA,
+            on_malformed="dead_letter",
+            dead_letter_path=str(landing / "dead"),
+        )
+        ParquetTableSink(uid="out", input=source, path=str(tmp_path / "out"))
+    with pytest.raises(PipelineDefinitionError, match=r"files\.dead_letters: target: .* lies where source files reads"):
+        PipelineGraph(nodes)
+
+
+def test_a_pipeline_s_dag_is_refused_when_it_is_built(tmp_path: Path) -> None:
+    from airflow_provider_checkpoint import CheckpointedPipeline
+
+    refused = pytest.raises(PipelineDefinitionError, match=r"per_user: keys: 'usr' not among")
+    with refused, CheckpointedPipeline(dag_id="refused", storage=f"file://{tmp_path}/checkpoints"):
+        source = events(tmp_path)
+        agg = KeyedAggregate(uid="per_user", input=source, keys=["usr"], aggs={"n": "count"})
+        ParquetTableSink(uid="out", input=agg, path=str(tmp_path / "out"), mode="upsert", keys=["usr"])
