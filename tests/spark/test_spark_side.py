@@ -329,3 +329,27 @@ def test_merge_takes_the_newest_delta_row_per_key(spark, small, layers, value):
         ((k, *v) for k, v in want.items()), key=str
     )
     assert [f.name for f in merge(full_df, changes_df, ["k"], small, layers).schema.fields] == ["k", "n", "s"]
+
+
+def test_spark_s_own_analysis_and_parse_errors_decline_for_good_with_their_class(spark) -> None:
+    """Real Spark errors (a parse error's message starts with a newline) read as one line naming their class,
+    and decline for good; a path not found yet is retried."""
+    from pyspark.errors import AnalysisException  # ParseException is one
+
+    from airflow_provider_checkpoint.spark.acks import decline_for
+
+    mistakes = {
+        'ParseException [UNSUPPORTED_DATATYPE]: Unsupported data type "STRNG"': lambda: spark.createDataFrame(
+            [], "user STRNG, ts LONG"
+        ),
+        "ParseException [PARSE_SYNTAX_ERROR]: Syntax error at or near 'SELEC'": lambda: spark.sql("SELEC 1"),
+        "AnalysisException [UNRESOLVED_COLUMN.WITH_SUGGESTION]: A column": lambda: spark.range(1).select("tss"),
+        "AnalysisException [PATH_NOT_FOUND]: Path does not exist": lambda: spark.read.json("/nonexistent/x"),
+    }
+    for start, mistake in mistakes.items():
+        with pytest.raises(AnalysisException) as caught:
+            mistake()
+        declined = decline_for(caught.value)
+        assert str(declined).startswith(start), str(declined)
+        assert declined.fatal is ("PATH_NOT_FOUND" not in start)
+        assert str(caught.value).strip() in declined.detail
