@@ -58,8 +58,10 @@ export async function showDetail(view, id) {
     el("div", { class: "detail-head" }, back,
       el("h2", { id: "detail-title" }, `Checkpoint ${r.checkpoint_id}`), badge(r.status), el("span", { class: "muted" }, r.type)),
     r.status !== "COMPLETED" && (d.abort_message || r.reason)
-      ? el("div", { class: "alert error", id: "abort-reason" }, el("strong", {}, r.reason || r.status), " ", d.abort_message || r.message,
-        d.abort_detail ? el("details", { id: "abort-detail" }, el("summary", {}, "Full error"), el("pre", { class: "mono" }, d.abort_detail)) : "")
+      ? el("div", { class: "alert error", id: "abort-reason" }, el("strong", {}, r.reason || r.status), " ", d.abort_message || r.message)
+      : "",
+    d.abort_detail
+      ? el("details", { class: "card", id: "abort-detail" }, el("summary", {}, "Full error"), el("pre", { class: "mono" }, d.abort_detail))
       : "",
     el("div", { class: "card" }, fields([
       ["DAG run", d.dag_run_url ? airflowLink(d.dag_run_url, r.run_id) : r.run_id || "-"],
