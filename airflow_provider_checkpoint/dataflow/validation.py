@@ -74,8 +74,15 @@ class _Validator:
         self.problems: list[Problem] = []
         self.outputs: dict[str, Columns | None] = {}
         for node in nodes:
-            self.outputs[node.uid] = self._visit(node)
+            self._follow(node)
         self._check_targets([n for n in nodes if isinstance(n, Sink)], [n for n in nodes if isinstance(n, Source)])
+
+    def _follow(self, node: Node) -> None:
+        """Visit ``node`` after its inputs (whatever order ``nodes`` came in), once."""
+        if node.uid not in self.outputs:
+            for input in node.inputs:
+                self._follow(input)
+            self.outputs[node.uid] = self._visit(node)
 
     def problem(self, node: Node, field: str, message: str, fix: str) -> None:
         self.problems.append(Problem(node.uid, field, message, fix))
@@ -116,9 +123,15 @@ class _Validator:
             declared = self.parse(node, "schema", ddl) if ddl else {}
             if declared is None:
                 return None
-            added = {c.name: c.type for c in parse_schema(node.added_columns())} if node.added_columns() else {}
+            adds = node.added_columns()
+            added = {c.name: c.type for c in parse_schema(adds)} if adds else {}
             if clash := sorted(set(map(str.lower, declared)) & set(map(str.lower, added))):
-                self.problem(node, "schema", f"column(s) {clash} clash with the columns the source adds", "rename them")
+                self.problem(
+                    node,
+                    "schema",
+                    f"column(s) {clash} clash with the columns the source adds ({', '.join(added)})",
+                    "rename them in the schema, or leave them out of what the source adds (metadata_columns)",
+                )
             return {**declared, **added}
         if isinstance(node, Channel):
             return self.input(node)

@@ -333,3 +333,10 @@ def test_a_pipeline_s_dag_is_refused_when_it_is_built(tmp_path: Path) -> None:
         source = events(tmp_path)
         agg = KeyedAggregate(uid="per_user", input=source, keys=["usr"], aggs={"n": "count"})
         ParquetTableSink(uid="out", input=agg, path=str(tmp_path / "out"), mode="upsert", keys=["usr"])
+
+
+def test_nodes_in_any_order_are_followed_from_their_inputs(tmp_path: Path) -> None:
+    source = events(tmp_path)
+    agg = KeyedAggregate(uid="per_user", input=source, keys=["user"], aggs={"n": "count"})
+    sink = ParquetTableSink(uid="out", input=agg, path=str(tmp_path / "out"), mode="upsert", keys=["usr"])
+    assert [(p.uid, p.field) for p in problems([sink, agg, source])] == [("out", "keys")]
