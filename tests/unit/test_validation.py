@@ -340,3 +340,9 @@ def test_nodes_in_any_order_are_followed_from_their_inputs(tmp_path: Path) -> No
     agg = KeyedAggregate(uid="per_user", input=source, keys=["user"], aggs={"n": "count"})
     sink = ParquetTableSink(uid="out", input=agg, path=str(tmp_path / "out"), mode="upsert", keys=["usr"])
     assert [(p.uid, p.field) for p in problems([sink, agg, source])] == [("out", "keys")]
+
+
+def test_a_source_on_a_filesystem_this_machine_lacks_is_no_error(tmp_path: Path) -> None:
+    remote = FileSource(uid="remote", path="nosuchfs://bucket/landing", format="json", schema=SCHEMA)
+    sink = ParquetTableSink(uid="out", input=remote, path=str(tmp_path / "out"))
+    assert problems([remote, sink]) == []

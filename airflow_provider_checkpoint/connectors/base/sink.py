@@ -78,6 +78,15 @@ def table_url(uid: str, path: str) -> str:
     return _url(kind.protocol, normalized.rstrip("/"))
 
 
+def known_table_url(uid: str, path: str) -> str | None:
+    """:func:`table_url`, or ``None`` where no installed filesystem serves ``path`` (nothing to compare it with:
+    a sink there could not be declared)."""
+    try:
+        return table_url(uid, path)
+    except CheckpointStorageError:
+        return None
+
+
 def check_mode(uid: str, mode: str) -> None:
     """Refuse a sink ``mode`` other than ``append`` or ``upsert`` when the pipeline is defined."""
     if mode not in MODES:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.connectors.base.sink import table_url
+from airflow_provider_checkpoint.connectors.base.sink import known_table_url
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
@@ -125,7 +125,7 @@ class DeltaSource(Source):
 
     def reads_target(self, target: str) -> bool:
         """Whether ``target`` is this table."""
-        return target == table_url(self.uid, self.path)
+        return target == known_table_url(self.uid, self.path)
 
     def describe(self) -> JsonDict:
         skip = {"on_restore": self.on_restore} if self.on_restore != "fail" else {}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.connectors.base.sink import table_url
+from airflow_provider_checkpoint.connectors.base.sink import known_table_url
 from airflow_provider_checkpoint.connectors.files import dead_letters
 from airflow_provider_checkpoint.connectors.files import positions as file_positions
 from airflow_provider_checkpoint.connectors.files.landing import Listing, clean_file, hidden, list_landing
@@ -163,8 +163,8 @@ class FileSource(Source):
     def reads_target(self, target: str) -> bool:
         """Whether a table written at ``target`` lies in the landing directory, not under a hidden name,
         with data files (``*.parquet``) that ``pattern`` matches."""
-        landing = table_url(self.uid, self.path)
-        if target != landing and not target.startswith(landing + "/"):
+        landing = known_table_url(self.uid, self.path)
+        if landing is None or (target != landing and not target.startswith(landing + "/")):
             return False
         inside = target[len(landing) + 1 :]
         return not (inside and hidden(inside)) and fnmatch.fnmatch("part-00000.parquet", self.pattern)
