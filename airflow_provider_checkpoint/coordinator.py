@@ -38,6 +38,7 @@ from airflow_provider_checkpoint.exceptions import (
     MetadataError,
     RefusedInputError,
     RestoreError,
+    how_to_restore,
 )
 from airflow_provider_checkpoint.restore.point import Restorer, RestoreSource
 from airflow_provider_checkpoint.restore.snapshot import verify_state
@@ -142,7 +143,7 @@ class CheckpointCoordinator:
             raise JobNotRunning(
                 job.status,
                 f"job {job.job_id} is {job.status.value}: {job.status_reason or 'no reason recorded'}. "
-                "Restore it from a checkpoint or savepoint (restore_from_checkpoint DAG) to resume.",
+                f"To resume, restore it from a checkpoint or savepoint: {how_to_restore('latest', job.job_id)}.",
             )
         return job
 

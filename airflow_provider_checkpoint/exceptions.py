@@ -66,6 +66,18 @@ def shorten(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def how_to_restore(checkpoint: str, job_id: str | None = None) -> str:
+    """What a user runs to restore ``job_id`` to ``checkpoint``: the restore DAG (and how to expose it
+    when the DAGs folder lacks it), or the CLI."""
+    job = job_id or "<the job>"
+    return (
+        f"trigger the DAG restore_from_checkpoint with job_id={job} and checkpoint={checkpoint} (if your Airflow "
+        "lacks it, a file in the DAGs folder exposes it: 'from airflow_provider_checkpoint.dags import "
+        f"restore_from_checkpoint_dag; dag = restore_from_checkpoint_dag()'), or run 'airflow checkpoints restore "
+        f"{job} --checkpoint {checkpoint}'"
+    )
+
+
 class CheckpointError(Exception):
     """Base of every exception the provider raises on purpose."""
 

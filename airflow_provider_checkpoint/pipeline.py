@@ -65,7 +65,7 @@ def savepoint_params() -> dict[str, Param]:
             type=["boolean", "null"],  # Airflow's form marks a Param required unless null is allowed
             title="Stop after the savepoint",
             description="Set the job STOPPED once the savepoint is written: scheduled runs are skipped "
-            "until the job is restored (restore_from_checkpoint DAG).",
+            "until the job is restored (the restore_from_checkpoint DAG or 'airflow checkpoints restore').",
         ),
     }
 

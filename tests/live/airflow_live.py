@@ -28,7 +28,6 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.prefix) / "bin"
-AIRFLOW = VENV_BIN / "airflow"
 ADMIN_USER = "admin"
 DAGS = ("example_clickstream", "restore_from_checkpoint", "example_downstream")
 # SimpleAuthManager users and roles: a viewer may read every DAG but trigger none; a user
@@ -96,6 +95,8 @@ class LiveAirflow:
     port: int
     password: str
     env: dict[str, str]
+    bin_dir: Path = VENV_BIN
+    """The ``bin`` directory of the venv the services run from."""
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict)
     username: str = ADMIN_USER
@@ -270,25 +271,34 @@ def checkout_on_path() -> dict[str, str]:
 
 
 def service_env(
-    root: Path, port: int, password_file: Path, dags_folder: Path = REPO / "dags", extra: dict[str, str] | None = None
+    root: Path,
+    port: int,
+    password_file: Path,
+    dags_folder: Path = REPO / "dags",
+    extra: dict[str, str] | None = None,
+    installed_bin: Path | None = None,
 ) -> dict[str, str]:
-    """The environment of every service: inherited, minus any Airflow settings, plus ours."""
+    """The environment of every service: inherited, minus any Airflow settings, plus ours. With
+    ``installed_bin`` (the ``bin`` of a venv the provider was installed into from its wheel) the services
+    run from that venv with no part of this checkout on their path (an empty plugins folder)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("AIRFLOW")
         and k not in ("CHECKPOINT_FAULTS", "CHECKPOINT_FAULTS_FILE", "CLICKSTREAM_DIR", "PYTHONPATH")
+        # an installed venv holds no bytecode yet (uv compiles none): its first imports write it, as pip's would
+        and not (installed_bin and k == "PYTHONDONTWRITEBYTECODE")
     }
     base_url = f"http://127.0.0.1:{port}"
     env.update(
         {
-            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+            "PATH": f"{installed_bin or VENV_BIN}{os.pathsep}{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
             "PYTHONUNBUFFERED": "1",
-            **checkout_on_path(),
+            **({} if installed_bin else checkout_on_path()),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW_HOME": str(root / "airflow-home"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(root / "plugins" if installed_bin else REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -330,7 +340,7 @@ def _start(live: LiveAirflow, name: str, *args: str) -> None:
     log = open(live.log_of(name), "ab")  # noqa: SIM115 - closed by the child's lifetime
     try:
         live.procs[name] = subprocess.Popen(
-            [str(AIRFLOW), *args],
+            [str(live.bin_dir / "airflow"), *args],
             env=live.env,
             cwd=live.home,
             stdin=subprocess.DEVNULL,
@@ -384,16 +394,24 @@ def running_airflow(
     dags_folder: Path = REPO / "dags",
     dag_ids: tuple[str, ...] = DAGS,
     extra_env: dict[str, str] | None = None,
+    installed_bin: Path | None = None,
 ) -> Iterator[LiveAirflow]:
     """Migrate the DB, start the four services, wait until they are healthy and the DAGs
     ``dag_ids`` of ``dags_folder`` are parsed and unpaused; stop everything on exit, also
-    after a failure."""
+    after a failure. ``installed_bin``: run them from that venv instead (:func:`service_env`)."""
     held = reserved_port()
     port = int(held.getsockname()[1])
     passwords = {user: secrets.token_urlsafe(12) for user in USER_ROLES}
     password = passwords[ADMIN_USER]
     home = root / "airflow-home"
-    for d in (home, root / "service-logs", root / "clickstream" / "landing", root / "checkpoints", root / "savepoints"):
+    for d in (
+        home,
+        root / "plugins",
+        root / "service-logs",
+        root / "clickstream" / "landing",
+        root / "checkpoints",
+        root / "savepoints",
+    ):
         d.mkdir(parents=True, exist_ok=True)
     password_file = home / "simple_auth_manager_passwords.json"
     password_file.write_text(json.dumps(passwords) + "\n")  # SimpleAuthManager keeps known users
@@ -401,13 +419,14 @@ def running_airflow(
         root=root,
         port=port,
         password=password,
-        env=service_env(root, port, password_file, dags_folder, extra_env),
+        env=service_env(root, port, password_file, dags_folder, extra_env, installed_bin),
+        bin_dir=installed_bin or VENV_BIN,
         passwords=passwords,
     )
     try:
         with open(live.log_of("db-migrate"), "wb") as log:
             migrated = subprocess.run(
-                [str(AIRFLOW), "db", "migrate"],
+                [str(live.bin_dir / "airflow"), "db", "migrate"],
                 env=live.env,
                 cwd=home,
                 stdin=subprocess.DEVNULL,

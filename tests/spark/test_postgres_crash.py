@@ -246,7 +246,7 @@ def test_a_staging_table_dropped_by_hand_says_what_to_do_and_a_restore_lands_eve
             attempt()
         message = str(stuck.value)
         assert f"staging table {job.schema}.{staged} is gone" in message and "checkpoint 2" in message
-        assert "restore_from_checkpoint DAG with checkpoint=<an id before 2>" in message
+        assert "restore_from_checkpoint with job_id=<the job> and checkpoint=<an id before 2>" in message
         assert postgres_server.password not in message
     job.assert_landed_once(1)
 

@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "plugin": 10,
     "cli": 10,
     "pipeline": 11,
+    "dags": 11,
     "testing": 11,
     "get_provider_info": 11,
     "": 11,  # the package's __init__ (its names load lazily)

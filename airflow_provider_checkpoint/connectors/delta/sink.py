@@ -39,7 +39,12 @@ from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
-from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError, SinkSchemaError
+from airflow_provider_checkpoint.exceptions import (
+    PipelineDefinitionError,
+    SinkClaimedError,
+    SinkSchemaError,
+    how_to_restore,
+)
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 
 if TYPE_CHECKING:
@@ -261,8 +266,9 @@ class DeltaTableSink(DeltaCommitter):
         else:
             version, checkpoint = max(before)
             way = (
-                f"restore the job to checkpoint {checkpoint} (restore_from_checkpoint DAG): it returns the table to "
-                f"version {version}, undoing them and this job's checkpoints {after} after them, which it replays"
+                f"restore the job to checkpoint {checkpoint} ({how_to_restore(str(checkpoint))}): it returns the "
+                f"table to version {version}, undoing them and this job's checkpoints {after} after them, which it "
+                "replays"
             )
         return (
             f"Delta table {url}: version(s) {versions[:5]} added {len(foreign)} file(s) this upsert sink did not "

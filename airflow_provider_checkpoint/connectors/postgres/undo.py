@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError, how_to_restore
 
 if TYPE_CHECKING:
     import psycopg
@@ -67,9 +67,9 @@ def refuse_commit(uid: str, schema: str, table: str, expected: int, checkpoint_i
         f"sink {uid}: cannot commit checkpoint {checkpoint_id}: its staging table {schema}.{table} {found}, the "
         f"checkpoint staged {expected} rows there (was it dropped or changed by hand?). Checkpoint {checkpoint_id} "
         "is complete (its _metadata exists), so its finalize and every trigger of the job stop here until it is "
-        "moved past: restore the job to an earlier retained checkpoint (the restore_from_checkpoint DAG with "
-        f"checkpoint=<an id before {checkpoint_id}>): the restore rolls every sink back to it and the next run "
-        f"reads the input of checkpoint {checkpoint_id} again (see docs/postgres.md, 'A staging table is gone')"
+        "moved past: restore the job to an earlier retained checkpoint "
+        f"({how_to_restore(f'<an id before {checkpoint_id}>')}): the restore rolls every sink back to it and the next "
+        f"run reads the input of checkpoint {checkpoint_id} again (see docs/postgres.md, 'A staging table is gone')"
     )
 
 
