@@ -35,7 +35,10 @@ hypothesis_settings.load_profile("project")
 
 LIVE = "tests/live/"
 CHAOS = "tests/live/test_chaos.py"
-SLOWEST_FIRST = (CHAOS, LIVE, "tests/airflow/test_cluster_execution.py")
+CELERY = "tests/live/test_celery_topology.py"
+OWN_SERVICES = (CHAOS, CELERY)
+"""Live test modules that start Airflow services of their own (not the shared ``live_airflow``)."""
+SLOWEST_FIRST = (CHAOS, LIVE, CELERY, "tests/airflow/test_cluster_execution.py")
 """Started first, so that the two workers ``make test`` runs (pytest-xdist) end together: the
 longest groups first, the many short modules after them. The chaos test leaves about a third of
 two cores idle (it waits for its scheduler), which the other worker's tests use."""
@@ -43,10 +46,10 @@ two cores idle (it waits for its scheduler), which the other worker's tests use.
 
 def worker_group(nodeid: str) -> str:
     """What one worker runs whole: a test module (module fixtures set up once), or every live test
-    but the chaos test (they share the live Airflow services, started once; the chaos test starts
-    its own)."""
+    but those of :data:`OWN_SERVICES` (they share the live Airflow services, started once; the
+    others start their own)."""
     module = nodeid.split("::", 1)[0]
-    return LIVE if module.startswith(LIVE) and module != CHAOS else module
+    return LIVE if module.startswith(LIVE) and module not in OWN_SERVICES else module
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
