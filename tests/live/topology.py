@@ -31,8 +31,8 @@ class Topology:
     worker_concurrency: int = 2
 
     def __post_init__(self) -> None:
-        if self.schedulers > 1 and self.database_url is None:
-            raise ValueError("several schedulers need a database with row locks: set database_url (PostgreSQL)")
+        if (self.schedulers > 1 or self.celery_broker_url) and self.database_url is None:
+            raise ValueError("several schedulers and CeleryExecutor need a shared database: set database_url")
         if (self.celery_broker_url is None) != (self.celery_workers == 0):
             raise ValueError("CeleryExecutor needs both celery_broker_url and celery_workers > 0")
 
@@ -56,8 +56,7 @@ class Topology:
             env.update(
                 {
                     "AIRFLOW__CELERY__BROKER_URL": self.celery_broker_url,
-                    "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.database_url}" if self.database_url else "",
-                    "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.worker_concurrency),
+                    "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.database_url}",
                     # Celery's default, set: the provider warns in every process when it is not
                     "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "86400",
                 }
