@@ -36,7 +36,10 @@ hypothesis_settings.load_profile("project")
 LIVE = "tests/live/"
 CHAOS = "tests/live/test_chaos.py"
 INSTALLED = "tests/live/test_installed_wheel.py"
-SLOWEST_FIRST = (CHAOS, LIVE, INSTALLED, "tests/airflow/test_cluster_execution.py")
+CELERY = "tests/live/test_celery_topology.py"
+OWN_SERVICES = (CHAOS, INSTALLED, CELERY)
+"""Live test modules that start Airflow services of their own (not the shared ``live_airflow``)."""
+SLOWEST_FIRST = (CHAOS, LIVE, CELERY, INSTALLED, "tests/airflow/test_cluster_execution.py")
 """Started first, so that the two workers ``make test`` runs (pytest-xdist) end together: the
 longest groups first, the many short modules after them. The chaos test leaves about a third of
 two cores idle (it waits for its scheduler), which the other worker's tests use."""
@@ -44,10 +47,10 @@ two cores idle (it waits for its scheduler), which the other worker's tests use.
 
 def worker_group(nodeid: str) -> str:
     """What one worker runs whole: a test module (module fixtures set up once), or every live test
-    but the chaos and installed-wheel tests (they share the live Airflow services, started once; those
-    two start their own)."""
+    but those of :data:`OWN_SERVICES` (they share the live Airflow services, started once; the
+    others start their own)."""
     module = nodeid.split("::", 1)[0]
-    return LIVE if module.startswith(LIVE) and module not in (CHAOS, INSTALLED) else module
+    return LIVE if module.startswith(LIVE) and module not in OWN_SERVICES else module
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

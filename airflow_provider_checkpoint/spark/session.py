@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -130,7 +129,8 @@ def get_spark(
                 (input_bytes or 0) >> 20,
                 FULL_JIT_INPUT_BYTES >> 20,
             )
-        # the JVM's stderr (its start-up warnings) joins stdout, which the task log records as INFO
-        gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": subprocess.STDOUT})
+        # the JVM's stderr (its start-up warnings) joins stdout, which the task log records as INFO: file
+        # descriptor 1 itself (subprocess.STDOUT would ask sys.__stdout__, closed in a Celery worker's task)
+        gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": 1})
         SparkContext(conf=spark_conf, gateway=gateway)
     return SparkSession.builder.config(conf=spark_conf).getOrCreate()

@@ -1,10 +1,11 @@
 """Real Airflow services (api-server, scheduler, dag-processor, triggerer) for the live tests.
 
-Everything runs in subprocesses against an isolated ``AIRFLOW_HOME`` (SQLite,
-LocalExecutor), on a free loopback port, with the repository's ``dags/`` folder. Each
-service is its own process group, so stopping it also stops the task processes and
-Spark JVMs it started. Nothing here sleeps for a fixed time to synchronise: every wait
-polls a condition with a deadline.
+Everything runs in subprocesses against an isolated ``AIRFLOW_HOME`` (by default SQLite and
+LocalExecutor; a :class:`~tests.live.topology.Topology` selects PostgreSQL, CeleryExecutor,
+several schedulers and Celery workers), on a free loopback port, with the repository's
+``dags/`` folder. Each service is its own process group, so stopping it also stops the task
+processes and Spark JVMs it started. Nothing here sleeps for a fixed time to synchronise:
+every wait polls a condition with a deadline.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +26,8 @@ from urllib.parse import quote
 
 import httpx
 
+from tests.live.topology import Topology, kill_service, stop_process_group
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.prefix) / "bin"
 ADMIN_USER = "admin"
@@ -34,7 +36,6 @@ DAGS = ("example_clickstream", "restore_from_checkpoint", "example_downstream")
 # without a role is authenticated but has no permission at all (403 everywhere).
 USER_ROLES = {ADMIN_USER: "admin", "viewer": "viewer", "nobody": ""}
 TERMINAL_RUN_STATES = {"success", "failed"}
-SERVICES = ("dag-processor", "scheduler", "triggerer", "api-server")
 # What Airflow 3.3's UI trigger form sends as conf when only "Take a savepoint" is switched
 # on: every Param with its value, the untouched savepoint_dir as null. test_ui_savepoint.py
 # captures the real request and checks it against this.
@@ -97,7 +98,9 @@ class LiveAirflow:
     env: dict[str, str]
     bin_dir: Path = VENV_BIN
     """The ``bin`` directory of the venv the services run from."""
+    topology: Topology = field(default_factory=Topology)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, tuple[str, ...]] = field(default_factory=dict)
     passwords: dict[str, str] = field(default_factory=dict)
     username: str = ADMIN_USER
     _token: str | None = None
@@ -244,7 +247,7 @@ class LiveAirflow:
 
     def diagnostics(self) -> str:
         parts = [f"AIRFLOW_HOME={self.home}  api={self.base_url}"]
-        for name in SERVICES:
+        for name in self.commands:
             parts.append(f"--- airflow {name} ({self.log_of(name)}) ---\n{tail(self.log_of(name))}")
         parts.append(self.task_log_tails())
         return "\n".join(parts)
@@ -253,6 +256,38 @@ class LiveAirflow:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def start(self, name: str, *args: str) -> None:
+        """Start service ``name`` (``airflow <args>``; with no args, the command it was started with
+        before) in a process group of its own, its output appended to :meth:`log_of`."""
+        args = args or self.commands[name]
+        self.commands[name] = args
+        with open(self.log_of(name), "ab") as log:
+            self.procs[name] = subprocess.Popen(
+                [str(self.bin_dir / "airflow"), *args],
+                env=self.env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: task processes and JVMs stop with it
+            )
+
+    def kill(self, name: str) -> list[str]:
+        """SIGKILL service ``name`` with every process it started (task processes, Spark JVMs), as a
+        machine that dies would (:func:`~tests.live.topology.kill_service`); return the command names
+        of the processes killed. :meth:`start` restarts it."""
+        return kill_service(self.procs.pop(name))
+
+    def wait_for_workers(self, names: list[str], timeout: float) -> None:
+        """Poll until each Celery worker of ``names`` logged that it is ready (connected to the broker)."""
+
+        def ready() -> bool:
+            self.check_alive()
+            return all(f"{name}@" in (log := self.log_of(name).read_text(errors="replace")) and " ready." in log
+                       for name in names)  # fmt: skip
+
+        poll(f"Celery workers {', '.join(names)} to be ready", ready, timeout)
 
 
 def checkout_on_path() -> dict[str, str]:
@@ -301,7 +336,6 @@ def service_env(
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(root / "plugins" if installed_bin else REPO / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "6",  # 3 steps + the restore DAG's waiting trigger task
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
@@ -336,39 +370,6 @@ def service_env(
     return env
 
 
-def _start(live: LiveAirflow, name: str, *args: str) -> None:
-    log = open(live.log_of(name), "ab")  # noqa: SIM115 - closed by the child's lifetime
-    try:
-        live.procs[name] = subprocess.Popen(
-            [str(live.bin_dir / "airflow"), *args],
-            env=live.env,
-            cwd=live.home,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: task processes and JVMs stop with it
-        )
-    finally:
-        log.close()
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
-    try:
-        pgid = os.getpgid(proc.pid)
-    except ProcessLookupError:
-        pgid = proc.pid  # the leader is gone; its group may still have members
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    # the leader may be gone while children (task runners, JVMs) linger: kill the rest
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
 def _healthy(live: LiveAirflow) -> bool:
     live.check_alive()
     r = live.client.get("/api/v2/monitor/health")
@@ -395,10 +396,13 @@ def running_airflow(
     dag_ids: tuple[str, ...] = DAGS,
     extra_env: dict[str, str] | None = None,
     installed_bin: Path | None = None,
+    topology: Topology | None = None,
 ) -> Iterator[LiveAirflow]:
-    """Migrate the DB, start the four services, wait until they are healthy and the DAGs
-    ``dag_ids`` of ``dags_folder`` are parsed and unpaused; stop everything on exit, also
-    after a failure. ``installed_bin``: run them from that venv instead (:func:`service_env`)."""
+    """Migrate the DB, start the services of ``topology`` (default: :class:`Topology`'s), wait until
+    they are healthy, the Celery workers ready and the DAGs ``dag_ids`` of ``dags_folder`` parsed and
+    unpaused; stop everything on exit, also after a failure. ``installed_bin``: run them from that venv
+    instead (:func:`service_env`)."""
+    topology = topology or Topology()
     held = reserved_port()
     port = int(held.getsockname()[1])
     passwords = {user: secrets.token_urlsafe(12) for user in USER_ROLES}
@@ -419,9 +423,10 @@ def running_airflow(
         root=root,
         port=port,
         password=password,
-        env=service_env(root, port, password_file, dags_folder, extra_env, installed_bin),
+        env=service_env(root, port, password_file, dags_folder, {**topology.env(), **(extra_env or {})}, installed_bin),
         bin_dir=installed_bin or VENV_BIN,
         passwords=passwords,
+        topology=topology,
     )
     try:
         with open(live.log_of("db-migrate"), "wb") as log:
@@ -436,11 +441,14 @@ def running_airflow(
             )
         if migrated.returncode != 0:
             raise ServiceError(f"airflow db migrate failed:\n{tail(live.log_of('db-migrate'))}")
-        _start(live, "dag-processor", "dag-processor")
-        _start(live, "scheduler", "scheduler", "--skip-serve-logs")  # task logs are local files
-        _start(live, "triggerer", "triggerer", "--skip-serve-logs")  # deferred sensors wait here
+        live.start("dag-processor", "dag-processor")
+        for name in topology.scheduler_names():
+            live.start(name, "scheduler", "--skip-serve-logs")  # task logs are local files
+        live.start("triggerer", "triggerer", "--skip-serve-logs")  # deferred sensors wait here
+        for name in topology.worker_names():
+            live.start(name, *topology.worker_command(name))
         held.close()
-        _start(live, "api-server", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
+        live.start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
         try:
             started = time.monotonic()
             poll(
@@ -448,6 +456,7 @@ def running_airflow(
                 lambda: _healthy(live),
                 startup_timeout,
             )
+            live.wait_for_workers(topology.worker_names(), max(30.0, startup_timeout - (time.monotonic() - started)))
             remaining = max(30.0, startup_timeout - (time.monotonic() - started))
             poll(
                 f"DAGs {', '.join(dag_ids)} to be parsed", lambda: _dags_parsed(live, dag_ids), remaining, interval=2.0
