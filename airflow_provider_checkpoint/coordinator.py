@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
@@ -36,6 +37,7 @@ from airflow_provider_checkpoint.exceptions import (
     JobNotRunning,
     LeaseHeld,
     MetadataError,
+    PipelineCheckError,
     RefusedInputError,
     RestoreError,
     how_to_restore,
@@ -61,6 +63,15 @@ class CheckpointEvents(Protocol):
 
     def recorded(self, record: JsonDict) -> None:
         """The stats record of a completed or aborted checkpoint was written (once per checkpoint)."""
+
+
+@dataclass(frozen=True)
+class VersionCheck:
+    """The pipeline check of one version of the pipeline's definition (:mod:`.dataflow.version`):
+    ``run`` returns its problems (each printable, naming its node and a fix), empty when it passes."""
+
+    version: str
+    run: Callable[[], Sequence[object]]
 
 
 class CheckpointCoordinator:
@@ -101,8 +112,10 @@ class CheckpointCoordinator:
         options: JsonDict | None = None,
         periodic: bool = False,
         holder_alive: Callable[[JsonDict], bool] | None = None,
+        check: VersionCheck | None = None,
     ) -> CheckpointPlan:
-        """Recover, clean up, then plan checkpoint ``n+1`` and hold the job's lease for it.
+        """Recover, clean up, check a new version of the pipeline, then plan checkpoint ``n+1`` and hold the
+        job's lease for it.
 
         The restore point is the pending restore request (``_restore.json``) if there is
         one, else the latest completed checkpoint. ``options`` may carry
@@ -113,6 +126,10 @@ class CheckpointCoordinator:
         Every document is checked before the first effect (beyond the lease): the savepoint
         target, then the latest checkpoint's identity, id and placement, then the restore
         point's compatibility with the deployed operators; recovery and cleanup come after.
+
+        ``check`` runs when its version is not the one the job record says passed: problems refuse
+        the checkpoint with :class:`PipelineCheckError` before an id is allocated (nothing staged,
+        no failure counted); a pass is recorded with the plan, so each version is checked once.
         """
         now = time.time() if now is None else now
         options = dict(options or {})
@@ -125,6 +142,7 @@ class CheckpointCoordinator:
                 job, run_id, now, periodic and checkpoint_type is CheckpointType.CHECKPOINT
             )
             self._clean_up(job, now)
+            self._check_version(job, check)
             self._record_topology(job)
             restore_point = self.restorer.restore_point(restore_from, options)
             plan = self._plan(job, run_id, checkpoint_type, now, restore_point, options)
@@ -135,6 +153,22 @@ class CheckpointCoordinator:
         if self.events:
             self.events.triggered(plan)
         return plan
+
+    def _check_version(self, job: JobRecord, check: VersionCheck | None) -> None:
+        """Run ``check`` unless its version passed already; refuse the checkpoint with its problems."""
+        if check is None or job.checked_version == check.version:
+            return
+        problems = check.run()
+        if problems:
+            for problem in problems:
+                log.error("pipeline check of job %s, version %s: %s", job.job_id, check.version, problem)
+            listed = " | ".join(f"{i}) {p}" for i, p in enumerate(problems, 1))
+            raise PipelineCheckError(
+                f"version {check.version} of the pipeline of job {job.job_id} fails the pipeline check with "
+                f"{len(problems)} problem(s), so no checkpoint was started: {listed}"
+            )
+        log.info("version %s of the pipeline of job %s passed the pipeline check", check.version, job.job_id)
+        job.checked_version = check.version
 
     def _running_job(self) -> JobRecord:
         """The job record; :class:`JobNotRunning` unless the job runs."""

@@ -173,6 +173,11 @@ class DeltaSourceError(RefusedInputError):
     message names the table and the versions."""
 
 
+class PipelineCheckError(PipelineDefinitionError):
+    """The pipeline check (a dry run on empty input) found problems in a version of the pipeline; the
+    message lists each with its node's uid and a fix. No checkpoint was started."""
+
+
 class SinkClaimedError(PipelineDefinitionError):
     """A sink's target belongs to another (job, sink uid) or was written with another layout."""
 

@@ -98,6 +98,11 @@ class CheckpointedPipeline:
     ``step_retries`` retries, each cutting a new barrier); a pipeline of more steps is
     refused at DAG-parse time.
 
+    ``check_versions`` (default ``True``): before the first checkpoint of every new version of the
+    pipeline's definition, the trigger builds every step's Spark plan on empty input and resolves
+    every sink's input against its existing table, and refuses the checkpoint with the problems
+    it finds (``airflow checkpoints check`` runs the same check; see ``docs/writing-a-pipeline.md``).
+
     ``on_malformed`` (``"fail"`` or ``"dead_letter"``) and ``max_malformed_fraction``
     (default 0.5) are the defaults of every source that sets none (see
     :class:`~airflow_provider_checkpoint.connectors.files.source.FileSource`); dead letters go to
@@ -131,6 +136,7 @@ class CheckpointedPipeline:
         max_malformed_fraction: float = 0.5,
         dead_letter_path: str | None = None,
         chain: bool = False,
+        check_versions: bool = True,
         **dag_kwargs: Any,
     ) -> None:
         if retained_checkpoints is not None and retained_checkpoints < 1:
@@ -164,6 +170,7 @@ class CheckpointedPipeline:
         self.spark_conn_id = spark_conn_id
         self.wait_for_input = wait_for_input
         self.chain = chain
+        self.check_versions = check_versions
         if dead_letter_path is None and storage_conn_id is None:
             dead_letter_path = f"{(storage or default_storage_root()).rstrip('/')}/{self.job_id}/dead_letters"
         self.source_defaults = SourceDefaults(on_malformed, max_malformed_fraction, dead_letter_path)
@@ -194,6 +201,7 @@ class CheckpointedPipeline:
             spark_conf=self.spark_conf,
             dag_id=self.dag.dag_id,
             spark_conn_id=self.spark_conn_id,
+            check_versions=self.check_versions,
         )
         first = self._chained_task(graph) if self.chain else self._tasks(graph)
         if self.wait_for_input is not None:

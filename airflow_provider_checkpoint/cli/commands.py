@@ -31,7 +31,7 @@ from airflow_provider_checkpoint.jobs.checkpoint_detail import is_restore
 from airflow_provider_checkpoint.jobs.registry import find_job, list_jobs
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 
-REFUSED, AUDIT_FINDINGS = 2, 3
+REFUSED, FINDINGS = 2, 3
 
 
 @contextmanager
@@ -356,5 +356,40 @@ def audit(args: argparse.Namespace) -> None:
     for finding in findings:
         _say(str(finding))
     if findings:
-        raise SystemExit(AUDIT_FINDINGS)
+        raise SystemExit(FINDINGS)
     _say(f"job {args.job_id}: clean ({storage.url()})")
+
+
+@providers_configuration_loaded
+def check(args: argparse.Namespace) -> None:
+    """The pipeline check of a DAG as Airflow parses it (``airflow dags test``'s lookup: ``--bundle-name``,
+    ``--dagfile-path``): one problem a line with its node and fix, exit 3 when there is any."""
+    from airflow.exceptions import AirflowException
+    from airflow.utils.cli import get_bagged_dag
+
+    from airflow_provider_checkpoint.dataflow.version import pipeline_version
+    from airflow_provider_checkpoint.jobs.check import check_job, job_of
+
+    with _refusals("check refused: "), _logs_to_stderr(args.output):
+        try:
+            dag = get_bagged_dag(args.bundle_name, args.dag_id, args.dagfile_path)
+        except (AirflowException, ValueError) as e:  # not found, failed to parse, a file outside the bundle
+            _say(
+                f"check refused: {e} (airflow dags list-import-errors shows why a file fails to parse; with "
+                "--dagfile-path, name the file's bundle with --bundle-name)",
+                error=True,
+            )
+            raise SystemExit(REFUSED) from e
+        job = job_of(dag)
+        problems = check_job(job)
+    version = pipeline_version(job.graph)
+    if args.output in ("json", "yaml"):
+        found = [{"uid": p.uid, "message": p.message, "fix": p.fix} for p in problems]
+        _document({"dag_id": args.dag_id, "job_id": job.job_id, "version": version, "problems": found}, args.output)
+    else:
+        for problem in problems:
+            _say(str(problem))
+        verdict = f"{len(problems)} problem(s)" if problems else "passes the pipeline check"
+        _say(f"DAG {args.dag_id} (job {job.job_id}), version {version}: {verdict}")
+    if problems:
+        raise SystemExit(FINDINGS)

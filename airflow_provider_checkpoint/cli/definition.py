@@ -9,12 +9,13 @@ from typing import Any
 
 EXIT_CODES = """Exit codes scripts can rely on:
 
-* ``0`` — done (for ``audit``: the job is clean; for ``restore --dry-run``: the snapshot is restorable)
+* ``0`` — done (for ``audit``: the job is clean; for ``restore --dry-run``: the snapshot is restorable;
+  for ``check``: the pipeline passes the pipeline check)
 * ``1`` — an unexpected error (a traceback: please report it)
 * ``2`` — refused: wrong usage (argparse), an unknown job or checkpoint, a path outside the
   allowed roots, a snapshot that cannot be restored, a malformed stored document; the
   message names the document or argument, the field and the rule
-* ``3`` — ``audit`` found problems (one finding a line)
+* ``3`` — ``audit`` or ``check`` found problems (one finding a line)
 """
 
 
@@ -34,7 +35,15 @@ def _at_least(low: int) -> Callable[[str], int]:
 
 
 def get_cli_commands() -> list[Any]:
-    from airflow.cli.cli_config import ARG_OUTPUT, ActionCommand, Arg, GroupCommand, lazy_load_command
+    from airflow.cli.cli_config import (
+        ARG_BUNDLE_NAME,
+        ARG_DAGFILE_PATH,
+        ARG_OUTPUT,
+        ActionCommand,
+        Arg,
+        GroupCommand,
+        lazy_load_command,
+    )
 
     def command(name: str) -> Any:
         return lazy_load_command(f"airflow_provider_checkpoint.cli.commands.{name}")
@@ -91,6 +100,13 @@ def get_cli_commands() -> list[Any]:
             ),
         ),
         ActionCommand(
+            name="check",
+            help="Check a pipeline DAG before it runs: every step's Spark plan on empty input, every sink "
+            "against its existing table (the check the trigger runs once per version)",
+            func=command("check"),
+            args=(Arg(("dag_id",), help="The pipeline DAG"), ARG_BUNDLE_NAME, ARG_DAGFILE_PATH, ARG_OUTPUT),
+        ),
+        ActionCommand(
             name="audit",
             help="Check a quiescent job's storage for leftovers and damage",
             func=command("audit"),
@@ -100,7 +116,7 @@ def get_cli_commands() -> list[Any]:
     return [
         GroupCommand(
             name="checkpoints",
-            help="Checkpointed jobs: status, history, savepoints, restore, audit",
+            help="Checkpointed jobs: status, history, savepoints, restore, audit, check",
             subcommands=commands,
             epilog=EXIT_CODES.replace("``", ""),
         )

@@ -30,6 +30,8 @@ class JobRecord:
     last_checkpoint_id: int = 0
     failures: FailureAccounting = field(default_factory=FailureAccounting)
     savepoints: list[JsonDict] = field(default_factory=list)
+    checked_version: str = ""
+    """The version of the pipeline's definition that last passed the pipeline check ("": none yet)."""
 
     def allocate_checkpoint_id(self) -> int:
         self.last_checkpoint_id += 1
@@ -70,6 +72,7 @@ class JobRecord:
                 "last_checkpoint_id": self.last_checkpoint_id,
                 "failures": self.failures.to_dict(),
                 "savepoints": self.savepoints,
+                "checked_version": self.checked_version,
             },
             indent=1,
             sort_keys=True,
@@ -97,6 +100,7 @@ class JobRecord:
                 last_checkpoint_id=f.integer("last_checkpoint_id", default=0),
                 failures=FailureAccounting.from_dict(f.raw.get("failures", {}), source, "failures"),
                 savepoints=f.each("savepoints", _savepoint_entry(source), default=[]),
+                checked_version=f.text("checked_version", max_length=64, default=""),
             )
         except DocumentError as e:
             raise JobRecordError(str(e)) from None

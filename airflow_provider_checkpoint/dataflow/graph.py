@@ -134,6 +134,13 @@ class Source(Node):
         """Everything in ``[previous, barrier)``, deterministically, as a cached DataFrame."""
         raise NotImplementedError
 
+    def empty(self, spark: SparkSession) -> DataFrame | None:
+        """What :meth:`read` gives for a range without records (its columns, no rows), built without reading
+        any record: the pipeline check (:mod:`~airflow_provider_checkpoint.spark.dry_run`) analyses the plans
+        downstream on it. ``None`` (the default): the source cannot tell its columns before it reads, and
+        what depends on it is not checked."""
+        return None
+
     def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
         """:meth:`read` and its number of records; a source that can count while it reads overrides it."""
         df = self.read(ctx, previous, barrier)
@@ -333,6 +340,11 @@ class Sink(Node):
         string: its :meth:`asset_uri`, or the tables of a connection it writes."""
         uri = self.asset_uri()
         return [] if uri is None else [uri]
+
+    def check_input(self, df: DataFrame) -> None:
+        """The dry run of :meth:`stage` (the pipeline check): raise what staging input with ``df``'s columns
+        would raise about the target (another job's, of another kind, columns that do not fit its existing
+        table), changing nothing: no claim stored, no table created, no row read. No check here."""
 
     def prepare(self, ctx: StepContext) -> None:
         """Called before the step does any Spark work: check the target (reachable, writable by

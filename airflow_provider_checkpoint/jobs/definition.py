@@ -26,6 +26,8 @@ class CheckpointJob:
     dag_id: str | None = None
     spark_conn_id: str | None = None
     """A ``spark`` or ``spark_connect`` connection the steps run through (default ``[checkpoint] spark_conn_id``)."""
+    check_versions: bool = True
+    """The trigger runs the pipeline check once per version of the pipeline's definition (:mod:`.check`)."""
 
     def resolved_settings(self) -> CheckpointSettings:
         settings = self.settings or CheckpointSettings()

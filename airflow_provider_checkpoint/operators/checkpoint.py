@@ -10,8 +10,10 @@ from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceS
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.utils.types import DagRunType
 
+from airflow_provider_checkpoint.coordinator import VersionCheck
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
+from airflow_provider_checkpoint.dataflow.version import pipeline_version
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointError,
@@ -19,6 +21,7 @@ from airflow_provider_checkpoint.exceptions import (
     JobNotRunning,
     UnsafePathError,
 )
+from airflow_provider_checkpoint.jobs.check import check_job
 from airflow_provider_checkpoint.jobs.definition import CheckpointJob
 from airflow_provider_checkpoint.jobs.registry import register
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot
@@ -67,6 +70,7 @@ def trigger_checkpoint(task: BaseOperator, job: CheckpointJob, context: Context)
     ti = context["ti"]
     dag_run = context["dag_run"]
     _register(task, job)
+    check = VersionCheck(pipeline_version(job.graph), lambda: check_job(job)) if job.check_versions else None
     try:
         plan = job.coordinator().trigger(
             context["run_id"],
@@ -74,6 +78,7 @@ def trigger_checkpoint(task: BaseOperator, job: CheckpointJob, context: Context)
             options=options,
             periodic=getattr(dag_run, "run_type", None) == DagRunType.SCHEDULED,
             holder_alive=lambda holder: _run_is_active(ti, holder),
+            check=check,
         )
     except JobNotRunning as e:
         if e.status is JobStatus.STOPPED:
@@ -171,7 +176,9 @@ class CheckpointTriggerOperator(BaseOperator):
 
     Skips the run (and so finalize) when the job is STOPPED or a scheduled run falls in
     the minimum pause; fails without retry when the job is FAILED, another checkpoint of
-    the job is in flight, or a restore request is invalid. Returns (XCom) the checkpoint
+    the job is in flight, a restore request is invalid, or a new version of the pipeline
+    fails the pipeline check (run once per version before its first checkpoint, in a Spark
+    session of its own: :mod:`~airflow_provider_checkpoint.jobs.check`). Returns (XCom) the checkpoint
     plan every step and the finalize task read.
 
     The run's params ``savepoint``, ``savepoint_dir`` and ``stop_after_savepoint`` (the

@@ -125,8 +125,56 @@ def _records_out(metrics: JsonDict) -> int:
     return sum(int(s["rows"]) for s in sinks.values()) + int(metrics.get("channel_rows_out", 0))
 
 
-class _StepRun:
-    """One attempt of one step: runs its nodes in order, each by the runner of its kind (:data:`RUNNERS`)."""
+class StepWalk:
+    """A walk over a step's nodes in order, each run by the method its kind names (:data:`RUNNERS`): the
+    stateless nodes (transforms, unions) apply here; a subclass runs sources, stateful operators,
+    channels and sinks (:class:`_StepRun` over the checkpoint's input, the pipeline check over empty input)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, DataFrame] = {}
+
+    def run(self, node: Node) -> None:
+        for kind in type(node).__mro__:
+            if kind in RUNNERS:
+                getattr(self, RUNNERS[kind])(node)
+                return
+        raise TypeError(f"{node!r}: unsupported node type")
+
+    def input_of(self, node: Node) -> DataFrame:
+        return self.outputs[node.inputs[0].uid]
+
+    def transform(self, node: Transform) -> None:
+        self.outputs[node.uid] = node.apply(self.input_of(node))
+
+    def union(self, node: Union) -> None:
+        self.outputs[node.uid] = node.apply([self.outputs[n.uid] for n in node.inputs])
+
+    def source(self, node: Source) -> None:
+        raise NotImplementedError
+
+    def stateful(self, node: StatefulOperator) -> None:
+        raise NotImplementedError
+
+    def channel(self, node: Channel) -> None:
+        raise NotImplementedError
+
+    def sink(self, node: Sink) -> None:
+        raise NotImplementedError
+
+
+RUNNERS: dict[type[Node], str] = {
+    Source: "source",
+    Transform: "transform",
+    Union: "union",
+    StatefulOperator: "stateful",
+    Channel: "channel",
+    Sink: "sink",
+}
+"""The :class:`StepWalk` method that runs each kind of node, by node class (the nearest registered base applies)."""
+
+
+class _StepRun(StepWalk):
+    """One attempt of one step: its nodes over the checkpoint's input, state and sinks."""
 
     def __init__(
         self,
@@ -135,10 +183,10 @@ class _StepRun:
         settings: CheckpointSettings,
         channels: Mapping[str, tuple[str, ChannelSnapshot]],
     ) -> None:
+        super().__init__()
         self.ctx, self.graph, self.settings, self.channels = ctx, graph, settings, channels
         self.restore = ctx.plan.restore_point
         self.restore_base = restore_base(ctx.storage, self.restore)
-        self.outputs: dict[str, DataFrame] = {}
         self.snapshots: dict[str, OperatorSnapshot] = {}
         self.committables: dict[str, list[JsonDict]] = {}
         self.produced: dict[str, ChannelSnapshot] = {}
@@ -146,15 +194,6 @@ class _StepRun:
         self.read_once = _read_once(graph, ctx.step)
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
-
-    def run(self, node: Node) -> None:
-        for kind in type(node).__mro__:
-            if kind in RUNNERS:
-                return RUNNERS[kind](self, node)
-        raise TypeError(f"{node!r}: unsupported node type")
-
-    def input_of(self, node: Node) -> DataFrame:
-        return self.outputs[node.inputs[0].uid]
 
     def source(self, node: Source) -> None:
         ctx, barrier = self.ctx, self.ctx.plan.barrier.positions[node.uid]
@@ -166,12 +205,6 @@ class _StepRun:
             df, records = node.read_counted(ctx, previous, barrier)
             _count_records(ctx, node.uid, records)
         self.outputs[node.uid] = df
-
-    def transform(self, node: Transform) -> None:
-        self.outputs[node.uid] = node.apply(self.input_of(node))
-
-    def union(self, node: Union) -> None:
-        self.outputs[node.uid] = node.apply([self.outputs[n.uid] for n in node.inputs])
 
     def stateful(self, node: StatefulOperator) -> None:
         ctx = self.ctx
@@ -236,17 +269,6 @@ class _StepRun:
             raise self.refused[0]
         if self.refused:
             raise SinkSchemaError(f"{len(self.refused)} sinks refuse their input: " + "; ".join(map(str, self.refused)))
-
-
-RUNNERS: dict[type[Node], Callable[[_StepRun, Any], None]] = {
-    Source: _StepRun.source,
-    Transform: _StepRun.transform,
-    Union: _StepRun.union,
-    StatefulOperator: _StepRun.stateful,
-    Channel: _StepRun.channel,
-    Sink: _StepRun.sink,
-}
-"""How each kind of node runs in a step, by node class (the nearest registered base class applies)."""
 
 
 def restored_position(plan: CheckpointPlan, uid: str) -> Any:

@@ -248,6 +248,17 @@ def test_a_table_not_matching_the_input_is_refused(spark, postgres_server, targe
         _stage(spark, upsert, "job", 1, _rows(1, range(3)))
 
 
+def test_the_pipeline_check_refuses_what_the_step_would_and_creates_nothing(spark, postgres_server, target):
+    df, sink = spark.createDataFrame([], SCHEMA), _sink(target)
+    sink.bind_job("job")
+    sink.check_input(df)  # no table yet: the first stage creates it from the input; the check creates nothing
+    with postgres_server.connect() as db:
+        assert db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s", [target]).fetchone() == (0,)
+        db.execute(f"CREATE TABLE {target}.facts (k text, v bigint, other int, {CHECKPOINT_COLUMN} bigint)")
+    with pytest.raises(SinkSchemaError, match=r"missing columns \['amount', 'ts', 'tags'\].*\['other'\]"):
+        sink.check_input(df)
+
+
 def test_another_jobs_table_is_refused_before_any_spark_work(spark, postgres_server, target):
     sink = _sink(target)
     sink.commit(1, _stage(spark, sink, "job-a", 1, _rows(1, range(3))))

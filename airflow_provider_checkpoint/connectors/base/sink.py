@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, delete_tree, list_tree, read_document
-from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
+from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_key_columns
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
@@ -37,6 +37,7 @@ from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     PipelineDefinitionError,
     SinkClaimedError,
+    SinkSchemaError,
     UnsafePathError,
     shorten,
 )
@@ -46,6 +47,7 @@ from airflow_provider_checkpoint.storage.object_store import check_reachable
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -85,6 +87,26 @@ def known_table_url(uid: str, path: str) -> str | None:
         return table_url(uid, path)
     except CheckpointStorageError:
         return None
+
+
+def check_input_columns(table: str, table_columns: dict[str, str], input_columns: dict[str, str], evolve: str) -> None:
+    """Refuse input whose columns (name → type) differ from the ``table``'s: missing, retyped or added;
+    ``evolve`` says how to add a column to such a table (no schema evolution is automatic)."""
+    missing = sorted(set(table_columns) - set(input_columns))
+    added = sorted(set(input_columns) - set(table_columns))
+    retyped = sorted(c for c in set(table_columns) & set(input_columns) if table_columns[c] != input_columns[c])
+    problems = []
+    if missing:
+        problems.append(f"missing column(s) {missing}")
+    if retyped:
+        problems.append(
+            "retyped column(s) "
+            + ", ".join(f"{c} ({table_columns[c]} in the table, {input_columns[c]} in the input)" for c in retyped)
+        )
+    if added:
+        problems.append(f"added column(s) {added} ({evolve})")
+    if problems:
+        raise SinkSchemaError(f"{table}: the input does not match the table's schema: {'; '.join(problems)}")
 
 
 def check_mode(uid: str, mode: str) -> None:
@@ -194,6 +216,19 @@ class TransactionalSink(Sink):
         ``unique_keys`` are among the keys)."""
         unique = self.unique_keys()
         return self.mode == "upsert" and (unique is None or not set(unique) <= set(self.keys))
+
+    def check_input(self, df: DataFrame) -> None:
+        """The target (:meth:`check_target`), its claim (this job's, or none yet), an upsert input's key
+        columns, and the input's columns against the existing table (:meth:`check_columns`); read only."""
+        self.check_target()
+        self.owned_claim(self.load_claim())
+        if self.mode == "upsert":
+            check_key_columns(self.uid, df, self.keys, self.sequence_by)
+        self.check_columns(df.schema)
+
+    def check_columns(self, schema: StructType) -> None:
+        """Refuse input columns ``schema`` that do not fit the existing target, reading only its metadata;
+        nothing to check when it has none yet (the first stage creates it from the input). None here."""
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage ``df`` as checkpoint ``ctx.checkpoint_id``'s output; return the committables."""

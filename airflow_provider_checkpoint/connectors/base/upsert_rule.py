@@ -66,7 +66,7 @@ def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Se
     """
     from pyspark.sql import functions as F
 
-    _check_columns(uid, df, keys, sequence_by)
+    check_key_columns(uid, df, keys, sequence_by)
     ordered = df.withColumn(_ORDER, F.monotonically_increasing_id())
     row = F.struct(*[F.col(f"`{c}`") for c in df.columns])
     order = F.struct(*[F.col(f"`{c}`") for c in sequence_by], F.col(_ORDER))
@@ -74,7 +74,8 @@ def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Se
     return latest.select(*[F.col(_ROW)[c].alias(c) for c in df.columns])
 
 
-def _check_columns(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Sequence[str]) -> None:
+def check_key_columns(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Sequence[str]) -> None:
+    """Refuse an upsert input without its keys' or ``sequence_by``'s columns."""
     missing = [c for c in [*keys, *sequence_by] if c not in df.columns]
     if missing:
         raise SinkSchemaError(
@@ -122,7 +123,7 @@ class UpsertRows:
 
         if not limit or (self.count is not None and self.count > limit):
             return None
-        _check_columns(self.uid, self.df, self.keys, self.sequence_by)
+        check_key_columns(self.uid, self.df, self.keys, self.sequence_by)
         types = {f.name: f.dataType for f in self.df.schema.fields}
         if self.reduce and not (
             all(_comparable_in_arrow(types[k], floating=False) for k in self.keys)

@@ -26,7 +26,7 @@ from typing import Any
 from airflow_provider_checkpoint.connectors.delta.deletion_vectors import Descriptor, read_descriptor
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
 from airflow_provider_checkpoint.core.documents import Fields, path_problem
-from airflow_provider_checkpoint.exceptions import DocumentError, SinkSchemaError
+from airflow_provider_checkpoint.exceptions import DocumentError
 
 _UPSERT_FILE = re.compile(r"^chk-([1-9]\d{0,18})/(?:[^/]+/)*part-(?:b(\d{5})|u\d{10}-\d{5})\.parquet$")
 _APPEND_FILE = re.compile(r"^chk-([1-9]\d{0,18})/(?:[^/]+/)*part-[^/]+\.parquet$")
@@ -194,30 +194,3 @@ def file_identities(files: dict[str, DataFile]) -> dict[str, Any]:
 def dv_files(commit: DeltaCommit) -> set[str]:
     """The DV files a commit's new deletion vectors are stored in."""
     return {p for p in (d.new.file() for d in commit.deletes) if p is not None}
-
-
-def check_input_columns(table: str, table_columns: dict[str, str], input_columns: dict[str, str]) -> None:
-    """Refuse input whose columns (name → Delta type) differ from the table's: missing, retyped or added.
-
-    Schema evolution is not automatic: add the column to the table first (``DeltaTable.alter.add_columns``).
-    """
-    missing = sorted(set(table_columns) - set(input_columns))
-    added = sorted(set(input_columns) - set(table_columns))
-    retyped = sorted(c for c in set(table_columns) & set(input_columns) if table_columns[c] != input_columns[c])
-    problems = []
-    if missing:
-        problems.append(f"missing column(s) {missing}")
-    if retyped:
-        problems.append(
-            "retyped column(s) "
-            + ", ".join(f"{c} ({table_columns[c]} in the table, {input_columns[c]} in the input)" for c in retyped)
-        )
-    if added:
-        problems.append(
-            f"added column(s) {added} (no automatic schema evolution: add them to the table first, "
-            "e.g. DeltaTable.alter.add_columns, then restart the job)"
-        )
-    if problems:
-        raise SinkSchemaError(
-            f"Delta table {table}: the input does not match the table's schema: {'; '.join(problems)}"
-        )

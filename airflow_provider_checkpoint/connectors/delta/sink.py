@@ -21,19 +21,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from airflow_provider_checkpoint.connectors.base.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
-from airflow_provider_checkpoint.connectors.base.sink import check_mode
+from airflow_provider_checkpoint.connectors.base.sink import check_input_columns, check_mode
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by
 from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
 from airflow_provider_checkpoint.connectors.delta.committer import DeltaCommitter
-from airflow_provider_checkpoint.connectors.delta.files import (
-    DeltaCommit,
-    DeltaFile,
-    check_input_columns,
-    is_upsert_file,
-)
+from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaFile, is_upsert_file
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
 from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import in_call
@@ -50,6 +45,7 @@ from airflow_provider_checkpoint.fileio.writes import write_parquet
 if TYPE_CHECKING:
     import fsspec
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -125,6 +121,28 @@ class DeltaTableSink(DeltaCommitter):
         """Check the target, claim it, stage the checkpoint's files: the table opened once (:mod:`.opened`)."""
         return super().stage(ctx, df)
 
+    @in_call
+    def check_input(self, df: DataFrame) -> None:
+        """:meth:`stage`'s checks without writing: the table opened once (:mod:`.opened`), only its log read."""
+        super().check_input(df)
+
+    def check_columns(self, schema: StructType) -> None:
+        """The input's columns and the sink's partitioning against the table's, when it has one."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        layout = self._existing_layout()
+        if layout is not None:
+            self._check_input(layout, to_arrow_schema(schema, timezone="UTC"))
+
+    def _existing_layout(self) -> _Layout | None:
+        """The table's layout from the log the log check replayed, else from delta-rs; ``None``: no table yet."""
+        layout = _layout(self._table().state())
+        table = self._delta() if layout is None else None
+        if table is None:
+            return layout
+        metadata = table.metadata()
+        return _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
+
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root, staging = self._prepare(ctx, df)
         written = write_parquet(df, fs, staging, self.partition_by, held=self.held_input(ctx))
@@ -157,27 +175,25 @@ class DeltaTableSink(DeltaCommitter):
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(df.schema, timezone="UTC")
-        layout = _layout(self._table().state())
+        layout = self._existing_layout()
         if layout is None:
-            table = self._delta()
-            if table is None:
-                table = self._table().created(
-                    DeltaTable.create(
-                        self.asset_uri(),
-                        schema,
-                        mode="ignore",
-                        partition_by=self.partition_by or None,
-                        storage_options=self.delta_options(),
-                        configuration={_DV_PROPERTY: "true"} if self.upsert else None,
-                    )
+            table = self._table().created(
+                DeltaTable.create(
+                    self.asset_uri(),
+                    schema,
+                    mode="ignore",
+                    partition_by=self.partition_by or None,
+                    storage_options=self.delta_options(),
+                    configuration={_DV_PROPERTY: "true"} if self.upsert else None,
                 )
+            )
             metadata = table.metadata()
             layout = _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
         self._check_input(layout, schema)
         if self.upsert and layout.configuration.get(_DV_PROPERTY) != "true":
-            table = self._delta()
-            assert table is not None  # the layout came from a table
-            table.alter.set_table_properties({_DV_PROPERTY: "true"})  # a table of an earlier version of the sink
+            existing = self._delta()
+            assert existing is not None  # the layout came from a table
+            existing.alter.set_table_properties({_DV_PROPERTY: "true"})  # a table of an earlier version of the sink
         fs, root = self._fs()
         staging = self.table().path(self.staging_name(ctx))
         if fs.exists(staging):
@@ -230,7 +246,11 @@ class DeltaTableSink(DeltaCommitter):
         from deltalake.schema import Schema
 
         url = self.asset_uri()
-        check_input_columns(url, layout.columns, _columns(Schema.from_arrow(schema)))
+        evolve = (
+            "no automatic schema evolution: add them to the table first, e.g. DeltaTable.alter.add_columns, "
+            "then restart the job"
+        )
+        check_input_columns(f"Delta table {url}", layout.columns, _columns(Schema.from_arrow(schema)), evolve)
         if layout.partition_by != self.partition_by:  # an upsert sink has none
             raise SinkSchemaError(
                 f"Delta table {url} is partitioned by {layout.partition_by}, the sink by {self.partition_by}"

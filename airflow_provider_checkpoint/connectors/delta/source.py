@@ -267,6 +267,14 @@ class DeltaSource(Source):
         log.info("source %s: %d file(s) of %s, %s", self.uid, len(files), self.path, read)
         return self._load(ctx.spark, schema, table.metadata().partition_columns, files).cache()
 
+    def empty(self, spark: SparkSession) -> DataFrame:
+        """The columns of the table's latest version (with the change columns with the feed), no rows; its log's
+        metadata is read, no data file."""
+        from pyspark.sql.types import StructType
+
+        schema = StructType.fromJson(delta_log.load_schema(self._table().schema().to_json(), self.path))
+        return spark.createDataFrame([], self.output_schema(schema))
+
     def read_version(self, spark: SparkSession, version: int | None = None) -> DataFrame:
         """The table's rows at ``version`` (default: the latest) as Spark reads them from the version's
         files: partition columns from the log, rows deleted by deletion vectors left out. For readers

@@ -53,6 +53,10 @@ class DeadLetterSink(ParquetTableSink):
         super().__init__(f"{source.uid}.dead_letters", source, path, storage_options=storage_options)
         self.letters = letters
 
+    def check_input(self, df: DataFrame) -> None:
+        """The table against the dead-letter columns (:data:`SCHEMA`), whatever the source's records are."""
+        super().check_input(df.sparkSession.createDataFrame([], SCHEMA))
+
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage the source's malformed records of this checkpoint (``df``, its good records, is not used)."""
         letters = self.letters(ctx)

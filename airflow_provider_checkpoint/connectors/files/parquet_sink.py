@@ -39,7 +39,7 @@ from airflow_provider_checkpoint.connectors.base.bucketed import (
     bucket_file,
     check_buckets,
 )
-from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_mode
+from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_input_columns, check_mode
 from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish, read_document
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
@@ -51,6 +51,7 @@ from airflow_provider_checkpoint.storage.job_storage import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -157,6 +158,31 @@ class ParquetTableSink(TableDirectorySink):
 
     # -- writer (in the step) ----------------------------------------------------------
     record_kind = "parquet"
+
+    def check_columns(self, schema: StructType) -> None:
+        """The input's columns against those of the table's newest committed file (its footer: one small read),
+        by name and type, nullability aside; nothing to check in a table without files."""
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from airflow_provider_checkpoint.fileio.scans import as_nullable
+
+        table = self.table()
+        if not table.exists(""):
+            return
+        committed = sorted(p for p in list_names(table.fs, table.base, "part-") if p.endswith(".parquet"))
+        if not committed:
+            return
+        with table.fs.open(table.path(table.relative(committed[-1])), "rb") as f:
+            footer = pq.read_schema(f)
+        try:
+            stored = as_nullable(from_arrow_schema(footer))
+        except (TypeError, ValueError, NotImplementedError):  # a type Spark does not read: no comparison
+            return
+        types = {f.name: f.dataType.simpleString() for f in stored.fields}
+        given = {f.name: f.dataType.simpleString() for f in as_nullable(schema).fields}
+        evolve = "a Parquet table keeps one schema: drop them before the sink, or write to a new table path"
+        check_input_columns(f"Parquet table {self.asset_uri()}", types, given, evolve)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root = self._fs()

@@ -30,7 +30,7 @@ from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.paths import owned_path
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -284,6 +284,10 @@ class FileSource(Source):
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
         return self.read_counted(ctx, previous, barrier)[0]
 
+    def empty(self, spark: SparkSession) -> DataFrame:
+        """The declared schema's columns, no rows (what a checkpoint without new files reads)."""
+        return spark.createDataFrame([], self.schema)
+
     def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
         """The (good) records in ``[previous, barrier)``, cached, and their count.
 
@@ -294,7 +298,7 @@ class FileSource(Source):
 
         todo = self._todo(ctx, previous, barrier)
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema).cache(), judge(self, ctx, todo, 0, 0)
+            return self.empty(ctx.spark).cache(), judge(self, ctx, todo, 0, 0)
         df = self.load(ctx, todo).cache()
         if self.format == "parquet":
             return df, df.count()
@@ -315,7 +319,7 @@ class FileSource(Source):
 
         todo = self._todo(ctx, previous, barrier)
         if not todo:
-            return ctx.spark.createDataFrame([], self.schema), lambda: judge(self, ctx, todo, 0, 0)
+            return self.empty(ctx.spark), lambda: judge(self, ctx, todo, 0, 0)
         observation = Observation()
         metrics = [F.count(F.lit(1)).alias("records")]
         df = self.load(ctx, todo)

@@ -18,7 +18,7 @@ from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -279,8 +279,15 @@ class KafkaSource(Source):
             ctx.add_metric("malformed_records", malformed)
             ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
             self._malformed[ctx.attempt_tag] = df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull())
-        good = df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNull())
-        return good.drop(LOST, CORRUPT, *_WHERE), records - malformed
+        return self._good(df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNull())), records - malformed
+
+    def _good(self, parsed: DataFrame) -> DataFrame:
+        """The records :meth:`read_counted` gives, from :meth:`_parsed` ones: without the columns of its checks."""
+        return parsed.drop(LOST, CORRUPT, *_WHERE)
+
+    def empty(self, spark: SparkSession) -> DataFrame:
+        """The columns a checkpoint reads (the value parsed with the declared schema, the metadata columns), no rows."""
+        return self._good(self._parsed(spark.createDataFrame([], RAW_SCHEMA)))
 
     def _dead_letters(self, ctx: StepContext) -> DataFrame | None:
         """This attempt's malformed records as dead-letter rows (``file`` = ``topic[partition]``, ``line`` = offset)."""

@@ -53,6 +53,7 @@ from airflow_provider_checkpoint.exceptions import (
 if TYPE_CHECKING:
     import psycopg
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -239,17 +240,31 @@ class PostgresTableSink(TransactionalSink):
         self.claim(ctx.plan.job_id)
 
     # -- writer (step side) ------------------------------------------------------------
+    def _check_names(self, schema: StructType) -> None:
+        """Refuse input columns that are not plain identifiers, or one named ``_checkpoint_id``."""
+        columns = [f.name for f in schema.fields]
+        pg.check_identifiers(self.uid, "columns", columns)
+        if CHECKPOINT_COLUMN in columns:
+            raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
+
+    def check_columns(self, schema: StructType) -> None:
+        """The input's column names, then the table as the step checks it (:func:`~.target.check_target`), not
+        creating it; a table the first stage would create: each column must have a PostgreSQL type."""
+        self._check_names(schema)
+        with self._connection().connect() as db:
+            if target.check_target(self, db, schema, create=False):
+                return
+        for f in schema.fields:
+            pg.pg_type(self.uid, f.name, f.dataType)
+
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         started = time.monotonic()
         conn = self._connection()
         staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
-        columns = [f.name for f in df.schema.fields]
-        pg.check_identifiers(self.uid, "columns", columns)
-        if CHECKPOINT_COLUMN in columns:
-            raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
+        self._check_names(df.schema)
         dead = pg.dead_letter_staging(staging) if self.dead_letters else None
         with conn.connect() as db:
-            types = target.check_target(self, db, df)
+            types = target.check_target(self, db, df.schema)
             null_keys = self.mode == "upsert" and bool(target.unique_index(self, db))
             target.create_staging(self, db, staging, types, ctx.checkpoint_id)
             if self.dead_letters:

@@ -18,21 +18,21 @@ from airflow_provider_checkpoint.exceptions import SinkSchemaError, SinkValueErr
 
 if TYPE_CHECKING:
     import psycopg
-    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 
 log = logging.getLogger(__name__)
 
 
-def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> None:
+def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], schema: StructType) -> None:
     """``CREATE TABLE IF NOT EXISTS`` from the input's columns: in append mode with ``_checkpoint_id``
     (and partitioned by it when the sink attaches partitions), in upsert mode with a unique key."""
     from psycopg import sql
 
     columns = [
         sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(sink.uid, f.name, f.dataType)))
-        for f in df.schema.fields
+        for f in schema.fields
     ]
     if sink.mode == "append":
         columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
@@ -48,8 +48,11 @@ def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> N
     log.info("sink %s: created table %s", sink.uid, sink.target_name())
 
 
-def check_target(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame) -> dict[str, str]:
-    """The target's types of the input columns, the table created first if absent and the sink may;
+def check_target(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], schema: StructType, create: bool = True
+) -> dict[str, str]:
+    """The target's types of the input columns ``schema``, the table created first if absent and the sink
+    may (unless not ``create``: then an absent table the sink may create is not checked, and has no types);
     refused unless its columns are exactly the input's (and ``_checkpoint_id`` in append mode), an
     upsert table has a unique index on exactly the keys, and an append table's partitioning suits
     its commits (:func:`~.partitions.check_partitioning`)."""
@@ -57,9 +60,11 @@ def check_target(sink: pg.SinkTable, db: psycopg.Connection[Any], df: DataFrame)
     if not target:
         if not sink.create_table:
             raise SinkSchemaError(f"sink {sink.uid}: table {sink.target_name()} does not exist (create_table=False)")
-        _create(sink, db, df)
+        if not create:
+            return {}
+        _create(sink, db, schema)
         target = pg.table_columns(db, sink.schema, sink.table_name)
-    expected = [f.name for f in df.schema.fields]
+    expected = [f.name for f in schema.fields]
     own = [CHECKPOINT_COLUMN] if sink.mode == "append" else []
     missing = [c for c in [*expected, *own] if c not in target]
     extra = [c for c in target if c not in expected and c not in own]
