@@ -21,7 +21,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Union,
     collecting,
 )
-from airflow_provider_checkpoint.dataflow.validation import check_pipeline
+from airflow_provider_checkpoint.dataflow.validation import refuse_invalid
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class PipelineGraph:
                     raise PipelineDefinitionError(f"{node.uid}: input {inp.uid} is not part of this pipeline")
         if not self.sinks:
             raise PipelineDefinitionError("a pipeline needs at least one sink")
-        check_pipeline(nodes)
+        refuse_invalid(nodes)
         for sink in self.sinks:
             if sink.needs_source_order():
                 for source in _order_keeping_sources(sink.inputs[0]):

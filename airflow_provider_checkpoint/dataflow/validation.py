@@ -51,7 +51,7 @@ def validate_pipeline(nodes: Sequence[Node]) -> list[Problem]:
     return _Validator(nodes).problems
 
 
-def check_pipeline(nodes: Sequence[Node]) -> None:
+def refuse_invalid(nodes: Sequence[Node]) -> None:
     """Raise :class:`PipelineDefinitionError` listing every problem :func:`validate_pipeline` finds."""
     problems = validate_pipeline(nodes)
     if problems:
