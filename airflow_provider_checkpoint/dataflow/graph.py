@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.model import Barrier, JsonDict
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -262,6 +263,27 @@ class StatefulOperator(Node):
         output of such a checkpoint must be these state rows: every key changed, none deleted.
         ``None`` (the default): the operator has no such form."""
         return None
+
+    def event_time(
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+    ) -> tuple[WatermarkProgress, dict[str, int]] | None:
+        """The watermark this checkpoint reaches from ``before`` (its restore point's) and metrics
+        about its input's event time (late rows), for an operator with an event-time input; ``None``
+        (the default): the operator has none. When given, the snapshot records the watermark and
+        :meth:`process_at` runs instead of :meth:`process`."""
+        return None
+
+    def process_at(
+        self,
+        inputs: Mapping[str, DataFrame],
+        state: DataFrame,
+        barrier: Barrier,
+        before: WatermarkProgress,
+        after: WatermarkProgress,
+    ) -> tuple[DataFrame, DataFrame]:
+        """:meth:`process` of an operator with event time: rows are judged against the watermark
+        ``before`` this checkpoint, and what the watermark ``after`` it closes is emitted by it."""
+        raise NotImplementedError
 
     def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:
         """The new state rows of the keys in ``partials`` (rows of :meth:`partials`), given the

@@ -11,10 +11,11 @@ from it instead. Otherwise it writes a full version (and the next checkpoint con
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
 
 
+Process = Callable[["Mapping[str, DataFrame]", "DataFrame", Barrier], "tuple[DataFrame, DataFrame]"]
+
+
 @dataclass(frozen=True)
 class OperatorCheckpoint:
     """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack;
@@ -83,8 +87,54 @@ def checkpoint_operator(
 ) -> OperatorCheckpoint:
     """Run ``node`` over ``inputs`` from the ``restored`` state and write its new state under ``directory``.
 
-    ``where`` names the step attempt at fault points (``step`` and ``attempt``).
+    ``where`` names the step attempt at fault points (``step`` and ``attempt``). An operator with
+    event time (:meth:`StatefulOperator.event_time`) advances the watermark of its restore point,
+    and its snapshot records the one reached.
     """
+    before = (restored.event_time if restored is not None else None) or WatermarkProgress()
+    timed = node.event_time(inputs, before)
+    if timed is None:
+        return _checkpoint_operator(
+            spark, storage, directory, checkpoint_id, node, inputs, barrier, restored, restore_base, settings, where
+        )
+    after, metrics = timed
+
+    def process(inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> tuple[DataFrame, DataFrame]:
+        return node.process_at(inputs, state, barrier, before, after)
+
+    result = _checkpoint_operator(
+        spark,
+        storage,
+        directory,
+        checkpoint_id,
+        node,
+        inputs,
+        barrier,
+        restored,
+        restore_base,
+        settings,
+        where,
+        process,
+    )
+    return replace(result, snapshot=replace(result.snapshot, event_time=after), metrics={**result.metrics, **metrics})
+
+
+def _checkpoint_operator(
+    spark: SparkSession,
+    storage: Location,
+    directory: str,
+    checkpoint_id: int,
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    barrier: Barrier,
+    restored: OperatorSnapshot | None,
+    restore_base: Location,
+    settings: CheckpointSettings,
+    where: Mapping[str, object],
+    process: Process | None = None,
+) -> OperatorCheckpoint:
+    """:func:`checkpoint_operator`, with ``process`` in place of the operator's :meth:`~StatefulOperator.process`."""
+    process = process or node.process
     own = keeps_files_of(storage, restore_base)
     incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
     layout = StateLayout.of(restored) if restored is not None and own and incremental else None
@@ -101,7 +151,7 @@ def checkpoint_operator(
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = node.changes(inputs, state, barrier, restored.rows), None
         if changelog is None:
-            new_state, output = node.process(inputs, state, barrier)
+            new_state, output = process(inputs, state, barrier)
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
         if changelog is not None and _same_columns(changelog, restored):
             return operator.incremental(layout, changelog, output)
@@ -114,7 +164,7 @@ def checkpoint_operator(
         if restored is not None
         else node.initial_state(spark, inputs)
     )
-    new_state, output = node.process(inputs, state, barrier)
+    new_state, output = process(inputs, state, barrier)
     fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
     snapshot = write_state(
         storage,

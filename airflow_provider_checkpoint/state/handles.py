@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.core.documents import CHECKSUM, Fields, JsonDict
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 
 _CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
@@ -148,6 +149,7 @@ class OperatorSnapshot:
     ``schema`` is the Spark JSON schema of the state rows, ``keys`` the key columns and
     ``max_parallelism`` the number of key groups the keys are hashed into. The state is
     either in files (``handles``) or, when small, ``inline`` (then ``handles`` is empty).
+    ``event_time``: the watermark the operator reached, when it has an event-time input.
     """
 
     handles: tuple[StateHandle, ...]
@@ -156,6 +158,7 @@ class OperatorSnapshot:
     max_parallelism: int
     rows: int = 0
     inline: InlineState | None = None
+    event_time: WatermarkProgress | None = None
 
     @property
     def size(self) -> int:
@@ -171,6 +174,8 @@ class OperatorSnapshot:
         }
         if self.inline is not None:
             d["inline"] = self.inline.to_dict()
+        if self.event_time is not None:
+            d["event_time"] = self.event_time.to_dict()
         return d
 
     @classmethod
@@ -197,6 +202,9 @@ class OperatorSnapshot:
             max_parallelism=max_parallelism,
             rows=f.integer("rows", default=0),
             inline=inline,
+            event_time=WatermarkProgress.from_dict(f.raw["event_time"], document, f.name("event_time"))
+            if f.has("event_time")
+            else None,
         )
 
 
