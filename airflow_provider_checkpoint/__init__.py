@@ -26,6 +26,10 @@ _LAZY = {
     "PostgresTableSink": "airflow_provider_checkpoint.dataflow",
     "Transform": "airflow_provider_checkpoint.dataflow",
     "Union": "airflow_provider_checkpoint.dataflow",
+    "WindowAggregate": "airflow_provider_checkpoint.dataflow",
+    "session": "airflow_provider_checkpoint.dataflow",
+    "sliding": "airflow_provider_checkpoint.dataflow",
+    "tumbling": "airflow_provider_checkpoint.dataflow",
 }
 
 __all__ = [*_LAZY, "__version__"]

@@ -22,6 +22,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
+from airflow_provider_checkpoint.dataflow.windows import WindowAggregate, session, sliding, tumbling
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
 if TYPE_CHECKING:
@@ -64,6 +65,10 @@ __all__ = [
     "TooManyMalformedError",
     "Transform",
     "Union",
+    "WindowAggregate",
+    "session",
+    "sliding",
+    "tumbling",
 ]
 
 

@@ -1,4 +1,4 @@
-"""The watermark rule, durations, and the watermark in ``_metadata``."""
+"""The watermark rule, durations, the watermark in ``_metadata``, and window definitions."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.event_time import MAX_EVENT_TIME, WatermarkProgress, WatermarkSpec, duration_ms
+from airflow_provider_checkpoint.dataflow import FileSource, WindowAggregate, session, sliding, tumbling
 from airflow_provider_checkpoint.exceptions import MetadataError, PipelineDefinitionError
 from tests.unit.helpers import sample
 
@@ -83,3 +84,44 @@ def test_watermark_spec() -> None:
     assert WatermarkSpec.of(("ts", "10 minutes"), "w") == WatermarkSpec("ts", 600_000)
     with pytest.raises(PipelineDefinitionError, match=r"w: watermark must be \(column, bound\)"):
         WatermarkSpec.of("ts", "w")
+
+
+def test_window_shapes() -> None:
+    assert tumbling("5 minutes") == dataclasses.replace(sliding("5 minutes", "5 minutes"), kind="tumbling")
+    assert session("30 minutes").gap_ms == 1_800_000
+    with pytest.raises(PipelineDefinitionError, match="must not exceed size"):
+        sliding("5 minutes", "10 minutes")
+    with pytest.raises(PipelineDefinitionError, match="must be positive"):
+        session("0 s")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"watermark": ("other", "1 minute")}, "must be the time column 'ts'"),
+        ({"emit": "always"}, "emit must be 'final' or 'update'"),
+        ({"emit": "update", "window": session("5 minutes")}, "not supported for session windows"),
+        ({"late": "late_table"}, "late-data table is not built yet"),
+        ({"aggs": {"window_end": "count"}}, "window's own columns"),
+        ({"allowed_lateness": "soon"}, "allowed_lateness"),
+    ],
+)
+def test_a_bad_window_aggregate_is_refused_with_the_fix(kwargs: dict[str, object], message: str) -> None:
+    events = FileSource("events", "/tmp/in", "json", "user STRING, ts TIMESTAMP")
+    arguments: dict[str, object] = {
+        "keys": ["user"],
+        "time_column": "ts",
+        "window": tumbling("5 minutes"),
+        "aggs": {"n": "count"},
+        "watermark": ("ts", "1 minute"),
+        **kwargs,
+    }
+    with pytest.raises(PipelineDefinitionError, match=message):
+        WindowAggregate("w", events, **arguments)  # type: ignore[arg-type]
+
+
+def test_the_window_columns_key_the_output() -> None:
+    events = FileSource("events", "/tmp/in", "json", "user STRING, ts TIMESTAMP")
+    agg = WindowAggregate("w", events, ["user"], "ts", tumbling("5 minutes"), {"n": "count"}, ("ts", "1 minute"))
+    assert agg.unique_keys() == ("user", "window_start", "window_end")
+    assert agg.describe()["window"] == "tumbling(size=300000 ms, slide=300000 ms)"
