@@ -2,7 +2,8 @@
 
 :func:`validate_pipeline` follows the graph from its sources' declared schemas (Spark DDL,
 read by :mod:`.schema_ddl`) through every operator whose output columns its definition fixes
-(a :class:`~.stateful.KeyedAggregate`: keys and aggregates; a :class:`~.graph.Union`; a
+(a :class:`~.stateful.KeyedAggregate`: keys and aggregates; a :class:`~.windows.WindowAggregate`: keys,
+time column and aggregates, then the window's bounds; a :class:`~.graph.Union`; a
 :class:`~.graph.Channel`; :class:`~.multi_input.DimensionEnrichment` and
 :class:`~.multi_input.IntervalJoin`), and reports every column a node names that its input
 does not have: keys, aggregated columns, ``sequence_by``, sink keys and partition columns, a
@@ -26,6 +27,7 @@ from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Sour
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
+from airflow_provider_checkpoint.dataflow.windows import WINDOW_END, WINDOW_START, WindowAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 Columns = dict[str, str | None]
@@ -165,6 +167,8 @@ class _Validator:
         return first
 
     def _stateful(self, node: StatefulOperator) -> Columns | None:
+        if isinstance(node, WindowAggregate):
+            return self._windows(node)
         if isinstance(node, KeyedAggregate):
             columns = self.input(node)
             self.require(node, "keys", node.keys, columns, node.inputs[0])
@@ -180,6 +184,22 @@ class _Validator:
         if isinstance(node, IntervalJoin):
             return self._interval_join(node)
         return None
+
+    def _windows(self, node: WindowAggregate) -> Columns | None:
+        columns = self.input(node)
+        self.require(node, "keys", node.group_keys, columns, node.inputs[0])
+        self.require(node, "time_column", [node.time_column], columns, node.inputs[0])
+        self.require(node, "aggs", node.input_columns(), columns, node.inputs[0])
+        time = _type_of(columns, node.time_column)
+        if time is not None and _comparable(time) != "timestamp":
+            self.problem(
+                node,
+                "time_column",
+                f"{node.time_column!r} is {time}, not a timestamp",
+                f"cast it in a Transform first, e.g. F.col({node.time_column!r}).cast('timestamp')",
+            )
+        keys = {k: _type_of(columns, k) for k in node.group_keys}
+        return {**keys, WINDOW_START: "timestamp", WINDOW_END: "timestamp", **dict.fromkeys(node.aggs)}
 
     def _enrichment(self, node: DimensionEnrichment) -> Columns | None:
         facts, dimension = self.input(node, 0), self.input(node, 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -11,7 +12,15 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.event_time import MAX_EVENT_TIME, WatermarkProgress, WatermarkSpec, duration_ms
-from airflow_provider_checkpoint.dataflow import FileSource, WindowAggregate, session, sliding, tumbling
+from airflow_provider_checkpoint.dataflow import (
+    FileSource,
+    ParquetTableSink,
+    WindowAggregate,
+    session,
+    sliding,
+    tumbling,
+)
+from airflow_provider_checkpoint.dataflow.validation import validate_pipeline
 from airflow_provider_checkpoint.exceptions import MetadataError, PipelineDefinitionError
 from tests.unit.helpers import sample
 
@@ -125,3 +134,17 @@ def test_the_window_columns_key_the_output() -> None:
     agg = WindowAggregate("w", events, ["user"], "ts", tumbling("5 minutes"), {"n": "count"}, ("ts", "1 minute"))
     assert agg.unique_keys() == ("user", "window_start", "window_end")
     assert agg.describe()["window"] == "tumbling(size=300000 ms, slide=300000 ms)"
+
+
+def test_a_window_aggregate_is_validated_when_the_dag_is_parsed(tmp_path: Path) -> None:
+    source = FileSource("events", str(tmp_path / "in"), "json", "user STRING, ts TIMESTAMP, amount LONG")
+    good = WindowAggregate("w", source, ["user"], "ts", tumbling("5 minutes"), {"n": "sum(amount)"}, ("ts", "1 s"))
+    keys = ["user", "window_start", "window_end"]
+    sink = ParquetTableSink("out", good, str(tmp_path / "out"), mode="upsert", keys=keys)
+    assert validate_pipeline([source, good, sink]) == []
+
+    longs = FileSource("longs", str(tmp_path / "in2"), "json", "user STRING, ts LONG")
+    bad = WindowAggregate("v", longs, ["usr"], "ts", tumbling("5 minutes"), {"n": "max(amt)"}, ("ts", "1 s"))
+    found = validate_pipeline([longs, bad])
+    assert [(p.uid, p.field) for p in found] == [("v", "keys"), ("v", "aggs"), ("v", "time_column")]
+    assert "'ts' is bigint, not a timestamp; cast it in a Transform first" in str(found[2])
