@@ -270,7 +270,8 @@ class StatefulOperator(Node):
         """The watermark this checkpoint reaches from ``before`` (its restore point's) and metrics
         about its input's event time (late rows), for an operator with an event-time input; ``None``
         (the default): the operator has none. When given, the snapshot records the watermark and
-        :meth:`process_at` runs instead of :meth:`process`."""
+        :meth:`process_at` runs instead of :meth:`process` (and of :meth:`changes`, :meth:`partials`
+        and :meth:`first_state`)."""
         return None
 
     def process_at(

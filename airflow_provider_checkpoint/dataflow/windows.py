@@ -144,21 +144,6 @@ class WindowAggregate(KeyedAggregate):
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         return spark.createDataFrame([], self._partial(self._assigned(self._timed(inputs[self.inputs[0].uid]))).schema)
 
-    # Window state is merged by process_at only: KeyedAggregate's changelog, driver-merge and
-    # first-state forms aggregate by key without windows or a watermark.
-    def changes(  # type: ignore[override]
-        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier, state_rows: int
-    ) -> None:
-        return None
-
-    def partials(self, inputs: Mapping[str, DataFrame]) -> None:  # type: ignore[override]
-        return None
-
-    def first_state(  # type: ignore[override]
-        self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int
-    ) -> None:
-        return None
-
     def event_time(
         self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
     ) -> tuple[WatermarkProgress, dict[str, int]]:

@@ -133,7 +133,10 @@ def _checkpoint_operator(
     where: Mapping[str, object],
     process: Process | None = None,
 ) -> OperatorCheckpoint:
-    """:func:`checkpoint_operator`, with ``process`` in place of the operator's :meth:`~StatefulOperator.process`."""
+    """:func:`checkpoint_operator`; ``process`` given (event time), it runs in place of the operator's
+    :meth:`~StatefulOperator.process` and of its other forms (changelog, driver merge, first state),
+    which know no watermark."""
+    forms = process is None
     process = process or node.process
     own = keeps_files_of(storage, restore_base)
     incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
@@ -143,19 +146,19 @@ def _checkpoint_operator(
         layout = None
     if layout is not None and restored is not None:
         operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
-        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows)
+        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows) if forms else None
         if partials is not None:
             return OperatorCheckpoint(
                 *merge_on_driver(storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault)
             )
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
-        changelog, output = node.changes(inputs, state, barrier, restored.rows), None
+        changelog, output = (node.changes(inputs, state, barrier, restored.rows) if forms else None), None
         if changelog is None:
             new_state, output = process(inputs, state, barrier)
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
         if changelog is not None and _same_columns(changelog, restored):
             return operator.incremental(layout, changelog, output)
-    if restored is None:
+    if restored is None and forms:
         first = first_full_version(storage, directory, node, inputs, settings, {**where, "checkpoint": checkpoint_id})
         if first is not None:
             return first
