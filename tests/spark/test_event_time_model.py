@@ -8,14 +8,14 @@ Spark has no counterpart of (the oracle test runs without it).
 
 Each step is one of: a checkpoint (maybe a savepoint) after landing 0 to 2 files (rows around a
 clock that moves on by 0 to 15 minutes, from 40 minutes before it to 5 after: on time, late within
-the lateness, and very late; a null user; empty files), or a restore request to a retained
+the lateness, and very late; no time; a null user; empty files), or a restore request to a retained
 checkpoint or a savepoint (the next checkpoint reads again every file landed after it).
 :class:`Model` is the documented semantics (docs/event-time.md) in plain Python: after every
 checkpoint both tables equal it, and so do the watermark and greatest event time in each
-operator's snapshot, the number of rows dropped as late and the state's rows (the open windows:
+operator's snapshot, the numbers of rows dropped as late and without a time, and the state's rows (the open windows:
 closed ones are purged). The state is in files, in small key-group ranges (``small_ranges``): deltas
-pile up and compact. The run must have dropped late rows, emitted sessions, restored and written
-incremental state.
+pile up and compact. The run must have dropped late rows, met rows without a time, emitted sessions, restored and
+written incremental state.
 
 CI runs the fixed seed below; ``EVENT_TIME_SEEDS=1,2,3``, ``EVENT_TIME_EXAMPLES``,
 ``EVENT_TIME_STEPS`` run more, ``EVENT_TIME_SHRINK=0`` skips shrinking a failure.
@@ -57,8 +57,8 @@ BOUND, SIZE, SLIDE, GAP = 10 * MINUTE, 10 * MINUTE, 5 * MINUTE, 5 * MINUTE
 SLIDING_LATENESS, SESSION_LATENESS = 5 * MINUTE, 3 * MINUTE
 EPOCH_MS = int(datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC).timestamp() * 1000)
 """Where the clock of the landed rows starts."""
-Row = tuple[str | None, int, int]
-"""``(user, ts in ms since the epoch, amount)``."""
+Row = tuple[str | None, int | None, int]
+"""``(user, ts in ms since the epoch or None, amount)``."""
 Aggs = tuple[int, int, int]
 """count, sum and max of ``amount``."""
 FILES = st.integers(0, 2**32 - 1)
@@ -111,7 +111,9 @@ class Operators:
     slides: dict[tuple[str | None, int, int], Aggs] = field(default_factory=dict)
     sessions: dict[tuple[str | None, int, int], Aggs] = field(default_factory=dict)
 
-    def checkpoint(self, rows: list[Row]) -> tuple[dict[tuple[Any, ...], Aggs], list[tuple[Any, ...]], int]:
+    def checkpoint(
+        self, rows: list[tuple[str | None, int, int]]
+    ) -> tuple[dict[tuple[Any, ...], Aggs], list[tuple[Any, ...]], int]:
         """Advance by one checkpoint of ``rows``; returns the sliding windows updated, the sessions emitted
         and how many rows each operator dropped whole (none of their windows open), summed."""
         before = self.watermark
@@ -177,7 +179,9 @@ class Model:
     sessions: list[tuple[Any, ...]] = field(default_factory=list)
     restore: int | None = None
     dropped: int = 0
-    """Rows dropped whole by the last checkpoint, both operators summed."""
+    """Rows dropped whole by the last checkpoint as late, both operators summed."""
+    untimed: int = 0
+    """Rows without event time in the last checkpoint, both operators summed."""
 
     def checkpoint(self, checkpoint_id: int) -> None:
         if self.restore is not None:
@@ -185,7 +189,9 @@ class Model:
             self.operators, self.sessions = copy.deepcopy(operators), self.sessions[:appended]
             self.restore = None
         rows = [r for f in self.files[self.read :] for r in f]
-        updated, emitted, self.dropped = self.operators.checkpoint(rows)
+        timed = [(user, ts, amount) for user, ts, amount in rows if ts is not None]
+        updated, emitted, self.dropped = self.operators.checkpoint(timed)
+        self.untimed = 2 * (len(rows) - len(timed))
         self.slides.update(updated)
         self.sessions.extend(emitted)
         self.read = len(self.files)
@@ -210,6 +216,7 @@ class Tally:
     sessions: int = 0
     restores: int = 0
     incremental: int = 0
+    untimed: int = 0
 
 
 def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMachine]:
@@ -226,14 +233,14 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
 
         def land(self, rng: random.Random) -> None:
             """A file of up to 10 rows around the clock, which moves on by 0 to 15 minutes: up to 40 minutes
-            before it, 5 after; a null user; an amount (odd: half a minute later, so that windows and sessions
-            both touch and miss)."""
+            before it, 5 after, or none; a null user; an amount (odd: half a minute later, so that windows and
+            sessions both touch and miss)."""
             self.clock += rng.randrange(16) * MINUTE
             rows = []
             for _ in range(rng.randrange(11)):
                 amount = rng.randrange(1, 10)
                 ts = self.clock + rng.randrange(-40, 6) * MINUTE + 30_000 * (amount % 2)
-                rows.append((rng.choice([None, "a", "b"]), ts, amount))
+                rows.append((rng.choice([None, "a", "b"]), None if rng.randrange(15) == 0 else ts, amount))
             name = self.base / "landing" / f"f{len(self.model.files):04d}.json"
             hidden = name.with_name("." + name.name)
             hidden.write_text("".join(json.dumps({"user": u, "ts": _iso(ts), "amount": a}) + "\n" for u, ts, a in rows))
@@ -263,6 +270,9 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             steps = completed.stats["steps"].values()
             dropped = sum(s.get("late_rows_dropped", 0) for s in steps)
             assert dropped == self.model.dropped, "late rows dropped"
+            untimed = sum(s.get("rows_without_event_time", 0) for s in steps)
+            assert untimed == self.model.untimed, "rows without event time"
+            tally.untimed += untimed
             open_windows = len(self.model.operators.slides) + len(self.model.operators.sessions)
             assert sum(s["state_rows"] for s in steps) == open_windows, "state rows: the open windows"
             tally.incremental += sum(s.get("state_incremental", 0) for s in steps)
@@ -294,12 +304,14 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
     return EventTimeMachine
 
 
-def _iso(ts: int) -> str:
-    return datetime.datetime.fromtimestamp(ts / 1000, datetime.UTC).isoformat()
+def _iso(ts: int | None) -> str | None:
+    return None if ts is None else datetime.datetime.fromtimestamp(ts / 1000, datetime.UTC).isoformat()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_windows_match_the_model(spark: Any, small_ranges: None, seed: int) -> None:
     tally = Tally()
     run_machine(machine_for(spark, scratch_root(), tally), seed, EXAMPLES, STEPS, SHRINK, 60)
-    assert tally.late and tally.sessions and tally.restores and tally.incremental, tally  # not vacuous
+    assert tally.late and tally.sessions and tally.restores and tally.incremental and tally.untimed, (
+        tally
+    )  # not vacuous
