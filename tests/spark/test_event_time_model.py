@@ -80,7 +80,7 @@ def declare(base: Path) -> None:
         emit="update",
     )
     keys = ["user", "window_start", "window_end"]
-    ParquetTableSink("slides_out", slides, f"{base}/slides", "upsert", keys, buckets=2)
+    ParquetTableSink("slides_out", slides, f"{base}/slides", "upsert", keys, buckets=2, step="windows")
     sessions = WindowAggregate(
         "sessions",
         events,
@@ -91,7 +91,7 @@ def declare(base: Path) -> None:
         watermark=("ts", "10 minutes"),
         allowed_lateness="3 minutes",
     )
-    ParquetTableSink("sessions_out", sessions, f"{base}/sessions", "append")
+    ParquetTableSink("sessions_out", sessions, f"{base}/sessions", "append", step="windows")  # one step
 
 
 def add(aggs: Aggs | None, amount: int) -> Aggs:

@@ -61,11 +61,12 @@ def pipeline(tmp: Path) -> None:
         )
         keys = ["user", "window_start", "window_end"]
         mode = "append" if emit == "final" else "upsert"
-        ParquetTableSink(f"{name}_out", agg, str(tmp / name), mode=mode, keys=keys if mode == "upsert" else None)
+        sink_keys = keys if mode == "upsert" else None
+        ParquetTableSink(f"{name}_out", agg, str(tmp / name), mode=mode, keys=sink_keys, step="windows")
     sessions = WindowAggregate(
         "session_agg", events, ["user"], "ts", session("5 minutes"), AGGS, watermark=("ts", "10 minutes")
     )
-    ParquetTableSink("session_out", sessions, str(tmp / "session"), mode="append")
+    ParquetTableSink("session_out", sessions, str(tmp / "session"), mode="append", step="windows")  # one step
 
 
 class SparkQuery:
