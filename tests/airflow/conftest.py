@@ -90,6 +90,15 @@ def restore_dag(example_dag: ModuleType) -> ModuleType:
 
 
 @pytest.fixture
+def sessions_dag(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The example sessions DAG, with its data and checkpoints under ``tmp_path``."""
+    monkeypatch.setenv("SESSIONS_DIR", str(tmp_path / "sessions"))
+    monkeypatch.setenv("AIRFLOW__CHECKPOINT__STORAGE_ROOT", f"file://{tmp_path}/checkpoints")
+    (tmp_path / "sessions" / "landing").mkdir(parents=True)
+    yield load_dag_module(REPO / "dags" / "example_sessions.py")
+
+
+@pytest.fixture
 def orders_dag(airflow_db: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """The example orders DAG, with its data and checkpoints under ``tmp_path``."""
     monkeypatch.setenv("ORDERS_DIR", str(tmp_path / "orders"))
