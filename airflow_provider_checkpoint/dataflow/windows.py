@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.graph import NEW, Node
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -178,10 +178,9 @@ class WindowAggregate(KeyedAggregate):
             state, rows = self._sessions(state, rows)
         merged = self._aggregated_with(state, rows).persist()  # used twice
         closed = self._closes(after)
-        columns = [*self.keys, *self.aggs]
-        new_state = merged.where(~closed).select(*columns)
-        output = merged.where(closed if self.emit == "final" else F.col("__touched")).select(*columns)
-        return new_state, output
+        emitted = merged.where(closed if self.emit == "final" else F.col("__touched"))
+        # every state column, whatever the aggregates keep
+        return merged.where(~closed).drop("__touched", NEW), emitted.drop("__touched", NEW)
 
     def _timed(self, df: DataFrame, keep_nulls: bool = False) -> DataFrame:
         """``df`` with its event time in microseconds (:data:`_TS`); rows without one dropped unless ``keep_nulls``."""
