@@ -286,6 +286,15 @@ class StatefulOperator(Node):
         ``before`` this checkpoint, and what the watermark ``after`` it closes is emitted by it."""
         raise NotImplementedError
 
+    def output_of(self, state: DataFrame) -> DataFrame:
+        """The output of a checkpoint whose changed keys have the new ``state`` rows (from
+        :meth:`changes`, :meth:`first_state` or :meth:`merge_arrow`): those rows themselves here."""
+        return state
+
+    def output_arrow(self, state: pa.Table) -> pa.Table | None:
+        """:meth:`output_of` in pyarrow; ``None``: Spark alone computes it."""
+        return state
+
     def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:
         """The new state rows of the keys in ``partials`` (rows of :meth:`partials`), given the
         ``state`` rows of at least those keys: the state columns, boolean ``__new`` (the key had

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.dataflow.aggregates import ARROW_COMBINE, Aggregate, key_order
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, Node, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
@@ -25,8 +25,6 @@ BIG_INCREMENT_SHARE = 0.1
 """An increment with keys for at least this share of a large state's rows is merged with the state in
 one aggregation too: the semi-join would shuffle the whole state anyway (its keys are too many to
 broadcast), and the changelog then lists every key, so a checkpoint changing most keys writes a full version."""
-
-_AGG = re.compile(r"^\s*(count|sum|min|max)\s*(?:\(\s*([A-Za-z_][A-Za-z0-9_]*|\*)?\s*\))?\s*$")
 
 
 class KeyedStateFunction(StatefulOperator):
@@ -62,10 +60,13 @@ class KeyedStateFunction(StatefulOperator):
 class KeyedAggregate(StatefulOperator):
     """Running aggregates per key, merged with the state of the restore point.
 
-    ``aggs`` maps an output column to ``count``, ``sum(col)``, ``min(col)`` or ``max(col)``.
-    The state holds one row per key with those columns (a null key is a key too); the
-    output holds the new values of the keys that changed in this checkpoint (suited to an
-    upsert sink). Incremental checkpoints write only the state of those keys.
+    ``aggs`` maps an output column to a spec (:data:`~.aggregates.FORMS`: ``count``, ``sum(col)``,
+    ``avg(col)``, ``approx_count_distinct(col)``, ``first(col, by)``, ``max_by(col, ord)``,
+    ``collect_set(col, max_size)``...; :mod:`~.aggregates` defines each one's state and merge). The
+    state holds one row per key: the key columns and every aggregate's state columns (a null key
+    is a key too); the output holds the key columns and the aggregates' values, for the keys that
+    changed in this checkpoint (suited to an upsert sink): hidden state columns (``__<out>__<part>``)
+    never reach it. Incremental checkpoints write only the state of those keys.
 
     The input is read once, in the checkpoint's first Spark action: its rows are aggregated
     together with the state's (one shuffle), or, in an incremental checkpoint over more than
@@ -88,39 +89,49 @@ class KeyedAggregate(StatefulOperator):
         super().__init__(uid, input, keys, max_parallelism)
         if not aggs:
             raise PipelineDefinitionError(f"{uid}: aggs must name at least one aggregate")
-        self.aggs: dict[str, tuple[str, str | None]] = {}
+        self.aggs: dict[str, Aggregate] = {}
         for out, spec in aggs.items():
-            m = _AGG.match(spec)
-            if not m or (m.group(1) != "count" and m.group(2) in (None, "*")):
-                raise PipelineDefinitionError(
-                    f"{uid}: aggregate {out}={spec!r} is not one of count, sum(col), min(col), max(col)"
-                )
+            self.aggs[out] = Aggregate.parse(uid, out, spec)
             if out in keys:
                 raise PipelineDefinitionError(f"{uid}: aggregate column {out!r} clashes with a key")
-            self.aggs[out] = (m.group(1), None if m.group(2) in (None, "*") else m.group(2))
+        self._state_columns = [c for agg in self.aggs.values() for c in agg.state_columns()]
 
     def unique_keys(self) -> tuple[str, ...]:
         """The output holds one row per changed key."""
         return self.keys
 
     def input_columns(self) -> tuple[str, ...]:
-        """The input columns the aggregates read, each once, in the order of ``aggs``."""
-        return tuple(dict.fromkeys(col for _, col in self.aggs.values() if col is not None))
+        """The input columns the aggregates read (both of a two-column form), each once, in the order of ``aggs``."""
+        return tuple(dict.fromkeys(c for agg in self.aggs.values() for c in agg.input_columns()))
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "aggs": {k: f"{f}({c or '*'})" for k, (f, c) in self.aggs.items()}}
+        return {**super().describe(), "aggs": {k: agg.spec() for k, agg in self.aggs.items()}}
 
     def _partial(self, input: DataFrame, *by: str) -> DataFrame:
-        """The aggregates of ``input`` per key (grouped by the columns ``by`` too)."""
-        from pyspark.sql import functions as F
+        """The state columns of ``input``'s rows per key (grouped by the columns ``by`` too)."""
+        return input.groupBy(*by, *self.keys).agg(*[e for agg in self.aggs.values() for e in agg.partial()])
 
-        exprs: list[Column] = []
-        for out, (fn, col) in self.aggs.items():
-            if col is None:
-                exprs.append(F.count(F.lit(1)).alias(out))
+    def output_of(self, state: DataFrame) -> DataFrame:
+        """The keys and the aggregates' values of ``state`` rows (no hidden state column)."""
+        if all(agg.state_columns() == (out,) for out, agg in self.aggs.items()):
+            return state
+        return state.select(*self.keys, *[agg.output() for agg in self.aggs.values()])
+
+    def output_arrow(self, state: pa.Table) -> pa.Table | None:
+        """:meth:`output_of` in pyarrow, where it gives the same values (``None`` elsewhere)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        columns: dict[str, object] = {k: state[k] for k in self.keys}
+        for out, agg in self.aggs.items():
+            if agg.fn == "avg":
+                total, count = (state[c] for c in agg.state_columns())
+                if not pa.types.is_floating(total.type) and not pa.types.is_integer(total.type):
+                    return None  # Spark divides decimals with its own precision and rounding
+                columns[out] = pc.if_else(pc.greater(count, 0), pc.divide(pc.cast(total, "float64"), count), None)
             else:
-                exprs.append(getattr(F, fn)(F.col(col)).alias(out))
-        return input.groupBy(*by, *self.keys).agg(*exprs)
+                columns[out] = state[out]
+        return pa.table(columns)
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
@@ -135,7 +146,8 @@ class KeyedAggregate(StatefulOperator):
         """Every key's new state from one aggregation of the input with the state; the output
         is the new rows of the keys in the input."""
         merged = self._aggregated_with(state, input).persist()  # used twice: the input is read once
-        return merged.drop("__touched", NEW), merged.where("__touched").drop("__touched", NEW)
+        changed = merged.where("__touched").drop("__touched", NEW)
+        return merged.drop("__touched", NEW), self.output_of(changed)
 
     def changes(
         self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier, state_rows: int
@@ -161,11 +173,14 @@ class KeyedAggregate(StatefulOperator):
             input, partial = batch, True
         merged = self._aggregated_with(state, input, partial)
         return merged.select(
-            *self.keys, *self.aggs, F.lit(False).alias(DELETED), NEW, F.col("__touched").alias(CHANGED)
+            *self.keys, *self._state_columns, F.lit(False).alias(DELETED), NEW, F.col("__touched").alias(CHANGED)
         )
 
-    def partials(self, inputs: Mapping[str, DataFrame]) -> DataFrame:
-        """The input's aggregates per key (one row per key in the input)."""
+    def partials(self, inputs: Mapping[str, DataFrame]) -> DataFrame | None:
+        """The input's aggregates per key (one row per key in the input); ``None`` when an aggregate's
+        state is merged by Spark only (a sketch, a set)."""
+        if not all(agg.arrow_mergeable() for agg in self.aggs.values()):
+            return None
         return self._partial(inputs[self.inputs[0].uid])
 
     def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:
@@ -175,71 +190,69 @@ class KeyedAggregate(StatefulOperator):
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        columns = [*self.keys, *self.aggs]
+        keys = list(self.keys)
+        columns = [*keys, *self._state_columns]
         extra = [c for c in partials.column_names if c not in columns]
         target = state.select(columns).schema
-        keys = partials.select(list(self.keys)).cast(state.select(list(self.keys)).schema)
         state = state.select(columns)
-        if not any(keys[k].null_count for k in self.keys):  # else group all: joins never match null keys
-            state = state.join(keys, list(self.keys), join_type="left semi", use_threads=False)
+        if not any(partials[k].null_count for k in keys):  # else group all: joins never match null keys
+            state = state.join(partials.select(keys).cast(state.select(keys).schema), keys, join_type="left semi")
         old = state.append_column("__input", pa.array(np.zeros(len(state), np.int8)))
         for c in extra:
             old = old.append_column(c, pa.nulls(len(state), partials.schema.field(c).type))
         new = partials.select(columns).cast(target).append_column("__input", pa.array(np.ones(len(partials), np.int8)))
         for c in extra:
             new = new.append_column(c, partials[c])
-        combine = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
-        grouped = (
-            pa.concat_tables([old, new])
-            .group_by(list(self.keys), use_threads=False)
-            .aggregate(
-                [(out, combine[fn]) for out, (fn, _) in self.aggs.items()]
-                + [("__input", "max"), ("__input", "min")]
-                + [(c, "max") for c in extra]
-            )
+        rows, starts = key_order(pa.concat_tables([old, new]), keys)
+        simple = [
+            (c, ARROW_COMBINE[agg.fn])
+            for agg in self.aggs.values()
+            if agg.fn in ARROW_COMBINE
+            for c in agg.state_columns()
+        ]
+        grouped = rows.group_by(keys, use_threads=False).aggregate(
+            [*simple, ("__input", "max"), ("__input", "min"), *[(c, "max") for c in extra]]
         )
-        touched = grouped.filter(pc.equal(grouped["__input_max"], 1))
+        grouped, _ = key_order(grouped, keys)  # one row per key, in the order of ``starts``
+        combined = {c: grouped[f"{c}_{fn}"] for c, fn in simple}
+        for agg in self.aggs.values():
+            if agg.fn not in ARROW_COMBINE:
+                combined.update(agg.combine_arrow(rows, keys, starts))
+        touched = pc.equal(grouped["__input_max"], 1)
         return pa.table(
             {
-                **{k: touched[k] for k in self.keys},
-                **{
-                    out: touched[f"{out}_{combine[fn]}"].cast(target.field(out).type)
-                    for out, (fn, _) in self.aggs.items()
-                },
-                NEW: pc.equal(touched["__input_min"], 1),
-                **{c: touched[f"{c}_max"] for c in extra},
+                **{k: grouped[k] for k in keys},
+                **{c: combined[c].cast(target.field(c).type) for c in self._state_columns},
+                NEW: pc.equal(grouped["__input_min"], 1),
+                **{c: grouped[f"{c}_max"] for c in extra},
             }
-        )
+        ).filter(touched)
 
     def _aggregated_with(self, state: DataFrame, input: DataFrame, partial: bool = False) -> DataFrame:
-        """Every key of ``state`` and ``input`` with its new aggregates, from one aggregation of
-        the input's rows (``partial``: its per-key aggregates, :meth:`_partial`) and the state's;
-        ``__touched`` marks keys in the input, ``__new`` keys without a state row."""
+        """Every key of ``state`` and ``input`` with its new state, from one aggregation of the input's
+        rows (``partial``: its per-key aggregates, :meth:`_partial`) and the state's rows, each
+        aggregate combining them (:meth:`Aggregate.combine`); ``__touched`` marks keys in the input,
+        ``__new`` keys without a state row."""
         from pyspark.sql import functions as F
 
-        def value(out: str, fn: str, col: str | None) -> Column:
-            """A row's contribution: what the aggregate of this row alone would be."""
-            if partial:  # already the aggregate of the key's rows, combined as the state's is
-                return F.col(out)
-            if col is None:  # count(*)
-                return F.lit(1)
-            return F.col(col).isNotNull().cast("long") if fn == "count" else F.col(col)
-
-        rows = input.select(
-            *self.keys,
-            *[value(out, fn, col).alias(out) for out, (fn, col) in self.aggs.items()],
-            F.lit(True).alias("__input"),
-        )
-        combine = {"count": F.sum, "sum": F.sum, "min": F.min, "max": F.max}
         types = {f.name: f.dataType for f in state.schema.fields}
+        if partial:  # already in state form, combined as the state's rows are
+            no_raw = [c for agg in self.aggs.values() for c in agg.no_raw(types)]
+            rows = input.select(*self.keys, *self._state_columns, *no_raw, F.lit(True).alias("__input"))
+        else:
+            rows = input.select(
+                *self.keys, *[c for agg in self.aggs.values() for c in agg.row()], F.lit(True).alias("__input")
+            )
+        combines = [agg.combine(types) for agg in self.aggs.values()]
         return (
-            rows.unionByName(state.withColumn("__input", F.lit(False)))
+            rows.unionByName(state.withColumn("__input", F.lit(False)), allowMissingColumns=True)
             .groupBy(*self.keys)
             .agg(
-                *[combine[fn](F.col(out)).cast(types[out]).alias(out) for out, (fn, _) in self.aggs.items()],
+                *[a for aggs, _ in combines for a in aggs],
                 F.max("__input").alias("__touched"),
                 F.min("__input").alias(NEW),
             )
+            .select(*self.keys, *[f for _, finals in combines for f in finals], "__touched", NEW)
         )
 
     def _merged(self, state: DataFrame, batch: DataFrame) -> DataFrame:
@@ -248,13 +261,8 @@ class KeyedAggregate(StatefulOperator):
 
         joined = state.withColumn("__had_state", F.lit(True)).join(other_side(batch), keys_match(self.keys), "right")
         merged: list[Column] = [F.coalesce(F.col(k), F.col(OTHER + k)).alias(k) for k in self.keys]
-        for out, (fn, _) in self.aggs.items():
-            old, new = F.col(out), F.col(OTHER + out)
-            if fn in ("count", "sum"):
-                value = F.when(old.isNull(), new).when(new.isNull(), old).otherwise(old + new)
-            elif fn == "min":
-                value = F.least(old, new)
-            else:
-                value = F.greatest(old, new)
-            merged.append(value.cast(batch.schema[out].dataType).alias(out))
+        for agg in self.aggs.values():
+            cols = agg.state_columns()
+            values = agg.merged({c: F.col(c) for c in cols}, {c: F.col(OTHER + c) for c in cols})
+            merged += [v.cast(batch.schema[c].dataType).alias(c) for v, c in zip(values, cols, strict=True)]
         return joined.select(*merged, F.col("__had_state").isNull().alias(NEW))

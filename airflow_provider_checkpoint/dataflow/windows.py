@@ -179,8 +179,8 @@ class WindowAggregate(KeyedAggregate):
         merged = self._aggregated_with(state, rows).persist()  # used twice
         closed = self._closes(after)
         emitted = merged.where(closed if self.emit == "final" else F.col("__touched"))
-        # every state column, whatever the aggregates keep
-        return merged.where(~closed).drop("__touched", NEW), emitted.drop("__touched", NEW)
+        # every state column, whatever the aggregates keep; the output without hidden ones
+        return merged.where(~closed).drop("__touched", NEW), self.output_of(emitted.drop("__touched", NEW))
 
     def _timed(self, df: DataFrame, keep_nulls: bool = False) -> DataFrame:
         """``df`` with its event time in microseconds (:data:`_TS`); rows without one dropped unless ``keep_nulls``."""

@@ -231,7 +231,7 @@ def first_full_version(
     schema = as_nullable(state.drop(RANGE).schema)
     snapshot = OperatorSnapshot(tuple(handles), schema.json(), node.keys, max_parallelism, rows)
     paths, sizes = [storage.path(h.path) for h in handles], [h.size for h in handles]
-    output = read_parquet(state.sparkSession, storage.fs, paths, schema, sizes=sizes)
+    output = node.output_of(read_parquet(state.sparkSession, storage.fs, paths, schema, sizes=sizes))
     return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot), output_rows=rows)
 
 
@@ -394,7 +394,7 @@ class _OperatorState:
             "state_incremental": 1,
         }
         if output is None:
-            output = changelog.where(~F.col(DELETED)).select(*columns)
+            output = self.node.output_of(changelog.where(~F.col(DELETED)).select(*columns))
         return OperatorCheckpoint(snapshot, output, metrics)
 
     def full_version_from(self, changelog: DataFrame, totals: Row, output: DataFrame | None) -> OperatorCheckpoint:
@@ -415,7 +415,7 @@ class _OperatorState:
         )
         self.fault("step.after_state_write")
         if output is None:
-            output = changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns)
+            output = self.node.output_of(changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns))
         metrics = {**_full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
         return OperatorCheckpoint(snapshot, output, metrics)
 

@@ -68,11 +68,12 @@ def merge_on_driver(
     restored: OperatorSnapshot,
     layout: StateLayout,
     fault: Callable[[str], None],
-) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows]:
+) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows | None]:
     """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`), into
     ``restored`` and write the deltas (and the ranges :meth:`StateLayout.to_compact` picks, or
     every range when most keys changed) under ``directory``: the new snapshot, the new rows of
-    the changed keys (as a DataFrame), the ack metrics, and those rows as the driver holds them."""
+    the changed keys (as a DataFrame, :meth:`StatefulOperator.output_of`), the ack metrics, and that output as
+    the driver holds it (``None`` where only Spark computes it)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -136,9 +137,10 @@ def merge_on_driver(
         "state_merged_on_driver": 1,
         "state_incremental": 1,
     }
-    output = merged.select(columns)
-    held = DriverRows(output.append_column(KEY_HASH, merged[KEY_HASH]), node.keys)
-    return snapshot, spark.createDataFrame(output, schema=struct), metrics, held
+    new_rows = merged.select(columns)
+    shown = node.output_arrow(new_rows)
+    held = None if shown is None else DriverRows(shown.append_column(KEY_HASH, merged[KEY_HASH]), node.keys)
+    return snapshot, node.output_of(spark.createDataFrame(new_rows, schema=struct)), metrics, held
 
 
 def _with_range(schema: pa.Schema, batch: pa.Table) -> pa.Schema:

@@ -153,6 +153,7 @@ def overlay(table: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table
     """``table`` (one row per key) with ``changes`` applied: rows of its columns plus ``__deleted``
     and ``__seq``; per key the row with the highest ``__seq`` wins over older ones and over
     ``table``'s row, and a tombstone deletes the key (a null key is a key like any other)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -161,11 +162,11 @@ def overlay(table: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table
         return _newest(table, changes, keys)
     if len(pc.unique(changes[SEQ])) > 1:  # several checkpoints' deltas: the newest row per key
         changes = _newest(changes.slice(0, 0), changes, keys, drop=False)
-    kept = (
-        table.join(changes.select(list(keys)), list(keys), join_type="left anti", use_threads=False)
-        if len(table)
-        else table
-    )
+    kept = table
+    if len(table):  # joined by keys and row number: a join carries no list or binary value column
+        rows = table.select(list(keys)).append_column("__row", pa.array(np.arange(len(table), dtype=np.int64)))
+        kept_rows = rows.join(changes.select(list(keys)), list(keys), join_type="left anti", use_threads=False)
+        kept = table.take(np.sort(kept_rows["__row"].to_numpy()))
     alive = changes.filter(pc.invert(pc.fill_null(changes[DELETED], False))).drop_columns([DELETED, SEQ])
     return pa.concat_tables([kept.select(table.column_names), alive], promote_options="permissive")
 

@@ -10,6 +10,7 @@ and the storage audit must be clean: no referenced file deleted, no orphan left.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -50,12 +51,28 @@ def _totals(events, state):  # a state function that deletes keys: a user whose 
     return new_state, merged.where("changed").select("user", "total")
 
 
-def declare(base: Path) -> None:
+STATS = {
+    "mean": "avg(amount)",
+    "first_page": "first(page, ts)",
+    "last_page": "last(page, ts)",
+    "top_page": "max_by(page, amount)",
+    "low_page": "min_by(page, amount)",
+    "pages": "collect_set(page, 2)",
+    "times": "approx_count_distinct(ts)",
+}
+"""Every mergeable aggregate but the simple ones (``views`` has those); ``ts`` and ``amount`` have ties."""
+SPARK_ONLY = ("pages", "times")
+"""The aggregates whose state Spark alone merges: without them, the driver merges ``stats`` too."""
+
+
+def declare(base: Path, stats: dict[str, str] = STATS) -> None:
     events = FileSource(
-        uid="events", path=f"{base}/landing", format="json", schema="user STRING, page STRING, amount LONG"
+        uid="events", path=f"{base}/landing", format="json", schema="user STRING, page STRING, amount LONG, ts LONG"
     )
     views = KeyedAggregate(uid="views", input=events, keys=["user", "page"], aggs={"n": "count", "top": "max(amount)"})
     ParquetTableSink(uid="views_table", input=views, path=f"{base}/views", mode="upsert", keys=["user", "page"])
+    aggregate = KeyedAggregate(uid="stats", input=events, keys=["user"], aggs=stats)
+    ParquetTableSink(uid="stats_table", input=aggregate, path=f"{base}/stats", mode="upsert", keys=["user"])
     totals = KeyedStateFunction(
         uid="totals", input=events, keys=["user"], fn=_totals, state_schema="user STRING, total LONG"
     )
@@ -87,6 +104,28 @@ class Truth:
         events = pd.concat(self.files[: self.cut[checkpoint_id]])
         return events.groupby(["user", "page"]).agg(n=("amount", "size"), top=("amount", "max")).reset_index()
 
+    def stats(self, checkpoint_id: int) -> pd.DataFrame:
+        """:data:`STATS` by their definitions: ties on the order go to the smallest (first, min_by) or
+        largest (last, max_by) value; the distinct count is exact this small (the sketch keeps every hash)."""
+        events = pd.concat(self.files[: self.cut[checkpoint_id]])
+        rows = []
+        for user, g in events.groupby("user"):
+            at = {n: g[g[c] == f(g[c])]["page"] for n, c, f in (("ts0", "ts", min), ("ts1", "ts", max))}
+            at |= {n: g[g["amount"] == f(g["amount"])]["page"] for n, f in (("a0", min), ("a1", max))}
+            rows.append(
+                {
+                    "user": user,
+                    "mean": g["amount"].mean(),
+                    "first_page": min(at["ts0"]),
+                    "last_page": max(at["ts1"]),
+                    "top_page": max(at["a1"]),
+                    "low_page": min(at["a0"]),
+                    "pages": sorted(set(g["page"]))[:2],
+                    "times": g["ts"].nunique(),
+                }
+            )
+        return pd.DataFrame(rows)
+
     def totals(self, checkpoint_id: int) -> pd.DataFrame:
         state: dict[str, int] = {}
         for c in self.lineage[checkpoint_id]:
@@ -100,7 +139,12 @@ class Truth:
 def _land(base: Path, rng: random.Random, n: int, name: str) -> pd.DataFrame:
     hot = rng.sample(range(USERS), min(USERS, max(3, n // 20)))  # an increment touches few keys, some many times
     rows = [
-        {"user": f"u{rng.choice(hot)}", "page": f"/p{rng.randrange(4)}", "amount": rng.randrange(1, 9)}
+        {
+            "user": f"u{rng.choice(hot)}",
+            "page": f"/p{rng.randrange(4)}",
+            "amount": rng.randrange(1, 9),
+            "ts": rng.randrange(60),
+        }
         for _ in range(n)
     ]
     land_json_lines(base / "landing", name, rows)
@@ -108,9 +152,10 @@ def _land(base: Path, rng: random.Random, n: int, name: str) -> pd.DataFrame:
 
 
 def _sorted(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    text = ("user", "page", *(c for c in STATS if c != "times"))
     return (
         df[sorted(df.columns)]
-        .astype({c: "int64" for c in df.columns if c not in ("user", "page")})
+        .astype({c: "int64" for c in df.columns if c not in text})
         .sort_values(keys)
         .reset_index(drop=True)
     )
@@ -127,12 +172,23 @@ def _check(job: Job, truth: Truth, checkpoint_id: int) -> None:
         assert CompletedCheckpointStore(job.storage).load(checkpoint_id).operators[uid].rows == len(want)
         back = read_state(pointer, uid, spark=job.spark).toPandas()  # what the next step reads
         pd.testing.assert_frame_equal(_sorted(back, keys), _sorted(want, keys), check_dtype=False)
+    state = read_state(pointer, "stats").to_pandas()  # the hidden columns of avg: sum and count
+    events = pd.concat(truth.files[: truth.cut[checkpoint_id]]).groupby("user")["amount"]
+    want = pd.DataFrame({"__mean__sum": events.sum(), "__mean__count": events.count()}).reset_index()
+    got = state[["user", "__mean__sum", "__mean__count"]]
+    pd.testing.assert_frame_equal(_sorted(got, ["user"]), _sorted(want, ["user"]), check_dtype=False)
 
 
-def _tables_match(base: Path, truth: Truth, checkpoint_id: int) -> None:
+def _tables_match(base: Path, truth: Truth, checkpoint_id: int, aggs: list[str]) -> None:
     views, totals = read_table(base / "views"), read_table(base / "totals")
     want = truth.views(checkpoint_id)
     pd.testing.assert_frame_equal(_sorted(views, ["user", "page"]), _sorted(want, ["user", "page"]), check_dtype=False)
+    stats = read_table(base / "stats")
+    if "pages" in aggs:
+        stats["pages"] = stats["pages"].map(list)
+    assert list(stats.columns) == ["user", *aggs]  # no hidden state column
+    want = truth.stats(checkpoint_id)[["user", *aggs]]
+    pd.testing.assert_frame_equal(_sorted(stats, ["user"]), _sorted(want, ["user"]))
     # the totals table keeps the last emitted total of every user ever changed: a reset user is not deleted
     assert set(truth.totals(checkpoint_id)["user"]) <= set(totals["user"])
 
@@ -149,12 +205,19 @@ def test_incremental_state_equals_full_recomputation(
     driver while the state has at most 60 rows, by Spark jobs once it grows (most checkpoints)
     and back on restores, each path continuing the other's files; ``large state``: by Spark, the
     state "large" above 20 rows (semi-joined with small increments, aggregated with the
-    per-key aggregates of big ones) and deltas above 10 rows written one task per range."""
+    per-key aggregates of big ones) and deltas above 10 rows written one task per range. ``stats``
+    holds the aggregates the driver merges in ``driver``, and all in the others."""
     monkeypatch.setattr(stateful, "SHUFFLE_MERGE_ROWS", shuffle_merge_rows)
     monkeypatch.setattr(checkpointing, "RANGE_ROWS", 10)
     rng = random.Random(SEED)
+    stats = {k: v for k, v in STATS.items() if k not in SPARK_ONLY} if driver_merge_rows == 1_000_000 else STATS
     job = make_job(
-        spark, tmp_path, declare, inline_state_threshold=0, retained_checkpoints=3, driver_merge_rows=driver_merge_rows
+        spark,
+        tmp_path,
+        functools.partial(declare, stats=stats),
+        inline_state_threshold=0,
+        retained_checkpoints=3,
+        driver_merge_rows=driver_merge_rows,
     )
     truth = Truth()
     savepoint: tuple[str, int] | None = None
@@ -197,7 +260,7 @@ def test_incremental_state_equals_full_recomputation(
         seen_delta |= any(h.delta == cid for h in handles)
         seen_compaction |= any(f"chk-{cid}/" in h.path and "/compacted/" in h.path for h in handles)
         _check(job, truth, cid)
-        _tables_match(tmp_path, truth, cid)
+        _tables_match(tmp_path, truth, cid, list(stats))
         assert audit_job(job.storage, 3, job.graph.sinks) == []
         spark.conf.set("spark.sql.shuffle.partitions", "8")
     assert seen_delta and seen_compaction and seen_tombstone

@@ -112,6 +112,15 @@ def test_an_aggregated_column_not_in_the_schema_is_refused(tmp_path: Path) -> No
     assert "'tss'" in found[0].message
 
 
+def test_the_ordering_column_of_a_two_column_aggregate_is_checked_too(tmp_path: Path) -> None:
+    source = events(tmp_path)
+    agg = KeyedAggregate(uid="per_user", input=source, keys=["user"], aggs={"latest": "last(user, tss)"})
+    sink = ParquetTableSink(uid="out", input=agg, path=str(tmp_path / "out"), mode="upsert", keys=["user"])
+    found = problems([source, agg, sink])
+    assert [(p.uid, p.field) for p in found] == [("per_user", "aggs")]
+    assert "'tss'" in found[0].message
+
+
 def test_a_schema_typo_raises_at_build_time_with_the_position_and_the_known_types(tmp_path: Path) -> None:
     with collecting() as nodes:
         source = events(tmp_path, "user STRNG, ts LONG")
