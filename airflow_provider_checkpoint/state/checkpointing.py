@@ -93,14 +93,12 @@ def checkpoint_operator(
     """
     before = (restored.event_time if restored is not None else None) or WatermarkProgress()
     timed = node.event_time(inputs, before)
-    if timed is None:
-        return _checkpoint_operator(
-            spark, storage, directory, checkpoint_id, node, inputs, barrier, restored, restore_base, settings, where
-        )
-    after, metrics = timed
+    process: Process | None = None
+    if timed is not None:
+        after, metrics = timed
 
-    def process(inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> tuple[DataFrame, DataFrame]:
-        return node.process_at(inputs, state, barrier, before, after)
+        def process(inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> tuple[DataFrame, DataFrame]:
+            return node.process_at(inputs, state, barrier, before, after)
 
     result = _checkpoint_operator(
         spark,
@@ -116,6 +114,8 @@ def checkpoint_operator(
         where,
         process,
     )
+    if timed is None:
+        return result
     return replace(result, snapshot=replace(result.snapshot, event_time=after), metrics={**result.metrics, **metrics})
 
 
