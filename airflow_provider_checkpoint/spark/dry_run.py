@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
 from airflow_provider_checkpoint.core.reasons import reason
 from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, StatefulOperator, Transform, Union
@@ -103,7 +104,11 @@ class _DryRun(StepWalk):
     def stateful(self, node: StatefulOperator) -> None:
         inputs = {n.uid: self.outputs[n.uid] for n in node.inputs}
         state = node.initial_state(self.spark, inputs)
-        new_state, output = node.process(inputs, state, self.barrier)
+        timed = node.event_time(inputs, WatermarkProgress())
+        if timed is None:
+            new_state, output = node.process(inputs, state, self.barrier)
+        else:  # as a step runs it (state.checkpointing.checkpoint_operator)
+            new_state, output = node.process_at(inputs, state, self.barrier, WatermarkProgress(), timed[0])
         missing = [k for k in node.keys if k not in new_state.columns]
         if missing:
             raise PipelineDefinitionError(f"its new state {_columns(new_state)} has no key column(s) {missing}")
@@ -149,7 +154,11 @@ class _DryRun(StepWalk):
 @contextmanager
 def _spark_errors_unlogged() -> Iterator[None]:
     """PySpark logs every analysis error with its JVM stack trace; the check reports each as a problem instead."""
-    loggers = [logging.getLogger(name) for name in _SPARK_ERROR_LOGGERS]
+    from pyspark.logger import PySparkLogger
+
+    # PySpark's own class: a plain logger created under these names first would take PySpark's
+    # keyword arguments (file=, line=, ...) later and fail every analysis error with a TypeError
+    loggers = [PySparkLogger.getLogger(name) for name in _SPARK_ERROR_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL + 1)

@@ -1,7 +1,8 @@
 """A step that fails the same way on every try is not retried; a transient fault is (real `dag.test()`, Spark).
 
 A ``Transform`` naming a column its input lacks is a mistake only Spark sees: the step fails once (try 1, no
-retry), and the abort reason names Spark's error class, with the full text in the checkpoint's detail. Fixed,
+retry), and the abort reason names Spark's error class, with the full text in the checkpoint's detail (the
+trigger's pipeline check, which finds this typo before any step, is off here to reach the step's path). Fixed,
 the same pipeline with an injected fault before the ack is retried and completes.
 """
 
@@ -26,7 +27,11 @@ from airflow_provider_checkpoint.dataflow import Transform
 BASE = os.environ["DETERMINISTIC_DIR"]
 
 with CheckpointedPipeline(
-    dag_id="deterministic_failures", schedule=None, step_retries=2, retry_delay=datetime.timedelta(seconds=1)
+    dag_id="deterministic_failures",
+    schedule=None,
+    step_retries=2,
+    retry_delay=datetime.timedelta(seconds=1),
+    check_versions=False,  # the trigger's pipeline check would refuse the typo first (test_pipeline_check.py)
 ) as pipeline:
     clicks = FileSource(uid="clicks", path=f"{BASE}/landing", format="json", schema="user STRING, ts LONG")
     picked = Transform(uid="picked", input=clicks, fn=lambda df: df.select("user", os.environ["PICKED_COLUMN"]))
