@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.servers.processes import stop_server
+
 REDIS_SERVER = "redis-server"
 START_TIMEOUT_SECONDS = 30.0
 
@@ -88,10 +90,4 @@ def running_redis() -> Iterator[RedisServer]:
             raise RuntimeError(f"redis-server exited with {process.returncode}: {log}")
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(directory, ignore_errors=True)
+        stop_server(process, directory)

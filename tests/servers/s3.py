@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from tests.servers.processes import stop_server
+
 log = logging.getLogger(__name__)
 START_TIMEOUT_SECONDS = 60.0
 _PORTS = (
@@ -150,13 +152,7 @@ def running_server(access_log: bool = False) -> Iterator[tuple[S3Server, Path]]:
     try:
         yield server, directory
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        shutil.rmtree(directory, ignore_errors=True)
+        stop_server(process, directory)
 
 
 @pytest.fixture(scope="session")
