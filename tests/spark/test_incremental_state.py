@@ -206,11 +206,12 @@ def test_incremental_state_equals_full_recomputation(
     and back on restores, each path continuing the other's files; ``large state``: by Spark, the
     state "large" above 20 rows (semi-joined with small increments, aggregated with the
     per-key aggregates of big ones) and deltas above 10 rows written one task per range. ``stats``
-    holds the aggregates the driver merges in ``driver``, and all in the others."""
+    holds the aggregates the driver can merge in ``driver`` and ``mixed`` (so its state crosses
+    between the two paths too), and all of them in ``large state``."""
     monkeypatch.setattr(stateful, "SHUFFLE_MERGE_ROWS", shuffle_merge_rows)
     monkeypatch.setattr(checkpointing, "RANGE_ROWS", 10)
     rng = random.Random(SEED)
-    stats = {k: v for k, v in STATS.items() if k not in SPARK_ONLY} if driver_merge_rows == 1_000_000 else STATS
+    stats = STATS if driver_merge_rows == 0 else {k: v for k, v in STATS.items() if k not in SPARK_ONLY}
     job = make_job(
         spark,
         tmp_path,
