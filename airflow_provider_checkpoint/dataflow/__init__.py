@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.core.keyed_process import (
+    TTL,
+    KeyedProcessFunction,
+    ListState,
+    MapState,
+    ValueState,
+)
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
@@ -19,6 +26,7 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Transform,
     Union,
 )
+from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
@@ -52,6 +60,12 @@ __all__ = [
     "KafkaSource",
     "KeyedCoStateFunction",
     "KeyedAggregate",
+    "KeyedProcess",
+    "KeyedProcessFunction",
+    "ListState",
+    "MapState",
+    "TTL",
+    "ValueState",
     "KeyedStateFunction",
     "MalformedInputError",
     "Node",

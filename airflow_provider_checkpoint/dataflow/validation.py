@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, StatefulOperator, Union
+from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
@@ -179,6 +180,8 @@ class _Validator:
             state = self.parse(node, "state_schema", node.state_schema)
             self.require(node, "keys", node.keys, state, "its state_schema")
             return None
+        if isinstance(node, KeyedProcess):
+            return self._keyed_process(node)
         if isinstance(node, DimensionEnrichment):
             return self._enrichment(node)
         if isinstance(node, IntervalJoin):
@@ -200,6 +203,21 @@ class _Validator:
             )
         keys = {k: _type_of(columns, k) for k in node.group_keys}
         return {**keys, WINDOW_START: "timestamp", WINDOW_END: "timestamp", **dict.fromkeys(node.aggs)}
+
+    def _keyed_process(self, node: KeyedProcess) -> Columns | None:
+        columns = self.input(node)
+        self.require(node, "keys", node.keys, columns, node.inputs[0])
+        if node.watermark is not None:
+            self.require(node, "watermark", [node.watermark.column], columns, node.inputs[0])
+            time = _type_of(columns, node.watermark.column)
+            if time is not None and _comparable(time) != "timestamp":
+                self.problem(
+                    node,
+                    "watermark",
+                    f"{node.watermark.column!r} is {time}, not a timestamp",
+                    f"cast it in a Transform first, e.g. F.col({node.watermark.column!r}).cast('timestamp')",
+                )
+        return self.parse(node, "output_schema", node.function.output_schema)
 
     def _enrichment(self, node: DimensionEnrichment) -> Columns | None:
         facts, dimension = self.input(node, 0), self.input(node, 1)

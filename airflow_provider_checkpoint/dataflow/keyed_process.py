@@ -1,0 +1,241 @@
+"""``KeyedProcess``: a user's :class:`~airflow_provider_checkpoint.core.keyed_process.KeyedProcessFunction`
+run per key on the executors, with value, list and map state, event- and processing-time timers and TTL.
+
+Per checkpoint the keys visited are those with rows in this checkpoint and those whose state needs
+a visit without rows: a timer due, or an entry expired (a key's ``__wake_event`` at most the watermark
+reached, or ``__wake_processing`` at most the trigger time). Their rows and state rows are
+co-grouped by key (``cogroup(...).applyInPandas``) and :func:`~airflow_provider_checkpoint.core.
+keyed_process.run_key` runs once per key; the other keys' rows stay as they are. The state holds one
+row per key: the key columns, ``__state`` (the key's JSON document: state entries with their expiries,
+timers) and the two wake-up times, so a checkpoint writes only the keys it changed, and an expired
+entry, never read back, leaves the files with the next compaction of its range.
+
+With ``watermark=(column, bound)`` the operator has event time (:mod:`~airflow_provider_checkpoint.core.
+event_time`): rows without a time are dropped and counted (``rows_without_event_time``); late rows
+still reach ``process`` (``ctx.watermark`` tells them apart). Without it, event-time timers and
+event-time TTL are refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
+from airflow_provider_checkpoint.core.keyed_process import (
+    EVENT_TIME,
+    Clocks,
+    KeyedProcessFunction,
+    KeyResult,
+    check_function,
+    run_key,
+)
+from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.dataflow.graph import Node, StatefulOperator
+from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+
+STATE, WAKE_EVENT, WAKE_PROCESSING = "__state", "__wake_event", "__wake_processing"
+_IS_STATE = "__is_state"
+
+
+class KeyedProcess(StatefulOperator):
+    """Run ``function`` (a :class:`KeyedProcessFunction` instance) per key of ``keys`` over ``input``;
+    its output has the columns of the function's ``output_schema``."""
+
+    def __init__(
+        self,
+        uid: str,
+        input: Node,
+        keys: Sequence[str],
+        function: KeyedProcessFunction,
+        watermark: tuple[str, str] | None = None,
+        max_parallelism: int = 128,
+    ) -> None:
+        super().__init__(uid, input, keys, max_parallelism)
+        self.specs = check_function(uid, function)
+        self.function = function
+        try:
+            self.output_columns = [c.name for c in parse_schema(function.output_schema)]
+        except DdlError as e:
+            raise PipelineDefinitionError(
+                f"{uid}: output_schema {function.output_schema!r} is not a valid schema: {e}; "
+                "write Spark DDL, e.g. 'user STRING, at TIMESTAMP'"
+            ) from None
+        if internal := [c for c in self.output_columns if c.startswith("__")]:
+            raise PipelineDefinitionError(
+                f"{uid}: output column(s) {internal} start with '__', kept for internal columns; rename them"
+            )
+        self.watermark = WatermarkSpec.of(watermark, uid) if watermark is not None else None
+        by_event = [n for n, s in self.specs.items() if (ttl := s.ttl_spec()) and ttl.time == EVENT_TIME]
+        if by_event and self.watermark is None:
+            raise PipelineDefinitionError(
+                f"{uid}: state {by_event} expires by event time but the operator has no watermark; "
+                "give watermark=(time column, bound), or ttl=TTL(..., time='processing_time')"
+            )
+
+    def describe(self) -> dict[str, object]:
+        return {
+            **super().describe(),
+            "function": type(self.function).__qualname__,
+            "states": {n: [s.kind, s.type] for n, s in self.specs.items()},
+            **({"watermark": [self.watermark.column, self.watermark.bound_ms]} if self.watermark else {}),
+        }
+
+    def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+        keys = inputs[self.inputs[0].uid].select(*self.keys).schema.fields
+        extra = [
+            StructField(STATE, StringType()),
+            StructField(WAKE_EVENT, LongType()),
+            StructField(WAKE_PROCESSING, LongType()),
+        ]
+        return spark.createDataFrame([], StructType([*keys, *extra]))
+
+    def event_time(
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+    ) -> tuple[WatermarkProgress, dict[str, int]] | None:
+        if self.watermark is None:
+            return None
+        from pyspark.sql import functions as F
+
+        ts = F.unix_micros(F.col(self._time_column(inputs)))
+        top = (
+            inputs[self.inputs[0].uid]
+            .agg(F.max(ts).alias("top"), F.count(F.when(ts.isNull(), 1)).alias("untimed"))
+            .first()
+        )
+        assert top is not None
+        seen = None if top["top"] is None else top["top"] // 1000
+        return before.advance(seen, self.watermark.bound_ms), {"rows_without_event_time": int(top["untimed"])}
+
+    def process(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+    ) -> tuple[DataFrame, DataFrame]:
+        return self._run(inputs, state, Clocks(None, None, int(barrier.trigger_time * 1000)))
+
+    def process_at(
+        self,
+        inputs: Mapping[str, DataFrame],
+        state: DataFrame,
+        barrier: Barrier,
+        before: WatermarkProgress,
+        after: WatermarkProgress,
+    ) -> tuple[DataFrame, DataFrame]:
+        return self._run(inputs, state, Clocks(before.watermark, after.watermark, int(barrier.trigger_time * 1000)))
+
+    def _time_column(self, inputs: Mapping[str, DataFrame]) -> str:
+        from pyspark.sql.types import TimestampType
+
+        assert self.watermark is not None
+        df, column = inputs[self.inputs[0].uid], self.watermark.column
+        field = df.schema[column] if column in df.columns else None
+        if field is None or not isinstance(field.dataType, TimestampType):
+            found = field.dataType.simpleString() if field is not None else "no such column"
+            raise PipelineDefinitionError(
+                f"{self.uid}: watermark column {column!r} must be a timestamp ({found}); "
+                f"cast it in a Transform first, e.g. F.col({column!r}).cast('timestamp')"
+            )
+        return column
+
+    def _run(self, inputs: Mapping[str, DataFrame], state: DataFrame, clocks: Clocks) -> tuple[DataFrame, DataFrame]:
+        """The new state (visited keys' rows from the function, the others' as they were) and the output."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import BooleanType, StructField, StructType
+
+        rows = inputs[self.inputs[0].uid]
+        if self.watermark is not None:
+            rows = rows.where(F.col(self._time_column(inputs)).isNotNull())
+        touched = other_side(rows.select(*self.keys).distinct().withColumn("__rows", F.lit(True)))
+        flagged = state.join(touched, keys_match(self.keys), "left").select(*state.columns, OTHER + "__rows")
+        due = F.col(OTHER + "__rows").isNotNull() | (F.col(WAKE_PROCESSING) <= F.lit(clocks.processing))
+        if clocks.after is not None:
+            due = due | (F.col(WAKE_EVENT) <= F.lit(clocks.after))
+        flagged = flagged.withColumn("__visit", F.coalesce(due, F.lit(False))).persist()  # split in two
+        kept = flagged.where(~F.col("__visit")).select(*state.columns)
+        visited = flagged.where("__visit").select(*state.columns)
+        output = spark_schema(rows.sparkSession, self.function.output_schema)
+        outs = [StructField(f"__o{i}", f.dataType) for i, f in enumerate(output.fields)]
+        state_fields = [StructField(f.name, f.dataType) for f in state.schema.fields]  # nullable: one side is null
+        result_schema = StructType([StructField(_IS_STATE, BooleanType()), *state_fields, *outs])
+        zone = rows.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+        call = _KeyCall(self, clocks, [f.name for f in state.schema.fields], len(outs), self._sort_columns(rows), zone)
+        result = (
+            rows.groupBy(*self.keys)
+            .cogroup(visited.groupBy(*self.keys))
+            .applyInPandas(call.udf(), result_schema)
+            .persist()
+        )
+        new_state = kept.unionByName(result.where(F.col(_IS_STATE)).select(*state.columns))
+        emitted = result.where(~F.col(_IS_STATE)).select(
+            *[F.col(o.name).alias(f.name) for o, f in zip(outs, output.fields, strict=True)]
+        )
+        return new_state, emitted
+
+    def _sort_columns(self, rows: DataFrame) -> list[str]:
+        """The order of a key's rows given to ``process``: event time, then every orderable column."""
+        from pyspark.sql.types import ArrayType, MapType, StructType
+
+        simple = [f.name for f in rows.schema.fields if not isinstance(f.dataType, ArrayType | MapType | StructType)]
+        first = [self.watermark.column] if self.watermark is not None else []
+        return first + [c for c in simple if c not in first]
+
+
+def spark_schema(spark: SparkSession, ddl: str) -> Any:
+    """The Spark ``StructType`` of a DDL string."""
+    return spark.createDataFrame([], ddl).schema
+
+
+class _KeyCall:
+    """The function ``applyInPandas`` runs on the executors for one key: its rows and its state row
+    in, its new state row (if any) and its emitted rows out."""
+
+    def __init__(
+        self, node: KeyedProcess, clocks: Clocks, state_columns: list[str], outputs: int, order: list[str], zone: str
+    ) -> None:
+        self.zone = zone  # Spark gives timestamps in the session's time zone, naive: made UTC-aware here
+        self.uid, self.function, self.specs = node.uid, node.function, node.specs
+        self.columns, self.keys = node.output_columns, node.keys
+        self.clocks, self.state_columns, self.outputs, self.order = clocks, state_columns, outputs, order
+
+    def udf(self) -> Callable[[tuple[Any, ...], pd.DataFrame, pd.DataFrame], pd.DataFrame]:
+        """A plain function of (key, rows, state), as ``applyInPandas`` inspects its arguments."""
+
+        def call(key: tuple[Any, ...], rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
+            return self(key, rows, state)
+
+        return call
+
+    def __call__(self, key: tuple[Any, ...], rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
+        import pandas as pd
+
+        stored = None if state.empty else state[STATE].iloc[0]
+        given = None
+        if not rows.empty:
+            given = rows.sort_values(self.order, kind="mergesort", na_position="first").reset_index(drop=True)
+            for column in given.columns:
+                if pd.api.types.is_datetime64_dtype(given[column]):
+                    given[column] = given[column].dt.tz_localize(self.zone).dt.tz_convert("UTC")
+        plain = tuple(_plain(k) for k in key)
+        result: KeyResult = run_key(
+            self.uid, self.function, self.specs, self.columns, plain, given, stored, self.clocks
+        )
+        records: list[list[Any]] = []
+        blank_state = [None] * (len(self.state_columns) - len(self.keys))
+        if result.state is not None:
+            records.append([True, *plain, result.state, *result.wake, *[None] * self.outputs])
+        for row in result.emitted:
+            records.append([False, *[None] * len(self.keys), *blank_state, *row])
+        names = [_IS_STATE, *self.state_columns, *[f"__o{i}" for i in range(self.outputs)]]
+        return pd.DataFrame.from_records(records, columns=names) if records else pd.DataFrame(columns=names)
+
+
+def _plain(value: Any) -> Any:
+    """A key value as plain Python (numpy scalars → int, float, ...; pandas timestamps kept)."""
+    return value.item() if hasattr(value, "item") and not hasattr(value, "tz_localize") else value
