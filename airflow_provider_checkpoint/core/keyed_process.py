@@ -28,83 +28,44 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_provider_checkpoint.core.event_time import duration_ms
+from airflow_provider_checkpoint.core.keyed_state import (
+    EVENT_TIME,
+    PROCESSING_TIME,
+    TTL,
+    TYPES,
+    Clocks,
+    KeyState,
+    ListState,
+    MapState,
+    StateSpec,
+    ValueState,
+    check_value,
+    load_value,
+    normalized,
+    to_ms,
+)
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
-EVENT_TIME, PROCESSING_TIME = "event_time", "processing_time"
+__all__ = [
+    "EVENT_TIME",
+    "MAX_FIRINGS",
+    "PROCESSING_TIME",
+    "TTL",
+    "Clocks",
+    "Context",
+    "KeyState",
+    "KeyedProcessFunction",
+    "ListState",
+    "MapState",
+    "StateSpec",
+    "Timer",
+    "ValueState",
+    "check_function",
+    "run_key",
+    "to_ms",
+]
+
 MAX_FIRINGS = 10_000
-"""Timer calls per key and checkpoint above which a function that keeps registering due timers is stopped."""
-_INTS = {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long"}
-_FLOATS = {"float", "real", "double"}
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-TYPES = frozenset({*_INTS, *_FLOATS, "boolean", "string", "timestamp", "json"})
-"""The types a state value (or a map key, ``json`` aside) may be declared with."""
-
-
-@dataclass(frozen=True)
-class TTL:
-    """State time-to-live: ``TTL("1 hour")`` (processing time, refreshed on write),
-    ``TTL("1 day", time="event_time", update="on_read_and_write")``."""
-
-    duration: str
-    time: str = PROCESSING_TIME
-    update: str = "on_write"
-
-    def ms(self, what: str) -> int:
-        """The duration in ms, the declaration checked (``what`` names it in errors)."""
-        if self.time not in (EVENT_TIME, PROCESSING_TIME):
-            raise PipelineDefinitionError(
-                f"{what}: ttl time must be 'event_time' or 'processing_time', got {self.time!r}"
-            )
-        if self.update not in ("on_write", "on_read_and_write"):
-            raise PipelineDefinitionError(
-                f"{what}: ttl update must be 'on_write' or 'on_read_and_write', got {self.update!r}"
-            )
-        ms = duration_ms(self.duration, f"{what} ttl")
-        if ms <= 0:
-            raise PipelineDefinitionError(f"{what}: ttl must be positive")
-        return ms
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    """A named state of a process function: ``kind`` value, list or map, its value type (and a map's key type)."""
-
-    kind: ClassVar[str] = ""
-    name: str
-    type: str
-    ttl: TTL | str | None = None
-    key_type: str | None = None
-
-    def ttl_spec(self) -> TTL | None:
-        return TTL(self.ttl) if isinstance(self.ttl, str) else self.ttl
-
-
-def ValueState(name: str, type: str, ttl: TTL | str | None = None) -> StateSpec:  # noqa: N802 - a declaration
-    """One value per key (Spark's ``getValueState``, Flink's ``ValueStateDescriptor``)."""
-    return _Value(name, type, ttl)
-
-
-def ListState(name: str, type: str, ttl: TTL | str | None = None) -> StateSpec:  # noqa: N802
-    """A list per key; with a TTL each element expires on its own."""
-    return _List(name, type, ttl)
-
-
-def MapState(name: str, key_type: str, type: str, ttl: TTL | str | None = None) -> StateSpec:  # noqa: N802
-    """A map per key; with a TTL each entry expires on its own."""
-    return _Map(name, type, ttl, key_type)
-
-
-class _Value(StateSpec):
-    kind = "value"
-
-
-class _List(StateSpec):
-    kind = "list"
-
-
-class _Map(StateSpec):
-    kind = "map"
 
 
 @dataclass(frozen=True, order=True)
@@ -135,111 +96,6 @@ class KeyedProcessFunction:
     def on_timer(self, key: tuple[Any, ...], timer: Timer, ctx: Context) -> Any:
         """A timer of the key is due (see the module for when)."""
         raise NotImplementedError(f"{type(self).__name__} registers timers but has no on_timer")
-
-
-def to_ms(value: Any, what: str) -> int:
-    """A time as ms since the epoch: an int (ms) or a datetime (a naive one is UTC; a pandas Timestamp too)."""
-    if isinstance(value, datetime.datetime):
-        aware = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-        if hasattr(value, "value"):  # a pandas Timestamp: ns since the epoch
-            return int(value.value // 1_000_000)
-        return (aware - _EPOCH) // datetime.timedelta(milliseconds=1)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise TypeError(f"{what}: {value!r} is not a time; give a datetime or an int of ms since the epoch")
-
-
-def _check(spec: StateSpec, type_: str, value: Any, where: str) -> Any:
-    """``value`` as stored (JSON) for a declared type; a value of another type is refused."""
-    if value is None:
-        return None
-    ok = {
-        "boolean": isinstance(value, bool),
-        "string": isinstance(value, str),
-        "timestamp": isinstance(value, datetime.datetime),
-    }.get(type_, True)
-    if type_ in _INTS:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif type_ in _FLOATS:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok:
-        raise TypeError(f"{where}: state {spec.name!r} is declared {type_}; {value!r} is a {type(value).__name__}")
-    return to_ms(value, where) if type_ == "timestamp" else value
-
-
-def _load(type_: str, stored: Any) -> Any:
-    if type_ == "timestamp" and stored is not None:
-        return datetime.datetime.fromtimestamp(stored / 1000, datetime.UTC)
-    return stored
-
-
-@dataclass
-class Clocks:
-    """The clocks of one checkpoint (ms): the watermark before it and the one it reaches (``None``: none
-    yet), and its trigger time."""
-
-    before: int | None
-    after: int | None
-    processing: int
-
-    def of(self, time: str) -> int | None:
-        return self.after if time == EVENT_TIME else self.processing
-
-
-class KeyState:
-    """One key's state: entries ``[value, expiry]`` by state name (a list: a list of them; a map:
-    ``[key, value, expiry]``), and its timers."""
-
-    def __init__(self, doc: Mapping[str, Any] | None = None) -> None:
-        doc = doc or {}
-        self.entries: dict[str, Any] = dict(doc.get("s", {}))
-        self.timers: set[tuple[int, str]] = {(int(t), k) for t, k in doc.get("t", [])}
-
-    @classmethod
-    def loads(cls, text: str | None) -> KeyState:
-        return cls(json.loads(text) if text else None)
-
-    def dumps(self) -> str | None:
-        """The document (keys sorted: the same state gives the same text), ``None`` when empty."""
-        entries = {k: v for k, v in self.entries.items() if v not in (None, [])}
-        if not entries and not self.timers:
-            return None
-        return json.dumps({"s": entries, "t": sorted(self.timers)}, sort_keys=True, separators=(",", ":"))
-
-    def purge(self, specs: Mapping[str, StateSpec], clocks: Clocks) -> None:
-        """Drop every expired entry (and the entries of states no longer declared)."""
-        for name in list(self.entries):
-            spec = specs.get(name)
-            if spec is None:
-                del self.entries[name]
-                continue
-            ttl = spec.ttl_spec()
-            now = clocks.of(ttl.time) if ttl else None
-            if now is None:
-                continue
-            if spec.kind == "value":
-                if self.entries[name] is not None and _expired(self.entries[name][-1], now):
-                    del self.entries[name]
-            else:
-                self.entries[name] = [e for e in self.entries[name] if not _expired(e[-1], now)]
-
-    def wake(self, specs: Mapping[str, StateSpec]) -> tuple[int | None, int | None]:
-        """The earliest time by event time and by processing time at which this key needs a visit
-        with no rows: a timer or an expiry."""
-        times: dict[str, list[int]] = {EVENT_TIME: [], PROCESSING_TIME: []}
-        for ts, kind in self.timers:
-            times[kind].append(ts)
-        for name, stored in self.entries.items():
-            ttl = specs[name].ttl_spec()
-            if ttl is None or stored is None:
-                continue
-            expiries = [stored[-1]] if specs[name].kind == "value" else [e[-1] for e in stored]
-            times[ttl.time] += [e for e in expiries if e is not None]
-        return min(times[EVENT_TIME], default=None), min(times[PROCESSING_TIME], default=None)
-
-
-def _expired(expiry: int | None, now: int) -> bool:
-    return expiry is not None and expiry <= now
 
 
 class Context:
@@ -314,19 +170,19 @@ class _Handle:
 class ValueHandle(_Handle):
     def get(self) -> Any:
         stored = self._ctx._read(self._spec)
-        return None if stored is None else _load(self._spec.type, stored[0])
+        return None if stored is None else load_value(self._spec.type, stored[0])
 
     def update(self, value: Any) -> None:
         if value is None:
             return self.clear()
         self._ctx._write(
-            self._spec, [_check(self._spec, self._spec.type, value, self._where), self._ctx._expiry(self._spec)]
+            self._spec, [check_value(self._spec, self._spec.type, value, self._where), self._ctx._expiry(self._spec)]
         )
 
 
 class ListHandle(_Handle):
     def get(self) -> list[Any]:
-        return [_load(self._spec.type, e[0]) for e in self._ctx._read(self._spec) or []]
+        return [load_value(self._spec.type, e[0]) for e in self._ctx._read(self._spec) or []]
 
     def append(self, value: Any) -> None:
         self.extend([value])
@@ -340,7 +196,7 @@ class ListHandle(_Handle):
 
     def _stored(self, values: Iterable[Any]) -> list[list[Any]]:
         expiry = self._ctx._expiry(self._spec)
-        return [[_check(self._spec, self._spec.type, v, self._where), expiry] for v in values]
+        return [[check_value(self._spec, self._spec.type, v, self._where), expiry] for v in values]
 
 
 class MapHandle(_Handle):
@@ -349,7 +205,7 @@ class MapHandle(_Handle):
 
     def get(self, key: Any, default: Any = None) -> Any:
         stored = self._stored_key(key)
-        return next((_load(self._spec.type, e[1]) for e in self._entries() if e[0] == stored), default)
+        return next((load_value(self._spec.type, e[1]) for e in self._entries() if e[0] == stored), default)
 
     def contains(self, key: Any) -> bool:
         stored = self._stored_key(key)
@@ -357,7 +213,7 @@ class MapHandle(_Handle):
 
     def put(self, key: Any, value: Any) -> None:
         stored = self._stored_key(key)
-        entry = [stored, _check(self._spec, self._spec.type, value, self._where), self._ctx._expiry(self._spec)]
+        entry = [stored, check_value(self._spec, self._spec.type, value, self._where), self._ctx._expiry(self._spec)]
         kept = [e for e in self._ctx._state.entries.get(self._spec.name) or [] if e[0] != stored]
         self._ctx._write(self._spec, sorted([*kept, entry], key=lambda e: json.dumps(e[0])))
 
@@ -367,7 +223,7 @@ class MapHandle(_Handle):
 
     def items(self) -> list[tuple[Any, Any]]:
         key_type = self._spec.key_type or "string"
-        return [(_load(key_type, e[0]), _load(self._spec.type, e[1])) for e in self._entries()]
+        return [(load_value(key_type, e[0]), load_value(self._spec.type, e[1])) for e in self._entries()]
 
     def keys(self) -> list[Any]:
         return [k for k, _ in self.items()]
@@ -375,7 +231,7 @@ class MapHandle(_Handle):
     def _stored_key(self, key: Any) -> Any:
         if key is None:
             raise TypeError(f"{self._where}: a map key cannot be None")
-        return _check(self._spec, self._spec.key_type or "string", key, self._where)
+        return check_value(self._spec, self._spec.key_type or "string", key, self._where)
 
 
 def check_function(uid: str, fn: Any) -> dict[str, StateSpec]:
@@ -414,12 +270,8 @@ def check_function(uid: str, fn: Any) -> dict[str, StateSpec]:
         ttl = spec.ttl_spec()
         if ttl is not None:
             ttl.ms(f"{uid}: state {spec.name!r}")
-        specs[spec.name] = _normalized(spec)
+        specs[spec.name] = normalized(spec)
     return specs
-
-
-def _normalized(spec: StateSpec) -> StateSpec:
-    return type(spec)(spec.name, spec.type.lower(), spec.ttl_spec(), spec.key_type.lower() if spec.key_type else None)
 
 
 @dataclass(frozen=True)

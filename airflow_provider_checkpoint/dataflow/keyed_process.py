@@ -164,6 +164,7 @@ class KeyedProcess(StatefulOperator):
         outs = [StructField(f"__o{i}", f.dataType) for i, f in enumerate(output.fields)]
         state_fields = [StructField(f.name, f.dataType) for f in state.schema.fields]  # nullable: one side is null
         result_schema = StructType([StructField(_IS_STATE, BooleanType()), *state_fields, *outs])
+        ship_by_value(self.function)
         zone = rows.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
         call = _KeyCall(self, clocks, [f.name for f in state.schema.fields], len(outs), self._sort_columns(rows), zone)
         result = (
@@ -185,6 +186,21 @@ class KeyedProcess(StatefulOperator):
         simple = [f.name for f in rows.schema.fields if not isinstance(f.dataType, ArrayType | MapType | StructType)]
         first = [self.watermark.column] if self.watermark is not None else []
         return first + [c for c in simple if c not in first]
+
+
+def ship_by_value(function: KeyedProcessFunction) -> None:
+    """Pickle the function's module by value when the executors could not import it by name (a DAG
+    file, which Airflow loads under a name of its own), as cloudpickle does for ``__main__``."""
+    import importlib.machinery
+    import sys
+
+    from pyspark import cloudpickle
+
+    module = sys.modules.get(type(function).__module__)
+    if module is None or module.__name__ == "__main__":
+        return
+    if importlib.machinery.PathFinder.find_spec(module.__name__.partition(".")[0]) is None:
+        cloudpickle.register_pickle_by_value(module)
 
 
 def spark_schema(spark: SparkSession, ddl: str) -> Any:

@@ -223,3 +223,37 @@ def test_a_keyed_process_definition_that_cannot_run_is_refused(tmp_path: Any) ->
     broken = type("Broken", (Recorder,), {"output_schema": "a BLOB"})()
     with pytest.raises(PipelineDefinitionError, match="^r: output_schema 'a BLOB' is not a valid schema"):
         KeyedProcess("r", events, ["user"], broken, watermark=("ts", "1 minute"))
+
+
+def test_a_function_defined_in_a_dag_file_reaches_a_fresh_python_by_value(tmp_path: Any) -> None:
+    """Airflow loads a DAG file under a name no other process can import: its class must travel by value."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    from airflow_provider_checkpoint.dataflow.keyed_process import ship_by_value
+
+    dag = tmp_path / "my_dag.py"
+    dag.write_text(
+        "from airflow_provider_checkpoint import KeyedProcessFunction\n"
+        "class F(KeyedProcessFunction):\n"
+        "    output_schema = 'a INT'\n"
+        "    def process(self, key, rows, ctx):\n"
+        "        return [(41 + 1,)]\n"
+    )
+    spec = importlib.util.spec_from_file_location("unusual_prefix_0_my_dag", dag)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        ship_by_value(module.F())
+        code = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read()).process(None, None, None))"
+        out = subprocess.run(
+            [sys.executable, "-c", code], input=cloudpickle.dumps(module.F()), capture_output=True, check=True
+        )
+    finally:
+        del sys.modules[spec.name]
+    assert out.stdout.decode().strip() == "[(42,)]"
