@@ -46,7 +46,7 @@ pytestmark = pytest.mark.spark
 
 SEEDS = [int(s) for s in os.environ.get("KEYED_PROCESS_SEEDS", "7").split(",")]
 EXAMPLES = int(os.environ.get("KEYED_PROCESS_EXAMPLES", "1"))
-STEPS = int(os.environ.get("KEYED_PROCESS_STEPS", "9"))
+STEPS = int(os.environ.get("KEYED_PROCESS_STEPS", "8"))
 
 MINUTE = 60_000
 BOUND, SILENCE, TICK = 10 * MINUTE, 5 * MINUTE, 150_000
@@ -267,3 +267,43 @@ def test_keyed_process_matches_the_model(spark: Any, small_ranges: None, seed: i
     tally = Tally()
     run_machine(machine_for(spark, scratch_root(), tally), seed, EXAMPLES, STEPS, True, 60)
     assert tally.event and tally.processing and tally.restores, tally  # not vacuous
+
+
+class Idle(KeyedProcessFunction):
+    """Processing time only (no watermark): a row per key when no row came for 150 s of trigger time."""
+
+    output_schema = "user STRING, quiet_at LONG, n LONG"
+    states = (ValueState("n", "long", ttl="10 minutes"),)
+
+    def process(self, key: Any, rows: Any, ctx: Any) -> Any:
+        for timer in ctx.timers():
+            ctx.delete_processing_time_timer(timer.timestamp)
+        ctx.register_processing_time_timer(ctx.processing_time + TICK)
+        ctx.state("n").update((ctx.state("n").get() or 0) + len(rows))
+
+    def on_timer(self, key: Any, timer: Any, ctx: Any) -> Any:
+        return [(key[0], timer.timestamp, ctx.state("n").get())]
+
+
+def test_processing_time_timers_fire_by_trigger_time_without_a_watermark(spark: Any) -> None:
+    base = scratch_root()
+
+    def declare_idle(base: Path) -> None:
+        events = FileSource("events", f"{base}/landing", "json", "user STRING, amount LONG")
+        ParquetTableSink("out", KeyedProcess("idle", events, ["user"], Idle()), f"{base}/out", "append")
+
+    (base / "landing").mkdir()
+    job = make_job(spark, base, declare_idle, inline_state_threshold=0)
+    landed = {1: ["a", "b"], 2: ["a"], 3: [], 4: []}  # checkpoint → users with a row in it
+    for checkpoint_id, users in landed.items():
+        (base / "landing" / f"f{checkpoint_id}.json").write_text(
+            "".join(json.dumps({"user": u, "amount": 1}) + "\n" for u in users)
+        )
+        completed = job.checkpoint()
+        assert completed.operators["idle"].event_time is None  # no watermark, none recorded
+    got = parquet_table(base / "out")
+    rows = sorted(zip(got["user"], got["quiet_at"], got["n"], strict=True))
+    ms = [int((T0 + 100 * c) * 1000) for c in range(5)]
+    # b: last row at checkpoint 1, quiet from 1 + 150 s: fires at checkpoint 3 (trigger 300 s >= 250 s);
+    # a: moved on at checkpoint 2 to 2 + 150 s: fires at 4, with the count of both its rows
+    assert rows == [("a", ms[2] + TICK, 2), ("b", ms[1] + TICK, 1)]
