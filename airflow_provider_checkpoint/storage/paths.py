@@ -95,6 +95,24 @@ def is_local(fs: Any) -> bool:
     return bool(_LOCAL_PROTOCOLS & set(protocols))
 
 
+def refuse_links(fs: Any, directory: str, paths: Sequence[str], what: str) -> None:
+    """Refuse, on a local filesystem, any of ``paths`` (absolute, under ``directory``) that is a symbolic link
+    or is reached through one below ``directory`` (its real location is not ``directory``'s real one joined
+    with its relative path): a staged file is published or committed only as the file its step wrote, never
+    as a link to rows elsewhere, outside or inside the table. Object stores have no links."""
+    if not is_local(fs):
+        return
+    real_directory = os.path.realpath(directory)
+    for path in paths:
+        relative = posixpath.relpath(path, directory)
+        outside = relative == ".." or relative.startswith("../")
+        if outside or os.path.realpath(path) != posixpath.join(real_directory, relative):
+            raise UnsafePathError(
+                f"refusing {what} {path}: it is a symbolic link or reached through one below {directory} "
+                "(a staged file is committed only as the file its step wrote)"
+            )
+
+
 def owned_path(fs: Any, base: str, relative: str) -> str:
     """``base/relative`` on ``fs``, confined to the directory ``base`` that owns it (:func:`confine`)."""
     return confine(base, relative, is_local(fs))

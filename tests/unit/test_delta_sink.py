@@ -19,6 +19,7 @@ from airflow_provider_checkpoint.exceptions import (
     RefusedInputError,
     RestoreError,
     SinkClaimedError,
+    UnsafePathError,
 )
 
 ROWS = pa.table({"k": pa.array(["a", "b"]), "v": pa.array([1, 2], pa.int64())})
@@ -383,3 +384,60 @@ def test_an_append_commit_carries_partition_values_stats_and_the_checkpoint(tmp_
     assert read.transaction_version("airflow-checkpoint:job:t") == 3
     assert read.file_uris() == [str(table / add["path"])]
     assert sorted(read.to_pyarrow_table().column("k").to_pylist()) == ["a b:", "a b:"]
+
+
+def test_a_staged_file_reached_through_a_link_is_never_committed(tmp_path):
+    """Issue #52: a forged add whose staged file is a link (to rows outside, or to a file inside the table,
+    its size matching) is refused before the commit; so is one behind a linked directory of ``chk-<id>/``."""
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table)
+    outside = tmp_path / "outside.parquet"
+    pq.write_table(pa.table({"k": pa.array(["x", "y", "z"]), "v": pa.array([7, 8, 9], pa.int64())}), outside)
+    sink.commit(1, _committables(1, _staged(table, 1)))
+    inside = table / _staged(table, 1, "part-00001.parquet")["path"]  # a file of the table the commit did not add
+    for name, target in {"to rows outside": outside, "to a file inside the table": inside}.items():
+        add = _staged(table, 3)
+        (table / add["path"]).unlink()
+        (table / add["path"]).symlink_to(target)
+        add["size"] = target.stat().st_size
+        with pytest.raises(UnsafePathError, match="symbolic link|outside the directory that owns it"):
+            sink.commit(3, _committables(3, add))
+        assert not sink.is_committed(3) and DeltaTable(str(table)).to_pyarrow_table().num_rows == 2, name
+    linked_dir = table / "chk-4" / "job" / "step"
+    linked_dir.parent.mkdir(parents=True)
+    linked_dir.symlink_to(table / "chk-1" / "job" / "step")  # inside the table: confinement alone passes it
+    add = {**_staged(table, 1, "part-00001.parquet"), "path": "chk-4/job/step/attempt-1/part-00001.parquet"}
+    with pytest.raises(RefusedInputError):  # the listing does not enter a linked directory: "missing"
+        sink.commit(4, _committables(4, add))
+    assert not sink.is_committed(4)
+
+
+def test_a_deletion_vector_reached_through_a_link_is_never_read_or_committed(tmp_path):
+    """Issue #52: a valid DV file outside the table, linked in as a checkpoint's new DV, deletes nothing."""
+    import fsspec
+    import numpy as np
+    from deltalake import DeltaTable
+
+    from airflow_provider_checkpoint.connectors.delta.deletion_vectors import new_descriptor_path, write_file
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    bucket = _staged(table, 1, "part-b00000.parquet")
+    sink.commit(1, _committables(1, bucket))
+    stored, relative = new_descriptor_path("chk-2/job/step/attempt-1")
+    outside = tmp_path / "outside.bin"
+    (descriptor,) = write_file(fsspec.filesystem("file"), str(outside), stored, [np.array([0], dtype=np.uint64)])
+    (table / relative).parent.mkdir(parents=True)
+    (table / relative).symlink_to(outside)
+    delete = {
+        "path": bucket["path"],
+        "size": bucket["size"],
+        "num_records": 2,
+        "old": None,
+        "new": descriptor.to_json(),
+    }
+    with pytest.raises(UnsafePathError, match="outside the directory that owns it"):
+        sink.commit(2, [{"checkpoint_id": 2, "adds": [], "removes": [], "deletes": [delete]}])
+    assert not sink.is_committed(2) and DeltaTable(str(table)).to_pyarrow_table().num_rows == 2

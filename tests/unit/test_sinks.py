@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
-from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, UnsafePathError
 
 
 def stage(table: Path, checkpoint_id: int, name: str, data: bytes) -> str:
@@ -57,6 +57,25 @@ def test_commit_is_idempotent(sink: ParquetTableSink, table: Path) -> None:
     stage(table, 3, "part-00000.parquet", b"zombie attempt output")
     sink.commit(3, committables)
     assert visible(table) == {"part-c0000000003-00000.parquet": b"zero"}
+
+
+def test_a_staged_file_reached_through_a_link_is_never_published(sink: ParquetTableSink, table: Path) -> None:
+    """Issue #52: a staged file that is a link to a committed file of the table (a duplicate of its rows),
+    or one behind a linked directory of the staging, is refused before anything moves."""
+    s0 = stage(table, 1, "part-00000.parquet", b"rows of checkpoint 1")
+    sink.commit(1, [{"checkpoint_id": 1, "moves": [[s0, "part-c0000000001-00000.parquet"]]}])
+    linked = table / stage(table, 2, "part-00000.parquet", b"")
+    linked.unlink()
+    linked.symlink_to(table / "part-c0000000001-00000.parquet")
+    (table / "_staging/chk-3/job").mkdir(parents=True)
+    (table / "_staging/chk-3/job/step_t").symlink_to(table / "_staging/chk-2/job/step_t")
+    for checkpoint_id in (2, 3):
+        staged = f"_staging/chk-{checkpoint_id}/job/step_t/attempt-1/part-00000.parquet"
+        target = f"part-c{checkpoint_id:010d}-00000.parquet"
+        with pytest.raises(UnsafePathError, match="symbolic link"):
+            sink.commit(checkpoint_id, [{"checkpoint_id": checkpoint_id, "moves": [[staged, target]]}])
+        assert not sink.is_committed(checkpoint_id)
+    assert visible(table) == {"part-c0000000001-00000.parquet": b"rows of checkpoint 1"}
 
 
 def test_commit_resumes_after_a_partial_commit(sink: ParquetTableSink, table: Path) -> None:

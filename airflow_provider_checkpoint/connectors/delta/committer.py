@@ -31,7 +31,7 @@ from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import DeltaTableBase, in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.exceptions import DocumentError, RestoreError
-from airflow_provider_checkpoint.storage.paths import is_local
+from airflow_provider_checkpoint.storage.paths import is_local, refuse_links
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -94,6 +94,7 @@ class DeltaCommitter(DeltaTableBase):
         missing = sorted(f for f in dv_files(commit) if f not in staged)
         if missing:
             raise DocumentError(document, "deletes", "name deletion vector files that do not exist", missing[:5])
+        self._refuse_links(checkpoint_id, [a.path for a in commit.adds] + sorted(dv_files(commit)))
         self._check_partitions(state, document)
         started = time.monotonic()
         fs, root = self._fs()
@@ -126,6 +127,13 @@ class DeltaCommitter(DeltaTableBase):
             time.monotonic() - started,
         )
         self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit), staged)
+
+    def _refuse_links(self, checkpoint_id: int, paths: list[str]) -> None:
+        """Refuse a staged data or DV file (table-relative ``paths``) that is a link or is reached through one
+        below ``chk-<id>/``, wherever it leads: the commit names only files the steps wrote."""
+        location = self.table()
+        files = [location.path(p) for p in paths]
+        refuse_links(location.fs, location.path(f"chk-{checkpoint_id}"), files, f"staged file of sink {self.uid}")
 
     def _check_partitions(self, state: LogState, document: str) -> None:
         """The table's partition columns are the sink's (the step checked them and the input's columns

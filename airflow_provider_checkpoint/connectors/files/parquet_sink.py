@@ -48,6 +48,7 @@ from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError, UnsafePathError
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.job_storage import Location
+from airflow_provider_checkpoint.storage.paths import refuse_links
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -235,7 +236,8 @@ class ParquetTableSink(TableDirectorySink):
         """Publish the staged files into the table, log the commit, then delete the staging directory.
 
         Every move is checked first (shape, and on local filesystems that neither end
-        resolves outside the table), so a forged committable moves nothing. Each file comes
+        resolves outside the table and that no staged file is or is reached through a link), so a
+        forged committable moves nothing. Each file comes
         from the staging directory, else (a checkpoint restored after a rollback parked its
         output) from ``_rolled_back/chk-<id>/``; one listing of each tells which, and one that
         is in neither was published by an earlier attempt of this commit.
@@ -253,6 +255,9 @@ class ParquetTableSink(TableDirectorySink):
         if any(staged not in staged_files for staged, _, _ in resolved):
             parked_files = list_tree(table.fs, table.path(parked))
         listed = {**staged_files, **parked_files}
+        what = f"staged file of sink {self.uid}"
+        refuse_links(table.fs, staging, list(staged_files), what)  # a link anywhere in the staging: refused
+        refuse_links(table.fs, table.path(parked), [p for s, p, _ in resolved if s not in staged_files], what)
         for staged, parked_file, target in resolved:
             source = staged if staged in staged_files else parked_file
             if source in listed:
