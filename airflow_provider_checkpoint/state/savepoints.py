@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint, JsonDict
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError
+from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError, redact, shorten
 from airflow_provider_checkpoint.state.files import check_file, range_tables, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage import JobStorage, Location
@@ -34,7 +34,7 @@ def savepoint_target(
         location = storage.beside(resolve_under_roots(str(target), allowed_roots))
         check_savepoint_target(location, storage.root, own)
     except UnsafePathError as e:
-        raise UnsafePathError(f"savepoint_target {target!r} refused: {e}") from e
+        raise UnsafePathError(f"savepoint_target {shorten(target)} refused: {redact(str(e))}") from e
     return location
 
 

@@ -258,3 +258,13 @@ def test_finalize_checks_the_savepoint_target_again_before_writing(env: Env, nei
     refused(error, "fresh", "a job's checkpoint tree")
     assert fingerprints(neighbours) == before
     assert not CompletedCheckpointStore(env.storage).is_completed(plan.checkpoint_id)
+
+
+def test_a_refused_savepoint_target_never_repeats_its_credentials(env: Env) -> None:
+    """Issue #52: the refusal names the target with its userinfo and secret query values redacted."""
+    run_checkpoint(env, "run-0", T0)
+    for target in ("s3://AKIA:sekret@bucket/savepoints/x", f"file://AKIA:sekret@{env.root}/savepoints/x"):
+        with pytest.raises(UnsafePathError) as error:
+            env.coordinator.trigger("run-sp", CheckpointType.SAVEPOINT, T0 + 10, {"savepoint_target": target})
+        assert "savepoint_target" in str(error.value) and "***@" in str(error.value), target
+        assert "sekret" not in str(error.value) and "AKIA" not in str(error.value), target

@@ -23,6 +23,7 @@ from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.exceptions import (
     InputChangedError,
     PipelineDefinitionError,
+    shorten,
 )
 from airflow_provider_checkpoint.fileio import scans as file_scans
 from airflow_provider_checkpoint.fileio.scans import FileColumn
@@ -49,12 +50,14 @@ def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str
         return
     (landing_protocol, landing), (archive_protocol, archive) = map(fsspec.core.split_protocol, (path, archive_dir))
     if (landing_protocol or "file") != (archive_protocol or "file"):
-        raise PipelineDefinitionError(f"{uid}: archive_dir {archive_dir!r} must be on the filesystem of {path!r}")
+        raise PipelineDefinitionError(
+            f"{uid}: archive_dir {shorten(archive_dir)} must be on the filesystem of {shorten(path)}"
+        )
     landing, archive = posixpath.normpath(landing), posixpath.normpath(archive)
     inside = posixpath.relpath(archive, landing) if archive.startswith(landing.rstrip("/") + "/") else None
     if archive == landing or (inside is not None and not hidden(inside)):
         raise PipelineDefinitionError(
-            f"{uid}: archive_dir {archive_dir!r} lies in the landing directory, so archived files would be read "
+            f"{uid}: archive_dir {shorten(archive_dir)} lies in the landing directory, so archived files would be read "
             "again; put it elsewhere or under a hidden name (starting with '.' or '_')"
         )
 
