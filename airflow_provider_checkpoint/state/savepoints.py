@@ -50,14 +50,15 @@ def check_savepoint_target(target: Location, storage_root: str, own: CompletedCh
     fs, local = target.fs, is_local(target.fs)
     real = os.path.realpath(target.base) if local else target.base
     root = (os.path.realpath(storage_root) if local else storage_root).rstrip("/")
-    refused = f"refusing savepoint target {target.url()}" + (f" (it resolves to {real})" if real != target.base else "")
+    shown = f"{target.url()}" + (f" (it resolves to {real})" if real != target.base else "")
+    refused = f"refusing savepoint target {redact(shown)}"
     if within(real, root) and real.count("/") - root.count("/") != 1:
-        raise UnsafePathError(f"{refused}: it lies in a job's checkpoint tree {root}/<job>/")
+        raise UnsafePathError(f"{refused}: it lies in a job's checkpoint tree {redact(root)}/<job>/")
     ancestor = real
     while ancestor not in ("", "/"):
         if JobStorage.is_chk_dir(posixpath.basename(ancestor)) or fs.exists(f"{ancestor}/{JOB_FILE}"):
             raise UnsafePathError(
-                f"{refused}: {ancestor} is part of a job's checkpoint tree (a chk-<n> or job directory)"
+                f"{refused}: {redact(ancestor)} is part of a job's checkpoint tree (a chk-<n> or job directory)"
             )
         ancestor = posixpath.dirname(ancestor)
     if not fs.exists(real):

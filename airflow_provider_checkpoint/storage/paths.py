@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_checkpoint.core.documents import path_problem
-from airflow_provider_checkpoint.exceptions import UnsafePathError, shorten
+from airflow_provider_checkpoint.exceptions import UnsafePathError, redact, shorten
 
 _LOCAL = {"", "file", "local"}
 _LOCAL_PROTOCOLS = {"file", "local"}
@@ -41,7 +41,7 @@ def resolve_under_roots(candidate: str, roots: Sequence[str]) -> str:
 
     Raises :class:`UnsafePathError` naming the allowed roots otherwise.
     """
-    allowed = ", ".join(roots) or "(none configured)"
+    allowed = redact(", ".join(roots)) or "(none configured)"
     shown = shorten(candidate)
     if not candidate or _NOT_PLAIN.search(candidate) or candidate != candidate.strip():
         raise UnsafePathError(

@@ -20,6 +20,7 @@ from airflow_provider_checkpoint.exceptions import RefusedInputError, UnsafePath
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.paths import resolve_under_roots
 from airflow_provider_checkpoint.testing.neighbours import fingerprints, plant_neighbours, tree
 from tests.unit.helpers import JOB, T0, Env, make_ack, make_env, run_checkpoint
 
@@ -268,3 +269,6 @@ def test_a_refused_savepoint_target_never_repeats_its_credentials(env: Env) -> N
             env.coordinator.trigger("run-sp", CheckpointType.SAVEPOINT, T0 + 10, {"savepoint_target": target})
         assert "savepoint_target" in str(error.value) and "***@" in str(error.value), target
         assert "sekret" not in str(error.value) and "AKIA" not in str(error.value), target
+    with pytest.raises(UnsafePathError) as error:  # an allowed root configured with credentials
+        resolve_under_roots("s3://bucket/elsewhere", ["s3://AKIA:sekret@bucket/savepoints"])
+    assert "sekret" not in str(error.value) and "s3://***@bucket/savepoints" in str(error.value)
