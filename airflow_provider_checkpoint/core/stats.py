@@ -277,7 +277,8 @@ def _per_input(values: Any, read: Any) -> dict[str, Any]:
 def step_details(stats: Any) -> list[JsonDict]:
     """Per step of a stored record, in step order, type-checked (a malformed value is ``None``): the
     accepted ``attempt``, ``records_in``/``records_out``, ``state_rows``/``state_bytes``/``state_files``,
-    ``incremental`` and ``merged_on_driver`` (``None`` for a step without state), ``seconds``,
+    ``incremental``, ``inline`` (its state travels in ``_metadata``) and ``merged_on_driver`` (``None`` for a
+    step without state), ``seconds``,
     ``input_records`` and ``alignment_seconds`` (per input; empty: inputs align by the barrier cut)."""
     steps = stats.get("steps") if isinstance(stats, dict) else None
     if not isinstance(steps, dict):
@@ -294,6 +295,7 @@ def step_details(stats: Any) -> list[JsonDict]:
                 "state_bytes": count(m.get("state_bytes")),
                 "state_files": count(m.get("state_files")),
                 "incremental": _flag(m.get("state_incremental")),
+                "inline": m.get("state_inline") == 1 if "state_rows" in m else None,
                 "merged_on_driver": _flag(m.get("state_merged_on_driver")),
                 "seconds": number(m.get("seconds")),
                 "input_records": _per_input(m.get("input_records"), count),

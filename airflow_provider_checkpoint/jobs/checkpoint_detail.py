@@ -62,7 +62,7 @@ def step_tries(step: str, tries: Mapping[str, list[JsonDict]], chained_task: str
 
 _STEP_FIGURES = (
     *("records_in", "records_out", "state_rows", "state_bytes", "state_files"),
-    *("incremental", "merged_on_driver", "seconds"),
+    *("incremental", "inline", "merged_on_driver", "seconds"),
 )
 
 

@@ -26,7 +26,7 @@ def ack_source(step: str, chained_task: str | None) -> tuple[str, str]:
 
 
 def step_ack(step: str, checkpoint_id: int, facts: RunFacts, chained_task: str | None) -> JsonDict:
-    """Whether ``step`` acked checkpoint ``checkpoint_id``, when, and its task's state."""
+    """Whether ``step`` acked checkpoint ``checkpoint_id``, when, and its task's state and latest try number."""
     task, key = ack_source(step, chained_task)
     value, pushed = facts.xcoms.get((task, key), (None, None))
     ack = values.mapping(value)
@@ -35,7 +35,14 @@ def step_ack(step: str, checkpoint_id: int, facts: RunFacts, chained_task: str |
     state = tries[-1]["state"] if tries else None
     if not acked and state == "success" and chained_task is None:
         acked, pushed = True, tries[-1]["end"]
-    return {"step": step, "acked": acked, "ack_time": pushed if acked else None, "state": state}
+    try_number = tries[-1]["try_number"] if tries else None
+    return {
+        "step": step,
+        "acked": acked,
+        "ack_time": pushed if acked else None,
+        "state": state,
+        "try_number": try_number,
+    }
 
 
 def in_progress(plan: Any, lease: Any, facts: RunFacts, chained_task: str | None = None) -> JsonDict | None:

@@ -40,11 +40,16 @@ def all_rows(storage: JobStorage) -> list[JsonDict]:
 
 
 def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
-    """A page of the job's checkpoint history, newest first, and the total number of rows."""
+    """A page of the job's checkpoint history, newest first, and the total number of rows; a completed
+    checkpoint retention deleted is marked ``discarded``."""
     if offset < 0 or not 1 <= limit <= MAX_PAGE:
         raise RefusedInputError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
     rows = all_rows(storage)
-    return {"total": len(rows), "offset": offset, "limit": limit, "rows": rows[offset : offset + limit]}
+    page = rows[offset : offset + limit]
+    retained = set(CompletedCheckpointStore(storage).completed_ids()) if page else set()
+    for r in page:  # Flink's "discarded": completed, then deleted by retention (not restorable any more)
+        r["discarded"] = r["status"] == "COMPLETED" and r["checkpoint_id"] not in retained
+    return {"total": len(rows), "offset": offset, "limit": limit, "rows": page}
 
 
 def savepoints(storage: JobStorage) -> list[JsonDict]:

@@ -112,6 +112,16 @@ def _xcom_value(row: Any) -> Any:
         return None
 
 
+def dag_paused(dag_id: str) -> bool | None:
+    """Whether ``dag_id`` is paused in Airflow (``None``: Airflow does not know the DAG)."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        model = session.get(DagModel, dag_id)
+        return None if model is None else bool(model.is_paused)
+
+
 def dag_facts(dag_id: str) -> DagFacts:
     """The schedule Airflow shows for ``dag_id`` and whether its checkpoint runs in one chained task."""
     from airflow.models.dag import DagModel

@@ -24,6 +24,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointError, redact, reda
 from airflow_provider_checkpoint.jobs import reports, views
 from airflow_provider_checkpoint.jobs.actions import job_of_dag, restore_job, savepoint_conf
 from airflow_provider_checkpoint.jobs.registry import JobLocation, list_jobs
+from airflow_provider_checkpoint.jobs.runs import dag_paused
 from airflow_provider_checkpoint.plugin.models import (
     CheckpointDetail,
     Configuration,
@@ -39,6 +40,7 @@ from airflow_provider_checkpoint.plugin.models import (
     Summary,
     UnreadableJob,
 )
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 
 STATIC = FilePath(__file__).parent / "static"
 
@@ -46,7 +48,10 @@ STATIC = FilePath(__file__).parent / "static"
 def _job(dag_id: str) -> JobLocation:
     job = job_of_dag(dag_id)
     if job is None:
-        raise HTTPException(404, f"DAG {dag_id} has no checkpointed job yet (it has never triggered a checkpoint)")
+        paused = " Its DAG is paused: unpause it in Airflow to let it run." if dag_paused(dag_id) else ""
+        raise HTTPException(
+            404, f"DAG {dag_id} has no checkpointed job yet (it has never triggered a checkpoint).{paused}"
+        )
     return job
 
 
@@ -60,6 +65,19 @@ def _report(build: Callable[..., Any], *args: Any) -> Any:
         return redact_values(build(*args))
     except CheckpointError as e:
         raise _refused(e) from e
+
+
+def _may_create_runs(dag_id: str, user: Any) -> bool:
+    """Whether ``user`` may create runs of ``dag_id`` (take a savepoint, restore), as the write routes check."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.models.dag import DagModel
+
+    details = DagDetails(id=dag_id, team_name=DagModel.get_team_name(dag_id))
+    return bool(
+        get_auth_manager().is_authorized_dag(
+            method="POST", access_entity=DagAccessEntity.RUN, details=details, user=user
+        )
+    )
 
 
 def _trigger(dag_id: str, conf: dict[str, Any], user: Any) -> str:
@@ -103,12 +121,18 @@ def create_app() -> FastAPI:
         return out
 
     @app.get("/api/dags/{dag_id}/status", dependencies=read)
-    def job_status(dag_id: str) -> JobDetail:
+    def job_status(dag_id: str, user: GetUserDep) -> JobDetail:
+        """The job's status, its savepoints, its retained checkpoints and whether ``user`` may act on it."""
         job = _job(dag_id)
         try:
-            return JobDetail.model_validate(
-                redact_values({**reports.job_status(job), "savepoints": reports.savepoints(job.storage())})
-            )
+            storage = job.storage()
+            found = {
+                **reports.job_status(job),
+                "savepoints": reports.savepoints(storage),
+                "retained": sorted(CompletedCheckpointStore(storage).completed_ids(), reverse=True),
+                "can_act": _may_create_runs(dag_id, user),
+            }
+            return JobDetail.model_validate(redact_values(found))
         except CheckpointError as e:
             raise _refused(e) from e
 

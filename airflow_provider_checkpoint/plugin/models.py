@@ -46,6 +46,8 @@ class CheckpointRow(BaseModel):
 
 
 class HistoryPage(BaseModel):
+    """A page of rows, each with ``discarded``: completed, then deleted by retention (not restorable)."""
+
     total: int
     offset: int
     limit: int
@@ -104,6 +106,8 @@ class Savepoint(BaseModel):
 
 class JobDetail(JobStatus):
     savepoints: list[Savepoint] = Field(description="Newest first")
+    retained: list[int] = Field(description="Completed checkpoints still in storage (restorable), newest first")
+    can_act: bool = Field(description="Whether the user may take savepoints and restore (create runs of the DAG)")
 
 
 class SavepointConf(BaseModel):
@@ -187,6 +191,7 @@ class StepDetail(BaseModel):
     state_bytes: int | None
     state_files: int | None
     incremental: bool | None
+    inline: bool | None = Field(description="Its state travels inline in _metadata (written whole)")
     merged_on_driver: bool | None
     seconds: float | None
     input_records: dict[str, int] = Field(description="Records read per source and channel uid")
@@ -259,6 +264,7 @@ class StepAck(BaseModel):
     acked: bool
     ack_time: float | None
     state: str | None = Field(description="The state of the step's task")
+    try_number: int | None = Field(description="Its latest try")
 
 
 class InProgress(BaseModel):

@@ -96,11 +96,12 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
-def log_in(page: Any, live: LiveAirflow, path: str) -> None:
-    """Open ``path`` of the Airflow UI; it sends us to the SimpleAuthManager login page and back."""
+def log_in(page: Any, live: LiveAirflow, path: str, user: str | None = None) -> None:
+    """Open ``path`` of the Airflow UI; it sends us to the SimpleAuthManager login page and back (as the
+    admin, or as ``user`` of :data:`.airflow_live.USER_ROLES`)."""
     page.goto(f"{live.base_url}{path}")
-    page.get_by_label("Username").fill(live.username)
-    page.get_by_label("Password").fill(live.password)
+    page.get_by_label("Username").fill(user or live.username)
+    page.get_by_label("Password").fill(live.passwords[user] if user else live.password)
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(re.compile(rf".*{re.escape(path)}$"))
 

@@ -29,13 +29,14 @@ import pytest
 from tests.live.airflow_live import LiveAirflow, poll
 from tests.live.conftest import ARTIFACTS, UI_TIMEOUT_MS, Clickstream, log_in
 from tests.live.storage_view import completed_ids, read_json, savepoint_dirs
-from tests.live.test_ui_checkpoints_page import API, PIPELINE, RUN_TIMEOUT, ensure_checkpoints
+from tests.live.test_ui_checkpoints_page import API, PIPELINE, RUN_TIMEOUT, ensure_checkpoints, files, run_count
 
 pytestmark = pytest.mark.live
 
 ZONE = "Asia/Kolkata"  # not the machine's: the page must use the one chosen in Airflow
 NEVER_RAN = "example_orders"  # a pipeline of the DAGs folder no live test triggers
 RUN_SHOWS_MS = 180_000  # a triggered run's checkpoint shows once the scheduler started its first task
+RETAINED = 3  # the example pipeline's retained_checkpoints
 
 
 # -- what the page must show, computed from the files, formatted as the page formats -------
@@ -171,8 +172,12 @@ def test_jobs_list(page: Any, live_airflow: LiveAirflow, clickstream: Clickstrea
     expect(row.locator("td").nth(2)).to_have_text(job["status"])
     expect(row.locator("td").nth(3)).to_have_text(str(completed_ids(live.job_dir)[-1]))
     shot(page, "jobs")
-    row.click()
-    expect(frame.locator("#title")).to_have_text(f"Checkpoints of {PIPELINE}")
+    row.get_by_role("link", name=PIPELINE, exact=True).last.click()  # the DAG column: Airflow's DAG page
+    expect(page).to_have_url(re.compile(rf".*/dags/{PIPELINE}$"))
+    page.goto(f"{live.base_url}/plugin/checkpoints")
+    frame.locator("#jobs tbody tr", has_text=PIPELINE).locator("td").nth(2).click()  # the row: the job's tab
+    expect(page).to_have_url(re.compile(rf".*/dags/{PIPELINE}/plugin/checkpoints-dag$"))  # the address bar too
+    expect(page.frame_locator("iframe").locator("#title")).to_have_text(f"Checkpoints of {PIPELINE}")
 
 
 def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
@@ -180,10 +185,14 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
 
     live = live_airflow
     ensure_checkpoints(live, clickstream, 2)
+    while sum(s["status"] == "COMPLETED" for s in all_stats(live).values()) <= RETAINED:  # one discarded
+        clickstream.land(20)
+        live.wait_for_run(PIPELINE, live.trigger(PIPELINE, {}), timeout=RUN_TIMEOUT)
     frame = open_tab(page, live)
     expect(frame.locator("#tz")).to_have_text(f"times in {ZONE}")
     show(frame, "History", "history")
     stats = all_stats(live)
+    retained = set(completed_ids(live.job_dir))
     newest = sorted(stats, reverse=True)[:20]
     expect(frame.locator("#history tbody tr")).to_have_count(len(newest))
     rows = table_rows(frame, "history")
@@ -199,6 +208,9 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
         assert row["Written"] != row["State size"], "Written counts the sinks' bytes too"
         restored = truth.get("restored_from_url") or f"checkpoint {truth.get('restored_from')}"
         assert row["Restored from"] == (restored if truth.get("restored") else "-"), row
+        assert row["DAG run"] == truth["run_id"], row
+        discarded = truth["status"] == "COMPLETED" and cid not in retained  # Flink marks them so
+        assert ("discarded" in row["Status"]) is discarded, row
     shot(page, "history")
 
     chosen = next(cid for cid in newest if stats[cid]["status"] == "COMPLETED")
@@ -220,6 +232,22 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
     expect(page.locator("#detail-title")).to_have_text(f"Checkpoint {chosen}")
     check_detail(page, live, chosen, truth)
 
+    gone = min(cid for cid, s in stats.items() if s["status"] == "COMPLETED" and cid not in retained)
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={gone}")
+    expect(page.locator("#discarded-note")).to_contain_text("cannot be restored")
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint=999999")
+    expect(page.locator("#unknown-checkpoint")).to_contain_text("No checkpoint 999999")
+    expect(page.locator('#tabs a[aria-selected="true"]')).to_have_count(0)
+
+    # a step's try opens its task instance (its logs) in Airflow
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#checkpoint={chosen}")
+    step, figures = next(iter(truth["steps"].items()))
+    page.locator(f'#steps tr[data-step="{step}"] ul.attempts a').last.click()
+    run = re.escape(quote(truth["run_id"], safe=""))
+    expect(page).to_have_url(
+        re.compile(rf".*/dags/{PIPELINE}/runs/{run}/tasks/{step}\?try_number={figures['attempt']}$")
+    )
+
 
 def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[str, Any]) -> None:
     from playwright.sync_api import expect
@@ -231,9 +259,22 @@ def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[
         shown = steps[name]
         assert shown["Records"] == f"{fmt_count(step.get('records_in'))} in · {fmt_count(step.get('records_out'))} out"
         assert f"#{step['attempt']}" in shown["Attempts"], shown
+        tries = frame.locator(f'#steps tr[data-step="{name}"] ul.attempts a')
+        run = re.escape(quote(truth["run_id"], safe=""))
+        expect(tries.last).to_have_attribute(
+            "href", re.compile(rf".*/dags/{PIPELINE}/runs/{run}/tasks/{name}\?try_number={step['attempt']}$")
+        )
         if step.get("state_rows") is not None:
-            figures = f"{step['state_rows']} rows · {fmt_bytes(step['state_bytes'])} · {step['state_files']} files"
-            how = "incremental" if step["state_incremental"] else "full"
+            inline = step.get("state_inline") == 1  # the state travels in _metadata, whole
+            where = "inline in _metadata" if inline else f"{step['state_files']} files"
+            figures = f"{step['state_rows']} rows · {fmt_bytes(step['state_bytes'])} · {where}"
+            how = (
+                "whole (inline state is written whole)"
+                if inline
+                else "incremental"
+                if step["state_incremental"]
+                else "full"
+            )
             merged = "the driver" if step["state_merged_on_driver"] else "Spark"
             assert shown["State"] == f"{figures}\n{how}, merged by {merged}", shown
     sinks = {r["Sink"].split("\n")[0]: r for r in table_rows(frame, "sinks")}
@@ -250,6 +291,9 @@ def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[
     facts = fields(frame, ".card")
     assert facts["Trigger time"] == fmt_time(truth["trigger_time"]) and facts["End time"] == fmt_time(truth["end_time"])
     assert facts["Written"].startswith(fmt_bytes(written(truth)))
+    per_source = ", ".join(f"{uid} {n}" for uid, n in sorted(truth.get("source_malformed", {}).items()) if n)
+    malformed = fmt_count(truth.get("malformed_records"))
+    assert facts["Malformed records"] == (f"{malformed} ({per_source})" if per_source else malformed), facts
     by = "the next run's trigger" if truth["committed_by"] == "trigger" else "finalize"
     assert facts["Committed by"].startswith(by), facts
 
@@ -384,6 +428,7 @@ def test_in_progress_while_a_savepoint_runs(page: Any, live_airflow: LiveAirflow
     steps = read_json(live.job_dir / "_job.json")["topology"]["steps"]
     expect(frame.locator("#acks tbody tr")).to_have_count(len(steps))
     assert {r["Step"] for r in table_rows(frame, "acks")} == set(steps)
+    expect(frame.locator("#acked")).to_have_text(re.compile(rf"^\d+/{len(steps)} steps$"))
     shot(page, "in-progress")
 
     live.wait_for_run(PIPELINE, run_id, timeout=RUN_TIMEOUT)
@@ -409,12 +454,87 @@ def test_a_pipeline_that_never_ran_shows_how_to_start(page: Any, live_airflow: L
     empty = frame.locator("#empty")
     expect(empty).to_contain_text(f"{NEVER_RAN} has not run yet")
     expect(empty).to_contain_text("Trigger the DAG")
+    paused = live.api_json("GET", f"/api/v2/dags/{NEVER_RAN}")["is_paused"]
+    expect(frame.locator("#paused")).to_have_count(1 if paused else 0)  # said when it is so
     for name in ("Take savepoint", "Stop with savepoint", "Restore…"):
         expect(frame.get_by_role("button", name=name)).to_be_disabled()
     expect(frame.locator("#savepoint-dir")).to_be_disabled()
     expect(frame.locator("#message")).to_be_hidden()
     expect(frame.locator("#tabs")).to_be_hidden()
     shot(page, "empty")
+
+
+def test_restore_dialog_offers_retained_snapshots_confirms_a_run_and_keeps_a_refusal(
+    page: Any, live_airflow: LiveAirflow, clickstream: Clickstream
+) -> None:
+    """The dialog lists latest, the retained checkpoints and the savepoints (no discarded one), sends a typed
+    path exactly as typed (``"latest "`` is refused, and the refusal outlives the page's refreshes), asks
+    before triggering a run (off by default) and dims Airflow's page around it."""
+    from playwright.sync_api import expect
+
+    live = live_airflow
+    ensure_checkpoints(live, clickstream, 1)
+    frame = open_tab(page, live)
+    show(frame, "Overview", "overview")
+    dialog, runs = frame.locator("#restore-dialog"), run_count(live)
+    watched = (live.job_dir, live.savepoint_root)
+    before = files(*watched)
+
+    frame.get_by_role("button", name="Restore…").click()
+    expect(dialog).to_be_visible()
+    expect(page.locator("#checkpoints-veil")).to_be_attached()  # Airflow's page around the iframe, dimmed
+    retained = sorted(completed_ids(live.job_dir), reverse=True)
+    savepoints = sorted(read_json(live.job_dir / "_job.json")["savepoints"], key=lambda sp: -sp["checkpoint_id"])
+    offered = frame.locator("#restore-choice option").evaluate_all("options => options.map((o) => o.value)")
+    assert offered == ["latest", *map(str, retained), *(sp["path"] for sp in savepoints), ""]
+    trigger = dialog.locator('input[name="trigger_pipeline"]')
+    expect(trigger).not_to_be_checked()
+    trigger.locator("xpath=..").click()
+    dialog.get_by_role("button", name="Restore", exact=True).click()
+    expect(frame.locator("#restore-confirm")).to_contain_text(f"a run of {PIPELINE} starts at once")
+    expect(dialog.get_by_role("button", name="Restore and trigger")).to_be_visible()
+    shot(page, "restore-dialog")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(page.locator("#checkpoints-veil")).to_have_count(0)
+
+    frame.get_by_role("button", name="Restore…").click()
+    frame.locator("#restore-choice").select_option(value="")
+    frame.locator("#restore-path").fill("latest ")
+    with page.expect_response(lambda r: r.url.endswith(f"{API}/restore")) as answered:
+        dialog.get_by_role("button", name="Restore", exact=True).click()
+    assert answered.value.status == 400 and answered.value.request.post_data_json["checkpoint"] == "latest "
+    message, view = frame.locator("#message"), frame.locator("#view")
+    expect(message).to_contain_text("surrounding whitespace")
+    renders = int(view.get_attribute("data-renders") or 0)
+    expect(view).to_have_attribute("data-renders", str(renders + 2))  # two refreshes later
+    expect(message).to_contain_text("surrounding whitespace")
+    frame.locator("#message-close").click()
+    expect(message).to_be_hidden()
+
+    frame.get_by_role("button", name="Restore…").click()
+    frame.locator("#restore-choice").select_option(value=str(retained[-1]))
+    dialog.locator('input[name="dry_run"]').locator("xpath=..").click()
+    dialog.get_by_role("button", name="Restore", exact=True).click()
+    expect(message).to_contain_text(f"Dry run: {PIPELINE} can be restored from checkpoint {retained[-1]} at")
+    assert files(*watched) == before and run_count(live) == runs, "nothing written, no run triggered"
+
+
+def test_a_viewer_sees_the_actions_disabled_with_the_reason(browser: Any, live_airflow: LiveAirflow) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    context.set_default_timeout(UI_TIMEOUT_MS)
+    try:
+        page = context.new_page()
+        log_in(page, live_airflow, f"/dags/{PIPELINE}/plugin/checkpoints-dag", user="viewer")
+        frame = page.frame_locator("iframe")
+        expect(frame.locator("#actions-note")).to_contain_text("Read-only: your role may view this DAG")
+        for name in ("Take savepoint", "Stop with savepoint", "Restore…"):
+            expect(frame.get_by_role("button", name=name)).to_be_disabled()
+        expect(frame.locator("#savepoint-dir")).to_be_disabled()
+        shot(page, "viewer")
+    finally:
+        context.close()
 
 
 LIGHTNESS = """() => {

@@ -193,10 +193,11 @@ def test_a_detail_reads_every_recorded_figure():
     assert detail["dag_run_url"] == "/dags/d/runs/manual__2026-11-25T18%3A14%3A40%2B00%3A00"
     assert (detail["committed_by"], detail["committed_by_run_id"]) == ("trigger", "scheduled__x")
     s1, s2 = detail["steps"]
-    assert s1 == {**s1, "step": "s1", "attempts": [], "records_in": None, "incremental": None}
+    assert s1 == {**s1, "step": "s1", "attempts": [], "records_in": None, "incremental": None, "inline": None}
     assert s2 == {
         "step": "s2", "attempts": TRIES, "accepted_attempt": 2, "records_in": 5, "records_out": 4, "state_rows": 3,
-        "state_bytes": 1000, "state_files": 2, "incremental": True, "merged_on_driver": True, "seconds": 1.5,
+        "state_bytes": 1000, "state_files": 2, "incremental": True, "inline": False, "merged_on_driver": True,
+        "seconds": 1.5,
         "input_records": {}, "alignment_seconds": {"a": 0.5},
     }  # fmt: skip
     dl, pg = detail["sinks"]
@@ -232,9 +233,9 @@ def test_in_progress_acks_come_from_xcom_for_this_checkpoint_or_a_successful_tas
         "checkpoint_id": 4, "run_id": "r", "type": "checkpoint", "trigger_time": 10.0, "lease_holder": "r",
         "lease_expires": 3610.0,
         "steps": [
-            {"step": "s1", "acked": True, "ack_time": 30.0, "state": None},
-            {"step": "s2", "acked": True, "ack_time": 50.0, "state": "success"},
-            {"step": "s3", "acked": False, "ack_time": None, "state": "running"},
+            {"step": "s1", "acked": True, "ack_time": 30.0, "state": None, "try_number": None},
+            {"step": "s2", "acked": True, "ack_time": 50.0, "state": "success", "try_number": TRIES[1]["try_number"]},
+            {"step": "s3", "acked": False, "ack_time": None, "state": "running", "try_number": TRIES[0]["try_number"]},
         ],
     }  # fmt: skip
     assert in_progress(plan, {"run_id": "other"}, RunFacts(state="failed")) is None, "abandoned: nobody works on it"

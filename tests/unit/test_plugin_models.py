@@ -26,10 +26,15 @@ def test_status_history_and_restore_keep_their_json(tmp_path: Path) -> None:
         run_checkpoint(env, f"run-{n}", now=T0 + 100 * n)
     summary = request_restore(env.storage, env.storage.url("chk-1"), False, dry_run=False)
     location = JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")
-    pending = {**reports.job_status(location), "savepoints": []}
+    pending = {**reports.job_status(location), "savepoints": [], "retained": [2, 1], "can_act": False}
     assert pending["pending_restore"] and served(JobDetail, pending) == json.loads(json.dumps(pending))
     run_checkpoint(env, "run-3", now=T0 + 300)  # restores checkpoint 1
-    detail = {**reports.job_status(location), "savepoints": reports.savepoints(env.storage)}
+    detail = {
+        **reports.job_status(location),
+        "savepoints": reports.savepoints(env.storage),
+        "retained": [3],
+        "can_act": True,
+    }
     page = reports.history(env.storage, 0, 2)
 
     assert detail["last_restore"] and page["total"] == 3
@@ -46,8 +51,20 @@ def test_rows_keep_keys_they_do_not_declare(tmp_path: Path) -> None:
     run_checkpoint(env, "run-1", now=T0)
     page = reports.history(env.storage)
     page["rows"][0]["malformed_records"] = 4
-    detail = {**reports.job_status(JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")), "savepoints": []}
+    location = JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")
+    detail = {**reports.job_status(location), "savepoints": [], "retained": [1], "can_act": True}
     detail["malformed_records"] = 4
 
     assert served(HistoryPage, page)["rows"][0]["malformed_records"] == 4
     assert served(JobDetail, detail)["malformed_records"] == 4
+
+
+def test_history_marks_checkpoints_retention_deleted_as_discarded(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    for n in range(1, 6):
+        run_checkpoint(env, f"run-{n}", now=T0 + 100 * n)
+    on_disk = {int(p.parent.name[4:]) for p in (tmp_path / "ckpt" / JOB).glob("chk-*/_metadata")}
+    rows = reports.history(env.storage)["rows"]
+    assert 0 < len(on_disk) < len(rows) == 5, "retention deleted some, kept some"
+    assert {r["checkpoint_id"]: r["discarded"] for r in rows} == {i: i not in on_disk for i in range(1, 6)}
+    assert [r["discarded"] for r in served(HistoryPage, reports.history(env.storage, 3, 2))["rows"]] == [True, True]

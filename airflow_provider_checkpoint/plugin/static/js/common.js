@@ -181,9 +181,17 @@ export async function call(path, options = {}) {
 
 export const dagApi = (path, options) => call(`/dags/${encodeURIComponent(dagId)}${path}`, options);
 
-export function say(text, kind = "ok") {
+// An action's answer (a savepoint triggered, a restore refused) stays until dismissed or replaced; an error
+// loading the view ("load") goes away once the view loads again.
+export function say(text, kind = "ok", source = "action") {
   const box = document.getElementById("message");
-  box.textContent = text;
+  document.getElementById("message-text").textContent = text;
   box.className = `alert ${kind}`;
+  box.dataset.source = source;
   box.hidden = false;
+}
+
+export function clearLoadError() {
+  const box = document.getElementById("message");
+  if (box.dataset.source === "load") box.hidden = true;
 }

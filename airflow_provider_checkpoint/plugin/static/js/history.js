@@ -1,6 +1,6 @@
 // History: one row per checkpoint, newest first, paged; a click opens the checkpoint's detail
 // (#checkpoint=<id>, a URL a person can share).
-import { badge, bytes, count, dagApi, duration, el, num, table, time } from "./common.js";
+import { airflowLink, badge, bytes, count, dagApi, dagId, duration, el, num, table, time } from "./common.js";
 
 const PAGE = 20;
 let offset = 0;
@@ -10,13 +10,32 @@ export function restoredFrom(r) {
   return r.restored_from_url || (r.restored_from == null ? "-" : `checkpoint ${r.restored_from}`);
 }
 
+export function runPath(runId) {
+  return `/dags/${encodeURIComponent(dagId)}/runs/${encodeURIComponent(runId)}`;
+}
+
+// Completed, then deleted by retention (Flink's "discarded"): shown, but not restorable any more.
+export function discardedBadge() {
+  return el("span", { class: "badge discarded", title: "Deleted by retention: it cannot be restored any more" }, "discarded");
+}
+
+function runCell(runId) {
+  if (!runId) return el("td", {}, "-");
+  const link = airflowLink(runPath(runId), runId);
+  link.addEventListener("click", (e) => e.stopPropagation()); // the run, not the row's detail
+  return el("td", { class: "mono clip", title: runId }, link);
+}
+
 function row(r) {
-  const tr = el("tr", { class: "link", "data-id": r.checkpoint_id, tabindex: 0 },
+  const restored = restoredFrom(r);
+  const tr = el("tr", { class: `link${r.discarded ? " discarded" : ""}`, "data-id": r.checkpoint_id, tabindex: 0 },
     el("td", {}, el("a", { href: `#checkpoint=${r.checkpoint_id}` }, r.checkpoint_id)), el("td", {}, r.type),
-    el("td", { class: "status" }, badge(r.status), r.reason ? el("div", { class: "muted reason" }, r.reason) : ""),
+    el("td", { class: "status" }, badge(r.status), r.discarded ? [" ", discardedBadge()] : "",
+      r.reason ? el("div", { class: "muted reason" }, r.reason) : ""),
+    runCell(r.run_id),
     el("td", { class: "time" }, time(r.trigger_time)), num(duration(r.duration_seconds)),
-    num(count(r.records_in)), num(count(r.state_rows)), num(bytes(r.state_size)), num(bytes(r.bytes_written)),
-    num(count(r.files)), el("td", { class: "mono" }, restoredFrom(r)));
+    num(count(r.records_in)), num(bytes(r.state_size)), num(bytes(r.bytes_written)),
+    el("td", { class: "mono clip", title: restored }, restored));
   const open = () => { location.hash = `checkpoint=${r.checkpoint_id}`; };
   tr.addEventListener("click", open);
   tr.addEventListener("keydown", (e) => { if (e.key === "Enter") open(); });
@@ -24,9 +43,8 @@ function row(r) {
 }
 
 const HEADERS = [
-  "ID", "Type", "Status", "Trigger time", { label: "Duration", num: true }, { label: "Records in", num: true },
-  { label: "State rows", num: true }, { label: "State size", num: true }, { label: "Written", num: true },
-  { label: "Files", num: true }, "Restored from",
+  "ID", "Type", "Status", "DAG run", "Trigger time", { label: "Duration", num: true }, { label: "Records in", num: true },
+  { label: "State size", num: true }, { label: "Written", num: true }, "Restored from",
 ];
 
 export async function showHistory(view, status, rerender) {

@@ -1,5 +1,6 @@
-// Every checkpointed job the user may read (the Checkpoints entry of Airflow's navigation).
-import { badge, call, el, table, time } from "./common.js";
+// Every checkpointed job the user may read (the Checkpoints entry of Airflow's navigation). A job opens its
+// Checkpoints tab in Airflow (the address bar follows), its DAG Airflow's DAG page.
+import { airflowLink, badge, call, el, table, time } from "./common.js";
 
 export async function showJobs(into) {
   const jobs = await call("/jobs");
@@ -10,11 +11,15 @@ export async function showJobs(into) {
   }
   into.append(table(["Job", "DAG", "Status", "Latest completed", "Completed at", "Storage"], jobs.map((j) => {
     const latest = j.latest_completed || {};
+    const dag = `/dags/${encodeURIComponent(j.dag_id)}`;
+    const job = airflowLink(`${dag}/plugin/checkpoints-dag`, j.job_id);
+    const dagLink = airflowLink(dag, j.dag_id);
+    for (const link of [job, dagLink]) link.addEventListener("click", (e) => e.stopPropagation());
     const row = el("tr", { class: "link" },
-      el("td", {}, j.job_id), el("td", {}, el("a", { href: `?dag_id=${encodeURIComponent(j.dag_id)}` }, j.dag_id)),
+      el("td", {}, job), el("td", {}, dagLink),
       el("td", {}, badge(j.status)), el("td", {}, latest.checkpoint_id), el("td", { class: "time" }, time(latest.completion_time)),
       el("td", { class: "mono" }, j.storage));
-    row.addEventListener("click", () => { location.search = `?dag_id=${encodeURIComponent(j.dag_id)}`; });
+    row.addEventListener("click", () => job.click());
     return row;
   }), { id: "jobs" }));
 }

@@ -1,9 +1,9 @@
 // The Checkpoints page: without ?dag_id every job; with it one job in tabs (#overview, #history,
 // #summary, #configuration, #in-progress) and a checkpoint's detail (#checkpoint=<id>).
 // The open view is refreshed every few seconds; a detail, which does not change, is not.
-import { enableActions, wireActions } from "./actions.js";
+import { enableActions, setStatus, wireActions } from "./actions.js";
 import { showConfiguration } from "./configuration.js";
-import { airflowLink, badge, dagApi, dagId, el, followTheme, say, useChosenZone } from "./common.js";
+import { airflowLink, badge, clearLoadError, dagApi, dagId, el, followTheme, say, useChosenZone } from "./common.js";
 import { showDetail } from "./detail.js";
 import { showHistory } from "./history.js";
 import { showJobs } from "./jobs.js";
@@ -24,16 +24,29 @@ function route() {
   return { tab: TABS[hash] ? hash : "overview" };
 }
 
-function showEmpty() {
+function showEmpty(error) {
+  const paused = /Its DAG is paused/.test(error.detail);
   document.getElementById("status").replaceChildren();
   document.getElementById("tabs").hidden = true;
-  document.getElementById("message").hidden = true;
+  clearLoadError();
   enableActions(false);
   return [el("div", { class: "empty", id: "empty" },
     el("h2", {}, "No checkpoint yet"),
     el("p", {}, `${dagId} has not run yet, so there is nothing to show. Trigger the DAG to start its job: `
       + "its first run takes checkpoint 1, which appears here."),
+    paused ? el("p", { id: "paused" }, `${dagId} is paused: unpause it in Airflow (the switch beside its name), or its `
+      + "schedule never runs it.") : "",
     el("p", {}, airflowLink(`/dags/${encodeURIComponent(dagId)}`, `Open ${dagId} in Airflow`), " and press Trigger."))];
+}
+
+const READ_ONLY = "Read-only: your role may view this DAG but not create its runs, so it cannot take a savepoint "
+  + "or restore the job here. An admin or a user with the right to trigger the DAG can.";
+
+function unknownCheckpoint(id) {
+  return el("div", { class: "empty", id: "unknown-checkpoint" },
+    el("h2", {}, `No checkpoint ${id}`),
+    el("p", {}, `${dagId} has no checkpoint ${id} in its history (it never took it, or its record is gone).`),
+    el("p", {}, el("a", { href: "#history" }, "‹ History")));
 }
 
 let generation = 0;
@@ -55,17 +68,23 @@ async function render() {
       document.getElementById("title").textContent = `Checkpoints of ${status.job_id}`;
       document.getElementById("status").replaceChildren(badge(status.status));
       document.getElementById("tabs").hidden = false;
-      enableActions(true);
-      for (const a of document.querySelectorAll("#tabs a")) a.setAttribute("aria-selected", String(a.hash === `#${tab}`));
+      setStatus(status);
+      enableActions(status.can_act, status.can_act ? "" : READ_ONLY);
+      for (const a of document.querySelectorAll("#tabs a")) {
+        a.setAttribute("aria-selected", String(!checkpoint && a.hash === `#${tab}`));
+      }
       if (checkpoint) await showDetail(into, checkpoint); else await TABS[tab](into, status, render);
     }
-    if (document.getElementById("message").classList.contains("error")) document.getElementById("message").hidden = true;
+    clearLoadError();
   } catch (e) {
-    if (!e.noJobYet) say(e.message, "error"); else into.replaceChildren(...showEmpty());
+    if (e.noJobYet) into.replaceChildren(...showEmpty(e));
+    else if (checkpoint && e.status === 404) into.replaceChildren(unknownCheckpoint(checkpoint));
+    else say(e.message, "error", "load");
   }
   if (mine !== generation) return;
   view.replaceChildren(...into.childNodes);
   view.dataset.view = checkpoint ? `checkpoint-${checkpoint}` : dagId ? tab : "jobs";
+  view.dataset.renders = String(Number(view.dataset.renders || 0) + 1); // tests wait for refreshes by it
   if (!checkpoint) timer = setTimeout(render, tab === "in-progress" ? POLL_MS : REFRESH_MS);
 }
 
