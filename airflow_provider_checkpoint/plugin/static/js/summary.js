@@ -4,7 +4,16 @@ import { bytes, count, dagApi, duration, el, num, table } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
 
-function chart(id, rows, value, format) {
+// The axis top: the next "round" value at or above max, in the figure's own units (seconds: 1-2-5 below a
+// minute, then whole minutes and hours; bytes: powers of two), so the ticks read 0, half and top.
+const SECONDS = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400];
+function roundUp(max, kind) {
+  if (kind === "bytes") return 2 ** Math.ceil(Math.log2(Math.max(max, 2)));
+  if (max < 1) return 10 ** Math.ceil(Math.log10(max));
+  return SECONDS.find((s) => s >= max) ?? Math.ceil(max / 86400) * 86400;
+}
+
+function chart(id, rows, value, format, kind) {
   const W = 480, H = 180, L = 64, R = 12, T = 12, B = 28;
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("id", id);
@@ -22,7 +31,7 @@ function chart(id, rows, value, format) {
     add("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no data yet");
     return svg;
   }
-  const max = Math.max(...points.map(value)) || 1;
+  const max = roundUp(Math.max(...points.map(value)) || 1, kind);
   const ids = points.map((r) => r.checkpoint_id);
   const lo = Math.min(...ids), hi = Math.max(...ids);
   const x = (cid) => L + (hi === lo ? (W - L - R) / 2 : ((cid - lo) / (hi - lo)) * (W - L - R));
@@ -31,7 +40,8 @@ function chart(id, rows, value, format) {
     add("line", { class: "grid", x1: L, x2: W - R, y1: y(max * f), y2: y(max * f) });
     add("text", { x: L - 6, y: y(max * f) + 3, "text-anchor": "end" }, format(max * f));
   }
-  add("polyline", { class: "series", points: points.map((r) => `${x(r.checkpoint_id)},${y(value(r))}`).join(" ") });
+  const line = points.filter((r) => r.status === "COMPLETED"); // an aborted one is a red dot off the line
+  add("polyline", { class: "series", points: line.map((r) => `${x(r.checkpoint_id)},${y(value(r))}`).join(" ") });
   for (const r of points) {
     add("circle", { class: `dot ${r.status}`, cx: x(r.checkpoint_id), cy: y(value(r)), r: 3.5 })
       .append(Object.assign(document.createElementNS(SVG, "title"), { textContent: `checkpoint ${r.checkpoint_id}: ${format(value(r))}` }));
@@ -57,8 +67,8 @@ export async function showSummary(view) {
     ], { id: "summary" }),
     el("div", { class: "charts" },
       el("figure", { class: "card" }, el("figcaption", {}, "Duration per checkpoint"),
-        chart("chart-duration", recent.rows, (r) => r.duration_seconds, duration)),
+        chart("chart-duration", recent.rows, (r) => r.duration_seconds, duration, "seconds")),
       el("figure", { class: "card" }, el("figcaption", {}, "State size per completed checkpoint"),
-        chart("chart-size", recent.rows.filter((r) => r.status === "COMPLETED"), (r) => r.state_size, bytes))),
+        chart("chart-size", recent.rows.filter((r) => r.status === "COMPLETED"), (r) => r.state_size, bytes, "bytes"))),
   );
 }
