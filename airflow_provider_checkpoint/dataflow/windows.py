@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import NEW, Node, Union
+from airflow_provider_checkpoint.dataflow.graph import NEW, Node, Transform, Union
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -100,8 +100,9 @@ class WindowAggregate(KeyedAggregate):
     ``time_column`` is a timestamp column of the input; ``watermark=(time_column, "10 minutes")``
     its bound of out-of-orderness, or, not given, the ``watermark=`` of the sources upstream. The
     output has the ``keys``, ``window_start``, ``window_end`` (timestamps) and the aggregates; see
-    the module for what is emitted when. ``late="drop"`` drops late rows and counts them (a
-    late-data table is not built yet).
+    the module for what is emitted when. ``late="drop"`` drops late rows and counts them;
+    ``late="output"`` sends them, as they came, to :attr:`late_data`, a second output a sink takes
+    as its input (Flink's ``sideOutputLateData``), committed with the checkpoint like every output.
 
     Over a :class:`~.graph.Union`, each input of the union has a watermark of its own (the
     operator's bound, else its sources'), and the operator's is their minimum over the inputs not
@@ -142,8 +143,11 @@ class WindowAggregate(KeyedAggregate):
                 f"{uid}: emit='update' is not supported for session windows (a merged session would leave "
                 "its earlier rows in the upsert sink); use emit='final'"
             )
-        if late != "drop":
-            raise PipelineDefinitionError(f"{uid}: late must be 'drop' (a late-data table is not built yet)")
+        if late not in ("drop", "output"):
+            raise PipelineDefinitionError(f"{uid}: late must be 'drop' or 'output', got {late!r}")
+        self.late = late
+        self._late_data: LateData | None = None
+        self._late_rows: DataFrame | None = None
         self.group_keys = tuple(keys)
         self.time_column, self.window, self.emit = time_column, window, emit
         self.lateness_ms = duration_ms(allowed_lateness, f"{uid} allowed_lateness")
@@ -168,6 +172,22 @@ class WindowAggregate(KeyedAggregate):
             bounds[member.uid] = spec.bound_ms
         return bounds
 
+    @property
+    def late_data(self) -> LateData:
+        """The late rows of each checkpoint (``late="output"``): the input's rows none of whose windows
+        was open, as they came; declare it inside the pipeline and give it to a sink."""
+        if self.late != "output":
+            raise PipelineDefinitionError(f"{self.uid}: late_data needs late='output'")
+        if self._late_data is None:
+            self._late_data = LateData(self)
+        return self._late_data
+
+    def late_rows(self) -> DataFrame:
+        """The late rows of the checkpoint :meth:`process_at` last ran."""
+        if self._late_rows is None:
+            raise PipelineDefinitionError(f"{self.uid}: its late rows are read before the operator ran")
+        return self._late_rows
+
     def describe(self) -> dict[str, object]:
         several = len(self.bounds) > 1
         return {
@@ -177,6 +197,7 @@ class WindowAggregate(KeyedAggregate):
             **({"idle_after_ms": self.idle_after_ms} if several else {}),
             "allowed_lateness_ms": self.lateness_ms,
             "emit": self.emit,
+            **({"late": self.late} if self.late != "drop" else {}),
         }
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
@@ -197,7 +218,8 @@ class WindowAggregate(KeyedAggregate):
             F.count(F.when(F.col(_TS).isNull(), 1)).alias("untimed"),
         ).first()
         assert top is not None
-        metrics = {"late_rows_dropped": int(top["late"]), "rows_without_event_time": int(top["untimed"])}
+        counted = "late_rows_output" if self.late == "output" else "late_rows_dropped"
+        metrics = {counted: int(top["late"]), "rows_without_event_time": int(top["untimed"])}
         if len(self.bounds) == 1:
             return before.advance(_ms(top["top"]), next(iter(self.bounds.values()))), metrics
         seen = {uid: _ms(_first(self._timed(inputs[uid]).agg(F.max(_TS)))) for uid in self.bounds}
@@ -214,8 +236,10 @@ class WindowAggregate(KeyedAggregate):
     ) -> tuple[DataFrame, DataFrame]:
         from pyspark.sql import functions as F
 
-        rows = self._assigned(self._timed(inputs[self.inputs[0].uid]))
-        rows = rows.where(~self._late(F.unix_micros(WINDOW_END), before))
+        timed = self._timed(inputs[self.inputs[0].uid])
+        if self.late == "output":
+            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(_TS)
+        rows = self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
         if self.window.kind == "session":
             state, rows = self._sessions(state, rows)
         merged = self._aggregated_with(state, rows).persist()  # used twice
@@ -309,3 +333,11 @@ class WindowAggregate(KeyedAggregate):
             )
 
         return side("__state", state.columns), side("__row", rows.columns)
+
+
+class LateData(Transform):
+    """The late rows of a :class:`WindowAggregate` with ``late="output"`` (its :attr:`~WindowAggregate.late_data`),
+    per checkpoint: an input of sinks, run in the operator's step after it."""
+
+    def __init__(self, operator: WindowAggregate) -> None:
+        super().__init__(f"{operator.uid}.late", operator, lambda _: operator.late_rows())
