@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_provider_checkpoint.core.event_time import WatermarkProgress
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
 from airflow_provider_checkpoint.core.model import Barrier, JsonDict
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -60,6 +60,16 @@ class Node:
         """The topology entry of this node (recorded in the job record)."""
         return {"kind": self.kind, "inputs": [n.uid for n in self.inputs]}
 
+    def upstream_watermark(self) -> WatermarkSpec | None:
+        """The watermark of this node's records, declared on the sources upstream (through transforms,
+        unions that agree, and channels); ``None``: none declared, or a stateful operator in between."""
+        if isinstance(self, Source):
+            return self.watermark
+        if isinstance(self, StatefulOperator) or not self.inputs:
+            return None
+        specs = {n.upstream_watermark() for n in self.inputs}
+        return specs.pop() if len(specs) == 1 else None
+
     def unique_keys(self) -> tuple[str, ...] | None:
         """Columns whose values identify at most one row of this node's output in a checkpoint;
         ``None``: not known (an upsert sink then resolves several rows per key itself)."""
@@ -78,8 +88,11 @@ class Source(Node):
     """:meth:`read` must deliver the records in source order across partitions (set by
     :class:`~.planner.PipelineGraph` when an upsert sink resolves several rows of a key by that order)."""
 
-    def __init__(self, uid: str) -> None:
+    def __init__(self, uid: str, watermark: tuple[str, str] | None = None) -> None:
         super().__init__(uid)
+        self.watermark = None if watermark is None else WatermarkSpec.of(watermark, uid)
+        """``watermark=("ts", "10 minutes")``: the event time of this source's records, at most that much
+        out of order; every event-time operator downstream without a ``watermark=`` of its own uses it."""
 
     def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
         """Take the pipeline's ``defaults`` (``None``: the built-in ones) where the source set nothing
@@ -226,6 +239,10 @@ class StatefulOperator(Node):
     """The state holds at most one row per key: a checkpoint may then write only the keys whose
     row changed (incremental state). ``False``: every checkpoint writes a full version."""
 
+    reads_union_inputs = False
+    """The ``inputs`` of :meth:`event_time` and :meth:`process_at` also hold the records of each input
+    of a :class:`Union` input, by uid (an event-time operator keeps a watermark per input of a union)."""
+
     reads_input_once = False
     """The operator's first Spark action reads its whole input, and it never reads the input
     again: a source feeding only this operator is then read in one pass, uncached
@@ -265,10 +282,10 @@ class StatefulOperator(Node):
         return None
 
     def event_time(
-        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]] | None:
-        """The watermark this checkpoint reaches from ``before`` (its restore point's) and metrics
-        about its input's event time (late rows), for an operator with an event-time input; ``None``
+        """The watermark this checkpoint (``barrier``) reaches from ``before`` (its restore point's) and
+        metrics about its input's event time (late rows), for an operator with an event-time input; ``None``
         (the default): the operator has none. When given, the snapshot records the watermark and
         :meth:`process_at` runs instead of :meth:`process` (and of :meth:`changes`, :meth:`partials`
         and :meth:`first_state`)."""

@@ -99,7 +99,7 @@ class KeyedProcess(StatefulOperator):
         return spark.createDataFrame([], StructType([*keys, *extra]))
 
     def event_time(
-        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]] | None:
         if self.watermark is None:
             return None

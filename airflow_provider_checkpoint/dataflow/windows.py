@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, duration_ms
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import NEW, Node
+from airflow_provider_checkpoint.dataflow.graph import NEW, Node, Transform, Union
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -80,6 +80,15 @@ def session(gap: str) -> Windows:
     return Windows("session", gap_ms=ms)
 
 
+def _first(df: DataFrame) -> int | None:
+    row = df.first()
+    return None if row is None else row[0]  # type: ignore[no-any-return]
+
+
+def _ms(us: int | None) -> int | None:
+    return None if us is None else us // 1000
+
+
 def _positive(ms: int, what: str) -> None:
     if ms <= 0:
         raise PipelineDefinitionError(f"{what} must be positive")
@@ -89,12 +98,20 @@ class WindowAggregate(KeyedAggregate):
     """Keyed aggregates (``aggs`` as :class:`KeyedAggregate` takes them) per event-time window.
 
     ``time_column`` is a timestamp column of the input; ``watermark=(time_column, "10 minutes")``
-    its bound of out-of-orderness. The output has the ``keys``, ``window_start``,
-    ``window_end`` (timestamps) and the aggregates; see the module for what is emitted when.
-    ``late="drop"`` drops late rows and counts them (a late-data table is not built yet).
+    its bound of out-of-orderness, or, not given, the ``watermark=`` of the sources upstream. The
+    output has the ``keys``, ``window_start``, ``window_end`` (timestamps) and the aggregates; see
+    the module for what is emitted when. ``late="drop"`` drops late rows and counts them;
+    ``late="output"`` sends them, as they came, to :attr:`late_data`, a second output a sink takes
+    as its input (Flink's ``sideOutputLateData``), committed with the checkpoint like every output.
+
+    Over a :class:`~.graph.Union`, each input of the union has a watermark of its own (the
+    operator's bound, else its sources'), and the operator's is their minimum over the inputs not
+    idle: with ``idle_after`` (a duration of barrier time), an input without rows for that long is
+    left out until it has rows again (:func:`~airflow_provider_checkpoint.core.event_time.combine`).
     """
 
     reads_input_once = False  # read twice: for the watermark, then for the windows
+    reads_union_inputs = True  # a watermark per input of a union
 
     def __init__(
         self,
@@ -104,21 +121,21 @@ class WindowAggregate(KeyedAggregate):
         time_column: str,
         window: Windows,
         aggs: Mapping[str, str],
-        watermark: tuple[str, str],
+        watermark: tuple[str, str] | None = None,
         allowed_lateness: str = "0s",
         emit: str = "final",
         late: str = "drop",
         max_parallelism: int = 128,
+        idle_after: str | None = None,
     ) -> None:
         clash = {WINDOW_START, WINDOW_END} & ({*keys} | set(aggs))
         if clash:
             raise PipelineDefinitionError(f"{uid}: {sorted(clash)} are the window's own columns; rename yours")
         super().__init__(uid, input, [*keys, WINDOW_START, WINDOW_END], aggs, max_parallelism)
-        self.watermark = WatermarkSpec.of(watermark, uid)
-        if self.watermark.column != time_column:
-            raise PipelineDefinitionError(
-                f"{uid}: watermark column {self.watermark.column!r} must be the time column {time_column!r}"
-            )
+        self.bounds = self._bounds(input, time_column, None if watermark is None else WatermarkSpec.of(watermark, uid))
+        if idle_after is not None and len(self.bounds) < 2:
+            raise PipelineDefinitionError(f"{uid}: idle_after needs several inputs (a Union as the input)")
+        self.idle_after_ms = None if idle_after is None else duration_ms(idle_after, f"{uid} idle_after")
         if emit not in ("final", "update"):
             raise PipelineDefinitionError(f"{uid}: emit must be 'final' or 'update', got {emit!r}")
         if emit == "update" and window.kind == "session":
@@ -126,28 +143,71 @@ class WindowAggregate(KeyedAggregate):
                 f"{uid}: emit='update' is not supported for session windows (a merged session would leave "
                 "its earlier rows in the upsert sink); use emit='final'"
             )
-        if late != "drop":
-            raise PipelineDefinitionError(f"{uid}: late must be 'drop' (a late-data table is not built yet)")
+        if late not in ("drop", "output"):
+            raise PipelineDefinitionError(f"{uid}: late must be 'drop' or 'output', got {late!r}")
+        self.late = late
+        self._late_data: LateData | None = None
+        self._late_rows: DataFrame | None = None
         self.group_keys = tuple(keys)
         self.time_column, self.window, self.emit = time_column, window, emit
         self.lateness_ms = duration_ms(allowed_lateness, f"{uid} allowed_lateness")
 
+    def _bounds(self, input: Node, time_column: str, own: WatermarkSpec | None) -> dict[str, int]:
+        """The bound of out-of-orderness (ms) of each input with a watermark of its own, by uid: the
+        inputs of a union, else the one input."""
+        members = input.inputs if isinstance(input, Union) else (input,)
+        bounds = {}
+        for member in members:
+            spec = own or member.upstream_watermark()
+            if spec is None:
+                raise PipelineDefinitionError(
+                    f"{self.uid}: no watermark for input {member.uid}: give watermark=({time_column!r}, "
+                    f"'10 minutes') here, or watermark= on the source(s) it reads"
+                )
+            if spec.column != time_column:
+                raise PipelineDefinitionError(
+                    f"{self.uid}: watermark column {spec.column!r} (of input {member.uid}) must be the time "
+                    f"column {time_column!r}"
+                )
+            bounds[member.uid] = spec.bound_ms
+        return bounds
+
+    @property
+    def late_data(self) -> LateData:
+        """The late rows of each checkpoint (``late="output"``): the input's rows none of whose windows
+        was open, as they came; declare it inside the pipeline and give it to a sink."""
+        if self.late != "output":
+            raise PipelineDefinitionError(f"{self.uid}: late_data needs late='output'")
+        if self._late_data is None:
+            self._late_data = LateData(self)
+        return self._late_data
+
+    def late_rows(self) -> DataFrame:
+        """The late rows of the checkpoint :meth:`process_at` last ran."""
+        if self._late_rows is None:
+            raise PipelineDefinitionError(f"{self.uid}: its late rows are read before the operator ran")
+        return self._late_rows
+
     def describe(self) -> dict[str, object]:
+        several = len(self.bounds) > 1
         return {
             **super().describe(),
             "window": self.window.describe(),
-            "watermark": [self.time_column, self.watermark.bound_ms],
+            "watermark": [self.time_column, self.bounds if several else next(iter(self.bounds.values()))],
+            **({"idle_after_ms": self.idle_after_ms} if several else {}),
             "allowed_lateness_ms": self.lateness_ms,
             "emit": self.emit,
+            **({"late": self.late} if self.late != "drop" else {}),
         }
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         return spark.createDataFrame([], self._partial(self._assigned(self._timed(inputs[self.inputs[0].uid]))).schema)
 
     def event_time(
-        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]]:
-        """One pass over the input: its greatest event time, its late rows and its rows without event time."""
+        """One pass over the input: its greatest event time, its late rows and its rows without event time;
+        over a union, one more pass per input of the union for its own greatest event time."""
         from pyspark.sql import functions as F
 
         rows = self._timed(inputs[self.inputs[0].uid], keep_nulls=True)
@@ -158,9 +218,13 @@ class WindowAggregate(KeyedAggregate):
             F.count(F.when(F.col(_TS).isNull(), 1)).alias("untimed"),
         ).first()
         assert top is not None
-        seen = None if top["top"] is None else top["top"] // 1000
-        metrics = {"late_rows_dropped": int(top["late"]), "rows_without_event_time": int(top["untimed"])}
-        return before.advance(seen, self.watermark.bound_ms), metrics
+        counted = "late_rows_output" if self.late == "output" else "late_rows_dropped"
+        metrics = {counted: int(top["late"]), "rows_without_event_time": int(top["untimed"])}
+        if len(self.bounds) == 1:
+            return before.advance(_ms(top["top"]), next(iter(self.bounds.values()))), metrics
+        seen = {uid: _ms(_first(self._timed(inputs[uid]).agg(F.max(_TS)))) for uid in self.bounds}
+        now = round(barrier.trigger_time * 1000)
+        return combine(before, seen, self.bounds, now, self.idle_after_ms), metrics
 
     def process_at(
         self,
@@ -172,8 +236,10 @@ class WindowAggregate(KeyedAggregate):
     ) -> tuple[DataFrame, DataFrame]:
         from pyspark.sql import functions as F
 
-        rows = self._assigned(self._timed(inputs[self.inputs[0].uid]))
-        rows = rows.where(~self._late(F.unix_micros(WINDOW_END), before))
+        timed = self._timed(inputs[self.inputs[0].uid])
+        if self.late == "output":
+            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(_TS)
+        rows = self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
         if self.window.kind == "session":
             state, rows = self._sessions(state, rows)
         merged = self._aggregated_with(state, rows).persist()  # used twice
@@ -267,3 +333,11 @@ class WindowAggregate(KeyedAggregate):
             )
 
         return side("__state", state.columns), side("__row", rows.columns)
+
+
+class LateData(Transform):
+    """The late rows of a :class:`WindowAggregate` with ``late="output"`` (its :attr:`~WindowAggregate.late_data`),
+    per checkpoint: an input of sinks, run in the operator's step after it."""
+
+    def __init__(self, operator: WindowAggregate) -> None:
+        super().__init__(f"{operator.uid}.late", operator, lambda _: operator.late_rows())

@@ -102,9 +102,9 @@ class _DryRun(StepWalk):
             self.outputs[node.uid] = df
 
     def stateful(self, node: StatefulOperator) -> None:
-        inputs = {n.uid: self.outputs[n.uid] for n in node.inputs}
+        inputs = self.inputs_of(node)
         state = node.initial_state(self.spark, inputs)
-        timed = node.event_time(inputs, WatermarkProgress())
+        timed = node.event_time(inputs, WatermarkProgress(), self.barrier)
         if timed is None:
             new_state, output = node.process(inputs, state, self.barrier)
         else:  # as a step runs it (state.checkpointing.checkpoint_operator)

@@ -143,6 +143,12 @@ class StepWalk:
     def input_of(self, node: Node) -> DataFrame:
         return self.outputs[node.inputs[0].uid]
 
+    def inputs_of(self, node: StatefulOperator) -> dict[str, DataFrame]:
+        """The records of ``node``'s inputs, and of the inputs of a union among them when it reads those
+        (:attr:`StatefulOperator.reads_union_inputs`), by uid."""
+        unions = [u for n in node.inputs if isinstance(n, Union) for u in n.inputs] if node.reads_union_inputs else []
+        return {n.uid: self.outputs[n.uid] for n in (*unions, *node.inputs)}
+
     def transform(self, node: Transform) -> None:
         self.outputs[node.uid] = node.apply(self.input_of(node))
 
@@ -214,7 +220,7 @@ class _StepRun(StepWalk):
             f"{ctx.attempt_dir}/state/{node.uid}",
             ctx.checkpoint_id,
             node,
-            {n.uid: self.outputs[n.uid] for n in node.inputs},
+            self.inputs_of(node),
             ctx.plan.barrier,
             self.restore.operators.get(node.uid) if self.restore else None,
             self.restore_base,

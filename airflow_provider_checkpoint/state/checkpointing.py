@@ -92,7 +92,7 @@ def checkpoint_operator(
     and its snapshot records the one reached.
     """
     before = (restored.event_time if restored is not None else None) or WatermarkProgress()
-    timed = node.event_time(inputs, before)
+    timed = node.event_time(inputs, before, barrier)
     process: Process | None = None
     if timed is not None:
         after, metrics = timed

@@ -192,6 +192,19 @@ def _newest(table: pa.Table, changes: pa.Table, keys: Sequence[str], drop: bool 
     return latest.filter(pc.invert(pc.fill_null(latest[DELETED], False))).drop_columns([DELETED, SEQ])
 
 
+def with_instants(table: pa.Table, state: OperatorSnapshot, uid: str) -> pa.Table:
+    """``table`` with each column recorded as a Spark ``timestamp`` (an instant) typed as one: Spark's INT96
+    files read back without a time zone, and Spark reads such a column back only as ``timestamp_ntz``."""
+    import pyarrow as pa
+
+    recorded = _recorded_columns(state, uid)
+    for i, field in enumerate(table.schema):
+        if recorded.get(field.name) == "timestamp" and pa.types.is_timestamp(field.type) and field.type.tz is None:
+            instant = pa.timestamp("us", tz="UTC")
+            table = table.set_column(i, field.with_type(instant), table.column(i).cast(instant))
+    return table
+
+
 def write_state_file(
     base: Location,
     relative: str,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.model import CheckpointType, CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, UnsafePathError, redact, shorten
-from airflow_provider_checkpoint.state.files import check_file, range_tables, write_state_file
+from airflow_provider_checkpoint.state.files import check_file, range_tables, with_instants, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.job_storage import JOB_FILE, METADATA, inline_parquet
@@ -125,7 +125,9 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
 
 def _write_merged(source: Location, state: OperatorSnapshot, target: Location, uid: str) -> list[StateHandle]:
     return [
-        write_state_file(target, f"state/{uid}/kg-{lo:05d}-{hi:05d}-0000.parquet", table, (lo, hi))
+        write_state_file(
+            target, f"state/{uid}/kg-{lo:05d}-{hi:05d}-0000.parquet", with_instants(table, state, uid), (lo, hi)
+        )
         for (lo, hi), table in range_tables(source, state, uid)
         if len(table)
     ]

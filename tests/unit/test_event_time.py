@@ -110,7 +110,7 @@ def test_window_shapes() -> None:
         ({"watermark": ("other", "1 minute")}, "must be the time column 'ts'"),
         ({"emit": "always"}, "emit must be 'final' or 'update'"),
         ({"emit": "update", "window": session("5 minutes")}, "not supported for session windows"),
-        ({"late": "late_table"}, "late-data table is not built yet"),
+        ({"late": "late_table"}, "late must be 'drop' or 'output'"),
         ({"aggs": {"window_end": "count"}}, "window's own columns"),
         ({"allowed_lateness": "soon"}, "allowed_lateness"),
     ],

@@ -97,8 +97,9 @@ class DeltaSource(Source):
         starting_version: int | None = None,
         max_commits_per_checkpoint: int | None = None,
         on_restore: str = "fail",
+        watermark: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(uid)
+        super().__init__(uid, watermark)
         if on_restore not in delta_log.ON_RESTORE:
             raise PipelineDefinitionError(f"{uid}: on_restore must be one of {list(delta_log.ON_RESTORE)}")
         if starting_version is not None and (isinstance(starting_version, bool) or starting_version < 0):

@@ -123,8 +123,9 @@ class FileSource(Source):
         on_malformed: str | None = None,
         max_malformed_fraction: float | None = None,
         dead_letter_path: str | None = None,
+        watermark: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(uid)
+        super().__init__(uid, watermark)
         if format not in _FORMATS:
             raise PipelineDefinitionError(f"{uid}: format must be one of {_FORMATS}, got {format!r}")
         check_malformed_policy(uid, on_malformed, max_malformed_fraction)

@@ -99,8 +99,9 @@ class KafkaSource(Source):
         on_malformed: str | None = None,
         max_malformed_fraction: float | None = None,
         dead_letter_path: str | None = None,
+        watermark: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(uid)
+        super().__init__(uid, watermark)
         if (topics is None) == (pattern is None):
             raise PipelineDefinitionError(f"{uid}: give topics or pattern, exactly one of them")
         if topics is not None:
