@@ -219,6 +219,11 @@ class KeyedAggregate(StatefulOperator):
         from pyspark.sql import functions as F
 
         assert self.ttl is not None
+        if EXPIRES_AT not in state.columns:
+            raise PipelineDefinitionError(
+                f"{self.uid}: its state was written without ttl, so it has no expiry times; give the operator "
+                "a new uid to start with ttl (restore with allow_non_restored_state to drop the old state)"
+            )
         input = input.withColumn(EXPIRES_AT, stamp + F.lit(self.ttl.ttl_ms))
         merged = self._aggregated_with(live_state(state, clocks.read), input).persist()  # used twice
         changed = merged.where("__touched").drop("__touched", NEW, EXPIRES_AT)
