@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Channel": "airflow_provider_checkpoint.dataflow",
     "CheckpointedPipeline": "airflow_provider_checkpoint.pipeline",
+    "Deduplicate": "airflow_provider_checkpoint.dataflow",
     "DeltaSource": "airflow_provider_checkpoint.dataflow",
     "DeltaTableSink": "airflow_provider_checkpoint.dataflow",
     "DimensionEnrichment": "airflow_provider_checkpoint.dataflow",

@@ -17,6 +17,7 @@ from airflow_provider_checkpoint.core.keyed_process import (
     MapState,
     ValueState,
 )
+from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,
     Node,
@@ -52,6 +53,7 @@ _CONNECTORS = {
 
 __all__ = [
     "Channel",
+    "Deduplicate",
     "DeltaSource",
     "DeltaTableSink",
     "DimensionEnrichment",

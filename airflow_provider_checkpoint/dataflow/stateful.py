@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
 from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.core.ttl import EXPIRES_AT, Clocks, Ttl
 from airflow_provider_checkpoint.dataflow.aggregates import ARROW_COMBINE, Aggregate, key_order
+from airflow_provider_checkpoint.dataflow.expiry import TS_MS_UP, advance, live_state, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, Node, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
@@ -74,6 +77,16 @@ class KeyedAggregate(StatefulOperator):
     state of its keys only (or, for an increment with keys for :data:`BIG_INCREMENT_SHARE` of
     the state, aggregated together with the whole state). A source feeding only this operator
     is read in one pass.
+
+    ``ttl="1 day"``: a key's state expires (:mod:`~airflow_provider_checkpoint.core.ttl`) that long
+    after the trigger time of the last checkpoint with rows for it (``ttl_time="processing"``), or
+    once the watermark passes the greatest event time of its rows plus ``ttl`` (``ttl_time="event"``,
+    with ``watermark=(time_column, bound)``; rows without event time are dropped and counted).
+    ``ttl_update``: ``"on_write"`` or ``"on_read_and_write"`` (the same here: state is read only to
+    be written). Expired state is never read back: a key with new rows restarts from empty, and its
+    output row holds the aggregates of the rows since. The expiry is the hidden state column
+    ``__expires_at``; a checkpoint removes every key expired at its clock, and the next compaction
+    of the key's range drops it from the files. Such a checkpoint merges in Spark (no driver merge).
     """
 
     reads_input_once = True
@@ -85,8 +98,25 @@ class KeyedAggregate(StatefulOperator):
         keys: Sequence[str],
         aggs: Mapping[str, str],
         max_parallelism: int = 128,
+        ttl: str | None = None,
+        ttl_time: str = "processing",
+        ttl_update: str = "on_write",
+        watermark: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(uid, input, keys, max_parallelism)
+        self.ttl = None if ttl is None else Ttl.of(ttl, uid, ttl_time, ttl_update)
+        self.ttl_watermark: WatermarkSpec | None = None
+        if self.ttl is not None and self.ttl.time == "event":
+            if watermark is None:
+                raise PipelineDefinitionError(
+                    f"{uid}: ttl_time='event' needs watermark=(time_column, bound), e.g. ('ts', '10 minutes')"
+                )
+            self.ttl_watermark = WatermarkSpec.of(watermark, uid)
+            self.reads_input_once = False  # read twice: for the watermark, then for the aggregates
+        elif watermark is not None:
+            raise PipelineDefinitionError(
+                f"{uid}: watermark= is used by ttl_time='event' only; add ttl_time='event' or remove watermark"
+            )
         if not aggs:
             raise PipelineDefinitionError(f"{uid}: aggs must name at least one aggregate")
         self.aggs: dict[str, Aggregate] = {}
@@ -105,7 +135,12 @@ class KeyedAggregate(StatefulOperator):
         return tuple(dict.fromkeys(c for agg in self.aggs.values() for c in agg.input_columns()))
 
     def describe(self) -> dict[str, object]:
-        return {**super().describe(), "aggs": {k: agg.spec() for k, agg in self.aggs.items()}}
+        described = {**super().describe(), "aggs": {k: agg.spec() for k, agg in self.aggs.items()}}
+        if self.ttl is not None:
+            described["ttl"] = self.ttl.describe()
+        if self.ttl_watermark is not None:
+            described["watermark"] = [self.ttl_watermark.column, self.ttl_watermark.bound_ms]
+        return described
 
     def _partial(self, input: DataFrame, *by: str) -> DataFrame:
         """The state columns of ``input``'s rows per key (grouped by the columns ``by`` too)."""
@@ -134,11 +169,73 @@ class KeyedAggregate(StatefulOperator):
         return pa.table(columns)
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
-        return spark.createDataFrame([], self._partial(inputs[self.inputs[0].uid]).schema)
+        from pyspark.sql import functions as F
 
-    def first_state(self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int) -> DataFrame:
+        state = self._partial(inputs[self.inputs[0].uid])
+        if self.ttl is not None:
+            state = state.withColumn(EXPIRES_AT, F.lit(None).cast("long"))
+        return spark.createDataFrame([], state.schema)
+
+    # -- state that expires (ttl=): the forms below (changes, partials, first_state) know no expiry
+    def process(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+    ) -> tuple[DataFrame, DataFrame]:
+        if self.ttl is None:
+            return super().process(inputs, state, barrier)
+        from pyspark.sql import functions as F
+
+        clocks = Clocks.processing(barrier.trigger_time)
+        return self._expiring(inputs[self.inputs[0].uid], state, clocks, F.lit(clocks.read))
+
+    def event_time(
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+    ) -> tuple[WatermarkProgress, dict[str, int]] | None:
+        """With ``ttl_time="event"``: one pass over the input for its greatest event time and its rows without one."""
+        if self.ttl_watermark is None:
+            return None
+        spec = self.ttl_watermark
+        rows = with_event_time(inputs[self.inputs[0].uid], self.uid, spec.column, keep_nulls=True)
+        return advance(rows, before, spec.bound_ms, judge_late=False)
+
+    def process_at(
+        self,
+        inputs: Mapping[str, DataFrame],
+        state: DataFrame,
+        barrier: Barrier,
+        before: WatermarkProgress,
+        after: WatermarkProgress,
+    ) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import functions as F
+
+        assert self.ttl_watermark is not None
+        rows = with_event_time(inputs[self.inputs[0].uid], self.uid, self.ttl_watermark.column)
+        return self._expiring(rows, state, Clocks.event(before, after), F.col(TS_MS_UP))
+
+    def _expiring(
+        self, input: DataFrame, state: DataFrame, clocks: Clocks, stamp: Column
+    ) -> tuple[DataFrame, DataFrame]:
+        """The new state and output with expiry: state live at ``clocks.read`` merged with the input, each
+        touched key's expiry renewed from its rows' ``stamp`` (ms), and only keys live at ``clocks.keep`` kept."""
+        from pyspark.sql import functions as F
+
+        assert self.ttl is not None
+        if EXPIRES_AT not in state.columns:
+            raise PipelineDefinitionError(
+                f"{self.uid}: its state was written without ttl, so it has no expiry times; give the operator "
+                "a new uid to start with ttl (restore with allow_non_restored_state to drop the old state)"
+            )
+        input = input.withColumn(EXPIRES_AT, stamp + F.lit(self.ttl.ttl_ms))
+        merged = self._aggregated_with(live_state(state, clocks.read), input).persist()  # used twice
+        changed = merged.where("__touched").drop("__touched", NEW, EXPIRES_AT)
+        return live_state(merged, clocks.keep).drop("__touched", NEW), self.output_of(changed)
+
+    def first_state(
+        self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int
+    ) -> DataFrame | None:
         """The input's aggregates per key, the input's rows shuffled once by range (no partial
         aggregation before the shuffle: the output of a first checkpoint is every key, one row each)."""
+        if self.ttl is not None:
+            return None
         input = inputs[self.inputs[0].uid].withColumn(name, range_column)
         return self._partial(input.repartitionById(ranges, name), name)
 
@@ -151,7 +248,7 @@ class KeyedAggregate(StatefulOperator):
 
     def changes(
         self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier, state_rows: int
-    ) -> DataFrame:
+    ) -> DataFrame | None:
         """Only the state of the keys in this checkpoint's input is merged.
 
         A state of at most :data:`SHUFFLE_MERGE_ROWS` rows is merged in the aggregation
@@ -160,10 +257,13 @@ class KeyedAggregate(StatefulOperator):
         the input. A larger state is semi-joined with the keys of the input's per-key
         aggregates (cached: one pass over the input), so that only the touched keys are
         shuffled; unless those keys are at least :data:`BIG_INCREMENT_SHARE` of the state's
-        rows: then the aggregates are aggregated together with the state, as above.
+        rows: then the aggregates are aggregated together with the state, as above. With ``ttl``:
+        ``None`` (expiry removes keys the input never names: the checkpoint diffs the new state).
         """
         from pyspark.sql import functions as F
 
+        if self.ttl is not None:
+            return None
         input, partial = inputs[self.inputs[0].uid], False
         if state_rows > SHUFFLE_MERGE_ROWS:
             batch = self._partial(input).persist()  # used twice: the input is read once
@@ -179,7 +279,7 @@ class KeyedAggregate(StatefulOperator):
     def partials(self, inputs: Mapping[str, DataFrame]) -> DataFrame | None:
         """The input's aggregates per key (one row per key in the input); ``None`` when an aggregate's
         state is merged by Spark only (a sketch, a set)."""
-        if not all(agg.arrow_mergeable() for agg in self.aggs.values()):
+        if self.ttl is not None or not all(agg.arrow_mergeable() for agg in self.aggs.values()):
             return None
         return self._partial(inputs[self.inputs[0].uid])
 
@@ -236,12 +336,16 @@ class KeyedAggregate(StatefulOperator):
         from pyspark.sql import functions as F
 
         types = {f.name: f.dataType for f in state.schema.fields}
+        expires = [EXPIRES_AT] if self.ttl is not None else []
         if partial:  # already in state form, combined as the state's rows are
             no_raw = [c for agg in self.aggs.values() for c in agg.no_raw(types)]
             rows = input.select(*self.keys, *self._state_columns, *no_raw, F.lit(True).alias("__input"))
-        else:
+        else:  # with ttl, the input carries each row's expiry (:meth:`_expiring`)
             rows = input.select(
-                *self.keys, *[c for agg in self.aggs.values() for c in agg.row()], F.lit(True).alias("__input")
+                *self.keys,
+                *[c for agg in self.aggs.values() for c in agg.row()],
+                *expires,
+                F.lit(True).alias("__input"),
             )
         combines = [agg.combine(types) for agg in self.aggs.values()]
         return (
@@ -251,8 +355,9 @@ class KeyedAggregate(StatefulOperator):
                 *[a for aggs, _ in combines for a in aggs],
                 F.max("__input").alias("__touched"),
                 F.min("__input").alias(NEW),
+                *[F.max(c).cast("long").alias(c) for c in expires],
             )
-            .select(*self.keys, *[f for _, finals in combines for f in finals], "__touched", NEW)
+            .select(*self.keys, *[f for _, finals in combines for f in finals], *expires, "__touched", NEW)
         )
 
     def _merged(self, state: DataFrame, batch: DataFrame) -> DataFrame:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
 from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, StatefulOperator, Union
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
@@ -174,8 +175,17 @@ class _Validator:
             columns = self.input(node)
             self.require(node, "keys", node.keys, columns, node.inputs[0])
             self.require(node, "aggs", node.input_columns(), columns, node.inputs[0])
+            if node.ttl_watermark is not None:
+                self.require(node, "watermark", [node.ttl_watermark.column], columns, node.inputs[0])
+                self._timestamp(node, "watermark", node.ttl_watermark.column, columns)
             keys = {k: _type_of(columns, k) for k in node.keys}
             return {**keys, **dict.fromkeys(node.aggs)}
+        if isinstance(node, Deduplicate):
+            columns = self.input(node)
+            self.require(node, "keys", node.keys, columns, node.inputs[0])
+            self.require(node, "watermark", [node.watermark.column], columns, node.inputs[0])
+            self._timestamp(node, "watermark", node.watermark.column, columns)
+            return columns
         if isinstance(node, KeyedStateFunction | KeyedCoStateFunction):
             state = self.parse(node, "state_schema", node.state_schema)
             self.require(node, "keys", node.keys, state, "its state_schema")
@@ -193,16 +203,20 @@ class _Validator:
         self.require(node, "keys", node.group_keys, columns, node.inputs[0])
         self.require(node, "time_column", [node.time_column], columns, node.inputs[0])
         self.require(node, "aggs", node.input_columns(), columns, node.inputs[0])
-        time = _type_of(columns, node.time_column)
+        self._timestamp(node, "time_column", node.time_column, columns)
+        keys = {k: _type_of(columns, k) for k in node.group_keys}
+        return {**keys, WINDOW_START: "timestamp", WINDOW_END: "timestamp", **dict.fromkeys(node.aggs)}
+
+    def _timestamp(self, node: StatefulOperator, field: str, column: str, columns: Columns | None) -> None:
+        """``column`` of ``node``'s input, named by its parameter ``field``, is a timestamp where known."""
+        time = _type_of(columns, column)
         if time is not None and _comparable(time) != "timestamp":
             self.problem(
                 node,
-                "time_column",
-                f"{node.time_column!r} is {time}, not a timestamp",
-                f"cast it in a Transform first, e.g. F.col({node.time_column!r}).cast('timestamp')",
+                field,
+                f"{column!r} is {time}, not a timestamp",
+                f"cast it in a Transform first, e.g. F.col({column!r}).cast('timestamp')",
             )
-        keys = {k: _type_of(columns, k) for k in node.group_keys}
-        return {**keys, WINDOW_START: "timestamp", WINDOW_END: "timestamp", **dict.fromkeys(node.aggs)}
 
     def _keyed_process(self, node: KeyedProcess) -> Columns | None:
         columns = self.input(node)

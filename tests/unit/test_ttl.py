@@ -1,0 +1,98 @@
+"""State that expires: the rules of ``core/ttl.py`` and the definitions of ``ttl=`` and ``Deduplicate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
+from airflow_provider_checkpoint.core.ttl import Clocks, Ttl, live, renewed
+from airflow_provider_checkpoint.dataflow import Deduplicate, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow.validation import validate_pipeline
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+
+SCHEMA = "user STRING, ts TIMESTAMP, amount LONG"
+
+
+def test_a_key_lives_until_its_clock_reaches_its_expiry() -> None:
+    assert live(1_000, 999) and not live(1_000, 1_000) and not live(1_000, 5_000)
+    assert live(1_000, None), "no clock yet (no watermark): nothing has expired"
+    assert live(None, 10**15), "no expiry: lives"
+
+
+@given(st.integers(0, 10**12), st.integers(0, 10**12), st.integers(1, 10**9))
+def test_an_update_never_shortens_a_life(old: int, stamp: int, ttl: int) -> None:
+    new = renewed(old, stamp, ttl)
+    assert new >= old and new >= stamp + ttl and new in (old, stamp + ttl)
+    assert renewed(None, stamp, ttl) == stamp + ttl
+
+
+def test_the_clocks_of_a_checkpoint() -> None:
+    assert Clocks.processing(1_700_000_000.25) == Clocks(1_700_000_000_250, 1_700_000_000_250)
+    before, after = WatermarkProgress(100, 40), WatermarkProgress(300, 240)
+    assert Clocks.event(before, after) == Clocks(40, 240)
+    assert Clocks.event(WatermarkProgress(), WatermarkProgress()) == Clocks(None, None)
+
+
+def test_a_ttl_parses_and_names_its_mistakes() -> None:
+    assert Ttl.of("1 hour", "agg") == Ttl(3_600_000, "processing", "on_write")
+    assert Ttl.of("5 min", "agg", "event", "on_read_and_write").describe() == {
+        "ttl_ms": 300_000,
+        "time": "event",
+        "update": "on_read_and_write",
+    }
+    with pytest.raises(PipelineDefinitionError, match="agg: ttl must be positive"):
+        Ttl.of("0 s", "agg")
+    with pytest.raises(PipelineDefinitionError, match="agg ttl: 'soon' is not a duration"):
+        Ttl.of("soon", "agg")
+    with pytest.raises(PipelineDefinitionError, match="agg: ttl_time must be one of processing, event"):
+        Ttl.of("1 h", "agg", "wall")
+    with pytest.raises(PipelineDefinitionError, match="agg: ttl_update must be one of on_write, on_read_and_write"):
+        Ttl.of("1 h", "agg", update="on_read")
+
+
+def test_keyed_aggregate_ttl_is_checked_when_defined(tmp_path: Path) -> None:
+    events = FileSource("events", str(tmp_path), "json", SCHEMA)
+    with pytest.raises(PipelineDefinitionError, match=r"a: ttl_time='event' needs watermark=\(time_column, bound\)"):
+        KeyedAggregate("a", events, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event")
+    with pytest.raises(PipelineDefinitionError, match="b: watermark= is used by ttl_time='event' only"):
+        KeyedAggregate("b", events, ["user"], {"n": "count"}, watermark=("ts", "1 min"))
+    timed = KeyedAggregate(
+        "c", events, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event", watermark=("ts", "1 min")
+    )
+    assert timed.describe()["ttl"] == {"ttl_ms": 3_600_000, "time": "event", "update": "on_write"}
+    assert timed.describe()["watermark"] == ["ts", 60_000]
+    assert not timed.reads_input_once, "read for the watermark, then for the aggregates"
+    plain = KeyedAggregate("d", events, ["user"], {"n": "count"}, ttl="1 h")
+    assert plain.reads_input_once and "watermark" not in plain.describe()
+
+
+def test_deduplicate_is_checked_when_defined(tmp_path: Path) -> None:
+    events = FileSource("events", str(tmp_path), "json", SCHEMA)
+    with pytest.raises(PipelineDefinitionError, match="d: within must be positive"):
+        Deduplicate("d", events, ["user"], within="0 s", watermark=("ts", "1 min"))
+    with pytest.raises(PipelineDefinitionError, match="d within: 'a day' is not a duration"):
+        Deduplicate("d", events, ["user"], within="a day", watermark=("ts", "1 min"))
+    with pytest.raises(PipelineDefinitionError, match="e: watermark must be"):
+        Deduplicate("e", events, ["user"], within="1 h", watermark="ts")  # type: ignore[arg-type]
+    dedup = Deduplicate("f", events, ["user"], within="1 h", watermark=("ts", "10 min"))
+    assert dedup.unique_keys() is None, "a key is emitted again once its state expired"
+    assert dedup.describe()["within_ms"] == 3_600_000
+
+
+def test_expiring_operators_are_validated_when_the_dag_is_parsed(tmp_path: Path) -> None:
+    events = FileSource("events", str(tmp_path / "in"), "json", SCHEMA)
+    agg = KeyedAggregate("agg", events, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event", watermark=("ts", "1 s"))
+    dedup = Deduplicate("dedup", events, ["user"], within="1 h", watermark=("ts", "1 s"))
+    sink = ParquetTableSink("out", dedup, str(tmp_path / "out"), mode="append")
+    assert validate_pipeline([events, agg, dedup, sink]) == []
+
+    longs = FileSource("longs", str(tmp_path / "in2"), "json", "user STRING, ts LONG")
+    bad_agg = KeyedAggregate("a", longs, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event", watermark=("t", "1 s"))
+    bad_dedup = Deduplicate("d", longs, ["usr"], within="1 h", watermark=("ts", "1 s"))
+    found = validate_pipeline([longs, bad_agg, bad_dedup])
+    assert [(p.uid, p.field) for p in found] == [("a", "watermark"), ("d", "keys"), ("d", "watermark")]
+    assert "'ts' is bigint, not a timestamp; cast it in a Transform first" in str(found[2])
