@@ -70,7 +70,7 @@ class Deduplicate(StatefulOperator):
         return spark.createDataFrame([], keys.schema)
 
     def event_time(
-        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]]:
         rows = with_event_time(inputs[self.inputs[0].uid], self.uid, self.watermark.column, keep_nulls=True)
         return advance(rows, before, self.watermark.bound_ms, judge_late=True)

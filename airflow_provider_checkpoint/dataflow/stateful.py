@@ -188,7 +188,7 @@ class KeyedAggregate(StatefulOperator):
         return self._expiring(inputs[self.inputs[0].uid], state, clocks, F.lit(clocks.read))
 
     def event_time(
-        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress
+        self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]] | None:
         """With ``ttl_time="event"``: one pass over the input for its greatest event time and its rows without one."""
         if self.ttl_watermark is None:
