@@ -74,8 +74,6 @@ def roots(tmp_path: Path) -> dict[str, Path]:
     (table / "_staging" / "chk-3").mkdir(parents=True)
     (table / "_staging" / "chk-3" / "f.parquet").write_bytes(b"staged")
     (table / "_commits").mkdir()
-    # a link inside the table that leads to the canary: using it must be refused
-    (table / "_staging" / "chk-3" / "link.parquet").symlink_to(canary / "secret.parquet")
     return {"canary": canary, "work": work, "table": table}
 
 
@@ -259,6 +257,9 @@ def test_fuzzed_documents_give_documented_errors_and_never_touch_the_canary(root
     documents = valid_documents(canary)
     for name, use in decoders.items():  # the unmutated documents are valid and usable
         use(json.dumps(documents[name]).encode())
+    # then a link in the staging that leads to the canary: any commit of that staging is refused
+    (table / "_staging" / "chk-3").mkdir(parents=True, exist_ok=True)
+    (table / "_staging" / "chk-3" / "link.parquet").symlink_to(canary / "secret.parquet")
     tricks = path_tricks(canary)
     rng = random.Random(SEED)
     outcomes: dict[str, dict[str, int]] = {name: {"ok": 0, "refused": 0} for name in decoders}
