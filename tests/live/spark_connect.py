@@ -20,8 +20,9 @@ def _listening(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def spark_connect_server(log: Path, timeout: float = 180.0) -> Iterator[str]:
-    """Start ``SparkConnectServer`` (local[2]) from the pyspark installation; yield its ``sc://`` URL."""
+def spark_connect_server(log: Path, timeout: float = 180.0, conf: dict[str, str] | None = None) -> Iterator[str]:
+    """Start ``SparkConnectServer`` (local[2]) from the pyspark installation, with ``conf`` on top of the
+    defaults; yield its ``sc://`` URL."""
     spark_home = Path(pyspark.__file__).parent
     port = free_port()
     env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -41,8 +42,9 @@ def spark_connect_server(log: Path, timeout: float = 180.0) -> Iterator[str]:
         "--conf", "spark.sql.session.timeZone=UTC",
         "--conf", "spark.hadoop.fs.file.impl=org.apache.hadoop.fs.RawLocalFileSystem",
         "--conf", "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs=false",
-        "spark-internal",
     ]  # fmt: skip
+    command += [arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")]
+    command.append("spark-internal")
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip

@@ -44,11 +44,13 @@ _targets = itertools.count()
 
 @dataclass
 class Env:
-    """What every machine shares: the Spark session, the scratch root, PostgreSQL (or ``None``)."""
+    """What every machine shares: the Spark session, the scratch root, PostgreSQL (or ``None``), a
+    delta-spark session reading Delta tables too (or ``None``)."""
 
     spark: Any
     root: pathlib.Path
     server: Any = None
+    delta_spark: Any = None
 
 
 def batches(config: Config) -> st.SearchStrategy[Batch]:
@@ -110,7 +112,9 @@ def machine_for(config: Config, env: Env) -> type[RuleBasedStateMachine]:
     class SinkMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.harness = Harness(config, env.spark, env.root, f"m{next(_targets)}-{config.name}", env.server)
+            self.harness = Harness(
+                config, env.spark, env.root, f"m{next(_targets)}-{config.name}", env.server, env.delta_spark
+            )
             self.model = Model(config)
             self.next_id = 1
             self.committables: dict[int, Any] = {}

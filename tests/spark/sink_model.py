@@ -129,11 +129,13 @@ def _normal(record: Any) -> Row:
 class Harness:
     """One fresh target of a sink, staged, committed, aborted and rolled back as the coordinator does."""
 
-    def __init__(self, config: Config, spark: Any, root: pathlib.Path, name: str, server: Any = None) -> None:
+    def __init__(
+        self, config: Config, spark: Any, root: pathlib.Path, name: str, server: Any = None, delta_spark: Any = None
+    ) -> None:
         from airflow_provider_checkpoint.dataflow.graph import Source
         from airflow_provider_checkpoint.storage import JobStorage
 
-        self.config, self.spark, self.server = config, spark, server
+        self.config, self.spark, self.server, self.delta_spark = config, spark, server, delta_spark
         self.storage = JobStorage.for_job(str(root / "jobs"), f"job-{name}")
         self.path = root / name
         upsert = config.mode == "upsert"
@@ -189,10 +191,15 @@ class Harness:
         if self.config.kind == "parquet":
             return {"pyarrow": lambda: parquet_rows(self.path, COLUMNS)}
         if self.config.kind == "delta":
-            return {
+            readers = {
                 "delta-rs scan()": lambda: delta_rows(self.path, COLUMNS),
                 "duckdb delta_scan": lambda: duckdb_delta_rows(self.path, COLUMNS),
             }
+            if self.delta_spark is not None:
+                from tests.spark.delta_spark import delta_spark_rows
+
+                readers["delta-spark"] = lambda: delta_spark_rows(self.delta_spark, self.path, COLUMNS)
+            return readers
         return {"psycopg": self._psycopg}
 
     def _psycopg(self) -> list[Row]:
