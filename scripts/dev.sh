@@ -30,6 +30,10 @@ case "${1:-}" in
       if [ "${CI:-}" = "true" ]; then exit 1; fi
       echo "warning: no delta-spark jars; the Delta interoperability tests will be skipped" >&2
     fi
+    if ! bash scripts/install_kafka.sh; then
+      if [ "${CI:-}" = "true" ]; then exit 1; fi
+      echo "warning: no Apache Kafka broker; the Kafka tests will be skipped" >&2
+    fi
     # two workers (pytest-xdist; TEST_WORKERS=0: none), each test module whole in one of them,
     # the longest first (tests/conftest.py)
     exec python -m pytest -n "${TEST_WORKERS:-2}" --no-loadscope-reorder "$@"

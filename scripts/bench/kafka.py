@@ -1,7 +1,7 @@
 """KafkaSource: a checkpoint reading a topic's new records, against one consumer reading the same ranges.
 
-Starts the Kafka-protocol broker the tests use (Tansu, :class:`tests.servers.kafka.KafkaBroker`)
-with in-memory storage and a topic of 4 partitions. Per round, ``records`` small JSON records
+Starts the Kafka broker the tests use (Apache Kafka, :func:`tests.servers.kafka.apache_kafka`)
+(its log on local disk) and a topic of 4 partitions. Per round, ``records`` small JSON records
 are produced, then:
 
 - **checkpoint**: one checkpoint of ``KafkaSource`` → ``ParquetTableSink`` (append) in the
@@ -75,14 +75,12 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
     from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets
     from airflow_provider_checkpoint.dataflow import KafkaSource, ParquetTableSink
     from airflow_provider_checkpoint.testing.inprocess import make_job
-    from tests.servers.kafka import KafkaBroker
-    from tests.servers.s3 import free_ports
+    from tests.servers.kafka import apache_kafka
 
     root = work / "kafka"
     root.mkdir(parents=True, exist_ok=True)
     (work / "run").mkdir(parents=True, exist_ok=True)
-    broker = KafkaBroker(free_ports(1)[0], root / "tansu.log")
-    broker.start()
+    broker = apache_kafka(root)
     load_before, cpu_all = os.getloadavg(), CpuMeter()
     topic = f"bench-{seed}"
     try:
@@ -143,7 +141,8 @@ def render(result: dict[str, Any]) -> str:
         f"{PARTITIONS} partitions)",
         "",
         *machine_lines(result),
-        "- Broker: Tansu from `tests/servers/kafka.py` (in-memory storage) on 127.0.0.1; small JSON records "
+        "- Broker: Apache Kafka from `tests/servers/kafka.py` (single-node KRaft, local disk) on 127.0.0.1; "
+        "small JSON records "
         "`{user, page, ts}` produced before each round; the topic grows by one round's records each round.",
         "- **checkpoint**: `KafkaSource` → `ParquetTableSink` (append), trigger + step + finalize in the embedded "
         "session (`local[2]`): end offsets by fetch, the ranges read by one consumer per partition on the "

@@ -5,9 +5,9 @@ The real Airflow services (LocalExecutor) run, in turn, the four pipelines of
 Delta (user totals, upsert) and PostgreSQL (page views, upsert) tables; a two-input, two-step
 pipeline (orders enriched with customers, joined by a channel); a chained pipeline
 (``chain=True``: one task per checkpoint) appending events to PostgreSQL and upserting user
-totals into Delta; and the same tables from a Kafka topic on a real Kafka-protocol broker
-(Tansu, its log on the test S3 server, restarted between some runs; some runs kill a Spark task
-mid-read). The ground truth of the Kafka tables is what the test produced, with the partition
+totals into Delta; and the same tables from a Kafka topic on Apache Kafka's own
+broker (the session's, restarted between some runs; some runs kill a Spark task mid-read).
+The ground truth of the Kafka tables is what the test produced, with the partition
 and offset the broker acknowledged for each record. All keep incremental state in files while
 input keeps growing (every sixth run lands a file mixing good and malformed lines, which the
 clickstream pipeline routes to its dead-letter table). Steps run in ``connect`` mode, through a
@@ -63,9 +63,8 @@ from tests.live.airflow_live import running_airflow
 from tests.live.chaos_dags import CHAINED_DAG_ID, DAG_ID, DAG_SOURCES, KAFKA_DAG_ID, KAFKA_TOPIC, ROTATION
 from tests.live.spark_connect import spark_connect_server
 from tests.live.storage_view import completed_ids, latest_metadata
-from tests.servers.kafka import KafkaBroker, s3_broker
+from tests.servers.kafka import ApacheKafka, KafkaBroker
 from tests.servers.postgres import PostgresServer
-from tests.servers.s3 import S3Server
 
 pytestmark = pytest.mark.live
 RESTORE_DAG_ID = "restore_from_checkpoint"
@@ -347,7 +346,7 @@ def kafka_problems(base: Path, job: ChaosJob, db: Any, streamed: list[pd.DataFra
 def test_chaos_under_the_real_scheduler(
     tmp_path_factory: pytest.TempPathFactory,
     postgres_server: PostgresServer,
-    s3_server: S3Server,
+    kafka_broker: ApacheKafka,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
@@ -365,7 +364,7 @@ def test_chaos_under_the_real_scheduler(
         db.execute("CREATE SCHEMA chaos")
     monkeypatch.setenv("CHAOS_DIR", str(base))  # the DAG files, loaded here too for their sinks' audit
     monkeypatch.setenv("AIRFLOW_CONN_CHAOS_PG", postgres_server.uri())
-    broker = s3_broker(s3_server, root)
+    broker = kafka_broker
     broker.create_topic(KAFKA_TOPIC, 3)
     orders = ChaosOrders(base / "orders")
     faults_file = root / "faults.txt"
@@ -382,7 +381,6 @@ def test_chaos_under_the_real_scheduler(
     jobs = {job: ChaosJob(root / "airflow" / "checkpoints", job) for job in ROTATION}
     clicks, chained_job, kafka_job = jobs[DAG_ID], jobs[CHAINED_DAG_ID], jobs[KAFKA_DAG_ID]
     with contextlib.ExitStack() as stack:
-        stack.callback(broker.stop)
         remote = stack.enter_context(spark_connect_server(root / "spark-connect.log"))
         env = {
             "CHAOS_DIR": str(base),
@@ -423,7 +421,7 @@ def test_chaos_under_the_real_scheduler(
             if dag_id == KAFKA_DAG_ID and first_kafka_faults and run <= runs:
                 fault = first_kafka_faults.pop(0)
             if fault == RESTART_BROKER:
-                broker.restart()  # its log is on S3: records and committed offsets survive
+                broker.restart()  # its log is on disk: records and committed offsets survive
             specs = [spec.format(next=jobs[dag_id].next_checkpoint_id()) for spec in FAULTS[fault][1]]
             faults_file.write_text("\n".join(specs) + "\n")
             crasher.next_run()

@@ -1,4 +1,5 @@
-"""KafkaSource against a real Kafka-protocol broker (Tansu on 127.0.0.1), through an Airflow connection.
+"""KafkaSource against Apache Kafka's own broker on 127.0.0.1 (Tansu for a broker refusing every SASL
+login), through an Airflow connection.
 
 Every record the test produced reaches an append table exactly once (checked by topic,
 partition and offset against the produce log, read back with pyarrow), and an upsert table
@@ -27,7 +28,7 @@ from airflow_provider_checkpoint.exceptions import KafkaSourceError, MalformedIn
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import make_job
-from tests.servers.kafka import KafkaBroker, s3_broker
+from tests.servers.kafka import KafkaBroker, Tansu
 
 pytestmark = pytest.mark.spark
 SCHEMA = "user STRING, amount LONG"
@@ -170,7 +171,7 @@ def test_wrong_credentials_are_refused_at_once_and_commit_nothing(spark, kafka, 
     kafka.create_topic(topic, 2)
     produced = Produced(kafka, seed=51)
     produced.produce(topic, 2, 60)
-    guarded = KafkaBroker(free_ports(1)[0], tmp_path / "tansu-auth.log", authentication=True)
+    guarded = Tansu(free_ports(1)[0], tmp_path / "tansu-auth.log", authentication=True)
     guarded.start()
     password = f"hunter2-{uuid.uuid4().hex}"
     wrong = guarded.uri(guarded.sasl_config("etl", password))
@@ -267,88 +268,64 @@ def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):
     pd.testing.assert_frame_equal(got, want.sort_values("user").reset_index(drop=True), check_dtype=False)
 
 
-def test_faults_and_a_broker_restart_on_s3_storage_lose_and_duplicate_nothing(spark, s3_server, tmp_path, monkeypatch):
-    """The broker keeps its log on the test S3 server and is restarted between checkpoints; a step
-    attempt fails after staging, a finalize dies after ``_metadata``."""
-    broker = s3_broker(s3_server, tmp_path)
-    try:
-        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", broker.uri())
-        topic = f"evt-{uuid.uuid4().hex[:8]}"
-        broker.create_topic(topic, 3)
-        produced = Produced(broker, seed=21)
-        job = make_job(spark, tmp_path, pipeline([topic]))
-        produced.produce(topic, 3, 200)
-        monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=1:attempt=1")
-        job.checkpoint()  # the step's first attempt staged, then failed: the retry reads the same range
-        attempts: dict[str, list[int]] = {}
-        for step, attempt in [(s, a) for cid, s, a in job.step_runs if cid == 1]:
-            attempts.setdefault(step, []).append(attempt)
-        assert attempts and all(a == [1, 2] for a in attempts.values()), attempts
-        check(tmp_path, produced.frame())
+def test_faults_and_a_broker_restart_lose_and_duplicate_nothing(spark, kafka, tmp_path, monkeypatch):
+    """The broker is restarted between checkpoints (its log on disk survives); a step attempt fails after
+    staging, a finalize dies after ``_metadata``."""
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 3)
+    produced = Produced(kafka, seed=21)
+    job = make_job(spark, tmp_path, pipeline([topic]))
+    produced.produce(topic, 3, 200)
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "step.before_ack:checkpoint=1:attempt=1")
+    job.checkpoint()  # the step's first attempt staged, then failed: the retry reads the same range
+    attempts: dict[str, list[int]] = {}
+    for step, attempt in [(s, a) for cid, s, a in job.step_runs if cid == 1]:
+        attempts.setdefault(step, []).append(attempt)
+    assert attempts and all(a == [1, 2] for a in attempts.values()), attempts
+    check(tmp_path, produced.frame())
 
-        broker.restart()  # the log survives on S3
-        produced.produce(topic, 3, 150)
-        monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.after_metadata:checkpoint=2")
-        with pytest.raises(Exception, match="finalize.after_metadata"):
-            job.checkpoint()
-        monkeypatch.delenv("CHECKPOINT_FAULTS")
-        produced.produce(topic, 3, 50)
-        assert job.checkpoint().stats["records_in"] == 50, "the trigger finished checkpoint 2's commit first"
-        check(tmp_path, produced.frame())
-    finally:
-        broker.stop()
+    kafka.restart()
+    produced.produce(topic, 3, 150)
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.after_metadata:checkpoint=2")
+    with pytest.raises(Exception, match="finalize.after_metadata"):
+        job.checkpoint()
+    monkeypatch.delenv("CHECKPOINT_FAULTS")
+    produced.produce(topic, 3, 50)
+    assert job.checkpoint().stats["records_in"] == 50, "the trigger finished checkpoint 2's commit first"
+    check(tmp_path, produced.frame())
 
 
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
-def test_records_gone_before_the_step_reads_them_are_detected(
-    spark, s3_server, tmp_path, monkeypatch, fail_on_data_loss
-):
-    """Records of the barrier's range deleted from the broker's storage after the barrier is cut (the
-    oldest batch object of partition 0): the broker returns later offsets without an error."""
-    import s3fs
+def test_records_deleted_before_the_step_reads_them_are_detected(spark, kafka, tmp_path, fail_on_data_loss):
+    """The first 50 records of the barrier's range deleted (``DeleteRecords``, what retention does too)
+    after the barrier is cut, before the step reads them."""
+    from confluent_kafka import TopicPartition as KafkaPartition
+    from confluent_kafka.admin import AdminClient
 
-    from airflow_provider_checkpoint.exceptions import raised_in_spark
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 1)
+    produced = Produced(kafka, seed=31)
+    produced.produce(topic, 1, 120)
+    job = make_job(spark, tmp_path, pipeline([topic], fail_on_data_loss=fail_on_data_loss))
 
-    broker = s3_broker(s3_server, tmp_path)
-    try:
-        monkeypatch.setenv("AIRFLOW_CONN_KAFKA_TEST", broker.uri())
-        topic = f"evt-{uuid.uuid4().hex[:8]}"
-        broker.create_topic(topic, 1)
-        produced = Produced(broker, seed=31)
-        for _ in range(3):  # three batch objects in partition 0
-            produced.produce(topic, 1, 40)
-        fs = s3fs.S3FileSystem(**s3_server.storage_options())
-        batches = sorted(
-            (p for p in fs.find("checkpoints") if f"/{topic}/" in p and p.endswith(".batch")),
-            key=lambda p: int(p.rsplit("/", 1)[1].split(".")[0]),
-        )
-        assert len(batches) >= 2, batches
-        oldest = int(batches[0].rsplit("/", 1)[1].split(".")[0])
-        job = make_job(spark, tmp_path, pipeline([topic], fail_on_data_loss=fail_on_data_loss))
+    def delete_the_first_50() -> None:
+        admin = AdminClient(kafka.config())  # held until the answer: its destruction fails the future
+        (done,) = admin.delete_records([KafkaPartition(topic, 0, 50)]).values()
+        assert done.result(timeout=30).low_watermark == 50  # the new log start
 
-        def lose_the_oldest_batch() -> None:  # after the barrier is cut, before the step reads
-            fs.rm(batches[0])
-
-        if fail_on_data_loss:
-            with pytest.raises(Exception) as raised:
-                job.checkpoint(during=lose_the_oldest_batch)
-            refused = raised_in_spark(raised.value)
-            assert refused is not None and re.search(
-                rf"Kafka records lost: \d+ record\(s\) of {topic}\[0\] offsets \[{oldest}, 120\) are gone", str(refused)
-            ), raised.value
-            assert CompletedCheckpointStore(job.storage).completed_ids() == []
-        else:
-            done = job.checkpoint(during=lose_the_oldest_batch)
-            kept = table(tmp_path / "events")
-            lost = done.stats["steps"]
-            assert (
-                0
-                < 120 - len(kept)
-                == next(iter(m["source_lost"]["events"] for m in lost.values() if "source_lost" in m))
-            )
-            assert set(kept["offset"]) == set(range(120 - len(kept), 120)), "the later records, each once"
-    finally:
-        broker.stop()
+    if fail_on_data_loss:
+        with pytest.raises(Exception) as raised:
+            job.checkpoint(during=delete_the_first_50)
+        refused = raised_in_spark(raised.value)
+        assert refused is not None and re.search(
+            rf"Kafka records lost: 50 record\(s\) of {topic}\[0\] offsets \[0, 120\) are gone", str(refused)
+        ), raised.value
+        assert CompletedCheckpointStore(job.storage).completed_ids() == []
+    else:
+        done = job.checkpoint(during=delete_the_first_50)
+        kept = table(tmp_path / "events")
+        lost = {m["source_lost"]["events"] for m in done.stats["steps"].values() if "source_lost" in m}
+        assert lost == {50} and sorted(kept["offset"]) == list(range(50, 120)), "the later records, each once"
 
 
 def test_a_savepoint_restores_the_offsets_it_was_taken_at_rescaled(spark, kafka, tmp_path):

@@ -60,6 +60,9 @@ def test_split_ranges_cover_each_offset_once_in_order(sizes, tasks) -> None:
         {"offsets": {"t": {"0": 2**63}}},
         {"offsets": {"t": {"0": 3}}, "starts": {"t": {"0": 9}}},
         {"offsets": {"t": {"0": 3}}, "starts": {"u": {"0": 1}}},
+        {"offsets": {"t": {"0": 3}}, "ids": {"t": "a b"}},
+        {"offsets": {"t": {"0": 3}}, "ids": {"../t": "abc"}},
+        {"offsets": {"t": {"0": 3}}, "ids": ["t"]},
         {"offsets": [], "extra": 1},
         "offsets",
     ],
@@ -67,6 +70,16 @@ def test_split_ranges_cover_each_offset_once_in_order(sizes, tasks) -> None:
 def test_a_forged_position_is_refused_naming_the_field(value) -> None:
     with pytest.raises(InvalidPositionError):
         Offsets.parse(value)
+
+
+def test_a_recreated_topic_is_read_from_its_new_start_and_its_id_kept() -> None:
+    """A barrier's start for a partition the previous position knows (its topic recreated) wins over the
+    previous end; the reset is listed; the topic ids round-trip."""
+    previous = Offsets({("t", 0): 25, ("t", 1): 25, ("u", 0): 4}, ids={"t": "old-id"})
+    barrier = Offsets({("t", 0): 35, ("t", 1): 35, ("u", 0): 6}, {("t", 0): 0, ("t", 1): 0}, {"t": "new-id"})
+    assert list(barrier.ranges(previous)) == [(("t", 0), 0, 35), (("t", 1), 0, 35), (("u", 0), 4, 6)]
+    assert barrier.reset(previous) == [(("t", 0), 25, 0), (("t", 1), 25, 0)]
+    assert Offsets.parse(barrier.to_json()) == barrier and "ids" not in Offsets({("t", 0): 1}).to_json()
 
 
 def test_a_barrier_behind_its_previous_position_is_refused() -> None:
@@ -120,10 +133,10 @@ def test_a_refused_login_is_named_at_once_by_every_client_path(tmp_path) -> None
 
     from airflow_provider_checkpoint.connectors.kafka import client, reader
     from airflow_provider_checkpoint.exceptions import raised_in_spark
-    from tests.servers.kafka import KafkaBroker
+    from tests.servers.kafka import Tansu
     from tests.servers.s3 import free_ports
 
-    guarded = KafkaBroker(free_ports(1)[0], tmp_path / "tansu.log", authentication=True)
+    guarded = Tansu(free_ports(1)[0], tmp_path / "tansu.log", authentication=True)
     guarded.start()
     password = "hunter2-not-shown"
     config = guarded.sasl_config("etl", password)

@@ -16,7 +16,7 @@ refusal. A broker that does not answer stays :class:`KafkaUnavailableError` (ret
 
 End offsets come from a fetch, not from ``ListOffsets``: a consumer reads each partition from
 near its listed end up to the end-of-partition event, whose offset is the true end. A broker
-whose ``ListOffsets(latest)`` answers behind the end (the Tansu broker does after batched
+whose ``ListOffsets(latest)`` answers behind the end (some Kafka-compatible brokers do after batched
 produces) then costs a short read, never a wrong barrier.
 """
 
@@ -134,7 +134,8 @@ class Refusals:
 
 
 def consumer_config(config: Mapping[str, str], group: str | None = None) -> dict[str, Any]:
-    """A consumer that reads assigned partitions only and commits nothing unless asked."""
+    """A consumer that reads assigned partitions only, committed transactions only (its end of partition
+    is the last stable offset), and commits nothing unless asked."""
     own = {k: v for k, v in config.items() if k not in _OURS}
     return {
         **own,
@@ -143,6 +144,7 @@ def consumer_config(config: Mapping[str, str], group: str | None = None) -> dict
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
         "socket.timeout.ms": int(TIMEOUT_SECONDS * 1000),
     }
 
@@ -247,28 +249,60 @@ class Broker:
             raise self._failed(e, f"offsets of {topic}[{partition}]") from e
         return int(low), int(high)
 
+    def watermarks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        """The first offset each partition still holds (its log start) and its listed end."""
+        return {tp: self._watermarks(*tp) for tp in tps}
+
     def earliest(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The first offset each partition still holds (its log start)."""
-        return {(topic, partition): self._watermarks(topic, partition)[0] for topic, partition in tps}
+        return {tp: low for tp, (low, _) in self.watermarks(tps).items()}
 
-    def ends(self, tps: Sequence[TopicPartition], known: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    def topic_ids(self, topics: Sequence[str]) -> dict[str, str]:
+        """The topic id of each of ``topics`` (Kafka 2.8+; a recreated topic gets a new one); a broker
+        that gives none (an all-zero id, or no ``DescribeTopics``) leaves the topic out."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        if not topics:
+            return {}
+        admin = AdminClient({**self.config, "error_cb": self.refusals})  # type: ignore[dict-item]
+        try:
+            described = admin.describe_topics(TopicCollection(list(topics)), request_timeout=TIMEOUT_SECONDS)
+            ids = {
+                name: str(future.result(timeout=TIMEOUT_SECONDS).topic_id or "") for name, future in described.items()
+            }
+        except Exception as e:
+            found = _error(e)
+            if refused(found):
+                raise refusal(self.name, self.config, found) from e
+            return {}  # a broker without topic ids: the offsets alone tell a recreated topic
+        return {name: i for name, i in ids.items() if i.strip("A=0-")}  # an all-zero id is none
+
+    def ends(
+        self,
+        tps: Sequence[TopicPartition],
+        known: Mapping[TopicPartition, int],
+        listed: Mapping[TopicPartition, tuple[int, int]] | None = None,
+    ) -> dict[TopicPartition, int]:
         """The end offset (the next offset to be written) of every partition of ``tps``, read by a fetch:
-        from ``max(known offset, listed end - 1)`` to the end-of-partition event."""
+        from ``max(known offset, listed end - 1)`` (``listed``: :meth:`watermarks`, asked if not given)
+        to the end-of-partition event. A known offset past the listed end is not fetched from."""
         from confluent_kafka import KafkaError
         from confluent_kafka import TopicPartition as KafkaPartition
 
         if not tps:
             return {}
-        starts = [max(known.get(tp, 0), self._watermarks(*tp)[1] - 1, 0) for tp in tps]
+        listed = listed if listed is not None else self.watermarks(tps)
+        starts = [max(min(known.get(tp, 0), listed[tp][1]), listed[tp][1] - 1, 0) for tp in tps]
         self.consumer.assign([KafkaPartition(t, p, s) for (t, p), s in zip(tps, starts, strict=True)])
         ends: dict[TopicPartition, int] = {}
         deadline = time.monotonic() + TIMEOUT_SECONDS
         while len(ends) < len(tps):
             if time.monotonic() > deadline:
-                waiting = [f"{t}[{p}]" for t, p in tps if (t, p) not in ends]
+                waiting = [f"{t}[{p}] (listed end {listed[(t, p)][1]})" for t, p in tps if (t, p) not in ends]
                 raise KafkaUnavailableError(
-                    f"Kafka broker {self.servers}: no end of partition {', '.join(waiting[:10])} within "
-                    f"{TIMEOUT_SECONDS:.0f}s"
+                    f"Kafka broker {self.servers}: answered, but gave no end-of-partition of "
+                    f"{', '.join(waiting[:10])} within {TIMEOUT_SECONDS:.0f}s of fetching from near the listed end"
                 )
             for message in self.consumer.consume(num_messages=10_000, timeout=POLL_SECONDS):
                 error = message.error()

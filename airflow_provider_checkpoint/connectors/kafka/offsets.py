@@ -4,8 +4,10 @@ A position is ``{"offsets": {topic: {partition: next offset}}, "starts": {...}}`
 holds, for every partition the source has seen, the first offset *not* yet read (the barrier
 is the partitions' end offsets at trigger time); ``starts`` holds, for a partition first seen
 at this barrier, the offset its reading starts from (earliest, latest or a timestamp's
-offset, decided once by the trigger so that every attempt of the step reads the same range).
-Stored positions are untrusted: :meth:`Offsets.parse` checks every name and number.
+offset, decided once by the trigger so that every attempt of the step reads the same range), and
+for a partition whose topic was recreated since the previous barrier, the new topic's first
+offset; ``ids`` holds each topic's id where the broker gives one (a recreated topic gets a new
+one). Stored positions are untrusted: :meth:`Offsets.parse` checks every name and number.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 from airflow_provider_checkpoint.exceptions import InvalidPositionError
 
 TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+TOPIC_ID = re.compile(r"^[A-Za-z0-9_=+/-]{1,64}$")
+"""A topic id as the client prints it (base64 of a UUID)."""
 """A legal Kafka topic name."""
 MAX_OFFSET = 2**63 - 1
 MAX_PARTITIONS = 1_000_000
@@ -58,27 +62,42 @@ class Offsets:
 
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
     starts: dict[TopicPartition, int] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, value: Any, what: str = "Kafka position") -> Offsets:
         """The position ``value`` (a stored document, untrusted); ``None`` is the empty position."""
         if value is None:
             return cls()
-        if not isinstance(value, dict) or set(value) - {"offsets", "starts"}:
+        if not isinstance(value, dict) or set(value) - {"offsets", "starts", "ids"}:
             raise InvalidPositionError(f"{what} must be an object with 'offsets' (and 'starts'), got {value!r:.200}")
         offsets = _offsets(value.get("offsets", {}), f"{what}.offsets")
         starts = _offsets(value.get("starts", {}), f"{what}.starts")
         for tp, start in starts.items():
             if tp not in offsets or start > offsets[tp]:
                 raise InvalidPositionError(f"{what}: {tp[0]}[{tp[1]}] starts at {start} past its end offset")
-        return cls(offsets, starts)
+        ids = value.get("ids", {})
+        if not isinstance(ids, dict) or not all(
+            isinstance(t, str) and TOPIC.match(t) and isinstance(i, str) and TOPIC_ID.match(i) for t, i in ids.items()
+        ):
+            raise InvalidPositionError(f"{what}.ids must map topic names to topic ids, got {ids!r:.200}")
+        return cls(offsets, starts, dict(ids))
 
     def to_json(self) -> dict[str, Any]:
-        return {"offsets": _document(self.offsets), "starts": _document(self.starts)}
+        document = {"offsets": _document(self.offsets), "starts": _document(self.starts)}
+        return {**document, "ids": dict(sorted(self.ids.items()))} if self.ids else document
 
     def start_of(self, tp: TopicPartition, previous: Offsets) -> int:
-        """Where this barrier's range of ``tp`` starts: the previous end, else this barrier's start."""
-        return previous.offsets.get(tp, self.starts.get(tp, self.offsets[tp]))
+        """Where this barrier's range of ``tp`` starts: this barrier's start (a partition first seen, or
+        its topic recreated), else the previous end."""
+        return self.starts.get(tp, previous.offsets.get(tp, self.offsets[tp]))
+
+    def reset(self, previous: Offsets) -> list[tuple[TopicPartition, int, int]]:
+        """``(partition, previous end, new start)`` of every partition read again from a new start: its
+        topic was recreated since ``previous`` (see :meth:`KafkaSource.barrier_position`)."""
+        return [
+            (tp, previous.offsets[tp], start) for tp, start in sorted(self.starts.items()) if tp in previous.offsets
+        ]
 
     def ranges(self, previous: Offsets) -> Iterator[tuple[TopicPartition, int, int]]:
         """``(partition, start, end)`` of every partition with records in ``[previous, self)``; a

@@ -1,10 +1,11 @@
 """Reading offset ranges of Kafka partitions on Spark's executors, through ``confluent-kafka``.
 
 Each Spark task reads one range ``[start, end)`` of one partition with a consumer of its
-own (assigned, never subscribed, committing nothing), and yields exactly the records whose
-offsets lie in the range, in offset order, whatever control records or transaction markers
-occupy offsets inside it. Records the range needs that are gone — the first offset the
-broker returns is past ``start``, or the partition now ends before ``end`` — are lost:
+own (assigned, never subscribed, committing nothing, ``read_committed``), and yields exactly
+the records whose offsets lie in the range, in offset order, whatever control records,
+transaction markers or aborted records occupy offsets inside it. Records the range needs that
+are gone — the range starts below the partition's log start, or the partition now ends before
+``end`` — are lost:
 counted in :data:`LOST` (a row of its own, without a record), or, with
 ``fail_on_data_loss``, a failed task naming the topic, partition and offsets.
 
@@ -120,13 +121,13 @@ def read_range(
                         raise KafkaUnavailableError(f"Kafka {topic}[{partition}]: {error.str()}")
                     if offset < end:  # the partition ends before the barrier's end: truncated
                         lost += end - max(offset, expected)
-                        expected = end
+                    expected = end  # what [expected, end) still held were control or aborted records
                     continue
                 if offset >= end:
                     expected = end
                     break
-                if expected == start and offset > start:  # the first records of the range are gone
-                    lost += offset - start
+                if expected == start and offset > start:  # deleted records, or aborted/control ones
+                    lost += _below_log_start(consumer, topic, partition, start, offset)
                 expected = offset + 1
                 rows.add(offset, message)
             if len(rows.offsets) >= BATCH_ROWS:
@@ -143,6 +144,16 @@ def read_range(
         )
     if rows.offsets or lost:
         yield rows.batch(lost)
+
+
+def _below_log_start(consumer: Any, topic: str, partition: int, start: int, first: int) -> int:
+    """How many offsets of ``[start, first)`` (before the first record received) lie below the partition's
+    log start: records deleted (retention, ``DeleteRecords``). Offsets at or past it hold aborted or
+    control records a ``read_committed`` consumer skips: not lost."""
+    from confluent_kafka import TopicPartition
+
+    low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30, cached=False)
+    return max(0, min(int(low), first) - start)
 
 
 class _Rows:

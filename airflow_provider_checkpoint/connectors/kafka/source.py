@@ -15,7 +15,12 @@ from airflow_provider_checkpoint.connectors.kafka.reader import LOST, RAW_SCHEMA
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
-from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
+from airflow_provider_checkpoint.exceptions import (
+    KafkaSourceError,
+    MalformedInputError,
+    PipelineDefinitionError,
+    TooManyMalformedError,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -73,7 +78,10 @@ class KafkaSource(Source):
 
     **Lost records**: records a barrier needs that are gone (retention, deleted records) fail
     the step naming topic, partition and offsets (``fail_on_data_loss=True``), or are skipped and
-    counted in the checkpoint's stats (``source_lost``).
+    counted in the checkpoint's stats (``source_lost``). A topic deleted and recreated since the
+    previous checkpoint (a new topic id, or a partition whose recorded offset is past its end) fails
+    the trigger naming it (``fail_on_data_loss=True``), or is read again from its new beginning,
+    recorded in the checkpoint's stats (``source_reset``: partition → previous offset, new start).
 
     **Lag**: once a checkpoint completes, its end offsets are committed to consumer group
     ``group_id`` (default: the connection's ``group.id``, else ``airflow-checkpoint-<uid>``) so
@@ -202,12 +210,51 @@ class KafkaSource(Source):
         before = Offsets.parse(previous, f"source {self.uid} position")
         with client.Broker(self.config(), self.kafka_config_id) as broker:
             partitions = broker.partitions(self.topics, self.pattern)
-            ends = broker.ends(partitions, before.offsets)
-            new = [tp for tp in partitions if tp not in before.offsets]
+            ids = broker.topic_ids(sorted({t for t, _ in partitions}))
+            listed = broker.watermarks(partitions)
+            gone = self._recreated(before, partitions, ids, listed)
+            known = {tp: o for tp, o in before.offsets.items() if tp[0] not in gone}
+            ends = broker.ends(partitions, known, listed)
+            new = [tp for tp in partitions if tp not in known]
             starts = self._starts(broker, new, ends, first=not before.offsets)
-        begin = {**{tp: before.offsets[tp] for tp in partitions if tp in before.offsets}, **starts}
+        begin = {**{tp: known[tp] for tp in partitions if tp in known}, **starts}
         cut = bounded(begin, {tp: max(ends[tp], begin[tp]) for tp in partitions}, self.max_records_per_checkpoint)
-        return Offsets({**before.offsets, **cut}, starts).to_json()
+        return Offsets({**known, **cut}, starts, {**before.ids, **ids}).to_json()
+
+    def _recreated(
+        self,
+        before: Offsets,
+        partitions: list[TopicPartition],
+        ids: dict[str, str],
+        listed: dict[TopicPartition, tuple[int, int]],
+    ) -> dict[str, str]:
+        """The topics deleted and recreated since ``before`` (a new topic id, or a partition whose recorded
+        offset is past its end or that is gone), each with what showed it. With ``fail_on_data_loss`` any
+        is refused; else each is read again from its new beginning (its partitions first seen now)."""
+        found: dict[str, str] = {}
+        for topic in sorted({t for t, _ in partitions}):
+            if before.ids.get(topic) and ids.get(topic) and before.ids[topic] != ids[topic]:
+                found[topic] = f"its topic id changed from {before.ids[topic]} to {ids[topic]}"
+        for (topic, partition), offset in sorted(before.offsets.items()):
+            if topic in found or not any(t == topic for t, _ in partitions):
+                continue
+            if (topic, partition) not in listed:
+                found[topic] = f"partition {partition} (recorded offset {offset}) is gone"
+            elif offset > listed[(topic, partition)][1]:
+                end = listed[(topic, partition)][1]
+                found[topic] = f"partition {partition} went backwards: recorded offset {offset} is past its end {end}"
+        if found and self.fail_on_data_loss:
+            raise KafkaSourceError(
+                f"source {self.uid}: Kafka topic(s) deleted and recreated (or truncated) since the restored "
+                f"checkpoint: {'; '.join(f'{t}: {why}' for t, why in found.items())}. The old topic's records "
+                "past the checkpoint's offsets are lost and the new topic's offsets mean other records. Nothing "
+                "was read or committed. To read the new topic from its beginning, set fail_on_data_loss=False "
+                "(the reset is recorded in the checkpoint's stats as source_reset); or restore a checkpoint "
+                "taken since the recreation"
+            )
+        for topic, why in found.items():
+            log.warning("source %s: topic %s recreated (%s): read again from its beginning", self.uid, topic, why)
+        return found
 
     def _starts(
         self, broker: client.Broker, new: list[TopicPartition], ends: dict[TopicPartition, int], first: bool
@@ -255,6 +302,10 @@ class KafkaSource(Source):
         before = Offsets.parse(previous, f"source {self.uid} position")
         cut = Offsets.parse(barrier, f"source {self.uid} barrier")
         ranges = list(cut.ranges(before))
+        reset = {f"{t}[{p}]": [was, start] for (t, p), was, start in cut.reset(before)}
+        if reset:
+            log.warning("source %s: recreated topic partitions read from their new start: %s", self.uid, reset)
+            ctx.metrics.setdefault("source_reset", {})[self.uid] = reset
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
         raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
             read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id), RAW_SCHEMA
