@@ -15,6 +15,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --increments 3 --rounds 3
     .venv/bin/python scripts/benchmark.py jit --sizes 250000,1000000,4000000 --rounds 2
+    .venv/bin/python scripts/benchmark.py windows --increments 30 --events 1000000 --users 1000000
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
 its own section of docs/benchmarks.md (unless ``--no-doc``).
@@ -43,6 +44,7 @@ from bench import (  # noqa: E402
     scheduler,
     sinkupsert,
     stateio,
+    windows,
 )
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
 
@@ -59,6 +61,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
     "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
     "jit": (1, 1, 1),  # --sizes keys, --rounds runs per JIT, each in a fresh process
+    "windows": (30, 1_000_000, 1_000_000),  # a steady stream: 5 minutes of event time per checkpoint
 }
 PNG = "benchmark-long-run.png"
 
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "kafka": "large-state",
         "first-checkpoint": "large-state",
         "jit": "large-state",
+        "windows": "large-state",  # its own stream (bench.windows); the spec is unused
     }.get(args.mode, args.mode)
     section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
         args.mode, args.mode
@@ -158,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "jit":
         result = jit.run([int(size) for size in args.sizes.split(",")], args.rounds, work, args.seed, args.pages)
         text = jit.render(result)
+        ok = not result["problems"]
+    elif args.mode == "windows":
+        result = windows.run(windows.WindowSpec(args.increments, args.events, args.users, args.seed), work)
+        text = windows.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
         long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)  # the small pipeline

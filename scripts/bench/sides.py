@@ -77,23 +77,32 @@ class Ours:
     ) -> None:
         from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
         from airflow_provider_checkpoint.core.settings import CheckpointSettings
-        from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink, PipelineGraph
+        from airflow_provider_checkpoint.dataflow import PipelineGraph
         from airflow_provider_checkpoint.storage import JobStorage
 
         self.spark = spark
         self.job_dir = root / "checkpoints" / "bench"
         self.table = root / "table"
         archive = str(root / "archive") if clean_source == "archive" else None
-        source = FileSource("events", str(landing), "json", SCHEMA, clean_source=clean_source, archive_dir=archive)
-        totals = KeyedAggregate("user_totals", source, keys=["user"], aggs=AGGS)
-        sink = ParquetTableSink("user_totals_table", totals, str(self.table), mode="upsert", keys=["user"])
-        self.graph = PipelineGraph([source, totals, sink])
+        self.graph = PipelineGraph(self.nodes(landing, clean_source, archive))
         self.storage = JobStorage.for_job(str(root / "checkpoints"), "bench")
         settings = CheckpointSettings(retained_checkpoints=retained)
         self.coordinator = CheckpointCoordinator(self.storage, self.graph, settings)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         self.table.mkdir(parents=True, exist_ok=True)
         self.profile = False  # record where the next checkpoints' time goes (bench.breakdown)
+
+    def nodes(self, landing: Path, clean_source: str, archive: str | None) -> list[Any]:
+        """The pipeline: per-user totals of the click events, upserted into a Parquet table."""
+        from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
+
+        source = FileSource("events", str(landing), "json", SCHEMA, clean_source=clean_source, archive_dir=archive)
+        totals = KeyedAggregate("user_totals", source, keys=["user"], aggs=AGGS)
+        return [
+            source,
+            totals,
+            ParquetTableSink("user_totals_table", totals, str(self.table), mode="upsert", keys=["user"]),
+        ]
 
     def run(self, i: int) -> SideResult:
         from airflow_provider_checkpoint.spark.runner import run_step
