@@ -3,7 +3,9 @@
 * ``chaos_clickstream``: the example pipeline in one step, with dead letters, and besides its
   Parquet tables two Delta tables (user totals, upsert; each user's latest event by
   ``sequence_by``, upserted from the events through a filter: many rows per key per
-  checkpoint, keys changed in most checkpoints) and a PostgreSQL table (page views, upsert).
+  checkpoint, keys changed in most checkpoints) and a PostgreSQL table (page views, upsert); in
+  the same step, clicks with event time (out of order, some late) through tumbling windows
+  (``emit="final"``) appended to a Parquet table (:mod:`tests.live.chaos_windows`).
 * ``chaos_orders``: two inputs, two steps (orders enriched with customers, through a channel).
 * ``chaos_chained``: ``chain=True`` (one task per checkpoint): events appended to PostgreSQL,
   user totals upserted into Delta.
@@ -18,7 +20,7 @@ import datetime
 import os
 
 from airflow_provider_checkpoint import CheckpointedPipeline, FileSource, KeyedAggregate, ParquetTableSink, Transform
-from airflow_provider_checkpoint.dataflow import DeltaTableSink
+from airflow_provider_checkpoint.dataflow import DeltaTableSink, WindowAggregate, tumbling
 from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
 BASE = os.environ["CHAOS_DIR"]
@@ -53,6 +55,13 @@ with CheckpointedPipeline(
     DeltaTableSink(uid="user_last_event_delta", input=landed, path=f"{BASE}/lake/user_last_event", mode="upsert",
                    keys=["user"], sequence_by=["ts", "page"], buckets=4, step="main")
     ParquetTableSink(uid="events_archive", input=events, path=f"{BASE}/marts/events", mode="append", step="main")
+    clicks = FileSource(uid="clicks", path=f"{BASE}/clicks", format="json",
+                        schema="user STRING, ts TIMESTAMP, amount LONG")
+    windows = WindowAggregate(uid="click_windows", input=clicks, keys=["user"], time_column="ts",
+                              window=tumbling("2 minutes"), aggs={"clicks": "count", "total": "sum(amount)"},
+                              watermark=("ts", "3 minutes"))
+    ParquetTableSink(uid="click_windows_table", input=windows, path=f"{BASE}/marts/click_windows", mode="append",
+                     step="main")
 
 dag = pipeline.dag
 """

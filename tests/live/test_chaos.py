@@ -10,7 +10,9 @@ broker (the session's, restarted between some runs; some runs kill a Spark task 
 The ground truth of the Kafka tables is what the test produced, with the partition
 and offset the broker acknowledged for each record. All keep incremental state in files while
 input keeps growing (every sixth run lands a file mixing good and malformed lines, which the
-clickstream pipeline routes to its dead-letter table). Steps run in ``connect`` mode, through a
+clickstream pipeline routes to its dead-letter table; the same step windows clicks by event
+time, out of order and late, into an append table checked against a plain-Python model:
+:mod:`tests.live.chaos_windows`). Steps run in ``connect`` mode, through a
 ``spark_connect`` connection, on a Spark Connect server started by the test; PostgreSQL is the
 session's server (:mod:`tests.servers.postgres`), reached through an Airflow ``postgres``
 connection. Before every DAG run the test writes one fault from the list below into
@@ -61,6 +63,7 @@ from tests.airflow.conftest import load_dag_module
 from tests.conftest import REPO
 from tests.live.airflow_live import running_airflow
 from tests.live.chaos_dags import CHAINED_DAG_ID, DAG_ID, DAG_SOURCES, KAFKA_DAG_ID, KAFKA_TOPIC, ROTATION
+from tests.live.chaos_windows import ChaosWindows
 from tests.live.spark_connect import spark_connect_server
 from tests.live.storage_view import completed_ids, latest_metadata
 from tests.servers.kafka import ApacheKafka, KafkaBroker
@@ -367,6 +370,7 @@ def test_chaos_under_the_real_scheduler(
     broker = kafka_broker
     broker.create_topic(KAFKA_TOPIC, 3)
     orders = ChaosOrders(base / "orders")
+    windows = ChaosWindows(base / "clicks")
     faults_file = root / "faults.txt"
     pause_dir = root / "paused"
     started = time.monotonic()
@@ -406,6 +410,7 @@ def test_chaos_under_the_real_scheduler(
                 for part in range(rng.choice((1, 1, 2))):
                     size = rng.randrange(50, 400)
                     landed.append(land_events(base / "landing", f"e-{run:03d}-{part}.json", size, 1000 * run + part))
+                windows.land(f"w-{run:03d}.json", random.Random(seed * 1000 + run))  # rng's draws unchanged
                 if run % 6 == 1:  # no draw from rng: a seed lands the same events as before
                     mixed.append(f"mixed-{run:03d}.json")
                     land_mixed(base / "landing", mixed[-1], "json", 60, seed=run)
@@ -422,11 +427,14 @@ def test_chaos_under_the_real_scheduler(
                 fault = first_kafka_faults.pop(0)
             if fault == RESTART_BROKER:
                 broker.restart()  # its log is on disk: records and committed offsets survive
-            specs = [spec.format(next=jobs[dag_id].next_checkpoint_id()) for spec in FAULTS[fault][1]]
+            specs_id = jobs[dag_id].next_checkpoint_id()
+            specs = [spec.format(next=specs_id) for spec in FAULTS[fault][1]]
             faults_file.write_text("\n".join(specs) + "\n")
             crasher.next_run()
             run_id = live.trigger(dag_id, {})
             final[dag_id] = state = live.wait_for_run(dag_id, run_id, timeout=300, expect_success=False)
+            if dag_id == DAG_ID and completed_ids(clicks.job_dir)[-1:] >= [specs_id]:
+                windows.completed()  # this run's checkpoint read every click landed so far
             outcomes[f"{fault} → {state}"] += 1
             print(f"run {run:>2} [{time.monotonic() - started:6.0f}s] {dag_id:<18} {fault:<48} {state}", flush=True)
         faults_file.write_text("")
@@ -437,6 +445,7 @@ def test_chaos_under_the_real_scheduler(
             chained_truth = expected_tables(pd.concat(chained))
             problems = {
                 **clickstream_problems(base, clicks, db, pd.concat([*landed, good]), dead),
+                **windows.problems(base / "marts" / "click_windows"),
                 **orders.mismatches(),
                 **chained_job.delta_problems(
                     base / "chained" / "lake" / "user_totals", "user_totals_delta", chained_truth["user_totals"]
@@ -456,7 +465,10 @@ def test_chaos_under_the_real_scheduler(
             live.wait_for_run(RESTORE_DAG_ID, live.trigger(RESTORE_DAG_ID, conf), timeout=480)
             print(f"restored {DAG_ID} to checkpoint {retained[-2]} [{time.monotonic() - started:6.0f}s]", flush=True)
             assert latest_metadata(clicks.job_dir)["restored_from"] == retained[-2]
-            restored = clickstream_problems(base, clicks, db, pd.concat([*landed, good]), dead)
+            restored = {
+                **clickstream_problems(base, clicks, db, pd.concat([*landed, good]), dead),
+                **windows.problems(base / "marts" / "click_windows"),
+            }
             problems.update({f"after the restore: {table}": problem for table, problem in restored.items()})
 
     findings = [
@@ -466,6 +478,7 @@ def test_chaos_under_the_real_scheduler(
     ]
     stats = [json.loads(p.read_text()) for p in sorted((clicks.job_dir / "_stats").glob("*.json"))]
     print("outcomes:", dict(outcomes))
+    print(f"windowed clicks: {len(windows.on_time)} on time, {windows.late} late")
     print("checkpoints:", Counter((s["status"], s.get("reason", "")) for s in stats))
     elapsed = time.monotonic() - started
     print(f"chaos finished in {elapsed:.0f}s (seed {seed})")
