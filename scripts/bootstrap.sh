@@ -19,13 +19,6 @@ if [ -z "$JAVA_MAJOR" ] || [ "$JAVA_MAJOR" -lt 17 ]; then
   exit 1
 fi
 
-# Debian's pgjdbc: the PostgreSQL benchmark times Spark's JDBC writer with it, for reference (optional)
-if [ ! -f /usr/share/java/postgresql.jar ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "installing libpostgresql-jdbc-java (pgjdbc, for scripts/benchmark.py postgres)"
-  { apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java >/dev/null; } \
-    || echo "no pgjdbc (optional): the PostgreSQL benchmark leaves out its JDBC writer reference"
-fi
-
 STAMP=.venv/.installed-compiled
 if [ ! -x .venv/bin/python ]; then
   echo "creating .venv"

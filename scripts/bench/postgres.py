@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONN_ID = "bench_pg"
 COLUMNS = "id bigint, label text, value double precision"
 PGJDBC = Path("/usr/share/java/postgresql.jar")
-"""Debian's pgjdbc (``libpostgresql-jdbc-java``, installed by scripts/bootstrap.sh where apt-get runs as
-root): with it, each round also times Spark's JDBC writer loading the same rows, for reference."""
+"""Debian's pgjdbc (``libpostgresql-jdbc-java``, installed by ``bash scripts/install_pgjdbc.sh``): with it,
+each round also times Spark's JDBC writer loading the same rows, for reference."""
 JVM_OPTIONS = "-XX:TieredStopAtLevel=4"
 """The full JIT (C1, then C2 for hot code) over the embedded default C1 only."""
 
@@ -205,6 +205,8 @@ def run(rows: int, changed: int, rounds: int, work: Path, seed: int) -> dict[str
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     (work / "run").mkdir(parents=True, exist_ok=True)
+    if not PGJDBC.exists():
+        log("no pgjdbc: Spark's JDBC writer is left out (bash scripts/install_pgjdbc.sh adds it)")
     load_before = os.getloadavg()
     cpu_all = CpuMeter()
     server = start_server(root)
