@@ -54,5 +54,8 @@ trap 'rm -rf "$pom"' EXIT
   echo '</dependencies></project>'
 } >"$pom/pom.xml"
 echo "fetching delta-spark $DELTA_VERSION (Maven Central) into $target"
-mvn -q -B -Dstyle.color=never -f "$pom/pom.xml" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$PWD/$target"
+if ! out=$(mvn -q -B -Dstyle.color=never -f "$pom/pom.xml" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$PWD/$target" 2>&1); then
+  echo "$out" >&2
+  exit 1
+fi  # quiet Maven still prints terminal escape codes: shown only on failure
 touch "$marker"

@@ -25,7 +25,10 @@ echo "fetching Apache Kafka $version (kafka_2.13 and its dependencies) into $lib
 partial="$libs.partial"
 rm -rf "$partial"
 mkdir -p "$partial"
-mvn -q -B -Dstyle.color=never dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$partial"
+if ! out=$(mvn -q -B -Dstyle.color=never dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$partial" 2>&1); then
+  echo "$out" >&2
+  exit 1
+fi  # quiet Maven still prints terminal escape codes: shown only on failure
 rm -rf "$libs"
 mv "$partial" "$libs"
 touch "$libs/.complete"
