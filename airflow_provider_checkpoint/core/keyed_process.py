@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 from airflow_provider_checkpoint.core.keyed_state import (
     EVENT_TIME,
     PROCESSING_TIME,
-    TTL,
     TYPES,
     Clocks,
     KeyState,
@@ -44,13 +43,13 @@ from airflow_provider_checkpoint.core.keyed_state import (
     normalized,
     to_ms,
 )
+from airflow_provider_checkpoint.core.ttl import TTL
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 __all__ = [
     "EVENT_TIME",
     "MAX_FIRINGS",
     "PROCESSING_TIME",
-    "TTL",
     "Clocks",
     "Context",
     "KeyState",
@@ -136,8 +135,8 @@ class Context:
 
     def _expiry(self, spec: StateSpec) -> int | None:
         ttl = spec.ttl_spec()
-        now = self._clocks.of(ttl.time) if ttl else None
-        return None if ttl is None or now is None else now + ttl.ms(spec.name)
+        now = self._clocks.of(ttl) if ttl else None
+        return None if ttl is None or now is None else now + ttl.ms
 
     def _read(self, spec: StateSpec) -> Any:
         stored = self._state.entries.get(spec.name)
@@ -267,9 +266,8 @@ def check_function(uid: str, fn: Any) -> dict[str, StateSpec]:
                     f"use one of {', '.join(sorted(TYPES))}"
                     + (" (not json for a map key)" if what == "key_type" else "")
                 )
-        ttl = spec.ttl_spec()
-        if ttl is not None:
-            ttl.ms(f"{uid}: state {spec.name!r}")
+        if spec.ttl is not None:
+            TTL.of(spec.ttl, f"{uid}: state {spec.name!r}")
         specs[spec.name] = normalized(spec)
     return specs
 

@@ -15,41 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_provider_checkpoint.core.event_time import duration_ms
-from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+from airflow_provider_checkpoint.core.ttl import TTL
 
 EVENT_TIME, PROCESSING_TIME = "event_time", "processing_time"
-"""Timer calls per key and checkpoint above which a function that keeps registering due timers is stopped."""
+"""The kinds of timers (``Timer.kind``)."""
 _INTS = {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long"}
 _FLOATS = {"float", "real", "double"}
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 TYPES = frozenset({*_INTS, *_FLOATS, "boolean", "string", "timestamp", "json"})
 """The types a state value (or a map key, ``json`` aside) may be declared with."""
-
-
-@dataclass(frozen=True)
-class TTL:
-    """State time-to-live: ``TTL("1 hour")`` (processing time, refreshed on write),
-    ``TTL("1 day", time="event_time", update="on_read_and_write")``."""
-
-    duration: str
-    time: str = PROCESSING_TIME
-    update: str = "on_write"
-
-    def ms(self, what: str) -> int:
-        """The duration in ms, the declaration checked (``what`` names it in errors)."""
-        if self.time not in (EVENT_TIME, PROCESSING_TIME):
-            raise PipelineDefinitionError(
-                f"{what}: ttl time must be 'event_time' or 'processing_time', got {self.time!r}"
-            )
-        if self.update not in ("on_write", "on_read_and_write"):
-            raise PipelineDefinitionError(
-                f"{what}: ttl update must be 'on_write' or 'on_read_and_write', got {self.update!r}"
-            )
-        ms = duration_ms(self.duration, f"{what} ttl")
-        if ms <= 0:
-            raise PipelineDefinitionError(f"{what}: ttl must be positive")
-        return ms
 
 
 @dataclass(frozen=True)
@@ -63,6 +37,7 @@ class StateSpec:
     key_type: str | None = None
 
     def ttl_spec(self) -> TTL | None:
+        """The declared :class:`~.core.ttl.TTL` (a duration string: ``TTL(duration)``)."""
         return TTL(self.ttl) if isinstance(self.ttl, str) else self.ttl
 
 
@@ -138,8 +113,9 @@ class Clocks:
     after: int | None
     processing: int
 
-    def of(self, time: str) -> int | None:
-        return self.after if time == EVENT_TIME else self.processing
+    def of(self, ttl: TTL) -> int | None:
+        """The clock ``ttl`` is judged by."""
+        return self.after if ttl.time == "event" else self.processing
 
 
 class KeyState:
@@ -170,7 +146,7 @@ class KeyState:
                 del self.entries[name]
                 continue
             ttl = spec.ttl_spec()
-            now = clocks.of(ttl.time) if ttl else None
+            now = clocks.of(ttl) if ttl else None
             if now is None:
                 continue
             if spec.kind == "value":
@@ -190,7 +166,7 @@ class KeyState:
             if ttl is None or stored is None:
                 continue
             expiries = [stored[-1]] if specs[name].kind == "value" else [e[-1] for e in stored]
-            times[ttl.time] += [e for e in expiries if e is not None]
+            times[EVENT_TIME if ttl.time == "event" else PROCESSING_TIME] += [e for e in expiries if e is not None]
         return min(times[EVENT_TIME], default=None), min(times[PROCESSING_TIME], default=None)
 
 

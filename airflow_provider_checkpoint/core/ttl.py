@@ -31,35 +31,44 @@ UPDATES = ("on_write", "on_read_and_write")
 
 
 @dataclass(frozen=True)
-class Ttl:
-    """``ttl="1 day", ttl_time=..., ttl_update=...`` of an operator.
+class TTL:
+    """How long state lives: ``TTL("1 day")``, ``TTL("1 day", time="event", update="on_read_and_write")``;
+    wherever ``ttl=`` is taken, ``ttl="1 day"`` is ``TTL("1 day")``.
 
-    ``time="processing"`` (default): a key expires ``ttl_ms`` after the trigger time of the last
-    checkpoint that updated it; ``time="event"``: once the watermark passes the greatest event time
-    of its rows plus ``ttl_ms`` (the operator then needs ``watermark=``). ``update``: which accesses
-    renew the expiry — ``on_write`` (default, Flink's ``OnCreateAndWrite``) or ``on_read_and_write``
-    (Flink's ``OnReadAndWrite``). A keyed aggregate reads a key's state only to write it, so there
-    both give the same expiry.
+    ``time="processing"`` (default): state expires ``duration`` after the trigger time of the last
+    checkpoint that updated it; ``time="event"``: once the watermark passes the time it was updated
+    at (the event time of its rows, or the watermark) plus ``duration`` (the operator then needs a
+    watermark). ``update``: which accesses renew the expiry — ``on_write`` (default, Flink's
+    ``OnCreateAndWrite``) or ``on_read_and_write`` (Flink's ``OnReadAndWrite``).
     """
 
-    ttl_ms: int
+    duration: str
     time: str = "processing"
     update: str = "on_write"
 
     @classmethod
-    def of(cls, value: Any, what: str, time: Any = "processing", update: Any = "on_write") -> Ttl:
-        """The :class:`Ttl` of a duration string, a time and an update type; errors name ``what``."""
-        ms = duration_ms(value, f"{what} ttl")
-        if ms <= 0:
-            raise PipelineDefinitionError(f"{what}: ttl must be positive, got {value!r}")
-        if time not in TIMES:
-            raise PipelineDefinitionError(f"{what}: ttl_time must be one of {', '.join(TIMES)}, got {time!r}")
-        if update not in UPDATES:
-            raise PipelineDefinitionError(f"{what}: ttl_update must be one of {', '.join(UPDATES)}, got {update!r}")
-        return cls(ms, time, update)
+    def of(cls, value: Any, what: str) -> TTL:
+        """``value`` (a :class:`TTL` or a duration string) checked; errors name ``what``."""
+        ttl = cls(value) if isinstance(value, str) else value
+        if not isinstance(ttl, TTL):
+            raise PipelineDefinitionError(
+                f"{what}: ttl must be a duration such as '1 day' or a TTL('1 day', time=..., update=...), got {value!r}"
+            )
+        if ttl.time not in TIMES:
+            raise PipelineDefinitionError(f"{what}: TTL time must be one of {', '.join(TIMES)}, got {ttl.time!r}")
+        if ttl.update not in UPDATES:
+            raise PipelineDefinitionError(f"{what}: TTL update must be one of {', '.join(UPDATES)}, got {ttl.update!r}")
+        if duration_ms(ttl.duration, f"{what} ttl") <= 0:
+            raise PipelineDefinitionError(f"{what}: ttl must be positive, got {ttl.duration!r}")
+        return ttl
+
+    @property
+    def ms(self) -> int:
+        """The duration in ms (of a TTL checked by :meth:`of`)."""
+        return duration_ms(self.duration, "ttl")
 
     def describe(self) -> dict[str, object]:
-        return {"ttl_ms": self.ttl_ms, "time": self.time, "update": self.update}
+        return {"ttl_ms": self.ms, "time": self.time, "update": self.update}
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.keyed_process import (
-    TTL,
     KeyedProcessFunction,
     ListState,
     MapState,
     ValueState,
 )
+from airflow_provider_checkpoint.core.ttl import TTL
 from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
 from airflow_provider_checkpoint.dataflow.graph import (
     Channel,

@@ -37,8 +37,9 @@ class Deduplicate(StatefulOperator):
     """The first row of each key within ``within`` of its event time; see the module.
 
     ``watermark=("ts", "10 minutes")``: the event-time column (a timestamp) and its bound of
-    out-of-orderness. Spark's ``dropDuplicatesWithinWatermark`` is this with ``within`` equal to
-    the bound. The output has the input's columns.
+    out-of-orderness; not given: the watermark declared on the sources upstream. Spark's
+    ``dropDuplicatesWithinWatermark`` is this with ``within`` equal to the bound. The output has the
+    input's columns.
     """
 
     def __init__(
@@ -47,14 +48,16 @@ class Deduplicate(StatefulOperator):
         input: Node,
         keys: Sequence[str],
         within: str,
-        watermark: tuple[str, str],
+        watermark: tuple[str, str] | None = None,
         max_parallelism: int = 128,
     ) -> None:
         super().__init__(uid, input, keys, max_parallelism)
         self.within_ms = duration_ms(within, f"{uid} within")
         if self.within_ms <= 0:
             raise PipelineDefinitionError(f"{uid}: within must be positive, got {within!r}")
-        self.watermark = WatermarkSpec.of(watermark, uid)
+        spec = self.own_watermark(watermark, "Deduplicate")
+        assert spec is not None
+        self.watermark: WatermarkSpec = spec
 
     def describe(self) -> dict[str, object]:
         return {

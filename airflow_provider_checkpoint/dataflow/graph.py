@@ -224,6 +224,17 @@ class StatefulOperator(Node):
     def describe(self) -> JsonDict:
         return {**super().describe(), "keys": list(self.keys), "max_parallelism": self.max_parallelism}
 
+    def own_watermark(self, given: tuple[str, str] | None, needed_by: str | None) -> WatermarkSpec | None:
+        """``watermark=`` as given, else the one declared upstream of the (first) input
+        (:meth:`Node.upstream_watermark`); none and ``needed_by`` (what needs it): refused."""
+        spec = WatermarkSpec.of(given, self.uid) if given is not None else self.inputs[0].upstream_watermark()
+        if spec is None and needed_by is not None:
+            raise PipelineDefinitionError(
+                f"{self.uid}: {needed_by} needs a watermark and input {self.inputs[0].uid} has none: give watermark="
+                "(time_column, bound) here, e.g. ('ts', '10 minutes'), or watermark= on the source(s) it reads"
+            )
+        return spec
+
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         raise NotImplementedError
 

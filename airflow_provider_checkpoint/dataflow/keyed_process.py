@@ -10,10 +10,10 @@ row per key: the key columns, ``__state`` (the key's JSON document: state entrie
 timers) and the two wake-up times, so a checkpoint writes only the keys it changed, and an expired
 entry, never read back, leaves the files with the next compaction of its range.
 
-With ``watermark=(column, bound)`` the operator has event time (:mod:`~airflow_provider_checkpoint.core.
-event_time`): rows without a time are dropped and counted (``rows_without_event_time``); late rows
-still reach ``process`` (``ctx.watermark`` tells them apart). Without it, event-time timers and
-event-time TTL are refused.
+With ``watermark=(column, bound)``, or else the watermark declared on the sources upstream, the
+operator has event time (:mod:`~airflow_provider_checkpoint.core.event_time`): rows without a time are
+dropped and counted (``rows_without_event_time``); late rows still reach ``process``
+(``ctx.watermark`` tells them apart). Without one, event-time timers and event-time TTL are refused.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.keyed_process import (
-    EVENT_TIME,
     Clocks,
     KeyedProcessFunction,
     KeyResult,
@@ -71,13 +70,8 @@ class KeyedProcess(StatefulOperator):
             raise PipelineDefinitionError(
                 f"{uid}: output column(s) {internal} start with '__', kept for internal columns; rename them"
             )
-        self.watermark = WatermarkSpec.of(watermark, uid) if watermark is not None else None
-        by_event = [n for n, s in self.specs.items() if (ttl := s.ttl_spec()) and ttl.time == EVENT_TIME]
-        if by_event and self.watermark is None:
-            raise PipelineDefinitionError(
-                f"{uid}: state {by_event} expires by event time but the operator has no watermark; "
-                "give watermark=(time column, bound), or ttl=TTL(..., time='processing_time')"
-            )
+        by_event = [n for n, s in self.specs.items() if (ttl := s.ttl_spec()) and ttl.time == "event"]
+        self.watermark = self.own_watermark(watermark, f"state {by_event} with an event-time TTL" if by_event else None)
 
     def describe(self) -> dict[str, object]:
         return {

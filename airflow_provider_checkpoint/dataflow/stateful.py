@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.core.ttl import EXPIRES_AT, Clocks, Ttl
+from airflow_provider_checkpoint.core.ttl import EXPIRES_AT, TTL, Clocks
 from airflow_provider_checkpoint.dataflow.aggregates import ARROW_COMBINE, Aggregate, key_order
 from airflow_provider_checkpoint.dataflow.expiry import TS_MS_UP, advance, live_state, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, Node, StatefulOperator
@@ -78,13 +78,14 @@ class KeyedAggregate(StatefulOperator):
     the state, aggregated together with the whole state). A source feeding only this operator
     is read in one pass.
 
-    ``ttl="1 day"``: a key's state expires (:mod:`~airflow_provider_checkpoint.core.ttl`) that long
-    after the trigger time of the last checkpoint with rows for it (``ttl_time="processing"``), or
-    once the watermark passes the greatest event time of its rows plus ``ttl`` (``ttl_time="event"``,
-    with ``watermark=(time_column, bound)``; rows without event time are dropped and counted).
-    ``ttl_update``: ``"on_write"`` or ``"on_read_and_write"`` (the same here: state is read only to
-    be written). Expired state is never read back: a key with new rows restarts from empty, and its
-    output row holds the aggregates of the rows since. The expiry is the hidden state column
+    ``ttl="1 day"`` or ``ttl=TTL("1 day", time=..., update=...)`` (:class:`~.core.ttl.TTL`): a key's
+    state expires that long after the trigger time of the last checkpoint with rows for it
+    (``time="processing"``), or once the watermark passes the greatest event time of its rows plus the
+    duration (``time="event"``; the watermark is ``watermark=(time_column, bound)``, else the one
+    declared on the sources upstream; rows without event time are dropped and counted). ``update``:
+    ``"on_write"`` or ``"on_read_and_write"`` give the same here (state is read only to be written).
+    Expired state is never read back: a key with new rows restarts from empty, and its output row
+    holds the aggregates of the rows since. The expiry is the hidden state column
     ``__expires_at``; a checkpoint removes every key expired at its clock, and the next compaction
     of the key's range drops it from the files. Such a checkpoint merges in Spark (no driver merge).
     """
@@ -98,24 +99,19 @@ class KeyedAggregate(StatefulOperator):
         keys: Sequence[str],
         aggs: Mapping[str, str],
         max_parallelism: int = 128,
-        ttl: str | None = None,
-        ttl_time: str = "processing",
-        ttl_update: str = "on_write",
+        ttl: TTL | str | None = None,
         watermark: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(uid, input, keys, max_parallelism)
-        self.ttl = None if ttl is None else Ttl.of(ttl, uid, ttl_time, ttl_update)
+        self.ttl = None if ttl is None else TTL.of(ttl, uid)
         self.ttl_watermark: WatermarkSpec | None = None
         if self.ttl is not None and self.ttl.time == "event":
-            if watermark is None:
-                raise PipelineDefinitionError(
-                    f"{uid}: ttl_time='event' needs watermark=(time_column, bound), e.g. ('ts', '10 minutes')"
-                )
-            self.ttl_watermark = WatermarkSpec.of(watermark, uid)
+            self.ttl_watermark = self.own_watermark(watermark, "an event-time TTL")
             self.reads_input_once = False  # read twice: for the watermark, then for the aggregates
         elif watermark is not None:
             raise PipelineDefinitionError(
-                f"{uid}: watermark= is used by ttl_time='event' only; add ttl_time='event' or remove watermark"
+                f"{uid}: watermark= is used by an event-time TTL only; "
+                "give ttl=TTL(..., time='event') or remove watermark"
             )
         if not aggs:
             raise PipelineDefinitionError(f"{uid}: aggs must name at least one aggregate")
@@ -190,7 +186,7 @@ class KeyedAggregate(StatefulOperator):
     def event_time(
         self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]] | None:
-        """With ``ttl_time="event"``: one pass over the input for its greatest event time and its rows without one."""
+        """With an event-time TTL: one pass over the input for its greatest event time and its rows without one."""
         if self.ttl_watermark is None:
             return None
         spec = self.ttl_watermark
@@ -224,7 +220,7 @@ class KeyedAggregate(StatefulOperator):
                 f"{self.uid}: its state was written without ttl, so it has no expiry times; give the operator "
                 "a new uid to start with ttl (restore with allow_non_restored_state to drop the old state)"
             )
-        input = input.withColumn(EXPIRES_AT, stamp + F.lit(self.ttl.ttl_ms))
+        input = input.withColumn(EXPIRES_AT, stamp + F.lit(self.ttl.ms))
         merged = self._aggregated_with(live_state(state, clocks.read), input).persist()  # used twice
         changed = merged.where("__touched").drop("__touched", NEW, EXPIRES_AT)
         return live_state(merged, clocks.keep).drop("__touched", NEW), self.output_of(changed)

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_provider_checkpoint.core.event_time import WatermarkSpec
 from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
 from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, StatefulOperator, Union
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
@@ -175,16 +176,13 @@ class _Validator:
             columns = self.input(node)
             self.require(node, "keys", node.keys, columns, node.inputs[0])
             self.require(node, "aggs", node.input_columns(), columns, node.inputs[0])
-            if node.ttl_watermark is not None:
-                self.require(node, "watermark", [node.ttl_watermark.column], columns, node.inputs[0])
-                self._timestamp(node, "watermark", node.ttl_watermark.column, columns)
+            self._watermark(node, node.ttl_watermark, columns)
             keys = {k: _type_of(columns, k) for k in node.keys}
             return {**keys, **dict.fromkeys(node.aggs)}
         if isinstance(node, Deduplicate):
             columns = self.input(node)
             self.require(node, "keys", node.keys, columns, node.inputs[0])
-            self.require(node, "watermark", [node.watermark.column], columns, node.inputs[0])
-            self._timestamp(node, "watermark", node.watermark.column, columns)
+            self._watermark(node, node.watermark, columns)
             return columns
         if isinstance(node, KeyedStateFunction | KeyedCoStateFunction):
             state = self.parse(node, "state_schema", node.state_schema)
@@ -218,19 +216,16 @@ class _Validator:
                 f"cast it in a Transform first, e.g. F.col({column!r}).cast('timestamp')",
             )
 
+    def _watermark(self, node: StatefulOperator, spec: WatermarkSpec | None, columns: Columns | None) -> None:
+        """The column of the watermark ``node`` has (its own or its sources'), if any, is a timestamp of its input."""
+        if spec is not None:
+            self.require(node, "watermark", [spec.column], columns, node.inputs[0])
+            self._timestamp(node, "watermark", spec.column, columns)
+
     def _keyed_process(self, node: KeyedProcess) -> Columns | None:
         columns = self.input(node)
         self.require(node, "keys", node.keys, columns, node.inputs[0])
-        if node.watermark is not None:
-            self.require(node, "watermark", [node.watermark.column], columns, node.inputs[0])
-            time = _type_of(columns, node.watermark.column)
-            if time is not None and _comparable(time) != "timestamp":
-                self.problem(
-                    node,
-                    "watermark",
-                    f"{node.watermark.column!r} is {time}, not a timestamp",
-                    f"cast it in a Transform first, e.g. F.col({node.watermark.column!r}).cast('timestamp')",
-                )
+        self._watermark(node, node.watermark, columns)
         return self.parse(node, "output_schema", node.function.output_schema)
 
     def _enrichment(self, node: DimensionEnrichment) -> Columns | None:

@@ -60,7 +60,7 @@ class Silence(KeyedProcessFunction):
     states = (
         ValueState("count", "long"),
         ValueState("last", "timestamp"),
-        ListState("recent", "long", ttl=TTL("20 minutes", time="event_time")),
+        ListState("recent", "long", ttl=TTL("20 minutes", time="event")),
         MapState("amounts", "long", "long", ttl=TTL("250 s", update="on_read_and_write")),
     )
 

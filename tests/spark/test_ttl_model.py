@@ -38,7 +38,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from airflow_provider_checkpoint.dataflow import Deduplicate, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import TTL, Deduplicate, FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import T0, Job, make_job
@@ -66,10 +66,10 @@ FILES = st.integers(0, 2**32 - 1)
 def declare(base: Path) -> None:
     events = FileSource("events", f"{base}/landing", "json", "user STRING, ts TIMESTAMP, amount LONG")
     aggs = {"n": "count", "total": "sum(amount)"}
-    proc = KeyedAggregate("proc", events, ["user"], aggs, ttl="250 s", ttl_update="on_read_and_write")
+    proc = KeyedAggregate("proc", events, ["user"], aggs, ttl=TTL("250 s", update="on_read_and_write"))
     ParquetTableSink("proc_out", proc, f"{base}/proc", "upsert", ["user"], step="all")
     evt = KeyedAggregate(
-        "evt", events, ["user"], aggs, ttl="20 minutes", ttl_time="event", watermark=("ts", "5 minutes")
+        "evt", events, ["user"], aggs, ttl=TTL("20 minutes", time="event"), watermark=("ts", "5 minutes")
     )
     ParquetTableSink("evt_out", evt, f"{base}/evt", "upsert", ["user"], step="all")
     dedup = Deduplicate("dedup", events, ["user"], within="15 minutes", watermark=("ts", "5 minutes"))

@@ -9,7 +9,6 @@ import pytest
 
 from airflow_provider_checkpoint.core.keyed_process import (
     MAX_FIRINGS,
-    TTL,
     Clocks,
     KeyedProcessFunction,
     KeyState,
@@ -20,6 +19,7 @@ from airflow_provider_checkpoint.core.keyed_process import (
     run_key,
     to_ms,
 )
+from airflow_provider_checkpoint.core.ttl import TTL
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 UTC = datetime.UTC
@@ -29,7 +29,7 @@ class Recorder(KeyedProcessFunction):
     """Registers the timers it is given, records every call, chains one timer from another."""
 
     output_schema = "what STRING, at LONG"
-    states = (ValueState("n", "long"), ListState("seen", "string", ttl=TTL("10 ms", time="event_time")))
+    states = (ValueState("n", "long"), ListState("seen", "string", ttl=TTL("10 ms", time="event")))
 
     def __init__(self, event: list[int] = [], processing: list[int] = [], chain: bool = False) -> None:  # noqa: B006
         self.event, self.processing, self.chain = event, processing, chain
@@ -183,7 +183,7 @@ def test_times_are_ms_from_datetimes_naive_ones_utc() -> None:
         (lambda: type("MapKey", (Recorder,), {"states": (MapState("m", "json", "long"),)})(), "not json for a map key"),
         (
             lambda: type("Ttl", (Recorder,), {"states": (ValueState("a", "long", ttl=TTL("1 h", "wall")),)})(),
-            "ttl time",
+            "TTL time must be one of processing, event, got 'wall'",
         ),
         (
             lambda: type("Ttl0", (Recorder,), {"states": (ValueState("a", "long", ttl="0 s"),)})(),
@@ -215,7 +215,7 @@ def test_a_keyed_process_definition_that_cannot_run_is_refused(tmp_path: Any) ->
     from airflow_provider_checkpoint.dataflow import FileSource, KeyedProcess
 
     events = FileSource(uid="events", path=str(tmp_path / "landing"), format="json", schema="user STRING, ts TIMESTAMP")
-    with pytest.raises(PipelineDefinitionError, match=r"^p: state \['seen'\] expires by event time .* give watermark="):
+    with pytest.raises(PipelineDefinitionError, match=r"^p: state \['seen'\] with an event-time TTL needs a watermark"):
         KeyedProcess("p", events, ["user"], Recorder())
     internal = type("Internal", (Recorder,), {"output_schema": "__x LONG"})()
     with pytest.raises(PipelineDefinitionError, match=r"^q: output column\(s\) \['__x'\] start with '__'"):

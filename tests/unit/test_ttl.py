@@ -1,4 +1,5 @@
-"""State that expires: the rules of ``core/ttl.py`` and the definitions of ``ttl=`` and ``Deduplicate``."""
+"""State that expires: the rules of ``core/ttl.py``, the definitions of ``ttl=`` and ``Deduplicate``, and the
+watermark they take from the sources upstream."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress
-from airflow_provider_checkpoint.core.ttl import Clocks, Ttl, live, renewed
-from airflow_provider_checkpoint.dataflow import Deduplicate, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.core.ttl import TTL, Clocks, live, renewed
+from airflow_provider_checkpoint.dataflow import (
+    Deduplicate,
+    FileSource,
+    KeyedAggregate,
+    KeyedProcess,
+    KeyedProcessFunction,
+    ParquetTableSink,
+    Transform,
+    ValueState,
+)
 from airflow_provider_checkpoint.dataflow.validation import validate_pipeline
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -38,30 +48,35 @@ def test_the_clocks_of_a_checkpoint() -> None:
 
 
 def test_a_ttl_parses_and_names_its_mistakes() -> None:
-    assert Ttl.of("1 hour", "agg") == Ttl(3_600_000, "processing", "on_write")
-    assert Ttl.of("5 min", "agg", "event", "on_read_and_write").describe() == {
+    assert TTL.of("1 hour", "agg") == TTL("1 hour", "processing", "on_write")
+    assert TTL.of("1 hour", "agg").ms == 3_600_000
+    assert TTL.of(TTL("5 min", time="event", update="on_read_and_write"), "agg").describe() == {
         "ttl_ms": 300_000,
         "time": "event",
         "update": "on_read_and_write",
     }
     with pytest.raises(PipelineDefinitionError, match="agg: ttl must be positive"):
-        Ttl.of("0 s", "agg")
+        TTL.of("0 s", "agg")
     with pytest.raises(PipelineDefinitionError, match="agg ttl: 'soon' is not a duration"):
-        Ttl.of("soon", "agg")
-    with pytest.raises(PipelineDefinitionError, match="agg: ttl_time must be one of processing, event"):
-        Ttl.of("1 h", "agg", "wall")
-    with pytest.raises(PipelineDefinitionError, match="agg: ttl_update must be one of on_write, on_read_and_write"):
-        Ttl.of("1 h", "agg", update="on_read")
+        TTL.of(TTL("soon"), "agg")
+    with pytest.raises(
+        PipelineDefinitionError, match="agg: TTL time must be one of processing, event, got 'event_time'"
+    ):
+        TTL.of(TTL("1 h", "event_time"), "agg")
+    with pytest.raises(PipelineDefinitionError, match="agg: TTL update must be one of on_write, on_read_and_write"):
+        TTL.of(TTL("1 h", update="on_read"), "agg")
+    with pytest.raises(PipelineDefinitionError, match=r"agg: ttl must be a duration such as '1 day' or a TTL\("):
+        TTL.of(3600, "agg")
 
 
 def test_keyed_aggregate_ttl_is_checked_when_defined(tmp_path: Path) -> None:
     events = FileSource("events", str(tmp_path), "json", SCHEMA)
-    with pytest.raises(PipelineDefinitionError, match=r"a: ttl_time='event' needs watermark=\(time_column, bound\)"):
-        KeyedAggregate("a", events, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event")
-    with pytest.raises(PipelineDefinitionError, match="b: watermark= is used by ttl_time='event' only"):
+    with pytest.raises(PipelineDefinitionError, match=r"a: an event-time TTL needs a watermark and input events has"):
+        KeyedAggregate("a", events, ["user"], {"n": "count"}, ttl=TTL("1 h", time="event"))
+    with pytest.raises(PipelineDefinitionError, match="b: watermark= is used by an event-time TTL only"):
         KeyedAggregate("b", events, ["user"], {"n": "count"}, watermark=("ts", "1 min"))
     timed = KeyedAggregate(
-        "c", events, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event", watermark=("ts", "1 min")
+        "c", events, ["user"], {"n": "count"}, ttl=TTL("1 h", time="event"), watermark=("ts", "1 min")
     )
     assert timed.describe()["ttl"] == {"ttl_ms": 3_600_000, "time": "event", "update": "on_write"}
     assert timed.describe()["watermark"] == ["ts", 60_000]
@@ -85,14 +100,60 @@ def test_deduplicate_is_checked_when_defined(tmp_path: Path) -> None:
 
 def test_expiring_operators_are_validated_when_the_dag_is_parsed(tmp_path: Path) -> None:
     events = FileSource("events", str(tmp_path / "in"), "json", SCHEMA)
-    agg = KeyedAggregate("agg", events, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event", watermark=("ts", "1 s"))
+    agg = KeyedAggregate("agg", events, ["user"], {"n": "count"}, ttl=TTL("1 h", time="event"), watermark=("ts", "1 s"))
     dedup = Deduplicate("dedup", events, ["user"], within="1 h", watermark=("ts", "1 s"))
     sink = ParquetTableSink("out", dedup, str(tmp_path / "out"), mode="append")
     assert validate_pipeline([events, agg, dedup, sink]) == []
 
     longs = FileSource("longs", str(tmp_path / "in2"), "json", "user STRING, ts LONG")
-    bad_agg = KeyedAggregate("a", longs, ["user"], {"n": "count"}, ttl="1 h", ttl_time="event", watermark=("t", "1 s"))
+    bad_agg = KeyedAggregate("a", longs, ["user"], {"n": "count"}, ttl=TTL("1 h", time="event"), watermark=("t", "1 s"))
     bad_dedup = Deduplicate("d", longs, ["usr"], within="1 h", watermark=("ts", "1 s"))
     found = validate_pipeline([longs, bad_agg, bad_dedup])
     assert [(p.uid, p.field) for p in found] == [("a", "watermark"), ("d", "keys"), ("d", "watermark")]
     assert "'ts' is bigint, not a timestamp; cast it in a Transform first" in str(found[2])
+
+
+class _LastSeen(KeyedProcessFunction):
+    output_schema = "user STRING"
+    states = (ValueState("seen", "long", ttl=TTL("1 day", time="event")),)
+
+    def process(self, key: tuple[object, ...], rows: object, ctx: object) -> None:
+        return None
+
+
+def test_the_watermark_is_taken_from_the_sources_upstream_when_not_given(tmp_path: Path) -> None:
+    timed = FileSource("timed", str(tmp_path / "a"), "json", SCHEMA, watermark=("ts", "10 s"))
+    cleaned = Transform("cleaned", timed, lambda df: df)
+    agg = KeyedAggregate("agg", cleaned, ["user"], {"n": "count"}, ttl=TTL("1 h", time="event"))
+    dedup = Deduplicate("dedup", cleaned, ["user"], within="1 h")
+    proc = KeyedProcess("proc", cleaned, ["user"], _LastSeen())
+    for node in (agg, dedup, proc):
+        assert node.describe()["watermark"] == ["ts", 10_000], node.uid
+    own = Deduplicate("own", timed, ["user"], within="1 h", watermark=("ts", "1 min"))
+    assert own.describe()["watermark"] == ["ts", 60_000], "a watermark given wins over the source's"
+    assert "watermark" not in KeyedAggregate("proc_ttl", timed, ["user"], {"n": "count"}, ttl="1 h").describe()
+    assert validate_pipeline([timed, cleaned, agg, dedup, proc]) == []
+
+
+def test_no_watermark_given_nor_upstream_is_refused_when_defined(tmp_path: Path) -> None:
+    plain = FileSource("plain", str(tmp_path / "a"), "json", SCHEMA)
+    timed = FileSource("timed", str(tmp_path / "b"), "json", SCHEMA, watermark=("ts", "10 s"))
+    behind_state = KeyedAggregate("counts", timed, ["user"], {"n": "count"})
+    fix = r"give watermark=\(time_column, bound\) here, e.g. \('ts', '10 minutes'\), or watermark= on the source"
+    with pytest.raises(
+        PipelineDefinitionError, match=f"^d: Deduplicate needs a watermark and input plain has none: {fix}"
+    ):
+        Deduplicate("d", plain, ["user"], within="1 h")
+    with pytest.raises(PipelineDefinitionError, match="^e: Deduplicate needs a watermark and input counts has none"):
+        Deduplicate("e", behind_state, ["user"], within="1 h")  # a stateful operator does not pass it on
+    with pytest.raises(PipelineDefinitionError, match=r"^p: state \['seen'\] with an event-time TTL needs a watermark"):
+        KeyedProcess("p", plain, ["user"], _LastSeen())
+    assert KeyedProcess("q", plain, ["user"], _Untimed()).watermark is None, "processing time only: none needed"
+
+
+class _Untimed(KeyedProcessFunction):
+    output_schema = "user STRING"
+    states = (ValueState("seen", "long", ttl="1 day"),)
+
+    def process(self, key: tuple[object, ...], rows: object, ctx: object) -> None:
+        return None
