@@ -23,12 +23,12 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Node,
     Sink,
     Source,
-    StatefulOperator,
     Transform,
     Union,
 )
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 from airflow_provider_checkpoint.dataflow.windows import WindowAggregate, session, sliding, tumbling

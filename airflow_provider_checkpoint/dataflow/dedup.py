@@ -25,8 +25,9 @@ from airflow_provider_checkpoint.core.event_time import WatermarkProgress, Water
 from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.core.ttl import EXPIRES_AT
 from airflow_provider_checkpoint.dataflow.expiry import TS_MS_UP, TS_US, advance, late, live_state, with_event_time
-from airflow_provider_checkpoint.dataflow.graph import Node, StatefulOperator
+from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:

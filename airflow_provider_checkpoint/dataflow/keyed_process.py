@@ -30,8 +30,9 @@ from airflow_provider_checkpoint.core.keyed_process import (
     run_key,
 )
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import Node, StatefulOperator
+from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 

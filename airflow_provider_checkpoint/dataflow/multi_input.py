@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import Node, StatefulOperator
+from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:

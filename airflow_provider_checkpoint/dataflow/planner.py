@@ -16,11 +16,11 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Node,
     Sink,
     Source,
-    StatefulOperator,
     Transform,
     Union,
     collecting,
 )
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.validation import refuse_invalid
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 

@@ -10,8 +10,9 @@ from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.core.ttl import EXPIRES_AT, TTL, Clocks
 from airflow_provider_checkpoint.dataflow.aggregates import ARROW_COMBINE, Aggregate, key_order
 from airflow_provider_checkpoint.dataflow.expiry import TS_MS_UP, advance, live_state, with_event_time
-from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, Node, StatefulOperator
+from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 from airflow_provider_checkpoint.core.event_time import WatermarkSpec
 from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
-from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, StatefulOperator, Union
+from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, Union
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
 from airflow_provider_checkpoint.dataflow.windows import WINDOW_END, WINDOW_START, WindowAggregate

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.graph import NEW, Node, Transform, Union
+from airflow_provider_checkpoint.dataflow.graph import Node, Transform, Union
+from airflow_provider_checkpoint.dataflow.operator import NEW
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 

@@ -20,10 +20,10 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Node,
     Sink,
     Source,
-    StatefulOperator,
     Transform,
     Union,
 )
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel

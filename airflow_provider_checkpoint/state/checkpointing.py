@@ -19,9 +19,9 @@ from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.graph import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
 from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle

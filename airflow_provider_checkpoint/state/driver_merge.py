@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
-from airflow_provider_checkpoint.dataflow.graph import NEW, StatefulOperator
+from airflow_provider_checkpoint.dataflow.operator import NEW, StatefulOperator
 from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overlay, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.dataflow.graph import DELETED
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
+from airflow_provider_checkpoint.dataflow.operator import DELETED
 from airflow_provider_checkpoint.exceptions import StateFileError, StateTooLargeError
 from airflow_provider_checkpoint.fileio.scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.fileio.writes import write_parquet

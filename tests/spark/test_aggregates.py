@@ -15,7 +15,7 @@ import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate
 from airflow_provider_checkpoint.dataflow.aggregates import HLL_LG_K
-from airflow_provider_checkpoint.dataflow.graph import NEW
+from airflow_provider_checkpoint.dataflow.operator import NEW
 
 pytestmark = pytest.mark.spark
 

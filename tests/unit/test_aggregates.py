@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate
-from airflow_provider_checkpoint.dataflow.graph import NEW
+from airflow_provider_checkpoint.dataflow.operator import NEW
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 AGGS = {

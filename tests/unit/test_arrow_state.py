@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_checkpoint.connectors.files.source import FileSource
-from airflow_provider_checkpoint.dataflow.graph import NEW
+from airflow_provider_checkpoint.dataflow.operator import NEW
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.state.files import DELETED, SEQ, overlay
 

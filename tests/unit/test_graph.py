@@ -8,10 +8,10 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Node,
     Sink,
     Source,
-    StatefulOperator,
     Transform,
     collecting,
 )
+from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
