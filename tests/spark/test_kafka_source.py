@@ -139,11 +139,12 @@ def test_latest_starts_at_the_end_and_a_malformed_value_commits_nothing(spark, k
     assert job.checkpoint().stats["records_in"] == 60
     check(tmp_path, produced.frame())
 
-    kafka.produce(topic, [(1, b"u1", b'{"user": "u1", "amount": 5}'), (1, b"u1", b"{not json")])
+    good, bad, tombstone = (b"u1", b'{"user": "u1", "amount": 5}'), (b"u1", b"{not json"), (b"u2", None)
+    kafka.produce(topic, [(1, *good), (1, *bad), (0, *tombstone)])
     outputs = {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")}
-    with pytest.raises(
-        MalformedInputError, match=rf"(?s)1 of 2 record\(s\) are malformed json .*{topic}\[1\] offset \d+"
-    ):
+    first = rf"{topic}\[0\] offset \d+: a tombstone \(null value\), not a record"
+    named = rf"{first}\n  {topic}\[1\] offset \d+: '{{not json'"
+    with pytest.raises(MalformedInputError, match=rf"(?s)2 of 3 record\(s\) are malformed json .*{named}"):
         job.checkpoint()
     assert CompletedCheckpointStore(job.storage).completed_ids() == [1, 2], "nothing of that checkpoint committed"
     assert {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")} == outputs
@@ -215,26 +216,46 @@ def test_wrong_credentials_are_refused_at_once_and_commit_nothing(spark, kafka, 
 
 
 def test_malformed_values_go_to_dead_letters_exactly_once(spark, kafka, tmp_path):
+    """Values that do not parse, and values that are no JSON text at all (a tombstone, an empty value,
+    bytes not UTF-8 inside a JSON string), are dead letters naming why, never rows."""
     topic = f"evt-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
     produced = Produced(kafka, seed=11)
     produced.produce(topic, 2, 80)
-    bad = [(0, b"u1", b"{not json"), (1, b"u2", b'{"user": "u2", "amount": "many"}')]
-    kafka.produce(topic, bad)
-    offsets = [produced.next.get((topic, p), 0) for p, _, _ in bad]
+    bad = [
+        (0, b"u1", b"{not json", "{not json", "not valid JSON"),
+        (1, b"u2", b'{"user": "u2", "amount": "many"}', '{"user": "u2", "amount": "many"}', "does not match"),
+        (0, b"u3", None, None, "a tombstone (null value), not a record"),
+        (1, b"u4", b"", "", "an empty value, not a record"),
+        (0, b"u5", b'{"user": "u5\xff", "amount": 5}', '{"user": "u5\ufffd", "amount": 5}', "not valid UTF-8"),
+    ]
+    at = kafka.produce(topic, [(p, k, v) for p, k, v, _, _ in bad])
     job = make_job(
         spark, tmp_path, pipeline([topic], on_malformed="dead_letter", dead_letter_path=str(tmp_path / "dlq"))
     )
     done = job.checkpoint()
-    assert (done.stats["records_in"], done.stats["malformed_records"]) == (80, 2)
+    assert (done.stats["records_in"], done.stats["malformed_records"]) == (80, 5)
     check(tmp_path, produced.frame())
-    letters = table(tmp_path / "dlq").sort_values("file").reset_index(drop=True)
+    letters = table(tmp_path / "dlq").sort_values(["file", "line"]).reset_index(drop=True)
+    want = sorted((f"{topic}[{p}]", o, raw, why) for (p, o), (_, _, _, raw, why) in zip(at, bad, strict=True))
     assert letters[["source", "file", "line", "raw", "checkpoint_id"]].values.tolist() == [
-        ["events", f"{topic}[0]", offsets[0], "{not json", 1],
-        ["events", f"{topic}[1]", offsets[1], '{"user": "u2", "amount": "many"}', 1],
+        ["events", file, line, raw, 1] for file, line, raw, _ in want
     ]
-    assert letters["error"].tolist()[0].startswith("not valid JSON")
-    assert job.checkpoint().stats["records_in"] == 0 and len(table(tmp_path / "dlq")) == 2, "each dead letter once"
+    for error, (_, _, _, why) in zip(letters["error"], want, strict=True):
+        assert error.startswith(why), (error, why)
+    assert job.checkpoint().stats["records_in"] == 0 and len(table(tmp_path / "dlq")) == 5, "each dead letter once"
+
+    def raw(tmp: Path) -> None:  # the same topic as bytes: every value a row, as produced
+        source = KafkaSource(
+            "raw", [topic], kafka_config_id="kafka_test", format="raw", metadata_columns=["partition", "offset"]
+        )
+        ParquetTableSink("values", source, str(tmp / "values"), mode="append")
+
+    assert make_job(spark, tmp_path / "raw", raw).checkpoint().stats["records_in"] == 85
+    values = table(tmp_path / "raw" / "values")
+    got = {(p, o): v for p, o, v in zip(values["partition"], values["offset"], values["value"], strict=True)}
+    assert len(got) == len(values) == 85
+    assert [got[position] for position in at] == [v for _, _, v, _, _ in bad], "null, empty and bytes as sent"
 
 
 def test_kafka_and_files_in_one_barrier(spark, kafka, tmp_path):

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.kafka.client import check_config, consumer_config
 from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets, bounded, split
+from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, _Rows, value_flaw
 from airflow_provider_checkpoint.exceptions import InvalidPositionError, KafkaSourceError
 
 partitions = st.lists(st.tuples(st.sampled_from(["a", "b.c", "d-e_f"]), st.integers(0, 5)), unique=True, max_size=8)
@@ -165,3 +166,56 @@ def test_a_refused_login_is_named_at_once_by_every_client_path(tmp_path) -> None
     assert not client.refused(cut) and client.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
     error = KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED, f"invalid credentials {password}")
     assert password not in str(client.refusal("k", config, error))
+
+
+@pytest.mark.parametrize(
+    ("value", "flaw"),
+    [
+        (None, "a tombstone (null value), not a record"),
+        (b"", "an empty value, not a record"),
+        (b'{"user": "\xff"}', "not valid UTF-8: invalid start byte at byte 10"),
+        (b'{"user": "\xc3"}', "not valid UTF-8: invalid continuation byte at byte 10"),
+        (b'{"user": "\xed\xa0\x80"}', "not valid UTF-8: invalid continuation byte at byte 10"),  # a surrogate
+        (b"{not json", None),  # parses badly: from_json's to judge, not a flaw of the bytes
+        ('{"user": "é€😀"}'.encode(), None),
+        (b" ", None),
+    ],
+)
+def test_a_value_that_cannot_be_a_text_record_names_why(value: bytes | None, flaw: str | None) -> None:
+    assert value_flaw(value) == flaw
+
+
+@given(st.text(min_size=1))
+def test_every_non_empty_utf8_text_is_readable(text: str) -> None:
+    assert value_flaw(text.encode("utf-8")) is None
+    assert value_flaw(text.encode("utf-8") + b"\x80") is not None, "a lone continuation byte is never UTF-8"
+
+
+class _Message:
+    def __init__(self, value: bytes | None) -> None:
+        self._value = value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1_700_000_000_000)
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("text", [True, False])
+def test_read_batches_carry_the_flaws_only_for_text_formats(text: bool) -> None:
+    values = [b'{"a": 1}', None, b"", b"\xff"]
+    rows = _Rows("t", 0, text)
+    for offset, value in enumerate(values):
+        rows.add(offset, _Message(value))
+    batch = rows.batch(lost=3)
+    assert batch.column("value").to_pylist() == [*values, None], "the bytes as received, null kept"
+    flaws = [value_flaw(v) for v in values] if text else [None] * 4
+    assert batch.column(FLAW).to_pylist() == [*flaws, None]
+    assert batch.column(LOST).to_pylist() == [0, 0, 0, 0, 3]

@@ -14,6 +14,11 @@ with a :class:`KafkaSourceError` carrying its :data:`~KafkaSourceError.MARK`, na
 connection and the broker address, never a secret: the driver recognizes it
 (:func:`~airflow_provider_checkpoint.exceptions.raised_in_spark`) and declines the checkpoint
 as fatal, not retried; nothing of it is committed.
+
+For text formats (``text=True``: json, csv) each record also carries its :data:`FLAW`: why its
+value cannot be a record at all (:func:`value_flaw`: a tombstone, an empty value, bytes that are
+not UTF-8), so the source counts it malformed instead of parsing it into a row of nulls or
+replacement characters.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ if TYPE_CHECKING:
 
 LOST = "__lost_records"
 """Set on the one row a task adds when records of its range are gone: how many."""
+FLAW = "__value_flaw"
+"""Why a record's value cannot be a text record (:func:`value_flaw`), null if it can or if not checked."""
 RAW_SCHEMA = (
     "topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, key BINARY, value BINARY, "
-    f"headers ARRAY<STRUCT<key: STRING, value: BINARY>>, {LOST} LONG"
+    f"headers ARRAY<STRUCT<key: STRING, value: BINARY>>, {LOST} LONG, {FLAW} STRING"
 )
 BATCH_ROWS = 10_000
 IDLE_SECONDS = 60.0
@@ -53,8 +60,25 @@ def _arrow_schema() -> pa.Schema:
             ("value", pa.binary()),
             ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
             (LOST, pa.int64()),
+            (FLAW, pa.string()),
         ]
     )
+
+
+def value_flaw(value: bytes | None) -> str | None:
+    """Why ``value`` cannot be a text (json, csv) record, naming the case; ``None`` if it can be parsed.
+
+    A tombstone (null value) and an empty value are no record; bytes that are not UTF-8 would be
+    decoded with replacement characters, changing the record silently."""
+    if value is None:
+        return "a tombstone (null value), not a record"
+    if not value:
+        return "an empty value, not a record"
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"not valid UTF-8: {e.reason} at byte {e.start}"
+    return None
 
 
 def read_tasks(
@@ -63,11 +87,13 @@ def read_tasks(
     fail_on_data_loss: bool,
     where: Mapping[str, object],
     name: str = "?",
+    *,
+    text: bool = False,
 ) -> Any:  # the function mapInArrow runs over ``spark.range(len(tasks))``
     """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i`` through connection
-    ``name`` (its ``config``); ``where`` names the step attempt at the fault point ``step.kafka_read``
-    (after a task's first batch: a kill mid-read), armed here in the driver, whose environment the
-    executors' long-lived Python workers do not see."""
+    ``name`` (its ``config``), with each value's :data:`FLAW` if ``text``; ``where`` names the step
+    attempt at the fault point ``step.kafka_read`` (after a task's first batch: a kill mid-read), armed
+    here in the driver, whose environment the executors' long-lived Python workers do not see."""
     from airflow_provider_checkpoint.core.faults import armed
 
     faults = [armed("step.kafka_read", **where, partition=task[1]) for task in tasks]
@@ -77,7 +103,7 @@ def read_tasks(
 
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                for n, records in enumerate(read_range(config, tasks[index], fail_on_data_loss, name)):
+                for n, records in enumerate(read_range(config, tasks[index], fail_on_data_loss, name, text=text)):
                     yield records
                     for action, message in faults[index] if n == 0 else ():
                         fire("step.kafka_read", action, message)
@@ -86,16 +112,17 @@ def read_tasks(
 
 
 def read_range(
-    config: Mapping[str, str], task: Task, fail_on_data_loss: bool, name: str = "?"
+    config: Mapping[str, str], task: Task, fail_on_data_loss: bool, name: str = "?", *, text: bool = False
 ) -> Iterator[pa.RecordBatch]:
-    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`; a
-    refusal of connection ``name`` is a marked :class:`KafkaSourceError` (see the module)."""
+    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`, each
+    value's :data:`FLAW` set if ``text``; a refusal of connection ``name`` is a marked
+    :class:`KafkaSourceError` (see the module)."""
     from confluent_kafka import KafkaError, TopicPartition
 
     from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, refusal, refused, watched_consumer
 
     topic, partition, start, end = task
-    rows = _Rows(topic, partition)
+    rows = _Rows(topic, partition, text)
     consumer, refusals = watched_consumer(config)
     mark = KafkaSourceError.MARK
     try:
@@ -132,7 +159,7 @@ def read_range(
                 rows.add(offset, message)
             if len(rows.offsets) >= BATCH_ROWS:
                 yield rows.batch()
-                rows = _Rows(topic, partition)
+                rows = _Rows(topic, partition, text)
     finally:
         consumer.close()
     if lost and fail_on_data_loss:
@@ -159,20 +186,23 @@ def _below_log_start(consumer: Any, topic: str, partition: int, start: int, firs
 class _Rows:
     """The records of one task read so far, column by column."""
 
-    def __init__(self, topic: str, partition: int) -> None:
-        self.topic, self.partition = topic, partition
+    def __init__(self, topic: str, partition: int, text: bool) -> None:
+        self.topic, self.partition, self.text = topic, partition, text
         self.offsets: list[int] = []
         self.millis: list[int | None] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.headers: list[list[dict[str, Any]] | None] = []
+        self.flaws: list[str | None] = []
 
     def add(self, offset: int, message: Any) -> None:
         kind, millis = message.timestamp()
         self.offsets.append(offset)
         self.millis.append(millis if kind and millis >= 0 else None)
         self.keys.append(message.key())
-        self.values.append(message.value())
+        value = message.value()
+        self.values.append(value)
+        self.flaws.append(value_flaw(value) if self.text else None)
         headers = message.headers()
         self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
 
@@ -194,6 +224,7 @@ class _Rows:
                 pa.array(self.values + pad, pa.binary()),
                 pa.array(self.headers + pad, schema.field("headers").type),
                 pa.array([0] * n + [lost] * extra, pa.int64()),
+                pa.array(self.flaws + pad, pa.string()),
             ],
             schema=schema,
         )

@@ -11,7 +11,7 @@ from airflow_provider_checkpoint.connectors.files.dead_letters import SCHEMA as 
 from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, reason
 from airflow_provider_checkpoint.connectors.kafka import client
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, TopicPartition, bounded, split
-from airflow_provider_checkpoint.connectors.kafka.reader import LOST, RAW_SCHEMA, read_tasks
+from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, RAW_SCHEMA, read_tasks
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
@@ -23,7 +23,7 @@ from airflow_provider_checkpoint.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -48,6 +48,13 @@ def _where(ctx: StepContext) -> dict[str, object]:
     return {"checkpoint": ctx.checkpoint_id, "step": ctx.step, "attempt": ctx.attempt}
 
 
+def _malformed() -> Column:
+    """A record (not a lost-records row) whose value did not parse, or cannot be a record at all (its flaw)."""
+    from pyspark.sql import functions as F
+
+    return (F.col(LOST) == 0) & (F.col(CORRUPT).isNotNull() | F.col(FLAW).isNotNull())
+
+
 class KafkaSource(Source):
     """Records of Kafka topics, exactly once per completed checkpoint, through an Airflow ``kafka``
     connection (``kafka_config_id``, the Apache Kafka provider's; its extra holds the client
@@ -69,7 +76,8 @@ class KafkaSource(Source):
     **Values**: ``format="json"`` or ``"csv"`` parsed with ``schema`` (a DDL string; ``options``
     are Spark's ``from_json``/``from_csv`` options), ``"raw"`` keeps the bytes as column ``value``.
     ``metadata_columns`` adds ``key`` (bytes), ``topic``, ``partition``, ``offset``,
-    ``timestamp`` and ``headers`` (``array<struct<key, value>>``). A value that does not parse, with
+    ``timestamp`` and ``headers`` (``array<struct<key, value>>``). A value that does not parse —
+    under json or csv also a tombstone (null value), an empty value or bytes that are not UTF-8 —, with
     ``on_malformed="fail"``, declines the checkpoint naming the topic, partition and offset (nothing
     of that checkpoint is committed); with ``"dead_letter"`` it goes to the source's dead-letter
     table (as a file source's: ``file`` is ``topic[partition]``, ``line`` the offset), committed
@@ -307,14 +315,14 @@ class KafkaSource(Source):
             log.warning("source %s: recreated topic partitions read from their new start: %s", self.uid, reset)
             ctx.metrics.setdefault("source_reset", {})[self.uid] = reset
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
-        raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
-            read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id), RAW_SCHEMA
-        )
+        text = self.format != "raw"  # json, csv: values that cannot be text are malformed (their flaw)
+        read = read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id, text=text)
+        raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, RAW_SCHEMA)
         df = self._parsed(raw).cache()
         (row,) = df.agg(
             F.count(F.when(F.col(LOST) == 0, 1)).alias("records"),
             F.coalesce(F.sum(LOST), F.lit(0)).alias("lost"),
-            F.count(F.when((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull(), 1)).alias("malformed"),
+            F.count(F.when(_malformed(), 1)).alias("malformed"),
         ).collect()
         records, lost, malformed = int(row["records"]), int(row["lost"]), int(row["malformed"])
         if lost:
@@ -330,12 +338,12 @@ class KafkaSource(Source):
         if self.on_malformed == "dead_letter":
             ctx.add_metric("malformed_records", malformed)
             ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
-            self._malformed[ctx.attempt_tag] = df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull())
-        return self._good(df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNull())), records - malformed
+            self._malformed[ctx.attempt_tag] = df.where(_malformed())
+        return self._good(df.where((F.col(LOST) == 0) & ~_malformed())), records - malformed
 
     def _good(self, parsed: DataFrame) -> DataFrame:
         """The records :meth:`read_counted` gives, from :meth:`_parsed` ones: without the columns of its checks."""
-        return parsed.drop(LOST, CORRUPT, *_WHERE)
+        return parsed.drop(LOST, CORRUPT, FLAW, *_WHERE)
 
     def empty(self, spark: SparkSession) -> DataFrame:
         """The columns a checkpoint reads (the value parsed with the declared schema, the metadata columns), no rows."""
@@ -350,8 +358,8 @@ class KafkaSource(Source):
             return None
         declared = StructType.fromDDL(self.schema or "")
         columns = len(declared.fields) if isinstance(declared, StructType) else 0
-        schema, found = self.schema or "", malformed.select(*_WHERE, CORRUPT).orderBy(*_WHERE).collect()
-        why = [reason(self.format, r[3], schema, columns, self.options) for r in found]
+        schema, found = self.schema or "", malformed.select(*_WHERE, CORRUPT, FLAW).orderBy(*_WHERE).collect()
+        why = [r[4] or reason(self.format, r[3], schema, columns, self.options) for r in found]
         rows = [
             (self.uid, f"{r[0]}[{r[1]}]", r[2], r[3], w, ctx.checkpoint_id) for r, w in zip(found, why, strict=True)
         ]
@@ -367,31 +375,27 @@ class KafkaSource(Source):
 
         meta = [F.col(c) for c in self.metadata_columns]
         where = [F.col(c).alias(f"__kafka_{c}") for c in ("topic", "partition", "offset")]
-        keep = [*where, F.col(LOST)]
+        keep = [*where, F.col(LOST), F.col(FLAW)]
         if self.format == "raw":
             return raw.select(F.col("value"), *meta, F.lit(None).cast("string").alias(CORRUPT), *keep)
         ddl = f"{self.schema}, {CORRUPT} STRING"
         options = {**self.options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
         text = F.col("value").cast("string")
         parsed = F.from_json(text, ddl, options) if self.format == "json" else F.from_csv(text, F.lit(ddl), options)
-        value = raw.select(parsed.alias("__value"), *meta, *keep)
+        flawed = F.when(F.col(FLAW).isNotNull(), text).alias("__flawed")  # its text, for a dead letter
+        value = raw.select(parsed.alias("__value"), *meta, *keep, flawed)
         names = value.schema["__value"].dataType.fieldNames()  # type: ignore[attr-defined]
         clash = sorted(set(names) & set(self.metadata_columns))
         if clash:
             raise PipelineDefinitionError(f"{self.uid}: value column(s) {clash} clash with metadata_columns")
-        return value.select("__value.*", *self.metadata_columns, *_WHERE, LOST)
+        fields = [F.col(f"__value.{n}") for n in names if n != CORRUPT]
+        corrupt = F.coalesce(F.col("__flawed"), F.col(f"__value.{CORRUPT}")).alias(CORRUPT)
+        return value.select(*fields, corrupt, *self.metadata_columns, *_WHERE, LOST, FLAW)
 
     def _refuse_malformed(self, df: DataFrame, error: type[MalformedInputError], what: str) -> None:
-        from pyspark.sql import functions as F
 
-        first = (
-            df.where((F.col(LOST) == 0) & F.col(CORRUPT).isNotNull())
-            .select(*_WHERE, CORRUPT)
-            .orderBy(*_WHERE)
-            .limit(5)
-            .collect()
-        )
-        lines = [f"  {r[0]}[{r[1]}] offset {r[2]}: {str(r[3])[:200]!r}" for r in first]
+        first = df.where(_malformed()).select(*_WHERE, CORRUPT, FLAW).orderBy(*_WHERE).limit(5).collect()
+        lines = [f"  {r[0]}[{r[1]}] offset {r[2]}: {r[4] or repr(str(r[3])[:200])}" for r in first]
         raise error(
             f"source {self.uid}: {what} are malformed {self.format} not matching schema <{self.schema}>:\n"
             + "\n".join(lines)
