@@ -425,7 +425,7 @@ class CheckpointCoordinator:
         self.store.retain(self.settings.retained_checkpoints or 3)
         if not self._finished(completed.checkpoint_id):
             committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
-            self._record(completed.checkpoint_id, stats.completed(completed, time.time(), committed))
+            self._record(completed.checkpoint_id, stats.completed(completed, committed))
 
     def _record(self, checkpoint_id: int, record: JsonDict) -> None:
         """Write the stats record of a completed or aborted checkpoint, and tell ``events``."""

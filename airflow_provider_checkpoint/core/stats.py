@@ -128,16 +128,20 @@ def _staged_sinks(step: str, staged: Any) -> dict[str, JsonDict]:
     return entries
 
 
-def completed(checkpoint: CompletedCheckpoint, end_time: float, committed: Committed | None = None) -> JsonDict:
+def completed(checkpoint: CompletedCheckpoint, committed: Committed | None = None) -> JsonDict:
     """The record of a completed checkpoint: its ``_metadata`` figures and, when known, who committed
-    it and each sink's commit figures (``delta_version``, ``commit_time``; ``None`` if not recorded)."""
+    it and each sink's commit figures (``delta_version``, ``commit_time``; ``None`` if not recorded).
+
+    Its ``end_time`` is the ``_metadata``'s ``completion_time``, the one completion time every view
+    shows (``duration_seconds`` ends there too); when the sinks committed is each sink's ``commit_time``.
+    """
     record: JsonDict = {
         "checkpoint_id": checkpoint.checkpoint_id,
         "type": checkpoint.type.value,
         "trigger_time": checkpoint.trigger_time,
         **checkpoint.stats,
         "status": "COMPLETED",
-        "end_time": end_time,
+        "end_time": checkpoint.completion_time,
     }
     if committed is None:
         return record

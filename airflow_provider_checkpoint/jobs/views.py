@@ -117,7 +117,7 @@ def _completed_record(storage: JobStorage, checkpoint_id: int) -> JsonDict | Non
         completed = store.load(checkpoint_id) if store.is_completed(checkpoint_id) else None
     except CheckpointError:
         return None
-    return None if completed is None else stats.completed(completed, completed.completion_time)
+    return None if completed is None else stats.completed(completed)
 
 
 def _planned_record(checkpoint_id: int, plan: Any) -> JsonDict | None:

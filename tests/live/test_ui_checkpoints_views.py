@@ -364,7 +364,14 @@ def test_overview_summary_and_configuration(page: Any, live_airflow: LiveAirflow
     newest = max(completed)
     assert latest["Completed"]["Checkpoint"] == f"#{newest}"
     assert latest["Completed"]["Location"] == f"file://{live.job_dir}/chk-{newest}/_metadata"
-    assert latest["Completed"]["Time"] == fmt_time(stats[newest]["end_time"])
+    completion = read_json(live.job_dir / f"chk-{newest}" / "_metadata")["completion_time"]
+    assert latest["Completed"]["Time"] == fmt_time(completion) == fmt_time(stats[newest]["end_time"])
+    restores = [cid for cid, s in stats.items() if s.get("restored")]
+    if restores:  # one restore time: the trigger of the checkpoint that restored
+        when = fmt_time(stats[max(restores)]["trigger_time"])
+        assert latest["Restore"]["Time"] == when
+        last = frame.locator(".card dt", has_text="Last restore").locator("xpath=following-sibling::dd[1]")
+        expect(last).to_contain_text(f" at {when} from ")
     if job["savepoints"]:
         savepoint = max(job["savepoints"], key=lambda s: s["checkpoint_id"])
         assert latest["Savepoint"]["Checkpoint"] == f"#{savepoint['checkpoint_id']}"

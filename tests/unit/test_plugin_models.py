@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from airflow_provider_checkpoint.jobs import reports
+from airflow_provider_checkpoint.jobs import reports, views
 from airflow_provider_checkpoint.jobs.registry import JobLocation
 from airflow_provider_checkpoint.plugin.models import HistoryPage, JobDetail, RestoreSummary, SavepointTriggered
 from airflow_provider_checkpoint.restore.requests import request_restore
@@ -68,3 +68,21 @@ def test_history_marks_checkpoints_retention_deleted_as_discarded(tmp_path: Path
     assert 0 < len(on_disk) < len(rows) == 5, "retention deleted some, kept some"
     assert {r["checkpoint_id"]: r["discarded"] for r in rows} == {i: i not in on_disk for i in range(1, 6)}
     assert [r["discarded"] for r in served(HistoryPage, reports.history(env.storage, 3, 2))["rows"]] == [True, True]
+
+
+def test_every_view_shows_the_metadata_completion_time(tmp_path: Path) -> None:
+    """Jobs list, Overview, History and detail: one completion time, the ``_metadata``'s (not when the
+    stats were written: finalize here runs at ``T0 + 101``, its commit later, in real time)."""
+    env = make_env(tmp_path)
+    run_checkpoint(env, "run-1", now=T0 + 100)
+    written = json.loads((tmp_path / "ckpt" / JOB / "chk-1" / "_metadata").read_text())["completion_time"]
+    location = JobLocation(JOB, "job_dag", f"file://{tmp_path}/ckpt")
+
+    shown = {
+        "jobs list": reports.job_status(location)["latest_completed"]["completion_time"],
+        "overview": views.overview_of(location)["latest"]["completed"]["time"],
+        "history": reports.history(env.storage)["rows"][0]["end_time"],
+        "detail": views.detail_of(location, 1)["row"]["end_time"],  # type: ignore[index]
+    }
+    assert written == T0 + 101 and shown == dict.fromkeys(shown, written)
+    assert reports.history(env.storage)["rows"][0]["duration_seconds"] == written - T0 - 100

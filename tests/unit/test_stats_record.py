@@ -107,8 +107,9 @@ def test_completed_adds_who_committed_and_the_sinks_commit_figures() -> None:
         "pg": {"delta_version": "7", "commit_time": -1},  # malformed: null
         "unknown": {"delta_version": 1},  # no staged entry: not a sink of the record
     }
-    record = stats.completed(_completed(_completion()), T0 + 7, stats.Committed("trigger", "run-4", facts))
+    record = stats.completed(_completed(_completion()), stats.Committed("trigger", "run-4", facts))
     assert (record["committed_by"], record["committed_by_run_id"]) == ("trigger", "run-4")
+    assert record["end_time"] == T0 + 5, "the _metadata's completion time, not when the record is written"
     assert record["sinks"]["orders"] == {**PARQUET, "step": "a", "delta_version": None, "commit_time": T0 + 6}
     assert record["sinks"]["pg"] == {**POSTGRES, "step": "b", "delta_version": None, "commit_time": None}
     assert set(record["sinks"]) == {"orders", "pg", "odd"}
@@ -196,7 +197,7 @@ def test_history_row_of_any_stored_record_is_typed_or_none(record: dict[str, Any
 def test_completed_from_any_stored_figures_never_crashes(staged: Any, steps: Any, facts: dict[str, Any]) -> None:
     """``_metadata``'s stats and the sinks' commit facts are not trusted either."""
     committed = stats.Committed("finalize", "run-1", facts)
-    record = stats.completed(_completed({"sinks": staged, "steps": steps}), T0 + 7, committed)
+    record = stats.completed(_completed({"sinks": staged, "steps": steps}), committed)
     row = stats.history_row(record)
     assert row is not None
     _check_types(row)
@@ -214,7 +215,7 @@ def test_a_sink_target_in_the_record_carries_no_credentials() -> None:
 
 def test_details_read_back_the_record_typed() -> None:
     record = stats.completed(
-        _completed(_completion()), T0 + 7, stats.Committed("finalize", "run-3", {"orders": {"commit_time": T0 + 6}})
+        _completed(_completion()), stats.Committed("finalize", "run-3", {"orders": {"commit_time": T0 + 6}})
     )
     sinks = {s["uid"]: s for s in stats.sink_details(record)}
     assert sinks["orders"] == {"uid": "orders", **PARQUET, "step": "a", "delta_version": None, "commit_time": T0 + 6}

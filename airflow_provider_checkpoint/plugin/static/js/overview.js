@@ -12,7 +12,7 @@ function statusCard(s) {
   return el("div", { class: "card" }, el("h3", {}, "Job"), fields([
     ["Status", el("span", {}, badge(s.status), s.status_reason ? el("span", { class: "muted" }, ` ${s.status_reason}`) : "")],
     ["Storage", el("span", { class: "mono" }, s.storage)],
-    ["Last restore", restore ? el("span", {}, checkpointLink(restore.checkpoint_id), ` at ${time(restore.end_time)} from `,
+    ["Last restore", restore ? el("span", {}, checkpointLink(restore.checkpoint_id), ` at ${time(restore.trigger_time)} from `,
       el("span", { class: "mono" }, restore.restored_from_url || "-")) : el("span", { class: "muted" }, "never restored")],
     ...(pending ? [["Pending restore", el("span", { class: "mono" }, pending.location_url || pending.error)]] : []),
   ]));
