@@ -544,9 +544,9 @@ def test_a_viewer_sees_the_actions_disabled_with_the_reason(browser: Any, live_a
         context.close()
 
 
-LIGHTNESS = """() => {
+LIGHTNESS = """(selector) => {
   const c = document.createElement("canvas").getContext("2d");  // any CSS color (oklch, rgb) to sRGB
-  c.fillStyle = getComputedStyle(document.body).backgroundColor;
+  c.fillStyle = getComputedStyle(document.querySelector(selector || "body")).backgroundColor;
   c.fillRect(0, 0, 1, 1);
   const [r, g, b] = c.getImageData(0, 0, 1, 1).data;
   return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
@@ -587,6 +587,9 @@ def test_dark_mode_follows_airflow_and_tables_fit_1280(
     for tab, view in views:
         show(frame, tab, view)
         assert inner.evaluate(FITS) == [], f"{view} does not fit the DAG tab at 1280 px"
+        if view == "overview":  # cards and table heads sit above Airflow's page, not black on its navy
+            page_tone = inner.evaluate(LIGHTNESS)
+            assert page_tone < inner.evaluate(LIGHTNESS, ".card") < inner.evaluate(LIGHTNESS, "thead th") < 0.3
         shot(page, f"dark-{view}")
     newest = max(all_stats(live))
     inner.evaluate(f"location.hash = 'checkpoint={newest}'")
