@@ -14,26 +14,18 @@ case "${1:-}" in
     ;;
   test)
     shift
-    if ! bash scripts/install_browser.sh; then
-      if [ "${CI:-}" = "true" ]; then exit 1; fi
-      echo "warning: no Chromium; the UI test will be skipped" >&2
-    fi
-    if ! bash scripts/install_statsd.sh; then
-      if [ "${CI:-}" = "true" ]; then exit 1; fi
-      echo "warning: no StatsD daemon; the metrics test will be skipped" >&2
-    fi
-    if ! bash scripts/install_redis.sh; then
-      if [ "${CI:-}" = "true" ]; then exit 1; fi
-      echo "warning: no redis-server; the Celery topology test will be skipped" >&2
-    fi
-    if ! bash scripts/install_delta_spark.sh; then
-      if [ "${CI:-}" = "true" ]; then exit 1; fi
-      echo "warning: no delta-spark jars; the Delta interoperability tests will be skipped" >&2
-    fi
-    if ! bash scripts/install_kafka.sh; then
-      if [ "${CI:-}" = "true" ]; then exit 1; fi
-      echo "warning: no Apache Kafka broker; the Kafka tests will be skipped" >&2
-    fi
+    # what the tests need beside Python: in CI each must install, elsewhere a warning names what is skipped
+    need() {
+      if ! bash "scripts/install_$1.sh"; then
+        if [ "${CI:-}" = "true" ]; then exit 1; fi
+        echo "warning: $2" >&2
+      fi
+    }
+    need browser "no Chromium; the UI test will be skipped"
+    need statsd "no StatsD daemon; the metrics test will be skipped"
+    need redis "no redis-server; the Celery topology test will be skipped"
+    need delta_spark "no delta-spark jars; the Delta interoperability tests will be skipped"
+    need kafka "no Apache Kafka broker; the Kafka tests will be skipped"
     # two workers (pytest-xdist; TEST_WORKERS=0: none), each test module whole in one of them,
     # the longest first (tests/conftest.py)
     exec python -m pytest -n "${TEST_WORKERS:-2}" --no-loadscope-reorder "$@"
