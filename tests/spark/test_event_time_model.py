@@ -173,8 +173,9 @@ class Model:
     files: list[list[Row]] = field(default_factory=list)
     read: int = 0
     operators: Operators = field(default_factory=Operators)
-    completed: dict[int, tuple[int, Operators, int]] = field(default_factory=dict)
-    """Checkpoint id → files read, operators after it, appended sessions after it."""
+    completed: dict[int, tuple[int, Operators, list[tuple[Any, ...]]]] = field(default_factory=dict)
+    """Checkpoint id → files read, operators after it, the sessions table after it (a copy: a restore
+    to a checkpoint of an abandoned branch takes back that branch's rows, not a prefix of today's)."""
     slides: dict[tuple[Any, ...], Aggs] = field(default_factory=dict)
     sessions: list[tuple[Any, ...]] = field(default_factory=list)
     restore: int | None = None
@@ -185,8 +186,8 @@ class Model:
 
     def checkpoint(self, checkpoint_id: int) -> None:
         if self.restore is not None:
-            self.read, operators, appended = self.completed[self.restore]
-            self.operators, self.sessions = copy.deepcopy(operators), self.sessions[:appended]
+            self.read, operators, table = self.completed[self.restore]
+            self.operators, self.sessions = copy.deepcopy(operators), list(table)
             self.restore = None
         rows = [r for f in self.files[self.read :] for r in f]
         timed = [(user, ts, amount) for user, ts, amount in rows if ts is not None]
@@ -195,7 +196,7 @@ class Model:
         self.slides.update(updated)
         self.sessions.extend(emitted)
         self.read = len(self.files)
-        self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operators), len(self.sessions))
+        self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operators), list(self.sessions))
 
 
 def table(path: Path) -> list[tuple[Any, ...]]:

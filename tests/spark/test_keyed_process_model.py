@@ -161,19 +161,19 @@ class Model:
     files: list[list[tuple[str | None, int | None, int]]] = field(default_factory=list)
     read: int = 0
     operator: Operator = field(default_factory=Operator)
-    completed: dict[int, tuple[int, Operator, int]] = field(default_factory=dict)
+    completed: dict[int, tuple[int, Operator, list[Out]]] = field(default_factory=dict)
     alerts: list[Out] = field(default_factory=list)
     restore: int | None = None
 
     def checkpoint(self, checkpoint_id: int, now: int) -> None:
         if self.restore is not None:
-            self.read, operator, appended = self.completed[self.restore]
-            self.operator, self.alerts = copy.deepcopy(operator), self.alerts[:appended]
+            self.read, operator, table = self.completed[self.restore]
+            self.operator, self.alerts = copy.deepcopy(operator), list(table)
             self.restore = None
         rows = [(u, ts, a) for f in self.files[self.read :] for u, ts, a in f if ts is not None]
         self.alerts += self.operator.checkpoint(rows, now)
         self.read = len(self.files)
-        self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operator), len(self.alerts))
+        self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operator), list(self.alerts))
 
 
 @dataclass
@@ -228,8 +228,8 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             assert progress is not None and progress.watermark == self.model.operator.watermark
             steps = completed.stats["steps"].values()
             assert sum(s["state_rows"] for s in steps) == len(self.model.operator.keys), "keys with state"
-            tally.event = sum(a[0] == "event_time" for a in self.model.alerts)
-            tally.processing = sum(a[0] == "processing_time" for a in self.model.alerts)
+            tally.event = max(tally.event, sum(a[0] == "event_time" for a in self.model.alerts))
+            tally.processing = max(tally.processing, sum(a[0] == "processing_time" for a in self.model.alerts))
 
         @precondition(lambda self: self.model.restore is None and bool(self.model.completed))
         @rule(pick=st.integers(0, 7))

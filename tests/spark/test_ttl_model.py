@@ -135,8 +135,9 @@ class Model:
     files: list[list[Row]] = field(default_factory=list)
     read: int = 0
     operators: Operators = field(default_factory=Operators)
-    completed: dict[int, tuple[int, Operators, int]] = field(default_factory=dict)
-    """Checkpoint id → files read, operators after it, rows appended to the dedup table after it."""
+    completed: dict[int, tuple[int, Operators, list[Row]]] = field(default_factory=dict)
+    """Checkpoint id → files read, operators after it, the dedup table after it (a copy: a restore to a
+    checkpoint of an abandoned branch takes back that branch's rows, not a prefix of today's table)."""
     proc: dict[str | None, tuple[int, int]] = field(default_factory=dict)
     evt: dict[str | None, tuple[int, int]] = field(default_factory=dict)
     dedup: list[Row] = field(default_factory=list)
@@ -145,8 +146,8 @@ class Model:
 
     def checkpoint(self, checkpoint_id: int) -> None:
         if self.restore is not None:
-            self.read, operators, appended = self.completed[self.restore]
-            self.operators, self.dedup = copy.deepcopy(operators), self.dedup[:appended]
+            self.read, operators, table = self.completed[self.restore]
+            self.operators, self.dedup = copy.deepcopy(operators), list(table)
             self.restore = None
         rows = [r for f in self.files[self.read :] for r in f]
         self.last = self.operators.checkpoint(rows, int((T0 + 100 * checkpoint_id) * 1000))
@@ -154,7 +155,7 @@ class Model:
         self.evt.update(self.last["evt"])
         self.dedup.extend(self.last["dedup"])
         self.read = len(self.files)
-        self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operators), len(self.dedup))
+        self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operators), list(self.dedup))
 
 
 def rows(path: Path, columns: list[str]) -> list[tuple[Any, ...]]:
