@@ -236,9 +236,8 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
         def restore(self, pick: int) -> None:
             store = CompletedCheckpointStore(self.job.storage)
             retained = {c: self.job.storage.url(self.job.storage.chk_dir(c)) for c in store.completed_ids()}
-            checkpoint_id, url = sorted({**retained, **self.savepoints}.items())[
-                pick % (len(retained) + len(self.savepoints))
-            ]
+            points = sorted({**retained, **self.savepoints}.items())  # a savepoint is also a checkpoint id
+            checkpoint_id, url = points[pick % len(points)]
             request_restore(self.job.storage, url, False, False)
             self.model.restore = checkpoint_id
             tally.restores += 1
