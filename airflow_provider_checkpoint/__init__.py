@@ -19,6 +19,7 @@ _LAZY = {
     "DimensionEnrichment": "airflow_provider_checkpoint.dataflow",
     "FileSource": "airflow_provider_checkpoint.dataflow",
     "IntervalJoin": "airflow_provider_checkpoint.dataflow",
+    "KafkaSink": "airflow_provider_checkpoint.dataflow",
     "KafkaSource": "airflow_provider_checkpoint.dataflow",
     "KeyedCoStateFunction": "airflow_provider_checkpoint.dataflow",
     "KeyedAggregate": "airflow_provider_checkpoint.dataflow",

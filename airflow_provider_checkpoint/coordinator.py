@@ -99,7 +99,7 @@ class CheckpointCoordinator:
         self.store = CompletedCheckpointStore(storage)
         self.records = JobRecordStore(storage)
         self.stats_store = StatsStore(storage)
-        self.sink_committer = SinkCommitter(graph.sinks, storage.job_id)
+        self.sink_committer = SinkCommitter(graph.sinks, storage.job_id, storage)
         self.restorer = Restorer(storage, graph, self.allowed_roots, self.sink_committer)
         self.events = events
 

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.connectors.delta.source import DeltaSource
     from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
     from airflow_provider_checkpoint.connectors.files.source import FileSource
+    from airflow_provider_checkpoint.connectors.kafka.sink import KafkaSink
     from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
     from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
@@ -46,6 +47,7 @@ _CONNECTORS = {
     "DeltaSource": "airflow_provider_checkpoint.connectors.delta.source",
     "DeltaTableSink": "airflow_provider_checkpoint.connectors.delta.sink",
     "FileSource": "airflow_provider_checkpoint.connectors.files.source",
+    "KafkaSink": "airflow_provider_checkpoint.connectors.kafka.sink",
     "KafkaSource": "airflow_provider_checkpoint.connectors.kafka.source",
     "ParquetTableSink": "airflow_provider_checkpoint.connectors.files.parquet_sink",
     "PostgresTableSink": "airflow_provider_checkpoint.connectors.postgres.sink",
@@ -59,6 +61,7 @@ __all__ = [
     "DimensionEnrichment",
     "FileSource",
     "IntervalJoin",
+    "KafkaSink",
     "KafkaSource",
     "KeyedCoStateFunction",
     "KeyedAggregate",

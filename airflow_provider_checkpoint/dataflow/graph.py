@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
     from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
+    from airflow_provider_checkpoint.storage import JobStorage
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
@@ -239,6 +240,14 @@ class Sink(Node):
         """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
         target's stored claim says is checked against it, never used in its place."""
         self.job_id = job_id
+
+    job_storage: JobStorage | None = None
+    """The job's storage, once bound (:meth:`bind_storage`)."""
+
+    def bind_storage(self, storage: JobStorage) -> None:
+        """Bind the job's storage (the coordinator does, for its committer): a sink that stages its records in
+        the checkpoint's own attempt directory (Kafka) reads them from there when it commits."""
+        self.job_storage = storage
 
     def audit(self) -> list[str]:
         """Findings about leftovers (staged output nobody will commit, orphaned files); empty when clean."""

@@ -310,3 +310,31 @@ def kafka_broker() -> Iterator[ApacheKafka]:
     finally:
         broker.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def consume(broker: KafkaBroker, topic: str, isolation: str) -> list[Any]:
+    """Every record of ``topic`` as a plain consumer reading with ``isolation.level=isolation``, by partition."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            **broker.config(),
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    partitions = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    out, ended = [], set()
+    while len(ended) < len(partitions):
+        for m in consumer.consume(1000, timeout=1):
+            if m.error() is None:
+                out.append(m)
+            elif m.error().code() == KafkaError._PARTITION_EOF:
+                ended.add(m.partition())
+            else:
+                raise AssertionError(m.error())
+    consumer.close()
+    return out

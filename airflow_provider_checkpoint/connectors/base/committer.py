@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Sink
+from airflow_provider_checkpoint.storage import JobStorage
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +20,12 @@ class SinkCommitter:
     recovery and a finalize retry may both commit the same completed checkpoint.
     """
 
-    def __init__(self, sinks: Sequence[Sink], job_id: str) -> None:
+    def __init__(self, sinks: Sequence[Sink], job_id: str, storage: JobStorage | None = None) -> None:
         self.sinks = {s.uid: s for s in sinks}
         for sink in sinks:
             sink.bind_job(job_id)
+            if storage is not None:
+                sink.bind_storage(storage)
 
     def check(self, checkpoint_id: int, committables: Mapping[str, list[JsonDict]], document: str) -> None:
         """Every committable has the shape its sink writes (raises :class:`DocumentError`)."""

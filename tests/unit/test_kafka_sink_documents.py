@@ -1,0 +1,111 @@
+"""KafkaSink's untrusted inputs, without a broker: its committables, the published marker, its parameters.
+
+A Hypothesis model checks the marker against the commit history it stands for: after any sequence of
+checkpoints published in id order (ids possibly reused by a job that lost its storage, with new
+tokens), a checkpoint counts as published exactly when it was."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_checkpoint.connectors.kafka.publish import HISTORY, Marker
+from airflow_provider_checkpoint.connectors.kafka.sink import KafkaSink
+from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError, SinkConnectionError
+
+TOKEN = "0123456789abcdef" * 2
+GOOD = {
+    "checkpoint_id": 4,
+    "file": "chk-4/step_out/attempt-2/kafka-out.parquet",
+    "records": 7,
+    "checksum": "sha256:" + "a" * 64,
+    "token": TOKEN,
+}
+
+
+def sink(**kwargs: object) -> KafkaSink:
+    return KafkaSink("out", Node("in", []), "events", **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_committable_stage_writes_is_accepted():
+    assert sink().read_committable(4, [GOOD], "doc") == GOOD
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"file": "chk-3/step_out/attempt-2/kafka-out.parquet"}, "file"),  # another checkpoint's
+        ({"file": "chk-4/step_out/attempt-2/../../../etc/passwd"}, "file"),
+        ({"file": "chk-4/step_out/attempt-2/kafka-other.parquet"}, "file"),  # another sink's
+        ({"file": "/tmp/kafka-out.parquet"}, "file"),
+        ({"checkpoint_id": 5}, "checkpoint_id"),
+        ({"records": -1}, "records"),
+        ({"checksum": "md5:abc"}, "checksum"),
+        ({"token": "ZZ"}, "token"),
+        ({"extra": 1}, "must have exactly"),
+    ],
+)
+def test_a_forged_committable_is_refused_naming_the_field(change, field):
+    with pytest.raises(DocumentError, match=field):
+        sink().read_committable(4, [{**GOOD, **change}], "doc")
+
+
+def test_committables_that_are_not_one_object_are_refused():
+    for bad in ([], [GOOD, GOOD], GOOD, None):
+        with pytest.raises(DocumentError):
+            sink().read_committable(4, bad, "doc")
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        f'{{"published": [[0, "{TOKEN}"]]}}',
+        '{"published": [[1, "x"]]}',
+        "[]",
+        "{",
+        f'{{"published": [[true, "{TOKEN}"]]}}',
+    ],
+)
+def test_a_marker_we_did_not_write_is_refused(metadata):
+    with pytest.raises(SinkConnectionError, match="not a published marker"):
+        Marker.parse(metadata, "group g")
+
+
+def test_parameters_are_checked_when_the_pipeline_is_declared():
+    for bad in (
+        {"format": "avro"},
+        {"format": "raw", "tombstone_column": "gone"},
+        {"transactional_id_prefix": "bad id"},
+        {"transaction_timeout_ms": 10},
+    ):
+        with pytest.raises(PipelineDefinitionError):
+            sink(**bad)
+    with pytest.raises(PipelineDefinitionError):
+        KafkaSink("out", Node("in", []), "no topic!")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 3 * HISTORY), st.booleans(), st.integers(0, 4 * HISTORY)), max_size=6),
+)
+def test_the_marker_says_published_exactly_for_what_was(runs):
+    """``runs``: jobs publishing checkpoints ``1, 2, ...`` in id order, one token each (staged later than all
+    before); a job that lost its storage counts from 1 again; after each run a restore to ``n - back`` commits
+    that older checkpoint again. The marker, round-tripped through its metadata before every commit, must
+    say "not published" for every new checkpoint (else its records are lost) and "published" for every
+    restored one (else they are doubled)."""
+    marker, n, clock, token_of = Marker(), 0, 0, {}
+    for count, lost_storage, back in runs:
+        if lost_storage:
+            n, token_of = 0, {}
+        for _ in range(count):
+            n, clock = n + 1, clock + 1
+            token = f"{clock:016x}{n:016x}"
+            assert not marker.published(n, token), f"new checkpoint {n} taken as published: lost"
+            marker = Marker.parse(marker.add(n, token).metadata(), "g")
+            token_of[n] = token
+        if n:
+            restored = max(1, n - back)
+            assert marker.published(restored, token_of[restored]), f"restored {restored} published again: doubled"
