@@ -202,7 +202,8 @@ def test_every_fault_publishes_each_record_once_and_a_restore_republishes_the_re
 
 def test_a_reused_id_is_published_and_a_timeout_beyond_the_broker_limit_is_refused(spark, kafka, tmp_path):
     """A job whose storage was lost starts its ids at 1 again: its checkpoint 1 has another token, so it is
-    published, not taken for the old checkpoint 1. A transaction timeout over the broker's limit: a clear error."""
+    published, not taken for the old checkpoint 1. A missing topic fails the step; a transaction timeout over the
+    broker's limit is a clear error."""
     in_topic, json_topic, raw_topic = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("in", "json", "raw"))
     kafka.create_topic(in_topic, 2)
     for topic in (json_topic, raw_topic):
@@ -215,6 +216,11 @@ def test_a_reused_id_is_published_and_a_timeout_beyond_the_broker_limit_is_refus
     check_json(consume(kafka, json_topic, "read_committed"), data.sent, twice={(u, s) for u, s, _ in data.sent})
     marker = sink(again, "json_out").published_marker()
     assert [i for i, _ in marker.history] == [1, 1] and len(set(marker.history)) == 2 and HISTORY >= 2
+
+    missing = make_job(spark, tmp_path / "missing", pipeline(in_topic, "no-such-topic", raw_topic))
+    with pytest.raises(SinkConnectionError, match="no-such-topic do not exist"):  # in the step, before _metadata
+        missing.checkpoint()
+    assert CompletedCheckpointStore(missing.storage).completed_ids() == []
 
     publisher = Publisher(kafka.config(), CONN, f"t-{uuid.uuid4().hex}", json_topic, 900_001)
     with pytest.raises(SinkConnectionError, match=r"transaction\.max\.timeout\.ms"):

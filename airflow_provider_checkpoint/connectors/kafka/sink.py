@@ -228,6 +228,19 @@ class KafkaSink(Sink):
             )
         return F.transform(column, lambda h: F.struct(h["key"].alias("key"), h["value"].cast("binary").alias("value")))
 
+    def prepare(self, ctx: StepContext) -> None:
+        """Fail the step, before any Spark work, if the connection is refused or the topic does not exist:
+        not after ``_metadata``, where the commit could only retry."""
+        self.topic_partitions()
+
+    def topic_partitions(self) -> int:
+        """How many partitions the topic has (one metadata request)."""
+        try:
+            with client.Broker(self.config(), self.kafka_config_id) as broker:
+                return len(broker.partitions([self.topic], None))
+        except KafkaSourceError as e:
+            raise SinkConnectionError(f"sink {self.uid}: {e}") from e
+
     def staged_file(self, ctx: StepContext) -> str:
         return f"{ctx.attempt_dir}/kafka-{self.uid}.parquet"
 
@@ -260,8 +273,7 @@ class KafkaSink(Sink):
         low, high = pc.min_max(rows["partition"]).values()
         if low.as_py() is None:
             return
-        with client.Broker(self.config(), self.kafka_config_id) as broker:
-            count = len(broker.partitions([self.topic], None))
+        count = self.topic_partitions()
         if low.as_py() < 0 or high.as_py() >= count:
             raise SinkSchemaError(
                 f"sink {self.uid}: partition_column {self.partition_column} has values {low.as_py()}..{high.as_py()}, "
