@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.core.status import AbortReason
     from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 
-SINK_KINDS = ("parquet", "delta", "postgres", "dead_letters")
+SINK_KINDS = ("parquet", "delta", "postgres", "kafka", "dead_letters")
 COMMITTERS = ("finalize", "trigger")
 
 
