@@ -125,3 +125,40 @@ def test_read_committed_reads_exactly_the_committed_transactions(spark, kafka, t
     frame = pd.DataFrame(got, columns=["partition", "offset", "user", "amount"])
     counts = {"a": 10, "c": 5, "d": 3, "e": 4, "f": 2}
     assert frame.groupby("user").size().to_dict() == {f"{t}-{p}": n for t, n in counts.items() for p in range(2)}
+
+
+def test_partitions_added_between_barriers_are_read_from_their_start_once(spark, kafka, tmp_path):
+    """A topic of 2 partitions grows to 4 (Kafka's CreatePartitions) after checkpoint 1, and records land in
+    the new partitions before the next barrier sees them: checkpoint 2 reads the new partitions from offset
+    0 (none skipped, as Structured Streaming reads partitions it discovers), later ones on from there; each
+    produced record is in the table once, at the offset the broker acknowledged."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = f"grow-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    sent = [(p, o, "a") for p, o in kafka.produce(topic, records(2, 20, "a"))]
+    job = make_job(spark, tmp_path, pipeline(topic))
+    assert job.checkpoint().stats["records_in"] == 40
+
+    admin = AdminClient(kafka.config())
+    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(timeout=30)
+    while len(admin.list_topics(topic, timeout=5).topics[topic].partitions) < 4:  # a metadata round trip per poll
+        pass
+    sent += [(p, o, "b") for p, o in kafka.produce(topic, records(4, 10, "b"))]
+    second = job.checkpoint()
+    assert second.stats["records_in"] == 40, "10 in each of the 2 old and the 2 new partitions"
+    position = second.source_positions["events"]
+    assert position["starts"] == {topic: {"2": 0, "3": 0}}, "the new partitions from their first offset"
+    assert position["offsets"][topic] == {"0": 30, "1": 30, "2": 10, "3": 10}
+
+    sent += [(p, o, "c") for p, o in kafka.produce(topic, records(4, 5, "c"))]
+    third = job.checkpoint()
+    assert third.stats["records_in"] == 20 and third.source_positions["events"]["starts"] == {}
+    want = sorted((p, o, f"{tag}-{p}", amount) for (p, o, tag), amount in zip(sent, _amounts(2, 20) +
+                  _amounts(4, 10) + _amounts(4, 5), strict=True))  # fmt: skip
+    assert table(tmp_path) == want, "every record once, the new partitions' first ones included"
+
+
+def _amounts(partitions: int, each: int) -> list[int]:
+    """The ``amount`` of each record of :func:`records`, in produce order."""
+    return [i for i in range(each) for _ in range(partitions)]

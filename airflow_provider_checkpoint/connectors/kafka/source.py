@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.files.dead_letters import SCHEMA as DEAD_LETTERS
 from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, reason
-from airflow_provider_checkpoint.connectors.kafka import client
-from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, TopicPartition, bounded, split
+from airflow_provider_checkpoint.connectors.kafka import barrier, client
+from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, split
 from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, RAW_SCHEMA, read_tasks
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
 from airflow_provider_checkpoint.exceptions import (
-    KafkaSourceError,
     MalformedInputError,
     PipelineDefinitionError,
     TooManyMalformedError,
@@ -214,68 +213,8 @@ class KafkaSource(Source):
 
     def barrier_position(self, previous: Any) -> JsonDict:
         """Every partition's end offset now (at most ``max_records_per_checkpoint`` records past
-        ``previous``), and where partitions first seen now start."""
-        before = Offsets.parse(previous, f"source {self.uid} position")
-        with client.Broker(self.config(), self.kafka_config_id) as broker:
-            partitions = broker.partitions(self.topics, self.pattern)
-            ids = broker.topic_ids(sorted({t for t, _ in partitions}))
-            listed = broker.watermarks(partitions)
-            gone = self._recreated(before, partitions, ids, listed)
-            known = {tp: o for tp, o in before.offsets.items() if tp[0] not in gone}
-            ends = broker.ends(partitions, known, listed)
-            new = [tp for tp in partitions if tp not in known]
-            starts = self._starts(broker, new, ends, first=not before.offsets)
-        begin = {**{tp: known[tp] for tp in partitions if tp in known}, **starts}
-        cut = bounded(begin, {tp: max(ends[tp], begin[tp]) for tp in partitions}, self.max_records_per_checkpoint)
-        return Offsets({**known, **cut}, starts, {**before.ids, **ids}).to_json()
-
-    def _recreated(
-        self,
-        before: Offsets,
-        partitions: list[TopicPartition],
-        ids: dict[str, str],
-        listed: dict[TopicPartition, tuple[int, int]],
-    ) -> dict[str, str]:
-        """The topics deleted and recreated since ``before`` (a new topic id, or a partition whose recorded
-        offset is past its end or that is gone), each with what showed it. With ``fail_on_data_loss`` any
-        is refused; else each is read again from its new beginning (its partitions first seen now)."""
-        found: dict[str, str] = {}
-        for topic in sorted({t for t, _ in partitions}):
-            if before.ids.get(topic) and ids.get(topic) and before.ids[topic] != ids[topic]:
-                found[topic] = f"its topic id changed from {before.ids[topic]} to {ids[topic]}"
-        for (topic, partition), offset in sorted(before.offsets.items()):
-            if topic in found or not any(t == topic for t, _ in partitions):
-                continue
-            if (topic, partition) not in listed:
-                found[topic] = f"partition {partition} (recorded offset {offset}) is gone"
-            elif offset > listed[(topic, partition)][1]:
-                end = listed[(topic, partition)][1]
-                found[topic] = f"partition {partition} went backwards: recorded offset {offset} is past its end {end}"
-        if found and self.fail_on_data_loss:
-            raise KafkaSourceError(
-                f"source {self.uid}: Kafka topic(s) deleted and recreated (or truncated) since the restored "
-                f"checkpoint: {'; '.join(f'{t}: {why}' for t, why in found.items())}. The old topic's records "
-                "past the checkpoint's offsets are lost and the new topic's offsets mean other records. Nothing "
-                "was read or committed. To read the new topic from its beginning, set fail_on_data_loss=False "
-                "(the reset is recorded in the checkpoint's stats as source_reset); or restore a checkpoint "
-                "taken since the recreation"
-            )
-        for topic, why in found.items():
-            log.warning("source %s: topic %s recreated (%s): read again from its beginning", self.uid, topic, why)
-        return found
-
-    def _starts(
-        self, broker: client.Broker, new: list[TopicPartition], ends: dict[TopicPartition, int], first: bool
-    ) -> dict[TopicPartition, int]:
-        """Where partitions first seen start: ``starting_offsets`` at the job's first barrier, else earliest."""
-        if not new:
-            return {}
-        if first and self.starting_offsets == "latest":
-            return {tp: ends[tp] for tp in new}
-        if first and isinstance(self.starting_offsets, int):
-            return broker.at_time(new, self.starting_offsets, ends)
-        earliest = broker.earliest(new)
-        return {tp: min(earliest[tp], ends[tp]) for tp in new}
+        ``previous``), and where partitions first seen now start (:func:`.barrier.cut`)."""
+        return barrier.cut(self, Offsets.parse(previous, f"source {self.uid} position")).to_json()
 
     def new_input(self, previous: Any) -> bool:
         before = Offsets.parse(previous, f"source {self.uid} position")
