@@ -115,3 +115,27 @@ def test_files_with_other_columns_are_left_to_spark(tmp_path: Path, old_columns:
 def test_keys_of_nested_types_are_left_to_spark() -> None:
     changed = pa.schema([("k", pa.list_(pa.int64())), ("v", pa.int64())])
     assert not bucket_merge.keys_mergeable(changed, ["k"])
+
+
+def test_rows_marked_by_delete_when_delete_their_key_and_the_column_is_not_written(tmp_path: Path) -> None:
+    """Old keys a..e; changed: b updated, c and z (absent) deleted, f added: pyarrow reads back a, b', d, e, f
+    with the old file's columns only."""
+    old = pa.table({"k": ["a", "b", "c", "d", "e"], "j": [1, 2, 3, 4, 5], "v": [10, 20, 30, 40, 50]})
+    pq.write_table(old, tmp_path / "old.parquet")
+    changed = pa.table(
+        {
+            "k": ["b", "c", "z", "f"],
+            "j": [2, None, None, 6],
+            "v": [21, None, None, 60],
+            "gone": [False, True, True, None],
+        }
+    )
+    path = tmp_path / "old.parquet"
+    with bucket_merge.open_parquet(FS, str(path), path.stat().st_size) as reader:
+        rows, _ = bucket_merge.merge_bucket(FS, reader, changed, ["k"], str(tmp_path / "out.parquet"), "gone")
+    got = pq.read_table(tmp_path / "out.parquet")
+    assert got.schema.names == ["k", "j", "v"] and rows == got.num_rows == 5
+    assert canonical(got) == sorted([("a", 1, 10), ("b", 2, 21), ("d", 4, 40), ("e", 5, 50), ("f", 6, 60)], key=repr)
+    rows, _ = bucket_merge.merge_bucket(FS, None, changed.filter(pa.array([False, True, True, False])), ["k"],
+                                        str(tmp_path / "none.parquet"), "gone")  # fmt: skip
+    assert rows == 0 and pq.read_table(tmp_path / "none.parquet").num_rows == 0, "a bucket of deletes only: empty"

@@ -269,6 +269,22 @@ def test_kafka_source_columns_include_its_metadata_and_clashes_are_refused(tmp_p
     assert [(p.uid, p.field) for p in found] == [("per_key", "aggs"), ("clash", "schema")]
 
 
+def test_upsert_reading_and_delete_when_are_checked_when_defined(tmp_path: Path) -> None:
+    """An upsert Kafka source gives ``tombstone``; a sink's ``delete_when`` must name an input column, in upsert
+    mode, not a key; upsert reading needs the ``key`` column."""
+    plans = KafkaSource(uid="plans", topics=["t"], schema="plan STRING", upsert=True)
+    table = ParquetTableSink(uid="table", input=plans, path=str(tmp_path / "t"), mode="upsert", keys=["key"],
+                             delete_when="tombstone")  # fmt: skip
+    typo = ParquetTableSink(uid="typo", input=plans, path=str(tmp_path / "u"), mode="upsert", keys=["key"],
+                            delete_when="deleted")  # fmt: skip
+    assert [(p.uid, p.field) for p in problems([plans, table, typo])] == [("typo", "delete_when")]
+    for bad in ({"mode": "append"}, {"mode": "upsert", "keys": ["key"], "delete_when": "key"}):
+        with pytest.raises(PipelineDefinitionError, match="delete_when"):
+            ParquetTableSink(uid="bad", input=plans, path=str(tmp_path / "b"), **{"delete_when": "tombstone", **bad})
+    with pytest.raises(PipelineDefinitionError, match="add 'key' to metadata_columns"):
+        KafkaSource(uid="keyless", topics=["t"], schema="plan STRING", upsert=True, metadata_columns=["offset"])
+
+
 def test_a_sink_writing_where_a_source_reads_is_a_feedback_loop(tmp_path: Path) -> None:
     landing = tmp_path / "landing"
     source = FileSource(uid="files", path=str(landing), format="json", schema=SCHEMA)

@@ -108,21 +108,30 @@ def table_writer(
 
 
 def merge_bucket(
-    fs: fsspec.AbstractFileSystem, old: pq.ParquetFile | None, changed: pa.Table, keys: Sequence[str], out: str
+    fs: fsspec.AbstractFileSystem,
+    old: pq.ParquetFile | None,
+    changed: pa.Table,
+    keys: Sequence[str],
+    out: str,
+    delete_when: str | None = None,
 ) -> tuple[int, int]:
-    """Write ``out``: the rows of ``old`` whose key is not in ``changed``, then ``changed``;
-    ``(rows, bytes)`` written.
+    """Write ``out``: the rows of ``old`` whose key is not in ``changed``, then ``changed`` but its rows whose
+    boolean ``delete_when`` column is true (they delete their key), without that column; ``(rows, bytes)``.
 
     ``changed`` holds each key at most once (the upsert's input); ``old`` each key at most once.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    every = changed
+    if delete_when is not None:
+        changed = changed.filter(pc.invert(pc.fill_null(changed[delete_when], False))).drop_columns([delete_when])
     schema = target_schema(changed.schema)
     changed = changed.select(schema.names).cast(schema)
     rows, size = 0, list[int]()
     with table_writer(fs, out, schema, size) as writer:
         if old is not None:
-            drop = KeySet(changed, keys)
+            drop = KeySet(every, keys)
             for batch in old.iter_batches(batch_size=BATCH_ROWS, columns=schema.names):
                 kept = drop.kept(pa.Table.from_batches([batch]).select(schema.names).cast(schema))
                 if kept.num_rows:

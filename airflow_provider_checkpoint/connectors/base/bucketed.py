@@ -59,6 +59,8 @@ class BucketedUpsert:
     keys: list[str]
     buckets: int
     driver_merge_rows: int = DRIVER_MERGE_ROWS
+    delete_when: str | None = None
+    """A boolean input column: a row where it is true deletes its key (written nowhere, the column neither)."""
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -108,6 +110,7 @@ class BucketedUpsert:
         changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
         affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
         changed = changed.drop_columns([_BUCKET])
+        written = changed.drop_columns([self.delete_when]) if self.delete_when else changed
         old = existing(affected.tolist())
         if not is_s3(fs):  # object stores have no directories to make
             fs.makedirs(staging, exist_ok=True)
@@ -115,11 +118,12 @@ class BucketedUpsert:
         for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
             out = f"{staging}/{bucket_file(b)}"
             with bucket_merge.open_parquet(fs, *old[b]) if b in old else nullcontext() as reader:
-                if reader is not None and not bucket_merge.mergeable(reader.schema_arrow, changed.schema):
+                if reader is not None and not bucket_merge.mergeable(reader.schema_arrow, written.schema):
                     if fs.exists(staging):  # Spark writes a new directory
                         fs.rm(staging, recursive=True)
                     return None
-                merged, size = bucket_merge.merge_bucket(fs, reader, changed.slice(start, count), self.keys, out)
+                rows = changed.slice(start, count)
+                merged, size = bucket_merge.merge_bucket(fs, reader, rows, self.keys, out, self.delete_when)
             staged.append(StagedBucket(b, out, merged, size))
         ctx.add_metric("sink_rows", changed.num_rows)
         return staged
@@ -139,7 +143,7 @@ class BucketedUpsert:
 
         committed = existing(list(range(self.buckets)))
         if not committed:
-            return self._first_load(ctx, changed, fs, staging)
+            return self._first_load(ctx, self._kept(changed), fs, staging)
         changed = changed.cache()
         per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
         affected = sorted(per_bucket)
@@ -152,11 +156,51 @@ class BucketedUpsert:
         if old_files:
             old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
             kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
-            merged = kept.unionByName(changed, allowMissingColumns=True)
+            merged = kept.unionByName(self._kept(changed), allowMissingColumns=True)
+        else:
+            merged = self._kept(changed)
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
+        written += self._emptied(fs, staging, merged, written, affected)
         changed.unpersist()
         return self._one_file_each(written, affected)
+
+    def _kept(self, changed: DataFrame) -> DataFrame:
+        """``changed`` without the rows that delete their key, and without the ``delete_when`` column."""
+        from pyspark.sql import functions as F
+
+        if self.delete_when is None:
+            return changed
+        return changed.where(~F.coalesce(F.col(self.delete_when), F.lit(False))).drop(self.delete_when)
+
+    def _emptied(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        staging: str,
+        merged: DataFrame,
+        written: list[WrittenFile],
+        affected: list[int],
+    ) -> list[WrittenFile]:
+        """An empty file staged for each affected bucket whose every row was deleted (Spark writes no file
+        for it), so the commit replaces its old file."""
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        if self.delete_when is None:
+            return []
+        have = {f.partition for f in written}
+        schema = to_arrow_schema(merged.drop(_BUCKET).schema)
+        out = []
+        for b in (b for b in affected if (str(b),) not in have):
+            directory = f"{staging}/{_BUCKET}={b}"
+            if not is_s3(fs):
+                fs.makedirs(directory, exist_ok=True)
+            with fs.open(f"{directory}/empty.parquet", "wb") as f:
+                pq.write_table(schema.empty_table(), f)
+            out.append(
+                WrittenFile(f"{directory}/empty.parquet", fs.size(f"{directory}/empty.parquet"), 0, None, (str(b),))
+            )
+        return out
 
     def _first_load(
         self, ctx: StepContext, changed: DataFrame, fs: fsspec.AbstractFileSystem, staging: str

@@ -58,6 +58,22 @@ def check_sequence_by(uid: str, mode: str, keys: Sequence[str], sequence_by: Seq
     return columns
 
 
+def check_delete_when(
+    uid: str, mode: str, keys: Sequence[str], sequence_by: Sequence[str], delete_when: str | None
+) -> str | None:
+    """``delete_when`` (a boolean input column whose true value deletes the key), refused outside upsert mode
+    or naming a key or a ``sequence_by`` column."""
+    if delete_when is None:
+        return None
+    if mode != "upsert":
+        raise PipelineDefinitionError(f"{uid}: delete_when applies to upsert mode only")
+    if not isinstance(delete_when, str) or not delete_when or delete_when in [*keys, *sequence_by]:
+        raise PipelineDefinitionError(
+            f"{uid}: delete_when must name one boolean column, not a key or sequence_by column, got {delete_when!r}"
+        )
+    return delete_when
+
+
 def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Sequence[str]) -> DataFrame:
     """``df`` with one row per key: the winner by :mod:`this module's <.upsert_rule>` rule.
 

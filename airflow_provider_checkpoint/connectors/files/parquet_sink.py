@@ -41,11 +41,16 @@ from airflow_provider_checkpoint.connectors.base.bucketed import (
 )
 from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_input_columns, check_mode
 from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish, read_document
-from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by
+from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_sequence_by
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, DocumentError, UnsafePathError
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    SinkSchemaError,
+    UnsafePathError,
+)
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.paths import refuse_links
@@ -114,6 +119,9 @@ class ParquetTableSink(TableDirectorySink):
         checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
     :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver
         with pyarrow (no shuffle); ``0`` always merges with Spark.
+    :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
+        :mod:`.upsert_rule`) has it true is deleted from the table, and the column is not written
+        (e.g. ``"tombstone"`` of a ``KafkaSource(upsert=True)``: Flink's upsert-kafka deletes).
     :param storage_options: fsspec options of the table's filesystem.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -130,14 +138,18 @@ class ParquetTableSink(TableDirectorySink):
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
         sequence_by: list[str] | None = None,
+        delete_when: str | None = None,
     ) -> None:
         super().__init__(uid, input, path, storage_options, step)
         check_mode(uid, mode)
         self.mode = mode
         self.keys = list(keys or [])
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
+        self.delete_when = check_delete_when(uid, mode, self.keys, self.sequence_by, delete_when)
         self.buckets = buckets
-        self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
+        self.upsert = (
+            BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None
+        )
         check_buckets(uid, buckets, driver_merge_rows)
         self._logged: dict[int, JsonDict] = {}
         """The commit logs this process wrote, by checkpoint id (a commit's record needs no read back)."""
@@ -181,7 +193,7 @@ class ParquetTableSink(TableDirectorySink):
         except (TypeError, ValueError, NotImplementedError):  # a type Spark does not read: no comparison
             return
         types = {f.name: f.dataType.simpleString() for f in stored.fields}
-        given = {f.name: f.dataType.simpleString() for f in as_nullable(schema).fields}
+        given = {f.name: f.dataType.simpleString() for f in as_nullable(schema).fields if f.name != self.delete_when}
         evolve = "a Parquet table keeps one schema: drop them before the sink, or write to a new table path"
         check_input_columns(f"Parquet table {self.asset_uri()}", types, given, evolve)
 
@@ -189,8 +201,19 @@ class ParquetTableSink(TableDirectorySink):
         fs, root = self._fs()
         return self._committables(ctx, self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx)))
 
+    def required_columns(self) -> dict[str, list[str]]:
+        """``keys`` in upsert mode, ``sequence_by``, ``delete_when``."""
+        return {**super().required_columns(), "delete_when": [self.delete_when] if self.delete_when else []}
+
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
+        if self.delete_when is not None:
+            found = {f.name: f.dataType.simpleString() for f in rows.df.schema.fields}.get(self.delete_when)
+            if found != "boolean":
+                raise SinkSchemaError(
+                    f"sink {self.uid}: delete_when column {self.delete_when!r} must be boolean, the input has "
+                    f"{found or 'no such column'}; its columns are {rows.df.columns}"
+                )
         fs, root = self._fs()
         staged = self.upsert.stage(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
         ctx.add_metric("sink_bytes_staged", sum(s.size for s in staged))

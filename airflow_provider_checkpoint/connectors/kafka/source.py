@@ -39,6 +39,8 @@ _METADATA_TYPES = {
     "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>",
 }
 CORRUPT = "_corrupt_record"
+TOMBSTONE = "tombstone"
+"""Upsert reading: the column saying a key's latest record is a tombstone (null value): the key is deleted."""
 _WHERE = ("__kafka_topic", "__kafka_partition", "__kafka_offset")
 _STARTS = ("earliest", "latest")
 
@@ -90,6 +92,14 @@ class KafkaSource(Source):
     the trigger naming it (``fail_on_data_loss=True``), or is read again from its new beginning,
     recorded in the checkpoint's stats (``source_reset``: partition → previous offset, new start).
 
+    **Upsert reading** (``upsert=True``, Flink's ``upsert-kafka``): the topic is a changelog keyed by
+    the record key. A checkpoint gives one row per key (column ``key``, bytes): its record of greatest
+    offset in ``[previous, barrier)`` — Kafka orders a key's records within its partition; a key found
+    in several partitions in one checkpoint (its producer changed partitioner, or the topic grew
+    partitions) takes the one of the greatest (topic, partition, offset) —, with boolean column
+    ``tombstone`` true when that record has a null value: the key is deleted (value columns null; a
+    tombstone is then no malformed record). An upsert sink applies it with ``delete_when="tombstone"``.
+
     **Lag**: once a checkpoint completes, its end offsets are committed to consumer group
     ``group_id`` (default: the connection's ``group.id``, else ``airflow-checkpoint-<uid>``) so
     Kafka tooling shows the job's lag; recovery never reads them.
@@ -115,6 +125,7 @@ class KafkaSource(Source):
         max_malformed_fraction: float | None = None,
         dead_letter_path: str | None = None,
         watermark: tuple[str, str] | None = None,
+        upsert: bool = False,
     ) -> None:
         super().__init__(uid, watermark)
         if (topics is None) == (pattern is None):
@@ -151,6 +162,10 @@ class KafkaSource(Source):
         check_malformed_policy(uid, on_malformed, max_malformed_fraction)
         if format == "raw" and on_malformed == "dead_letter":
             raise PipelineDefinitionError(f"{uid}: on_malformed='dead_letter' applies to json and csv, not raw")
+        if upsert and "key" not in metadata_columns:
+            raise PipelineDefinitionError(
+                f"{uid}: upsert reading keys records by their Kafka key: add 'key' to metadata_columns"
+            )
         if dead_letter_path is not None and on_malformed == "fail":
             raise PipelineDefinitionError(f"{uid}: dead_letter_path needs on_malformed='dead_letter'")
         self.topics, self.pattern = topics, pattern
@@ -166,6 +181,9 @@ class KafkaSource(Source):
         self.on_malformed = on_malformed or "fail"
         self.max_malformed_fraction = 0.5 if max_malformed_fraction is None else max_malformed_fraction
         self.dead_letter_path = dead_letter_path
+        self.upsert = upsert
+        self._columns = (*self.metadata_columns, TOMBSTONE) if upsert else self.metadata_columns
+        """The columns added to the value's: the metadata columns, and in upsert mode :data:`TOMBSTONE`."""
         self._malformed: dict[str, DataFrame] = {}
 
     def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
@@ -181,7 +199,12 @@ class KafkaSource(Source):
     def added_columns(self) -> str:
         """``value`` (raw format) and the ``metadata_columns``, typed as the reader gives them."""
         raw = ["value BINARY"] if self.format == "raw" else []
-        return ", ".join(raw + [f"{c} {_METADATA_TYPES[c]}" for c in self.metadata_columns])
+        types = {**_METADATA_TYPES, TOMBSTONE: "BOOLEAN"}
+        return ", ".join(raw + [f"{c} {types[c]}" for c in self._columns])
+
+    def unique_keys(self) -> tuple[str, ...] | None:
+        """Upsert reading gives one row per ``key`` in a checkpoint."""
+        return ("key",) if self.upsert else None
 
     def describe(self) -> JsonDict:
         watched = {"topics": self.topics} if self.topics is not None else {"pattern": self.pattern}
@@ -202,6 +225,7 @@ class KafkaSource(Source):
             "min_partitions": self.min_partitions,
             "fail_on_data_loss": self.fail_on_data_loss,
             "group_id": self.group_id,
+            "upsert": self.upsert,
         }
 
     # -- positions (the driver, no Spark) ------------------------------------------------
@@ -278,7 +302,17 @@ class KafkaSource(Source):
             ctx.add_metric("malformed_records", malformed)
             ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
             self._malformed[ctx.attempt_tag] = df.where(_malformed())
-        return self._good(df.where((F.col(LOST) == 0) & ~_malformed())), records - malformed
+        good = df.where((F.col(LOST) == 0) & ~_malformed())
+        return self._good(self._latest(good) if self.upsert else good), records - malformed
+
+    @staticmethod
+    def _latest(records: DataFrame) -> DataFrame:
+        """One row per ``key``: its record of greatest (topic, partition, offset) (upsert reading)."""
+        from pyspark.sql import functions as F
+
+        row = F.struct(*[F.col(f"`{c}`") for c in records.columns])
+        latest = records.groupBy("key").agg(F.max_by(row, F.struct(*_WHERE)).alias("__latest"))
+        return latest.select(*[F.col("__latest")[c].alias(c) for c in records.columns])
 
     def _good(self, parsed: DataFrame) -> DataFrame:
         """The records :meth:`read_counted` gives, from :meth:`_parsed` ones: without the columns of its checks."""
@@ -312,7 +346,11 @@ class KafkaSource(Source):
         """The value parsed (or kept as bytes), the metadata columns, and what the checks need."""
         from pyspark.sql import functions as F
 
-        meta = [F.col(c) for c in self.metadata_columns]
+        meta = [F.col(c) for c in self.metadata_columns] + (
+            [F.col("value").isNull().alias(TOMBSTONE)] if self.upsert else []
+        )
+        if self.upsert:  # a tombstone deletes its key: no malformed record
+            raw = raw.withColumn(FLAW, F.when(F.col("value").isNotNull(), F.col(FLAW)))
         where = [F.col(c).alias(f"__kafka_{c}") for c in ("topic", "partition", "offset")]
         keep = [*where, F.col(LOST), F.col(FLAW)]
         if self.format == "raw":
@@ -324,12 +362,14 @@ class KafkaSource(Source):
         flawed = F.when(F.col(FLAW).isNotNull(), text).alias("__flawed")  # its text, for a dead letter
         value = raw.select(parsed.alias("__value"), *meta, *keep, flawed)
         names = value.schema["__value"].dataType.fieldNames()  # type: ignore[attr-defined]
-        clash = sorted(set(names) & set(self.metadata_columns))
+        clash = sorted(set(names) & set(self._columns))
         if clash:
-            raise PipelineDefinitionError(f"{self.uid}: value column(s) {clash} clash with metadata_columns")
+            raise PipelineDefinitionError(
+                f"{self.uid}: value column(s) {clash} clash with metadata_columns (or {TOMBSTONE})"
+            )
         fields = [F.col(f"__value.{n}") for n in names if n != CORRUPT]
         corrupt = F.coalesce(F.col("__flawed"), F.col(f"__value.{CORRUPT}")).alias(CORRUPT)
-        return value.select(*fields, corrupt, *self.metadata_columns, *_WHERE, LOST, FLAW)
+        return value.select(*fields, corrupt, *self._columns, *_WHERE, LOST, FLAW)
 
     def _refuse_malformed(self, df: DataFrame, error: type[MalformedInputError], what: str) -> None:
 
