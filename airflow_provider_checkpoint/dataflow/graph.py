@@ -76,6 +76,10 @@ class Node:
         ``None``: not known (an upsert sink then resolves several rows per key itself)."""
         return None
 
+    def deletes_column(self) -> str | None:
+        """The boolean output column whose true value deletes the row's key (upsert Kafka tombstones), if any."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(uid={self.uid!r})"
 
@@ -382,6 +386,9 @@ class Channel(Node):
 
     def unique_keys(self) -> tuple[str, ...] | None:
         return self.inputs[0].unique_keys()
+
+    def deletes_column(self) -> str | None:
+        return self.inputs[0].deletes_column()
 
 
 # -- declaration context --------------------------------------------------------------

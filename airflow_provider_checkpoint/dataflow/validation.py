@@ -146,6 +146,15 @@ class _Validator:
         if isinstance(node, Sink):
             for field, names in node.required_columns().items():
                 self.require(node, field, names, self.input(node), node.inputs[0])
+            deletes = node.inputs[0].deletes_column()
+            if deletes and getattr(node, "mode", None) == "upsert" and getattr(node, "delete_when", None) != deletes:
+                self.problem(
+                    node,
+                    "delete_when",
+                    f"rows of {node.inputs[0].uid} with {deletes} true delete their key; this sink would write them "
+                    "as rows",
+                    f"set delete_when={deletes!r} (ParquetTableSink), or filter those rows out before this sink",
+                )
             return None
         if isinstance(node, StatefulOperator):
             return self._stateful(node)

@@ -277,7 +277,14 @@ def test_upsert_reading_and_delete_when_are_checked_when_defined(tmp_path: Path)
                              delete_when="tombstone")  # fmt: skip
     typo = ParquetTableSink(uid="typo", input=plans, path=str(tmp_path / "u"), mode="upsert", keys=["key"],
                             delete_when="deleted")  # fmt: skip
-    assert [(p.uid, p.field) for p in problems([plans, table, typo])] == [("typo", "delete_when")]
+    forgot = DeltaTableSink(uid="forgot", input=plans, path=str(tmp_path / "d"), mode="upsert", keys=["key"])
+    found = problems([plans, table, typo, forgot])
+    assert [(p.uid, p.field) for p in found] == [
+        ("typo", "delete_when"),
+        ("typo", "delete_when"),
+        ("forgot", "delete_when"),
+    ]
+    assert "rows of plans with tombstone true delete their key" in found[2].message
     for bad in ({"mode": "append"}, {"mode": "upsert", "keys": ["key"], "delete_when": "key"}):
         with pytest.raises(PipelineDefinitionError, match="delete_when"):
             ParquetTableSink(uid="bad", input=plans, path=str(tmp_path / "b"), **{"delete_when": "tombstone", **bad})

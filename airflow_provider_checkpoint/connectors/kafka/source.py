@@ -202,6 +202,9 @@ class KafkaSource(Source):
         types = {**_METADATA_TYPES, TOMBSTONE: "BOOLEAN"}
         return ", ".join(raw + [f"{c} {types[c]}" for c in self._columns])
 
+    def deletes_column(self) -> str | None:
+        return TOMBSTONE if self.upsert else None
+
     def unique_keys(self) -> tuple[str, ...] | None:
         """Upsert reading gives one row per ``key`` in a checkpoint."""
         return ("key",) if self.upsert else None
