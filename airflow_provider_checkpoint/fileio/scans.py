@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+CORRUPT = "corrupt Parquet file"
+"""How a Parquet file that fails to decode is named in the error (:func:`named_if_corrupt`)."""
 MAX_READ_TASKS = 256
 """A Python read spreads its files over at most this many tasks."""
 BATCH_ROWS = 65_536
@@ -48,9 +50,13 @@ def read_parquet(
     row_index: str | None = None,
     sizes: Sequence[int] | None = None,
     loaded: Mapping[str, bytes] | None = None,
+    damaged: str = CORRUPT,
 ) -> DataFrame:
     """The rows of the Parquet files ``paths`` on ``fs`` with ``schema`` (a column a file lacks is null;
     ``None``: the first file's columns).
+
+    A file that fails to decode (a page checksum, its footer) fails the read with an ``OSError``
+    ``"<damaged> <file URL>: <why>"`` (``damaged``: what the file is, e.g. with a refusal's mark).
 
     ``file_column``: also a column naming each row's file (:class:`FileColumn`). ``options``:
     Spark's Parquet reader options (the Python engine takes none). ``row_index``: also a column
@@ -76,7 +82,9 @@ def read_parquet(
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     known = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
     driver = on_driver(sizes)
-    read = ParquetReader(fs if driver else for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}))
+    read = ParquetReader(
+        fs if driver else for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}), damaged
+    )
     return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column, driver)
 
 
@@ -292,6 +300,8 @@ class ParquetReader:
     """path → its size when known (:func:`~.object_store.open_sized`)."""
     loaded: dict[str, bytes] = field(default_factory=dict, repr=False)
     """path → the file's bytes, read (and checked) by the driver: shipped with the task, no request."""
+    damaged: str = CORRUPT
+    """What a file that fails to decode is called in the error naming it."""
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -300,12 +310,12 @@ class ParquetReader:
         position = 0
         data = self.loaded.get(path)
         with pa.BufferReader(data) if data is not None else open_sized(self.fs, path, self.sizes.get(path)) as f:
-            with named_if_corrupt(self.fs, path):
+            with named_if_corrupt(self.fs, path, self.damaged):
                 file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
                 present = [n for n in self.schema.names if n in file.schema_arrow.names]
                 batches = file.iter_batches(batch_size=BATCH_ROWS, columns=present)
             while True:
-                with named_if_corrupt(self.fs, path):
+                with named_if_corrupt(self.fs, path, self.damaged):
                     batch = next(batches, None)
                 if batch is None:
                     return
@@ -318,14 +328,15 @@ class ParquetReader:
 
 
 @contextmanager
-def named_if_corrupt(fs: fsspec.AbstractFileSystem, path: str) -> Iterator[None]:
-    """Reading ``path`` inside: a damaged page (CRC) or structure raises an ``OSError`` naming the file."""
+def named_if_corrupt(fs: fsspec.AbstractFileSystem, path: str, damaged: str = CORRUPT) -> Iterator[None]:
+    """Reading ``path`` inside: a damaged page (CRC) or structure (its footer's Thrift) raises an ``OSError``
+    ``"<damaged> <file URL>: <why>"``."""
     import pyarrow as pa
 
     try:
         yield
     except (OSError, pa.ArrowException) as e:
-        raise OSError(f"corrupt Parquet file {url(fs, path)}: {e}") from e
+        raise OSError(f"{damaged} {url(fs, path)}: {e}") from e
 
 
 @dataclass(frozen=True)

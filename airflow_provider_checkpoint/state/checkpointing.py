@@ -22,6 +22,7 @@ from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
+from airflow_provider_checkpoint.exceptions import StateFileError, raised_in_spark
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
 from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
@@ -100,20 +101,26 @@ def checkpoint_operator(
         def process(inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> tuple[DataFrame, DataFrame]:
             return node.process_at(inputs, state, barrier, before, after)
 
-    result = _checkpoint_operator(
-        spark,
-        storage,
-        directory,
-        checkpoint_id,
-        node,
-        inputs,
-        barrier,
-        restored,
-        restore_base,
-        settings,
-        where,
-        process,
-    )
+    try:
+        result = _checkpoint_operator(
+            spark,
+            storage,
+            directory,
+            checkpoint_id,
+            node,
+            inputs,
+            barrier,
+            restored,
+            restore_base,
+            settings,
+            where,
+            process,
+        )
+    except Exception as e:  # a state file refused on the driver or in a Spark task: say which checkpoint read it
+        refused = e if isinstance(e, StateFileError) else raised_in_spark(e)
+        if not isinstance(refused, StateFileError):
+            raise
+        raise StateFileError(f"checkpoint {checkpoint_id}, reading the state of {node.uid!r}: {refused}") from e
     if timed is None:
         return result
     return replace(result, snapshot=replace(result.snapshot, event_time=after), metrics={**result.metrics, **metrics})

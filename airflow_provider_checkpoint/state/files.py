@@ -11,10 +11,11 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.checksums import checksum_of
-from airflow_provider_checkpoint.exceptions import StateFileError
+from airflow_provider_checkpoint.exceptions import StateFileError, redact
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.storage import Location
@@ -37,6 +38,22 @@ _ARROW_NAMES = {
     "date": ("date32[day]",),
 }
 """Spark's simple types and the pyarrow types Parquet files of them read as."""
+
+
+DAMAGED = "damaged state file"
+"""How a state file that fails to decode is named (here and in Spark's reads of it)."""
+
+
+@contextmanager
+def decoding(where: str, uid: str) -> Iterator[None]:
+    """Decoding the state ``where`` (a file's URL) of operator ``uid`` inside: a damaged page (its checksum)
+    or footer (its Thrift) raises :class:`StateFileError` naming the file and the operator."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, pa.ArrowException) as e:
+        raise StateFileError(redact(f"{DAMAGED} {where} of operator {uid!r}: {e}")) from e
 
 
 def check_file(
@@ -125,8 +142,10 @@ def read_inline(state: OperatorSnapshot, uid: str) -> pa.Table:
     """The inline state of operator ``uid``, checked against its recorded columns."""
     import pyarrow.parquet as pq
 
-    table = pq.read_table(io.BytesIO(inline_parquet(state, uid)))
-    check_columns(table.schema, state, False, f"(inline in _metadata, {state.size} bytes)", uid)
+    where = f"(inline in _metadata, {state.size} bytes)"
+    with decoding(where, uid):
+        table = pq.read_table(io.BytesIO(inline_parquet(state, uid)))
+    check_columns(table.schema, state, False, where, uid)
     return table
 
 
@@ -231,9 +250,12 @@ def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnaps
 
     tables = []
     for handle in handles:
-        file = pq.ParquetFile(pa.BufferReader(base.read_verified(handle, deep=False)), page_checksum_verification=True)
-        check_columns(file.schema_arrow, state, handle.delta is not None, base.url(handle.path), uid)
-        tables.append(file.read())
+        data, where = base.read_verified(handle, deep=False), base.url(handle.path)
+        with decoding(where, uid):
+            file = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+        check_columns(file.schema_arrow, state, handle.delta is not None, where, uid)
+        with decoding(where, uid):
+            tables.append(file.read())
     if tables:
         return pa.concat_tables(tables, promote_options="default")
     names = [field["name"] for field in json.loads(state.schema)["fields"]]

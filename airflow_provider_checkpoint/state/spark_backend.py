@@ -17,7 +17,7 @@ from airflow_provider_checkpoint.dataflow.operator import DELETED
 from airflow_provider_checkpoint.exceptions import StateFileError, StateTooLargeError
 from airflow_provider_checkpoint.fileio.scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.fileio.writes import write_parquet
-from airflow_provider_checkpoint.state.files import check_file, read_inline
+from airflow_provider_checkpoint.state.files import DAMAGED, check_file, read_inline
 from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.state.keygroups import range_for_index
@@ -328,10 +328,11 @@ def read_files(
     sizes = [h.size for h in handles]
     loaded = loaded or {}
     known = {storage.path(h.path): loaded[h.path] for h in handles if h.path in loaded}
+    damaged = f"{StateFileError.MARK}{DAMAGED}"  # a file failing to decode in a task: a refusal naming it
     if not ranged:
-        return read_parquet(spark, storage.fs, paths, schema, sizes=sizes, loaded=known)
+        return read_parquet(spark, storage.fs, paths, schema, sizes=sizes, loaded=known, damaged=damaged)
     column = FileColumn(_FILE)
-    df = read_parquet(spark, storage.fs, paths, schema, column, sizes=sizes, loaded=known)
+    df = read_parquet(spark, storage.fs, paths, schema, column, sizes=sizes, loaded=known, damaged=damaged)
     files = [(F.lit(column.key(storage.fs, path)), span) for path, span in ranged]
     low = F.create_map(*[x for name, span in files for x in (name, F.lit(span[0]))])
     high = F.create_map(*[x for name, span in files for x in (name, F.lit(span[1]))])

@@ -28,11 +28,12 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     stateful,
 )
-from airflow_provider_checkpoint.exceptions import CheckpointAborted
+from airflow_provider_checkpoint.exceptions import CheckpointAborted, StateFileError
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
 from airflow_provider_checkpoint.state import checkpointing
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.testing.clickstream import land_json_lines, read_table
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
@@ -268,7 +269,9 @@ def test_incremental_state_equals_full_recomputation(
 
 
 def test_a_damaged_kept_file_fails_the_step_that_reads_it(spark, tmp_path):
-    """Kept files are not re-hashed by the step: Parquet page checksums catch a flipped byte."""
+    """Kept files are not re-hashed by the step: Parquet page checksums catch a flipped byte, the footer's
+    Thrift a damaged footer. Either way the step fails with a StateFileError naming the file and the
+    checkpoint that read it (on the driver's merge or in a Spark task, whichever reads it)."""
     rng = random.Random(SEED)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     _land(tmp_path, rng, 2000, "e001.json")
@@ -278,9 +281,21 @@ def test_a_damaged_kept_file_fails_the_step_that_reads_it(spark, tmp_path):
     full = [h for h in second.operators["views"].handles if h.delta is None and "chk-1/" in h.path]
     assert full and any(h.delta == 2 for h in second.operators["views"].handles)
     victim = Path(job.storage.path(full[0].path))
-    data = bytearray(victim.read_bytes())
-    data[len(data) // 3] ^= 0x55
+    good = victim.read_bytes()
+    data = bytearray(good)
+    data[len(data) // 3] ^= 0x55  # inside a data page (the footer is the file's end)
     victim.write_bytes(bytes(data))
     _land(tmp_path, rng, 50, "e003.json")
-    with pytest.raises(Exception, match="(?i)checksum|crc|corrupt"):
+    with pytest.raises(StateFileError, match="(?i)checksum|crc|thrift|not Parquet") as page_damage:
         job.checkpoint()
+    assert str(victim) in str(page_damage.value) and "checkpoint 3, " in str(page_damage.value)
+
+    footer = int.from_bytes(good[-8:-4], "little")
+    start = len(good) - 8 - footer
+    data = bytearray(good)
+    data[start : start + 16] = b"\xff" * 16  # the footer's first Thrift field headers: no valid type
+    victim.write_bytes(bytes(data))
+    JobRecordStore(job.storage).release_lease("run-3")  # as the failed run's finalize would
+    with pytest.raises(StateFileError, match="(?i)thrift|not Parquet") as footer_damage:
+        job.checkpoint()
+    assert str(victim) in str(footer_damage.value) and "checkpoint 4, " in str(footer_damage.value)
