@@ -1,5 +1,5 @@
 """Flink's checkpoint Overview and Summary of a job: counts, the latest completed, failed, savepoint
-and restore, and min / average / max over the completed checkpoints of the history.
+and restore, and min / average / percentiles / max over the completed checkpoints of the history.
 
 Pure functions of the history rows (:func:`airflow_provider_checkpoint.core.stats.history_row`,
 already type-checked) and the job record's savepoints (:func:`.reports.savepoints`).
@@ -7,6 +7,7 @@ already type-checked) and the job record's savepoints (:func:`.reports.savepoint
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -68,18 +69,29 @@ def overview(
     }
 
 
-def min_avg_max(figures: Sequence[float | int | None]) -> JsonDict:
-    """Min, average and max of the known figures (all ``None`` when none is known)."""
-    known = [float(f) for f in figures if f is not None]
+PERCENTILES = (50, 90, 99)
+
+
+def percentile(ordered: Sequence[float], p: int) -> float:
+    """The nearest-rank ``p``-th percentile of ``ordered`` (ascending, not empty): the smallest value with
+    at least ``p`` % of the values at or below it, so always one of the values."""
+    return ordered[max(1, math.ceil(p * len(ordered) / 100)) - 1]
+
+
+def distribution(figures: Sequence[float | int | None]) -> JsonDict:
+    """Min, average, p50, p90, p99 and max of the known figures (all ``None`` when none is known)."""
+    known = sorted(float(f) for f in figures if f is not None)
     if not known:
-        return {"min": None, "avg": None, "max": None}
-    return {"min": min(known), "avg": sum(known) / len(known), "max": max(known)}
+        return {"min": None, "avg": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
+    spread = {f"p{p}": percentile(known, p) for p in PERCENTILES}
+    return {"min": known[0], "avg": sum(known) / len(known), **spread, "max": known[-1]}
 
 
 def summary(rows: Sequence[Row]) -> JsonDict:
-    """Min / average / max of duration, state size, records in and bytes written over the completed rows."""
+    """Min / average / p50 / p90 / p99 / max of duration, state size, records in and bytes written over the
+    completed rows (an aborted checkpoint's figures are partial: left out)."""
     completed = [r for r in rows if r["status"] == "COMPLETED"]
     return {
         "checkpoints": len(completed),
-        **{figure: min_avg_max([r.get(figure) for r in completed]) for figure in SUMMARY_FIGURES},
+        **{figure: distribution([r.get(figure) for r in completed]) for figure in SUMMARY_FIGURES},
     }

@@ -39,12 +39,51 @@ def all_rows(storage: JobStorage) -> list[JsonDict]:
     return sorted(rows, key=lambda r: int(r["checkpoint_id"]), reverse=True)
 
 
-def history(storage: JobStorage, offset: int = 0, limit: int = 20) -> JsonDict:
-    """A page of the job's checkpoint history, newest first, and the total number of rows; a completed
-    checkpoint retention deleted is marked ``discarded``."""
+HISTORY_SORTS = {"id": "checkpoint_id", "time": "trigger_time", "duration": "duration_seconds"}
+HISTORY_STATUSES = ("COMPLETED", "ABORTED", "UNKNOWN")
+HISTORY_KINDS = ("checkpoint", "savepoint", "restore")
+
+
+def _kind_of(row: JsonDict) -> str:
+    """``restore`` when the checkpoint started from a restore, else its type (checkpoint or savepoint)."""
+    return "restore" if is_restore(row) else str(row["type"])
+
+
+def history(
+    storage: JobStorage,
+    offset: int = 0,
+    limit: int = 20,
+    *,
+    status: str | None = None,
+    kind: str | None = None,
+    sort: str = "id",
+    descending: bool = True,
+) -> JsonDict:
+    """A page of the job's checkpoint history and the number of rows that match; a completed checkpoint
+    retention deleted is marked ``discarded``.
+
+    ``status`` (COMPLETED, ABORTED, UNKNOWN) and ``kind`` (checkpoint, savepoint, restore) keep the
+    matching rows; ``sort`` orders them by ``id``, trigger ``time`` or ``duration`` (newest / longest
+    first when ``descending``), unknown values last either way, ties by id newest first.
+    """
     if offset < 0 or not 1 <= limit <= MAX_PAGE:
         raise RefusedInputError(f"offset must be >= 0 and limit between 1 and {MAX_PAGE}")
-    rows = all_rows(storage)
+    for name, value, allowed in (
+        ("status", status, HISTORY_STATUSES),
+        ("kind", kind, HISTORY_KINDS),
+        ("sort", sort, tuple(HISTORY_SORTS)),
+    ):
+        if value is not None and value not in allowed:
+            raise RefusedInputError(f"history {name} must be one of {', '.join(allowed)}, not {value!r}")
+    rows = [
+        r
+        for r in all_rows(storage)
+        if (status is None or r["status"] == status) and (kind is None or _kind_of(r) == kind)
+    ]
+    key = HISTORY_SORTS[sort]
+    known = [r for r in rows if r[key] is not None]  # all_rows: newest first, so ties stay newest first
+    known.sort(key=lambda r: r[key], reverse=descending)
+    rows = known + [r for r in rows if r[key] is None]
     page = rows[offset : offset + limit]
     retained = set(CompletedCheckpointStore(storage).completed_ids()) if page else set()
     for r in page:  # Flink's "discarded": completed, then deleted by retention (not restorable any more)

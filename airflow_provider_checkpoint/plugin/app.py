@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
@@ -141,9 +141,18 @@ def create_app() -> FastAPI:
         dag_id: str,
         offset: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=reports.MAX_PAGE)] = 20,
+        status: Annotated[str | None, Query(max_length=20)] = None,
+        kind: Annotated[str | None, Query(max_length=20)] = None,
+        sort: Annotated[str, Query(max_length=20)] = "id",
+        order: Annotated[Literal["asc", "desc"], Query()] = "desc",
     ) -> HistoryPage:
+        """A page of the history, filtered by status and kind, sorted by id, trigger time or duration (400
+        naming the allowed values otherwise)."""
         try:
-            return HistoryPage.model_validate(redact_values(reports.history(_job(dag_id).storage(), offset, limit)))
+            found = reports.history(
+                _job(dag_id).storage(), offset, limit, status=status, kind=kind, sort=sort, descending=order == "desc"
+            )
+            return HistoryPage.model_validate(redact_values(found))
         except CheckpointError as e:
             raise _refused(e) from e
 
@@ -163,7 +172,7 @@ def create_app() -> FastAPI:
 
     @app.get("/api/dags/{dag_id}/summary", dependencies=read)
     def summary(dag_id: str) -> Summary:
-        """Min / average / max over the completed checkpoints of the history."""
+        """Min / average / p50 / p90 / p99 / max over the completed checkpoints of the history."""
         return Summary.model_validate(_report(views.summary_of, _job(dag_id)))
 
     @app.get("/api/dags/{dag_id}/configuration", dependencies=read)

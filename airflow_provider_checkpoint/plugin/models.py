@@ -225,9 +225,14 @@ class CheckpointDetail(BaseModel):
     sinks: list[SinkCommit]
 
 
-class MinAvgMax(BaseModel):
+class Distribution(BaseModel):
+    """Of the completed checkpoints' figures; percentiles by nearest rank (always a value that occurred)."""
+
     min: float | None
     avg: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
     max: float | None
 
 
@@ -235,10 +240,10 @@ class Summary(BaseModel):
     """Over the completed checkpoints of the history."""
 
     checkpoints: int
-    duration_seconds: MinAvgMax
-    state_size: MinAvgMax
-    records_in: MinAvgMax
-    bytes_written: MinAvgMax
+    duration_seconds: Distribution
+    state_size: Distribution
+    records_in: Distribution
+    bytes_written: Distribution
 
 
 class Configuration(BaseModel):

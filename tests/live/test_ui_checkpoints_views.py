@@ -56,22 +56,21 @@ def fmt_time(seconds: float | None, zone: str = ZONE) -> str:
 
 
 def fmt_duration(s: float | None) -> str:
+    """Airflow's own duration format: ``00:00:49.282`` under a minute, ``00:04:05`` under a day, ``3d04:00:00``."""
     if s is None:
         return "-"
-    if s <= 0:
-        return "0s"
-    if s < 1:
-        return f"{_round(s * 1000)}ms"
-    if s < 60:
-        return f"{_fixed1(s)}s"
-    m, sec = divmod(_round(s), 60)
-    if m < 60:
-        return f"{m}m {sec:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h {m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d {h:02d}h"
+    fixed3 = decimal.Decimal(s).quantize(decimal.Decimal("0.001"), rounding=decimal.ROUND_HALF_UP)  # toFixed(3)
+    ms = max(0, _round(float(fixed3) * 1000))
+    total = ms // 1000
+    clock = f"{total // 3600 % 24:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
+    if total < 60 and ms % 1000:
+        return f"{clock}.{ms % 1000:03d}"
+    return clock if total < 86400 else f"{total // 86400}d{clock}"
+
+
+def nearest_rank(values: list[float], p: int) -> float:
+    """The least value with at least ``p`` % of the values at or below it (Flink's percentiles)."""
+    return min(v for v in values if 100 * sum(x <= v for x in values) >= p * len(values))
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -199,7 +198,11 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
     assert [int(r["ID"]) for r in rows] == newest
     for row, cid in zip(rows, newest, strict=True):
         truth = stats[cid]
-        assert row["Status"].startswith(truth["status"]) and truth.get("reason", "") in row["Status"], row
+        assert row["Status"].startswith(truth["status"]), row
+        if truth["status"] != "COMPLETED":  # the whole reason, as the detail shows it, not just "declined"
+            assert " ".join(row["Status"].split()).endswith(" ".join(f"{truth['reason']} {truth['message']}".split()))
+        kind = "restore" if truth.get("restored") else truth.get("type", "checkpoint")
+        assert row["Kind"] == kind, row
         assert row["Trigger time"] == fmt_time(truth.get("trigger_time")), row
         assert row["Duration"] == fmt_duration(truth.get("duration_seconds")), row
         assert row["Records in"] == fmt_count(truth.get("records_in")), row
@@ -211,8 +214,15 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
         assert row["DAG run"] == truth["run_id"], row
         discarded = truth["status"] == "COMPLETED" and cid not in retained  # Flink marks them so
         assert ("discarded" in row["Status"]) is discarded, row
+    clipped = inner_frame(page).evaluate(LINES, "#history td.clip")  # DAG run, Restored from: cut, tooltip whole
+    assert set(clipped) == {1}, f"a clipped History cell wraps at 1280 px: {clipped}"
+    badge = frame.locator("#history tbody tr td.status .badge").first
+    expect(badge.locator("svg.state-icon")).to_have_count(1)  # Airflow's state badge: its icon, then the state
     shot(page, "history")
+    check_history_filters_sort_and_address(page, frame, stats)
 
+    frame = open_tab(page, live)
+    show(frame, "History", "history")
     chosen = next(cid for cid in newest if stats[cid]["status"] == "COMPLETED")
     truth = stats[chosen]
     frame.locator(f'#history tbody tr[data-id="{chosen}"] td').nth(2).click()
@@ -247,6 +257,69 @@ def test_history_and_checkpoint_detail(page: Any, live_airflow: LiveAirflow, cli
     expect(page).to_have_url(
         re.compile(rf".*/dags/{PIPELINE}/runs/{run}/tasks/{step}\?try_number={figures['attempt']}$")
     )
+
+
+def shown_ids(frame: Any) -> list[int]:
+    return [int(i) for i in frame.locator("#history tbody tr").evaluate_all("rows => rows.map((r) => r.dataset.id)")]
+
+
+def check_history_filters_sort_and_address(page: Any, frame: Any, stats: dict[int, dict[str, Any]]) -> None:
+    """History filtered by status and kind, sorted by a head's click, paged; each state is the address of
+    Airflow's tab too: a reload opens the same page."""
+    from playwright.sync_api import expect
+
+    def kind(s: dict[str, Any]) -> str:
+        return "restore" if s.get("restored") else s.get("type", "checkpoint")
+
+    def wait_for(expected: list[int], state: str) -> None:
+        """The History of address ``state`` is shown (not an earlier one), with the rows ``expected``."""
+        expect(frame.locator("#history")).to_have_attribute("data-state", state)
+        poll(f"History to show {expected}", lambda: shown_ids(frame) == expected, UI_TIMEOUT_MS / 1000, interval=0.2)
+
+    newest_first = sorted(stats, reverse=True)
+    status = "ABORTED" if any(s["status"] == "ABORTED" for s in stats.values()) else "COMPLETED"
+    frame.locator("#filter-status").select_option(status)
+    wait_for([c for c in newest_first if stats[c]["status"] == status][:20], f"history?status={status}")
+    expect(page).to_have_url(re.compile(rf"#history\?status={status}$"))  # Airflow's address bar keeps it
+    shot(page, "history-filtered")
+    frame.locator("#clear-filters").click()
+    wait_for(newest_first[:20], "history")
+    frame.locator("#filter-kind").select_option("checkpoint")
+    checkpoints = [c for c in newest_first if kind(stats[c]) == "checkpoint"]
+    wait_for(checkpoints[:20], "history?kind=checkpoint")
+
+    def by(field: str, descending: bool) -> list[int]:  # unknown values last either way, ties newest first
+        known = [c for c in checkpoints if stats[c].get(field) is not None]
+        rest = [c for c in checkpoints if stats[c].get(field) is None]
+        return sorted(known, key=lambda c: stats[c][field] * (-1 if descending else 1)) + rest
+
+    frame.locator("#history thead th", has_text="Duration").click()  # longest first
+    wait_for(by("duration_seconds", True)[:20], "history?kind=checkpoint&sort=duration")
+    expect(frame.locator("#history thead th", has_text="Duration")).to_have_attribute("aria-sort", "descending")
+    frame.locator("#history thead th", has_text="Duration").click()  # again: shortest first
+    wait_for(by("duration_seconds", False)[:20], "history?kind=checkpoint&sort=duration&order=asc")
+    frame.locator("#history thead th", has_text="Trigger time").click()
+    by_time = by("trigger_time", True)
+    wait_for(by_time[:20], "history?kind=checkpoint&sort=time")
+    expect(page).to_have_url(re.compile(r"#history\?kind=checkpoint&sort=time$"))
+
+    # two rows a page: page 2 is in the address, and a reload of Airflow's tab opens it again
+    assert len(checkpoints) >= 3, "page 2 of two rows needs three checkpoints"
+    inner_frame(page).evaluate("location.hash = 'history?kind=checkpoint&sort=time&size=2'")
+    wait_for(by_time[:2], "history?kind=checkpoint&sort=time&size=2")
+    frame.locator("#older").click()
+    wait_for(by_time[2:4], "history?kind=checkpoint&sort=time&page=2&size=2")
+    expect(page).to_have_url(re.compile(r"#history\?kind=checkpoint&sort=time&page=2&size=2$"))
+    expect(frame.locator("#page-info")).to_contain_text(f"Page 2 of {math.ceil(len(checkpoints) / 2)}")
+    page.reload()
+    frame = page.frame_locator("iframe")
+    wait_for(by_time[2:4], "history?kind=checkpoint&sort=time&page=2&size=2")
+    expect(frame.locator("#filter-kind")).to_have_value("checkpoint")
+    shot(page, "history-page-2-after-reload")
+    frame.locator(f'#history tbody tr[data-id="{by_time[2]}"] td').nth(2).click()
+    expect(frame.locator("#detail-title")).to_have_text(f"Checkpoint {by_time[2]}")
+    frame.locator("a.back").click()  # back to the page it was opened from
+    wait_for(by_time[2:4], "history?kind=checkpoint&sort=time&page=2&size=2")
 
 
 def check_detail(frame: Any, live: LiveAirflow, checkpoint_id: int, truth: dict[str, Any]) -> None:
@@ -332,6 +405,12 @@ def test_detail_shows_a_full_abort_reason_and_a_commit_by_the_next_trigger(
     expect(box).to_be_visible()
     expect(box).to_have_text(f"{record['reason']} {record['message']}")  # all of it, in the page
     assert box.evaluate("e => e.scrollHeight <= e.clientHeight && e.scrollWidth <= e.clientWidth")
+    shown = page.locator(".card dl.fields").first.inner_text()
+    assert "- rows" not in shown and "(sinks -)" not in shown, f"dash fragments in an aborted detail: {shown}"
+    page.goto(f"{live.base_url}/checkpoints/ui/?dag_id={PIPELINE}#history?status=ABORTED")  # a shared History link
+    status = page.locator(f'#history tbody tr[data-id="{aborted}"] td.status')
+    expect(status).to_contain_text(f"{record['reason']} {record['message']}")  # the whole reason, as in the detail
+    expect(page.locator("#filter-status")).to_have_value("ABORTED")
 
     record = read_json(live.job_dir / "_stats" / f"{by_trigger}.json")
     assert (record["status"], record["committed_by"]) == ("COMPLETED", "trigger"), record
@@ -385,16 +464,22 @@ def test_overview_summary_and_configuration(page: Any, live_airflow: LiveAirflow
     expect(frame.locator("#summary-count")).to_contain_text(f"the {len(done)} ")
     summary = {r[""]: r for r in table_rows(frame, "summary")}
     for label, figure, fmt in (
-        ("Duration", lambda s: s["duration_seconds"], fmt_duration),
-        ("State size", lambda s: s["state_size"], fmt_bytes),
-        ("Records in", lambda s: s["records_in"], fmt_count),
-        ("Written", written, fmt_bytes),
+        ("End-to-end duration", lambda s: s["duration_seconds"], fmt_duration),
+        ("Checkpointed data size", lambda s: s["state_size"], fmt_bytes),
+        ("Processed rows", lambda s: s["records_in"], fmt_count),
+        ("Written (state and sinks)", written, fmt_bytes),
     ):
         values = [figure(s) for s in done]
         expected = {"Min": fmt(min(values)), "Average": fmt(sum(values) / len(values)), "Max": fmt(max(values))}
+        expected |= {f"p{p}": fmt(nearest_rank(values, p)) for p in (50, 90, 99)}
         assert {k: summary[label][k] for k in expected} == expected, label
+    expect(frame.locator("#summary thead th")).to_have_text(["", "Min", "Average", "p50", "p90", "p99", "Max"])
     recent = sorted(stats, reverse=True)[:100]
     expect(frame.locator("#chart-duration circle")).to_have_count(len(recent))
+    inner = inner_frame(page)
+    assert min(inner.evaluate(RENDERED_TEXT_PX, "#view svg text")) >= 11.5, "chart labels render at 12 px"
+    line = frame.locator("#chart-duration polyline.series").get_attribute("points") or ""
+    assert len(line.split()) == sum(stats[c]["status"] == "COMPLETED" for c in recent), "the line joins completed only"
     expect(frame.locator("#chart-size circle")).to_have_count(sum(stats[c]["status"] == "COMPLETED" for c in recent))
     shot(page, "summary")
 
@@ -544,6 +629,31 @@ def test_a_viewer_sees_the_actions_disabled_with_the_reason(browser: Any, live_a
         context.close()
 
 
+LINES = """(selector) => [...document.querySelectorAll(selector)].map((cell) => {
+  const text = document.createRange();
+  text.selectNodeContents(cell);
+  return new Set([...text.getClientRects()].map((r) => Math.round(r.top))).size;
+})"""
+
+RENDERED_TEXT_PX = """(selector) => [...document.querySelectorAll(selector)].map((t) => {
+  const svg = t.ownerSVGElement;
+  return parseFloat(getComputedStyle(t).fontSize) * svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+})"""
+
+CONTRAST = """([selector, property, behind]) => {  // WCAG contrast ratio of a color against a background
+  const luminance = (color) => {
+    const c = document.createElement("canvas").getContext("2d");
+    c.fillStyle = color;
+    c.fillRect(0, 0, 1, 1);
+    const [r, g, b] = [...c.getImageData(0, 0, 1, 1).data].slice(0, 3)
+      .map((v) => (v / 255 <= 0.03928 ? v / 255 / 12.92 : ((v / 255 + 0.055) / 1.055) ** 2.4));
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const a = luminance(getComputedStyle(document.querySelector(selector))[property]);
+  const b = luminance(getComputedStyle(document.querySelector(behind)).backgroundColor);
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
 LIGHTNESS = """(selector) => {
   const c = document.createElement("canvas").getContext("2d");  // any CSS color (oklch, rgb) to sRGB
   c.fillStyle = getComputedStyle(document.querySelector(selector || "body")).backgroundColor;
@@ -590,6 +700,8 @@ def test_dark_mode_follows_airflow_and_tables_fit_1280(
         if view == "overview":  # cards and table heads sit above Airflow's page, not black on its navy
             page_tone = inner.evaluate(LIGHTNESS)
             assert page_tone < inner.evaluate(LIGHTNESS, ".card") < inner.evaluate(LIGHTNESS, "thead th") < 0.3
+        if view == "summary":  # the chart's line stands out on Airflow's dark card (WCAG: 3:1 for graphics)
+            assert inner.evaluate(CONTRAST, ["#chart-duration .series", "stroke", ".charts .card"]) >= 3
         shot(page, f"dark-{view}")
     newest = max(all_stats(live))
     inner.evaluate(f"location.hash = 'checkpoint={newest}'")

@@ -154,6 +154,22 @@ def test_overview_and_summary_count_what_the_records_say(records, flying):
         got = figures[name]
         assert (got["min"], got["max"]) == expected[::2]
         assert got["avg"] == expected[1] or abs(got["avg"] - expected[1]) <= 1e-9 * max(1.0, abs(expected[1]))
+        for p in (50, 90, 99):  # nearest rank: the least value with at least p % of the values at or below it
+            at_least = [v for v in values if 100 * sum(x <= v for x in values) >= p * len(values)]
+            assert got[f"p{p}"] == (min(at_least) if values else None), (name, p)
+
+
+def test_percentiles_of_a_hundred_checkpoints_are_flinks_ranks():
+    rows = [
+        stats.history_row({"checkpoint_id": i, "status": "COMPLETED", "duration_seconds": float(i), "records_in": i})
+        for i in range(100, 0, -1)
+    ]
+    rows.append(stats.history_row({"checkpoint_id": 101, "status": "ABORTED", "duration_seconds": 1e6}))
+    figures = summary(rows)
+    assert figures["checkpoints"] == 100  # the aborted one's figures are partial: left out
+    assert figures["duration_seconds"] == {"min": 1, "avg": 50.5, "p50": 50, "p90": 90, "p99": 99, "max": 100}
+    assert figures["state_size"] == dict.fromkeys(("min", "avg", "p50", "p90", "p99", "max"))
+    served(models.Summary, figures)
 
 
 def test_a_restore_is_what_the_record_says_it_is():

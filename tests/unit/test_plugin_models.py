@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from airflow_provider_checkpoint.jobs import reports, views
@@ -86,3 +87,44 @@ def test_every_view_shows_the_metadata_completion_time(tmp_path: Path) -> None:
     }
     assert written == T0 + 101 and shown == dict.fromkeys(shown, written)
     assert reports.history(env.storage)["rows"][0]["duration_seconds"] == written - T0 - 100
+
+
+def test_history_filters_by_status_and_kind_and_sorts_by_id_time_or_duration(tmp_path: Path) -> None:
+    from airflow_provider_checkpoint.exceptions import RefusedInputError
+    from airflow_provider_checkpoint.storage.stats import StatsStore
+
+    env = make_env(tmp_path)
+    store = StatsStore(env.storage)
+    kinds = {1: "checkpoint", 2: "savepoint", 3: "restore", 4: "checkpoint", 5: "checkpoint", 6: "savepoint"}
+    durations = {1: 4.0, 2: 9.5, 3: None, 4: 0.25, 5: 9.5, 6: 2.0}
+    for cid, kind in kinds.items():
+        store.write(
+            cid,
+            {
+                "checkpoint_id": cid,
+                "status": "ABORTED" if cid in (4, 5) else "COMPLETED",
+                "type": "savepoint" if kind == "savepoint" else "checkpoint",
+                "restored": kind == "restore",
+                "trigger_time": T0 + 10 * (7 - cid),  # the newest triggered first: time order is not id order
+                "duration_seconds": durations[cid],
+            },
+        )
+
+    def ids(**how: Any) -> list[int]:
+        page = reports.history(env.storage, 0, 20, **how)
+        assert page["total"] == len(page["rows"])
+        served(HistoryPage, page)
+        return [r["checkpoint_id"] for r in page["rows"]]
+
+    assert ids() == [6, 5, 4, 3, 2, 1]
+    assert ids(descending=False) == [1, 2, 3, 4, 5, 6]
+    assert ids(status="ABORTED") == [5, 4] and ids(status="UNKNOWN") == []
+    assert ids(kind="savepoint") == [6, 2] and ids(kind="restore") == [3] and ids(kind="checkpoint") == [5, 4, 1]
+    assert ids(kind="checkpoint", status="COMPLETED") == [1]
+    assert ids(sort="time") == [1, 2, 3, 4, 5, 6] and ids(sort="time", descending=False) == [6, 5, 4, 3, 2, 1]
+    assert ids(sort="duration") == [5, 2, 1, 6, 4, 3], "longest first, ties newest first, unknown last"
+    assert ids(sort="duration", descending=False) == [4, 6, 1, 5, 2, 3], "unknown last either way"
+    assert [r["checkpoint_id"] for r in reports.history(env.storage, 2, 2, sort="duration")["rows"]] == [1, 6]
+    for bad in ({"status": "completed"}, {"kind": "restores"}, {"sort": "size"}):
+        with pytest.raises(RefusedInputError, match="must be one of"):
+            reports.history(env.storage, **bad)  # type: ignore[arg-type]

@@ -86,20 +86,16 @@ export function time(seconds) {
   return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second}`;
 }
 
+// Airflow's duration format (its renderDuration): "00:00:49.282" under a minute, "00:04:05" under a day,
+// "3d04:00:00" beyond; "-" when unknown.
 export function duration(s) {
   if (s == null) return "-";
-  if (s <= 0) return "0s";
-  if (s < 1) return `${Math.round(s * 1000)}ms`;
-  if (s < 60) return `${s.toFixed(1)}s`;
-  let m = Math.floor(Math.round(s) / 60);
-  const sec = Math.round(s) % 60;
-  if (m < 60) return `${m}m ${String(sec).padStart(2, "0")}s`;
-  let h = Math.floor(m / 60);
-  m %= 60;
-  if (h < 24) return `${h}h ${String(m).padStart(2, "0")}m`;
-  const d = Math.floor(h / 24);
-  h %= 24;
-  return `${d}d ${String(h).padStart(2, "0")}h`;
+  const ms = Math.max(0, Math.round(Number(s.toFixed(3)) * 1000));
+  const pad = (n, width = 2) => String(n).padStart(width, "0");
+  const total = Math.floor(ms / 1000);
+  const clock = `${pad(Math.floor(total / 3600) % 24)}:${pad(Math.floor(total / 60) % 60)}:${pad(total % 60)}`;
+  if (total < 60 && ms % 1000) return `${clock}.${pad(ms % 1000, 3)}`;
+  return total < 86400 ? clock : `${Math.floor(total / 86400)}d${clock}`;
 }
 
 export function bytes(n) {
@@ -124,9 +120,26 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-// a checkpoint's or job's status in the colors of Airflow's task states; task states as they are
+// a checkpoint's or job's status as Airflow's state badge: its state colors and icons; task states as they are
 const BADGE = { COMPLETED: "success", RUNNING: "running", ABORTED: "failed", FAILED: "failed", UNREADABLE: "failed", STOPPED: "queued" };
-export function badge(state) { return el("span", { class: `badge ${BADGE[state] || state.toLowerCase()}` }, state); }
+const ICON = { // the shapes of Airflow's StateIcon (check, cross, activity, queue, redo; else a dashed circle)
+  success: "M20 6 9 17l-5-5", failed: "M18 6 6 18M6 6l12 12", running: "M22 12h-4l-3 9L9 3l-3 9H2",
+  queued: "M4 6h16M4 12h16M4 18h10", up_for_retry: "M15 14l5-5-5-5M20 9H9.5A5.5 5.5 0 0 0 4 14.5 5.5 5.5 0 0 0 9.5 20H13",
+};
+const SVG_NS = "http://www.w3.org/2000/svg";
+function stateIcon(kind) {
+  const svg = document.createElementNS(SVG_NS, "svg");
+  for (const [k, v] of Object.entries({ viewBox: "0 0 24 24", class: "state-icon", "aria-hidden": "true" })) svg.setAttribute(k, v);
+  const shape = document.createElementNS(SVG_NS, ICON[kind] ? "path" : "circle");
+  const attrs = ICON[kind] ? { d: ICON[kind] } : { cx: 12, cy: 12, r: 9, "stroke-dasharray": "3 3" };
+  for (const [k, v] of Object.entries(attrs)) shape.setAttribute(k, v);
+  svg.append(shape);
+  return svg;
+}
+export function badge(state) {
+  const kind = BADGE[state] || state.toLowerCase();
+  return el("span", { class: `badge ${kind}` }, stateIcon(kind), state);
+}
 
 // numeric cells are right-aligned and never wrap
 export function num(value) { return el("td", { class: "num" }, value); }

@@ -1,6 +1,6 @@
 // Checkpoint detail: everything one checkpoint recorded, per step and per sink.
 import { airflowLink, badge, bytes, count, dagApi, duration, el, fields, num, table, time } from "./common.js";
-import { discardedBadge, restoredFrom, runPath } from "./history.js";
+import { backToHistory, discardedBadge, restoredFrom, runPath } from "./history.js";
 
 // Each try links to its task instance in Airflow (its logs), as Airflow's own try selector does.
 function attempts(step, runId) {
@@ -71,7 +71,7 @@ export async function showDetail(view, id) {
   const r = d.row;
   const aligned = d.steps.some((s) => Object.keys(s.input_records || {}).length > 1); // multi-input steps
   const delta = d.sinks.some((k) => k.delta_version != null);
-  const back = el("a", { href: "#history", class: "back" }, "‹ History");
+  const back = el("a", { href: backToHistory(), class: "back" }, "‹ History");
   const discarded = r.status === "COMPLETED" && !d.metadata_path; // its _metadata is gone: retention deleted it
   const letters = d.sinks.filter((k) => k.kind === "dead_letters" && k.rows != null);
   const deadLetters = letters.length ? letters.reduce((n, k) => n + k.rows, 0) : null;

@@ -18,7 +18,7 @@ const TABS = {
 };
 
 function route() {
-  const hash = location.hash.slice(1);
+  const hash = location.hash.slice(1).split("?")[0]; // a view's own state follows "?" (History's filters, page)
   const detail = /^checkpoint=(\d+)$/.exec(hash);
   if (detail) return { tab: "history", checkpoint: detail[1] };
   return { tab: TABS[hash] ? hash : "overview" };
@@ -73,7 +73,7 @@ async function render() {
       for (const a of document.querySelectorAll("#tabs a")) {
         a.setAttribute("aria-selected", String(!checkpoint && a.hash === `#${tab}`));
       }
-      if (checkpoint) await showDetail(into, checkpoint); else await TABS[tab](into, status, render);
+      if (checkpoint) await showDetail(into, checkpoint); else await TABS[tab](into, status);
     }
     clearLoadError();
   } catch (e) {
@@ -95,9 +95,31 @@ addEventListener("storage", (e) => {
   document.getElementById("tz").textContent = `times in ${useChosenZone()}`;
   render();
 });
+// In Airflow's DAG tab the view's address (#history?page=2, #checkpoint=7) is also the Airflow page's hash:
+// reloading the tab or sharing its URL opens the same view (the iframe's own address is not in the bar).
+function airflowLocation() {
+  try {
+    return window.parent !== window ? window.parent.location : null;
+  } catch (e) {
+    return null; // another origin
+  }
+}
+
+function mirrorHash() {
+  const top = airflowLocation();
+  if (!top || top.hash === location.hash) return;
+  const url = new URL(top.href);
+  url.hash = location.hash;
+  window.parent.history.replaceState(window.parent.history.state, "", url); // Airflow's router state kept
+}
+
 if (dagId) {
   document.getElementById("job-header").hidden = false;
   wireActions();
-  addEventListener("hashchange", render);
+  const shared = airflowLocation()?.hash || "";
+  if (!location.hash && /^#(overview|history|summary|configuration|in-progress|checkpoint=\d+)\b/.test(shared)) {
+    history.replaceState(null, "", shared);
+  }
+  addEventListener("hashchange", () => { mirrorHash(); render(); });
 }
 render();

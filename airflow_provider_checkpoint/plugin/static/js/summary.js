@@ -1,5 +1,5 @@
-// Summary: min / average / max over the retained completed checkpoints, and two charts
-// (duration and state size per checkpoint, from the newest 100 of the history).
+// Summary: min / average / p50 / p90 / p99 / max over the completed checkpoints of the history (computed by
+// the server), and two charts (duration and state size per checkpoint, from the newest 100 of the history).
 import { bytes, count, dagApi, duration, el, num, table } from "./common.js";
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -13,8 +13,9 @@ function roundUp(max, kind) {
   return SECONDS.find((s) => s >= max) ?? Math.ceil(max / 86400) * 86400;
 }
 
-function chart(id, rows, value, format, kind) {
-  const W = 480, H = 180, L = 64, R = 12, T = 12, B = 28;
+// W: the chart's width in pixels, so its 12 px labels render at 12 px (the SVG is drawn 1:1).
+function chart(id, rows, value, format, kind, W) {
+  const H = 180, L = 92, R = 12, T = 12, B = 28;
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("id", id);
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -53,22 +54,34 @@ function chart(id, rows, value, format, kind) {
   return svg;
 }
 
+const FIGURES = ["min", "avg", "p50", "p90", "p99", "max"];
+
 function stat(label, m, format) {
-  return el("tr", { "data-stat": label }, el("th", { scope: "row" }, label), num(format(m.min)), num(format(m.avg)), num(format(m.max)));
+  return el("tr", { "data-stat": label }, el("th", { scope: "row" }, label), FIGURES.map((f) => num(format(m[f]))));
+}
+
+// The width of one chart: two side by side when each gets 320 px (the .charts grid), less the card's padding.
+function chartWidth() {
+  const width = document.getElementById("view").clientWidth || 960;
+  const columns = width >= 2 * 320 + 12 ? 2 : 1;
+  return Math.max(240, Math.floor((width - 12 * (columns - 1)) / columns) - 34);
 }
 
 export async function showSummary(view) {
   const [s, recent] = await Promise.all([dagApi("/summary"), dagApi("/history?offset=0&limit=100")]);
+  const W = chartWidth();
   view.replaceChildren(
     el("p", { class: "muted", id: "summary-count" }, `Over the ${s.checkpoints} completed checkpoint${s.checkpoints === 1 ? "" : "s"} of the history.`),
-    table(["", { label: "Min", num: true }, { label: "Average", num: true }, { label: "Max", num: true }], [
-      stat("Duration", s.duration_seconds, duration), stat("State size", s.state_size, bytes),
-      stat("Records in", s.records_in, count), stat("Written", s.bytes_written, bytes),
+    table(["", ...["Min", "Average", "p50", "p90", "p99", "Max"].map((label) => ({ label, num: true }))], [
+      stat("End-to-end duration", s.duration_seconds, duration), stat("Checkpointed data size", s.state_size, bytes),
+      stat("Processed rows", s.records_in, count), stat("Written (state and sinks)", s.bytes_written, bytes),
     ], { id: "summary" }),
+    el("p", { class: "muted", id: "summary-note" }, "Percentiles by nearest rank: p90 is the smallest figure at or above "
+      + "90 % of the checkpoints' (as Flink's p50, p90, p99). Aborted checkpoints are left out: their figures are partial."),
     el("div", { class: "charts" },
       el("figure", { class: "card" }, el("figcaption", {}, "Duration per checkpoint"),
-        chart("chart-duration", recent.rows, (r) => r.duration_seconds, duration, "seconds")),
+        chart("chart-duration", recent.rows, (r) => r.duration_seconds, duration, "seconds", W)),
       el("figure", { class: "card" }, el("figcaption", {}, "State size per completed checkpoint"),
-        chart("chart-size", recent.rows.filter((r) => r.status === "COMPLETED"), (r) => r.state_size, bytes, "bytes"))),
+        chart("chart-size", recent.rows.filter((r) => r.status === "COMPLETED"), (r) => r.state_size, bytes, "bytes", W))),
   );
 }
