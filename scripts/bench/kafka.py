@@ -24,11 +24,9 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +35,10 @@ import pyarrow.dataset as ds
 
 from bench.inprocess import machine_facts, start_spark
 from bench.measure import CpuMeter, elapsed, log, settle
-from bench.sides import STORES
+from bench.sides import STORES, VersionedTable
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
@@ -111,33 +109,8 @@ class StreamingKafka:
 
     def __init__(self, spark: SparkSession, servers: str, topic: str, root: Path) -> None:
         self.spark, self.servers, self.topic = spark, servers, topic
-        self.checkpoint, self.versions, self.table = root / "checkpoint", root / "table-versions", root / "table"
-        self.versions.mkdir(parents=True, exist_ok=True)
-
-    def _current(self) -> int | None:
-        if not os.path.islink(self.table):
-            return None
-        return int(re.fullmatch(r"v-(\d+)", Path(os.readlink(self.table)).name).group(1))  # type: ignore[union-attr]
-
-    def _merge(self, batch: DataFrame, batch_id: int) -> None:
-        """Publish (previous table − changed users) ∪ changed rows as a new full table version."""
-        current = self._current()
-        if current is not None and current >= batch_id:
-            return  # a replayed batch, published already
-        changed = batch.persist()
-        merged = changed
-        if current is not None:
-            old = batch.sparkSession.read.parquet(str(self.versions / f"v-{current:010d}"))
-            merged = old.join(changed.select("user"), "user", "left_anti").unionByName(changed)
-        target = self.versions / f"v-{batch_id:010d}"
-        merged.coalesce(4).write.mode("overwrite").parquet(str(target))
-        changed.unpersist()
-        link = self.table.parent / f".table.{uuid.uuid4().hex}"
-        os.symlink(f"{self.versions.name}/{target.name}", link)
-        os.replace(link, self.table)
-        for old_version in self.versions.iterdir():
-            if old_version.name != target.name:
-                shutil.rmtree(old_version)
+        self.checkpoint = root / "checkpoint"
+        self.published = VersionedTable(root)
 
     def run(self) -> tuple[float, int]:
         """Seconds of one ``availableNow`` run (query start to termination) and the records it read."""
@@ -158,7 +131,7 @@ class StreamingKafka:
             totals.writeStream.outputMode("update")
             .option("checkpointLocation", str(self.checkpoint))
             .trigger(availableNow=True)
-            .foreachBatch(self._merge)
+            .foreachBatch(lambda batch, batch_id: self.published.merge(batch, batch_id, None, 4))
         )
         for key, value in STORES["rocksdb"].items():
             self.spark.conf.set(key, value)
@@ -169,7 +142,7 @@ class StreamingKafka:
         return seconds, sum(p.numInputRows for p in query.recentProgress)
 
     def output(self) -> pd.DataFrame:
-        return ds.dataset(str(self.table / ""), format="parquet").to_table().to_pandas()
+        return ds.dataset(str(self.published.table / ""), format="parquet").to_table().to_pandas()
 
 
 def _totals_match(got: pd.DataFrame, totals: dict[str, tuple[int, int]]) -> bool:

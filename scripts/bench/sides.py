@@ -154,6 +154,40 @@ class Ours:
         return footprint(listing(self.job_dir, self.table))
 
 
+class VersionedTable:
+    """A ``foreachBatch`` target for Structured Streaming's ``update`` output: each batch publishes
+    (previous table − changed users) ∪ changed rows as a new full version ``table-versions/v-<batch>``,
+    atomically, by replacing the symlink ``table``; a replayed batch already published is skipped."""
+
+    def __init__(self, root: Path) -> None:
+        self.versions, self.table = root / "table-versions", root / "table"
+        self.versions.mkdir(parents=True, exist_ok=True)
+
+    def current(self) -> int | None:
+        if not os.path.islink(self.table):
+            return None
+        return int(re.fullmatch(r"v-(\d+)", Path(os.readlink(self.table)).name).group(1))  # type: ignore[union-attr]
+
+    def merge(self, batch: DataFrame, batch_id: int, columns: list[str] | None, files: int) -> None:
+        current = self.current()
+        if current is not None and current >= batch_id:
+            return  # a replayed batch that was already published
+        changed = batch.persist()
+        merged = changed
+        if current is not None:
+            old = batch.sparkSession.read.parquet(str(self.versions / f"v-{current:010d}"))
+            merged = old.join(changed.select("user"), "user", "left_anti").unionByName(changed)
+        target = self.versions / f"v-{batch_id:010d}"
+        (merged.select(*columns) if columns else merged).coalesce(files).write.mode("overwrite").parquet(str(target))
+        changed.unpersist()
+        link = self.table.parent / f".table.{uuid.uuid4().hex}"
+        os.symlink(f"{self.versions.name}/{target.name}", link)
+        os.replace(link, self.table)  # atomic publish
+        for old_version in self.versions.iterdir():
+            if old_version.name != target.name:
+                shutil.rmtree(old_version)
+
+
 class Streaming:
     """The same job as a Structured Streaming query, restarted per increment (availableNow).
 
@@ -169,35 +203,12 @@ class Streaming:
         self.spark = spark
         self.landing = landing
         self.checkpoint = root / "checkpoint"
-        self.versions = root / "table-versions"
-        self.table = root / "table"  # symlink → table-versions/v-<batch>
+        self.published = VersionedTable(root)
+        self.table = self.published.table
         self.checkpoint.mkdir(parents=True, exist_ok=True)
-        self.versions.mkdir(parents=True, exist_ok=True)
-
-    def _current(self) -> int | None:
-        if not os.path.islink(self.table):
-            return None
-        return int(re.fullmatch(r"v-(\d+)", Path(os.readlink(self.table)).name).group(1))  # type: ignore[union-attr]
 
     def _merge(self, batch: DataFrame, batch_id: int) -> None:
-        """Publish (previous table − changed users) ∪ changed rows as a new full table version."""
-        current = self._current()
-        if current is not None and current >= batch_id:
-            return  # a replayed batch that was already published
-        changed = batch.persist()
-        merged = changed
-        if current is not None:
-            old = batch.sparkSession.read.parquet(str(self.versions / f"v-{current:010d}"))
-            merged = old.join(changed.select("user"), "user", "left_anti").unionByName(changed)
-        target = self.versions / f"v-{batch_id:010d}"
-        merged.select(*COLUMNS).coalesce(8).write.mode("overwrite").parquet(str(target))
-        changed.unpersist()
-        link = self.table.parent / f".table.{uuid.uuid4().hex}"
-        os.symlink(f"{self.versions.name}/{target.name}", link)
-        os.replace(link, self.table)  # atomic publish
-        for old_version in self.versions.iterdir():
-            if old_version.name != target.name:
-                shutil.rmtree(old_version)
+        self.published.merge(batch, batch_id, COLUMNS, 8)
 
     def run(self, i: int) -> SideResult:
         from pyspark.sql import functions as F
@@ -214,7 +225,7 @@ class Streaming:
         )
         for key, value in STORES[self.store].items():
             self.spark.conf.set(key, value)
-        with measured(self.spark, (self.checkpoint, self.versions)) as m:
+        with measured(self.spark, (self.checkpoint, self.published.versions)) as m:
             t0 = time.perf_counter()
             query = writer.start()
             query.awaitTermination()
@@ -222,7 +233,7 @@ class Streaming:
         before, after = m["before"], m["after"]
         chk, files_chk = written(before, after, lambda p: p.startswith(str(self.checkpoint) + "/"))
         state, _ = written(before, after, lambda p: p.startswith(str(self.checkpoint / "state") + "/"))
-        table, files_table = written(before, after, lambda p: p.startswith(str(self.versions) + "/"))
+        table, files_table = written(before, after, lambda p: p.startswith(str(self.published.versions) + "/"))
         progress = list(query.recentProgress)
         durations: dict[str, float] = {}
         for p in progress:
@@ -250,4 +261,4 @@ class Streaming:
         return read_parquet_dir(self.table)
 
     def footprint(self) -> int:
-        return footprint(listing(self.checkpoint, self.versions))
+        return footprint(listing(self.checkpoint, self.published.versions))
