@@ -32,7 +32,6 @@ from airflow_provider_checkpoint.core.keyed_state import (
     EVENT_TIME,
     PROCESSING_TIME,
     TYPES,
-    Clocks,
     KeyState,
     ListState,
     MapState,
@@ -43,7 +42,7 @@ from airflow_provider_checkpoint.core.keyed_state import (
     normalized,
     to_ms,
 )
-from airflow_provider_checkpoint.core.ttl import TTL
+from airflow_provider_checkpoint.core.ttl import TTL, Clocks
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 __all__ = [
@@ -135,7 +134,7 @@ class Context:
 
     def _expiry(self, spec: StateSpec) -> int | None:
         ttl = spec.ttl_spec()
-        now = self._clocks.of(ttl) if ttl else None
+        now = self._clocks.keep(ttl.time) if ttl else None
         return None if ttl is None or now is None else now + ttl.ms
 
     def _read(self, spec: StateSpec) -> Any:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_provider_checkpoint.core.ttl import TTL
+from airflow_provider_checkpoint.core.ttl import TTL, Clocks, live
 
 EVENT_TIME, PROCESSING_TIME = "event_time", "processing_time"
 """The kinds of timers (``Timer.kind``)."""
@@ -104,20 +104,6 @@ def load_value(type_: str, stored: Any) -> Any:
     return stored
 
 
-@dataclass
-class Clocks:
-    """The clocks of one checkpoint (ms): the watermark before it and the one it reaches (``None``: none
-    yet), and its trigger time."""
-
-    before: int | None
-    after: int | None
-    processing: int
-
-    def of(self, ttl: TTL) -> int | None:
-        """The clock ``ttl`` is judged by."""
-        return self.after if ttl.time == "event" else self.processing
-
-
 class KeyState:
     """One key's state: entries ``[value, expiry]`` by state name (a list: a list of them; a map:
     ``[key, value, expiry]``), and its timers."""
@@ -146,14 +132,14 @@ class KeyState:
                 del self.entries[name]
                 continue
             ttl = spec.ttl_spec()
-            now = clocks.of(ttl) if ttl else None
+            now = clocks.keep(ttl.time) if ttl else None
             if now is None:
                 continue
             if spec.kind == "value":
-                if self.entries[name] is not None and _expired(self.entries[name][-1], now):
+                if self.entries[name] is not None and not live(self.entries[name][-1], now):
                     del self.entries[name]
             else:
-                self.entries[name] = [e for e in self.entries[name] if not _expired(e[-1], now)]
+                self.entries[name] = [e for e in self.entries[name] if live(e[-1], now)]
 
     def wake(self, specs: Mapping[str, StateSpec]) -> tuple[int | None, int | None]:
         """The earliest time by event time and by processing time at which this key needs a visit
@@ -168,10 +154,6 @@ class KeyState:
             expiries = [stored[-1]] if specs[name].kind == "value" else [e[-1] for e in stored]
             times[EVENT_TIME if ttl.time == "event" else PROCESSING_TIME] += [e for e in expiries if e is not None]
         return min(times[EVENT_TIME], default=None), min(times[PROCESSING_TIME], default=None)
-
-
-def _expired(expiry: int | None, now: int) -> bool:
-    return expiry is not None and expiry <= now
 
 
 def normalized(spec: StateSpec) -> StateSpec:

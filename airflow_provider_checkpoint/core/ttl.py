@@ -7,8 +7,8 @@ A checkpoint judges expiry by one clock, read from what it already has, so retri
 
 - ``time="processing"``: the checkpoint's trigger time (the barrier's), before and after;
 - ``time="event"``: the watermark — the restore point's while the checkpoint's rows are merged
-  (:attr:`Clocks.read`), the one the checkpoint reaches when it decides what it keeps
-  (:attr:`Clocks.keep`); no watermark yet: nothing has expired.
+  (:meth:`Clocks.read`), the one the checkpoint reaches when it decides what it keeps
+  (:meth:`Clocks.keep`); no watermark yet: nothing has expired.
 
 A key's state is *live* while ``clock < expires_at`` (expired at ``expires_at <= clock``, the test
 windows and Spark's eviction use). Expired state is never read back: a key with new rows whose
@@ -73,22 +73,30 @@ class TTL:
 
 @dataclass(frozen=True)
 class Clocks:
-    """The clock (ms) a checkpoint reads state by (:attr:`read`) and keeps state by (:attr:`keep`);
-    ``None``: no time yet (no watermark), nothing expires."""
+    """The clocks of one checkpoint (ms): the watermark before it (:attr:`before`) and the one it reaches
+    (:attr:`after`), ``None`` while there is none, and its trigger time (:attr:`processing`, the
+    barrier's). State with a TTL by ``time`` is read by :meth:`read` and kept by :meth:`keep`."""
 
-    read: int | None
-    keep: int | None
-
-    @classmethod
-    def processing(cls, trigger_time: float) -> Clocks:
-        """Both clocks are the checkpoint's trigger time (seconds, as the barrier has it)."""
-        ms = int(round(trigger_time * 1000))
-        return cls(ms, ms)
+    before: int | None
+    after: int | None
+    processing: int
 
     @classmethod
-    def event(cls, before: WatermarkProgress, after: WatermarkProgress) -> Clocks:
-        """Rows are merged at the restore point's watermark, state kept by the one reached."""
-        return cls(before.watermark, after.watermark)
+    def of_checkpoint(
+        cls, trigger_time: float, before: WatermarkProgress | None = None, after: WatermarkProgress | None = None
+    ) -> Clocks:
+        """From the barrier's trigger time (seconds) and, with event time, the watermarks before and after."""
+        return cls(
+            before.watermark if before else None, after.watermark if after else None, int(round(trigger_time * 1000))
+        )
+
+    def read(self, time: str) -> int | None:
+        """The clock state is read by while rows are merged: the restore point's watermark, or the trigger time."""
+        return self.before if time == "event" else self.processing
+
+    def keep(self, time: str) -> int | None:
+        """The clock that decides what the checkpoint keeps: the watermark reached, or the trigger time."""
+        return self.after if time == "event" else self.processing
 
 
 def live(expires_at: int | None, clock: int | None) -> bool:

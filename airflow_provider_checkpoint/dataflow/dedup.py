@@ -77,7 +77,7 @@ class Deduplicate(StatefulOperator):
         self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]]:
         rows = with_event_time(inputs[self.inputs[0].uid], self.uid, self.watermark.column, keep_nulls=True)
-        return advance(rows, before, self.watermark.bound_ms, judge_late=True)
+        return advance(rows, before, self.watermark.bound_ms, late=late(before))
 
     def process_at(
         self,

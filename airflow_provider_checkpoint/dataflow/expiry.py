@@ -9,6 +9,7 @@ microsecond ones exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress
@@ -22,6 +23,8 @@ TS_US = "__ts_us"
 """A row's event time in microseconds (:func:`with_event_time`)."""
 TS_MS_UP = "__ts_ms_up"
 """A row's event time in milliseconds, rounded up (:func:`with_event_time`)."""
+EVENT_TIME_COLUMNS = (TS_US, TS_MS_UP)
+"""The columns :func:`with_event_time` adds."""
 
 
 def with_event_time(df: DataFrame, uid: str, column: str, keep_nulls: bool = False) -> DataFrame:
@@ -53,24 +56,41 @@ def late(before: WatermarkProgress) -> Column:
     return F.col(TS_US) <= F.lit(before.watermark * 1000)
 
 
-def advance(
-    rows: DataFrame, before: WatermarkProgress, bound_ms: int, judge_late: bool
-) -> tuple[WatermarkProgress, dict[str, int]]:
-    """One pass over ``rows`` (with :data:`TS_US`, nulls kept): the watermark reached from ``before``
-    and the metrics ``rows_without_event_time`` and, if ``judge_late``, ``late_rows_dropped``."""
+@dataclass(frozen=True)
+class Seen:
+    """What one pass over an input's rows found (:func:`observe`)."""
+
+    top: int | None
+    """The greatest event time (ms, rounded down), ``None``: no row has one."""
+    late: int
+    """Rows the ``late`` rule given to :func:`observe` marks (0 without one)."""
+    untimed: int
+    """Rows without event time."""
+
+
+def observe(rows: DataFrame, late: Column | None = None) -> Seen:
+    """One pass over ``rows`` (with :data:`TS_US`, nulls kept): :class:`Seen`."""
     from pyspark.sql import functions as F
 
     top = rows.agg(
         F.max(TS_US).alias("top"),
-        F.count(F.when(late(before), 1)).alias("late"),
+        F.count(F.when(late if late is not None else F.lit(False), 1)).alias("late"),
         F.count(F.when(F.col(TS_US).isNull(), 1)).alias("untimed"),
     ).first()
     assert top is not None
-    seen = None if top["top"] is None else top["top"] // 1000
-    metrics = {"rows_without_event_time": int(top["untimed"])}
-    if judge_late:
-        metrics["late_rows_dropped"] = int(top["late"])
-    return before.advance(seen, bound_ms), metrics
+    return Seen(None if top["top"] is None else top["top"] // 1000, int(top["late"]), int(top["untimed"]))
+
+
+def advance(
+    rows: DataFrame, before: WatermarkProgress, bound_ms: int, late: Column | None = None
+) -> tuple[WatermarkProgress, dict[str, int]]:
+    """One pass over ``rows`` (with :data:`TS_US`, nulls kept): the watermark reached from ``before``
+    and the metrics ``rows_without_event_time`` and, given a ``late`` rule, ``late_rows_dropped``."""
+    seen = observe(rows, late)
+    metrics = {"rows_without_event_time": seen.untimed}
+    if late is not None:
+        metrics["late_rows_dropped"] = seen.late
+    return before.advance(seen.top, bound_ms), metrics
 
 
 def live_state(state: DataFrame, clock: int | None) -> DataFrame:

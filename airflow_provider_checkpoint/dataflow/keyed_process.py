@@ -30,6 +30,7 @@ from airflow_provider_checkpoint.core.keyed_process import (
     run_key,
 )
 from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, advance, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
@@ -98,22 +99,13 @@ class KeyedProcess(StatefulOperator):
     ) -> tuple[WatermarkProgress, dict[str, int]] | None:
         if self.watermark is None:
             return None
-        from pyspark.sql import functions as F
-
-        ts = F.unix_micros(F.col(self._time_column(inputs)))
-        top = (
-            inputs[self.inputs[0].uid]
-            .agg(F.max(ts).alias("top"), F.count(F.when(ts.isNull(), 1)).alias("untimed"))
-            .first()
-        )
-        assert top is not None
-        seen = None if top["top"] is None else top["top"] // 1000
-        return before.advance(seen, self.watermark.bound_ms), {"rows_without_event_time": int(top["untimed"])}
+        rows = with_event_time(inputs[self.inputs[0].uid], self.uid, self.watermark.column, keep_nulls=True)
+        return advance(rows, before, self.watermark.bound_ms)
 
     def process(
         self, inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
     ) -> tuple[DataFrame, DataFrame]:
-        return self._run(inputs, state, Clocks(None, None, int(barrier.trigger_time * 1000)))
+        return self._run(inputs, state, Clocks.of_checkpoint(barrier.trigger_time))
 
     def process_at(
         self,
@@ -123,21 +115,7 @@ class KeyedProcess(StatefulOperator):
         before: WatermarkProgress,
         after: WatermarkProgress,
     ) -> tuple[DataFrame, DataFrame]:
-        return self._run(inputs, state, Clocks(before.watermark, after.watermark, int(barrier.trigger_time * 1000)))
-
-    def _time_column(self, inputs: Mapping[str, DataFrame]) -> str:
-        from pyspark.sql.types import TimestampType
-
-        assert self.watermark is not None
-        df, column = inputs[self.inputs[0].uid], self.watermark.column
-        field = df.schema[column] if column in df.columns else None
-        if field is None or not isinstance(field.dataType, TimestampType):
-            found = field.dataType.simpleString() if field is not None else "no such column"
-            raise PipelineDefinitionError(
-                f"{self.uid}: watermark column {column!r} must be a timestamp ({found}); "
-                f"cast it in a Transform first, e.g. F.col({column!r}).cast('timestamp')"
-            )
-        return column
+        return self._run(inputs, state, Clocks.of_checkpoint(barrier.trigger_time, before, after))
 
     def _run(self, inputs: Mapping[str, DataFrame], state: DataFrame, clocks: Clocks) -> tuple[DataFrame, DataFrame]:
         """The new state (visited keys' rows from the function, the others' as they were) and the output."""
@@ -146,7 +124,7 @@ class KeyedProcess(StatefulOperator):
 
         rows = inputs[self.inputs[0].uid]
         if self.watermark is not None:
-            rows = rows.where(F.col(self._time_column(inputs)).isNotNull())
+            rows = with_event_time(rows, self.uid, self.watermark.column).drop(*EVENT_TIME_COLUMNS)
         touched = other_side(rows.select(*self.keys).distinct().withColumn("__rows", F.lit(True)))
         flagged = state.join(touched, keys_match(self.keys), "left").select(*state.columns, OTHER + "__rows")
         due = F.col(OTHER + "__rows").isNotNull() | (F.col(WAKE_PROCESSING) <= F.lit(clocks.processing))

@@ -181,8 +181,8 @@ class KeyedAggregate(StatefulOperator):
             return super().process(inputs, state, barrier)
         from pyspark.sql import functions as F
 
-        clocks = Clocks.processing(barrier.trigger_time)
-        return self._expiring(inputs[self.inputs[0].uid], state, clocks, F.lit(clocks.read))
+        clocks = Clocks.of_checkpoint(barrier.trigger_time)
+        return self._expiring(inputs[self.inputs[0].uid], state, clocks, F.lit(clocks.processing))
 
     def event_time(
         self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
@@ -192,7 +192,7 @@ class KeyedAggregate(StatefulOperator):
             return None
         spec = self.ttl_watermark
         rows = with_event_time(inputs[self.inputs[0].uid], self.uid, spec.column, keep_nulls=True)
-        return advance(rows, before, spec.bound_ms, judge_late=False)
+        return advance(rows, before, spec.bound_ms)
 
     def process_at(
         self,
@@ -206,13 +206,13 @@ class KeyedAggregate(StatefulOperator):
 
         assert self.ttl_watermark is not None
         rows = with_event_time(inputs[self.inputs[0].uid], self.uid, self.ttl_watermark.column)
-        return self._expiring(rows, state, Clocks.event(before, after), F.col(TS_MS_UP))
+        return self._expiring(rows, state, Clocks.of_checkpoint(barrier.trigger_time, before, after), F.col(TS_MS_UP))
 
     def _expiring(
         self, input: DataFrame, state: DataFrame, clocks: Clocks, stamp: Column
     ) -> tuple[DataFrame, DataFrame]:
-        """The new state and output with expiry: state live at ``clocks.read`` merged with the input, each
-        touched key's expiry renewed from its rows' ``stamp`` (ms), and only keys live at ``clocks.keep`` kept."""
+        """The new state and output with expiry: state live at its read clock merged with the input, each
+        touched key's expiry renewed from its rows' ``stamp`` (ms), and only keys live at its keep clock kept."""
         from pyspark.sql import functions as F
 
         assert self.ttl is not None
@@ -222,9 +222,9 @@ class KeyedAggregate(StatefulOperator):
                 "a new uid to start with ttl (restore with allow_non_restored_state to drop the old state)"
             )
         input = input.withColumn(EXPIRES_AT, stamp + F.lit(self.ttl.ms))
-        merged = self._aggregated_with(live_state(state, clocks.read), input).persist()  # used twice
+        merged = self._aggregated_with(live_state(state, clocks.read(self.ttl.time)), input).persist()  # used twice
         changed = merged.where("__touched").drop("__touched", NEW, EXPIRES_AT)
-        return live_state(merged, clocks.keep).drop("__touched", NEW), self.output_of(changed)
+        return live_state(merged, clocks.keep(self.ttl.time)).drop("__touched", NEW), self.output_of(changed)
 
     def first_state(
         self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int

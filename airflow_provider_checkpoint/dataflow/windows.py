@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
+from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, TS_US, observe, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node, Transform, Union
 from airflow_provider_checkpoint.dataflow.operator import NEW
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
-_TS = "__ts_us"
 
 
 @dataclass(frozen=True)
@@ -212,20 +212,14 @@ class WindowAggregate(KeyedAggregate):
         from pyspark.sql import functions as F
 
         rows = self._timed(inputs[self.inputs[0].uid], keep_nulls=True)
-        late = self._late(self._latest_end(), before)
-        top = rows.agg(
-            F.max(_TS).alias("top"),
-            F.count(F.when(late, 1)).alias("late"),
-            F.count(F.when(F.col(_TS).isNull(), 1)).alias("untimed"),
-        ).first()
-        assert top is not None
+        seen = observe(rows, self._late(self._latest_end(), before))
         counted = "late_rows_output" if self.late == "output" else "late_rows_dropped"
-        metrics = {counted: int(top["late"]), "rows_without_event_time": int(top["untimed"])}
+        metrics = {counted: seen.late, "rows_without_event_time": seen.untimed}
         if len(self.bounds) == 1:
-            return before.advance(_ms(top["top"]), next(iter(self.bounds.values()))), metrics
-        seen = {uid: _ms(_first(self._timed(inputs[uid]).agg(F.max(_TS)))) for uid in self.bounds}
+            return before.advance(seen.top, next(iter(self.bounds.values()))), metrics
+        tops = {uid: _ms(_first(self._timed(inputs[uid]).agg(F.max(TS_US)))) for uid in self.bounds}
         now = round(barrier.trigger_time * 1000)
-        return combine(before, seen, self.bounds, now, self.idle_after_ms), metrics
+        return combine(before, tops, self.bounds, now, self.idle_after_ms), metrics
 
     def process_at(
         self,
@@ -239,7 +233,7 @@ class WindowAggregate(KeyedAggregate):
 
         timed = self._timed(inputs[self.inputs[0].uid])
         if self.late == "output":
-            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(_TS)
+            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(*EVENT_TIME_COLUMNS)
         rows = self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
         if self.window.kind == "session":
             state, rows = self._sessions(state, rows)
@@ -250,25 +244,14 @@ class WindowAggregate(KeyedAggregate):
         return merged.where(~closed).drop("__touched", NEW), self.output_of(emitted.drop("__touched", NEW))
 
     def _timed(self, df: DataFrame, keep_nulls: bool = False) -> DataFrame:
-        """``df`` with its event time in microseconds (:data:`_TS`); rows without one dropped unless ``keep_nulls``."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import TimestampType
-
-        field = df.schema[self.time_column] if self.time_column in df.columns else None
-        if field is None or not isinstance(field.dataType, TimestampType):
-            found = field.dataType.simpleString() if field is not None else "no such column"
-            raise PipelineDefinitionError(
-                f"{self.uid}: time column {self.time_column!r} must be a timestamp ({found}); "
-                f"cast it in a Transform first, e.g. F.col({self.time_column!r}).cast('timestamp')"
-            )
-        timed = df.withColumn(_TS, F.unix_micros(F.col(self.time_column)))
-        return timed if keep_nulls else timed.where(F.col(_TS).isNotNull())
+        """``df`` with its event time (:func:`~.expiry.with_event_time`) by the time column."""
+        return with_event_time(df, self.uid, self.time_column, keep_nulls)
 
     def _assigned(self, rows: DataFrame) -> DataFrame:
         """Each row once per window it belongs to, with ``window_start`` and ``window_end``."""
         from pyspark.sql import functions as F
 
-        ts, w = F.col(_TS), self.window
+        ts, w = F.col(TS_US), self.window
         if w.kind == "session":
             start, end = ts, ts + F.lit(w.gap_ms * 1000)
         else:
@@ -281,13 +264,13 @@ class WindowAggregate(KeyedAggregate):
         assigned = rows.withColumn(WINDOW_START, F.timestamp_micros(start)).withColumn(
             WINDOW_END, F.timestamp_micros(end)
         )
-        return assigned.where(F.col(_TS) < F.unix_micros(WINDOW_END)).drop(_TS, "__offset")
+        return assigned.where(F.col(TS_US) < F.unix_micros(WINDOW_END)).drop(*EVENT_TIME_COLUMNS, "__offset")
 
     def _latest_end(self) -> Column:
         """The end (µs) of the last window a row belongs to."""
         from pyspark.sql import functions as F
 
-        ts, w = F.col(_TS), self.window
+        ts, w = F.col(TS_US), self.window
         if w.kind == "session":
             return ts + F.lit(w.gap_ms * 1000)
         return ts - F.pmod(ts, F.lit(w.slide_ms * 1000)) + F.lit(w.size_ms * 1000)

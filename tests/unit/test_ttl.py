@@ -41,10 +41,15 @@ def test_an_update_never_shortens_a_life(old: int, stamp: int, ttl: int) -> None
 
 
 def test_the_clocks_of_a_checkpoint() -> None:
-    assert Clocks.processing(1_700_000_000.25) == Clocks(1_700_000_000_250, 1_700_000_000_250)
+    processing = Clocks.of_checkpoint(1_700_000_000.2496)  # rounded to the ms, not cut
+    assert processing == Clocks(None, None, 1_700_000_000_250)
+    assert (processing.read("processing"), processing.keep("processing")) == (1_700_000_000_250,) * 2
+    assert (processing.read("event"), processing.keep("event")) == (None, None)  # no watermark: nothing expires
     before, after = WatermarkProgress(100, 40), WatermarkProgress(300, 240)
-    assert Clocks.event(before, after) == Clocks(40, 240)
-    assert Clocks.event(WatermarkProgress(), WatermarkProgress()) == Clocks(None, None)
+    event = Clocks.of_checkpoint(5.0, before, after)
+    assert event == Clocks(40, 240, 5000)
+    assert (event.read("event"), event.keep("event"), event.keep("processing")) == (40, 240, 5000)
+    assert Clocks.of_checkpoint(5.0, WatermarkProgress(), WatermarkProgress()) == Clocks(None, None, 5000)
 
 
 def test_a_ttl_parses_and_names_its_mistakes() -> None:
