@@ -109,3 +109,11 @@ def test_the_marker_says_published_exactly_for_what_was(runs):
         if n:
             restored = max(1, n - back)
             assert marker.published(restored, token_of[restored]), f"restored {restored} published again: doubled"
+
+
+def test_a_new_checkpoint_staged_by_a_lagging_clock_is_not_taken_as_published():
+    """A full list of checkpoints 10..41; checkpoint 42 staged on a worker whose clock is behind all of
+    them is new by its id: it must be published (taking it for an old one would lose its records)."""
+    marker = Marker(tuple((i, f"{1000 + i:016x}{i:016x}") for i in range(10, 10 + HISTORY)))
+    assert not marker.published(10 + HISTORY, f"{500:016x}{42:016x}")
+    assert marker.published(9, f"{500:016x}{9:016x}")  # older by id and by time: a restored one

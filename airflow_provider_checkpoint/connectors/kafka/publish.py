@@ -79,9 +79,16 @@ class Marker:
         return json.dumps({"published": [list(e) for e in self.history]}, separators=(",", ":"))
 
     def published(self, checkpoint_id: int, token: str) -> bool:
+        """Listed, or older than the whole full list by id *and* by staging time: a restored checkpoint
+        published before the list's window. Both must hold: by id alone a job that lost its storage (ids
+        from 1 again) would skip its new checkpoints; by time alone a worker whose clock lags would."""
         if (checkpoint_id, token) in self.history:
             return True
-        return len(self.history) == HISTORY and all(t[:16] > token[:16] for _, t in self.history)
+        return (
+            len(self.history) == HISTORY
+            and all(i > checkpoint_id for i, _ in self.history)
+            and all(t[:16] > token[:16] for _, t in self.history)
+        )
 
     def latest(self) -> int:
         return max((i for i, _ in self.history), default=0)
