@@ -13,6 +13,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
+    .venv/bin/python scripts/benchmark.py kafka-sink --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --increments 3 --rounds 3
     .venv/bin/python scripts/benchmark.py jit --sizes 250000,1000000,4000000 --rounds 2
     .venv/bin/python scripts/benchmark.py windows --increments 30 --events 1000000 --users 1000000
@@ -38,6 +39,7 @@ from bench import (  # noqa: E402
     inprocess,
     jit,
     kafka,
+    kafkasink,
     longrun,
     postgres,
     report,
@@ -59,6 +61,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
     "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
+    "kafka-sink": (3, 1_000_000, 1),  # increments: rounds; events: records landed and published per round
     "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
     "jit": (1, 1, 1),  # --sizes keys, --rounds runs per JIT, each in a fresh process
     "windows": (30, 1_000_000, 1_000_000),  # a steady stream: 5 minutes of event time per checkpoint
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "postgres": "large-state",
         "state-io": "large-state",
         "kafka": "large-state",
+        "kafka-sink": "large-state",
         "first-checkpoint": "large-state",
         "jit": "large-state",
         "windows": "large-state",  # its own stream (bench.windows); the spec is unused
@@ -153,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "kafka":
         result = kafka.run(args.events, args.increments, work, args.seed)
         text = kafka.render(result)
+        ok = not result["problems"]
+    elif args.mode == "kafka-sink":
+        result = kafkasink.run(args.events, args.increments, work, args.seed)
+        text = kafkasink.render(result)
         ok = not result["problems"]
     elif args.mode == "first-checkpoint":
         sizes = [int(size) for size in args.sizes.split(",")]

@@ -1,0 +1,168 @@
+"""KafkaSink against one idempotent producer publishing the same records.
+
+Starts the Kafka broker the tests use (Apache Kafka, :func:`tests.servers.kafka.apache_kafka`) with
+two topics of 4 partitions. Per round, ``records`` small rows ``{user, page, ts}`` land as one JSON
+file, then, one after the other:
+
+- **checkpoint**: one checkpoint of ``FileSource`` → ``KafkaSink`` (key ``user``, JSON values) in one
+  embedded Spark session (``local[2]``): trigger, the step (read, stage the records in the checkpoint)
+  and finalize (one Kafka transaction producing them with the published marker);
+- **floor**: one ``confluent-kafka`` producer in this process with ``enable.idempotence`` producing the
+  same keys and values (already encoded here, so the floor pays no reading and no encoding) and
+  flushing.
+
+Every round is checked: a ``read_committed`` consumer finds in the sink's topic exactly the rows
+landed so far (each once, none missing), compared as parsed JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.inprocess import machine_facts, start_spark
+from bench.measure import CpuMeter, elapsed, log, settle
+
+REPO = Path(__file__).resolve().parents[2]
+PARTITIONS = 4
+USERS = 100_000
+SCHEMA = "user STRING, page STRING, ts LONG"
+
+
+def _land(landing: Path, n: int, seed: int) -> list[dict[str, Any]]:
+    """One JSON file of ``n`` rows in ``landing`` (written aside, then renamed); the rows."""
+    rng = random.Random(seed)
+    rows = [{"user": f"u{rng.randrange(USERS)}", "page": f"/p{i % 50}", "ts": seed * 10_000_000 + i} for i in range(n)]
+    part = landing / f".r{seed}.json"
+    part.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    part.rename(landing / f"r{seed}.json")
+    return rows
+
+
+def _floor(config: dict[str, str], topic: str, rows: list[dict[str, Any]]) -> float:
+    """Seconds for one idempotent producer to produce ``rows`` (encoded before the clock starts) and flush."""
+    from confluent_kafka import Producer
+
+    encoded = [(r["user"].encode(), json.dumps(r, separators=(",", ":")).encode()) for r in rows]
+    producer = Producer({**config, "enable.idempotence": True, "linger.ms": 50, "batch.size": 1_000_000})
+    started = time.perf_counter()
+    for key, value in encoded:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    left = producer.flush(60)
+    if left:
+        raise RuntimeError(f"the floor's producer left {left} records undelivered")
+    return elapsed(started)
+
+
+def _published(broker: Any, topic: str) -> list[tuple[str, str, int]]:
+    from tests.servers.kafka import consume
+
+    return sorted(
+        (m.key().decode(), (v := json.loads(m.value()))["page"], v["ts"])
+        for m in consume(broker, topic, "read_committed")
+    )
+
+
+def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO))
+    from airflow_provider_checkpoint.dataflow import FileSource, KafkaSink
+    from airflow_provider_checkpoint.testing.inprocess import make_job
+    from tests.servers.kafka import apache_kafka
+
+    root = work / "kafka-sink"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "landing").mkdir(parents=True)
+    (work / "run").mkdir(parents=True, exist_ok=True)
+    broker = apache_kafka(root)
+    load_before, cpu_all = os.getloadavg(), CpuMeter()
+    out_topic, floor_topic = f"sink-{seed}", f"floor-{seed}"
+    landed: list[tuple[str, str, int]] = []
+    out: list[dict[str, Any]] = []
+    problems: list[str] = []
+    try:
+        broker.create_topic(out_topic, PARTITIONS)
+        broker.create_topic(floor_topic, PARTITIONS)
+        os.environ["AIRFLOW_CONN_BENCH_KAFKA"] = broker.uri()
+        spark, session_seconds = start_spark()
+
+        def declare(tmp: Path) -> None:
+            events = FileSource("events", str(root / "landing"), "json", SCHEMA)
+            KafkaSink("published", events, out_topic, kafka_config_id="bench_kafka", key="user")
+
+        job = make_job(spark, root / f"job-{time.time_ns()}", declare)
+        warm = _land(root / "landing", 10_000, seed)  # warm-up: Python workers, the producer's imports, the JIT
+        job.checkpoint()
+        _floor(broker.config(), floor_topic, warm)
+        landed += [(r["user"], r["page"], r["ts"]) for r in warm]
+        for n in range(1, rounds + 1):
+            rows = _land(root / "landing", records, seed + n)
+            landed += [(r["user"], r["page"], r["ts"]) for r in rows]
+            settle(spark)
+            started = time.perf_counter()
+            job.checkpoint()
+            seconds = elapsed(started)
+            settle(spark)
+            floor = _floor(broker.config(), floor_topic, rows)
+            if _published(broker, out_topic) != sorted(landed):
+                problems.append(f"round {n}: the sink's topic differs from the rows landed (read_committed)")
+            timing = job.timings[-1]
+            out.append({"round": n, "records": records, "checkpoint_s": seconds, "floor_s": floor,
+                        **{f"{k}_s": v for k, v in timing.items()}})  # fmt: skip
+            log(f"round {n}: {records:,} records, checkpoint {seconds:.2f}s (trigger {timing['trigger']:.2f}, "
+                f"steps {timing['steps']:.2f}, finalize {timing['finalize']:.2f}), floor {floor:.2f}s")  # fmt: skip
+        spark.stop()
+    finally:
+        broker.stop()
+    return {
+        "machine": machine_facts(spark, session_seconds),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "other_processes_cores": round(cpu_all.stop()[1], 2),
+        "rounds": out,
+        "problems": problems,
+    }
+
+
+def render(result: dict[str, Any]) -> str:
+    from bench.report import machine_lines
+
+    rounds = result["rounds"]
+    lines = [
+        f"### Kafka sink: a checkpoint against one idempotent producer ({rounds[0]['records']:,} records a round, "
+        f"{PARTITIONS} partitions)",
+        "",
+        *machine_lines(result),
+        "- Broker: Apache Kafka from `tests/servers/kafka.py` (single-node KRaft, local disk) on 127.0.0.1.",
+        "- **checkpoint**: `FileSource` (one JSON file of `{user, page, ts}` a round) → `KafkaSink` (key `user`, "
+        "JSON values): trigger + step (read the file, stage the records in the checkpoint) + finalize (one "
+        "transaction producing them with the published marker). One embedded session (`local[2]`).",
+        "- **floor**: one `confluent-kafka` producer with `enable.idempotence` producing the same keys and values, "
+        "encoded before its clock starts, then flushing: no reading, no staging, no transaction.",
+        "",
+        "| round | records | checkpoint s | trigger s | steps s | finalize s | floor s "
+        "| throughput / floor (target ≥ 0.6) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rounds:
+        lines.append(
+            f"| {r['round']} | {r['records']:,} | {r['checkpoint_s']:.2f} | {r['trigger_s']:.2f} | {r['steps_s']:.2f} "
+            f"| {r['finalize_s']:.2f} | {r['floor_s']:.2f} | {r['floor_s'] / r['checkpoint_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "After every round a `read_committed` consumer finds in the sink's topic exactly the rows landed (each "
+        f"once): {'; '.join(result['problems']) or 'yes'}.",
+    ]
+    return "\n".join(lines)
