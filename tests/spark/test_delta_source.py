@@ -251,9 +251,11 @@ def test_files_with_the_same_base_name_keep_their_own_partition_values(spark, tm
     pd.testing.assert_frame_equal(rows(got), rows(truth), check_dtype=False)
 
 
-def test_an_upsert_table_with_deletion_vectors_reads_as_its_net_changes(spark, tmp_path: Path, monkeypatch) -> None:
+def test_an_upsert_table_with_deletion_vectors_reads_as_its_changes(spark, tmp_path: Path, monkeypatch) -> None:
     """Our DeltaTableSink's upserts give files new DVs: the snapshot leaves the deleted rows out, and
-    each later range's signed change rows sum to the difference of the table's states (pandas)."""
+    a later range's change rows are exactly the replaced rows deleted and the new ones inserted (a file
+    re-added with a new DV changes only in the rows that DV adds); they sum to the difference of the
+    table's states (pandas)."""
     from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
     from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
 
@@ -282,6 +284,10 @@ def test_an_upsert_table_with_deletion_vectors_reads_as_its_net_changes(spark, t
     state = upsert(3, pd.DataFrame({"k": [5, 7, 41], "v": ["c5", "c7", "c41"]}))
     state = upsert(4, pd.DataFrame({"k": [7, 8], "v": ["d7", "d8"]}))
     got = reader.read(first, source.barrier_position(first))
+    assert sorted(zip(got["k"], got["v"], got["_change_type"], strict=True)) == [
+        (5, "b5", "delete"), (5, "c5", "insert"), (7, "a7", "delete"), (7, "c7", "delete"), (7, "c7", "insert"),
+        (7, "d7", "insert"), (8, "a8", "delete"), (8, "d8", "insert"), (41, "c41", "insert"),
+    ]  # fmt: skip
     signed = got.assign(sign=got["_change_type"].map({"insert": 1, "delete": -1}))
     net = signed.groupby(["k", "v"], as_index=False)["sign"].sum().query("sign != 0")
     truth = pd.concat([before.assign(sign=-1), state.assign(sign=1)]).groupby(["k", "v"], as_index=False)["sign"]

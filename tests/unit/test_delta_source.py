@@ -142,6 +142,39 @@ def test_change_data_feed_takes_cdc_files_else_adds_and_removes(tmp_path: Path) 
     assert changes == [("n.parquet", "insert", 1), ("o.parquet", "delete", 1)]
 
 
+def test_a_file_re_added_with_another_dv_changes_only_in_the_rows_whose_bit_changed(tmp_path: Path) -> None:
+    """A delete by deletion vector (no change files): the remove with the old DV and the add with the new one
+    give the rows the new DV deletes and the old did not (deletes), and those the old DV deleted and the new
+    one not (inserts); a file removed and re-added with the same DV, or without DVs, stays whole-file."""
+
+    def dv(text: str, cardinality: int) -> dict[str, Any]:
+        return {
+            "deletionVector": {"storageType": "i", "pathOrInlineDv": text, "sizeInBytes": 5, "cardinality": cardinality}
+        }
+
+    def removed(path: str, **extra: Any) -> dict[str, Any]:
+        action = remove(path)
+        action["remove"].update(extra)
+        return action
+
+    first = commit(tmp_path, 0, removed("f.parquet"), add("f.parquet", **dv("abcde", 1)))
+    (delete,) = delta_log.changed_files(first, "tbl", True)
+    assert (delete.change_type, delete.deletion_vector, delete.rows_of) == (
+        "delete",
+        None,
+        first.adds[0].deletion_vector,
+    )
+    second = commit(tmp_path, 1, removed("f.parquet", **dv("abcde", 1)), add("f.parquet", **dv("vwxyz", 2)))
+    changes = {f.change_type: (f.deletion_vector, f.rows_of) for f in delta_log.changed_files(second, "tbl", True)}
+    old, new = second.removes[0].deletion_vector, second.adds[0].deletion_vector
+    assert changes == {"delete": (old, new), "insert": (new, old)}
+    same = commit(tmp_path, 2, removed("g.parquet", **dv("abcde", 1)), add("g.parquet", **dv("abcde", 1)))
+    assert [(f.change_type, f.rows_of) for f in delta_log.changed_files(same, "tbl", True)] == [
+        ("insert", None),
+        ("delete", None),
+    ]
+
+
 def test_a_commit_gone_from_the_log_names_the_oldest_one(tmp_path: Path) -> None:
     commit(tmp_path, 5, add("a.parquet"))
     commit(tmp_path, 6, add("b.parquet"))

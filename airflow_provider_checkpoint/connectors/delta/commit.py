@@ -80,14 +80,16 @@ def commit(
     listed again)."""
     actions = _actions(app_id, checkpoint_id, changes, partition_by)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
+    others: list[str] = []  # the other writers' commits since ``since``: "version (operation)"
+    first = since
     for _ in range(RETRIES):
         files, latest, state = _latest(fs, root, table, listed)
         live = state.adds
         listed = None
-        if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id):
+        if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id, others):
             return None
         since = latest
-        _check(live, changes, document)
+        _check(live, changes, document, first, others)
         version = latest + 1
         _check_version(
             fs, root, f"Delta table {table}, version {version} (checkpoint {checkpoint_id})", actions, live, dv_files
@@ -120,17 +122,23 @@ def _committed_since(
     latest: int,
     app_id: str,
     checkpoint_id: int,
+    others: list[str],
 ) -> bool:
     """Whether a commit after ``since`` (up to ``latest``, as ``files`` lists the log) holds
     ``txn(app_id, checkpoint_id or later)``; a :class:`CheckpointStorageError` for one with a ``metaData``
-    or ``protocol`` action (Delta's conflict rule). Reads only the other writers' commits."""
+    or ``protocol`` action (Delta's conflict rule). Reads only the other writers' commits, each added to
+    ``others`` as ``"<version> (<operation>)"``."""
     for v in range(since + 1, latest + 1):
         name = f"{v:020d}.json"
         document = f"{table}/{delta_log.LOG_DIR}/{name}"
+        operation = "unknown operation"
         for line in read(fs, f"{root}/{delta_log.LOG_DIR}/{name}", files.get(name)).splitlines():
             action = load_json(line, document) if line.strip() else None
             if not isinstance(action, dict):
                 continue
+            info = action.get("commitInfo")
+            if isinstance(info, dict) and isinstance(info.get("operation"), str):
+                operation = "".join(c for c in info["operation"][:40] if c.isalnum() or c in " _-")
             txn = action.get("txn")
             if isinstance(txn, dict) and txn.get("appId") == app_id:
                 found = txn.get("version")
@@ -142,17 +150,35 @@ def _committed_since(
                     "changes the table's metadata or protocol: a conflict, nothing committed (a retry of the "
                     "task commits on top of it)"
                 )
+        others.append(f"{v} ({operation})")
     return False
 
 
-def _check(live: dict[tuple[str, str | None], delta_log.RawFile], changes: DeltaCommit, document: str) -> None:
+def _check(
+    live: dict[tuple[str, str | None], delta_log.RawFile],
+    changes: DeltaCommit,
+    document: str,
+    since: int,
+    others: list[str],
+) -> None:
     """Every file removed or deleted from is live in the table with the DV the step saw (identities
-    compared only: the live actions need no validation here)."""
+    compared only: the live actions need no validation here). Else a conflict, as Delta's rules have it
+    (a commit that removed a file, even without a data change as ``OPTIMIZE``, or deleted rows from it,
+    conflicts with a later one deleting from it): refused naming the other writers' commits since
+    ``since`` and the ways on."""
     seen = [(r.path, r.deletion_vector) for r in changes.removes] + [(d.path, d.old) for d in changes.deletes]
     stale = [path for path, dv in seen if (path, delta_log.dv_id(dv.to_json() if dv else None)) not in live]
     if stale:
+        by = ", ".join(others) or "none"
         raise DocumentError(
-            document, "removes", "name files the table does not hold as staged (another commit changed them)", stale[:5]
+            document,
+            "removes",
+            f"name files the table does not hold as staged: another writer's commit since version {since} "
+            f"(versions {by}) removed them or deleted rows from them — a conflict, nothing committed. Undo it "
+            f"(e.g. delta-spark's RESTORE TABLE ... TO VERSION AS OF {since}) and the finalize's next attempt "
+            "commits the checkpoint, or restore the job to its previous checkpoint (docs/delta-lake.md, "
+            "'Another writer in an upsert table')",
+            stale[:5],
         )
 
 

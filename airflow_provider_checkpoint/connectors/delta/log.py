@@ -75,6 +75,9 @@ class DataFile(NamedTuple):
     """The rows of the file this action marks deleted (its other rows are the action's rows)."""
     size: int | None = None
     num_records: int | None = None
+    rows_of: Descriptor | None = None
+    """With the change data feed, a file whose DV a commit changed: only the rows this DV deletes are the
+    action's rows (less those ``deletion_vector`` deletes)."""
 
 
 def data_file(action: Fields, change_type: str | None, version: int | None) -> DataFile:
@@ -171,7 +174,7 @@ def changed_files(commit: Commit, table: str, change_data_feed: bool, on_restore
     refused with the ways back (``on_restore="fail"``) or read as no change (``"skip"``).
     """
     if change_data_feed:
-        return commit.cdc or [*commit.adds, *commit.removes]
+        return commit.cdc or _dv_changes(commit)
     if commit.operation == RESTORE and (commit.removes or commit.adds):
         if on_restore == "skip":
             return []
@@ -192,6 +195,29 @@ def changed_files(commit: Commit, table: str, change_data_feed: bool, on_restore
             "read updates and deletes as change rows"
         )
     return [f._replace(change_type=None, commit_version=None) for f in commit.adds]
+
+
+def _dv_changes(commit: Commit) -> list[DataFile]:
+    """A commit's changes without change files: the rows of the files it adds as inserts, of those it removes
+    as deletes; a file it removes and re-adds with another DV (a delete by deletion vector) changes only in
+    the rows whose DV bit changed — newly deleted rows are deletes, undeleted ones inserts — as Delta's own
+    change data reader has it."""
+    readded = {a.path: a for a in commit.adds}
+    removed = {r.path: r for r in commit.removes}
+    changes: list[DataFile] = []
+    for add in commit.adds:
+        old = removed.get(add.path)
+        if old is None or old.deletion_vector == add.deletion_vector:
+            changes.append(add)
+        elif old.deletion_vector is not None:  # rows the old DV deleted and the new one not: undeleted
+            changes.append(add._replace(rows_of=old.deletion_vector))
+    for remove in commit.removes:
+        new = readded.get(remove.path)
+        if new is None or new.deletion_vector == remove.deletion_vector:
+            changes.append(remove)
+        elif new.deletion_vector is not None:  # rows the new DV deletes and the old one did not
+            changes.append(remove._replace(rows_of=new.deletion_vector))
+    return changes
 
 
 def check_metadata(metadata: Mapping[str, Any], table: str, version: int) -> None:

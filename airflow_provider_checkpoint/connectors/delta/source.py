@@ -354,19 +354,22 @@ class DeltaSource(Source):
         fs, root = self._fs()
         delta_storage.check_table(fs, root, self.path, files.values())
         paths = [f"{root}/{f.path}" for f in files.values()]
-        deleted = _deleted_rows(fs, root, files)
+        deleted, picked = _rows(fs, root, files)
         df = read_parquet(
             spark,
             fs,
             paths,
             read,
             FileColumn(_FILE, "name"),
-            row_index=None if deleted is None else _ROW,
+            row_index=None if deleted is None and picked is None else _ROW,
         )
         if rank is not None:
             df = df.withColumn(_POSITION, F.monotonically_increasing_id())
         if deleted is not None:  # rows a deletion vector deletes are not the file's rows
             df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")
+        if picked is not None:  # a file whose DV a commit changed: only the rows whose bit changed
+            df = df.join(spark.createDataFrame(picked), [_FILE, _ROW], "left")
+            df = df.filter(F.col(_PICKED).isNotNull() | ~per_file(lambda f: f.rows_of is not None)).drop(_PICKED)
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)
             if c.name in partition_columns
@@ -383,22 +386,38 @@ class DeltaSource(Source):
         return df.select(*columns)
 
 
-_FILE, _ROW, _RANK, _POSITION = "__delta_file", "__delta_row", "__delta_rank", "__delta_position"
+_FILE, _ROW, _RANK, _POSITION, _PICKED = "__delta_file", "__delta_row", "__delta_rank", "__delta_position", "__picked"
 
 
-def _deleted_rows(fs: fsspec.AbstractFileSystem, root: str, files: dict[str, DataFile]) -> Any:
-    """``(file name, row index)`` of every row the files' deletion vectors delete, as an Arrow table;
-    ``None`` if no file has one."""
+def _rows(fs: fsspec.AbstractFileSystem, root: str, files: dict[str, DataFile]) -> tuple[Any, Any]:
+    """``(file name, row index)`` of every row the deletion vectors of the files delete, and of every row a
+    file with :attr:`~.log.DataFile.rows_of` is read for (those it marks less those its DV deletes), as Arrow
+    tables; ``None`` for none."""
     import numpy as np
     import pyarrow as pa
 
-    names, rows = [], []
+    def positions(dv: Any, f: DataFile) -> Any:
+        return deletion_vectors.read_positions(fs, root, dv, f"deletion vector of {f.path}").astype(np.int64)
+
+    found: dict[bool, tuple[list[Any], list[Any]]] = {False: ([], []), True: ([], [])}
     for name, f in files.items():
-        if f.deletion_vector is not None:
-            where = f"deletion vector of {f.path}"
-            positions = deletion_vectors.read_positions(fs, root, f.deletion_vector, where)
-            names.append(np.full(len(positions), name, dtype=object))
-            rows.append(positions.astype(np.int64))
-    if not names:
-        return None
-    return pa.table({_FILE: pa.array(np.concatenate(names), pa.string()), _ROW: np.concatenate(rows)})
+        if f.rows_of is not None:
+            rows = positions(f.rows_of, f)
+            if f.deletion_vector is not None:
+                rows = np.setdiff1d(rows, positions(f.deletion_vector, f))
+        elif f.deletion_vector is not None:
+            rows = positions(f.deletion_vector, f)
+        else:
+            continue
+        names, indexes = found[f.rows_of is not None]
+        names.append(np.full(len(rows), name, dtype=object))
+        indexes.append(rows)
+
+    def table(picked: bool) -> Any:
+        names, indexes = found[picked]
+        if not names:
+            return None
+        columns = {_FILE: pa.array(np.concatenate(names), pa.string()), _ROW: np.concatenate(indexes)}
+        return pa.table({**columns, **({_PICKED: np.ones(sum(map(len, indexes)), bool)} if picked else {})})
+
+    return table(False), table(True)
