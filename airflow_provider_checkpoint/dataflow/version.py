@@ -24,8 +24,8 @@ from airflow_provider_checkpoint.dataflow.graph import Node
 if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 
-_RUNTIME = frozenset({"inputs", "job_id"})
-"""Public node attributes that are not settings: the inputs (in the topology) and the bound job."""
+_RUNTIME = frozenset({"inputs", "job_id", "job_storage"})
+"""Public node attributes that are not settings: the inputs (in the topology), the bound job and its storage."""
 _DEPTH = 4
 
 

@@ -7,6 +7,7 @@ recorded stand-in returns the problems, to pin what the coordinator does with th
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from airflow_provider_checkpoint.dataflow import FileSource, ParquetTableSink, P
 from airflow_provider_checkpoint.dataflow.graph import collecting
 from airflow_provider_checkpoint.dataflow.version import pipeline_version
 from airflow_provider_checkpoint.exceptions import PipelineCheckError
+from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from tests.unit.helpers import T0, Env, make_ack
 
@@ -28,7 +30,7 @@ def _graph(
     return PipelineGraph(nodes)
 
 
-def test_the_same_definition_has_the_same_version_and_any_change_a_new_one() -> None:
+def test_the_same_definition_has_the_same_version_and_any_change_a_new_one(tmp_path: Path) -> None:
     base = pipeline_version(_graph())
     assert pipeline_version(_graph()) == base  # declared again, as every task parses the DAG file
     assert pipeline_version(_graph(schema="user STRING, ts STRING")) != base
@@ -40,6 +42,7 @@ def test_the_same_definition_has_the_same_version_and_any_change_a_new_one() -> 
     bound = _graph()
     for sink in bound.sinks:
         sink.bind_job("some-job")  # what a running sink learns is not part of the definition
+        sink.bind_storage(JobStorage.for_job(str(tmp_path), "some-job"))  # as the coordinator binds it
     assert pipeline_version(bound) == base and len(base) == 16
 
 
