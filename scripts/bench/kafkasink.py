@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.inprocess import machine_facts, start_spark
-from bench.measure import CpuMeter, elapsed, log, settle
+from bench.inprocess import start_run
+from bench.measure import elapsed, log, settle
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 4
@@ -82,11 +81,11 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
     from tests.servers.kafka import apache_kafka
 
     root = work / "kafka-sink"
-    shutil.rmtree(root, ignore_errors=True)
+    bench = start_run(root)  # clears root, starts the session and the measurements
+    spark = bench.spark
     (root / "landing").mkdir(parents=True)
     (work / "run").mkdir(parents=True, exist_ok=True)
     broker = apache_kafka(root)
-    load_before, cpu_all = os.getloadavg(), CpuMeter()
     out_topic, floor_topic = f"sink-{seed}", f"floor-{seed}"
     landed: list[tuple[str, str, int]] = []
     out: list[dict[str, Any]] = []
@@ -95,7 +94,6 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
         broker.create_topic(out_topic, PARTITIONS)
         broker.create_topic(floor_topic, PARTITIONS)
         os.environ["AIRFLOW_CONN_BENCH_KAFKA"] = broker.uri()
-        spark, session_seconds = start_spark()
 
         def declare(tmp: Path) -> None:
             events = FileSource("events", str(root / "landing"), "json", SCHEMA)
@@ -122,17 +120,10 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
                         **{f"{k}_s": v for k, v in timing.items()}})  # fmt: skip
             log(f"round {n}: {records:,} records, checkpoint {seconds:.2f}s (trigger {timing['trigger']:.2f}, "
                 f"steps {timing['steps']:.2f}, finalize {timing['finalize']:.2f}), floor {floor:.2f}s")  # fmt: skip
-        spark.stop()
+        finished = bench.finish()
     finally:
         broker.stop()
-    return {
-        "machine": machine_facts(spark, session_seconds),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "other_processes_cores": round(cpu_all.stop()[1], 2),
-        "rounds": out,
-        "problems": problems,
-    }
+    return {**finished, "rounds": out, "problems": problems}
 
 
 def render(result: dict[str, Any]) -> str:
