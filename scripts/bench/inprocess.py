@@ -59,14 +59,15 @@ class BenchRun:
         }
 
 
-def start_run(run_dir: Path) -> BenchRun:
-    """Clear ``run_dir``, note the load, start measuring every process's CPU and the wall time, start the session."""
+def start_run(run_dir: Path, conf: dict[str, str] | None = None) -> BenchRun:
+    """Clear ``run_dir``, note the load, start measuring every process's CPU and the wall time, start the session
+    (``conf`` over the provider's options)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     load_before = os.getloadavg()
     cpu_all = CpuMeter()
     started = time.perf_counter()
-    spark, session_seconds = start_spark()
+    spark, session_seconds = start_spark(conf)
     return BenchRun(spark, machine_facts(spark, session_seconds), load_before, cpu_all, started)
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import pyarrow.dataset as ds
 
-from bench.inprocess import machine_facts, start_spark
-from bench.measure import CpuMeter, elapsed, log, settle
+from bench.inprocess import start_run
+from bench.measure import elapsed, log, settle
 from bench.sides import STORES, VersionedTable
 
 if TYPE_CHECKING:
@@ -159,18 +158,16 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
     from tests.servers.kafka import apache_kafka
 
     root = work / "kafka"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
     (work / "run").mkdir(parents=True, exist_ok=True)
-    jars = spark_kafka_jars()
+    bench = start_run(root, {"spark.jars": ",".join(spark_kafka_jars())})  # clears root, starts the session
+    spark = bench.spark
+    root.mkdir(parents=True)
     broker = apache_kafka(root)
-    load_before, cpu_all = os.getloadavg(), CpuMeter()
     topic = f"bench-{seed}"
     totals: dict[str, tuple[int, int]] = {}
     try:
         broker.create_topic(topic, PARTITIONS)
         os.environ["AIRFLOW_CONN_BENCH_KAFKA"] = broker.uri()
-        spark, session_seconds = start_spark({"spark.jars": ",".join(jars)})
 
         def declare(tmp: Path) -> None:
             events = KafkaSource("events", [topic], kafka_config_id="bench_kafka", schema=SCHEMA)
@@ -211,17 +208,10 @@ def run(records: int, rounds: int, work: Path, seed: int) -> dict[str, Any]:
             log(f"round {n}: {records:,} records, checkpoint {seconds:.2f}s (trigger {timing['trigger']:.2f}, "
                 f"steps {timing['steps']:.2f}, finalize {timing['finalize']:.2f}), ss {ss_seconds:.2f}s, "
                 f"floor {floor:.2f}s")  # fmt: skip
-        spark.stop()
+        finished = bench.finish()
     finally:
         broker.stop()
-    return {
-        "machine": machine_facts(spark, session_seconds),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "other_processes_cores": round(cpu_all.stop()[1], 2),
-        "rounds": out,
-        "problems": problems,
-    }
+    return {**finished, "rounds": out, "problems": problems}
 
 
 def render(result: dict[str, Any]) -> str:
