@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_checkpoint.exceptions import SinkClaimedError
+from airflow_provider_checkpoint.exceptions import DocumentError, SinkClaimedError
 from tests.spark.delta_spark import delta_spark_session, sql
 from tests.spark.sink_machine import Env, run
 from tests.spark.sink_model import Config, Harness, Model, scratch_root
@@ -159,3 +159,42 @@ def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env, mon
     table.check("delta-spark's RESTORE")
     table.checkpoint(2, [("a", 0, 4, "after restore"), ("d", 0, 0, "new")])
     table.check("a checkpoint after delta-spark's RESTORE")
+
+
+@pytest.mark.parametrize(
+    ("command", "operation"),
+    [("DELETE FROM {at} WHERE k1 = 'cold3'", "DELETE"), ("OPTIMIZE {at}", "OPTIMIZE")],
+    ids=["delete", "optimize"],
+)
+def test_another_writer_between_stage_and_commit_is_a_conflict_and_nothing_is_committed(
+    env: Env, monkeypatch: pytest.MonkeyPatch, command: str, operation: str
+) -> None:
+    """delta-spark deletes from (or rewrites) a file our staged upsert deletes from, after the step
+    staged it and before the finalize commits: the commit is refused naming delta-spark's version and
+    operation, the table keeps delta-spark's write alone, and after the way on the refusal names
+    (delta-spark's ``RESTORE``) the same committables commit the checkpoint, each row once."""
+    from airflow_provider_checkpoint.connectors.delta import upsert
+
+    monkeypatch.setattr(upsert, "INLINE_DV_BYTES", 0)  # delta-spark's RESTORE/VACUUM want DV files
+    ds, table = env.delta_spark, Table(env, f"conflict-{operation.lower()}")
+    path, at = table.harness.path, f"delta.`{table.harness.path}`"
+    table.checkpoint(10, [("a", 0, 1, "x")])
+    table.checkpoint(5, [("b", 1, 1, "y")])  # a second file: OPTIMIZE has files to compact
+    c, table.next_id = table.next_id, table.next_id + 1
+    rows = [("cold3", 0, 1, "changed"), ("a", 0, 2, "x2"), ("new", 2, 0, "n")]
+    staged = table.harness.stage(c, 1, rows)
+    since = _version(path)
+    sql(ds, command.format(at=at))
+    assert _version(path) == since + 1
+    after_other = table.harness.readers()["delta-spark"]()
+    refusal = rf"versions {since + 1} \({operation}\).*TO VERSION AS OF {since},"
+    with pytest.raises(DocumentError, match=refusal):
+        table.harness.commit(c, staged)
+    assert _version(path) == since + 1, "the refused commit wrote a version"
+    assert table.harness.readers()["delta-spark"]() == after_other, "the refused commit changed the table"
+
+    sql(ds, f"RESTORE TABLE {at} TO VERSION AS OF {since}")
+    table.check("delta-spark's RESTORE of its own write")
+    table.harness.commit(c, staged)  # the finalize's next attempt
+    table.model.commit(c, rows)
+    table.check("the checkpoint committed after the RESTORE")

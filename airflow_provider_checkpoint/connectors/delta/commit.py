@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRIES = 20
+CONFLICT_SCAN = 100
+"""How many commits back a conflict's refusal looks for the other writers' commits it names."""
 CHECKPOINT_INTERVAL = 1
 """A log checkpoint after every commit: each open of the table (three tasks per checkpoint) then reads
 ``_last_checkpoint``, the checkpoint and no commit; measured on S3, fewer requests per checkpoint of the
@@ -80,16 +82,14 @@ def commit(
     listed again)."""
     actions = _actions(app_id, checkpoint_id, changes, partition_by)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
-    others: list[str] = []  # the other writers' commits since ``since``: "version (operation)"
-    first = since
     for _ in range(RETRIES):
         files, latest, state = _latest(fs, root, table, listed)
         live = state.adds
         listed = None
-        if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id, others):
+        if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id):
             return None
         since = latest
-        _check(live, changes, document, first, others)
+        _check(fs, root, table, files, latest, live, changes, document)
         version = latest + 1
         _check_version(
             fs, root, f"Delta table {table}, version {version} (checkpoint {checkpoint_id})", actions, live, dv_files
@@ -122,23 +122,12 @@ def _committed_since(
     latest: int,
     app_id: str,
     checkpoint_id: int,
-    others: list[str],
 ) -> bool:
     """Whether a commit after ``since`` (up to ``latest``, as ``files`` lists the log) holds
     ``txn(app_id, checkpoint_id or later)``; a :class:`CheckpointStorageError` for one with a ``metaData``
-    or ``protocol`` action (Delta's conflict rule). Reads only the other writers' commits, each added to
-    ``others`` as ``"<version> (<operation>)"``."""
+    or ``protocol`` action (Delta's conflict rule). Reads only the other writers' commits."""
     for v in range(since + 1, latest + 1):
-        name = f"{v:020d}.json"
-        document = f"{table}/{delta_log.LOG_DIR}/{name}"
-        operation = "unknown operation"
-        for line in read(fs, f"{root}/{delta_log.LOG_DIR}/{name}", files.get(name)).splitlines():
-            action = load_json(line, document) if line.strip() else None
-            if not isinstance(action, dict):
-                continue
-            info = action.get("commitInfo")
-            if isinstance(info, dict) and isinstance(info.get("operation"), str):
-                operation = "".join(c for c in info["operation"][:40] if c.isalnum() or c in " _-")
+        for action in _commit_actions(fs, root, table, files, v):
             txn = action.get("txn")
             if isinstance(txn, dict) and txn.get("appId") == app_id:
                 found = txn.get("version")
@@ -150,34 +139,91 @@ def _committed_since(
                     "changes the table's metadata or protocol: a conflict, nothing committed (a retry of the "
                     "task commits on top of it)"
                 )
-        others.append(f"{v} ({operation})")
     return False
 
 
+def _commit_actions(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, files: dict[str, int | None], version: int
+) -> list[dict[str, Any]]:
+    """The actions of commit ``version`` as ``files`` lists the log (none if it is not listed: log
+    retention removed it), each line a JSON object or skipped."""
+    name = f"{version:020d}.json"
+    if name not in files:
+        return []
+    document = f"{table}/{delta_log.LOG_DIR}/{name}"
+    lines = read(fs, f"{root}/{delta_log.LOG_DIR}/{name}", files[name]).splitlines()
+    actions = [load_json(line, document) if line.strip() else None for line in lines]
+    return [a for a in actions if isinstance(a, dict)]
+
+
+def _operation(actions: list[dict[str, Any]]) -> str:
+    """The ``commitInfo`` operation of a commit, printable (``unknown operation`` without one)."""
+    for action in actions:
+        info = action.get("commitInfo")
+        if isinstance(info, dict) and isinstance(info.get("operation"), str):
+            return "".join(c for c in info["operation"][:40] if c.isalnum() or c in " _-")
+    return "unknown operation"
+
+
+def _removed_by(
+    fs: fsspec.AbstractFileSystem, root: str, table: str, files: dict[str, int | None], latest: int, paths: set[str]
+) -> list[tuple[int, str]]:
+    """The commits, newest first from ``latest``, that removed one of ``paths`` (a rewrite, or a remove
+    and re-add with another deletion vector): ``(version, operation)``, found by reading the log back
+    until every path is accounted for (at most :data:`CONFLICT_SCAN` commits)."""
+    from urllib.parse import unquote
+
+    found: list[tuple[int, str]] = []
+    left = set(paths)
+    for v in range(latest, max(latest - CONFLICT_SCAN, -1), -1):
+        actions = _commit_actions(fs, root, table, files, v)
+        removed = {
+            unquote(r["path"])
+            for a in actions
+            if isinstance(r := a.get("remove"), dict) and isinstance(r.get("path"), str)
+        }
+        if removed & left:
+            found.append((v, _operation(actions)))
+            left -= removed
+        if not left:
+            break
+    return found
+
+
 def _check(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    table: str,
+    files: dict[str, int | None],
+    latest: int,
     live: dict[tuple[str, str | None], delta_log.RawFile],
     changes: DeltaCommit,
     document: str,
-    since: int,
-    others: list[str],
 ) -> None:
     """Every file removed or deleted from is live in the table with the DV the step saw (identities
     compared only: the live actions need no validation here). Else a conflict, as Delta's rules have it
     (a commit that removed a file, even without a data change as ``OPTIMIZE``, or deleted rows from it,
-    conflicts with a later one deleting from it): refused naming the other writers' commits since
-    ``since`` and the ways on."""
+    conflicts with a later one deleting from it): refused naming the other writers' commits that did it
+    and the ways on."""
     seen = [(r.path, r.deletion_vector) for r in changes.removes] + [(d.path, d.old) for d in changes.deletes]
     stale = [path for path, dv in seen if (path, delta_log.dv_id(dv.to_json() if dv else None)) not in live]
     if stale:
-        by = ", ".join(others) or "none"
+        by = _removed_by(fs, root, table, files, latest, set(stale))
+        named = ", ".join(f"{v} ({operation})" for v, operation in reversed(by))
+        which = f"versions {named}" if by else f"not found in the last {CONFLICT_SCAN} versions"
+        undo = (
+            f"delta-spark's RESTORE TABLE ... TO VERSION AS OF {by[-1][0] - 1}, which also undoes every version "
+            "after it"
+            if by
+            else "delta-spark's RESTORE TABLE ... TO VERSION AS OF the version before it"
+        )
         raise DocumentError(
             document,
             "removes",
-            f"name files the table does not hold as staged: another writer's commit since version {since} "
-            f"(versions {by}) removed them or deleted rows from them — a conflict, nothing committed. Undo it "
-            f"(e.g. delta-spark's RESTORE TABLE ... TO VERSION AS OF {since}) and the finalize's next attempt "
-            "commits the checkpoint, or restore the job to its previous checkpoint (docs/delta-lake.md, "
-            "'Another writer in an upsert table')",
+            f"name files the table does not hold as staged: another writer's commit ({which}) "
+            f"removed them or deleted rows from them — a conflict, nothing committed. Undo it (e.g. {undo}) and "
+            "the finalize's next attempt commits the checkpoint, or restore the job to its previous checkpoint "
+            "(docs/delta-lake.md, 'Another writer in an upsert table')",
             stale[:5],
         )
 
