@@ -95,11 +95,12 @@ class KafkaBroker:
         (e.g. :meth:`sasl_config`), else :meth:`config`."""
         return json.dumps({"conn_type": "kafka", "extra": extra or self.config()})
 
-    def create_topic(self, name: str, partitions: int) -> None:
+    def create_topic(self, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient(self.config())  # held until the topic exists: its destruction fails the future
-        admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(timeout=30)
+        topic = NewTopic(name, num_partitions=partitions, config=config or {})
+        admin.create_topics([topic])[name].result(timeout=30)
 
     def recreate_topic(self, name: str, partitions: int) -> None:
         """Delete topic ``name`` and create it anew, empty, once the broker no longer lists it."""

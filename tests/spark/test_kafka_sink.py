@@ -26,7 +26,7 @@ from airflow_provider_checkpoint.connectors.kafka.publish import HISTORY, Publis
 from airflow_provider_checkpoint.connectors.kafka.sink import KafkaSink
 from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
 from airflow_provider_checkpoint.dataflow import Transform
-from airflow_provider_checkpoint.exceptions import InjectedFault, SinkConnectionError
+from airflow_provider_checkpoint.exceptions import InjectedFault, SinkConnectionError, SinkSchemaError
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -225,3 +225,26 @@ def test_a_reused_id_is_published_and_a_timeout_beyond_the_broker_limit_is_refus
     publisher = Publisher(kafka.config(), CONN, f"t-{uuid.uuid4().hex}", json_topic, 900_001)
     with pytest.raises(SinkConnectionError, match=r"transaction\.max\.timeout\.ms"):
         publisher.__enter__()
+
+
+def test_a_record_the_topic_would_refuse_fails_the_step_and_nothing_is_published(spark, kafka, tmp_path):
+    """The topic's ``max.message.bytes`` (2,000 here) is asked in the step: a checkpoint with one record over
+    it is refused there, naming the limit, before ``_metadata``; nothing reaches the topic."""
+    in_topic, out_topic = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("in", "small"))
+    kafka.create_topic(in_topic, 2)
+    kafka.create_topic(out_topic, 1, {"max.message.bytes": "2000"})
+    Input(kafka, in_topic).produce(7, 0)
+
+    def declare(base: Path) -> None:
+        from pyspark.sql import functions as F
+
+        source = KafkaSource("in", [in_topic], kafka_config_id=CONN, schema=SCHEMA)
+        size = F.when(F.col("user") == "u3", 2_500).otherwise(10)  # one record over the limit
+        big = Transform("big", source, lambda df: df.withColumn("line", F.repeat(F.lit("x"), size)))
+        KafkaSink("out", big, out_topic, CONN, format="raw", value_column="line")
+
+    job = make_job(spark, tmp_path / "job", declare)
+    with pytest.raises(SinkSchemaError, match=rf"larger than 2,000 bytes.*topic {out_topic}'s max.message.bytes"):
+        job.checkpoint()
+    assert CompletedCheckpointStore(job.storage).completed_ids() == []
+    assert consume(kafka, out_topic, "read_uncommitted") == []

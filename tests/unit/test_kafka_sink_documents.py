@@ -117,3 +117,29 @@ def test_a_new_checkpoint_staged_by_a_lagging_clock_is_not_taken_as_published():
     marker = Marker(tuple((i, f"{1000 + i:016x}{i:016x}") for i in range(10, 10 + HISTORY)))
     assert not marker.published(10 + HISTORY, f"{500:016x}{42:016x}")
     assert marker.published(9, f"{500:016x}{9:016x}")  # older by id and by time: a restored one
+
+
+def test_a_record_larger_than_the_topic_or_producer_allows_is_refused_in_the_step():
+    import pyarrow as pa
+
+    from airflow_provider_checkpoint.connectors.kafka.sink import staged_schema
+    from airflow_provider_checkpoint.connectors.kafka.sizes import RECORD_FRAMING, check_sizes, record_sizes
+    from airflow_provider_checkpoint.exceptions import SinkSchemaError
+
+    rows = pa.Table.from_pylist(
+        [
+            {"key": b"k", "value": b"x" * 10, "headers": [{"key": "h", "value": b"vv"}, {"key": "ab", "value": None}]},
+            {"key": None, "value": None, "headers": None, "partition": None},
+            {"key": b"key", "value": b"y" * 900, "headers": [], "partition": 1},
+        ],
+        schema=staged_schema(),
+    )
+    framing = RECORD_FRAMING
+    assert record_sizes(rows).tolist() == [1 + 10 + 3 + 2 + framing, framing, 3 + 900 + framing]
+    check_sizes("out", "t", rows, 903 + framing, {}, "kafka_default")  # at the limit: accepted
+    with pytest.raises(SinkSchemaError, match=r"1 record\(s\) .* larger than 1,002 bytes, the largest 1,003"):
+        check_sizes("out", "t", rows, 1_002, {}, "kafka_default")  # the topic's limit
+    with pytest.raises(
+        SinkSchemaError, match=r"topic t's max.message.bytes \(not readable\) .*message.max.bytes \(500"
+    ):
+        check_sizes("out", "t", rows, None, {"message.max.bytes": "500"}, "kafka_default")  # the producer's

@@ -278,6 +278,26 @@ class Broker:
             return {}  # a broker without topic ids: the offsets alone tell a recreated topic
         return {name: i for name, i in ids.items() if i.strip("A=0-")}  # an all-zero id is none
 
+    def max_message_bytes(self, topic: str) -> int | None:
+        """The topic's ``max.message.bytes`` (``DescribeConfigs``); ``None`` if the broker does not say (no
+        permission to describe configs, or an unreadable value)."""
+        from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+        admin = AdminClient({**self.config, "error_cb": self.refusals})  # type: ignore[dict-item]
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            entries = admin.describe_configs([resource], request_timeout=TIMEOUT_SECONDS)[resource].result(
+                timeout=TIMEOUT_SECONDS
+            )
+        except Exception as e:
+            found = _error(e)
+            if found is not None and found.name() in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
+                return None
+            raise self._failed(e, f"configuration of {topic}") from e
+        entry = entries.get("max.message.bytes")
+        value = getattr(entry, "value", None)
+        return int(value) if isinstance(value, str) and value.isdigit() else None
+
     def ends(
         self,
         tps: Sequence[TopicPartition],

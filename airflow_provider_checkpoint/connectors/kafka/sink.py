@@ -35,6 +35,7 @@ from airflow_provider_checkpoint.connectors.kafka.publish import (
     new_token,
     read_marker,
 )
+from airflow_provider_checkpoint.connectors.kafka.sizes import check_sizes
 from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -252,6 +253,11 @@ class KafkaSink(Sink):
         self.bind_job(ctx.plan.job_id)
         rows = self.records(df).toArrow().cast(staged_schema())
         self._check_partitions(rows)
+        if rows.num_rows:
+            config = self.config()
+            with client.Broker(config, self.kafka_config_id) as broker:
+                limit = broker.max_message_bytes(self.topic)
+            check_sizes(self.uid, self.topic, rows, limit, config, self.kafka_config_id)
         buffer = io.BytesIO()
         pq.write_table(rows, buffer)
         data = buffer.getvalue()
