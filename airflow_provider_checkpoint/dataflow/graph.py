@@ -257,6 +257,11 @@ class Sink(Node):
         """Findings about leftovers (staged output nobody will commit, orphaned files); empty when clean."""
         return []
 
+    def job_files(self, checkpoint_id: int, committables: list[JsonDict]) -> set[str]:
+        """The files, relative to the job directory, that a retained checkpoint's ``committables`` stage there
+        (kept with the checkpoint, not orphans); none here: sinks stage in their targets."""
+        return set()
+
     def unique_keys(self) -> tuple[str, ...] | None:
         return self.inputs[0].unique_keys()
 

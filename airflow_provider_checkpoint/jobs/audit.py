@@ -56,6 +56,13 @@ def audit_job(storage: JobStorage, retained: int, sinks: Sequence[Sink] = ()) ->
         )
     referenced = set().union(*(c.referenced_paths() for c in completed))
     for checkpoint in completed:
+        for sink in sinks:
+            if sink.uid in checkpoint.sinks:
+                try:
+                    referenced |= sink.job_files(checkpoint.checkpoint_id, checkpoint.sinks[sink.uid])
+                except CheckpointError as e:  # a forged committable: its file is not vouched for
+                    findings.append(str(e))
+    for checkpoint in completed:
         for state in checkpoint.operators.values():
             for handle in state.handles:
                 try:

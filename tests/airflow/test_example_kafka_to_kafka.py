@@ -14,10 +14,13 @@ import random
 import uuid
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pandas as pd
 import pytest
 
+from airflow_provider_checkpoint.jobs.audit import audit_job
+from airflow_provider_checkpoint.storage import JobStorage
 from tests.airflow.conftest import load_dag_module
 from tests.conftest import REPO
 from tests.servers.kafka import consume
@@ -50,7 +53,7 @@ def produce(broker, topic: str, start: int, n: int) -> list[dict]:
     return rows
 
 
-def test_example_kafka_to_kafka_exactly_once(example, kafka_broker, monkeypatch):
+def test_example_kafka_to_kafka_exactly_once(example, kafka_broker, monkeypatch, tmp_path):
     dag = example.dag
     orders = produce(kafka_broker, example.ORDERS, 0, 150)
     monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.inside_sink_commit:checkpoint=1:sink=totals_out")
@@ -78,6 +81,14 @@ def test_example_kafka_to_kafka_exactly_once(example, kafka_broker, monkeypatch)
     assert {u: (v["orders"], v["spent"], v["biggest"]) for u, v in latest.items()} == {
         u: (int(r.orders), int(r.spent), int(r.biggest)) for u, r in want.iterrows()
     }
+    # the staged record files are kept with their checkpoints: no orphan, nothing else left behind
+    storage = JobStorage.for_job(f"file://{tmp_path}/checkpoints", "example_kafka_to_kafka")
+    assert any(".parquet" in f for f in storage.files_under("chk-2", []))
+    assert audit_job(storage, retained=3, sinks=dag_sinks(example)) == []
+
+
+def dag_sinks(example: ModuleType) -> list[Any]:
+    return list(example.pipeline.job.graph.sinks)
 
 
 def test_example_kafka_to_kafka_parses_without_broker_or_connection(airflow_db, monkeypatch):

@@ -10,7 +10,8 @@
 * ``chaos_chained``: ``chain=True`` (one task per checkpoint): events appended to PostgreSQL,
   user totals upserted into Delta.
 * ``chaos_kafka``: the same tables from a Kafka topic of three partitions (each range read by
-  two Spark tasks), with each event's partition and offset appended to PostgreSQL.
+  two Spark tasks), with each event's partition and offset appended to PostgreSQL and published,
+  exactly once, to a second topic (``KafkaSink``).
 """
 
 DAG_ID = "chaos_clickstream"
@@ -137,11 +138,12 @@ dag = pipeline.dag
 
 KAFKA_DAG_ID = "chaos_kafka"
 KAFKA_TOPIC = "chaos-events"
+KAFKA_OUT_TOPIC = "chaos-events-out"
 KAFKA_DAG = """
 import datetime
 import os
 
-from airflow_provider_checkpoint import CheckpointedPipeline, DeltaTableSink, KafkaSource, KeyedAggregate
+from airflow_provider_checkpoint import CheckpointedPipeline, DeltaTableSink, KafkaSink, KafkaSource, KeyedAggregate
 from airflow_provider_checkpoint import PostgresTableSink
 
 BASE = os.environ["CHAOS_DIR"] + "/kafka"
@@ -160,6 +162,8 @@ with CheckpointedPipeline(
                          schema="user STRING, page STRING, ts LONG", metadata_columns=["partition", "offset"],
                          min_partitions=6)
     PostgresTableSink(uid="events_pg", input=events, conn_id="chaos_pg", table="chaos.kafka_events", step="main")
+    KafkaSink(uid="events_out", input=events, topic="chaos-events-out", kafka_config_id="chaos_kafka", key="user",
+              step="main")
     users = KeyedAggregate(uid="user_totals", input=events, keys=["user"],
                            aggs={"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"})
     DeltaTableSink(uid="user_totals_delta", input=users, path=f"{BASE}/lake/user_totals", mode="upsert",

@@ -1,31 +1,33 @@
-"""Seeded chaos under the real scheduler: 12+ checkpoints (``CHAOS_RUNS``), a random fault in each.
+"""Seeded chaos under the real scheduler: 12+ checkpoints (``CHAOS_RUNS``), a random fault in
+each.
 
 The real Airflow services (LocalExecutor) run, in turn, the four pipelines of
 :mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
 Delta (user totals, upsert) and PostgreSQL (page views, upsert) tables; a two-input, two-step
 pipeline (orders enriched with customers, joined by a channel); a chained pipeline
 (``chain=True``: one task per checkpoint) appending events to PostgreSQL and upserting user
-totals into Delta; and the same tables from a Kafka topic on Apache Kafka's own
-broker (the session's, restarted between some runs; some runs kill a Spark task mid-read).
-The ground truth of the Kafka tables is what the test produced, with the partition
-and offset the broker acknowledged for each record. All keep incremental state in files while
-input keeps growing (every sixth run lands a file mixing good and malformed lines, which the
-clickstream pipeline routes to its dead-letter table; the same step windows clicks by event
-time, out of order and late, into an append table checked against a plain-Python model:
-:mod:`tests.live.chaos_windows`). Steps run in ``connect`` mode, through a
-``spark_connect`` connection, on a Spark Connect server started by the test; PostgreSQL is the
-session's server (:mod:`tests.servers.postgres`), reached through an Airflow ``postgres``
-connection. Before every DAG run the test writes one fault from the list below into
-``CHECKPOINT_FAULTS_FILE`` (re-read by every fault point of every task process, so a step fault
-hits both steps of the two-step pipeline); the run may succeed, be retried by Airflow, or fail.
-After a last clean run of each pipeline every table must equal the ground truth computed by
-pandas over all input (the dead-letter table: the malformed lines by Python's own parse, each
-once); each Delta table holds at most one commit per checkpoint id, and only of completed
-checkpoints; each PostgreSQL sink has exactly one marker row per committed checkpoint. Then the
-restore DAG returns the clickstream job to its second-newest retained checkpoint and runs it
-once more on new input: all its tables must equal the ground truth again (the undone
-checkpoints' commits and markers gone). Finally the storage audit, with every sink's own audit
-(staged files, staging tables), must find nothing left behind.
+totals into Delta; and the same tables from a Kafka topic on Apache Kafka's own broker (the
+session's, restarted between some runs; some runs kill a Spark task mid-read), its events also
+published to a second topic by ``KafkaSink``. The ground truth of the Kafka tables and of the
+second topic (read back ``read_committed`` by a plain consumer) is what the test produced, with
+the partition and offset the broker acknowledged for each record. All keep incremental state in
+files while input keeps growing (every sixth run lands a file mixing good and malformed lines,
+which the clickstream pipeline routes to its dead-letter table; the same step windows clicks by
+event time, out of order and late, into an append table checked against a plain-Python model:
+:mod:`tests.live.chaos_windows`). Steps run in ``connect`` mode, through a ``spark_connect``
+connection, on a Spark Connect server started by the test; PostgreSQL is the session's server
+(:mod:`tests.servers.postgres`), reached through an Airflow ``postgres`` connection. Before
+every DAG run the test writes one fault from the list below into ``CHECKPOINT_FAULTS_FILE``
+(re-read by every fault point of every task process, so a step fault hits both steps of the
+two-step pipeline); the run may succeed, be retried by Airflow, or fail. After a last clean run
+of each pipeline every table must equal the ground truth computed by pandas over all input (the
+dead-letter table: the malformed lines by Python's own parse, each once); each Delta table
+holds at most one commit per checkpoint id, and only of completed checkpoints; each PostgreSQL
+sink has exactly one marker row per committed checkpoint. Then the restore DAG returns the
+clickstream job to its second-newest retained checkpoint and runs it once more on new input:
+all its tables must equal the ground truth again (the undone checkpoints' commits and markers
+gone). Finally the storage audit, with every sink's own audit (staged files, staging tables),
+must find nothing left behind.
 
     CHAOS_SEED=<n> CHAOS_RUNS=<n> pytest tests/live/test_chaos.py   # reproduce a run
     CHAOS_RUNS=60 pytest tests/live/test_chaos.py                   # a longer soak (a new seed each time)
@@ -62,11 +64,19 @@ from airflow_provider_checkpoint.testing.orders import enriched, land_changes, l
 from tests.airflow.conftest import load_dag_module
 from tests.conftest import REPO
 from tests.live.airflow_live import running_airflow
-from tests.live.chaos_dags import CHAINED_DAG_ID, DAG_ID, DAG_SOURCES, KAFKA_DAG_ID, KAFKA_TOPIC, ROTATION
+from tests.live.chaos_dags import (
+    CHAINED_DAG_ID,
+    DAG_ID,
+    DAG_SOURCES,
+    KAFKA_DAG_ID,
+    KAFKA_OUT_TOPIC,
+    KAFKA_TOPIC,
+    ROTATION,
+)
 from tests.live.chaos_windows import ChaosWindows
 from tests.live.spark_connect import spark_connect_server
 from tests.live.storage_view import completed_ids, latest_metadata
-from tests.servers.kafka import ApacheKafka, KafkaBroker
+from tests.servers.kafka import ApacheKafka, KafkaBroker, consume
 from tests.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.live
@@ -117,6 +127,10 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
             "finalize.between_sink_commits:checkpoint={next}:sink=events_pg:action=kill",
         ],
     ),  # fmt: skip
+    "finalize fails after the Kafka commit": (
+        2,
+        ["finalize.between_sink_commits:checkpoint={next}:sink=events_out"],
+    ),
     "finalize fails before the Delta commit": (
         2,
         ["finalize.between_sink_commits:checkpoint={next}:sink=page_views_table"],
@@ -334,16 +348,31 @@ def clickstream_problems(
     return problems
 
 
-def kafka_problems(base: Path, job: ChaosJob, db: Any, streamed: list[pd.DataFrame]) -> dict[str, str]:
-    """The Kafka job's tables against what the test produced: each record once, at its own offset."""
+def kafka_problems(
+    base: Path, job: ChaosJob, db: Any, broker: KafkaBroker, streamed: list[pd.DataFrame]
+) -> dict[str, str]:
+    """The Kafka job's tables and published topic against what the test produced: each record once, at its
+    own offset."""
     if not streamed:
         return {}
     events = pd.concat(streamed, ignore_index=True)
     truth = expected_tables(events[["user", "page", "ts"]])
-    return {
+    problems = {
         **job.delta_problems(base / "kafka" / "lake" / "user_totals", "user_totals_delta", truth["user_totals"]),
         **job.pg_problems(db, "kafka_events", "events_pg", events, "events"),
     }
+    fields = ["user", "page", "ts", "partition", "offset"]
+    published = Counter(
+        tuple(json.loads(m.value())[f] for f in fields) for m in consume(broker, KAFKA_OUT_TOPIC, "read_committed")
+    )
+    produced = Counter(tuple(r) for r in events[fields].itertuples(index=False, name=None))
+    if published != produced:
+        twice, missing = published - produced, produced - published
+        problems["events_out"] = (
+            f"topic {KAFKA_OUT_TOPIC}: {sum(published.values())} records read_committed, {len(produced)} produced "
+            f"({sum(twice.values())} extra or doubled, {sum(missing.values())} missing)"
+        )
+    return problems
 
 
 def test_chaos_under_the_real_scheduler(
@@ -369,6 +398,7 @@ def test_chaos_under_the_real_scheduler(
     monkeypatch.setenv("AIRFLOW_CONN_CHAOS_PG", postgres_server.uri())
     broker = kafka_broker
     broker.create_topic(KAFKA_TOPIC, 3)
+    broker.create_topic(KAFKA_OUT_TOPIC, 2)
     orders = ChaosOrders(base / "orders")
     windows = ChaosWindows(base / "clicks")
     faults_file = root / "faults.txt"
@@ -451,7 +481,10 @@ def test_chaos_under_the_real_scheduler(
                     base / "chained" / "lake" / "user_totals", "user_totals_delta", chained_truth["user_totals"]
                 ),
                 **chained_job.pg_problems(db, "chained_events", "events_pg", chained_truth["events"], "events"),
-                **{f"kafka {name}": problem for name, problem in kafka_problems(base, kafka_job, db, streamed).items()},
+                **{
+                    f"kafka {name}": problem
+                    for name, problem in kafka_problems(base, kafka_job, db, broker, streamed).items()
+                },
             }
 
             # restore the clickstream job to its second-newest retained checkpoint through the restore

@@ -316,6 +316,11 @@ class KafkaSink(Sink):
     def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
         self.read_committable(checkpoint_id, committables, document)
 
+    def job_files(self, checkpoint_id: int, committables: list[JsonDict]) -> set[str]:
+        """The staged file: kept with its checkpoint (a restore's re-commit reads it) until retention deletes it."""
+        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
+        return {self.read_committable(checkpoint_id, committables, document)["file"]}
+
     def read_staged(self, storage: JobStorage, committable: JsonDict, document: str) -> Iterator[Record]:
         """The staged records, checked against the committable (checksum, columns, count) before the first."""
         import pyarrow as pa
