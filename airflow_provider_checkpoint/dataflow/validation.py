@@ -153,7 +153,7 @@ class _Validator:
                     "delete_when",
                     f"rows of {node.inputs[0].uid} with {deletes} true delete their key; this sink would write them "
                     "as rows",
-                    f"set delete_when={deletes!r} (ParquetTableSink), or filter those rows out before this sink",
+                    f"set delete_when={deletes!r} on the sink, or filter those rows out before this sink",
                 )
             return None
         if isinstance(node, StatefulOperator):

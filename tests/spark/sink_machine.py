@@ -26,7 +26,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.spark.sink_model import POISON, Config, Harness, Model, Row, key_of
+from tests.spark.sink_model import DELETE, POISON, Config, Harness, Model, Row, key_of
 
 K1 = [None, "", "a", "é✓𝄞"]
 K2 = [None, 0, 7]
@@ -55,19 +55,21 @@ class Env:
 
 def batches(config: Config) -> st.SearchStrategy[Batch]:
     """A checkpoint's input: cold keys, then hot keys changed up to ~10 times (nulls, '' and unicode in
-    key parts), then exact duplicates of some; possibly empty; NUL bytes for the PostgreSQL dead letters."""
+    key parts), then exact duplicates of some; possibly empty; NUL bytes for the PostgreSQL dead letters;
+    deletes (often) where the sink applies them."""
     keys, hot = ALL_KEYS, HOT_KEYS
     if not config.null_keys:
         keys, hot = [k for k in keys if None not in k], [("", 0), ("é✓𝄞", 7), ("a", 0)]
     key = st.sampled_from(hot) | st.sampled_from(keys)
-    value = st.sampled_from(VALUES + ([POISON] if config.dead_letters else []))
+    value = st.sampled_from(VALUES + ([POISON] if config.dead_letters else []) + [DELETE] * 3 * config.deletes)
     row = st.tuples(key, st.integers(0, 3), value).map(lambda t: (t[0][0], t[0][1], t[1], t[2]))
 
     @st.composite
     def batch(draw: st.DrawFn) -> Batch:
         cold, rows = draw(st.integers(0, 24)), draw(st.lists(row, max_size=14))
         dups = [rows[i % len(rows)] for i in draw(st.lists(st.integers(0, 13), max_size=3))] if rows else []
-        return Batch(cold, _per_key(config, rows + dups))
+        dropped = draw(st.integers(0, 24)) if config.deletes else 0
+        return Batch(cold, _per_key(config, rows + dups), dropped)
 
     return batch()
 
@@ -76,13 +78,17 @@ def batches(config: Config) -> st.SearchStrategy[Batch]:
 class Batch:
     """A checkpoint's input: ``cold`` rows of rarely changed keys (files big enough that a hot key's
     change deletes a small part of them: a deletion vector, no compaction; enough changed rows for
-    the merge in Spark), then ``hot`` rows. Printed short when Hypothesis reports a failure."""
+    the merge in Spark), then deletes of the first ``dropped`` cold keys (whether this checkpoint or an
+    earlier one wrote them, or none: whole files deleted, compacted, or nothing to delete), then ``hot``
+    rows. Printed short when Hypothesis reports a failure."""
 
     cold: int
     hot: list[Row]
+    dropped: int = 0
 
     def rows(self) -> list[Row]:
-        return [(f"cold{i}", i % 3, 0, "cold") for i in range(self.cold)] + self.hot
+        cold = [(f"cold{i}", i % 3, 0, "cold") for i in range(self.cold)]
+        return cold + [(f"cold{i}", i % 3, 0, DELETE) for i in range(self.dropped)] + self.hot
 
 
 def _per_key(config: Config, rows: list[Row]) -> list[Row]:

@@ -8,6 +8,8 @@ The model (DESIGN.md §5b, docs/*.md), for rows ``(k1, k2, seq, v)`` keyed by ``
 - upsert: one row per key (``None`` is a value, ``None`` and ``''`` differ). Within a checkpoint
   the row with the greatest ``sequence_by`` wins, ties and no ``sequence_by`` to the later row
   in input order; exact duplicates collapse; a later checkpoint's row replaces an earlier one;
+  with deletes (``delete_when``), a winning row whose value is :data:`DELETE` removes its key,
+  whatever the earlier checkpoints wrote;
 - a commit retried is a no-op; a second attempt replaces the first attempt's staging;
 - restore to c (``rollback(c)`` then the recommit of c): Delta and PostgreSQL return the table
   (and PostgreSQL's dead letters) to what c committed; a Parquet append table withdraws the
@@ -33,6 +35,8 @@ KEYS = ["k1", "k2"]
 T = TypeVar("T")
 POISON = "nul\x00byte"
 """A value PostgreSQL refuses (a NUL byte in text): a dead letter for the PostgreSQL sink."""
+DELETE = "⌦delete"
+"""The value of a row that deletes its key (``deleted`` true in the sink's input) when the sink applies deletes."""
 
 
 def key_of(row: Row) -> Key:
@@ -56,6 +60,7 @@ class Config:
     faults: tuple[str, ...] = ()  # soak.py --skip-fault: faults left out
     one_row_per_key: bool = False  # soak.py --one-row-per-key: look past a failure on several rows of a key
     partition_per_checkpoint: bool = False  # postgres append: commits attach a partition per checkpoint
+    deletes: bool = False  # upsert: rows valued DELETE delete their key (delete_when="deleted")
 
     @property
     def name(self) -> str:
@@ -63,6 +68,7 @@ class Config:
             f"{self.kind}-{self.mode}"
             + ("-seq" if self.sequence_by else "")
             + ("-partitions" if self.partition_per_checkpoint else "")
+            + ("-deletes" if self.deletes else "")
         )
 
     @property
@@ -99,7 +105,11 @@ class Model:
         if self.config.mode == "append":
             self.rows += good
         else:
-            self.latest.update(self.resolve(good))
+            for k, row in self.resolve(good).items():
+                if row[3] == DELETE:
+                    self.latest.pop(k, None)
+                else:
+                    self.latest[k] = row
         self.timeline.append(checkpoint_id)
         self.history[checkpoint_id] = (list(self.rows), dict(self.latest), list(self.dead))
 
@@ -144,6 +154,8 @@ class Harness:
             options["sequence_by"] = ["seq"]
         if config.partition_per_checkpoint:
             options["partition_per_checkpoint"] = True
+        if config.deletes:
+            options["delete_when"] = "deleted"
         if config.kind != "postgres" and upsert:
             options.update(buckets=config.buckets, driver_merge_rows=config.driver_merge_rows)
         if config.kind == "parquet":
@@ -171,7 +183,10 @@ class Harness:
 
         ctx = step_context(self.spark, self.storage, checkpoint_id, attempt)
         self.sink.prepare(ctx)
-        return self.sink.stage(ctx, self.spark.createDataFrame(list(batch), SCHEMA))
+        if not self.config.deletes:
+            return self.sink.stage(ctx, self.spark.createDataFrame(list(batch), SCHEMA))
+        rows = [(*r, r[3] == DELETE) for r in batch]
+        return self.sink.stage(ctx, self.spark.createDataFrame(rows, f"{SCHEMA}, deleted boolean"))
 
     def commit(self, checkpoint_id: int, committables: Any) -> None:
         self.sink.commit(checkpoint_id, committables)

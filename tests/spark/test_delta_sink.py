@@ -129,6 +129,46 @@ def test_upsert_writes_the_changed_rows_and_a_deletion_vector(spark, tmp_path):
     assert sink.audit() == []
 
 
+def test_delete_when_deletes_keys_by_deletion_vector_and_the_change_feed_reads_deletes(spark, tmp_path):
+    """A delete removes its key's live row (a DV, no row added; the column not written); a delete then a value
+    of one key in a checkpoint leaves the value; deleting a missing key changes nothing. Readers we did not
+    write agree, and our DeltaSource's change feed reads the deletes as ``delete`` rows."""
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    sink = DeltaTableSink("latest", SOURCE, str(tmp_path / "t"), "upsert", ["k"], buckets=4, delete_when="gone")
+    base = pd.DataFrame({"k": [f"k{i}" for i in range(400)], "v": range(400), "gone": False})
+    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(base)))
+    changes = pd.DataFrame(
+        {"k": ["k7", "k8", "k9", "k9", "nope"], "v": [-1, -1, -1, 900, -1], "gone": [True, True, True, False, True]}
+    )
+    committables = sink.stage(step_context(spark, storage, 2), spark.createDataFrame(changes))
+    (staged,) = committables
+    assert [len(staged["adds"]), len(staged["removes"])] == [1, 0] and staged["adds"][0]["num_records"] == 1
+    assert sum(d["new"]["cardinality"] for d in staged["deletes"]) == 3  # k7, k8 and k9's old row
+    sink.commit(2, committables)
+    truth = pd.concat([base[~base.k.isin(["k7", "k8", "k9"])], pd.DataFrame({"k": ["k9"], "v": [900]})])
+    truth = truth.drop(columns="gone")
+    for name, got in _readers(spark, tmp_path / "t").items():
+        pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False, obj=name)
+    only_deletes = pd.DataFrame({"k": ["k1"], "v": [0], "gone": [True]})  # driver_merge_rows=0: Spark writes
+    spark_sink = DeltaTableSink("latest", SOURCE, str(tmp_path / "t"), "upsert", ["k"], buckets=4, driver_merge_rows=0,
+                                delete_when="gone")  # fmt: skip
+    committables = spark_sink.stage(step_context(spark, storage, 3), spark.createDataFrame(only_deletes))
+    assert committables[0]["adds"] == []
+    spark_sink.commit(3, committables)
+    source = DeltaSource("feed", str(tmp_path / "t"), change_data_feed=True)
+    feed = source.read(step_context(spark, storage, 4), {**source.barrier_position(None), "version": 1},
+                       source.barrier_position(None)).toPandas()  # fmt: skip
+    got = sorted(zip(feed["_change_type"], feed["k"], feed["v"], feed["_commit_version"], strict=True))
+    assert got == [
+        ("delete", "k1", 1, 3),
+        ("delete", "k7", 7, 2),
+        ("delete", "k8", 8, 2),
+        ("delete", "k9", 9, 2),
+        ("insert", "k9", 900, 2),
+    ]
+    assert sink.audit() == []
+
+
 @pytest.mark.parametrize("inline_bytes", [delta_upsert.INLINE_DV_BYTES, 0])  # 0: every DV in a DV file
 def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline_bytes):
     monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", inline_bytes)

@@ -1,7 +1,7 @@
 """Our Delta tables read and maintained by delta-spark, the reference implementation (issue #53).
 
 Random change streams (the sink model's machine) into ``DeltaTableSink`` append and upsert tables
-(``sequence_by``; deletion vectors inline in the log and in DV files; a log checkpoint on every
+(``sequence_by``, deletes; deletion vectors inline in the log and in DV files; a log checkpoint on every
 commit; restores), each table read after every step by delta-spark, delta-rs and DuckDB and compared
 with the model. Then delta-spark's own commands on our tables (``DESCRIBE DETAIL``/``HISTORY``, an
 idempotent write with our ``txn``, a checkpoint of its own, ``VACUUM``, ``OPTIMIZE``, ``RESTORE``)
@@ -48,9 +48,9 @@ def env(spark: Any, delta_spark: Any) -> Env:
     [
         (Config("delta", "append"), False),
         (Config("delta", "upsert", sequence_by=True), False),
-        (Config("delta", "upsert", sequence_by=True), True),
+        (Config("delta", "upsert", sequence_by=True, deletes=True), True),
     ],
-    ids=["append", "upsert-seq-inline-dvs", "upsert-seq-dv-files"],
+    ids=["append", "upsert-seq-inline-dvs", "upsert-seq-deletes-dv-files"],
 )
 def test_delta_spark_reads_what_the_model_holds(
     config: Config, dv_files: bool, seed: int, env: Env, monkeypatch: pytest.MonkeyPatch

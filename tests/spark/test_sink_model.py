@@ -1,7 +1,8 @@
 """Model-based suite for every sink (issue #30 point 5): seeded keyed change streams, faults and
-restores against Parquet, Delta and PostgreSQL sinks in append and upsert mode (PostgreSQL with
-its dead-letter table), each table read after every step by independent readers (pyarrow;
-delta-rs and DuckDB; psycopg) and compared with the plain-Python model in ``sink_model``.
+restores against Parquet, Delta and PostgreSQL sinks in append and upsert mode (upsert with
+``sequence_by`` also with deletes, ``delete_when``; PostgreSQL with its dead-letter table), each
+table read after every step by independent readers (pyarrow; delta-rs and DuckDB; psycopg) and
+compared with the plain-Python model in ``sink_model``.
 
 CI runs the fixed seeds below; ``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
 ``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure and
@@ -19,21 +20,21 @@ import pytest
 
 from tests.servers.postgres import PostgresServer
 from tests.spark.sink_machine import Env, run
-from tests.spark.sink_model import POISON, Config, Model, scratch_root, sort_rows
+from tests.spark.sink_model import DELETE, POISON, Config, Model, scratch_root, sort_rows
 
 pytestmark = pytest.mark.spark
 
 CONFIGS = [
     Config("parquet", "append"),
     Config("parquet", "upsert"),
-    Config("parquet", "upsert", sequence_by=True),
+    Config("parquet", "upsert", sequence_by=True, deletes=True),
     Config("delta", "append"),
     Config("delta", "upsert"),
-    Config("delta", "upsert", sequence_by=True),
+    Config("delta", "upsert", sequence_by=True, deletes=True),
     Config("postgres", "append"),
     Config("postgres", "append", partition_per_checkpoint=True),
     Config("postgres", "upsert"),
-    Config("postgres", "upsert", sequence_by=True),
+    Config("postgres", "upsert", sequence_by=True, deletes=True),
 ]
 SEEDS = [int(s) for s in os.environ.get("SINK_MODEL_SEEDS", "30").split(",")]
 EXAMPLES = int(os.environ.get("SINK_MODEL_EXAMPLES", "3"))
@@ -81,6 +82,17 @@ def test_the_model_is_the_documented_rule() -> None:
         model.restore(1)
     assert append.expected() == [("a", 0, 0, "x"), ("a", 0, 0, "x")]
     assert parquet_upsert.expected() == [("a", 0, 0, "y")]  # left as it is: replay converges it
+
+    deletes = Model(Config("delta", "upsert", sequence_by=True, deletes=True))
+    deletes.commit(1, [("a", 0, 0, "x"), ("b", 0, 0, "y"), ("c", 0, 0, "z")])
+    deletes.commit(
+        2, [("a", 0, 5, DELETE), ("a", 0, 4, "older"), ("b", 0, 1, DELETE), ("b", 0, 2, "back"), ("d", 0, 0, DELETE)]
+    )
+    assert deletes.expected() == [("b", 0, 2, "back"), ("c", 0, 0, "z")]  # a delete competes by sequence_by
+    deletes.commit(3, [("c", 0, -1, DELETE)])  # a later checkpoint wins whatever its sequence_by
+    assert deletes.expected() == [("b", 0, 2, "back")]
+    deletes.restore(1)
+    assert deletes.expected() == [("a", 0, 0, "x"), ("b", 0, 0, "y"), ("c", 0, 0, "z")]
 
     pg = Model(Config("postgres", "upsert"))
     pg.commit(1, [("a", 0, 0, "x")])

@@ -278,7 +278,11 @@ def test_upsert_reading_and_delete_when_are_checked_when_defined(tmp_path: Path)
     typo = ParquetTableSink(uid="typo", input=plans, path=str(tmp_path / "u"), mode="upsert", keys=["key"],
                             delete_when="deleted")  # fmt: skip
     forgot = DeltaTableSink(uid="forgot", input=plans, path=str(tmp_path / "d"), mode="upsert", keys=["key"])
-    found = problems([plans, table, typo, forgot])
+    delta = DeltaTableSink(uid="delta", input=plans, path=str(tmp_path / "e"), mode="upsert", keys=["key"],
+                           delete_when="tombstone")  # fmt: skip
+    pg = PostgresTableSink(uid="pg", input=plans, conn_id="pg", table="plans", mode="upsert", keys=["key"],
+                           delete_when="tombstone")  # fmt: skip
+    found = problems([plans, table, typo, forgot, delta, pg])
     assert [(p.uid, p.field) for p in found] == [
         ("typo", "delete_when"),
         ("typo", "delete_when"),
@@ -288,6 +292,10 @@ def test_upsert_reading_and_delete_when_are_checked_when_defined(tmp_path: Path)
     for bad in ({"mode": "append"}, {"mode": "upsert", "keys": ["key"], "delete_when": "key"}):
         with pytest.raises(PipelineDefinitionError, match="delete_when"):
             ParquetTableSink(uid="bad", input=plans, path=str(tmp_path / "b"), **{"delete_when": "tombstone", **bad})
+        with pytest.raises(PipelineDefinitionError, match="delete_when"):
+            DeltaTableSink(uid="bad", input=plans, path=str(tmp_path / "b"), **{"delete_when": "tombstone", **bad})
+        with pytest.raises(PipelineDefinitionError, match="delete_when"):
+            PostgresTableSink(uid="bad", input=plans, conn_id="pg", table="t", **{"delete_when": "tombstone", **bad})
     with pytest.raises(PipelineDefinitionError, match="add 'key' to metadata_columns"):
         KafkaSource(uid="keyless", topics=["t"], schema="plan STRING", upsert=True, metadata_columns=["offset"])
 

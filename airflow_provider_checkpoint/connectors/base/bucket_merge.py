@@ -107,6 +107,16 @@ def table_writer(
             written.append(sink.tell())
 
 
+def kept_rows(changed: pa.Table, delete_when: str | None) -> pa.Table:
+    """``changed`` without its rows whose boolean ``delete_when`` column is true (they delete their key),
+    and without that column."""
+    import pyarrow.compute as pc
+
+    if delete_when is None:
+        return changed
+    return changed.filter(pc.invert(pc.fill_null(changed[delete_when], False))).drop_columns([delete_when])
+
+
 def merge_bucket(
     fs: fsspec.AbstractFileSystem,
     old: pq.ParquetFile | None,
@@ -121,11 +131,8 @@ def merge_bucket(
     ``changed`` holds each key at most once (the upsert's input); ``old`` each key at most once.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    every = changed
-    if delete_when is not None:
-        changed = changed.filter(pc.invert(pc.fill_null(changed[delete_when], False))).drop_columns([delete_when])
+    every, changed = changed, kept_rows(changed, delete_when)
     schema = target_schema(changed.schema)
     changed = changed.select(schema.names).cast(schema)
     rows, size = 0, list[int]()

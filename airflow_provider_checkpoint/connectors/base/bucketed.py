@@ -143,7 +143,7 @@ class BucketedUpsert:
 
         committed = existing(list(range(self.buckets)))
         if not committed:
-            return self._first_load(ctx, self._kept(changed), fs, staging)
+            return self._first_load(ctx, self.kept(changed), fs, staging)
         changed = changed.cache()
         per_bucket = {int(r[0]): int(r[1]) for r in changed.groupBy(_BUCKET).count().collect()}
         affected = sorted(per_bucket)
@@ -156,16 +156,16 @@ class BucketedUpsert:
         if old_files:
             old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
             kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
-            merged = kept.unionByName(self._kept(changed), allowMissingColumns=True)
+            merged = kept.unionByName(self.kept(changed), allowMissingColumns=True)
         else:
-            merged = self._kept(changed)
+            merged = self.kept(changed)
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
         written += self._emptied(fs, staging, merged, written, affected)
         changed.unpersist()
         return self._one_file_each(written, affected)
 
-    def _kept(self, changed: DataFrame) -> DataFrame:
+    def kept(self, changed: DataFrame) -> DataFrame:
         """``changed`` without the rows that delete their key, and without the ``delete_when`` column."""
         from pyspark.sql import functions as F
 

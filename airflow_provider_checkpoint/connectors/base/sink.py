@@ -122,13 +122,15 @@ class TransactionalSink(Sink):
     :meth:`write`, :meth:`read_committables`, :meth:`is_committed`, :meth:`commit_checked`
     and :meth:`abort`; :meth:`rollback`, :meth:`audit` and ``describe_commit`` are optional.
     They set ``mode`` (``append`` or ``upsert``), ``keys`` and ``sequence_by``
-    (:func:`~.upsert_rule.check_sequence_by`): in upsert mode :meth:`write_upsert` receives the
+    (:func:`~.upsert_rule.check_sequence_by`), and ``delete_when`` where they apply deletes
+    (:func:`~.upsert_rule.check_delete_when`): in upsert mode :meth:`write_upsert` receives the
     input as :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`).
     """
 
     mode: str
     keys: list[str]
     sequence_by: list[str]
+    delete_when: str | None = None
 
     # -- claim -------------------------------------------------------------------------
     def claim_document(self, job_id: str) -> JsonDict:
@@ -208,8 +210,13 @@ class TransactionalSink(Sink):
         return None if held is None else held.rows()
 
     def required_columns(self) -> dict[str, list[str]]:
-        """``keys`` in upsert mode, ``sequence_by``."""
-        return {"keys": self.keys if self.mode == "upsert" else [], "sequence_by": self.sequence_by}
+        """``keys`` in upsert mode, ``sequence_by``, ``delete_when``."""
+        deletes = [self.delete_when] if self.delete_when else []
+        return {
+            "keys": self.keys if self.mode == "upsert" else [],
+            "sequence_by": self.sequence_by,
+            "delete_when": deletes,
+        }
 
     def needs_source_order(self) -> bool:
         """In upsert mode, unless the input already has at most one row per key (its node's

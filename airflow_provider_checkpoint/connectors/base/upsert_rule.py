@@ -12,9 +12,13 @@ restore, a source that sends a key twice) resolve to one row before the sink sta
   join, a repartition in a transform) loses that order: name ``sequence_by`` then.
 
 Exact duplicates collapse. A key is compared as a whole, a null part like any value (``None``
-and ``''`` differ). Across checkpoints the later checkpoint's row replaces the earlier one,
-whatever its ``sequence_by`` values (they order the rows of one checkpoint; the stored row is
-not compared).
+and ``''`` differ). With ``delete_when`` (a boolean column), a winning row where it is true
+deletes its key: a delete competes with the key's other rows by the same rule, so a later
+upsert of the key in the checkpoint brings it back. Across checkpoints the later checkpoint's
+row (or delete) replaces the earlier one, whatever its ``sequence_by`` values (they order the
+rows of one checkpoint; the stored row is not compared, and a deleted key leaves nothing to
+compare with): checkpoints follow the source's order (a Kafka partition's offsets, a database's
+log), which is the order in which a change stream's changes happened.
 
 :class:`UpsertRows` applies the rule in Spark (:func:`latest_per_key`) or, for a small input, in
 the driver with pyarrow after one collect (:func:`latest_in_arrow`), with the same result.
@@ -31,7 +35,7 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, Sink
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType
+    from pyspark.sql.types import DataType, StructType
 
     from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
 
@@ -72,6 +76,18 @@ def check_delete_when(
             f"{uid}: delete_when must name one boolean column, not a key or sequence_by column, got {delete_when!r}"
         )
     return delete_when
+
+
+def check_delete_column(uid: str, delete_when: str | None, schema: StructType) -> None:
+    """Refuse an input whose ``delete_when`` column is missing or not boolean."""
+    if delete_when is None:
+        return
+    found = {f.name: f.dataType.simpleString() for f in schema.fields}.get(delete_when)
+    if found != "boolean":
+        raise SinkSchemaError(
+            f"sink {uid}: delete_when column {delete_when!r} must be boolean, the input has "
+            f"{found or 'no such column'}; its columns are {schema.fieldNames()}"
+        )
 
 
 def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Sequence[str]) -> DataFrame:

@@ -22,7 +22,12 @@ from urllib.parse import unquote
 
 from airflow_provider_checkpoint.connectors.base.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns, check_mode
-from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by
+from airflow_provider_checkpoint.connectors.base.upsert_rule import (
+    UpsertRows,
+    check_delete_column,
+    check_delete_when,
+    check_sequence_by,
+)
 from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
@@ -77,6 +82,10 @@ class DeltaTableSink(DeltaCommitter):
     :param step: Name of the step (Airflow task) the sink runs in.
     :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
         checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
+    :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
+        :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
+        update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
+        ``KafkaSource(upsert=True)``).
     """
 
     def __init__(
@@ -92,6 +101,7 @@ class DeltaTableSink(DeltaCommitter):
         storage_options: dict[str, Any] | None = None,
         step: str | None = None,
         sequence_by: list[str] | None = None,
+        delete_when: str | None = None,
     ) -> None:
         fsspec_options, self.delta_only = delta_storage.split_options(storage_options)
         super().__init__(uid, input, path, fsspec_options, step)
@@ -101,8 +111,11 @@ class DeltaTableSink(DeltaCommitter):
         self.mode = mode
         self.keys = list(keys or [])
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
+        self.delete_when = check_delete_when(uid, mode, self.keys, self.sequence_by, delete_when)
         self.partition_by = list(partition_by or [])
-        self.upsert = BucketedUpsert(uid, self.keys, buckets, driver_merge_rows) if mode == "upsert" else None
+        self.upsert = (
+            BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None
+        )
         self._records = {}
 
     def describe(self) -> dict[str, Any]:
@@ -127,12 +140,15 @@ class DeltaTableSink(DeltaCommitter):
         super().check_input(df)
 
     def check_columns(self, schema: StructType) -> None:
-        """The input's columns and the sink's partitioning against the table's, when it has one."""
+        """The input's columns (but ``delete_when``) and the sink's partitioning against the table's, when it
+        has one."""
         from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
 
         layout = self._existing_layout()
         if layout is not None:
-            self._check_input(layout, to_arrow_schema(schema, timezone="UTC"))
+            written = StructType([f for f in schema.fields if f.name != self.delete_when])
+            self._check_input(layout, to_arrow_schema(written, timezone="UTC"))
 
     def _existing_layout(self) -> _Layout | None:
         """The table's layout from the log the log check replayed, else from delta-rs; ``None``: no table yet."""
@@ -153,7 +169,8 @@ class DeltaTableSink(DeltaCommitter):
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
-        fs, root, staging = self._prepare(ctx, rows.df)
+        check_delete_column(self.uid, self.delete_when, rows.df.schema)
+        fs, root, staging = self._prepare(ctx, rows.df.drop(self.delete_when) if self.delete_when else rows.df)
         if live := self._upsert_files():
             staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes)
@@ -162,6 +179,9 @@ class DeltaTableSink(DeltaCommitter):
             return self._committables(ctx, commit)
         files = []  # the first load: one file per bucket
         for staged_bucket in self.upsert.stage(ctx, rows, fs, staging, lambda _: {}):
+            if staged_bucket.rows == 0:  # every row of the bucket deleted its key
+                fs.rm(staged_bucket.path)
+                continue
             named = f"{staging}/{bucket_file(staged_bucket.bucket)}"
             if staged_bucket.path != named:
                 fs.mv(staged_bucket.path, named)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from airflow_provider_checkpoint.connectors.base.bucket_merge import BATCH_ROWS, KeySet, table_writer
+from airflow_provider_checkpoint.connectors.base.bucket_merge import BATCH_ROWS, KeySet, kept_rows, table_writer
 from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
@@ -98,7 +98,8 @@ def stage(
     live: dict[str, DataFile],
 ) -> StagedUpsert:
     """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
-    (:mod:`.checks`) unless it leaves one live row per key.
+    (:mod:`.checks`) unless it leaves one live row per key. A row deleting its key (``upsert.delete_when``)
+    deletes the key's live row as an update does, and adds none.
 
     Changed rows the driver holds already (:meth:`BucketedUpsert.in_driver`), or up to
     ``upsert.driver_merge_rows`` collected in one Spark job, are written by the driver (pyarrow); more
@@ -108,17 +109,20 @@ def stage(
     small = upsert.in_driver(rows)
     if small is not None:
         keys = small.select([*upsert.keys, _BUCKET])
-        adds = _write_rows(ctx.checkpoint_id, small.drop_columns([_BUCKET]), fs, staging)
+        adds = _write_rows(ctx.checkpoint_id, kept_rows(small, upsert.delete_when).drop_columns([_BUCKET]), fs, staging)
     else:
         df = rows.frame().cache()  # read twice: its keys, then its rows
         try:
-            keys = df.select(*upsert.keys).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
-            adds = _write_updates(ctx.checkpoint_id, df, keys.num_rows, fs, staging) if keys.num_rows else []
+            flag = [upsert.delete_when] if upsert.delete_when else []
+            changed = df.select(*upsert.keys, *flag).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
+            keys, kept = changed.select([*upsert.keys, _BUCKET]), kept_rows(changed, upsert.delete_when).num_rows
+            adds = _write_updates(ctx.checkpoint_id, upsert.kept(df), kept, fs, staging) if kept else []
         finally:
             df.unpersist()
     ctx.add_metric("sink_rows", keys.num_rows)
     if not keys.num_rows:
         return StagedUpsert([], [], [])
+    fs.makedirs(staging, exist_ok=True)  # a checkpoint of deletes only writes no update file: compactions go there
     affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
     candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
     changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)

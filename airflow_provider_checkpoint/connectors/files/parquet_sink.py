@@ -41,14 +41,18 @@ from airflow_provider_checkpoint.connectors.base.bucketed import (
 )
 from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_input_columns, check_mode
 from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish, read_document
-from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_sequence_by
+from airflow_provider_checkpoint.connectors.base.upsert_rule import (
+    UpsertRows,
+    check_delete_column,
+    check_delete_when,
+    check_sequence_by,
+)
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
-    SinkSchemaError,
     UnsafePathError,
 )
 from airflow_provider_checkpoint.fileio.writes import write_parquet
@@ -201,19 +205,9 @@ class ParquetTableSink(TableDirectorySink):
         fs, root = self._fs()
         return self._committables(ctx, self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx)))
 
-    def required_columns(self) -> dict[str, list[str]]:
-        """``keys`` in upsert mode, ``sequence_by``, ``delete_when``."""
-        return {**super().required_columns(), "delete_when": [self.delete_when] if self.delete_when else []}
-
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
-        if self.delete_when is not None:
-            found = {f.name: f.dataType.simpleString() for f in rows.df.schema.fields}.get(self.delete_when)
-            if found != "boolean":
-                raise SinkSchemaError(
-                    f"sink {self.uid}: delete_when column {self.delete_when!r} must be boolean, the input has "
-                    f"{found or 'no such column'}; its columns are {rows.df.columns}"
-                )
+        check_delete_column(self.uid, self.delete_when, rows.df.schema)
         fs, root = self._fs()
         staged = self.upsert.stage(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
         ctx.add_metric("sink_bytes_staged", sum(s.size for s in staged))

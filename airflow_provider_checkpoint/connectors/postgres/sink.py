@@ -10,7 +10,8 @@
   load has committed, what ``_metadata`` will name survives a crash of the server and reaches its
   replicas, so a completed checkpoint can always commit.
 - **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
-  or ``INSERT … ON CONFLICT (keys) DO UPDATE``), inserts the marker row ``(job, sink uid,
+  or, upsert, ``DELETE … USING`` the staged rows that delete their key, then ``INSERT … ON CONFLICT
+  (keys) DO UPDATE`` of the others), inserts the marker row ``(job, sink uid,
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
   the trigger's recovery, finds the marker and does nothing. With ``partition_per_checkpoint`` an
   append commit attaches the staging table as the checkpoint's partition instead of copying its
@@ -30,7 +31,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode
-from airflow_provider_checkpoint.connectors.base.upsert_rule import check_sequence_by
+from airflow_provider_checkpoint.connectors.base.upsert_rule import (
+    check_delete_column,
+    check_delete_when,
+    check_sequence_by,
+)
 from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
@@ -85,6 +90,9 @@ class PostgresTableSink(TransactionalSink):
     :param step: run in the named step (see :class:`~airflow_provider_checkpoint.dataflow.graph.Sink`).
     :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
         checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
+    :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
+        :mod:`.upsert_rule`) has it true is deleted from the table (a restore puts it back), and the column
+        is not written (e.g. ``"tombstone"`` of a ``KafkaSource(upsert=True)``).
     :param partition_per_checkpoint: append mode: the commit attaches the staged rows as the
         checkpoint's partition of a table partitioned ``PARTITION BY LIST (_checkpoint_id)`` instead of
         copying them (:mod:`.partitions`); ``create_table`` creates it so, an existing table must be.
@@ -105,6 +113,7 @@ class PostgresTableSink(TransactionalSink):
         step: str | None = None,
         sequence_by: list[str] | None = None,
         partition_per_checkpoint: bool = False,
+        delete_when: str | None = None,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -118,6 +127,7 @@ class PostgresTableSink(TransactionalSink):
         self.keys = list(keys or [])
         pg.check_identifiers(uid, "keys", self.keys)
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
+        self.delete_when = check_delete_when(uid, mode, self.keys, self.sequence_by, delete_when)
         self.create_table = create_table
         self.undo_checkpoints = undo_checkpoints
         self.digest = pg.sink_digest(self.schema, self.table_name, uid)
@@ -262,6 +272,7 @@ class PostgresTableSink(TransactionalSink):
         conn = self._connection()
         staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
         self._check_names(df.schema)
+        check_delete_column(self.uid, self.delete_when, df.schema)
         dead = pg.dead_letter_staging(staging) if self.dead_letters else None
         with conn.connect() as db:
             types = target.check_target(self, db, df.schema)

@@ -32,6 +32,7 @@ class SinkTable(Protocol):
     max_refused_fraction: float
     create_table: bool
     partition_per_checkpoint: bool
+    delete_when: str | None
 
     def target_name(self) -> str: ...
 

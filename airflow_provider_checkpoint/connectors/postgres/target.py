@@ -55,7 +55,11 @@ def check_target(
     may (unless not ``create``: then an absent table the sink may create is not checked, and has no types);
     refused unless its columns are exactly the input's (and ``_checkpoint_id`` in append mode), an
     upsert table has a unique index on exactly the keys, and an append table's partitioning suits
-    its commits (:func:`~.partitions.check_partitioning`)."""
+    its commits (:func:`~.partitions.check_partitioning`). The ``delete_when`` column of an upsert is no
+    column of the table: the staging table has it (``boolean``), last."""
+    from pyspark.sql.types import StructType
+
+    schema = StructType([f for f in schema.fields if f.name != sink.delete_when])
     target = pg.table_columns(db, sink.schema, sink.table_name)
     if not target:
         if not sink.create_table:
@@ -78,7 +82,7 @@ def check_target(
             f"sink {sink.uid}: table {sink.target_name()} has no unique index on exactly {sink.keys} (upsert keys)"
         )
     partitions.check_partitioning(sink, db)
-    return {c: target[c] for c in expected}
+    return {**{c: target[c] for c in expected}, **({sink.delete_when: "boolean"} if sink.delete_when else {})}
 
 
 def unique_index(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> bool | None:

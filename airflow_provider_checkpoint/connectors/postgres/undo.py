@@ -10,7 +10,8 @@ Undo, by mode:
   N deletes the rows of newer checkpoints. Cost: 8 bytes per row, no retention bound needed.
 - ``upsert``: before the ``INSERT … ON CONFLICT`` of checkpoint C, the current row of every
   staged key (or ``_undo_existed = false`` for a new key) is copied into the undo table
-  ``_cks_<sink>_undo`` under ``_undo_checkpoint = C``. A restore to N puts back, for every key
+  ``_cks_<sink>_undo`` under ``_undo_checkpoint = C``; then the keys whose staged row deletes
+  them (``delete_when``) are deleted, and the other staged rows upserted. A restore to N puts back, for every key
   changed after N, its before-image from the oldest checkpoint after N. Cost: one row per
   changed key per checkpoint, for the ``undo_checkpoints`` newest commits only.
 """
@@ -24,6 +25,7 @@ from airflow_provider_checkpoint.exceptions import CheckpointStorageError, Resto
 
 if TYPE_CHECKING:
     import psycopg
+    from psycopg import sql
 
     from airflow_provider_checkpoint.core.model import JsonDict
 
@@ -121,6 +123,7 @@ def move_rows(
     else:
         check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
         _record_before_images(sink, db, checkpoint_id, staging, columns)
+        kept = _delete_keys(sink, db, staging)
         others = [c for c in columns if c not in sink.keys]
         action = (
             sql.SQL("DO UPDATE SET ")
@@ -129,12 +132,33 @@ def move_rows(
             else sql.SQL("DO NOTHING")
         )
         db.execute(
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
-                target, cols, cols, stg, pg.idents(sink.keys), action
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}{} ON CONFLICT ({}) {}").format(
+                target, cols, cols, stg, kept, pg.idents(sink.keys), action
             )
         )
     db.execute(sql.SQL("DROP TABLE {}").format(stg))
     return expected
+
+
+def _delete_keys(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) -> sql.Composable:
+    """Delete the keys whose staged row's ``delete_when`` is true from the table (one indexed join per
+    pattern of null key parts); the ``WHERE`` clause selecting the other staged rows (the upserts)."""
+    from psycopg import sql
+
+    if sink.delete_when is None:
+        return sql.SQL("")
+    stg, flag = sink.table(staging), pg.ident(sink.delete_when)
+    for nulls in pg.null_patterns(db, stg, sink.keys, flag):
+        db.execute(
+            sql.SQL("DELETE FROM {} t USING {} s WHERE s.{} AND {} AND {}").format(
+                sink.table(),
+                stg,
+                flag,
+                pg.keys_equal(sink.keys, "t", "s", nulls),
+                pg.null_filter(sink.keys, nulls, "s"),
+            )
+        )
+    return sql.SQL(" WHERE NOT coalesce({}, false)").format(flag)
 
 
 def _record_before_images(
