@@ -61,6 +61,7 @@ class Config:
     one_row_per_key: bool = False  # soak.py --one-row-per-key: look past a failure on several rows of a key
     partition_per_checkpoint: bool = False  # postgres append: commits attach a partition per checkpoint
     deletes: bool = False  # upsert: rows valued DELETE delete their key (delete_when="deleted")
+    inline_dvs: bool = False  # delta upsert: inline_deletion_vectors=True
 
     @property
     def name(self) -> str:
@@ -69,6 +70,7 @@ class Config:
             + ("-seq" if self.sequence_by else "")
             + ("-partitions" if self.partition_per_checkpoint else "")
             + ("-deletes" if self.deletes else "")
+            + ("-inline-dvs" if self.inline_dvs else "")
         )
 
     @property
@@ -165,7 +167,8 @@ class Harness:
         elif config.kind == "delta":
             from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
 
-            self.sink = DeltaTableSink("out", Source("src"), str(self.path), config.mode, **options)
+            inline = {"inline_deletion_vectors": True} if config.inline_dvs else {}
+            self.sink = DeltaTableSink("out", Source("src"), str(self.path), config.mode, **options, **inline)
         else:
             from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 

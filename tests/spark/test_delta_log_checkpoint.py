@@ -69,7 +69,7 @@ def _tables(spark: Any, tmp_path: Path, monkeypatch: Any) -> dict[str, tuple[Pat
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     events, latest = tmp_path / "events", tmp_path / "latest"
     appended = DeltaTableSink("events", SOURCE, str(events), partition_by=["region"])
-    upserted = DeltaTableSink("latest", SOURCE, str(latest), "upsert", ["k"], buckets=2)
+    upserted = DeltaTableSink("latest", SOURCE, str(latest), "upsert", ["k"], buckets=2, inline_deletion_vectors=True)
     base = pd.DataFrame({"k": [f"k{i}" for i in range(300)], "region": "eu", "v": range(300)})
     rows, truth = [], base
     upserted.commit(1, upserted.stage(step_context(spark, storage, 1), spark.createDataFrame(base)))

@@ -169,13 +169,12 @@ def test_delete_when_deletes_keys_by_deletion_vector_and_the_change_feed_reads_d
     assert sink.audit() == []
 
 
-@pytest.mark.parametrize("inline_bytes", [delta_upsert.INLINE_DV_BYTES, 0])  # 0: every DV in a DV file
-def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline_bytes):
-    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", inline_bytes)
+@pytest.mark.parametrize("inline", [True, False], ids=["inline-dvs", "dv-files"])
+def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline):
     monkeypatch.setattr(delta_commit, "CHECKPOINT_INTERVAL", 2)  # the log replay starts from a log checkpoint
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "t"
-    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=1)
+    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["k"], buckets=1, inline_deletion_vectors=inline)
     at = pd.to_datetime([1_700_000_000 + i for i in range(100)], unit="s")  # timestamps survive compaction
     truth = pd.DataFrame({"k": [f"k{i}" for i in range(100)], "v": range(100), "at": at})
     sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(truth)))
@@ -197,7 +196,7 @@ def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, 
     changed = spark.createDataFrame(pd.DataFrame({"k": ["k70"], "v": [-5], "at": at[:1]}))
     (staged,) = sink.stage(step_context(spark, storage, 5), changed)  # an attempt that never commits
     dv_files = [p for p in (path / "chk-5").rglob("deletion_vector_*.bin")]
-    assert len(dv_files) == (0 if inline_bytes else 1) and len(staged["deletes"]) == 1
+    assert len(dv_files) == (0 if inline else 1) and len(staged["deletes"]) == 1
     assert len(sink.audit()) == 1 + len(dv_files)  # its update file and DV file are orphans
     sink.abort(5)
     assert sink.audit() == [] and not (path / "chk-5").exists()
@@ -446,12 +445,12 @@ def test_random_upserts_match_a_dict_model(spark, tmp_path, monkeypatch, seed):
     reader equals a dict model after each checkpoint, and every commit passes the writer's checks."""
     import random
 
-    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 40)  # some DVs in DV files
+    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 40)  # inline, and some DVs in DV files
     rng = random.Random(seed)
     space = [(a, b) for a in (None, "", "x", "y") for b in (None, "", "1", "2", "3")]
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "t"
-    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["a", "b"], buckets=3)
+    sink = DeltaTableSink("latest", SOURCE, str(path), "upsert", ["a", "b"], buckets=3, inline_deletion_vectors=True)
     model: dict[tuple[Any, ...], int] = {}
     models = {}
     for checkpoint_id in range(1, 13):
@@ -549,8 +548,6 @@ def test_crafted_deletion_vectors_in_committables_are_refused_before_the_commit(
     from airflow_provider_checkpoint.connectors.delta import deletion_vectors
     from airflow_provider_checkpoint.exceptions import DocumentError
 
-    if tamper == "DV file at offset 2^40":
-        monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     path = tmp_path / "events"
     sink = DeltaTableSink("events", SOURCE, str(path), "upsert", ["k"], buckets=2)

@@ -256,10 +256,8 @@ def test_an_upsert_table_with_deletion_vectors_reads_as_its_changes(spark, tmp_p
     a later range's change rows are exactly the replaced rows deleted and the new ones inserted (a file
     re-added with a new DV changes only in the rows that DV adds); they sum to the difference of the
     table's states (pandas)."""
-    from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
     from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
 
-    monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)  # DV files (inline ones: test_delta_sink)
     table = tmp_path / "latest"
     sink = DeltaTableSink("t", FileSource("s", "/none", "json", "x STRING"), str(table), "upsert", ["k"], buckets=2)
     storage = JobStorage.for_job(str(tmp_path / "sink"), "job")
@@ -306,14 +304,12 @@ def test_a_source_table_linking_out_is_refused_before_spark_or_pyarrow_reads(
     import hashlib
     import shutil
 
-    from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
     from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource
     from airflow_provider_checkpoint.exceptions import UnsafePathError
 
     table, outside = tmp_path / "table", tmp_path / "outside"
     outside.mkdir()
     if link == "a DV file":
-        monkeypatch.setattr(delta_upsert, "INLINE_DV_BYTES", 0)
         sink = DeltaTableSink("t", FileSource("s", "/none", "json", "x STRING"), str(table), "upsert", ["k"], buckets=2)
         storage = JobStorage.for_job(str(tmp_path / "sink"), "job")
         for c, keys in ((1, range(40)), (2, [3, 5])):

@@ -44,21 +44,15 @@ def env(spark: Any, delta_spark: Any) -> Env:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize(
-    ("config", "dv_files"),
+    "config",
     [
-        (Config("delta", "append"), False),
-        (Config("delta", "upsert", sequence_by=True), False),
-        (Config("delta", "upsert", sequence_by=True, deletes=True), True),
+        Config("delta", "append"),
+        Config("delta", "upsert", sequence_by=True, inline_dvs=True),
+        Config("delta", "upsert", sequence_by=True, deletes=True),
     ],
     ids=["append", "upsert-seq-inline-dvs", "upsert-seq-deletes-dv-files"],
 )
-def test_delta_spark_reads_what_the_model_holds(
-    config: Config, dv_files: bool, seed: int, env: Env, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if dv_files:
-        from airflow_provider_checkpoint.connectors.delta import upsert
-
-        monkeypatch.setattr(upsert, "INLINE_DV_BYTES", 0)
+def test_delta_spark_reads_what_the_model_holds(config: Config, seed: int, env: Env) -> None:
     run(config, env, seed, EXAMPLES, STEPS, shrink=False)
 
 
@@ -95,12 +89,7 @@ class Table:
             assert got == expected, f"{reader} after {after}: {len(got)} rows, {len(expected)} expected"
 
 
-def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_provider_checkpoint.connectors.delta import upsert
-
-    # delta-spark 4.4.0's VACUUM fails (scala.MatchError) on a table holding an inline DV, which the
-    # protocol allows and our sink writes by default (docs/delta-lake.md): this table's DVs are files
-    monkeypatch.setattr(upsert, "INLINE_DV_BYTES", 0)
+def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env) -> None:
     ds, table = env.delta_spark, Table(env, "maintained")
     path, at = table.harness.path, f"delta.`{table.harness.path}`"
     table.checkpoint(40, [("a", 0, 1, "x")])
@@ -167,15 +156,12 @@ def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env, mon
     ids=["delete", "optimize"],
 )
 def test_another_writer_between_stage_and_commit_is_a_conflict_and_nothing_is_committed(
-    env: Env, monkeypatch: pytest.MonkeyPatch, command: str, operation: str
+    env: Env, command: str, operation: str
 ) -> None:
     """delta-spark deletes from (or rewrites) a file our staged upsert deletes from, after the step
     staged it and before the finalize commits: the commit is refused naming delta-spark's version and
     operation, the table keeps delta-spark's write alone, and after the way on the refusal names
     (delta-spark's ``RESTORE``) the same committables commit the checkpoint, each row once."""
-    from airflow_provider_checkpoint.connectors.delta import upsert
-
-    monkeypatch.setattr(upsert, "INLINE_DV_BYTES", 0)  # delta-spark's RESTORE/VACUUM want DV files
     ds, table = env.delta_spark, Table(env, f"conflict-{operation.lower()}")
     path, at = table.harness.path, f"delta.`{table.harness.path}`"
     table.checkpoint(10, [("a", 0, 1, "x")])

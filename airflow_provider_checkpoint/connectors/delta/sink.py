@@ -86,6 +86,9 @@ class DeltaTableSink(DeltaCommitter):
         :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
         update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
         ``KafkaSource(upsert=True)``).
+    :param inline_deletion_vectors: Upsert mode: deletion vectors up to 2 KiB go inline into the log
+        (one file read less per data file for every reader) instead of into one DV file per checkpoint;
+        delta-spark 4.4's ``VACUUM`` fails on a table holding inline DVs (docs/delta-lake.md).
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class DeltaTableSink(DeltaCommitter):
         step: str | None = None,
         sequence_by: list[str] | None = None,
         delete_when: str | None = None,
+        inline_deletion_vectors: bool = False,
     ) -> None:
         fsspec_options, self.delta_only = delta_storage.split_options(storage_options)
         super().__init__(uid, input, path, fsspec_options, step)
@@ -116,6 +120,7 @@ class DeltaTableSink(DeltaCommitter):
         self.upsert = (
             BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None
         )
+        self.inline_dv_bytes = delta_upsert.INLINE_DV_BYTES if inline_deletion_vectors else 0
         self._records = {}
 
     def describe(self) -> dict[str, Any]:
@@ -172,7 +177,7 @@ class DeltaTableSink(DeltaCommitter):
         check_delete_column(self.uid, self.delete_when, rows.df.schema)
         fs, root, staging = self._prepare(ctx, rows.df.drop(self.delete_when) if self.delete_when else rows.df)
         if live := self._upsert_files():
-            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live)
+            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
                 delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit)

@@ -59,9 +59,9 @@ COMPACT_FRACTION = 0.5
 UPDATE_FILE_ROWS = 1_000_000
 """Rows per update file Spark writes (coalesced to ``ceil(rows / this)`` files)."""
 INLINE_DV_BYTES = 2048
-"""DVs up to this size go inline into the log (Z85: 5/4 of it); larger ones into a DV file. delta-rs
-1.6 (``scan()``, ``deletion_vectors()``) was seen to hang reading ~1,000 files' DVs from DV files and
-reads the same DVs inline; inline DVs also spare a reader one file read per data file."""
+"""With ``inline_deletion_vectors``, DVs up to this size go inline into the log (Z85: 5/4 of it); larger
+ones into the checkpoint's DV file. Inline DVs spare a reader one file read per data file, but
+delta-spark 4.4's ``VACUUM`` fails on them (``scala.MatchError``): DV files are the default."""
 MAX_UPDATE_FILES = 8
 """Update files an upsert table has at most after a checkpoint, but for that checkpoint's own."""
 THREADS = 8
@@ -96,6 +96,7 @@ def stage(
     root: str,
     staging: str,
     live: dict[str, DataFile],
+    inline_dv_bytes: int = 0,
 ) -> StagedUpsert:
     """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
     (:mod:`.checks`) unless it leaves one live row per key. A row deleting its key (``upsert.delete_when``)
@@ -103,7 +104,8 @@ def stage(
 
     Changed rows the driver holds already (:meth:`BucketedUpsert.in_driver`), or up to
     ``upsert.driver_merge_rows`` collected in one Spark job, are written by the driver (pyarrow); more
-    are written by the executors (Spark)."""
+    are written by the executors (Spark). New DVs up to ``inline_dv_bytes`` go inline into the log, the
+    others into one DV file of the checkpoint."""
     import pyarrow as pa
 
     small = upsert.in_driver(rows)
@@ -150,7 +152,7 @@ def stage(
         removes += [_remove(live[p]) for p in merged]
         adds += [(out, written)] if written else []
     partial = [f for f in found if f not in full and f.file.path not in merged]
-    deletes = _write_dvs(fs, root, staging, partial)
+    deletes = _write_dvs(fs, root, staging, partial, inline_dv_bytes)
     ctx.add_metric("sink_files_deleted_from", len(deletes))
     ctx.add_metric("sink_files_compacted", len(full) + len(merged))
     return StagedUpsert(adds, removes, deletes)
@@ -294,11 +296,13 @@ def _remove(file: DataFile) -> DeltaFile:
     return DeltaFile(file.path, file.size or 0, deletion_vector=file.deletion_vector)
 
 
-def _write_dvs(fs: fsspec.AbstractFileSystem, root: str, staging: str, found: list[_Found]) -> list[DeltaDeletes]:
-    """The new DV of every file in ``found``: inline in the log up to :data:`INLINE_DV_BYTES`, the larger
-    ones in one DV file under ``staging``."""
+def _write_dvs(
+    fs: fsspec.AbstractFileSystem, root: str, staging: str, found: list[_Found], inline_dv_bytes: int
+) -> list[DeltaDeletes]:
+    """The new DV of every file in ``found``: inline in the log up to ``inline_dv_bytes``, the larger ones
+    in one DV file under ``staging``."""
     descriptors = [deletion_vectors.inline(f.deleted) for f in found]
-    large = [i for i, d in enumerate(descriptors) if d.size > INLINE_DV_BYTES]
+    large = [i for i, d in enumerate(descriptors) if d.size > inline_dv_bytes]
     if large:
         stored, path = deletion_vectors.new_descriptor_path(staging[len(root) + 1 :])
         written = deletion_vectors.write_file(fs, f"{root}/{path}", stored, [found[i].deleted for i in large])
