@@ -1,0 +1,379 @@
+"""PostgresCdcSource: a PostgreSQL database's row changes through a logical replication slot (pgoutput);
+the barrier is a WAL position (LSN)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.postgres import cdc_slot
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import SESSION, TableColumn, converter, table_columns
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
+    UNCHANGED,
+    Change,
+    Decoder,
+    Transaction,
+    int_to_lsn,
+    lsn_to_int,
+)
+from airflow_provider_checkpoint.core.documents import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.storage import JobStorage
+
+log = logging.getLogger(__name__)
+
+METADATA = ("source_table", "op", "deleted", "lsn", "commit_time", "xid")
+METADATA_DDL = "source_table STRING, op STRING, deleted BOOLEAN, lsn BIGINT, commit_time TIMESTAMP, xid BIGINT"
+DELETED = "deleted"
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+
+
+def _qualified(uid: str, table: str) -> str:
+    parts = table.split(".")
+    if len(parts) == 1:
+        parts = ["public", *parts]
+    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+        raise PipelineDefinitionError(f"{uid}: {table!r} is not a table name (schema.table, unquoted identifiers)")
+    return ".".join(p.lower() for p in parts)
+
+
+class PostgresCdcSource(Source):
+    """Every committed row change of PostgreSQL tables, exactly once per completed checkpoint, through an
+    Airflow ``postgres`` connection (``postgres_conn_id``) whose user may replicate (``REPLICATION`` or a
+    superuser) and read the tables; the server runs with ``wal_level=logical``.
+
+    **Tables**: ``tables`` (a list; the job creates publication ``publication``, by default named after the
+    slot, for them) or ``publication`` alone (an existing publication: its tables). **The slot**: the job's
+    first checkpoint creates logical replication slot ``slot_name`` (default ``ckpt_<job>_<uid>``) with the
+    pgoutput plugin and an exported snapshot, and reads every table in that snapshot: the first checkpoint
+    holds every row then present (``op`` insert), consistent with the slot, so no change is lost or doubled
+    at the handover.
+
+    **The barrier** is the server's WAL flush position (LSN) at trigger time. A checkpoint holds exactly the
+    transactions whose commit record lies in ``[previous position, barrier)``, each whole, in commit order;
+    a transaction still open at the barrier belongs to a later checkpoint. A step peeks the slot (the slot
+    never moves while reading); once a checkpoint completes, the slot is advanced to the oldest position a
+    retained checkpoint holds, so the WAL every restorable checkpoint needs stays on the server.
+
+    **Rows**: the tables' columns (typed from the catalog; see :mod:`.cdc_types` for the types converted,
+    others are refused naming the column) and :data:`METADATA`: ``source_table`` (``schema.name``), ``op``
+    (insert, update, delete), ``deleted`` (``op = 'delete'``: give it to an upsert sink as ``delete_when``),
+    ``lsn`` (the transaction's commit LSN), ``commit_time`` and ``xid``. A delete carries the key columns
+    (the whole old row under ``REPLICA IDENTITY FULL``). An update that leaves a TOASTed value unchanged
+    needs ``REPLICA IDENTITY FULL`` on its table (else it is refused, naming the table). TRUNCATE, a schema
+    change and a dropped, invalidated or released slot are refused with the way on, never skipped.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        tables: Sequence[str] | None = None,
+        *,
+        publication: str | None = None,
+        postgres_conn_id: str = "postgres_default",
+        slot_name: str | None = None,
+        watermark: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(uid, watermark)
+        if tables is None and publication is None:
+            raise PipelineDefinitionError(f"{uid}: give tables, or the publication that lists them")
+        if tables is not None:
+            tables = [tables] if isinstance(tables, str) else list(tables)
+            if not tables:
+                raise PipelineDefinitionError(f"{uid}: tables is empty")
+        for name, value in (("publication", publication), ("slot_name", slot_name)):
+            if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
+                raise PipelineDefinitionError(f"{uid}: {name} must be 1-63 of a-z, 0-9 and _, got {value!r}")
+        self.tables = None if tables is None else sorted({_qualified(uid, t) for t in tables})
+        self.publication, self.slot_name = publication, slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.job_storage: JobStorage | None = None
+        """The job's storage, once bound: the first barrier writes the snapshot there."""
+
+    def bind_storage(self, storage: JobStorage) -> None:
+        self.job_storage = storage
+
+    def deletes_column(self) -> str | None:
+        return DELETED
+
+    def added_columns(self) -> str:
+        return METADATA_DDL
+
+    def describe(self) -> JsonDict:
+        return {**super().describe(), "tables": self.tables, "publication": self.publication}
+
+    def to_spec(self) -> JsonDict:
+        return {
+            "uid": self.uid,
+            "tables": self.tables,
+            "publication": self.publication,
+            "postgres_conn_id": self.postgres_conn_id,
+            "slot_name": self.slot_name,
+        }
+
+    # -- positions (the trigger, no Spark) ---------------------------------------------------
+    def _pg(self) -> PgConnection:
+        return PgConnection.from_airflow(self.postgres_conn_id)
+
+    def _default_slot(self) -> str:
+        job = self.job_storage.job_id if self.job_storage else "job"
+        return re.sub(r"[^a-z0-9_]", "_", f"ckpt_{job}_{self.uid}".lower())[:63]
+
+    def initial_position(self) -> None:
+        """No position: the first barrier creates the slot and takes the snapshot."""
+        return None
+
+    def _position(self, value: Any, what: str) -> tuple[str, str, int]:
+        try:
+            return str(value["slot"]), str(value["publication"]), lsn_to_int(value["lsn"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise InvalidPositionError(f"source {self.uid}: {what} {value!r} is not a CDC position") from e
+
+    def new_input(self, previous: Any) -> bool:
+        if previous is None:
+            return True
+        slot, _, lsn = self._position(previous, "position")
+        with self._pg().connect(autocommit=True) as conn:
+            return cdc_slot.flush_lsn(conn) > lsn
+
+    def barrier_position(self, previous: Any) -> JsonDict:
+        """The WAL flush position now; at the job's first barrier, the slot's consistent point, with the
+        snapshot it exported read into the job's storage (the first checkpoint's input)."""
+        if previous is None:
+            return self._snapshot()
+        slot, publication, lsn = self._position(previous, "position")
+        with self._pg().connect(autocommit=True) as conn:
+            cdc_slot.check(conn, self.uid, slot, lsn)
+            barrier = max(cdc_slot.flush_lsn(conn), lsn)
+        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier)}
+
+    def _tables(self, conn: Any, publication: str) -> list[str]:
+        if self.tables is None:
+            rows = conn.execute(
+                "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
+                (publication,),
+            ).fetchall()
+            if not rows:
+                raise CdcSourceError(f"source {self.uid}: publication {publication} does not exist or has no table")
+            return [str(r[0]) for r in rows]
+        return self.tables
+
+    def _ensure_publication(self, conn: Any, publication: str) -> None:
+        """Create publication ``publication`` for :attr:`tables`, or check an existing one lists exactly them."""
+        if self.tables is None:
+            return
+        listed = conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
+        ).fetchall()
+        exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+        if not exists:
+            names = ", ".join(".".join(cdc_slot.quote(p) for p in t.split(".")) for t in self.tables)
+            conn.execute(f"CREATE PUBLICATION {cdc_slot.quote(publication)} FOR TABLE {names}")
+            log.info("source %s: created publication %s for %s", self.uid, publication, ", ".join(self.tables))
+        elif sorted(str(r[0]) for r in listed) != self.tables:
+            raise CdcSourceError(
+                f"source {self.uid}: publication {publication} lists {sorted(str(r[0]) for r in listed)}, not "
+                f"the source's tables {self.tables}; drop it, or give the source another publication name"
+            )
+
+    def _snapshot(self) -> JsonDict:
+        if self.job_storage is None:
+            raise RuntimeError(f"source {self.uid} has no job storage bound (bind_storage)")
+        pg, slot = self._pg(), self.slot_name or self._default_slot()
+        publication = self.publication or slot
+        with pg.connect(autocommit=True) as conn:
+            self._ensure_publication(conn, publication)
+            tables = self._tables(conn, publication)
+            cdc_slot.drop(conn, slot)  # left by a first checkpoint that never completed: nothing refers to it
+        with pg.connect(autocommit=True, replication=True) as replication, pg.connect() as conn:
+            consistent, snapshot = cdc_slot.create_with_snapshot(replication, slot)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            conn.execute(SESSION)
+            directory = f"cdc/{self.uid}/snapshot-{consistent:016x}"
+            files, rows = [], 0
+            for i, table in enumerate(tables):
+                columns = table_columns(conn, table)
+                data = self._snapshot_rows(conn, table, columns, consistent)
+                files.append(f"{directory}/{i}.parquet")
+                rows += data.num_rows
+                self.job_storage.write_atomic(files[-1], _parquet(data))
+            conn.rollback()
+        log.info(
+            "source %s: slot %s created at %s; snapshot of %d table(s), %d row(s)",
+            self.uid,
+            slot,
+            int_to_lsn(consistent),
+            len(tables),
+            rows,
+        )
+        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "snapshot": files}
+
+    def _snapshot_rows(self, conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
+        names = ", ".join(f"{cdc_slot.quote(c.name)}::text" for c in columns)
+        schema, name = table.split(".")
+        query = f"SELECT {names} FROM {cdc_slot.quote(schema)}.{cdc_slot.quote(name)}"
+        meta = (table, "insert", False, lsn, None, None)
+        return _arrow(columns, ((values, meta) for values in conn.execute(query)))
+
+    # -- after completion ----------------------------------------------------------------------
+    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
+        """The first checkpoint's snapshot files are read: delete them (idempotent)."""
+        if isinstance(position, dict) and position.get("snapshot") and self.job_storage is not None:
+            self.job_storage.delete_files(position["snapshot"])
+
+    def on_positions_retained(self, positions: Sequence[Any]) -> None:
+        """Advance the slot to the oldest position a retained checkpoint holds: WAL no restore needs is freed."""
+        ours = [self._position(p, "position") for p in positions if p is not None]
+        if not ours:
+            return
+        slot, _, oldest = min(ours, key=lambda p: p[2])
+        with self._pg().connect(autocommit=True) as conn:
+            if cdc_slot.advance(conn, slot, oldest):
+                log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
+
+    # -- reading (the step) --------------------------------------------------------------------
+    def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        slot, publication, end = self._position(barrier, "barrier")
+        if "snapshot" in barrier:
+            import pyarrow.parquet as pq
+
+            parts = [pq.read_table(io.BytesIO(ctx.storage.read_bytes(f))) for f in barrier["snapshot"]]
+            with self._pg().connect() as conn:
+                columns = self._columns(conn, publication)
+            table = _arrow(columns, ())
+            data = _concat([table, *(_aligned(p, table.schema) for p in parts)])
+        else:
+            _, _, start = self._position(previous, "position")
+            data = self._changes(slot, publication, start, end)
+        log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
+        df = ctx.spark.createDataFrame(data)
+        return (df.coalesce(1) if self.in_source_order else df).cache()
+
+    def _columns(self, conn: Any, publication: str) -> list[TableColumn]:
+        """Every column of every table, merged by name (one name, one type across tables)."""
+        merged: dict[str, TableColumn] = {}
+        for table in self._tables(conn, publication):
+            for column in table_columns(conn, table):
+                seen = merged.setdefault(column.name, column)
+                if column.name in METADATA:
+                    raise CdcSourceError(f"source {self.uid}: {column.where()} clashes with column {column.name}")
+                if seen.spark_type() != column.spark_type():
+                    raise CdcSourceError(
+                        f"source {self.uid}: {column.where()} is {column.spark_type()} but {seen.where()} is "
+                        f"{seen.spark_type()}: split the tables over two sources"
+                    )
+        return list(merged.values())
+
+    def _changes(self, slot: str, publication: str, start: int, end: int) -> pa.Table:
+        with self._pg().connect() as conn:
+            conn.execute(SESSION)
+            cdc_slot.check(conn, self.uid, slot, start)
+            columns = self._columns(conn, publication)
+            catalog = {t: [(c.name, c.type_oid) for c in table_columns(conn, t)] for t in {c.table for c in columns}}
+            decoder = Decoder(slot, since=start)
+            txns = decoder.transactions(cdc_slot.peek(conn, slot, publication, end))
+            rows = _rows(self.uid, catalog, (t for t in txns if start <= t.commit_lsn < end))
+            data = _arrow(columns, rows)
+            conn.rollback()
+        return data
+
+
+def _rows(
+    uid: str, catalog: dict[str, list[tuple[str, int]]], txns: Iterable[Transaction]
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
+    for txn in txns:
+        if txn.truncated:
+            names = ", ".join(r.qualified for r in txn.truncated)
+            raise CdcSourceError(
+                f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
+                "cannot be applied as row changes; restore the job from a checkpoint and take a new snapshot "
+                "(a new slot), or leave truncate out of the publication (publish = 'insert, update, delete')"
+            )
+        for change in txn.changes:
+            table = change.relation.qualified
+            meta = (table, change.op, change.op == "delete", txn.commit_lsn, txn.commit_time_micros, txn.xid)
+            yield _values(uid, catalog, change), meta
+
+
+def _values(uid: str, catalog: dict[str, list[tuple[str, int]]], change: Change) -> dict[str, Any]:
+    relation, table = change.relation, change.relation.qualified
+    sent = [(c.name, c.type_oid) for c in relation.columns]
+    if table not in catalog:
+        raise CdcSourceError(f"source {uid}: a change of table {table}, which is not among the source's tables")
+    if sent != catalog[table]:
+        raise CdcSourceError(
+            f"source {uid}: the columns of table {table} changed (the WAL has {sent}, the catalog now "
+            f"{catalog[table]}); schema changes are not followed yet: restore and take a new snapshot"
+        )
+    values = list(change.values)
+    for i, value in enumerate(values):
+        if value is UNCHANGED:
+            if change.old is None:
+                raise CdcSourceError(
+                    f"source {uid}: an update of table {table} left TOASTed column {relation.columns[i].name} "
+                    f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
+                    "IDENTITY FULL, then restore the job from a checkpoint before this change"
+                )
+            values[i] = change.old[i]
+    return {c.name: v for c, v in zip(relation.columns, values, strict=True)}
+
+
+def _arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]]) -> pa.Table:
+    """The rows (values by name, or in ``columns`` order) as an Arrow table of the columns then
+    :data:`METADATA`."""
+    import pyarrow as pa
+
+    convert = [converter(c) for c in columns]
+    data: list[list[Any]] = [[] for _ in range(len(columns) + len(METADATA))]
+    for values, meta in rows:
+        if isinstance(values, dict):
+            typed = [f(values.get(c.name)) for c, f in zip(columns, convert, strict=True)]
+        else:
+            typed = [f(v) for v, f in zip(values, convert, strict=True)]
+        for out, value in zip(data, [*typed, *meta], strict=True):
+            out.append(value)
+    fields = [pa.field(c.name, c.arrow_type()) for c in columns] + [
+        pa.field("source_table", pa.string()),
+        pa.field("op", pa.string()),
+        pa.field(DELETED, pa.bool_()),
+        pa.field("lsn", pa.int64()),
+        pa.field("commit_time", pa.timestamp("us", tz="UTC")),
+        pa.field("xid", pa.int64()),
+    ]
+    return pa.Table.from_arrays(
+        [pa.array(d, f.type) for d, f in zip(data, fields, strict=True)], schema=pa.schema(fields)
+    )
+
+
+def _aligned(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A snapshot table's file with every column of ``schema`` (those of other tables null)."""
+    import pyarrow as pa
+
+    arrays = [part[f.name] if f.name in part.column_names else pa.nulls(part.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    import pyarrow as pa
+
+    return pa.concat_tables(tables)
+
+
+def _parquet(table: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
