@@ -24,7 +24,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_checkpoint.connectors.postgres import cdc_slot
-from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
+from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource, _rows
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_columns
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, lsn_to_int
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError
@@ -241,3 +242,52 @@ def test_the_decoder_reads_the_real_servers_messages(pg, version):
     assert [(c.op, c.values) for c in second.changes] == [("delete", ("2", None))]
     assert first.commit_lsn < second.commit_lsn and first.xid != second.xid
     assert abs(first.commit_time_micros / 1e6 - datetime.now(UTC).timestamp()) < 600
+
+
+def test_a_slot_the_job_did_not_create_is_never_taken_its_own_is_taken_anew(spark, pg, tmp_path):
+    table, slot = f"cdc_taken_{uuid.uuid4().hex[:6]}", f"cdc_taken_{uuid.uuid4().hex[:6]}"
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY)")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        job = make_job(spark, tmp_path, pipeline(table, slot))
+        with pytest.raises(CdcSourceError, match=rf"slot {slot} exists and this job did not create it"):
+            job.checkpoint()
+        assert cdc_slot.state(conn, slot) is not None, "another job's slot is left alone"
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(f"INSERT INTO {table} SELECT generate_series(1, 20)")
+        job.coordinator.trigger("abandoned", now=0.0)  # creates the slot, then its run dies before any step
+        first = cdc_slot.state(conn, slot)
+        conn.execute(f"DELETE FROM {table} WHERE id > 15")
+        job.checkpoint()  # aborts the abandoned attempt; the job's own slot is dropped and taken anew
+        again = cdc_slot.state(conn, slot)
+        assert first and again and again.confirmed_flush > first.confirmed_flush
+        rows = ds.dataset(str(tmp_path / "orders"), format="parquet").to_table(columns=["id"]).column("id")
+        assert sorted(rows.to_pylist()) == list(range(1, 16))
+
+
+def test_unchanged_toast_without_replica_identity_full_and_truncate_are_refused(pg):
+    table, slot = f"cdc_toast_{uuid.uuid4().hex[:6]}", f"cdc_toast_{uuid.uuid4().hex[:6]}"
+    rng = random.Random(3)
+    big = "".join(rng.choice("abcdefghij") for _ in range(3000))  # stored out of line
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text, doc text)")
+        conn.execute(f"CREATE PUBLICATION {slot} FOR TABLE {table}")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        conn.execute(f"INSERT INTO {table} VALUES (1, 'a', %s)", (big,))
+        conn.execute(f"UPDATE {table} SET v = 'b' WHERE id = 1")
+        conn.execute(f"TRUNCATE {table}")
+        catalog = {f"public.{table}": [(c.name, c.type_oid) for c in table_columns(conn, f"public.{table}")]}
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s)",
+            (slot, slot),
+        ).fetchall()
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    inserted, updated, truncated = Decoder(slot).transactions(bytes(r[0]) for r in rows)
+    assert next(_rows("src", catalog, [inserted]))[0]["doc"] == big
+    with pytest.raises(
+        CdcSourceError, match=rf"update of table public.{table} left TOASTed column doc .*REPLICA IDENTITY FULL"
+    ):
+        list(_rows("src", catalog, [updated]))
+    with pytest.raises(CdcSourceError, match=rf"TRUNCATE of public.{table} .* cannot be applied as row changes"):
+        list(_rows("src", catalog, [truncated]))

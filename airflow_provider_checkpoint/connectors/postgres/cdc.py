@@ -4,6 +4,7 @@ the barrier is a WAL position (LSN)."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 METADATA = ("source_table", "op", "deleted", "lsn", "commit_time", "xid")
 METADATA_DDL = "source_table STRING, op STRING, deleted BOOLEAN, lsn BIGINT, commit_time TIMESTAMP, xid BIGINT"
 DELETED = "deleted"
+SLOT_MARKER = "cdc/{uid}/slot.json"
+"""In the job's storage: the slot the source created (written first), so that only our own slot is ever dropped."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 
 
@@ -192,10 +195,20 @@ class PostgresCdcSource(Source):
             raise RuntimeError(f"source {self.uid} has no job storage bound (bind_storage)")
         pg, slot = self._pg(), self.slot_name or self._default_slot()
         publication = self.publication or slot
+        owned = self.job_storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
         with pg.connect(autocommit=True) as conn:
             self._ensure_publication(conn, publication)
             tables = self._tables(conn, publication)
-            cdc_slot.drop(conn, slot)  # left by a first checkpoint that never completed: nothing refers to it
+            if cdc_slot.state(conn, slot) is not None:
+                if owned is None or json.loads(owned).get("slot") != slot:
+                    raise CdcSourceError(
+                        f"source {self.uid}: replication slot {slot} exists and this job did not create it (another "
+                        f"job may read it); give the source another slot_name, or drop the slot if nobody needs it: "
+                        f"SELECT pg_drop_replication_slot('{slot}')"
+                    )
+                cdc_slot.drop(conn, slot)  # ours, left by a first checkpoint that never completed
+        self.job_storage.delete(f"cdc/{self.uid}")  # that checkpoint's snapshot files
+        self.job_storage.write_atomic(SLOT_MARKER.format(uid=self.uid), json.dumps({"slot": slot}).encode())
         with pg.connect(autocommit=True, replication=True) as replication, pg.connect() as conn:
             consistent, snapshot = cdc_slot.create_with_snapshot(replication, slot)
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

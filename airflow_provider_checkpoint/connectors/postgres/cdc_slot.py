@@ -42,8 +42,8 @@ def check(conn: Any, source: str, slot: str, lsn: int) -> SlotState:
     :class:`CdcSourceError` saying why (dropped, invalidated, or advanced past ``lsn``) and what to do."""
     found = state(conn, slot)
     fix = (
-        "Changes since that position are no longer available from PostgreSQL; restore a newer checkpoint, "
-        "or start the job afresh (a new job id, or a restore-free first checkpoint) to take a new snapshot"
+        "Changes since that position are no longer available from PostgreSQL: restore a newer checkpoint, "
+        "or start a new job (another job_id) to take a new snapshot"
     )
     if found is None:
         raise CdcSourceError(f"source {source}: replication slot {slot} does not exist (dropped?). {fix}")
