@@ -14,7 +14,7 @@ import itertools
 import json
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -41,9 +41,16 @@ _tables = itertools.count()
 
 
 @pytest.fixture
-def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> PostgresServer:
+def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresServer]:
+    """The server, through Airflow connection ``cdc_pg``; the test's slots are dropped after it (a slot
+    left behind would hold the session server's WAL)."""
     monkeypatch.setenv("AIRFLOW_CONN_CDC_PG", postgres_server.uri())
-    return postgres_server
+    yield postgres_server
+    with postgres_server.connect() as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name LIKE 'cdc\\_%' AND NOT active"
+        )
 
 
 class Workload:
@@ -201,7 +208,7 @@ def test_changes_reach_the_upsert_table_exactly_as_the_source_was_at_each_barrie
     assert restored_lsn <= lsn_to_int(replayed.source_positions["orders_cdc"]["lsn"])
 
 
-def test_a_released_or_dropped_slot_is_refused_never_skipped(spark, pg, tmp_path):
+def test_a_released_invalidated_or_dropped_slot_is_refused_never_skipped(spark, pg, tmp_path):
     work, job, slot = setup(pg, tmp_path, spark, retained=1)
     job.checkpoint(savepoint_target=f"file://{tmp_path}/savepoints/one")
     work.transactions(3)
@@ -210,9 +217,24 @@ def test_a_released_or_dropped_slot_is_refused_never_skipped(spark, pg, tmp_path
     request_restore(job.storage, f"file://{tmp_path}/savepoints/one", False, False)
     with pytest.raises(CdcSourceError, match=rf"slot {slot} was released up to .* past position"):
         job.checkpoint()
+    request_restore(job.storage, job.storage.url("chk-2"), False, False)
+    with pg.connect() as conn:  # the server removes WAL the slot holds past max_slot_wal_keep_size
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            for _ in range(3):  # a little WAL, then a new 16 MB segment: the slot's segments fall behind
+                conn.execute("SELECT pg_logical_emit_message(false, 'cdc-test', 'x')")
+                conn.execute("SELECT pg_switch_wal()")
+            conn.execute("CHECKPOINT")
+        finally:
+            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            conn.execute("SELECT pg_reload_conf()")
+        invalidated = cdc_slot.state(conn, slot)
+        assert invalidated and invalidated.wal_status == "lost", invalidated
+    with pytest.raises(CdcSourceError, match=rf"replication slot {slot} was invalidated \(wal_removed"):
+        job.checkpoint()
     with pg.connect() as conn:
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    request_restore(job.storage, job.storage.url("chk-2"), False, False)
     with pytest.raises(CdcSourceError, match=rf"replication slot {slot} does not exist"):
         job.checkpoint()
 
