@@ -24,7 +24,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from airflow_provider_checkpoint.connectors.postgres import cdc_slot
-from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource, _rows
+from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
+from airflow_provider_checkpoint.connectors.postgres.cdc_rows import change_rows
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_columns
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, lsn_to_int
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
@@ -150,9 +151,12 @@ def target(tmp: Path) -> dict[int, tuple[Any, ...]]:
     return found
 
 
-def pipeline(table: str, slot: str) -> Callable[[Path], None]:
+def pipeline(table: str | None, slot: str, publication: str | None = None) -> Callable[[Path], None]:
     def declare(tmp: Path) -> None:
-        changes = PostgresCdcSource("orders_cdc", [table], postgres_conn_id="cdc_pg", slot_name=slot)
+        tables = None if table is None else [table]
+        changes = PostgresCdcSource(
+            "orders_cdc", tables, publication=publication, postgres_conn_id="cdc_pg", slot_name=slot
+        )
         ParquetTableSink(
             "orders_table", changes, str(tmp / "orders"), mode="upsert", keys=["id"], delete_when="deleted"
         )
@@ -306,10 +310,28 @@ def test_unchanged_toast_without_replica_identity_full_and_truncate_are_refused(
         ).fetchall()
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     inserted, updated, truncated = Decoder(slot).transactions(bytes(r[0]) for r in rows)
-    assert next(_rows("src", catalog, [inserted]))[0]["doc"] == big
+    assert next(change_rows("src", catalog, [inserted]))[0]["doc"] == big
     with pytest.raises(
         CdcSourceError, match=rf"update of table public.{table} left TOASTed column doc .*REPLICA IDENTITY FULL"
     ):
-        list(_rows("src", catalog, [updated]))
+        list(change_rows("src", catalog, [updated]))
     with pytest.raises(CdcSourceError, match=rf"TRUNCATE of public.{table} .* cannot be applied as row changes"):
-        list(_rows("src", catalog, [truncated]))
+        list(change_rows("src", catalog, [truncated]))
+
+
+def test_tables_of_a_publication_and_a_table_added_to_it_later_is_refused(spark, pg, tmp_path):
+    table, other, slot = (f"cdc_pub_{n}_{uuid.uuid4().hex[:6]}" for n in ("a", "b", "slot"))
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY); CREATE TABLE {other} (id int PRIMARY KEY)")
+        conn.execute(f"CREATE PUBLICATION {slot} FOR TABLE {table}")
+        conn.execute(f"INSERT INTO {table} VALUES (1), (2)")
+        job = make_job(spark, tmp_path, pipeline(None, slot, publication=slot))
+        job.checkpoint()
+        conn.execute(f"INSERT INTO {table} VALUES (3)")
+        conn.execute(f"DELETE FROM {table} WHERE id = 1")
+        job.checkpoint()
+        rows = ds.dataset(str(tmp_path / "orders"), format="parquet").to_table(columns=["id"]).column("id")
+        assert sorted(rows.to_pylist()) == [2, 3]
+        conn.execute(f"ALTER PUBLICATION {slot} ADD TABLE {other}")
+        with pytest.raises(CdcSourceError, match=rf"tables changed since the snapshot \(added \['public.{other}'\]"):
+            job.checkpoint()

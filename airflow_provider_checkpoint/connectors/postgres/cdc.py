@@ -3,24 +3,25 @@ the barrier is a WAL position (LSN)."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.postgres import cdc_slot
-from airflow_provider_checkpoint.connectors.postgres.cdc_types import SESSION, TableColumn, converter, table_columns
-from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
-    UNCHANGED,
-    Change,
-    Decoder,
-    Transaction,
-    int_to_lsn,
-    lsn_to_int,
+from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
+    DELETED,
+    METADATA,
+    METADATA_DDL,
+    arrow,
+    change_rows,
+    from_parquet,
+    parquet,
 )
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import SESSION, TableColumn, table_columns
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, int_to_lsn, lsn_to_int
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-METADATA = ("source_table", "op", "deleted", "lsn", "commit_time", "xid")
-METADATA_DDL = "source_table STRING, op STRING, deleted BOOLEAN, lsn BIGINT, commit_time TIMESTAMP, xid BIGINT"
-DELETED = "deleted"
 SLOT_MARKER = "cdc/{uid}/slot.json"
 """In the job's storage: the slot the source created (written first), so that only our own slot is ever dropped."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
@@ -143,6 +141,13 @@ class PostgresCdcSource(Source):
         except (TypeError, KeyError, ValueError) as e:
             raise InvalidPositionError(f"source {self.uid}: {what} {value!r} is not a CDC position") from e
 
+    def _captured(self, value: Any) -> list[str]:
+        """The tables a position's snapshot covered (validated as :meth:`_position`)."""
+        tables = value.get("tables") if isinstance(value, dict) else None
+        if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+            raise InvalidPositionError(f"source {self.uid}: position {value!r} does not list its tables")
+        return [str(t) for t in tables]
+
     def new_input(self, previous: Any) -> bool:
         if previous is None:
             return True
@@ -156,10 +161,19 @@ class PostgresCdcSource(Source):
         if previous is None:
             return self._snapshot()
         slot, publication, lsn = self._position(previous, "position")
+        captured = self._captured(previous)
         with self._pg().connect(autocommit=True) as conn:
             cdc_slot.check(conn, self.uid, slot, lsn)
+            now = self._tables(conn, publication)
+            if now != captured:
+                added, removed = sorted(set(now) - set(captured)), sorted(set(captured) - set(now))
+                raise CdcSourceError(
+                    f"source {self.uid}: its tables changed since the snapshot (added {added}, removed {removed}): "
+                    "a table joins only with a snapshot of its own; "
+                    "capture it with another source (its own slot), or keep the tables as they were"
+                )
             barrier = max(cdc_slot.flush_lsn(conn), lsn)
-        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier)}
+        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
 
     def _tables(self, conn: Any, publication: str) -> list[str]:
         if self.tables is None:
@@ -199,6 +213,7 @@ class PostgresCdcSource(Source):
         with pg.connect(autocommit=True) as conn:
             self._ensure_publication(conn, publication)
             tables = self._tables(conn, publication)
+            self._columns(conn, tables)  # refuse a column it cannot convert before any slot exists
             if cdc_slot.state(conn, slot) is not None:
                 if owned is None or json.loads(owned).get("slot") != slot:
                     raise CdcSourceError(
@@ -221,7 +236,7 @@ class PostgresCdcSource(Source):
                 data = self._snapshot_rows(conn, table, columns, consistent)
                 files.append(f"{directory}/{i}.parquet")
                 rows += data.num_rows
-                self.job_storage.write_atomic(files[-1], _parquet(data))
+                self.job_storage.write_atomic(files[-1], parquet(data))
             conn.rollback()
         log.info(
             "source %s: slot %s created at %s; snapshot of %d table(s), %d row(s)",
@@ -231,14 +246,15 @@ class PostgresCdcSource(Source):
             len(tables),
             rows,
         )
-        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "snapshot": files}
+        position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "tables": tables}
+        return {**position, "snapshot": files}
 
     def _snapshot_rows(self, conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
         names = ", ".join(f"{cdc_slot.quote(c.name)}::text" for c in columns)
         schema, name = table.split(".")
         query = f"SELECT {names} FROM {cdc_slot.quote(schema)}.{cdc_slot.quote(name)}"
         meta = (table, "insert", False, lsn, None, None)
-        return _arrow(columns, ((values, meta) for values in conn.execute(query)))
+        return arrow(columns, ((values, meta) for values in conn.execute(query)))
 
     # -- after completion ----------------------------------------------------------------------
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
@@ -260,24 +276,20 @@ class PostgresCdcSource(Source):
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
         slot, publication, end = self._position(barrier, "barrier")
         if "snapshot" in barrier:
-            import pyarrow.parquet as pq
-
-            parts = [pq.read_table(io.BytesIO(ctx.storage.read_bytes(f))) for f in barrier["snapshot"]]
             with self._pg().connect() as conn:
-                columns = self._columns(conn, publication)
-            table = _arrow(columns, ())
-            data = _concat([table, *(_aligned(p, table.schema) for p in parts)])
+                columns = self._columns(conn, self._captured(barrier))
+            data = from_parquet(columns, (ctx.storage.read_bytes(f) for f in barrier["snapshot"]))
         else:
             _, _, start = self._position(previous, "position")
-            data = self._changes(slot, publication, start, end)
+            data = self._changes(slot, publication, self._captured(barrier), (start, end))
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
         df = ctx.spark.createDataFrame(data)
         return (df.coalesce(1) if self.in_source_order else df).cache()
 
-    def _columns(self, conn: Any, publication: str) -> list[TableColumn]:
+    def _columns(self, conn: Any, tables: list[str]) -> list[TableColumn]:
         """Every column of every table, merged by name (one name, one type across tables)."""
         merged: dict[str, TableColumn] = {}
-        for table in self._tables(conn, publication):
+        for table in tables:
             for column in table_columns(conn, table):
                 seen = merged.setdefault(column.name, column)
                 if column.name in METADATA:
@@ -289,104 +301,17 @@ class PostgresCdcSource(Source):
                     )
         return list(merged.values())
 
-    def _changes(self, slot: str, publication: str, start: int, end: int) -> pa.Table:
+    def _changes(self, slot: str, publication: str, tables: list[str], span: tuple[int, int]) -> pa.Table:
+        """The changes of the transactions committed in ``span`` (``[start, end)``), as rows."""
+        start, end = span
         with self._pg().connect() as conn:
             conn.execute(SESSION)
             cdc_slot.check(conn, self.uid, slot, start)
-            columns = self._columns(conn, publication)
+            columns = self._columns(conn, tables)
             catalog = {t: [(c.name, c.type_oid) for c in table_columns(conn, t)] for t in {c.table for c in columns}}
             decoder = Decoder(slot, since=start)
             txns = decoder.transactions(cdc_slot.peek(conn, slot, publication, end))
-            rows = _rows(self.uid, catalog, (t for t in txns if start <= t.commit_lsn < end))
-            data = _arrow(columns, rows)
+            rows = change_rows(self.uid, catalog, (t for t in txns if start <= t.commit_lsn < end))
+            data = arrow(columns, rows)
             conn.rollback()
         return data
-
-
-def _rows(
-    uid: str, catalog: dict[str, list[tuple[str, int]]], txns: Iterable[Transaction]
-) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
-    for txn in txns:
-        if txn.truncated:
-            names = ", ".join(r.qualified for r in txn.truncated)
-            raise CdcSourceError(
-                f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
-                "cannot be applied as row changes; restore the job from a checkpoint and take a new snapshot "
-                "(a new slot), or leave truncate out of the publication (publish = 'insert, update, delete')"
-            )
-        for change in txn.changes:
-            table = change.relation.qualified
-            meta = (table, change.op, change.op == "delete", txn.commit_lsn, txn.commit_time_micros, txn.xid)
-            yield _values(uid, catalog, change), meta
-
-
-def _values(uid: str, catalog: dict[str, list[tuple[str, int]]], change: Change) -> dict[str, Any]:
-    relation, table = change.relation, change.relation.qualified
-    sent = [(c.name, c.type_oid) for c in relation.columns]
-    if table not in catalog:
-        raise CdcSourceError(f"source {uid}: a change of table {table}, which is not among the source's tables")
-    if sent != catalog[table]:
-        raise CdcSourceError(
-            f"source {uid}: the columns of table {table} changed (the WAL has {sent}, the catalog now "
-            f"{catalog[table]}); schema changes are not followed yet: restore and take a new snapshot"
-        )
-    values = list(change.values)
-    for i, value in enumerate(values):
-        if value is UNCHANGED:
-            if change.old is None:
-                raise CdcSourceError(
-                    f"source {uid}: an update of table {table} left TOASTed column {relation.columns[i].name} "
-                    f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
-                    "IDENTITY FULL, then restore the job from a checkpoint before this change"
-                )
-            values[i] = change.old[i]
-    return {c.name: v for c, v in zip(relation.columns, values, strict=True)}
-
-
-def _arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]]) -> pa.Table:
-    """The rows (values by name, or in ``columns`` order) as an Arrow table of the columns then
-    :data:`METADATA`."""
-    import pyarrow as pa
-
-    convert = [converter(c) for c in columns]
-    data: list[list[Any]] = [[] for _ in range(len(columns) + len(METADATA))]
-    for values, meta in rows:
-        if isinstance(values, dict):
-            typed = [f(values.get(c.name)) for c, f in zip(columns, convert, strict=True)]
-        else:
-            typed = [f(v) for v, f in zip(values, convert, strict=True)]
-        for out, value in zip(data, [*typed, *meta], strict=True):
-            out.append(value)
-    fields = [pa.field(c.name, c.arrow_type()) for c in columns] + [
-        pa.field("source_table", pa.string()),
-        pa.field("op", pa.string()),
-        pa.field(DELETED, pa.bool_()),
-        pa.field("lsn", pa.int64()),
-        pa.field("commit_time", pa.timestamp("us", tz="UTC")),
-        pa.field("xid", pa.int64()),
-    ]
-    return pa.Table.from_arrays(
-        [pa.array(d, f.type) for d, f in zip(data, fields, strict=True)], schema=pa.schema(fields)
-    )
-
-
-def _aligned(part: pa.Table, schema: pa.Schema) -> pa.Table:
-    """A snapshot table's file with every column of ``schema`` (those of other tables null)."""
-    import pyarrow as pa
-
-    arrays = [part[f.name] if f.name in part.column_names else pa.nulls(part.num_rows, f.type) for f in schema]
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    import pyarrow as pa
-
-    return pa.concat_tables(tables)
-
-
-def _parquet(table: pa.Table) -> bytes:
-    import pyarrow.parquet as pq
-
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
