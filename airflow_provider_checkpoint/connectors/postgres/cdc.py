@@ -254,7 +254,10 @@ class PostgresCdcSource(Source):
         schema, name = table.split(".")
         query = f"SELECT {names} FROM {cdc_slot.quote(schema)}.{cdc_slot.quote(name)}"
         meta = (table, "insert", False, lsn, None, None)
-        return arrow(columns, ((values, meta) for values in conn.execute(query)))
+        with conn.cursor(name=f"cdc_snapshot_{self.uid}") as cursor:  # rows stream from the server
+            cursor.itersize = cdc_slot.PEEK_BATCH
+            cursor.execute(query)
+            return arrow(columns, ((values, meta) for values in cursor))
 
     # -- after completion ----------------------------------------------------------------------
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
@@ -268,9 +271,12 @@ class PostgresCdcSource(Source):
         if not ours:
             return
         slot, _, oldest = min(ours, key=lambda p: p[2])
-        with self._pg().connect(autocommit=True) as conn:
-            if cdc_slot.advance(conn, slot, oldest):
-                log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
+        try:
+            with self._pg().connect(autocommit=True) as conn:
+                if cdc_slot.advance(conn, slot, oldest):
+                    log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
+        except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
+            log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
 
     # -- reading (the step) --------------------------------------------------------------------
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
