@@ -29,7 +29,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_rows import change_rows
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_columns
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, lsn_to_int
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
-from airflow_provider_checkpoint.exceptions import CdcSourceError
+from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 from tests.servers.postgres import PostgresServer
@@ -335,3 +335,22 @@ def test_tables_of_a_publication_and_a_table_added_to_it_later_is_refused(spark,
         conn.execute(f"ALTER PUBLICATION {slot} ADD TABLE {other}")
         with pytest.raises(CdcSourceError, match=rf"tables changed since the snapshot \(added \['public.{other}'\]"):
             job.checkpoint()
+
+
+def test_a_retried_step_a_finalize_crash_and_a_server_crash_lose_and_double_nothing(spark, pg, tmp_path, monkeypatch):
+    work, job, slot = setup(pg, tmp_path, spark, retained=2)
+    run(job, work, None)
+    faults = "step.before_ack:checkpoint=2:attempt=1,finalize.after_metadata:checkpoint=3"
+    monkeypatch.setenv("CHECKPOINT_FAULTS", faults)
+    work.transactions(10)
+    run(job, work, work.open_transaction())  # the step fails once; its retry peeks the same changes
+    assert [(c, a) for c, _, a in job.step_runs if c == 2] == [(2, 1), (2, 2)]
+    work.transactions(10)
+    with pytest.raises(InjectedFault):  # _metadata of 3 is written, then finalize dies: nothing committed yet
+        run(job, work, work.open_transaction())
+    pg.kill()  # the server crashes between checkpoints: the slot survives it
+    pg.start()
+    work.conn = pg.connect()
+    work.transactions(10)
+    run(job, work, None)  # the trigger finishes 3 (sinks, slot), then 4 reads from 3's barrier
+    assert job.coordinator.store.load(4).restored_from == 3
