@@ -19,7 +19,13 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     from_parquet,
     parquet,
 )
-from airflow_provider_checkpoint.connectors.postgres.cdc_types import SESSION, TableColumn, table_columns
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
+    SESSION,
+    TableColumn,
+    quote,
+    quoted_table,
+    table_columns,
+)
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, int_to_lsn, lsn_to_int
 from airflow_provider_checkpoint.core.documents import JsonDict
@@ -164,8 +170,8 @@ class PostgresCdcSource(Source):
         captured = self._captured(previous)
         with self._pg().connect(autocommit=True) as conn:
             cdc_slot.check(conn, self.uid, slot, lsn)
-            now = self._tables(conn, publication)
-            if now != captured:
+            now = self._published(conn, publication)
+            if now != captured or (self.tables or now) != captured:
                 added, removed = sorted(set(now) - set(captured)), sorted(set(captured) - set(now))
                 raise CdcSourceError(
                     f"source {self.uid}: its tables changed since the snapshot (added {added}, removed {removed}): "
@@ -175,32 +181,28 @@ class PostgresCdcSource(Source):
             barrier = max(cdc_slot.flush_lsn(conn), lsn)
         return {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
 
-    def _tables(self, conn: Any, publication: str) -> list[str]:
-        if self.tables is None:
-            rows = conn.execute(
-                "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
-                (publication,),
-            ).fetchall()
-            if not rows:
-                raise CdcSourceError(f"source {self.uid}: publication {publication} does not exist or has no table")
-            return [str(r[0]) for r in rows]
-        return self.tables
+    def _published(self, conn: Any, publication: str) -> list[str]:
+        """The tables publication ``publication`` lists now, sorted (``schema.name``)."""
+        rows = conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
+            (publication,),
+        ).fetchall()
+        if not rows:
+            raise CdcSourceError(f"source {self.uid}: publication {publication} does not exist or has no table")
+        return sorted(str(r[0]) for r in rows)
 
     def _ensure_publication(self, conn: Any, publication: str) -> None:
         """Create publication ``publication`` for :attr:`tables`, or check an existing one lists exactly them."""
         if self.tables is None:
             return
-        listed = conn.execute(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s", (publication,)
-        ).fetchall()
         exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
         if not exists:
-            names = ", ".join(".".join(cdc_slot.quote(p) for p in t.split(".")) for t in self.tables)
-            conn.execute(f"CREATE PUBLICATION {cdc_slot.quote(publication)} FOR TABLE {names}")
+            names = ", ".join(quoted_table(t) for t in self.tables)
+            conn.execute(f"CREATE PUBLICATION {quote(publication)} FOR TABLE {names}")
             log.info("source %s: created publication %s for %s", self.uid, publication, ", ".join(self.tables))
-        elif sorted(str(r[0]) for r in listed) != self.tables:
+        elif self._published(conn, publication) != self.tables:
             raise CdcSourceError(
-                f"source {self.uid}: publication {publication} lists {sorted(str(r[0]) for r in listed)}, not "
+                f"source {self.uid}: publication {publication} lists {self._published(conn, publication)}, not "
                 f"the source's tables {self.tables}; drop it, or give the source another publication name"
             )
 
@@ -212,7 +214,7 @@ class PostgresCdcSource(Source):
         owned = self.job_storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
         with pg.connect(autocommit=True) as conn:
             self._ensure_publication(conn, publication)
-            tables = self._tables(conn, publication)
+            tables = self._published(conn, publication)
             self._columns(conn, tables)  # refuse a column it cannot convert before any slot exists
             if cdc_slot.state(conn, slot) is not None:
                 if owned is None or json.loads(owned).get("slot") != slot:
@@ -250,9 +252,8 @@ class PostgresCdcSource(Source):
         return {**position, "snapshot": files}
 
     def _snapshot_rows(self, conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
-        names = ", ".join(f"{cdc_slot.quote(c.name)}::text" for c in columns)
-        schema, name = table.split(".")
-        query = f"SELECT {names} FROM {cdc_slot.quote(schema)}.{cdc_slot.quote(name)}"
+        names = ", ".join(f"{quote(c.name)}::text" for c in columns)
+        query = f"SELECT {names} FROM {quoted_table(table)}"
         meta = (table, "insert", False, lsn, None, None)
         with conn.cursor(name=f"cdc_snapshot_{self.uid}") as cursor:  # rows stream from the server
             cursor.itersize = cdc_slot.PEEK_BATCH

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import quote
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn, lsn_to_int
 from airflow_provider_checkpoint.exceptions import CdcSourceError
 
@@ -100,11 +101,6 @@ def peek(conn: Any, slot: str, publication: str, upto: int) -> Iterator[bytes]:
         cursor.execute(query, (slot, int_to_lsn(upto), quote(publication)))
         for (data,) in cursor:
             yield bytes(data)
-
-
-def quote(identifier: str) -> str:
-    """An SQL identifier, double-quoted."""
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 def flush_lsn(conn: Any) -> int:

@@ -156,15 +156,20 @@ ORDER BY a.attnum
 """
 
 
+def quote(identifier: str) -> str:
+    """An SQL identifier, double-quoted."""
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def quoted_table(table: str) -> str:
+    """``schema.name`` as SQL names it (each part quoted: the names are the catalog's, case kept)."""
+    schema, _, name = table.partition(".")
+    return f"{quote(schema)}.{quote(name)}"
+
+
 def table_columns(conn: Any, table: str) -> list[TableColumn]:
     """The columns of ``table`` (``schema.name``) from the catalog, primary key columns marked."""
-    rows = conn.execute(_CATALOG, (table,)).fetchall()
+    rows = conn.execute(_CATALOG, (quoted_table(table),)).fetchall()
     if not rows:
         raise CdcSourceError(f"table {table} has no columns or does not exist")
     return [TableColumn(table, n, oid, mod, type_name, key) for n, oid, mod, type_name, key in rows]
-
-
-def replica_identity(conn: Any, table: str) -> str:
-    """``d`` (default: the primary key), ``f`` (full), ``i`` (an index) or ``n`` (nothing)."""
-    (identity,) = conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()
-    return str(identity)
