@@ -30,6 +30,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_colu
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, lsn_to_int
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault
+from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 from tests.servers.postgres import PostgresServer
@@ -210,6 +211,9 @@ def test_changes_reach_the_upsert_table_exactly_as_the_source_was_at_each_barrie
     assert replayed.restored_from == 3 and replayed.stats["records_in"] == work.committed - work.at_barrier[3]
     assert target(tmp_path) == work.state()
     assert restored_lsn <= lsn_to_int(replayed.source_positions["orders_cdc"]["lsn"])
+    assert audit_job(job.storage, 3) == []
+    kept = sorted(p.name for p in (tmp_path / "ckpt" / "multi" / "_sources" / "orders_cdc").rglob("*") if p.is_file())
+    assert kept == ["slot.json"], "the snapshot's files are deleted once its checkpoint completed"
 
 
 def test_a_released_invalidated_or_dropped_slot_is_refused_never_skipped(spark, pg, tmp_path):

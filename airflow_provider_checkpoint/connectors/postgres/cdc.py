@@ -31,6 +31,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, in
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
+from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SLOT_MARKER = "cdc/{uid}/slot.json"
+SLOT_MARKER = SOURCES_DIR + "/{uid}/slot.json"
 """In the job's storage: the slot the source created (written first), so that only our own slot is ever dropped."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 
@@ -224,14 +225,14 @@ class PostgresCdcSource(Source):
                         f"SELECT pg_drop_replication_slot('{slot}')"
                     )
                 cdc_slot.drop(conn, slot)  # ours, left by a first checkpoint that never completed
-        self.job_storage.delete(f"cdc/{self.uid}")  # that checkpoint's snapshot files
+        self.job_storage.delete(f"{SOURCES_DIR}/{self.uid}")  # that checkpoint's snapshot files
         self.job_storage.write_atomic(SLOT_MARKER.format(uid=self.uid), json.dumps({"slot": slot}).encode())
         with pg.connect(autocommit=True, replication=True) as replication, pg.connect() as conn:
             consistent, snapshot = cdc_slot.create_with_snapshot(replication, slot)
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
             conn.execute(SESSION)
-            directory = f"cdc/{self.uid}/snapshot-{consistent:016x}"
+            directory = f"{SOURCES_DIR}/{self.uid}/snapshot-{consistent:016x}"
             files, rows = [], 0
             for i, table in enumerate(tables):
                 columns = table_columns(conn, table)
