@@ -32,6 +32,7 @@ from airflow_provider_checkpoint.dataflow import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import request_restore
+from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 from tests.servers.postgres import PostgresServer
 
@@ -359,3 +360,16 @@ def test_a_retried_step_a_finalize_crash_and_a_server_crash_lose_and_double_noth
     work.transactions(10)
     run(job, work, None)  # the trigger finishes 3 (sinks, slot), then 4 reads from 3's barrier
     assert job.coordinator.store.load(4).restored_from == 3
+
+
+def test_a_table_without_row_identity_is_refused_before_anything_is_created(pg, tmp_path):
+    table, slot = f"cdc_nokey_{uuid.uuid4().hex[:6]}", f"cdc_nokey_{uuid.uuid4().hex[:6]}"
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int, v text)")
+        source = PostgresCdcSource("nokey", [table], postgres_conn_id="cdc_pg", slot_name=slot)
+        source.bind_storage(JobStorage.for_job(f"file://{tmp_path}/ckpt", "nokey"))
+        with pytest.raises(CdcSourceError, match=rf"table public.{table} has no primary key: .* REPLICA IDENTITY FULL"):
+            source.barrier_position(None)
+        assert not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (slot,)).fetchone()
+        assert cdc_slot.state(conn, slot) is None
+        conn.execute(f"DELETE FROM {table}")  # the application's deletes still work: nothing was published

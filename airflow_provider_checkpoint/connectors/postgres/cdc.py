@@ -22,6 +22,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     SESSION,
     TableColumn,
+    identity_problem,
     quote,
     quoted_table,
     table_columns,
@@ -214,9 +215,9 @@ class PostgresCdcSource(Source):
         publication = self.publication or slot
         owned = self.job_storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
         with pg.connect(autocommit=True) as conn:
+            self._check_tables(conn, self.tables or self._published(conn, publication))
             self._ensure_publication(conn, publication)
             tables = self._published(conn, publication)
-            self._columns(conn, tables)  # refuse a column it cannot convert before any slot exists
             if cdc_slot.state(conn, slot) is not None:
                 if owned is None or json.loads(owned).get("slot") != slot:
                     raise CdcSourceError(
@@ -293,6 +294,14 @@ class PostgresCdcSource(Source):
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
         df = ctx.spark.createDataFrame(data)
         return (df.coalesce(1) if self.in_source_order else df).cache()
+
+    def _check_tables(self, conn: Any, tables: list[str]) -> None:
+        """Refuse, before any publication or slot exists, a table without a row identity or with a column it
+        cannot convert."""
+        problems = [p for p in (identity_problem(conn, t) for t in tables) if p]
+        if problems:
+            raise CdcSourceError(f"source {self.uid}: " + "; ".join(problems))
+        self._columns(conn, tables)
 
     def _columns(self, conn: Any, tables: list[str]) -> list[TableColumn]:
         """Every column of every table, merged by name (one name, one type across tables)."""

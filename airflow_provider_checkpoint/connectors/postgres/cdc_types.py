@@ -173,3 +173,21 @@ def table_columns(conn: Any, table: str) -> list[TableColumn]:
     if not rows:
         raise CdcSourceError(f"table {table} has no columns or does not exist")
     return [TableColumn(table, n, oid, mod, type_name, key) for n, oid, mod, type_name, key in rows]
+
+
+def identity_problem(conn: Any, table: str) -> str | None:
+    """Why ``table`` cannot be captured for lack of a row identity (``None``: it can): PostgreSQL refuses
+    the UPDATEs and DELETEs of a published table without one, and a delete would name no row."""
+    row = conn.execute(
+        "SELECT c.relreplident, EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) "
+        "FROM pg_class c WHERE c.oid = %s::regclass",
+        (quoted_table(table),),
+    ).fetchone()
+    identity, has_key = str(row[0]), bool(row[1])
+    if identity in ("f", "i") or (identity == "d" and has_key):
+        return None
+    why = "has REPLICA IDENTITY NOTHING" if identity == "n" else "has no primary key"
+    return (
+        f"table {table} {why}: once published, PostgreSQL would refuse its UPDATEs and DELETEs, and a delete "
+        f"would name no row; add a primary key, or run ALTER TABLE {table} REPLICA IDENTITY FULL"
+    )
