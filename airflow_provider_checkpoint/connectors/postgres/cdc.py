@@ -273,7 +273,8 @@ class PostgresCdcSource(Source):
         ours = [self._position(p, "position") for p in positions if p is not None]
         if not ours:
             return
-        slot, _, oldest = min(ours, key=lambda p: p[2])
+        slot = ours[-1][0]  # the newest checkpoint's slot (an older one may have read another, dropped since)
+        oldest = min(lsn for name, _, lsn in ours if name == slot)
         try:
             with self._pg().connect(autocommit=True) as conn:
                 if cdc_slot.advance(conn, slot, oldest):
