@@ -32,6 +32,7 @@ _LAZY = {
     "KeyedStateFunction": "airflow_provider_checkpoint.dataflow",
     "ParquetTableSink": "airflow_provider_checkpoint.dataflow",
     "PostgresTableSink": "airflow_provider_checkpoint.dataflow",
+    "PostgresCdcSource": "airflow_provider_checkpoint.dataflow",
     "Transform": "airflow_provider_checkpoint.dataflow",
     "Union": "airflow_provider_checkpoint.dataflow",
     "WindowAggregate": "airflow_provider_checkpoint.dataflow",

@@ -102,6 +102,8 @@ class CheckpointCoordinator:
         self.sink_committer = SinkCommitter(graph.sinks, storage.job_id, storage)
         self.restorer = Restorer(storage, graph, self.allowed_roots, self.sink_committer)
         self.events = events
+        for source in graph.sources:
+            source.bind_storage(storage)
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -423,6 +425,11 @@ class CheckpointCoordinator:
         if "restore_request_id" in completed.options:
             self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
+        retained = self.store.checkpoints()
+        for source in self.graph.sources:
+            source.on_positions_retained(
+                [c.source_positions[source.uid] for c in retained if source.uid in c.source_positions]
+            )
         if not self._finished(completed.checkpoint_id):
             committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
             self._record(completed.checkpoint_id, stats.completed(completed, committed))

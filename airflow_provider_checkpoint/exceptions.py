@@ -194,6 +194,12 @@ class KafkaSourceError(_RaisedInSpark, RefusedInputError):
     MARK = "[kafka source refused] "
 
 
+class CdcSourceError(RefusedInputError):
+    """A change-data-capture source cannot give a checkpoint its changes: its replication slot is gone,
+    invalidated or already past the position a restore needs, a change it cannot represent (TRUNCATE, a
+    column type it does not convert, a schema change), or a message it cannot decode."""
+
+
 class KafkaUnavailableError(CheckpointError, OSError):
     """The Kafka broker cannot be reached (refused, timed out): the step or trigger is retried."""
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.connectors.files.source import FileSource
     from airflow_provider_checkpoint.connectors.kafka.sink import KafkaSink
     from airflow_provider_checkpoint.connectors.kafka.source import KafkaSource
+    from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
     from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 
 _CONNECTORS = {
@@ -51,6 +52,7 @@ _CONNECTORS = {
     "KafkaSource": "airflow_provider_checkpoint.connectors.kafka.source",
     "ParquetTableSink": "airflow_provider_checkpoint.connectors.files.parquet_sink",
     "PostgresTableSink": "airflow_provider_checkpoint.connectors.postgres.sink",
+    "PostgresCdcSource": "airflow_provider_checkpoint.connectors.postgres.cdc",
 }
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "IntervalJoin",
     "KafkaSink",
     "KafkaSource",
+    "PostgresCdcSource",
     "KeyedCoStateFunction",
     "KeyedAggregate",
     "KeyedProcess",

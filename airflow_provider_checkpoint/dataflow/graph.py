@@ -180,6 +180,15 @@ class Source(Node):
         the latest completed checkpoint, so it must tolerate running twice. No-op here.
         """
 
+    def bind_storage(self, storage: JobStorage) -> None:
+        """Bind the job's storage (the coordinator does): a source that keeps files of its own there (a CDC
+        source's initial snapshot) finds it. No-op here."""
+
+    def on_positions_retained(self, positions: Sequence[Any]) -> None:
+        """Called after retention with this source's positions in every retained completed checkpoint (a
+        restore may still start from any of them); idempotent. A source that holds input for restores (a
+        replication slot's WAL) releases what none of them needs. No-op here."""
+
 
 class Transform(Node):
     """A stateless DataFrame → DataFrame function (filter, projection, parsing)."""

@@ -20,10 +20,17 @@ from airflow_provider_checkpoint.storage.job_storage import (
     METADATA,
     PLAN_FILE,
     RESTORE_REQUEST,
+    SOURCES_DIR,
     STATS_DIR,
 )
 
-_JOB_FILES = {JOB_FILE, STATS_DIR, RESTORE_REQUEST, "dead_letters"}  # dead_letters: the default dead-letter tables
+_JOB_FILES = {
+    JOB_FILE,
+    STATS_DIR,
+    RESTORE_REQUEST,
+    SOURCES_DIR,
+    "dead_letters",
+}  # dead_letters: the default dead-letter tables
 _CHECKPOINT_FILES = {METADATA, PLAN_FILE}
 
 

@@ -54,6 +54,8 @@ JOB_FILE = "_job.json"
 PLAN_FILE = "_plan.json"
 LEASE_FILE = "_lease"
 STATS_DIR = "_stats"
+SOURCES_DIR = "_sources"
+"""Files a source keeps of its own, under ``_sources/<uid>/`` (a CDC source's initial snapshot and slot marker)."""
 _CHK = re.compile(r"^chk-(\d+)$")
 
 

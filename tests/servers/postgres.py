@@ -64,6 +64,7 @@ class PostgresServer:
     def start(self) -> None:
         """Start the postmaster (``pg_ctl -w``: returns once it accepts connections)."""
         options = f"-h 127.0.0.1 -p {self.port} -k {self.pgdata} -c fsync=off -c max_connections=60"
+        options += " -c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20"  # CDC: logical decoding
         self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-l", str(self.pgdata / "server.log"), "-o", options, "start")
 
     def stop(self, mode: str = "fast") -> None:

@@ -63,13 +63,16 @@ class PgConnection:
             options=options,
         )
 
-    def connect(self, autocommit: bool = False) -> psycopg.Connection[Any]:
-        """A psycopg connection. The server refusing us (credentials, database) raises
+    def connect(self, autocommit: bool = False, replication: bool = False) -> psycopg.Connection[Any]:
+        """A psycopg connection (``replication``: a logical replication connection, simple queries only).
+        The server refusing us (credentials, database) raises
         :class:`SinkConnectionError`; no answer, or a passing state, :class:`SinkUnavailableError`
         (the step is retried). Neither names the password."""
         import psycopg
 
         kwargs: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, **dict(self.options)}
+        if replication:
+            kwargs["replication"] = "database"
         try:
             return psycopg.connect(
                 host=self.host,

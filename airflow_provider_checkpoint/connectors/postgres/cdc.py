@@ -1,0 +1,335 @@
+"""PostgresCdcSource: a PostgreSQL database's row changes through a logical replication slot (pgoutput);
+the barrier is a WAL position (LSN)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.postgres import cdc_slot
+from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
+    DELETED,
+    METADATA,
+    METADATA_DDL,
+    arrow,
+    change_rows,
+    from_parquet,
+    parquet,
+)
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
+    SESSION,
+    TableColumn,
+    identity_problem,
+    quote,
+    quoted_table,
+    table_columns,
+)
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.core.documents import JsonDict
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
+from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.storage import JobStorage
+
+log = logging.getLogger(__name__)
+
+SLOT_MARKER = SOURCES_DIR + "/{uid}/slot.json"
+"""In the job's storage: the slot the source created (written first), so that only our own slot is ever dropped."""
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+
+
+def _qualified(uid: str, table: str) -> str:
+    parts = table.split(".")
+    if len(parts) == 1:
+        parts = ["public", *parts]
+    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
+        raise PipelineDefinitionError(f"{uid}: {table!r} is not a table name (schema.table, unquoted identifiers)")
+    return ".".join(p.lower() for p in parts)
+
+
+class PostgresCdcSource(Source):
+    """Every committed row change of PostgreSQL tables, exactly once per completed checkpoint, through an
+    Airflow ``postgres`` connection (``postgres_conn_id``) whose user may replicate (``REPLICATION`` or a
+    superuser) and read the tables; the server runs with ``wal_level=logical``.
+
+    **Tables**: ``tables`` (a list; the job creates publication ``publication``, by default named after the
+    slot, for them) or ``publication`` alone (an existing publication: its tables). **The slot**: the job's
+    first checkpoint creates logical replication slot ``slot_name`` (default ``ckpt_<job>_<uid>``) with the
+    pgoutput plugin and an exported snapshot, and reads every table in that snapshot: the first checkpoint
+    holds every row then present (``op`` insert), consistent with the slot, so no change is lost or doubled
+    at the handover.
+
+    **The barrier** is the server's WAL flush position (LSN) at trigger time. A checkpoint holds exactly the
+    transactions whose commit record lies in ``[previous position, barrier)``, each whole, in commit order;
+    a transaction still open at the barrier belongs to a later checkpoint. A step peeks the slot (the slot
+    never moves while reading); once a checkpoint completes, the slot is advanced to the oldest position a
+    retained checkpoint holds, so the WAL every restorable checkpoint needs stays on the server.
+
+    **Rows**: the tables' columns (typed from the catalog; see :mod:`.cdc_types` for the types converted,
+    others are refused naming the column) and :data:`METADATA`: ``source_table`` (``schema.name``), ``op``
+    (insert, update, delete), ``deleted`` (``op = 'delete'``: give it to an upsert sink as ``delete_when``),
+    ``lsn`` (the transaction's commit LSN), ``commit_time`` and ``xid``. A delete carries the key columns
+    (the whole old row under ``REPLICA IDENTITY FULL``). An update that leaves a TOASTed value unchanged
+    needs ``REPLICA IDENTITY FULL`` on its table (else it is refused, naming the table). TRUNCATE, a schema
+    change and a dropped, invalidated or released slot are refused with the way on, never skipped.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        tables: Sequence[str] | None = None,
+        *,
+        publication: str | None = None,
+        postgres_conn_id: str = "postgres_default",
+        slot_name: str | None = None,
+        watermark: tuple[str, str] | None = None,
+    ) -> None:
+        super().__init__(uid, watermark)
+        if tables is None and publication is None:
+            raise PipelineDefinitionError(f"{uid}: give tables, or the publication that lists them")
+        if tables is not None:
+            tables = [tables] if isinstance(tables, str) else list(tables)
+            if not tables:
+                raise PipelineDefinitionError(f"{uid}: tables is empty")
+        for name, value in (("publication", publication), ("slot_name", slot_name)):
+            if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
+                raise PipelineDefinitionError(f"{uid}: {name} must be 1-63 of a-z, 0-9 and _, got {value!r}")
+        self.tables = None if tables is None else sorted({_qualified(uid, t) for t in tables})
+        self.publication, self.slot_name = publication, slot_name
+        self.postgres_conn_id = postgres_conn_id
+        self.job_storage: JobStorage | None = None
+        """The job's storage, once bound: the first barrier writes the snapshot there."""
+
+    def bind_storage(self, storage: JobStorage) -> None:
+        self.job_storage = storage
+
+    def deletes_column(self) -> str | None:
+        return DELETED
+
+    def added_columns(self) -> str:
+        return METADATA_DDL
+
+    def describe(self) -> JsonDict:
+        return {**super().describe(), "tables": self.tables, "publication": self.publication}
+
+    def to_spec(self) -> JsonDict:
+        return {
+            "uid": self.uid,
+            "tables": self.tables,
+            "publication": self.publication,
+            "postgres_conn_id": self.postgres_conn_id,
+            "slot_name": self.slot_name,
+        }
+
+    # -- positions (the trigger, no Spark) ---------------------------------------------------
+    def _pg(self) -> PgConnection:
+        return PgConnection.from_airflow(self.postgres_conn_id)
+
+    def _default_slot(self) -> str:
+        job = self.job_storage.job_id if self.job_storage else "job"
+        return re.sub(r"[^a-z0-9_]", "_", f"ckpt_{job}_{self.uid}".lower())[:63]
+
+    def initial_position(self) -> None:
+        """No position: the first barrier creates the slot and takes the snapshot."""
+        return None
+
+    def _position(self, value: Any, what: str) -> tuple[str, str, int]:
+        try:
+            return str(value["slot"]), str(value["publication"]), lsn_to_int(value["lsn"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise InvalidPositionError(f"source {self.uid}: {what} {value!r} is not a CDC position") from e
+
+    def _captured(self, value: Any) -> list[str]:
+        """The tables a position's snapshot covered (validated as :meth:`_position`)."""
+        tables = value.get("tables") if isinstance(value, dict) else None
+        if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+            raise InvalidPositionError(f"source {self.uid}: position {value!r} does not list its tables")
+        return [str(t) for t in tables]
+
+    def new_input(self, previous: Any) -> bool:
+        if previous is None:
+            return True
+        slot, _, lsn = self._position(previous, "position")
+        with self._pg().connect(autocommit=True) as conn:
+            return cdc_slot.flush_lsn(conn) > lsn
+
+    def barrier_position(self, previous: Any) -> JsonDict:
+        """The WAL flush position now; at the job's first barrier, the slot's consistent point, with the
+        snapshot it exported read into the job's storage (the first checkpoint's input)."""
+        if previous is None:
+            return self._snapshot()
+        slot, publication, lsn = self._position(previous, "position")
+        captured = self._captured(previous)
+        with self._pg().connect(autocommit=True) as conn:
+            cdc_slot.check(conn, self.uid, slot, lsn)
+            now = self._published(conn, publication)
+            if now != captured or (self.tables or now) != captured:
+                added, removed = sorted(set(now) - set(captured)), sorted(set(captured) - set(now))
+                raise CdcSourceError(
+                    f"source {self.uid}: its tables changed since the snapshot (added {added}, removed {removed}): "
+                    "a table joins only with a snapshot of its own; "
+                    "capture it with another source (its own slot), or keep the tables as they were"
+                )
+            barrier = max(cdc_slot.flush_lsn(conn), lsn)
+        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
+
+    def _published(self, conn: Any, publication: str) -> list[str]:
+        """The tables publication ``publication`` lists now, sorted (``schema.name``)."""
+        rows = conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
+            (publication,),
+        ).fetchall()
+        if not rows:
+            raise CdcSourceError(f"source {self.uid}: publication {publication} does not exist or has no table")
+        return sorted(str(r[0]) for r in rows)
+
+    def _ensure_publication(self, conn: Any, publication: str) -> None:
+        """Create publication ``publication`` for :attr:`tables`, or check an existing one lists exactly them."""
+        if self.tables is None:
+            return
+        exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+        if not exists:
+            names = ", ".join(quoted_table(t) for t in self.tables)
+            conn.execute(f"CREATE PUBLICATION {quote(publication)} FOR TABLE {names}")
+            log.info("source %s: created publication %s for %s", self.uid, publication, ", ".join(self.tables))
+        elif self._published(conn, publication) != self.tables:
+            raise CdcSourceError(
+                f"source {self.uid}: publication {publication} lists {self._published(conn, publication)}, not "
+                f"the source's tables {self.tables}; drop it, or give the source another publication name"
+            )
+
+    def _snapshot(self) -> JsonDict:
+        if self.job_storage is None:
+            raise RuntimeError(f"source {self.uid} has no job storage bound (bind_storage)")
+        pg, slot = self._pg(), self.slot_name or self._default_slot()
+        publication = self.publication or slot
+        owned = self.job_storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
+        with pg.connect(autocommit=True) as conn:
+            self._check_tables(conn, self.tables or self._published(conn, publication))
+            self._ensure_publication(conn, publication)
+            tables = self._published(conn, publication)
+            if cdc_slot.state(conn, slot) is not None:
+                if owned is None or json.loads(owned).get("slot") != slot:
+                    raise CdcSourceError(
+                        f"source {self.uid}: replication slot {slot} exists and this job did not create it (another "
+                        f"job may read it); give the source another slot_name, or drop the slot if nobody needs it: "
+                        f"SELECT pg_drop_replication_slot('{slot}')"
+                    )
+                cdc_slot.drop(conn, slot)  # ours, left by a first checkpoint that never completed
+        self.job_storage.delete(f"{SOURCES_DIR}/{self.uid}")  # that checkpoint's snapshot files
+        self.job_storage.write_atomic(SLOT_MARKER.format(uid=self.uid), json.dumps({"slot": slot}).encode())
+        with pg.connect(autocommit=True, replication=True) as replication, pg.connect() as conn:
+            consistent, snapshot = cdc_slot.create_with_snapshot(replication, slot)
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            conn.execute(SESSION)
+            directory = f"{SOURCES_DIR}/{self.uid}/snapshot-{consistent:016x}"
+            files, rows = [], 0
+            for i, table in enumerate(tables):
+                columns = table_columns(conn, table)
+                data = self._snapshot_rows(conn, table, columns, consistent)
+                files.append(f"{directory}/{i}.parquet")
+                rows += data.num_rows
+                self.job_storage.write_atomic(files[-1], parquet(data))
+            conn.rollback()
+        log.info(
+            "source %s: slot %s created at %s; snapshot of %d table(s), %d row(s)",
+            self.uid,
+            slot,
+            int_to_lsn(consistent),
+            len(tables),
+            rows,
+        )
+        position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "tables": tables}
+        return {**position, "snapshot": files}
+
+    def _snapshot_rows(self, conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
+        names = ", ".join(f"{quote(c.name)}::text" for c in columns)
+        query = f"SELECT {names} FROM {quoted_table(table)}"
+        meta = (table, "insert", False, lsn, None, None)
+        with conn.cursor(name=f"cdc_snapshot_{self.uid}") as cursor:  # rows stream from the server
+            cursor.itersize = cdc_slot.PEEK_BATCH
+            cursor.execute(query)
+            return arrow(columns, ((values, meta) for values in cursor))
+
+    # -- after completion ----------------------------------------------------------------------
+    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
+        """The first checkpoint's snapshot files are read: delete them (idempotent)."""
+        if isinstance(position, dict) and position.get("snapshot") and self.job_storage is not None:
+            self.job_storage.delete_files(position["snapshot"])
+
+    def on_positions_retained(self, positions: Sequence[Any]) -> None:
+        """Advance the slot to the oldest position a retained checkpoint holds: WAL no restore needs is freed."""
+        ours = [self._position(p, "position") for p in positions if p is not None]
+        if not ours:
+            return
+        slot = ours[-1][0]  # the newest checkpoint's slot (an older one may have read another, dropped since)
+        oldest = min(lsn for name, _, lsn in ours if name == slot)
+        try:
+            with self._pg().connect(autocommit=True) as conn:
+                if cdc_slot.advance(conn, slot, oldest):
+                    log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
+        except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
+            log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
+
+    # -- reading (the step) --------------------------------------------------------------------
+    def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        slot, publication, end = self._position(barrier, "barrier")
+        if "snapshot" in barrier:
+            with self._pg().connect() as conn:
+                columns = self._columns(conn, self._captured(barrier))
+            data = from_parquet(columns, (ctx.storage.read_bytes(f) for f in barrier["snapshot"]))
+        else:
+            _, _, start = self._position(previous, "position")
+            data = self._changes(slot, publication, self._captured(barrier), (start, end))
+        log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
+        df = ctx.spark.createDataFrame(data)
+        return (df.coalesce(1) if self.in_source_order else df).cache()
+
+    def _check_tables(self, conn: Any, tables: list[str]) -> None:
+        """Refuse, before any publication or slot exists, a table without a row identity or with a column it
+        cannot convert."""
+        problems = [p for p in (identity_problem(conn, t) for t in tables) if p]
+        if problems:
+            raise CdcSourceError(f"source {self.uid}: " + "; ".join(problems))
+        self._columns(conn, tables)
+
+    def _columns(self, conn: Any, tables: list[str]) -> list[TableColumn]:
+        """Every column of every table, merged by name (one name, one type across tables)."""
+        merged: dict[str, TableColumn] = {}
+        for table in tables:
+            for column in table_columns(conn, table):
+                seen = merged.setdefault(column.name, column)
+                if column.name in METADATA:
+                    raise CdcSourceError(f"source {self.uid}: {column.where()} clashes with column {column.name}")
+                if seen.spark_type() != column.spark_type():
+                    raise CdcSourceError(
+                        f"source {self.uid}: {column.where()} is {column.spark_type()} but {seen.where()} is "
+                        f"{seen.spark_type()}: split the tables over two sources"
+                    )
+        return list(merged.values())
+
+    def _changes(self, slot: str, publication: str, tables: list[str], span: tuple[int, int]) -> pa.Table:
+        """The changes of the transactions committed in ``span`` (``[start, end)``), as rows."""
+        start, end = span
+        with self._pg().connect() as conn:
+            conn.execute(SESSION)
+            cdc_slot.check(conn, self.uid, slot, start)
+            columns = self._columns(conn, tables)
+            catalog = {t: [(c.name, c.type_oid) for c in table_columns(conn, t)] for t in {c.table for c in columns}}
+            decoder = Decoder(slot, since=start)
+            txns = decoder.transactions(cdc_slot.peek(conn, slot, publication, end))
+            rows = change_rows(self.uid, catalog, (t for t in txns if start <= t.commit_lsn < end))
+            data = arrow(columns, rows)
+            conn.rollback()
+        return data

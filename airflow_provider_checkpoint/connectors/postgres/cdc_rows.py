@@ -1,0 +1,111 @@
+"""The rows of :class:`~.cdc.PostgresCdcSource`: decoded changes and snapshot rows as one Arrow table of the
+tables' columns (typed by :mod:`.cdc_types`) and :data:`METADATA`."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn, converter
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import UNCHANGED, Change, Transaction, int_to_lsn
+from airflow_provider_checkpoint.exceptions import CdcSourceError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+METADATA = ("source_table", "op", "deleted", "lsn", "commit_time", "xid")
+METADATA_DDL = "source_table STRING, op STRING, deleted BOOLEAN, lsn BIGINT, commit_time TIMESTAMP, xid BIGINT"
+DELETED = "deleted"
+
+
+def change_rows(
+    uid: str, catalog: dict[str, list[tuple[str, int]]], txns: Iterable[Transaction]
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
+    for txn in txns:
+        if txn.truncated:
+            names = ", ".join(r.qualified for r in txn.truncated)
+            raise CdcSourceError(
+                f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
+                "cannot be applied as row changes; restore the job from a checkpoint and take a new snapshot "
+                "(a new slot), or leave truncate out of the publication (publish = 'insert, update, delete')"
+            )
+        for change in txn.changes:
+            table = change.relation.qualified
+            meta = (table, change.op, change.op == "delete", txn.commit_lsn, txn.commit_time_micros, txn.xid)
+            yield _values(uid, catalog, change), meta
+
+
+def _values(uid: str, catalog: dict[str, list[tuple[str, int]]], change: Change) -> dict[str, Any]:
+    relation, table = change.relation, change.relation.qualified
+    sent = [(c.name, c.type_oid) for c in relation.columns]
+    if table not in catalog:
+        raise CdcSourceError(f"source {uid}: a change of table {table}, which is not among the source's tables")
+    if sent != catalog[table]:
+        raise CdcSourceError(
+            f"source {uid}: the columns of table {table} changed (the WAL has {sent}, the catalog now "
+            f"{catalog[table]}); schema changes are not followed yet: restore and take a new snapshot"
+        )
+    values = list(change.values)
+    for i, value in enumerate(values):
+        if value is UNCHANGED:
+            if change.old is None:
+                raise CdcSourceError(
+                    f"source {uid}: an update of table {table} left TOASTed column {relation.columns[i].name} "
+                    f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
+                    "IDENTITY FULL, then restore the job from a checkpoint before this change"
+                )
+            values[i] = change.old[i]
+    return {c.name: v for c, v in zip(relation.columns, values, strict=True)}
+
+
+def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]]) -> pa.Table:
+    """The rows (values by name, or in ``columns`` order) as an Arrow table of the columns then
+    :data:`METADATA`."""
+    import pyarrow as pa
+
+    convert = [converter(c) for c in columns]
+    data: list[list[Any]] = [[] for _ in range(len(columns) + len(METADATA))]
+    for values, meta in rows:
+        if isinstance(values, dict):
+            typed = [f(values.get(c.name)) for c, f in zip(columns, convert, strict=True)]
+        else:
+            typed = [f(v) for v, f in zip(values, convert, strict=True)]
+        for out, value in zip(data, [*typed, *meta], strict=True):
+            out.append(value)
+    fields = [pa.field(c.name, c.arrow_type()) for c in columns] + [
+        pa.field("source_table", pa.string()),
+        pa.field("op", pa.string()),
+        pa.field(DELETED, pa.bool_()),
+        pa.field("lsn", pa.int64()),
+        pa.field("commit_time", pa.timestamp("us", tz="UTC")),
+        pa.field("xid", pa.int64()),
+    ]
+    return pa.Table.from_arrays(
+        [pa.array(d, f.type) for d, f in zip(data, fields, strict=True)], schema=pa.schema(fields)
+    )
+
+
+def _aligned(part: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A snapshot table's file with every column of ``schema`` (those of other tables null)."""
+    import pyarrow as pa
+
+    arrays = [part[f.name] if f.name in part.column_names else pa.nulls(part.num_rows, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def from_parquet(columns: list[TableColumn], files: Iterable[bytes]) -> pa.Table:
+    """The snapshot's Parquet files (one per table) as one table of every column of ``columns``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    empty = arrow(columns, ())
+    return pa.concat_tables([empty, *(_aligned(pq.read_table(io.BytesIO(f)), empty.schema) for f in files)])
+
+
+def parquet(table: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()

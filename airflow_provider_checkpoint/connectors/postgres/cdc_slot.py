@@ -1,0 +1,108 @@
+"""The logical replication slot of :class:`~.cdc.PostgresCdcSource`: created with an exported snapshot,
+checked before every use, peeked (never consumed) and advanced once no restorable checkpoint needs its WAL."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import quote
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.exceptions import CdcSourceError
+
+log = logging.getLogger(__name__)
+
+PEEK_BATCH = 5000
+"""Messages fetched from the server per round trip while peeking."""
+
+
+@dataclass(frozen=True)
+class SlotState:
+    confirmed_flush: int
+    wal_status: str | None
+    invalidation_reason: str | None
+    plugin: str | None
+
+
+def state(conn: Any, slot: str) -> SlotState | None:
+    """The slot's state, ``None`` if there is no such slot."""
+    row = conn.execute(
+        "SELECT confirmed_flush_lsn::text, wal_status, invalidation_reason, plugin "
+        "FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    if row is None:
+        return None
+    return SlotState(lsn_to_int(row[0]) if row[0] else 0, row[1], row[2], row[3])
+
+
+def check(conn: Any, source: str, slot: str, lsn: int) -> SlotState:
+    """The slot's state if it still holds every change committed at or after ``lsn``; else
+    :class:`CdcSourceError` saying why (dropped, invalidated, or advanced past ``lsn``) and what to do."""
+    found = state(conn, slot)
+    fix = (
+        "Changes since that position are no longer available from PostgreSQL: restore a newer checkpoint, "
+        "or start a new job (another job_id) to take a new snapshot"
+    )
+    if found is None:
+        raise CdcSourceError(f"source {source}: replication slot {slot} does not exist (dropped?). {fix}")
+    if found.wal_status == "lost" or found.invalidation_reason:
+        raise CdcSourceError(
+            f"source {source}: replication slot {slot} was invalidated "
+            f"({found.invalidation_reason or 'wal_status lost'}; e.g. by max_slot_wal_keep_size). {fix}"
+        )
+    if found.plugin != "pgoutput":
+        raise CdcSourceError(f"source {source}: replication slot {slot} uses plugin {found.plugin}, not pgoutput")
+    if found.confirmed_flush > lsn:
+        raise CdcSourceError(
+            f"source {source}: replication slot {slot} was released up to {int_to_lsn(found.confirmed_flush)}, "
+            f"past position {int_to_lsn(lsn)} the checkpoint needs. {fix}"
+        )
+    return found
+
+
+def create_with_snapshot(replication: Any, slot: str) -> tuple[int, str]:
+    """Create the slot on ``replication`` (a replication connection, which must stay open and idle while
+    the snapshot is read) exporting its snapshot; its consistent point and the snapshot's name."""
+    result = replication.pgconn.exec_(
+        f"CREATE_REPLICATION_SLOT {quote(slot)} LOGICAL pgoutput (SNAPSHOT 'export')".encode()
+    )
+    if result.status != 2:  # PGRES_TUPLES_OK
+        message = result.error_message.decode(errors="replace").strip()
+        raise CdcSourceError(f"cannot create replication slot {slot}: {message}")
+    return lsn_to_int(result.get_value(0, 1).decode()), result.get_value(0, 2).decode()
+
+
+def drop(conn: Any, slot: str) -> None:
+    conn.execute("SELECT pg_drop_replication_slot(%s) FROM pg_replication_slots WHERE slot_name = %s", (slot, slot))
+
+
+def advance(conn: Any, slot: str, lsn: int) -> bool:
+    """Move the slot to ``lsn`` (its WAL before that is released) if it is behind; whether it moved."""
+    found = state(conn, slot)
+    if found is None or found.confirmed_flush >= lsn:
+        return False
+    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, int_to_lsn(lsn)))
+    return True
+
+
+def peek(conn: Any, slot: str, publication: str, upto: int) -> Iterator[bytes]:
+    """Every pgoutput message the slot holds for transactions committed before ``upto`` (and possibly one
+    at or after it: callers filter by commit LSN), in commit order; the slot does not move. ``conn`` must
+    not be in autocommit mode (the rows stream through a server-side cursor)."""
+    query = (
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+        "'proto_version', '1', 'publication_names', %s)"
+    )
+    with conn.cursor(name=f"cdc_peek_{slot}") as cursor:
+        cursor.itersize = PEEK_BATCH
+        cursor.execute(query, (slot, int_to_lsn(upto), quote(publication)))
+        for (data,) in cursor:
+            yield bytes(data)
+
+
+def flush_lsn(conn: Any) -> int:
+    (text,) = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+    return lsn_to_int(text)
