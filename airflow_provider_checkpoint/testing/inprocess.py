@@ -45,16 +45,20 @@ class Job:
     """Per checkpoint: seconds spent in trigger, steps and finalize."""
 
     def checkpoint(
-        self, during: Callable[[], None] | None = None, savepoint_target: str | None = None
+        self,
+        during: Callable[[], None] | None = None,
+        savepoint_target: str | None = None,
+        now: float | None = None,
     ) -> CompletedCheckpoint:
         """One checkpoint, steps in dependency order, channels passed on as the operator does.
 
         ``during`` lands files after the barrier is cut, before the steps read. A step that
         hits an injected fault (``CHECKPOINT_FAULTS``) is retried alone, as Airflow would.
-        ``savepoint_target`` makes it a savepoint written there.
+        ``savepoint_target`` makes it a savepoint written there. ``now`` (seconds) is its trigger
+        time instead of ``T0 + 100 n`` (a test that follows another engine's clock).
         """
         self.checkpoints += 1
-        now = T0 + 100 * self.checkpoints
+        now = T0 + 100 * self.checkpoints if now is None else now
         started = time.perf_counter()
         if savepoint_target:
             plan = self.coordinator.trigger(
