@@ -1,22 +1,26 @@
 """``KeyedProcess`` against Spark Structured Streaming's own ``transformWithStateInPandas``.
 
-The same function twice, once through each API: :class:`Silence` (ours, a ``KeyedProcessFunction``)
-and :class:`SparkSilence` (Spark's ``StatefulProcessor``). Per user: a value state ``count``, a
-value state ``last`` (the newest event time), a list state ``recent`` and a map state ``buckets``
-(amount mod 3 → rows), both with a processing-time TTL; one event-time timer at ``last + 5
-minutes``, moved on by every newer row, that reports the user silent and clears ``count`` and
-``last``. Every call with rows emits one ``rows`` line (the count, how many ``recent`` entries
-survived their TTL, the total in ``buckets``); every timer a ``silent`` line.
+The same functions twice, once through each API (:class:`Silence` and :class:`Recent`, ours;
+:func:`spark_processor`, Spark's ``StatefulProcessor``), each in two queries:
 
-The same rows, cut into the same increments: Spark runs ``Trigger.AvailableNow`` once per
-increment (its data batch, then the no-data batch the advanced watermark asks for: what one of our
-checkpoints does), in ``EventTime`` mode with the RocksDB state store, in a classic session (as
-the other oracle tests). After every increment both outputs must be equal.
+- event time (``silence``): per user a value state ``count``, a value state ``last`` (the newest
+  event time), a list ``recent`` and a map ``buckets`` (amount mod 3 → rows); one event-time timer at
+  ``last + 5 minutes``, moved on by every newer row, that reports the user silent (a ``silent``
+  line) and clears ``count`` and ``last``. Spark: ``EventTime`` mode, ``withWatermark``;
+- processing time (``recent``): the same state, ``recent`` and ``buckets`` with a processing-time
+  TTL, and a processing-time timer ``PING_MS`` after a call that finds none registered (a ``ping``
+  line). Spark: ``ProcessingTime`` mode. Spark's clock is the wall clock when it plans a batch, ours
+  the checkpoint's trigger time: each checkpoint is triggered at the timestamp of Spark's batch of
+  the same increment, read from Spark's offset log, so both judge TTL and timers by the same clock.
+  Spark's no-data batches are off for this query (in processing time every batch asks for another
+  one, so ``availableNow`` would never end): timers fire in data batches, as in our checkpoints.
+  Before increment ``WAIT_BEFORE`` the test waits out the TTL: ``recent`` has expired and pings fire.
 
-Processing time is the batch's clock in Spark (the wall clock when the batch is planned) and the
-checkpoint's trigger time here: each checkpoint of ours is triggered at the timestamp of Spark's
-data batch of the same increment, read from Spark's offset log, so both judge the TTL by the same
-clock. The increment after a wait of the TTL sees ``recent`` expired; the test checks it did.
+Every call with rows emits one ``rows`` line (the count, how many ``recent`` entries survived their
+TTL, the total in ``buckets``). The same rows, cut into the same increments: Spark runs
+``Trigger.AvailableNow`` once per increment (in event time its data batch, then the no-data batch
+the advanced watermark asks for: what one of our checkpoints does), with the RocksDB state store, in
+a session of its own. After every increment both outputs must be equal, and so must the watermarks.
 
 Differences on purpose, stated and checked:
 
@@ -25,8 +29,8 @@ Differences on purpose, stated and checked:
   ``late`` line and leaves them out. The ``late`` lines must be exactly the rows behind the
   watermark, worked out here from the increments, and the rest must equal Spark's output.
 - Spark's watermark before the first batch is the epoch, ours is none; the data is after 1970.
-- Spark's no-data batch has a later clock than its data batch; ours has one clock per checkpoint.
-  The TTL'd state is read only with rows (in the data batch), where the clocks agree.
+- A timer at exactly the watermark fires in both (due at ``timer <= watermark``); the seed's data
+  has one, which the test checks.
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ T0 = datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC)
 MINUTE = 60_000
 BOUND, SILENCE = 10 * MINUTE, 5 * MINUTE
 RECENT_TTL_MS, BUCKETS_TTL_MS, PING_MS = 4_000, 3_600_000, 4_000
-INCREMENTS = 3
-WAIT_BEFORE = 3
+INCREMENTS = 2
+WAIT_BEFORE = 2
 """The increment before which the test waits out ``recent``'s TTL (of Spark's previous data batch)."""
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -255,7 +259,7 @@ def test_keyed_process_equals_spark_transform_with_state_after_every_increment(s
     timers, expiring = SparkQuery(spark, tmp_path, ttl=False), SparkQuery(spark, tmp_path, ttl=True)
     rng, top, watermark = random.Random(43), None, None
     expected_late: list[tuple[Any, ...]] = []
-    ties, survived_by_increment, clock = 0, [], 0
+    ties, calls, clock = 0, [], 0
     for n in range(1, INCREMENTS + 1):
         rows = increment(n, rng)
         if n == WAIT_BEFORE:  # Spark's next data batch is planned once recent's TTL has run out
@@ -289,11 +293,13 @@ def test_keyed_process_equals_spark_transform_with_state_after_every_increment(s
         ours = list(table(tmp_path / "recent")[COLUMNS].itertuples(index=False, name=None))
         assert sorted(ours) == sorted(expiring.rows), f"TTL, increment {n}"
         ties += sum(1 for r in timers.rows[seen[0] :] if r[0] == "silent" and r[2] == watermark)
-        survived_by_increment.append({r[1]: r[4] for r in expiring.rows[seen[1] :]})
+        calls.append({r[1]: (r[3], r[4], r[5]) for r in expiring.rows[seen[1] :] if r[0] == "rows"})
     assert {r[0] for r in timers.rows} == {"rows", "silent"}
     assert {r[0] for r in expiring.rows} == {"rows", "ping"}, "processing-time timers fired after the wait"
     assert expected_late, "the data must have rows behind the watermark"
     assert ties, "a timer must have fired at exactly the watermark (due at timer <= watermark, in both)"
-    before, after = survived_by_increment[WAIT_BEFORE - 2], survived_by_increment[WAIT_BEFORE - 1]
-    assert set(before) & set(after), "a user with rows on both sides of the wait"
-    assert all(survived == 0 for survived in after.values()), "recent's entries expired during the wait"
+    before, after = calls[WAIT_BEFORE - 2], calls[WAIT_BEFORE - 1]
+    both = set(before) & set(after)
+    assert both, "a user with rows on both sides of the wait"
+    assert all(after[u][1] == 0 for u in both), "recent's entries expired during the wait"
+    assert all(after[u][2] == after[u][0] for u in both), "buckets (a 1-hour TTL) kept every row across the wait"
