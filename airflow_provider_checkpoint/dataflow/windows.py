@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
@@ -319,9 +319,19 @@ class WindowAggregate(KeyedAggregate):
         return side("__state", state.columns), side("__row", rows.columns)
 
 
-class LateData(Transform):
-    """The late rows of a :class:`WindowAggregate` with ``late="output"`` (its :attr:`~WindowAggregate.late_data`),
-    per checkpoint: an input of sinks, run in the operator's step after it."""
+class LateRows(Protocol):
+    """An operator with ``late="output"``: its late rows of the checkpoint it last ran."""
 
-    def __init__(self, operator: WindowAggregate) -> None:
+    uid: str
+
+    def late_rows(self) -> DataFrame: ...
+
+
+class LateData(Transform):
+    """The late rows of an operator with ``late="output"`` (a :class:`WindowAggregate`'s or a
+    :class:`~.dedup.Deduplicate`'s ``late_data``), per checkpoint: an input of sinks, run in the
+    operator's step after it."""
+
+    def __init__(self, operator: LateRows) -> None:
+        assert isinstance(operator, Node)
         super().__init__(f"{operator.uid}.late", operator, lambda _: operator.late_rows())

@@ -6,9 +6,11 @@ increment (its data batch, then the no-data batch the advanced watermark asks fo
 our checkpoints does). After every increment both outputs must be equal, and our state must hold
 exactly the keys Spark's still holds (the keys whose first-seen time plus the bound is after the
 watermark). Spark ties ``within`` to the watermark's bound; ``Deduplicate`` takes any ``within``,
-which Spark cannot check (the model test, ``test_ttl_model.py``, does). A difference on purpose,
+which Spark cannot check (the model test, ``test_ttl_model.py``, does). Differences on purpose,
 stated and checked: rows without an event time, which the test keeps out of Spark's input, are
-dropped and counted by ours.
+dropped and counted by ours; late rows (at or before the watermark of the previous increment),
+which Spark drops, go with ``late="output"`` to ours's late-data table, which must hold exactly
+the late rows worked out here with pandas from the increments, each once.
 
 The compaction test counts the rows of the state files with pyarrow (not with our reader): once a
 processing-time TTL expires most keys, compaction leaves only the live ones in the files.
@@ -21,11 +23,12 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint
-from airflow_provider_checkpoint.dataflow import Deduplicate, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow import TTL, Deduplicate, FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 from tests.spark.helpers import table, write_json
 
@@ -51,10 +54,26 @@ def increment(n: int, rng: random.Random) -> list[dict[str, Any]]:
     return rows
 
 
+def naive_utc(times: pd.Series) -> pd.Series:
+    """Times (ISO strings, naive UTC or aware) as naive UTC timestamps."""
+    return pd.to_datetime(times, utc=True).dt.tz_convert(None)
+
+
+def late_rows(path: Path) -> list[tuple[Any, ...]]:
+    """``(user, ts, amount)`` rows of a late-data table, read with pyarrow, sorted (none: no table yet)."""
+    got = table(path)
+    if got.empty:
+        return []
+    return sorted(got.assign(ts=naive_utc(got["ts"]))[["user", "ts", "amount"]].itertuples(index=False, name=None))
+
+
 def pipeline(tmp: Path) -> None:
     events = FileSource("events", str(tmp / "ours"), "json", SCHEMA)
-    spark_like = Deduplicate("dedup", events, ["user"], within="10 minutes", watermark=("ts", "10 minutes"))
+    spark_like = Deduplicate(
+        "dedup", events, ["user"], within="10 minutes", watermark=("ts", "10 minutes"), late="output"
+    )
     ParquetTableSink("dedup_out", spark_like, str(tmp / "dedup"), mode="append")
+    ParquetTableSink("dedup_late", spark_like.late_data, str(tmp / "dedup_late"), mode="append")
 
 
 def rows_of(df: Any) -> list[tuple[Any, ...]]:
@@ -101,18 +120,27 @@ def test_deduplicate_equals_spark_drop_duplicates_within_watermark(spark: Any, t
     job = make_job(spark, tmp_path, pipeline)
     oracle = SparkDedup(spark, tmp_path)
     rng, late, untimed = random.Random(51), 0, 0
+    watermark, expected_late = None, []
     for n in range(1, INCREMENTS + 1):
         rows = increment(n, rng)
+        frame = pd.DataFrame(rows).assign(ts=lambda f: naive_utc(f["ts"]))
+        if watermark is not None:
+            behind = frame[frame["ts"] <= watermark][["user", "ts", "amount"]]
+            expected_late += list(behind.itertuples(index=False, name=None))
+        top = frame["ts"].max() - pd.Timedelta(minutes=10)
+        watermark = top if watermark is None else max(watermark, top)
         write_json(tmp_path / "spark_in" / f"e{n}.json", rows)
         write_json(tmp_path / "ours" / f"e{n}.json", [*rows, {"user": "a", "ts": None, "amount": -1}])
         completed = job.checkpoint()
         steps = completed.stats["steps"].values()
-        late += sum(s.get("late_rows_dropped", 0) for s in steps)
+        late += sum(s.get("late_rows_output", 0) for s in steps)
         untimed += sum(s.get("rows_without_event_time", 0) for s in steps)
         oracle.run()
         ours = rows_of(spark.read.parquet(str(tmp_path / "dedup")))
         assert ours == sorted(oracle.rows, key=str), f"increment {n}"
         assert state_keys(spark, job, completed, "dedup") == oracle.state_keys(), f"state after increment {n}"
+        assert late_rows(tmp_path / "dedup_late") == sorted(expected_late), f"late rows after increment {n}"
+        assert late == len(expected_late), f"late rows counted, increment {n}"
     assert untimed == INCREMENTS, "one row without event time per increment, dropped and counted"
     assert late > 0, "the data must have rows behind the watermark"
     assert len(ours) > len({r[0] for r in ours}), "a key must have come back after its state expired"
@@ -148,3 +176,95 @@ def test_expired_state_leaves_the_files_at_compaction(spark: Any, tmp_path: Path
     out = table(tmp_path / "out").set_index("user")
     assert (out.loc["u00", "n"], out.loc["u00", "total"]) == (1, 5), "u00 restarted from empty at checkpoint 6"
     assert out.loc["u01", "n"] == 1, "an expired key keeps its last row in the upsert sink"
+
+
+def test_ttl_state_rescaled_keeps_live_keys_and_never_reads_expired_ones(
+    spark: Any, tmp_path: Path, small_ranges: None
+) -> None:
+    """A processing-time ``ttl="250 s"`` state written in files of small key-group ranges at one Spark
+    parallelism (1), taken as a savepoint, then a checkpoint on an abandoned branch renews ``u39``;
+    the savepoint restored at another parallelism (5), the file landed since read again. Trigger
+    times are set (``now=``), amounts differ per checkpoint, so every expected row below is worked
+    out by hand from the TTL rule: a key updated at ``t`` lives while the clock is before ``t + 250 s``."""
+    from airflow_provider_checkpoint.restore.requests import request_restore
+    from airflow_provider_checkpoint.testing.inprocess import T0 as TRIGGER_T0
+
+    def declare(tmp: Path) -> None:
+        events = FileSource("events", str(tmp / "in"), "json", SCHEMA)
+        agg = KeyedAggregate("agg", events, ["user"], {"n": "count", "total": "sum(amount)"}, ttl="250 s")
+        ParquetTableSink("out", agg, str(tmp / "out"), mode="upsert", keys=["user"])
+
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
+    ts, previous = T0.isoformat(), spark.conf.get("spark.sql.shuffle.partitions")
+
+    def checkpoint(at: int, users: list[str], amount: int, savepoint: str | None = None) -> set[str]:
+        write_json(tmp_path / "in" / f"at{at}.json", [{"user": u, "ts": ts, "amount": amount} for u in users])
+        completed = job.checkpoint(now=TRIGGER_T0 + at, savepoint_target=savepoint)
+        assert len(completed.operators["agg"].handles) > 1, "several key-group ranges"
+        return state_keys(spark, job, completed, "agg")
+
+    old = [f"u{i:02d}" for i in range(40)]
+    try:
+        spark.conf.set("spark.sql.shuffle.partitions", "1")
+        assert checkpoint(100, old, 1) == set(old)  # all expire at 350
+        savepoint = f"file://{tmp_path}/savepoints/sp-2"
+        assert checkpoint(200, old[:20], 2, savepoint) == set(old)  # u00..u19 now expire at 450
+        assert checkpoint(300, ["u39"], 100) == set(old)  # u39 renewed to 550 on this branch only
+        request_restore(job.storage, savepoint, False, False)
+        spark.conf.set("spark.sql.shuffle.partitions", "5")
+        # at 400 (at300.json is read again): u20..u39 expired at 350 (u39's renewal was on the abandoned
+        # branch): u20 and u39 restart
+        assert checkpoint(400, ["u00", "u20", "u39", "n01"], 5) == {*old[:20], "u20", "u39", "n01"}
+        # at 500: u01..u19 expired at 450: u01 restarts; u00, u20, u39, n01 live until 650
+        assert checkpoint(500, ["u01"], 7) == {"u00", "u01", "u20", "u39", "n01"}
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    out = table(tmp_path / "out").set_index("user")[["n", "total"]]
+    got = {u: tuple(out.loc[u]) for u in ("u00", "u01", "u02", "u20", "u21", "u39", "n01")}
+    assert got == {
+        "u00": (3, 8),  # 1 + 2 + 5, never expired
+        "u01": (1, 7),  # restarted at 500
+        "u02": (2, 3),  # expired without rows: its last row stays
+        "u20": (1, 5),  # restarted at 400
+        "u21": (1, 1),
+        "u39": (2, 105),  # restarted at 400 with at300.json's row read again and its own
+        "n01": (1, 5),
+    }, got
+    assert len(out) == 41
+
+
+def test_deduplicate_by_processing_time_equals_pandas(spark: Any, tmp_path: Path) -> None:
+    """``Deduplicate(ttl="250 s")``, on write and on read and write, against pandas: checkpoints are 100 s
+    apart, so a key first seen (or, renewed, last seen) at checkpoint c is forgotten from c + 3 on."""
+
+    def declare(tmp: Path) -> None:
+        events = FileSource("events", str(tmp / "in"), "json", SCHEMA)
+        on_write = Deduplicate("on_write", events, ["user"], ttl="250 s")
+        ParquetTableSink("on_write_out", on_write, str(tmp / "on_write"), mode="append")
+        on_read = Deduplicate("on_read", events, ["user"], ttl=TTL("250 s", update="on_read_and_write"))
+        ParquetTableSink("on_read_out", on_read, str(tmp / "on_read"), mode="append")
+
+    job = make_job(spark, tmp_path, declare)
+    rng, ts = random.Random(53), T0.isoformat()
+    expiry: dict[str, dict[str, int]] = {"on_write": {}, "on_read": {}}
+    expected: dict[str, list[tuple[str, int]]] = {"on_write": [], "on_read": []}
+    for c in range(1, 5):
+        rows = [{"user": rng.choice("abcdefgh"), "ts": ts, "amount": rng.randrange(100)} for _ in range(6)]
+        write_json(tmp_path / "in" / f"c{c}.json", rows)
+        now = 100 * c  # the checkpoint's trigger time, from the job's first, in seconds
+        firsts = pd.DataFrame(rows).groupby("user")["amount"].min()
+        for uid, held in expiry.items():
+            live = {u: e for u, e in held.items() if now < e}
+            for user, amount in firsts.items():
+                if user not in live:
+                    expected[uid].append((str(user), int(amount)))
+                if user not in live or uid == "on_read":
+                    live[str(user)] = now + 250
+            expiry[uid] = live
+        job.checkpoint()
+        for uid in expiry:
+            got = table(tmp_path / uid)
+            assert sorted(zip(got["user"], got["amount"], strict=True)) == sorted(expected[uid]), f"{uid}, {c}"
+    assert len(expected["on_write"]) > len(expected["on_read"]), "renewal keeps keys: fewer repeats"
+    for uid, emitted in expected.items():
+        assert len({u for u, _ in emitted}) < len(emitted), f"{uid}: a key emitted again once expired"

@@ -101,6 +101,47 @@ def test_deduplicate_is_checked_when_defined(tmp_path: Path) -> None:
     dedup = Deduplicate("f", events, ["user"], within="1 h", watermark=("ts", "10 min"))
     assert dedup.unique_keys() is None, "a key is emitted again once its state expired"
     assert dedup.describe()["within_ms"] == 3_600_000
+    assert "late" not in dedup.describe(), "late='drop' is the default"
+
+
+def test_deduplicate_by_processing_time_takes_ttl_instead_of_within(tmp_path: Path) -> None:
+    events = FileSource("events", str(tmp_path / "in"), "json", SCHEMA)
+    one_of = "give within= .event time, e.g. '1 day'. or ttl= .processing time., one of them"
+    with pytest.raises(PipelineDefinitionError, match=f"^d: {one_of}"):
+        Deduplicate("d", events, ["user"])
+    with pytest.raises(PipelineDefinitionError, match=f"^d: {one_of}"):
+        Deduplicate("d", events, ["user"], within="1 h", ttl="1 h", watermark=("ts", "1 min"))
+    with pytest.raises(
+        PipelineDefinitionError, match="^d: ttl= expires by processing time; for event time use within="
+    ):
+        Deduplicate("d", events, ["user"], ttl=TTL("1 h", time="event"))
+    with pytest.raises(PipelineDefinitionError, match="^d: watermark= and late= go with within="):
+        Deduplicate("d", events, ["user"], ttl="1 h", watermark=("ts", "1 min"))
+    with pytest.raises(PipelineDefinitionError, match="^d: watermark= and late= go with within="):
+        Deduplicate("d", events, ["user"], ttl="1 h", late="output")
+    with pytest.raises(PipelineDefinitionError, match="^d: ttl must be positive"):
+        Deduplicate("d", events, ["user"], ttl="0 s")
+    dedup = Deduplicate("e", events, ["user"], ttl=TTL("1 h", update="on_read_and_write"))
+    assert dedup.watermark is None, "no watermark needed, none taken"
+    assert dedup.describe()["ttl"] == {"ttl_ms": 3_600_000, "time": "processing", "update": "on_read_and_write"}
+    sink = ParquetTableSink("out", dedup, str(tmp_path / "out"), mode="append")
+    assert validate_pipeline([events, dedup, sink]) == []
+
+
+def test_deduplicate_late_output_is_a_second_output_only_when_asked_for(tmp_path: Path) -> None:
+    events = FileSource("events", str(tmp_path / "in"), "json", SCHEMA)
+    with pytest.raises(PipelineDefinitionError, match="^d: late must be 'drop' or 'output', got 'keep'"):
+        Deduplicate("d", events, ["user"], within="1 h", watermark=("ts", "1 min"), late="keep")
+    dropping = Deduplicate("e", events, ["user"], within="1 h", watermark=("ts", "1 min"))
+    with pytest.raises(PipelineDefinitionError, match="^e: late_data needs late='output'"):
+        dropping.late_data  # noqa: B018
+    dedup = Deduplicate("f", events, ["user"], within="1 h", watermark=("ts", "1 min"), late="output")
+    assert dedup.late_data is dedup.late_data and dedup.late_data.uid == "f.late"
+    assert dedup.describe()["late"] == "output"
+    with pytest.raises(PipelineDefinitionError, match="^f: its late rows are read before the operator ran"):
+        dedup.late_rows()
+    sink = ParquetTableSink("late_out", dedup.late_data, str(tmp_path / "late"), mode="append")
+    assert validate_pipeline([events, dedup, dedup.late_data, sink]) == []
 
 
 def test_expiring_operators_are_validated_when_the_dag_is_parsed(tmp_path: Path) -> None:
