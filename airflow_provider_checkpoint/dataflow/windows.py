@@ -280,26 +280,26 @@ class WindowAggregate(KeyedAggregate):
         before: WatermarkProgress,
         after: WatermarkProgress,
     ) -> tuple[DataFrame, DataFrame]:
-        """The changed windows and the output. Tumbling and sliding windows: every open window, ``__changed``
-        marking those with new rows or closed (a window that opens and closes in this checkpoint is no
-        change). Sessions: only the changes: a session of a key with new rows that moved (merged into
-        a larger one) is deleted, a session with new rows written, and a closed session deleted."""
+        """Every open window and the output; ``__changed`` marks the windows with new rows and those
+        closed (a window that opens and closes in this checkpoint is no change). Sessions: a state row of a
+        key with new rows that moved (merged into a session with other bounds) is deleted too."""
         from pyspark.sql import functions as F
 
         step = self._step(inputs, state, before, after)
         output = self._emitted(step, state.columns)
-        new, closed, touched = F.col(NEW), step.closed, F.col("__touched")
+        new, closed, touched, no = F.col(NEW), step.closed, F.col("__touched"), F.lit(False)
         if step.untouched is None:  # windows that never merge
             changed = (touched | closed) & ~(new & closed)
             return step.merged.select(*state.columns, closed.alias(DELETED), NEW, changed.alias(CHANGED)), output
-        kept = F.coalesce(F.col("__kept"), F.lit(False))
-        merged = step.merged.where((touched & ~closed) | (closed & kept))
+        kept = F.coalesce(F.col("__kept"), no)
+        changed = (touched & ~closed) | (closed & kept)
         changes = [
-            merged.select(*state.columns, closed.alias(DELETED), (~kept).alias(NEW)),
-            step.untouched.where(closed).select(*state.columns, F.lit(True).alias(DELETED), F.lit(False).alias(NEW)),
+            step.merged.select(*state.columns, closed.alias(DELETED), (~kept).alias(NEW), changed.alias(CHANGED)),
+            step.untouched.select(*state.columns, closed.alias(DELETED), no.alias(NEW), closed.alias(CHANGED)),
         ]
         if step.moved is not None:
-            changes.append(step.moved.select(*state.columns, F.lit(True).alias(DELETED), F.lit(False).alias(NEW)))
+            yes = F.lit(True)
+            changes.append(step.moved.select(*state.columns, yes.alias(DELETED), no.alias(NEW), yes.alias(CHANGED)))
         return reduce(lambda a, b: a.unionByName(b), changes), output
 
     def _timed(self, df: DataFrame, keep_nulls: bool = False) -> DataFrame:
