@@ -144,6 +144,19 @@ class StatefulOperator(Node):
         ``before`` this checkpoint, and what the watermark ``after`` it closes is emitted by it."""
         raise NotImplementedError
 
+    def changes_at(
+        self,
+        inputs: Mapping[str, DataFrame],
+        state: DataFrame,
+        barrier: Barrier,
+        before: WatermarkProgress,
+        after: WatermarkProgress,
+    ) -> tuple[DataFrame, DataFrame] | None:
+        """The changelog form of :meth:`process_at` (as :meth:`changes` describes it) and the output:
+        used by incremental checkpoints of an operator with event time when given. ``None`` (the
+        default): the checkpoint compares :meth:`process_at`'s new state with the old."""
+        return None
+
     def output_of(self, state: DataFrame) -> DataFrame:
         """The output of a checkpoint whose changed keys have the new ``state`` rows (from
         :meth:`changes`, :meth:`first_state` or :meth:`merge_arrow`): those rows themselves here."""

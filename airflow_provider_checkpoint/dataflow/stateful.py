@@ -325,14 +325,17 @@ class KeyedAggregate(StatefulOperator):
             }
         ).filter(touched)
 
-    def _aggregated_with(self, state: DataFrame, input: DataFrame, partial: bool = False) -> DataFrame:
+    def _aggregated_with(
+        self, state: DataFrame, input: DataFrame, partial: bool = False, extra: Mapping[str, Column] | None = None
+    ) -> DataFrame:
         """Every key of ``state`` and ``input`` with its new state, from one aggregation of the input's
         rows (``partial``: its per-key aggregates, :meth:`_partial`) and the state's rows, each
         aggregate combining them (:meth:`Aggregate.combine`); ``__touched`` marks keys in the input,
-        ``__new`` keys without a state row."""
+        ``__new`` keys without a state row; ``extra``: more aggregates by name, as the last columns."""
         from pyspark.sql import functions as F
 
         types = {f.name: f.dataType for f in state.schema.fields}
+        extra = extra or {}
         expires = [EXPIRES_AT] if self.ttl is not None else []
         if partial:  # already in state form, combined as the state's rows are
             no_raw = [c for agg in self.aggs.values() for c in agg.no_raw(types)]
@@ -353,8 +356,16 @@ class KeyedAggregate(StatefulOperator):
                 F.max("__input").alias("__touched"),
                 F.min("__input").alias(NEW),
                 *[F.max(c).cast("long").alias(c) for c in expires],
+                *[e.alias(name) for name, e in extra.items()],
             )
-            .select(*self.keys, *[f for _, finals in combines for f in finals], *expires, "__touched", NEW)
+            .select(
+                *self.keys,
+                *[f for _, finals in combines for f in finals],
+                *expires,
+                "__touched",
+                NEW,
+                *extra,
+            )
         )
 
     def _merged(self, state: DataFrame, batch: DataFrame) -> DataFrame:

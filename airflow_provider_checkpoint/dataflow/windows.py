@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 from typing import TYPE_CHECKING, Protocol
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, TS_US, observe, with_event_time
+from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, TS_MS_UP, TS_US, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node, Transform, Union
-from airflow_provider_checkpoint.dataflow.operator import NEW
+from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -81,11 +83,6 @@ def session(gap: str) -> Windows:
     return Windows("session", gap_ms=ms)
 
 
-def _first(df: DataFrame) -> int | None:
-    row = df.first()
-    return None if row is None else row[0]  # type: ignore[no-any-return]
-
-
 def _ms(us: int | None) -> int | None:
     return None if us is None else us // 1000
 
@@ -111,7 +108,6 @@ class WindowAggregate(KeyedAggregate):
     left out until it has rows again (:func:`~airflow_provider_checkpoint.core.event_time.combine`).
     """
 
-    reads_input_once = False  # read twice: for the watermark, then for the windows
     reads_union_inputs = True  # a watermark per input of a union
 
     def __init__(
@@ -136,6 +132,7 @@ class WindowAggregate(KeyedAggregate):
         self.bounds = self._bounds(input, time_column, None if watermark is None else WatermarkSpec.of(watermark, uid))
         if idle_after is not None and len(self.bounds) < 2:
             raise PipelineDefinitionError(f"{uid}: idle_after needs several inputs (a Union as the input)")
+        self.reads_input_once = len(self.bounds) == 1  # event_time's one pass caches what the windows read
         self.idle_after_ms = None if idle_after is None else duration_ms(idle_after, f"{uid} idle_after")
         if emit not in ("final", "update"):
             raise PipelineDefinitionError(f"{uid}: emit must be 'final' or 'update', got {emit!r}")
@@ -149,6 +146,7 @@ class WindowAggregate(KeyedAggregate):
         self.late = late
         self._late_data: LateData | None = None
         self._late_rows: DataFrame | None = None
+        self._cached: tuple[Mapping[str, DataFrame], DataFrame] | None = None  # event_time's pass, by its inputs
         self.group_keys = tuple(keys)
         self.time_column, self.window, self.emit = time_column, window, emit
         self.lateness_ms = duration_ms(allowed_lateness, f"{uid} allowed_lateness")
@@ -207,19 +205,58 @@ class WindowAggregate(KeyedAggregate):
     def event_time(
         self, inputs: Mapping[str, DataFrame], before: WatermarkProgress, barrier: Barrier
     ) -> tuple[WatermarkProgress, dict[str, int]]:
-        """One pass over the input: its greatest event time, its late rows and its rows without event time;
-        over a union, one more pass per input of the union for its own greatest event time."""
+        """One pass over the input (over a union, over each of its inputs, in one job), which caches the
+        rows the windows need: the greatest event time of each input, the late rows and the rows
+        without event time."""
         from pyspark.sql import functions as F
 
-        rows = self._timed(inputs[self.inputs[0].uid], keep_nulls=True)
-        seen = observe(rows, self._late(self._latest_end(), before))
+        rows = self._increment(inputs)
+        late = self._late(self._latest_end(), before)
+        seen = {
+            row["member"]: row
+            for row in rows.groupBy(F.col("__member").alias("member"))
+            .agg(
+                F.max(TS_US).alias("top"),
+                F.count(F.when(late, 1)).alias("late"),
+                F.count(F.when(F.col(TS_US).isNull(), 1)).alias("untimed"),
+            )
+            .collect()
+        }
+        self._cached = (inputs, rows)
         counted = "late_rows_output" if self.late == "output" else "late_rows_dropped"
-        metrics = {counted: seen.late, "rows_without_event_time": seen.untimed}
+        metrics = {
+            counted: sum(int(r["late"]) for r in seen.values()),
+            "rows_without_event_time": sum(int(r["untimed"]) for r in seen.values()),
+        }
+        tops = {uid: _ms(seen[i]["top"] if i in seen else None) for i, uid in enumerate(self.bounds)}
         if len(self.bounds) == 1:
-            return before.advance(seen.top, next(iter(self.bounds.values()))), metrics
-        tops = {uid: _ms(_first(self._timed(inputs[uid]).agg(F.max(TS_US)))) for uid in self.bounds}
+            ((uid, bound),) = self.bounds.items()
+            return before.advance(tops[uid], bound), metrics
         now = round(barrier.trigger_time * 1000)
         return combine(before, tops, self.bounds, now, self.idle_after_ms), metrics
+
+    def _increment(self, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        """The rows of each input with a watermark (the inputs of a union, else the input), each tagged
+        with its index (``__member``) and its event time (nulls kept), in one cached DataFrame: only the
+        columns the windows read, unless the late rows are an output (all)."""
+        from pyspark.sql import functions as F
+
+        tagged = [
+            self._timed(inputs[uid], keep_nulls=True).drop(TS_MS_UP).withColumn("__member", F.lit(i))
+            for i, uid in enumerate(self.bounds)
+        ]
+        rows = reduce(lambda a, b: a.unionByName(b), tagged)
+        if self.late != "output":
+            rows = rows.select(*dict.fromkeys([*self.group_keys, *self.input_columns()]), TS_US, "__member")
+        return rows.persist()
+
+    def _rows(self, inputs: Mapping[str, DataFrame]) -> DataFrame:
+        """The input's rows with event time, cached by :meth:`event_time` (computed again for other inputs)."""
+        from pyspark.sql import functions as F
+
+        cached = self._cached
+        rows = cached[1] if cached is not None and cached[0] is inputs else self._increment(inputs)
+        return rows.where(F.col(TS_US).isNotNull()).drop("__member")
 
     def process_at(
         self,
@@ -229,19 +266,41 @@ class WindowAggregate(KeyedAggregate):
         before: WatermarkProgress,
         after: WatermarkProgress,
     ) -> tuple[DataFrame, DataFrame]:
+        step = self._step(inputs, state, before, after)
+        kept = step.merged.where(~step.closed).drop("__touched", NEW, "__kept")
+        if step.untouched is not None:
+            kept = kept.unionByName(step.untouched.where(~step.closed))
+        return kept.select(*state.columns), self._emitted(step, state.columns)
+
+    def changes_at(
+        self,
+        inputs: Mapping[str, DataFrame],
+        state: DataFrame,
+        barrier: Barrier,
+        before: WatermarkProgress,
+        after: WatermarkProgress,
+    ) -> tuple[DataFrame, DataFrame]:
+        """Every open window and the output; ``__changed`` marks the windows with new rows and those
+        closed (a window that opens and closes in this checkpoint is no change). Sessions: a state row of a
+        key with new rows that moved (merged into a session with other bounds) is deleted too."""
         from pyspark.sql import functions as F
 
-        timed = self._timed(inputs[self.inputs[0].uid])
-        if self.late == "output":
-            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(*EVENT_TIME_COLUMNS)
-        rows = self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
-        if self.window.kind == "session":
-            state, rows = self._sessions(state, rows)
-        merged = self._aggregated_with(state, rows).persist()  # used twice
-        closed = self._closes(after)
-        emitted = merged.where(closed if self.emit == "final" else F.col("__touched"))
-        # every state column, whatever the aggregates keep; the output without hidden ones
-        return merged.where(~closed).drop("__touched", NEW), self.output_of(emitted.drop("__touched", NEW))
+        step = self._step(inputs, state, before, after)
+        output = self._emitted(step, state.columns)
+        new, closed, touched, no = F.col(NEW), step.closed, F.col("__touched"), F.lit(False)
+        if step.untouched is None:  # windows that never merge
+            changed = (touched | closed) & ~(new & closed)
+            return step.merged.select(*state.columns, closed.alias(DELETED), NEW, changed.alias(CHANGED)), output
+        kept = F.coalesce(F.col("__kept"), no)
+        changed = (touched & ~closed) | (closed & kept)
+        changes = [
+            step.merged.select(*state.columns, closed.alias(DELETED), (~kept).alias(NEW), changed.alias(CHANGED)),
+            step.untouched.select(*state.columns, closed.alias(DELETED), no.alias(NEW), closed.alias(CHANGED)),
+        ]
+        if step.moved is not None:
+            yes = F.lit(True)
+            changes.append(step.moved.select(*state.columns, yes.alias(DELETED), no.alias(NEW), yes.alias(CHANGED)))
+        return reduce(lambda a, b: a.unionByName(b), changes), output
 
     def _timed(self, df: DataFrame, keep_nulls: bool = False) -> DataFrame:
         """``df`` with its event time (:func:`~.expiry.with_event_time`) by the time column."""
@@ -288,10 +347,55 @@ class WindowAggregate(KeyedAggregate):
 
         return self._late(F.unix_micros(WINDOW_END), after)
 
+    def _step(
+        self, inputs: Mapping[str, DataFrame], state: DataFrame, before: WatermarkProgress, after: WatermarkProgress
+    ) -> _Step:
+        """The windows this checkpoint merges: the new rows' windows open ``before`` it, aggregated with
+        their state. Sessions: only the keys with new rows are sessionized; the others' sessions are
+        left as they are (:attr:`_Step.untouched`), to be closed by ``after`` alone."""
+        from pyspark.sql import functions as F
+
+        timed = self._rows(inputs)
+        if self.late == "output":
+            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(TS_US)
+        rows = self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
+        closed = self._closes(after)
+        if self.window.kind != "session":
+            return _Step(self._aggregated_with(state, rows).persist(), closed)  # used twice
+        if self.group_keys:
+            hit = rows.select(*self.group_keys).distinct().withColumn("__hit", F.lit(True))
+            marked = (
+                state.join(other_side(hit), keys_match(self.group_keys), "left")
+                .select(*state.columns, F.col(OTHER + "__hit").isNotNull().alias("__hit"))
+                .persist()  # split in two below
+            )
+            touched, untouched = marked.where("__hit").drop("__hit"), marked.where(~F.col("__hit")).drop("__hit")
+        else:  # one key: its sessions are all touched
+            touched, untouched = state, state.where(F.lit(False))
+        olds, rows = self._sessions(touched, rows)
+        kept = {"__kept": F.max("__kept")}  # a session whose bounds a state row already had
+        merged = self._aggregated_with(olds.drop("__old_start", "__old_end"), rows, extra=kept).persist()
+        moved = (
+            olds.where(~F.col("__kept"))
+            .withColumn(WINDOW_START, F.col("__old_start"))
+            .withColumn(WINDOW_END, F.col("__old_end"))
+        )
+        return _Step(merged, closed, untouched, moved)
+
+    def _emitted(self, step: _Step, columns: Sequence[str]) -> DataFrame:
+        """The output: the windows closed (``emit="final"``, sessions of untouched keys included) or touched."""
+        from pyspark.sql import functions as F
+
+        emitted = step.merged.where(step.closed if self.emit == "final" else F.col("__touched")).select(*columns)
+        if step.untouched is not None:
+            emitted = emitted.unionByName(step.untouched.where(step.closed).select(*columns))
+        return self.output_of(emitted)
+
     def _sessions(self, state: DataFrame, rows: DataFrame) -> tuple[DataFrame, DataFrame]:
         """The open sessions and the new rows' sessions, each relabelled with the bounds of the session
         it merges into: sessions of a key that overlap or touch (a start at most the greatest end before
-        it) are one, whether they come from state or from this checkpoint."""
+        it) are one, whether they come from state or from this checkpoint. The state's rows keep their
+        own bounds (``__old_start``, ``__old_end``) and ``__kept`` says whether they are the merged one's."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
@@ -310,13 +414,35 @@ class WindowAggregate(KeyedAggregate):
             .persist()  # split in two below
         )
 
-        def side(struct: str, columns: list[str]) -> DataFrame:
+        def side(struct: str, columns: list[str], *extra: Column) -> DataFrame:
             bounds = (WINDOW_START, WINDOW_END)
             return merged.where(F.col(struct).isNotNull()).select(
-                *[F.col(c) if c in bounds else F.col(f"{struct}.{c}").alias(c) for c in columns]
+                *[F.col(c) if c in bounds else F.col(f"{struct}.{c}").alias(c) for c in columns], *extra
             )
 
-        return side("__state", state.columns), side("__row", rows.columns)
+        old_start, old_end = F.col(f"__state.{WINDOW_START}"), F.col(f"__state.{WINDOW_END}")
+        olds = side(
+            "__state",
+            state.columns,
+            ((old_start == F.col(WINDOW_START)) & (old_end == F.col(WINDOW_END))).alias("__kept"),
+            old_start.alias("__old_start"),
+            old_end.alias("__old_end"),
+        )
+        return olds, side("__row", rows.columns)
+
+
+@dataclass(frozen=True)
+class _Step:
+    """The windows of one checkpoint (:meth:`WindowAggregate._step`): ``merged``, those of the keys with new
+    rows aggregated with their state (``__touched``: with new rows; ``__new``: without a state row; sessions:
+    ``__kept``, with a state row of the same bounds); ``closed`` tells those the watermark after it closes.
+    Sessions: ``untouched``, the state's sessions of the other keys; ``moved``, state rows of touched keys
+    merged into a session with other bounds (under their own)."""
+
+    merged: DataFrame
+    closed: Column
+    untouched: DataFrame | None = None
+    moved: DataFrame | None = None
 
 
 class LateRows(Protocol):

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
 
 Process = Callable[["Mapping[str, DataFrame]", "DataFrame", Barrier], "tuple[DataFrame, DataFrame]"]
+Changes = Callable[["Mapping[str, DataFrame]", "DataFrame", Barrier], "tuple[DataFrame, DataFrame] | None"]
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,17 @@ def checkpoint_operator(
     before = (restored.event_time if restored is not None else None) or WatermarkProgress()
     timed = node.event_time(inputs, before, barrier)
     process: Process | None = None
+    changes: Changes | None = None
     if timed is not None:
         after, metrics = timed
 
         def process(inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier) -> tuple[DataFrame, DataFrame]:
             return node.process_at(inputs, state, barrier, before, after)
+
+        def changes(
+            inputs: Mapping[str, DataFrame], state: DataFrame, barrier: Barrier
+        ) -> tuple[DataFrame, DataFrame] | None:
+            return node.changes_at(inputs, state, barrier, before, after)
 
     try:
         result = _checkpoint_operator(
@@ -115,6 +122,7 @@ def checkpoint_operator(
             settings,
             where,
             process,
+            changes,
         )
     except Exception as e:  # a state file refused on the driver or in a Spark task: say which checkpoint read it
         refused = e if isinstance(e, StateFileError) else raised_in_spark(e)
@@ -139,10 +147,11 @@ def _checkpoint_operator(
     settings: CheckpointSettings,
     where: Mapping[str, object],
     process: Process | None = None,
+    changes: Changes | None = None,
 ) -> OperatorCheckpoint:
     """:func:`checkpoint_operator`; ``process`` given (event time), it runs in place of the operator's
     :meth:`~StatefulOperator.process` and of its other forms (changelog, driver merge, first state),
-    which know no watermark."""
+    which know no watermark; ``changes`` (event time too) in place of its changelog form."""
     forms = process is None
     process = process or node.process
     own = keeps_files_of(storage, restore_base)
@@ -160,6 +169,8 @@ def _checkpoint_operator(
             )
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = (node.changes(inputs, state, barrier, restored.rows) if forms else None), None
+        if changelog is None and changes is not None:
+            changelog, output = changes(inputs, state, barrier) or (None, None)
         if changelog is None:
             new_state, output = process(inputs, state, barrier)
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
