@@ -42,8 +42,8 @@ from airflow_provider_checkpoint.dataflow.expiry import (
 )
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
+from airflow_provider_checkpoint.dataflow.late_data import LateData
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
-from airflow_provider_checkpoint.dataflow.windows import LateData
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:

@@ -24,22 +24,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, TS_MS_UP, TS_US, with_event_time
-from airflow_provider_checkpoint.dataflow.graph import Node, Transform, Union
+from airflow_provider_checkpoint.dataflow.graph import Node, Union
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
+from airflow_provider_checkpoint.dataflow.late_data import LateData
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW
+from airflow_provider_checkpoint.dataflow.sessions import WINDOW_END, WINDOW_START, merge_sessions
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-
-WINDOW_START = "window_start"
-WINDOW_END = "window_end"
 
 
 @dataclass(frozen=True)
@@ -372,7 +371,7 @@ class WindowAggregate(KeyedAggregate):
             touched, untouched = marked.where("__hit").drop("__hit"), marked.where(~F.col("__hit")).drop("__hit")
         else:  # one key: its sessions are all touched
             touched, untouched = state, state.where(F.lit(False))
-        olds, rows = self._sessions(touched, rows)
+        olds, rows = merge_sessions(self.group_keys, touched, rows)
         kept = {"__kept": F.max("__kept")}  # a session whose bounds a state row already had
         merged = self._aggregated_with(olds.drop("__old_start", "__old_end"), rows, extra=kept).persist()
         moved = (
@@ -391,45 +390,6 @@ class WindowAggregate(KeyedAggregate):
             emitted = emitted.unionByName(step.untouched.where(step.closed).select(*columns))
         return self.output_of(emitted)
 
-    def _sessions(self, state: DataFrame, rows: DataFrame) -> tuple[DataFrame, DataFrame]:
-        """The open sessions and the new rows' sessions, each relabelled with the bounds of the session
-        it merges into: sessions of a key that overlap or touch (a start at most the greatest end before
-        it) are one, whether they come from state or from this checkpoint. The state's rows keep their
-        own bounds (``__old_start``, ``__old_end``) and ``__kept`` says whether they are the merged one's."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        spans = [*self.group_keys, WINDOW_START, WINDOW_END]
-        tagged = state.select(*spans, F.struct(*state.columns).alias("__state")).unionByName(
-            rows.select(*spans, F.struct(*rows.columns).alias("__row")), allowMissingColumns=True
-        )
-        order = Window.partitionBy(*self.group_keys).orderBy(WINDOW_START, WINDOW_END)
-        before = F.max(WINDOW_END).over(order.rowsBetween(Window.unboundedPreceding, -1))
-        opens = (before.isNull() | (F.col(WINDOW_START) > before)).cast("long")
-        numbered = tagged.withColumn("__session", F.sum(opens).over(order.rowsBetween(Window.unboundedPreceding, 0)))
-        same = Window.partitionBy(*self.group_keys, "__session")
-        merged = (
-            numbered.withColumn(WINDOW_START, F.min(WINDOW_START).over(same))
-            .withColumn(WINDOW_END, F.max(WINDOW_END).over(same))
-            .persist()  # split in two below
-        )
-
-        def side(struct: str, columns: list[str], *extra: Column) -> DataFrame:
-            bounds = (WINDOW_START, WINDOW_END)
-            return merged.where(F.col(struct).isNotNull()).select(
-                *[F.col(c) if c in bounds else F.col(f"{struct}.{c}").alias(c) for c in columns], *extra
-            )
-
-        old_start, old_end = F.col(f"__state.{WINDOW_START}"), F.col(f"__state.{WINDOW_END}")
-        olds = side(
-            "__state",
-            state.columns,
-            ((old_start == F.col(WINDOW_START)) & (old_end == F.col(WINDOW_END))).alias("__kept"),
-            old_start.alias("__old_start"),
-            old_end.alias("__old_end"),
-        )
-        return olds, side("__row", rows.columns)
-
 
 @dataclass(frozen=True)
 class _Step:
@@ -443,21 +403,3 @@ class _Step:
     closed: Column
     untouched: DataFrame | None = None
     moved: DataFrame | None = None
-
-
-class LateRows(Protocol):
-    """An operator with ``late="output"``: its late rows of the checkpoint it last ran."""
-
-    uid: str
-
-    def late_rows(self) -> DataFrame: ...
-
-
-class LateData(Transform):
-    """The late rows of an operator with ``late="output"`` (a :class:`WindowAggregate`'s or a
-    :class:`~.dedup.Deduplicate`'s ``late_data``), per checkpoint: an input of sinks, run in the
-    operator's step after it."""
-
-    def __init__(self, operator: LateRows) -> None:
-        assert isinstance(operator, Node)
-        super().__init__(f"{operator.uid}.late", operator, lambda _: operator.late_rows())
