@@ -297,6 +297,7 @@ class CheckpointCoordinator:
                 f"checkpoint plan of run {plan.run_id!r}: job_id {plan.job_id!r} is not job {self.storage.job_id!r}; "
                 "finalize completes only plans its own job's trigger made"
             )
+        fresh = False
         try:
             if self.store.is_completed(checkpoint_id):
                 completed = self.store.load(checkpoint_id)
@@ -308,9 +309,9 @@ class CheckpointCoordinator:
                 self.restorer.own_snapshot(completed)
             else:
                 savepoint_target(plan.options, self.allowed_roots, self.storage)
-                completed = self._complete(plan, acks, now, declines or {})
+                completed, fresh = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
-            self._finish(completed, plan.run_id, "finalize")
+            self._finish(completed, plan.run_id, "finalize", fresh=fresh)
         finally:
             self.records.release_lease(plan.run_id)
         log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
@@ -318,7 +319,8 @@ class CheckpointCoordinator:
 
     def _complete(
         self, plan: CheckpointPlan, acks: Sequence[Ack | None], now: float, declines: Mapping[str, JsonDict]
-    ) -> CompletedCheckpoint:
+    ) -> tuple[CompletedCheckpoint, bool]:
+        """The checkpoint committed, and whether this call created its ``_metadata`` (else a concurrent one did)."""
         pending = PendingCheckpoint(plan)
         for ack in acks:
             if ack is None:
@@ -359,8 +361,8 @@ class CheckpointCoordinator:
             raise CheckpointAborted(AbortReason.FINALIZE_FAILURE, why, full) from e
         if not committed:  # a concurrent finalize committed first: finish its checkpoint
             log.warning("checkpoint %d: another finalize committed _metadata first", plan.checkpoint_id)
-            return self.store.load(plan.checkpoint_id)
-        return completed
+            return self.store.load(plan.checkpoint_id), False
+        return completed, True
 
     def abort(
         self, plan: CheckpointPlan, reason: AbortReason, message: str, now: float | None = None, detail: str = ""
@@ -396,11 +398,14 @@ class CheckpointCoordinator:
         self._record(checkpoint_id, stats.aborted(checkpoint_id, reason, message, counted, now, base))
 
     # -- after the commit point ------------------------------------------------------
-    def _finish(self, completed: CompletedCheckpoint, run_id: str, by: str, commit_sinks: bool = True) -> None:
+    def _finish(
+        self, completed: CompletedCheckpoint, run_id: str, by: str, commit_sinks: bool = True, fresh: bool = False
+    ) -> None:
         """Everything after ``_metadata``; idempotent, so recovery simply runs it again.
 
         The stats record is written last, once: by run ``run_id``'s finalize, or (``by="trigger"``) by
-        the next run's trigger when finalize died before it; it names that task as the committer."""
+        the next run's trigger when finalize died before it; it names that task as the committer.
+        ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
         if commit_sinks:
             self.sink_committer.commit(completed)
         self.store.discard_channels(completed.checkpoint_id)
@@ -430,7 +435,7 @@ class CheckpointCoordinator:
             source.on_positions_retained(
                 [c.source_positions[source.uid] for c in retained if source.uid in c.source_positions]
             )
-        if not self._finished(completed.checkpoint_id):
+        if fresh or not self._finished(completed.checkpoint_id):
             committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
             self._record(completed.checkpoint_id, stats.completed(completed, committed))
 

@@ -24,6 +24,7 @@ from airflow_provider_checkpoint.core.status import AbortReason
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, MetadataError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+from airflow_provider_checkpoint.storage.object_store import read_objects
 from airflow_provider_checkpoint.storage.writes import create_exclusive
 
 log = logging.getLogger(__name__)
@@ -146,9 +147,16 @@ class CompletedCheckpointStore:
         if known is not None:
             return known
         rel = self.storage.metadata_path(checkpoint_id)
-        data = self.storage.read_if_present(rel) if rel in self._listed() or not self._final(checkpoint_id) else None
-        if data is None:
-            return None
+        data = self.storage.read_if_present(rel) if self._may_have_metadata(checkpoint_id) else None
+        return None if data is None else self._decode(checkpoint_id, data)
+
+    def _may_have_metadata(self, checkpoint_id: int) -> bool:
+        """Whether checkpoint ``checkpoint_id``'s ``_metadata`` must be asked for (it is not known to be absent)."""
+        return self.storage.metadata_path(checkpoint_id) in self._listed() or not self._final(checkpoint_id)
+
+    def _decode(self, checkpoint_id: int, data: bytes) -> CompletedCheckpoint:
+        """The ``_metadata`` ``data`` of checkpoint ``checkpoint_id``, refused unless it is that checkpoint's own."""
+        rel = self.storage.metadata_path(checkpoint_id)
         document = self.storage.url(rel)
         checkpoint = metadata.decode(data, document)
         if checkpoint.job_id != self.storage.job_id:
@@ -215,11 +223,20 @@ class CompletedCheckpointStore:
         return plan if plan.run_id == run_id else None
 
     def checkpoints(self) -> list[CompletedCheckpoint]:
-        """Every readable completed checkpoint, oldest first (unreadable ones are logged and skipped)."""
+        """Every readable completed checkpoint, oldest first (unreadable ones are logged and skipped): the
+        ``_metadata`` not read yet in this phase are read at once (on S3 concurrently, one round trip)."""
+        ids = self.checkpoint_ids()
+        unread = [i for i in ids if self._completed.get(i) is None and self._may_have_metadata(i)]
+        found = read_objects(self.storage.fs, [self.storage.path(self.storage.metadata_path(i)) for i in unread])
+        fetched = dict(zip(unread, found.values(), strict=True))
         completed = []
-        for checkpoint_id in self.checkpoint_ids():
+        for checkpoint_id in ids:
             try:
-                checkpoint = self._metadata_of(checkpoint_id)
+                if checkpoint_id in fetched:
+                    data = fetched[checkpoint_id]
+                    checkpoint = None if data is None else self._decode(checkpoint_id, data)
+                else:
+                    checkpoint = self._metadata_of(checkpoint_id)
             except (MetadataError, CheckpointStorageError) as e:
                 log.warning("skipping unreadable checkpoint %d: %s", checkpoint_id, e)
                 continue

@@ -43,6 +43,7 @@ from airflow_provider_checkpoint.storage.object_store import (
     find_prefixed,
     is_s3,
     read_object,
+    share_loader,
     with_defaults,
 )
 from airflow_provider_checkpoint.storage.paths import is_local, owned_path
@@ -99,7 +100,7 @@ class Location:
             raise CheckpointStorageError(f"no filesystem serves {shorten(url)}: {e}") from e
         if is_local(fs):
             path = posixpath.abspath(path)
-        return cls(fs, path.rstrip("/"))
+        return cls(share_loader(fs), path.rstrip("/"))
 
     def path(self, relative: str) -> str:
         """``base/relative``; a path that would leave ``base`` (``..``, absolute, a symlink out) is refused."""

@@ -66,14 +66,12 @@ def test_a_commit_stopped_half_way_completes_on_retry(
     s3_server: S3Server, sink: ParquetTableSink, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     committables = stage(sink, 4, {target(4, 0): b"zero", target(4, 1): b"one"})
-    published = table_files.publish
 
-    def crash_after_one(fs: Any, staged: str, size: int, to: str) -> None:
-        if visible(sink):
-            raise OSError("the finalize task died")
-        published(fs, staged, size, to)
+    def crash_after_one(fs: Any, moves: list[tuple[str, int, str]]) -> None:
+        table_files.publish(fs, *moves[0])
+        raise OSError("the finalize task died")
 
-    monkeypatch.setattr("airflow_provider_checkpoint.connectors.files.parquet_sink.publish", crash_after_one)
+    monkeypatch.setattr("airflow_provider_checkpoint.connectors.files.parquet_sink.publish_all", crash_after_one)
     with pytest.raises(OSError, match="died"):
         sink.commit(4, committables)
     assert not sink.is_committed(4) and len(visible(sink)) == 1

@@ -15,6 +15,7 @@ the caller's listing), and the staged files' sizes are known from writing them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 _BUCKET = "_bucket"
 DRIVER_MERGE_ROWS = 250_000
 """Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
+MERGE_THREADS = 4
+"""Buckets merged at once on an object store (each reads its old file and writes the new one: round trips)."""
 
 
 class StagedBucket(NamedTuple):
@@ -114,19 +117,28 @@ class BucketedUpsert:
         old = existing(affected.tolist())
         if not is_s3(fs):  # object stores have no directories to make
             fs.makedirs(staging, exist_ok=True)
-        staged: list[StagedBucket] = []
-        for b, start, count in zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True):
+
+        def merge(b: int, start: int, count: int) -> StagedBucket | None:
             out = f"{staging}/{bucket_file(b)}"
             with bucket_merge.open_parquet(fs, *old[b]) if b in old else nullcontext() as reader:
                 if reader is not None and not bucket_merge.mergeable(reader.schema_arrow, written.schema):
-                    if fs.exists(staging):  # Spark writes a new directory
-                        fs.rm(staging, recursive=True)
                     return None
                 rows = changed.slice(start, count)
                 merged, size = bucket_merge.merge_bucket(fs, reader, rows, self.keys, out, self.delete_when)
-            staged.append(StagedBucket(b, out, merged, size))
+            return StagedBucket(b, out, merged, size)
+
+        buckets = list(zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True))
+        if is_s3(fs) and len(buckets) > 1:  # each bucket's read and write are round trips: overlap them
+            with ThreadPoolExecutor(min(len(buckets), MERGE_THREADS)) as pool:
+                staged = list(pool.map(lambda bucket: merge(*bucket), buckets))
+        else:
+            staged = [merge(*bucket) for bucket in buckets]
+        if any(bucket is None for bucket in staged):
+            if fs.exists(staging):  # Spark writes a new directory
+                fs.rm(staging, recursive=True)
+            return None
         ctx.add_metric("sink_rows", changed.num_rows)
-        return staged
+        return [bucket for bucket in staged if bucket is not None]
 
     def _merge_in_spark(
         self,

@@ -21,7 +21,7 @@ import posixpath
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_checkpoint.storage.object_store import delete_listed, is_s3, read_object
+from airflow_provider_checkpoint.storage.object_store import call_s3_each, delete_listed, is_s3, read_object
 from airflow_provider_checkpoint.storage.paths import is_local
 
 Listing = dict[str, int]
@@ -74,6 +74,23 @@ def publish(fs: AbstractFileSystem, staged: str, size: int, target: str) -> None
         fs.call_s3("copy_object", Bucket=to_bucket, Key=to_key, CopySource={"Bucket": bucket, "Key": key})
     else:
         fs.copy(staged, target)
+
+
+def publish_all(fs: AbstractFileSystem, moves: list[tuple[str, int, str]]) -> None:
+    """:func:`publish` each ``(staged, size, target)`` of ``moves``, in order: on S3, when the targets differ,
+    the copies run concurrently (:func:`.object_store.call_s3_each`), each atomic for readers as one copy is;
+    all have ended when it returns."""
+    targets = {target for _, _, target in moves}
+    if not is_s3(fs) or len(targets) < max(len(moves), 2) or any(size > COPY_OBJECT_BYTES for _, size, _ in moves):
+        for staged, size, target in moves:
+            publish(fs, staged, size, target)
+        return
+    requests = []
+    for staged, _, target in moves:
+        bucket, key, _ = fs.split_path(staged)
+        to_bucket, to_key, _ = fs.split_path(target)
+        requests.append({"Bucket": to_bucket, "Key": to_key, "CopySource": {"Bucket": bucket, "Key": key}})
+    call_s3_each(fs, "copy_object", requests)
 
 
 def delete_tree(fs: AbstractFileSystem, directory: str, listing: Listing, owner: str) -> None:

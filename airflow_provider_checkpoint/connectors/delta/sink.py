@@ -220,10 +220,9 @@ class DeltaTableSink(DeltaCommitter):
             assert existing is not None  # the layout came from a table
             existing.alter.set_table_properties({_DV_PROPERTY: "true"})  # a table of an earlier version of the sink
         fs, root = self._fs()
-        staging = self.table().path(self.staging_name(ctx))
-        if fs.exists(staging):
-            fs.rm(staging, recursive=True)
-        return fs, root, staging
+        directory = self.table()
+        directory.delete(self.staging_name(ctx))  # an earlier try's files; on S3 one listing when there are none
+        return fs, root, directory.path(self.staging_name(ctx))
 
     def _adds(
         self,

@@ -40,7 +40,7 @@ from airflow_provider_checkpoint.connectors.base.bucketed import (
     check_buckets,
 )
 from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_input_columns, check_mode
-from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish, read_document
+from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish_all, read_document
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_delete_column,
@@ -275,10 +275,8 @@ class ParquetTableSink(TableDirectorySink):
         what = f"staged file of sink {self.uid}"
         refuse_links(table.fs, staging, list(staged_files), what)  # a link anywhere in the staging: refused
         refuse_links(table.fs, table.path(parked), [p for s, p, _ in resolved if s not in staged_files], what)
-        for staged, parked_file, target in resolved:
-            source = staged if staged in staged_files else parked_file
-            if source in listed:
-                publish(table.fs, source, listed[source], target)
+        sources = [(staged if staged in staged_files else parked, target) for staged, parked, target in resolved]
+        publish_all(table.fs, [(source, listed[source], target) for source, target in sources if source in listed])
         log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves], "commit_time": time.time()}
         table.write_atomic(self._commit_log(checkpoint_id), json.dumps(log).encode())
         self._logged[checkpoint_id] = log

@@ -1,0 +1,92 @@
+"""A whole small checkpoint on a real S3 server (SeaweedFS, every request logged): trigger, the step
+(FileSource → KeyedAggregate → ParquetTableSink upsert and DeltaTableSink append) and finalize make at
+most :data:`REQUESTS` requests, the same number late as early, and the table holds what pandas computes.
+
+The budget is the count of ``scripts/bench/objectstore.py``'s small pipeline in one process (that
+benchmark runs each checkpoint in a fresh process, which adds the first-contact ``HeadBucket``);
+docs/benchmarks.md lists each request. A change that adds a request fails here: take it out, or
+raise the budget there and here with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pytest
+
+from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource, KeyedAggregate, ParquetTableSink
+from airflow_provider_checkpoint.dataflow.graph import collecting
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.testing.inprocess import Job
+from tests.s3.s3_job import s3fs_of
+from tests.servers.s3 import AccessLog, S3Server
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+REQUESTS = 71
+"""Requests of each of checkpoints 2 to 4 of the small pipeline: at most this (checkpoint 4 makes the most)."""
+SCHEMA = "user STRING, page STRING, ts LONG"
+AGGS = {"events": "count", "first_seen": "min(ts)", "last_seen": "max(ts)"}
+
+
+def events(checkpoint: int) -> pd.DataFrame:
+    """Increment ``checkpoint``: 300 events of 200 users (every bucket of the upsert table changes)."""
+    rng = random.Random(checkpoint)
+    return pd.DataFrame(
+        {
+            "user": [f"u{rng.randrange(200):03d}" for _ in range(300)],
+            "page": [f"p{rng.randrange(9)}" for _ in range(300)],
+            "ts": [1_700_000_000_000 + 1000 * checkpoint + i for i in range(300)],
+        }
+    )
+
+
+def test_a_small_checkpoint_on_s3_makes_few_requests_and_no_more_as_the_job_ages(
+    spark: SparkSession, logged_s3: tuple[S3Server, AccessLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, access = logged_s3
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    root = server.url(f"small-{uuid.uuid4().hex[:8]}")
+    with collecting() as nodes:
+        totals = KeyedAggregate("totals", FileSource("events", f"{root}/landing", "json", SCHEMA), ["user"], AGGS)
+        ParquetTableSink("table", totals, f"{root}/parquet", "upsert", ["user"])
+        DeltaTableSink("delta", totals, f"{root}/delta", "append")
+    graph = PipelineGraph(nodes)
+    storage = JobStorage.for_job(f"{root}/checkpoints", "job")
+    coordinator = CheckpointCoordinator(storage, graph, CheckpointSettings(retained_checkpoints=3), None, None)
+    job = Job(spark, tmp_path, graph, storage, coordinator)
+    fs = s3fs_of(server)
+    landed = []
+    counts = {}
+    for checkpoint in range(1, 5):
+        landed.append(events(checkpoint))
+        fs.pipe_file(
+            f"{root.removeprefix('s3://')}/landing/inc-{checkpoint}.json",
+            landed[-1].to_json(orient="records", lines=True).encode(),
+        )
+        access.since()
+        job.checkpoint()
+        # the server may log the PUT that landed the input after the window opened: the job puts nothing there
+        counts[checkpoint] = sum(not (r.kind == "PUT" and "/landing/" in r.path) for r in access.since())
+    by_user = pd.concat(landed).groupby("user")
+    truth = by_user.agg(events=("ts", "size"), first_seen=("ts", "min"), last_seen=("ts", "max"))
+    table = ds.dataset(f"{root.removeprefix('s3://')}/parquet", format="parquet", filesystem=fs).to_table().to_pandas()
+    got = table.set_index("user")[list(truth.columns)].sort_index()
+    pd.testing.assert_frame_equal(got, truth.sort_index(), check_dtype=False)
+    late = [counts[c] for c in (2, 3, 4)]
+    assert max(late) <= REQUESTS, counts
+    # checkpoint 3 reads one more kept state delta than 2, checkpoint 4 two more, and its retention has
+    # a first checkpoint to delete (one bulk request): nothing else grows with the job's age
+    assert counts[4] - counts[2] <= 3, counts
