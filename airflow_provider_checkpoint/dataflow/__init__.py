@@ -17,9 +17,9 @@ from airflow_provider_checkpoint.core.keyed_process import (
     ValueState,
 )
 from airflow_provider_checkpoint.core.ttl import TTL
+from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
 from airflow_provider_checkpoint.dataflow.graph import (
-    Channel,
     Node,
     Sink,
     Source,

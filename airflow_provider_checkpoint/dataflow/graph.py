@@ -33,7 +33,8 @@ def redact_url(url: str) -> str:
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*:[^/@]*@", r"\1", url)
 
 
-def _step_name(uid: str, step: str | None) -> str | None:
+def step_name(uid: str, step: str | None) -> str | None:
+    """``step``, the name of the step (Airflow task) a node runs in, if it looks like a uid."""
     if step is not None and not _UID.match(step):
         raise PipelineDefinitionError(f"{uid}: step name {step!r} must look like a uid")
     return step
@@ -247,7 +248,7 @@ class Sink(Node):
 
     def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
         super().__init__(uid, [input])
-        self.step = _step_name(uid, step)
+        self.step = step_name(uid, step)
 
     def bind_job(self, job_id: str) -> None:
         """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
@@ -372,37 +373,6 @@ class Sink(Node):
         and its dead letters'): ``delta_version``, ``commit_time`` (seconds since the epoch) where the sink
         knows them. Read after the commit; informational (empty when the sink records nothing)."""
         return {}
-
-
-class Channel(Node):
-    """A step boundary: everything upstream runs in one step, which stages this node's records
-    for checkpoint N as a channel; steps downstream read exactly that channel.
-
-    The producing step is named by ``step`` (default ``step_<uid>``). A downstream step
-    depends on it in the DAG, and its retry reuses the channel instead of re-running the
-    upstream step (region failover). A step reading channels of several upstream steps
-    aligns on the channels of the same checkpoint from all of them.
-    """
-
-    kind = "channel"
-
-    job_id: str | None = None
-    """The job this sink writes for, once bound (:meth:`bind_job`)."""
-
-    def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
-        super().__init__(uid, [input])
-        self.step = _step_name(uid, step)
-
-    def bind_job(self, job_id: str) -> None:
-        """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
-        target's stored claim says is checked against it, never used in its place."""
-        self.job_id = job_id
-
-    def unique_keys(self) -> tuple[str, ...] | None:
-        return self.inputs[0].unique_keys()
-
-    def deletes_column(self) -> str | None:
-        return self.inputs[0].deletes_column()
 
 
 # -- declaration context --------------------------------------------------------------

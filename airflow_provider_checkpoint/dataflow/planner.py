@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.graph import (
-    Channel,
     Node,
     Sink,
     Source,

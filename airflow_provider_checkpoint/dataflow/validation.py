@@ -4,7 +4,7 @@
 read by :mod:`.schema_ddl`) through every operator whose output columns its definition fixes
 (a :class:`~.stateful.KeyedAggregate`: keys and aggregates; a :class:`~.windows.WindowAggregate`: keys,
 time column and aggregates, then the window's bounds; a :class:`~.graph.Union`; a
-:class:`~.graph.Channel`; :class:`~.multi_input.DimensionEnrichment` and
+:class:`~.channel.Channel`; :class:`~.multi_input.DimensionEnrichment` and
 :class:`~.multi_input.IntervalJoin`), and reports every column a node names that its input
 does not have: keys, aggregated columns, ``sequence_by``, sink keys and partition columns, a
 dimension's version and columns, interval-join times, on every input of a multi-input
@@ -24,8 +24,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_checkpoint.core.event_time import WatermarkSpec
+from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
-from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, Union
+from airflow_provider_checkpoint.dataflow.graph import Node, Sink, Source, Union
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
 from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointType
 from airflow_provider_checkpoint.core.reasons import reason
-from airflow_provider_checkpoint.dataflow.graph import Channel, Node, Sink, Source, Transform, Union
+from airflow_provider_checkpoint.dataflow.channel import Channel
+from airflow_provider_checkpoint.dataflow.graph import Node, Sink, Source, Transform, Union
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkClaimedError
 from airflow_provider_checkpoint.spark.runner import StepWalk

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.context import StepContext
 from airflow_provider_checkpoint.dataflow.graph import (
-    Channel,
     Node,
     Sink,
     Source,

@@ -192,7 +192,7 @@ def test_sinks_with_the_same_step_name_run_in_one_step() -> None:
 
 
 def test_a_channel_splits_the_graph_into_dependent_steps() -> None:
-    from airflow_provider_checkpoint.dataflow.graph import Channel
+    from airflow_provider_checkpoint.dataflow.channel import Channel
 
     with collecting() as nodes:
         src = Source("events")
@@ -210,7 +210,7 @@ def test_a_channel_splits_the_graph_into_dependent_steps() -> None:
 
 
 def test_steps_that_read_each_others_channels_are_refused() -> None:
-    from airflow_provider_checkpoint.dataflow.graph import Channel
+    from airflow_provider_checkpoint.dataflow.channel import Channel
 
     with collecting() as nodes:
         src = Source("events")

@@ -21,7 +21,8 @@ from airflow_provider_checkpoint.dataflow import (
     Transform,
     Union,
 )
-from airflow_provider_checkpoint.dataflow.graph import Channel, Node, collecting
+from airflow_provider_checkpoint.dataflow.channel import Channel
+from airflow_provider_checkpoint.dataflow.graph import Node, collecting
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
 from airflow_provider_checkpoint.dataflow.validation import Problem, validate_pipeline
