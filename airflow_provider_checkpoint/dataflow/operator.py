@@ -48,7 +48,20 @@ class StatefulOperator(Node):
         self.max_parallelism = max_parallelism
 
     def describe(self) -> JsonDict:
-        return {**super().describe(), "keys": list(self.keys), "max_parallelism": self.max_parallelism}
+        declared = self.state_declaration()
+        return {
+            **super().describe(),
+            "keys": list(self.keys),
+            "max_parallelism": self.max_parallelism,
+            **({"state": declared} if declared else {}),
+        }
+
+    def state_declaration(self) -> dict[str, str]:
+        """What the stored state means beyond its keys: the settings that, changed, would have the state
+        read wrongly (a window's size, an aggregate, the clock of a TTL), each as a short text. Each
+        snapshot records it, and a checkpoint continuing or restoring a snapshot whose declaration
+        differs is refused before any effect (:func:`~.restore.snapshot.check_compatible`)."""
+        return {}
 
     def upstream_watermark(self) -> WatermarkSpec | None:
         """``None``: a stateful operator ends the watermark of the records it reads."""

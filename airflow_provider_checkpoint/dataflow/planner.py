@@ -180,3 +180,7 @@ class PipelineGraph:
     def stateful_keys(self) -> dict[str, tuple[str, ...]]:
         """Stateful operator uid → its key columns."""
         return {uid: n.keys for uid, n in self.nodes.items() if isinstance(n, StatefulOperator)}
+
+    def state_declarations(self) -> dict[str, dict[str, str]]:
+        """Stateful operator uid → its :meth:`~.StatefulOperator.state_declaration`."""
+        return {uid: n.state_declaration() for uid, n in self.nodes.items() if isinstance(n, StatefulOperator)}

@@ -139,6 +139,13 @@ class KeyedAggregate(StatefulOperator):
             described["watermark"] = [self.ttl_watermark.column, self.ttl_watermark.bound_ms]
         return described
 
+    def state_declaration(self) -> dict[str, str]:
+        """Each aggregate's spec (its state columns' meaning) and the clock of the TTL (its expiry times')."""
+        return {
+            **{f"aggregate {out}": agg.spec() for out, agg in self.aggs.items()},
+            "ttl": "none" if self.ttl is None else f"by {self.ttl.time} time",
+        }
+
     def _partial(self, input: DataFrame, *by: str) -> DataFrame:
         """The state columns of ``input``'s rows per key (grouped by the columns ``by`` too)."""
         return input.groupBy(*by, *self.keys).agg(*[e for agg in self.aggs.values() for e in agg.partial()])

@@ -198,6 +198,10 @@ class WindowAggregate(KeyedAggregate):
             **({"late": self.late} if self.late != "drop" else {}),
         }
 
+    def state_declaration(self) -> dict[str, str]:
+        """The aggregates' and the windows': a window in state is only one of this size (or gap)."""
+        return {**super().state_declaration(), "window": self.window.describe()}
+
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         return spark.createDataFrame([], self._partial(self._assigned(self._timed(inputs[self.inputs[0].uid]))).schema)
 

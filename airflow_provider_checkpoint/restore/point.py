@@ -49,7 +49,9 @@ class Restorer:
         request = JobRecordStore(self.storage).load_restore_request()
         if request is None:
             return None if latest is None else (self.own_snapshot(latest), None)
-        snapshot = open_restore_snapshot(request, self.allowed_roots, self.storage, self.graph.stateful_keys())
+        snapshot = open_restore_snapshot(
+            request, self.allowed_roots, self.storage, self.graph.stateful_keys(), self.graph.state_declarations()
+        )
         restored = snapshot.checkpoint
         self.sink_committer.check(restored.checkpoint_id, restored.sinks, snapshot.location.url(METADATA))
         return snapshot, request
@@ -57,7 +59,9 @@ class Restorer:
     def own_snapshot(self, completed: CompletedCheckpoint) -> Snapshot:
         """A checkpoint in this job's directory, refused unless compatible with the deployed operators."""
         snapshot = Snapshot(completed, self.storage.checkpoint_location(completed.checkpoint_id), self.storage)
-        check_compatible(snapshot, self.storage.job_id, self.graph.stateful_keys(), False)
+        check_compatible(
+            snapshot, self.storage.job_id, self.graph.stateful_keys(), False, self.graph.state_declarations()
+        )
         return snapshot
 
     def restore_point(self, source: RestoreSource | None, options: JsonDict) -> RestorePoint | None:

@@ -104,7 +104,8 @@ def request_restore(storage: JobStorage, pointer: str, allow_non_restored_state:
         raise RestoreError(
             f"job {storage.job_id} has no recorded topology in {storage.url(JOB_FILE)}: has it ever run here?"
         )
-    starting_empty = check_compatible(snapshot, storage.job_id, stateful, allow_non_restored_state)
+    declared = {uid: n["state"] for uid, n in nodes.items() if uid in stateful and isinstance(n.get("state"), dict)}
+    starting_empty = check_compatible(snapshot, storage.job_id, stateful, allow_non_restored_state, declared)
     cp = snapshot.checkpoint
     for uid, committables in sorted(cp.sinks.items()):
         node = nodes.get(uid, {})

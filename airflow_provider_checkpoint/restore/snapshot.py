@@ -101,12 +101,13 @@ def open_restore_snapshot(
     allowed_roots: Sequence[str],
     storage: JobStorage,
     stateful_keys: Mapping[str, Sequence[str]],
+    declarations: Mapping[str, Mapping[str, str]],
 ) -> Snapshot:
     """The snapshot ``request`` names: confined to ``allowed_roots``, opened beside the job's ``storage``, its
     state files verified, and compatible with the job's stateful operators (:func:`check_compatible`)."""
     snapshot = open_snapshot(resolve_under_roots(request.location_url, allowed_roots), storage)
     snapshot.verify()
-    check_compatible(snapshot, storage.job_id, stateful_keys, request.allow_non_restored_state)
+    check_compatible(snapshot, storage.job_id, stateful_keys, request.allow_non_restored_state, declarations)
     return snapshot
 
 
@@ -115,12 +116,15 @@ def check_compatible(
     job_id: str,
     stateful_keys: Mapping[str, Sequence[str]],
     allow_non_restored_state: bool,
+    declarations: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[str]:
-    """Validate ``snapshot`` against the job's stateful operators (uid → key columns).
+    """Validate ``snapshot`` against the job's stateful operators (uid → key columns, and uid → the
+    operator's :meth:`~.StatefulOperator.state_declaration` for the operators whose declaration is known).
 
     Returns the uids that start with empty state; raises :class:`RestoreError` when the
-    snapshot belongs to another job, keys changed, or it holds state for an operator the
-    pipeline no longer has (unless ``allow_non_restored_state``).
+    snapshot belongs to another job, keys changed, a state declaration changed (an entry the
+    snapshot records with another text, or that the pipeline no longer declares), or it holds
+    state for an operator the pipeline no longer has (unless ``allow_non_restored_state``).
     """
     cp = snapshot.checkpoint
     problems = []
@@ -137,6 +141,26 @@ def check_compatible(
             problems.append(
                 f"operator {uid!r} is keyed by {list(stateful_keys[uid])} but its state by {list(state.keys)}"
             )
+        elif declarations is not None and uid in declarations:
+            problems += _declaration_changes(uid, dict(state.declaration), declarations[uid])
     if problems:
         raise RestoreError(f"cannot restore {snapshot.location.url()}: " + "; ".join(problems))
     return sorted(set(stateful_keys) - set(cp.operators))
+
+
+def _declaration_changes(uid: str, stored: Mapping[str, str], declared: Mapping[str, str]) -> list[str]:
+    """What of operator ``uid``'s state declaration changed since its state was written, with the ways on."""
+    changed = [
+        f"{name} {text!r} (the pipeline declares {declared[name]!r})"
+        if name in declared
+        else f"{name} {text!r} (the pipeline declares none)"
+        for name, text in sorted(stored.items())
+        if declared.get(name) != text
+    ]
+    if not changed:
+        return []
+    return [
+        f"the state of operator {uid!r} was written with {', '.join(changed)}, and would be read wrongly: "
+        f"deploy the definition it was written with, or give the operator a new uid to start it empty "
+        "(restore with allow_non_restored_state to drop the old state)"
+    ]

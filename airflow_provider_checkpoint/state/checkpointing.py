@@ -129,9 +129,10 @@ def checkpoint_operator(
         if not isinstance(refused, StateFileError):
             raise
         raise StateFileError(f"checkpoint {checkpoint_id}, reading the state of {node.uid!r}: {refused}") from e
+    declared = replace(result.snapshot, declaration=tuple(sorted(node.state_declaration().items())))
     if timed is None:
-        return result
-    return replace(result, snapshot=replace(result.snapshot, event_time=after), metrics={**result.metrics, **metrics})
+        return replace(result, snapshot=declared)
+    return replace(result, snapshot=replace(declared, event_time=after), metrics={**result.metrics, **metrics})
 
 
 def _checkpoint_operator(

@@ -150,6 +150,8 @@ class OperatorSnapshot:
     ``max_parallelism`` the number of key groups the keys are hashed into. The state is
     either in files (``handles``) or, when small, ``inline`` (then ``handles`` is empty).
     ``event_time``: the watermark the operator reached, when it has an event-time input.
+    ``declaration``: what the state means beyond its keys (:meth:`~.StatefulOperator.state_declaration`),
+    as ``(name, text)`` pairs; empty in snapshots written before it was recorded.
     """
 
     handles: tuple[StateHandle, ...]
@@ -159,6 +161,7 @@ class OperatorSnapshot:
     rows: int = 0
     inline: InlineState | None = None
     event_time: WatermarkProgress | None = None
+    declaration: tuple[tuple[str, str], ...] = ()
 
     @property
     def size(self) -> int:
@@ -176,6 +179,8 @@ class OperatorSnapshot:
             d["inline"] = self.inline.to_dict()
         if self.event_time is not None:
             d["event_time"] = self.event_time.to_dict()
+        if self.declaration:
+            d["declaration"] = dict(self.declaration)
         return d
 
     @classmethod
@@ -205,7 +210,16 @@ class OperatorSnapshot:
             event_time=WatermarkProgress.from_dict(f.raw["event_time"], document, f.name("event_time"))
             if f.has("event_time")
             else None,
+            declaration=_declaration(f),
         )
+
+
+def _declaration(f: Fields) -> tuple[tuple[str, str], ...]:
+    """``declaration``: an object of at most 1000 entries, names and texts of at most 1000 characters."""
+    raw = f.data("declaration", default={})
+    if len(raw) > 1000 or not all(isinstance(v, str) and 0 < len(k) <= 1000 and len(v) <= 1000 for k, v in raw.items()):
+        raise f.error("declaration", "must map at most 1000 names to texts of at most 1000 characters")
+    return tuple(sorted(raw.items()))
 
 
 @dataclass(frozen=True)

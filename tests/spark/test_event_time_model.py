@@ -24,24 +24,29 @@ CI runs the fixed seed below; ``EVENT_TIME_SEEDS=1,2,3``, ``EVENT_TIME_EXAMPLES`
 from __future__ import annotations
 
 import copy
-import datetime
-import json
 import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from airflow_provider_checkpoint.dataflow import FileSource, ParquetTableSink, WindowAggregate, session, sliding
-from airflow_provider_checkpoint.restore.requests import request_restore
-from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
-from tests.spark.helpers import table as parquet_table
+from tests.spark.event_time_machine import (
+    EPOCH_MS,
+    MINUTE,
+    Aggs,
+    Row,
+    add,
+    land,
+    merged_sessions,
+    request_restore_to,
+    table,
+)
 from tests.spark.sink_machine import _diff, run_machine
 from tests.spark.sink_model import scratch_root
 
@@ -52,15 +57,8 @@ EXAMPLES = int(os.environ.get("EVENT_TIME_EXAMPLES", "1"))
 STEPS = int(os.environ.get("EVENT_TIME_STEPS", "10"))
 SHRINK = os.environ.get("EVENT_TIME_SHRINK", "1") != "0"
 
-MINUTE = 60_000
 BOUND, SIZE, SLIDE, GAP = 10 * MINUTE, 10 * MINUTE, 5 * MINUTE, 5 * MINUTE
 SLIDING_LATENESS, SESSION_LATENESS = 5 * MINUTE, 3 * MINUTE
-EPOCH_MS = int(datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC).timestamp() * 1000)
-"""Where the clock of the landed rows starts."""
-Row = tuple[str | None, int | None, int]
-"""``(user, ts in ms since the epoch or None, amount)``."""
-Aggs = tuple[int, int, int]
-"""count, sum and max of ``amount``."""
 FILES = st.integers(0, 2**32 - 1)
 """A checkpoint's files, drawn from a seed (rich data from the first example on, which Hypothesis draws small)."""
 
@@ -92,14 +90,6 @@ def declare(base: Path) -> None:
         allowed_lateness="3 minutes",
     )
     ParquetTableSink("sessions_out", sessions, f"{base}/sessions", "append", step="windows")  # one step
-
-
-def add(aggs: Aggs | None, amount: int) -> Aggs:
-    return (1, amount, amount) if aggs is None else (aggs[0] + 1, aggs[1] + amount, max(aggs[2], amount))
-
-
-def combine(a: Aggs, b: Aggs) -> Aggs:
-    return (a[0] + b[0], a[1] + b[1], max(a[2], b[2]))
 
 
 @dataclass
@@ -149,23 +139,6 @@ class Operators:
         return updated, emitted, dropped
 
 
-def merged_sessions(
-    sessions: dict[tuple[str | None, int, int], Aggs], new: tuple[str | None, int, int], aggs: Aggs
-) -> dict[tuple[str | None, int, int], Aggs]:
-    """``sessions`` with ``new`` added: every session of its user that overlaps or touches it merges with it."""
-    user, start, end = new
-    kept = dict(sessions)
-    changed = True
-    while changed:
-        changed = False
-        for key in list(kept):
-            if key[0] == user and key[1] <= end and start <= key[2]:
-                aggs = combine(aggs, kept.pop(key))
-                start, end, changed = min(start, key[1]), max(end, key[2]), True
-    kept[(user, start, end)] = aggs
-    return kept
-
-
 @dataclass
 class Model:
     """The files, what each completed checkpoint had read and held, and what the tables hold."""
@@ -197,16 +170,6 @@ class Model:
         self.sessions.extend(emitted)
         self.read = len(self.files)
         self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operators), list(self.sessions))
-
-
-def table(path: Path) -> list[tuple[Any, ...]]:
-    """A table's rows as ``(user, start ms, end ms, n, total, top)``, sorted, as pyarrow reads it."""
-    got = parquet_table(path)
-    if got.empty:
-        return []
-    ms = {c: pd.to_datetime(got[c], utc=True).dt.as_unit("ms").astype("int64") for c in ("window_start", "window_end")}
-    rows = zip(got["user"], ms["window_start"], ms["window_end"], got["n"], got["total"], got["top"], strict=True)
-    return sorted(((None if pd.isna(u) else u, *map(int, rest)) for u, *rest in rows), key=repr)
 
 
 @dataclass
@@ -242,10 +205,7 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
                 amount = rng.randrange(1, 10)
                 ts = self.clock + rng.randrange(-40, 6) * MINUTE + 30_000 * (amount % 2)
                 rows.append((rng.choice([None, "a", "b"]), None if rng.randrange(15) == 0 else ts, amount))
-            name = self.base / "landing" / f"f{len(self.model.files):04d}.json"
-            hidden = name.with_name("." + name.name)
-            hidden.write_text("".join(json.dumps({"user": u, "ts": _iso(ts), "amount": a}) + "\n" for u, ts, a in rows))
-            hidden.rename(name)
+            land(self.base / "landing" / f"f{len(self.model.files):04d}.json", rows)
             self.model.files.append(rows)
 
         @rule(seed=FILES, savepoint=st.booleans())
@@ -283,12 +243,7 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
         @precondition(lambda self: self.model.restore is None and bool(self.model.completed))
         @rule(pick=st.integers(0, 7))
         def restore(self, pick: int) -> None:
-            store = CompletedCheckpointStore(self.job.storage)
-            retained = {c: self.job.storage.url(self.job.storage.chk_dir(c)) for c in store.completed_ids()}
-            targets = sorted({**retained, **self.savepoints}.items())
-            checkpoint_id, url = targets[pick % len(targets)]
-            request_restore(self.job.storage, url, False, False)
-            self.model.restore = checkpoint_id
+            self.model.restore = request_restore_to(self.job, self.savepoints, pick)
             tally.restores += 1
 
         @invariant()
@@ -303,10 +258,6 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             assert got == sessions, f"sessions: {_diff(got, sessions)}"
 
     return EventTimeMachine
-
-
-def _iso(ts: int | None) -> str | None:
-    return None if ts is None else datetime.datetime.fromtimestamp(ts / 1000, datetime.UTC).isoformat()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
