@@ -42,7 +42,7 @@ from airflow_provider_checkpoint.dataflow.expiry import (
 )
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
-from airflow_provider_checkpoint.dataflow.late_data import LateData
+from airflow_provider_checkpoint.dataflow.late_data import LateOutput
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
-class Deduplicate(StatefulOperator):
+class Deduplicate(LateOutput, StatefulOperator):
     """The first row of each key within ``within`` of its event time; see the module.
 
     ``watermark=("ts", "10 minutes")``: the event-time column (a timestamp) and its bound of
@@ -77,8 +77,6 @@ class Deduplicate(StatefulOperator):
         if late not in ("drop", "output"):
             raise PipelineDefinitionError(f"{uid}: late must be 'drop' or 'output', got {late!r}")
         self.late = late
-        self._late_data: LateData | None = None
-        self._late_rows: DataFrame | None = None
         if (within is None) == (ttl is None):
             raise PipelineDefinitionError(
                 f"{uid}: give within= (event time, e.g. '1 day') or ttl= (processing time), one of them"
@@ -109,21 +107,6 @@ class Deduplicate(StatefulOperator):
             "watermark": [self.watermark.column, self.watermark.bound_ms],
             **({"late": self.late} if self.late != "drop" else {}),
         }
-
-    @property
-    def late_data(self) -> LateData:
-        """The late rows of each checkpoint (``late="output"``), as they came; give it to a sink."""
-        if self.late != "output":
-            raise PipelineDefinitionError(f"{self.uid}: late_data needs late='output'")
-        if self._late_data is None:
-            self._late_data = LateData(self)
-        return self._late_data
-
-    def late_rows(self) -> DataFrame:
-        """The late rows of the checkpoint :meth:`process_at` last ran."""
-        if self._late_rows is None:
-            raise PipelineDefinitionError(f"{self.uid}: its late rows are read before the operator ran")
-        return self._late_rows
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         from pyspark.sql import functions as F

@@ -31,7 +31,7 @@ from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, TS_MS_UP, TS_US, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node, Union
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
-from airflow_provider_checkpoint.dataflow.late_data import LateData
+from airflow_provider_checkpoint.dataflow.late_data import LateOutput
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW
 from airflow_provider_checkpoint.dataflow.sessions import WINDOW_END, WINDOW_START, merge_sessions
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
@@ -91,7 +91,7 @@ def _positive(ms: int, what: str) -> None:
         raise PipelineDefinitionError(f"{what} must be positive")
 
 
-class WindowAggregate(KeyedAggregate):
+class WindowAggregate(LateOutput, KeyedAggregate):
     """Keyed aggregates (``aggs`` as :class:`KeyedAggregate` takes them) per event-time window.
 
     ``time_column`` is a timestamp column of the input; ``watermark=(time_column, "10 minutes")``
@@ -143,8 +143,6 @@ class WindowAggregate(KeyedAggregate):
         if late not in ("drop", "output"):
             raise PipelineDefinitionError(f"{uid}: late must be 'drop' or 'output', got {late!r}")
         self.late = late
-        self._late_data: LateData | None = None
-        self._late_rows: DataFrame | None = None
         self._cached: tuple[Mapping[str, DataFrame], DataFrame] | None = None  # event_time's pass, by its inputs
         self.group_keys = tuple(keys)
         self.time_column, self.window, self.emit = time_column, window, emit
@@ -169,22 +167,6 @@ class WindowAggregate(KeyedAggregate):
                 )
             bounds[member.uid] = spec.bound_ms
         return bounds
-
-    @property
-    def late_data(self) -> LateData:
-        """The late rows of each checkpoint (``late="output"``): the input's rows none of whose windows
-        was open, as they came; declare it inside the pipeline and give it to a sink."""
-        if self.late != "output":
-            raise PipelineDefinitionError(f"{self.uid}: late_data needs late='output'")
-        if self._late_data is None:
-            self._late_data = LateData(self)
-        return self._late_data
-
-    def late_rows(self) -> DataFrame:
-        """The late rows of the checkpoint :meth:`process_at` last ran."""
-        if self._late_rows is None:
-            raise PipelineDefinitionError(f"{self.uid}: its late rows are read before the operator ran")
-        return self._late_rows
 
     def describe(self) -> dict[str, object]:
         several = len(self.bounds) > 1
