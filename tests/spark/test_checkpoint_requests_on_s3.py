@@ -59,12 +59,16 @@ def test_a_small_checkpoint_on_s3_makes_few_requests_and_no_more_as_the_job_ages
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)
     root = server.url(f"small-{uuid.uuid4().hex[:8]}")
+    # this server's options given, not only its environment: fsspec reuses a filesystem made with the same
+    # arguments, which in this process may reach the session's other S3 server
+    options = server.storage_options()
     with collecting() as nodes:
-        totals = KeyedAggregate("totals", FileSource("events", f"{root}/landing", "json", SCHEMA), ["user"], AGGS)
-        ParquetTableSink("table", totals, f"{root}/parquet", "upsert", ["user"])
-        DeltaTableSink("delta", totals, f"{root}/delta", "append")
+        landing = FileSource("events", f"{root}/landing", "json", SCHEMA, storage_options=options)
+        totals = KeyedAggregate("totals", landing, ["user"], AGGS)
+        ParquetTableSink("table", totals, f"{root}/parquet", "upsert", ["user"], storage_options=options)
+        DeltaTableSink("delta", totals, f"{root}/delta", "append", storage_options=options)
     graph = PipelineGraph(nodes)
-    storage = JobStorage.for_job(f"{root}/checkpoints", "job")
+    storage = JobStorage.for_job(f"{root}/checkpoints", "job", **options)
     coordinator = CheckpointCoordinator(storage, graph, CheckpointSettings(retained_checkpoints=3), None, None)
     job = Job(spark, tmp_path, graph, storage, coordinator)
     fs = s3fs_of(server)
