@@ -45,6 +45,8 @@ SITE_AIRFLOW = "3.3.1"
 AIRFLOW_PINS = ("apache-airflow==", "apache-airflow-core==", "apache-airflow-task-sdk==")
 """The lines of constraints.txt a site's own Airflow decides."""
 EXTRAS = "delta,postgres,s3"
+WHEELHOUSE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "airflow-provider-checkpoint" / "wheels"
+"""Where scripts/bootstrap.sh keeps the pyspark wheel it built once."""
 PIPELINE = "installed_page_views"
 RESTORE = "restore_from_checkpoint"
 RUN_TIMEOUT = 300.0
@@ -153,6 +155,8 @@ def site_venv(work: Path, dists: tuple[Path, Path], clean_env: dict[str, str]) -
     wheel = f"{dists[1]}[{EXTRAS}]"
     run([uv, "venv", "--quiet", "--python", sys.executable, venv], cwd=site, env=clean_env)
     install = [uv, "pip", "install", "--quiet", "--python", venv / "bin" / "python", "-c", constraints]
+    if WHEELHOUSE.is_dir():  # pyspark's wheel, built once by scripts/bootstrap.sh
+        install += ["--find-links", WHEELHOUSE]
     for requirement, what in ((f"apache-airflow=={SITE_AIRFLOW}", f"Airflow {SITE_AIRFLOW}"), (wheel, "the wheel")):
         # from the warm uv cache first: online, uv revalidates PyPI's answers, and a changed one rebuilds the
         # pyspark sdists (two minutes); online only when the cache lacks a distribution (the first run)
