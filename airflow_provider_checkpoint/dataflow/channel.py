@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from airflow_provider_checkpoint.dataflow.graph import Node, step_name
+from airflow_provider_checkpoint.dataflow.graph import StepOutput
 
 
-class Channel(Node):
+class Channel(StepOutput):
     """A step boundary: everything upstream runs in one step, which stages this node's records
     for checkpoint N as a channel; steps downstream read exactly that channel.
 
@@ -16,18 +16,6 @@ class Channel(Node):
     """
 
     kind = "channel"
-
-    job_id: str | None = None
-    """The job this sink writes for, once bound (:meth:`bind_job`)."""
-
-    def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
-        super().__init__(uid, [input])
-        self.step = step_name(uid, step)
-
-    def bind_job(self, job_id: str) -> None:
-        """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
-        target's stored claim says is checked against it, never used in its place."""
-        self.job_id = job_id
 
     def unique_keys(self) -> tuple[str, ...] | None:
         return self.inputs[0].unique_keys()

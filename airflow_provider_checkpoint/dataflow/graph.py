@@ -229,7 +229,24 @@ class Union(Node):
         return out
 
 
-class Sink(Node):
+class StepOutput(Node):
+    """The end of a step: a node of one input that a named step (default ``step_<uid>``) writes
+    for one job, a sink or a channel."""
+
+    job_id: str | None = None
+    """The job this node writes for, once bound (:meth:`bind_job`)."""
+
+    def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
+        super().__init__(uid, [input])
+        self.step = step_name(uid, step)
+
+    def bind_job(self, job_id: str) -> None:
+        """Bind the node to the job it writes for (the coordinator, the step and the audit do): what the
+        target's stored claim says is checked against it, never used in its place."""
+        self.job_id = job_id
+
+
+class Sink(StepOutput):
     """A two-phase-commit sink: ``stage`` in the step, ``commit`` or ``abort`` in finalize.
 
     ``commit`` is idempotent: committing the same committables twice is a no-op. Sinks
@@ -242,18 +259,6 @@ class Sink(Node):
     """Runs last in the first step that reads its input (a source), instead of in a step of
     its own, and is not a consumer of that input for
     :attr:`~airflow_provider_checkpoint.dataflow.operator.StatefulOperator.reads_input_once`."""
-
-    job_id: str | None = None
-    """The job this sink writes for, once bound (:meth:`bind_job`)."""
-
-    def __init__(self, uid: str, input: Node, step: str | None = None) -> None:
-        super().__init__(uid, [input])
-        self.step = step_name(uid, step)
-
-    def bind_job(self, job_id: str) -> None:
-        """Bind the sink to the job it writes for (the coordinator, the step and the audit do): what the
-        target's stored claim says is checked against it, never used in its place."""
-        self.job_id = job_id
 
     job_storage: JobStorage | None = None
     """The job's storage, once bound (:meth:`bind_storage`)."""
