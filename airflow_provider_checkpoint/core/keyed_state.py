@@ -156,5 +156,19 @@ class KeyState:
         return min(times[EVENT_TIME], default=None), min(times[PROCESSING_TIME], default=None)
 
 
+def stored_type(type_: str) -> str:
+    """How a value of declared type ``type_`` is stored: the integer types alike, the floating ones alike."""
+    return "integer" if type_ in _INTS else "float" if type_ in _FLOATS else type_
+
+
+def declaration(spec: StateSpec) -> str:
+    """What ``spec``'s stored entries mean: its kind, stored types and TTL clock, as a short text."""
+    types = (
+        stored_type(spec.type) if spec.key_type is None else f"{stored_type(spec.key_type)} -> {stored_type(spec.type)}"
+    )
+    ttl = spec.ttl_spec()
+    return f"{spec.kind} of {types}, ttl " + (f"by {ttl.time} time" if ttl else "none")
+
+
 def normalized(spec: StateSpec) -> StateSpec:
     return type(spec)(spec.name, spec.type.lower(), spec.ttl_spec(), spec.key_type.lower() if spec.key_type else None)

@@ -108,6 +108,10 @@ class Deduplicate(LateOutput, StatefulOperator):
             **({"late": self.late} if self.late != "drop" else {}),
         }
 
+    def state_declaration(self) -> dict[str, str]:
+        """The clock of the keys' expiry times: event time (``within=``) or processing time (``ttl=``)."""
+        return {"expiry": "by processing time (ttl=)" if self.ttl is not None else "by event time (within=)"}
+
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         from pyspark.sql import functions as F
 

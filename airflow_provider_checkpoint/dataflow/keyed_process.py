@@ -29,6 +29,7 @@ from airflow_provider_checkpoint.core.keyed_process import (
     check_function,
     run_key,
 )
+from airflow_provider_checkpoint.core.keyed_state import declaration
 from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, advance, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -82,6 +83,12 @@ class KeyedProcess(StatefulOperator):
             "states": {n: [s.kind, s.type] for n, s in self.specs.items()},
             **({"watermark": [self.watermark.column, self.watermark.bound_ms]} if self.watermark else {}),
         }
+
+    def state_declaration(self) -> dict[str, str]:
+        """Each state's kind, stored types and TTL clock: a state read as another kind or type, or its
+        expiries by the other clock, would be read wrongly. A removed state is a change too: keys the
+        job does not visit keep its entries, which a state declared again under the name would read."""
+        return {f"state {name}": declaration(spec) for name, spec in sorted(self.specs.items())}
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         from pyspark.sql.types import LongType, StringType, StructField, StructType

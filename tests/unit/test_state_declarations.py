@@ -150,3 +150,75 @@ def test_the_trigger_refuses_to_continue_state_declared_otherwise(tmp_path: Path
     with pytest.raises(RestoreError, match=r"operator 'counts' was written with aggregate n 'count\(\*\)'"):
         changed.trigger("r2", now=1_700_000_100.0)
     assert env.coordinator.trigger("r2", now=1_700_000_100.0).checkpoint_id == 2  # the old definition goes on
+
+
+def processes(*states: Any) -> dict[str, str]:
+    from airflow_provider_checkpoint.dataflow import KeyedProcess, KeyedProcessFunction
+
+    class Alerts(KeyedProcessFunction):
+        output_schema = "user STRING"
+
+        def process(self, key: Any, rows: Any, ctx: Any) -> None:
+            return None
+
+    Alerts.states = list(states)
+    with collecting():
+        events = FileSource("events", "/tmp/in", "json", SCHEMA, watermark=("ts", "10 minutes"))
+        process = KeyedProcess("p", events, ["user"], Alerts())
+    return process.state_declaration()
+
+
+def deduplicates(**how: Any) -> dict[str, str]:
+    from airflow_provider_checkpoint.dataflow import Deduplicate
+
+    with collecting():
+        events = FileSource("events", "/tmp/in", "json", SCHEMA, watermark=("ts", "10 minutes"))
+        dedup = Deduplicate("d", events, ["user"], **how)
+    return dedup.state_declaration()
+
+
+def test_a_keyed_process_declares_each_state_and_a_deduplicate_its_clock() -> None:
+    from airflow_provider_checkpoint import TTL
+    from airflow_provider_checkpoint.dataflow import ListState, MapState, ValueState
+
+    declared = processes(ValueState("last", "INT"), MapState("pages", "string", "bigint", ttl=TTL("1 day")))
+    assert declared == {
+        "state last": "value of integer, ttl none",
+        "state pages": "map of string -> integer, ttl by processing time",
+    }
+    # integer (and floating) types are stored alike: widening one is no change; a TTL's duration neither
+    assert processes(ValueState("last", "bigint"), MapState("pages", "string", "int", ttl="2 days")) == declared
+    assert processes(ListState("last", "int"))["state last"] == "list of integer, ttl none"
+    assert deduplicates(within="1 day") == {"expiry": "by event time (within=)"}
+    assert deduplicates(ttl="1 day") == {"expiry": "by processing time (ttl=)"}
+
+
+@pytest.mark.parametrize(
+    ("now", "named"),
+    [
+        ({"state last": "list of integer, ttl none"}, "state last 'value of integer, ttl none' (the pipeline "),
+        ({"state last": "value of string, ttl none"}, "declares 'value of string, ttl none'"),
+        ({"state last": "value of integer, ttl by event time"}, "ttl by event time"),
+        ({}, "state last 'value of integer, ttl none' (the pipeline declares none)"),  # removed
+    ],
+)
+def test_a_keyed_process_state_of_another_kind_type_or_clock_or_removed_is_refused(
+    now: dict[str, str], named: str
+) -> None:
+    stored = {"state last": "value of integer, ttl none"}
+    with pytest.raises(RestoreError) as refused:
+        check_compatible(snapshot_of(stored, "p"), "clicks", {"p": ("page", "user")}, False, {"p": now})
+    assert named in str(refused.value), refused.value
+    added = {**stored, "state seen": "list of string, ttl none"}  # a state added starts empty: no change
+    assert check_compatible(snapshot_of(stored, "p"), "clicks", {"p": ("page", "user")}, False, {"p": added}) == []
+
+
+def test_a_deduplicate_switched_between_within_and_ttl_is_refused() -> None:
+    with pytest.raises(RestoreError, match=r"expiry 'by event time \(within=\)' \(the pipeline declares 'by proc"):
+        check_compatible(
+            snapshot_of(deduplicates(within="1 day"), "d"),
+            "clicks",
+            {"d": ("page", "user")},
+            False,
+            {"d": deduplicates(ttl="1 day")},
+        )
