@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.coordinator import CheckpointCoordinator
-from airflow_provider_checkpoint.core.model import Ack, CheckpointType, CompletedCheckpoint
+from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, CompletedCheckpoint
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
 from airflow_provider_checkpoint.dataflow.graph import collecting
@@ -43,6 +43,8 @@ class Job:
     step_runs: list[tuple[int, str, int]] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)
     """Per checkpoint: seconds spent in trigger, steps and finalize."""
+    plan: CheckpointPlan | None = None
+    """The last checkpoint triggered (a test aborts it after a step that failed for good)."""
 
     def checkpoint(
         self,
@@ -66,7 +68,7 @@ class Job:
             )
         else:
             plan = self.coordinator.trigger(f"run-{self.checkpoints}", now=now)
-        triggered = time.perf_counter()
+        self.plan, triggered = plan, time.perf_counter()
         if during:
             during()
         acks: dict[str, Ack] = {}

@@ -307,7 +307,7 @@ def test_unchanged_toast_without_replica_identity_full_and_truncate_are_refused(
         conn.execute(f"INSERT INTO {table} VALUES (1, 'a', %s)", (big,))
         conn.execute(f"UPDATE {table} SET v = 'b' WHERE id = 1")
         conn.execute(f"TRUNCATE {table}")
-        catalog = {f"public.{table}": [(c.name, c.type_oid) for c in table_columns(conn, f"public.{table}")]}
+        catalog = {f"public.{table}": {c.name: c for c in table_columns(conn, f"public.{table}")}}
         rows = conn.execute(
             "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
             "'publication_names', %s)",

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.postgres import cdc_slot
+from airflow_provider_checkpoint.connectors.postgres import cdc_schema, cdc_slot
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     DELETED,
     METADATA,
@@ -80,8 +80,9 @@ class PostgresCdcSource(Source):
     (insert, update, delete), ``deleted`` (``op = 'delete'``: give it to an upsert sink as ``delete_when``),
     ``lsn`` (the transaction's commit LSN), ``commit_time`` and ``xid``. A delete carries the key columns
     (the whole old row under ``REPLICA IDENTITY FULL``). An update that leaves a TOASTed value unchanged
-    needs ``REPLICA IDENTITY FULL`` on its table (else it is refused, naming the table). TRUNCATE, a schema
-    change and a dropped, invalidated or released slot are refused with the way on, never skipped.
+    needs ``REPLICA IDENTITY FULL`` on its table (else it is refused, naming the table). Schema changes are
+    followed as :mod:`.cdc_schema` says (columns added, dropped ones kept, types widened; others refused).
+    TRUNCATE and a dropped, invalidated or released slot are refused with the way on, never skipped.
     """
 
     def __init__(
@@ -181,7 +182,24 @@ class PostgresCdcSource(Source):
                     "capture it with another source (its own slot), or keep the tables as they were"
                 )
             barrier = max(cdc_slot.flush_lsn(conn), lsn)
-        return {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
+            columns = self._recorded(previous, conn)
+            # read after the barrier: a DDL committed in between shows a step early, harmless (columns only grow)
+            evolved = {
+                t: cdc_schema.evolve(self.uid, columns[t], table_columns(conn, t), cdc_schema.prefilled(conn, t))
+                for t in captured
+            }
+        position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
+        return {**position, "columns": {t: cdc_schema.to_json(c) for t, c in evolved.items()}}
+
+    def _recorded(self, position: Any, conn: Any) -> dict[str, list[TableColumn]]:
+        """The columns of each table a position records (a position written before columns were recorded:
+        the catalog's now)."""
+        recorded = position.get("columns")
+        if recorded is None:
+            return {t: table_columns(conn, t) for t in self._captured(position)}
+        if not isinstance(recorded, dict):
+            raise InvalidPositionError(f"source {self.uid}: position {position!r} records no columns")
+        return {t: cdc_schema.from_json(self.uid, t, recorded.get(t)) for t in self._captured(position)}
 
     def _published(self, conn: Any, publication: str) -> list[str]:
         """The tables publication ``publication`` lists now, sorted (``schema.name``)."""
@@ -234,9 +252,10 @@ class PostgresCdcSource(Source):
             conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
             conn.execute(SESSION)
             directory = f"{SOURCES_DIR}/{self.uid}/snapshot-{consistent:016x}"
-            files, rows = [], 0
+            files, rows, recorded = [], 0, {}
             for i, table in enumerate(tables):
                 columns = table_columns(conn, table)
+                recorded[table] = cdc_schema.to_json(columns)
                 data = self._snapshot_rows(conn, table, columns, consistent)
                 files.append(f"{directory}/{i}.parquet")
                 rows += data.num_rows
@@ -251,7 +270,7 @@ class PostgresCdcSource(Source):
             rows,
         )
         position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "tables": tables}
-        return {**position, "snapshot": files}
+        return {**position, "columns": recorded, "snapshot": files}
 
     def _snapshot_rows(self, conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
         names = ", ".join(f"{quote(c.name)}::text" for c in columns)
@@ -287,11 +306,11 @@ class PostgresCdcSource(Source):
         slot, publication, end = self._position(barrier, "barrier")
         if "snapshot" in barrier:
             with self._pg().connect() as conn:
-                columns = self._columns(conn, self._captured(barrier))
+                columns = self._merged(self._recorded(barrier, conn))
             data = from_parquet(columns, (ctx.storage.read_bytes(f) for f in barrier["snapshot"]))
         else:
             _, _, start = self._position(previous, "position")
-            data = self._changes(slot, publication, self._captured(barrier), (start, end))
+            data = self._changes(slot, publication, barrier, (start, end))
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
         df = ctx.spark.createDataFrame(data)
         return (df.coalesce(1) if self.in_source_order else df).cache()
@@ -302,13 +321,13 @@ class PostgresCdcSource(Source):
         problems = [p for p in (identity_problem(conn, t) for t in tables) if p]
         if problems:
             raise CdcSourceError(f"source {self.uid}: " + "; ".join(problems))
-        self._columns(conn, tables)
+        self._merged({t: table_columns(conn, t) for t in tables})
 
-    def _columns(self, conn: Any, tables: list[str]) -> list[TableColumn]:
+    def _merged(self, tables: dict[str, list[TableColumn]]) -> list[TableColumn]:
         """Every column of every table, merged by name (one name, one type across tables)."""
         merged: dict[str, TableColumn] = {}
-        for table in tables:
-            for column in table_columns(conn, table):
+        for columns in tables.values():
+            for column in columns:
                 seen = merged.setdefault(column.name, column)
                 if column.name in METADATA:
                     raise CdcSourceError(f"source {self.uid}: {column.where()} clashes with column {column.name}")
@@ -319,14 +338,16 @@ class PostgresCdcSource(Source):
                     )
         return list(merged.values())
 
-    def _changes(self, slot: str, publication: str, tables: list[str], span: tuple[int, int]) -> pa.Table:
-        """The changes of the transactions committed in ``span`` (``[start, end)``), as rows."""
+    def _changes(self, slot: str, publication: str, barrier: Any, span: tuple[int, int]) -> pa.Table:
+        """The changes of the transactions committed in ``span`` (``[start, end)``), as rows of the columns
+        ``barrier`` records."""
         start, end = span
         with self._pg().connect() as conn:
             conn.execute(SESSION)
             cdc_slot.check(conn, self.uid, slot, start)
-            columns = self._columns(conn, tables)
-            catalog = {t: [(c.name, c.type_oid) for c in table_columns(conn, t)] for t in {c.table for c in columns}}
+            recorded = self._recorded(barrier, conn)
+            columns = self._merged(recorded)
+            catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
             decoder = Decoder(slot, since=start)
             txns = decoder.transactions(cdc_slot.peek(conn, slot, publication, end))
             rows = change_rows(self.uid, catalog, (t for t in txns if start <= t.commit_lsn < end))

@@ -7,8 +7,15 @@ import io
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.postgres.cdc_schema import check_sent
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn, converter
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import UNCHANGED, Change, Transaction, int_to_lsn
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
+    UNCHANGED,
+    Change,
+    Relation,
+    Transaction,
+    int_to_lsn,
+)
 from airflow_provider_checkpoint.exceptions import CdcSourceError
 
 if TYPE_CHECKING:
@@ -20,32 +27,46 @@ DELETED = "deleted"
 
 
 def change_rows(
-    uid: str, catalog: dict[str, list[tuple[str, int]]], txns: Iterable[Transaction]
+    uid: str, catalog: dict[str, dict[str, TableColumn]], txns: Iterable[Transaction]
 ) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
+    shapes: dict[Relation, list[bool]] = {}
     for txn in txns:
         if txn.truncated:
             names = ", ".join(r.qualified for r in txn.truncated)
             raise CdcSourceError(
                 f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
-                "cannot be applied as row changes; restore the job from a checkpoint and take a new snapshot "
-                "(a new slot), or leave truncate out of the publication (publish = 'insert, update, delete')"
+                "cannot be applied as row changes (which keys it removed is in no WAL record); capture the tables "
+                "anew (a new job: a new slot and snapshot, into emptied targets), or leave truncate out of the "
+                "publication (publish = 'insert, update, delete') if the table is never truncated for real"
             )
         for change in txn.changes:
-            table = change.relation.qualified
-            meta = (table, change.op, change.op == "delete", txn.commit_lsn, txn.commit_time_micros, txn.xid)
-            yield _values(uid, catalog, change), meta
+            relation = change.relation
+            if relation not in shapes:
+                shapes[relation] = _shape(uid, catalog, relation)
+            meta = (
+                relation.qualified,
+                change.op,
+                change.op == "delete",
+                txn.commit_lsn,
+                txn.commit_time_micros,
+                txn.xid,
+            )
+            yield _values(uid, change, shapes[relation]), meta
 
 
-def _values(uid: str, catalog: dict[str, list[tuple[str, int]]], change: Change) -> dict[str, Any]:
-    relation, table = change.relation, change.relation.qualified
-    sent = [(c.name, c.type_oid) for c in relation.columns]
-    if table not in catalog:
-        raise CdcSourceError(f"source {uid}: a change of table {table}, which is not among the source's tables")
-    if sent != catalog[table]:
+def _shape(uid: str, catalog: dict[str, dict[str, TableColumn]], relation: Relation) -> list[bool]:
+    """Which of a Relation message's columns are read into the recorded columns (a schema change in the
+    checkpoint's span: rows before and after it each come with the shape of their own Relation message)."""
+    if relation.qualified not in catalog:
         raise CdcSourceError(
-            f"source {uid}: the columns of table {table} changed (the WAL has {sent}, the catalog now "
-            f"{catalog[table]}); schema changes are not followed yet: restore and take a new snapshot"
+            f"source {uid}: a change of table {relation.qualified}, which is not among the source's tables"
         )
+    known = catalog[relation.qualified]
+    return [check_sent(uid, known, c.name, c.type_oid, c.type_modifier) for c in relation.columns]
+
+
+def _values(uid: str, change: Change, read: list[bool]) -> dict[str, Any]:
+    relation, table = change.relation, change.relation.qualified
     values = list(change.values)
     for i, value in enumerate(values):
         if value is UNCHANGED:
@@ -56,7 +77,7 @@ def _values(uid: str, catalog: dict[str, list[tuple[str, int]]], change: Change)
                     "IDENTITY FULL, then restore the job from a checkpoint before this change"
                 )
             values[i] = change.old[i]
-    return {c.name: v for c, v in zip(relation.columns, values, strict=True)}
+    return {c.name: v for c, v, r in zip(relation.columns, values, read, strict=True) if r}
 
 
 def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]]) -> pa.Table:
