@@ -171,5 +171,38 @@ with CheckpointedPipeline(
 
 dag = pipeline.dag
 """
-DAG_SOURCES = {DAG_ID: CHAOS_DAG, ORDERS_DAG_ID: ORDERS_DAG, CHAINED_DAG_ID: CHAINED_DAG, KAFKA_DAG_ID: KAFKA_DAG}
-ROTATION = (DAG_ID, ORDERS_DAG_ID, CHAINED_DAG_ID, KAFKA_DAG_ID)
+CDC_DAG_ID = "chaos_cdc"
+CDC_TABLE = "chaos_src.accounts"
+CDC_DAG = """
+import datetime
+import os
+
+from airflow_provider_checkpoint import CheckpointedPipeline, DeltaTableSink, PostgresCdcSource, PostgresTableSink
+
+BASE = os.environ["CHAOS_DIR"] + "/cdc"
+
+with CheckpointedPipeline(
+    dag_id="chaos_cdc",
+    schedule=None,
+    retained_checkpoints=3,
+    tolerable_failed_checkpoints=10_000,
+    step_retries=2,
+    finalize_retries=1,
+    retry_delay=datetime.timedelta(seconds=1),
+) as pipeline:
+    changes = PostgresCdcSource(uid="accounts", tables=["chaos_src.accounts"], postgres_conn_id="chaos_pg")
+    DeltaTableSink(uid="accounts_delta", input=changes, path=f"{BASE}/lake/accounts", mode="upsert", keys=["id"],
+                   delete_when="deleted", step="main")
+    PostgresTableSink(uid="accounts_pg", input=changes, conn_id="chaos_pg", table="chaos.cdc_accounts", mode="upsert",
+                      keys=["id"], delete_when="deleted", step="main")
+
+dag = pipeline.dag
+"""
+DAG_SOURCES = {
+    DAG_ID: CHAOS_DAG,
+    ORDERS_DAG_ID: ORDERS_DAG,
+    CHAINED_DAG_ID: CHAINED_DAG,
+    KAFKA_DAG_ID: KAFKA_DAG,
+    CDC_DAG_ID: CDC_DAG,
+}
+ROTATION = (DAG_ID, ORDERS_DAG_ID, CHAINED_DAG_ID, KAFKA_DAG_ID, CDC_DAG_ID)

@@ -1,17 +1,19 @@
 """Seeded chaos under the real scheduler: 12+ checkpoints (``CHAOS_RUNS``), a random fault in
 each.
 
-The real Airflow services (LocalExecutor) run, in turn, the four pipelines of
+The real Airflow services (LocalExecutor) run, in turn, the five pipelines of
 :mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
 Delta (user totals, upsert) and PostgreSQL (page views, upsert) tables; a two-input, two-step
 pipeline (orders enriched with customers, joined by a channel); a chained pipeline
 (``chain=True``: one task per checkpoint) appending events to PostgreSQL and upserting user
 totals into Delta; and the same tables from a Kafka topic on Apache Kafka's own broker (the
 session's, restarted between some runs; some runs kill a Spark task mid-read), its events also
-published to a second topic by ``KafkaSink``. The ground truth of the Kafka tables and of the
-second topic (read back ``read_committed`` by a plain consumer) is what the test produced, with
-the partition and offset the broker acknowledged for each record. All keep incremental state in
-files while input keeps growing (every sixth run lands a file mixing good and malformed lines,
+published to a second topic by ``KafkaSink``; and a PostgreSQL table's row changes captured by
+``PostgresCdcSource`` into Delta and PostgreSQL upsert tables, random transactions on the source table
+between runs (:mod:`tests.live.chaos_cdc`; truth: a ``SELECT`` of the source table). The ground truth
+of the Kafka tables and of the second topic (read back ``read_committed`` by a plain consumer) is
+what the test produced, with the partition and offset the broker acknowledged for each record. All
+keep incremental state in files while input keeps growing (every sixth run lands a file mixing good and malformed lines,
 which the clickstream pipeline routes to its dead-letter table; the same step windows clicks by
 event time, out of order and late, into an append table checked against a plain-Python model:
 :mod:`tests.live.chaos_windows`). Steps run in ``connect`` mode, through a ``spark_connect``
@@ -64,7 +66,10 @@ from airflow_provider_checkpoint.testing.orders import enriched, land_changes, l
 from tests.airflow.conftest import load_dag_module
 from tests.conftest import REPO
 from tests.live.airflow_live import running_airflow
+from tests.live.chaos_cdc import ChaosCdc
 from tests.live.chaos_dags import (
+    CDC_DAG_ID,
+    CDC_TABLE,
     CHAINED_DAG_ID,
     DAG_ID,
     DAG_SOURCES,
@@ -137,7 +142,10 @@ FAULTS: dict[str, tuple[int, list[str]]] = {
     ),
     "finalize fails after the Delta commit": (
         2,
-        ["finalize.between_sink_commits:checkpoint={next}:sink=user_totals_delta"],
+        [
+            "finalize.between_sink_commits:checkpoint={next}:sink=user_totals_delta",
+            "finalize.between_sink_commits:checkpoint={next}:sink=accounts_delta",
+        ],
     ),
     "finalize SIGKILLed after the Delta commit": (
         1,
@@ -394,6 +402,7 @@ def test_chaos_under_the_real_scheduler(
     (dags / f"{RESTORE_DAG_ID}.py").write_text((REPO / "dags" / f"{RESTORE_DAG_ID}.py").read_text())
     with postgres_server.connect() as db:
         db.execute("CREATE SCHEMA chaos")
+        cdc = ChaosCdc(db)
     monkeypatch.setenv("CHAOS_DIR", str(base))  # the DAG files, loaded here too for their sinks' audit
     monkeypatch.setenv("AIRFLOW_CONN_CHAOS_PG", postgres_server.uri())
     broker = kafka_broker
@@ -450,6 +459,9 @@ def test_chaos_under_the_real_scheduler(
                 )
             elif dag_id == KAFKA_DAG_ID:
                 streamed.append(produce_events(broker, rng.randrange(50, 400), run))
+            elif dag_id == CDC_DAG_ID:
+                with postgres_server.connect() as db:
+                    cdc.churn(db, random.Random(seed * 1000 + run))  # rng's draws unchanged
             else:
                 orders.land(run, rng)
             fault = "none" if run > runs else rng.choices(names, weights)[0]
@@ -485,6 +497,7 @@ def test_chaos_under_the_real_scheduler(
                     f"kafka {name}": problem
                     for name, problem in kafka_problems(base, kafka_job, db, broker, streamed).items()
                 },
+                **{f"cdc {name}": problem for name, problem in cdc.problems(db, base).items()},
             }
 
             # restore the clickstream job to its second-newest retained checkpoint through the restore
@@ -504,6 +517,8 @@ def test_chaos_under_the_real_scheduler(
             }
             problems.update({f"after the restore: {table}": problem for table, problem in restored.items()})
 
+    with postgres_server.connect() as db:
+        ChaosCdc.drop_slot(db)
     findings = [
         finding
         for job in jobs.values()
@@ -511,6 +526,7 @@ def test_chaos_under_the_real_scheduler(
     ]
     stats = [json.loads(p.read_text()) for p in sorted((clicks.job_dir / "_stats").glob("*.json"))]
     print("outcomes:", dict(outcomes))
+    print(f"cdc: {cdc.changes} row changes in {CDC_TABLE}")
     print(f"windowed clicks: {len(windows.on_time)} on time, {windows.late} late")
     print("checkpoints:", Counter((s["status"], s.get("reason", "")) for s in stats))
     elapsed = time.monotonic() - started
