@@ -216,6 +216,29 @@ def test_upsert_restore_beyond_undo_retention_is_refused_and_changes_nothing(spa
     pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("upsert", batches[:2]))
 
 
+def test_a_first_load_into_an_empty_table_and_restores_around_it(spark, postgres_server, target):
+    """A commit into an empty table inserts its rows with one undo row (no before-image per key): restores
+    to before, across and after two such loads (the second after deletes emptied the table) return the
+    table to each checkpoint's rows, read back with psycopg."""
+    sink = _sink(target, "upsert", delete_when="gone", undo_checkpoints=4)
+
+    def batch(c: int, keys: range, gone: bool = False) -> list[tuple[Any, ...]]:
+        return [(*row, gone) for row in _rows(c, keys)]
+
+    one, two, three = batch(1, range(0, 30)), batch(2, range(0, 30), gone=True), batch(3, range(20, 50))
+    four = batch(4, range(40, 60))
+    states = [[], one, [], three, [*[r for r in three if r[0] not in {x[0] for x in four}], *four]]
+    for checkpoint_id, rows in enumerate([one, two, three, four], start=1):
+        sink.commit(checkpoint_id, _stage(spark, sink, "job", checkpoint_id, rows, schema=f"{SCHEMA}, gone boolean"))
+    with postgres_server.connect() as db:
+        undo = db.execute(f"SELECT _undo_checkpoint, count(*) FROM {target}._cks_{sink.digest}_undo GROUP BY 1")
+        assert dict(undo.fetchall()) == {1: 1, 2: 30, 3: 1, 4: 20}  # first loads: one row each
+    for restored in (3, 1, 0):  # 1: across the second first load and the deletes
+        sink.rollback(restored)
+        truth = _truth("upsert", [[r[:-1] for r in states[restored]]])
+        pd.testing.assert_frame_equal(_table(postgres_server, target), truth, check_dtype=not truth.empty)
+
+
 def test_refused_values_name_column_and_key_and_commit_nothing(spark, postgres_server, target):
     sink = _sink(target, "upsert")
     bad = [*_rows(1, range(3)), ("nul-key", 1, Decimal(1), datetime(2026, 1, 1, tzinfo=UTC), ["a\x00b"])]

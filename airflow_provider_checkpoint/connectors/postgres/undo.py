@@ -120,10 +120,20 @@ def move_rows(
         ).rowcount
         if moved != expected:
             refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, f"holds {moved} rows")
+    elif _empty_and_locked(sink, db):  # a first load: every staged key is new, no row to update or delete
+        check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
+        _undo_table(sink, db, columns)
+        db.execute(
+            sql.SQL("INSERT INTO {} ({}, {}) VALUES (%s, NULL)").format(
+                sink.table(pg.undo_table(sink.digest)), pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED)
+            ),
+            [checkpoint_id],
+        )
+        db.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}{}").format(target, cols, cols, stg, _kept(sink)))
     else:
         check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
         _record_before_images(sink, db, checkpoint_id, staging, columns)
-        kept = _delete_keys(sink, db, staging)
+        _delete_keys(sink, db, staging)
         others = [c for c in columns if c not in sink.keys]
         action = (
             sql.SQL("DO UPDATE SET ")
@@ -133,20 +143,47 @@ def move_rows(
         )
         db.execute(
             sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}{} ON CONFLICT ({}) {}").format(
-                target, cols, cols, stg, kept, pg.idents(sink.keys), action
+                target, cols, cols, stg, _kept(sink), pg.idents(sink.keys), action
             )
         )
     db.execute(sql.SQL("DROP TABLE {}").format(stg))
     return expected
 
 
-def _delete_keys(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) -> sql.Composable:
-    """Delete the keys whose staged row's ``delete_when`` is true from the table (one indexed join per
-    pattern of null key parts); the ``WHERE`` clause selecting the other staged rows (the upserts)."""
+def _empty_and_locked(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> bool:
+    """Whether the table holds no row, and then holds none but this transaction's until it ends: an
+    empty table is locked ``SHARE ROW EXCLUSIVE`` (readers go on; no other transaction writes or
+    takes this lock until the commit ends, and one that wrote before has finished), then checked
+    again. A table with rows is not locked."""
+    from psycopg import sql
+
+    empty = sql.SQL("SELECT NOT EXISTS (SELECT FROM {})").format(sink.table())
+    if not _first(db.execute(empty).fetchone()):
+        return False
+    db.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sink.table()))
+    return bool(_first(db.execute(empty).fetchone()))
+
+
+def _first(row: Any) -> Any:
+    return row[0] if row else None
+
+
+def _kept(sink: pg.SinkTable) -> sql.Composable:
+    """The ``WHERE`` clause selecting the staged rows that do not delete their key (all without ``delete_when``)."""
     from psycopg import sql
 
     if sink.delete_when is None:
         return sql.SQL("")
+    return sql.SQL(" WHERE NOT coalesce({}, false)").format(pg.ident(sink.delete_when))
+
+
+def _delete_keys(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) -> None:
+    """Delete the keys whose staged row's ``delete_when`` is true from the table (one indexed join per
+    pattern of null key parts)."""
+    from psycopg import sql
+
+    if sink.delete_when is None:
+        return
     stg, flag = sink.table(staging), pg.ident(sink.delete_when)
     for nulls in pg.null_patterns(db, stg, sink.keys, flag):
         db.execute(
@@ -158,7 +195,19 @@ def _delete_keys(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) 
                 pg.null_filter(sink.keys, nulls, "s"),
             )
         )
-    return sql.SQL(" WHERE NOT coalesce({}, false)").format(flag)
+
+
+def _undo_table(sink: pg.SinkTable, db: psycopg.Connection[Any], columns: list[str]) -> sql.Composable:
+    """The undo table, created if absent: the checkpoint, whether the key existed, the table's ``columns``."""
+    from psycopg import sql
+
+    undo = sink.table(pg.undo_table(sink.digest))
+    db.execute(
+        sql.SQL("CREATE TABLE IF NOT EXISTS {} AS SELECT 0::bigint AS {}, false AS {}, {} FROM {} WITH NO DATA").format(
+            undo, pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED), pg.idents(columns), sink.table()
+        )
+    )
+    return undo
 
 
 def _record_before_images(
@@ -166,12 +215,7 @@ def _record_before_images(
 ) -> None:
     from psycopg import sql
 
-    undo, target = sink.table(pg.undo_table(sink.digest)), sink.table()
-    db.execute(
-        sql.SQL("CREATE TABLE IF NOT EXISTS {} AS SELECT 0::bigint AS {}, false AS {}, {} FROM {} WITH NO DATA").format(
-            undo, pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED), pg.idents(columns), target
-        )
-    )
+    undo, target = _undo_table(sink, db, columns), sink.table()
     picked = sql.SQL(", ").join(pg.ident("s" if c in sink.keys else "t", c) for c in columns)
     stg = sink.table(staging)
     for nulls in pg.null_patterns(db, stg, sink.keys):  # one indexed join per pattern of null key parts
@@ -253,29 +297,46 @@ def undo_newer(sink: pg.SinkTable, db: psycopg.Connection[Any], claim: JsonDict,
                 f"sink {sink.uid}: cannot return {sink.target_name()} to checkpoint {checkpoint_id}: the before-images "
                 f"of checkpoints {missing} were purged (undo_checkpoints={sink.undo_checkpoints})"
             )
-        undo, keys = sink.table(pg.undo_table(sink.digest)), pg.idents(sink.keys)
-        columns = pg.idents(list(pg.table_columns(db, sink.schema, sink.table_name)))
-        newer_undo = sql.SQL("{} > %s").format(pg.ident(UNDO_CHECKPOINT))
-        for nulls in pg.null_patterns(db, undo, sink.keys, newer_undo, [checkpoint_id]):
-            db.execute(
-                sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {}) u WHERE {}").format(
-                    target, keys, undo, newer_undo, pg.keys_equal(sink.keys, "t", "u", nulls)
-                ),
-                [checkpoint_id],
-            )
-        db.execute(
-            sql.SQL(
-                "INSERT INTO {} ({}) SELECT {} FROM (SELECT DISTINCT ON ({}) * FROM {} WHERE {} > %s "
-                "ORDER BY {}, {}) f WHERE {}"
-            ).format(
-                target, columns, columns, keys, undo, pg.ident(UNDO_CHECKPOINT), keys, pg.ident(UNDO_CHECKPOINT),
-                pg.ident(UNDO_EXISTED),
-            ),
-            [checkpoint_id],
-        )  # fmt: skip
-        db.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(undo, pg.ident(UNDO_CHECKPOINT)), [checkpoint_id])
+        _put_back(sink, db, checkpoint_id)
     db.execute(
         sql.SQL("DELETE FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id > %s").format(markers),
         [*owner, checkpoint_id],
     )
     return [c for c, _ in newer]
+
+
+def _put_back(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int) -> None:
+    """Return the table to ``checkpoint_id``: put back, for every key a newer checkpoint changed, its
+    before-image from the oldest of them. A first load F after ``checkpoint_id`` (the table was empty
+    before it: its one undo row has ``_undo_existed`` null) empties the table, and only the
+    checkpoints between ``checkpoint_id`` and F are undone, from the empty table."""
+    from psycopg import sql
+
+    undo, keys, target = sink.table(pg.undo_table(sink.digest)), pg.idents(sink.keys), sink.table()
+    at, existed = pg.ident(UNDO_CHECKPOINT), pg.ident(UNDO_EXISTED)
+    columns = pg.idents(list(pg.table_columns(db, sink.schema, sink.table_name)))
+    first_load = _first(
+        db.execute(
+            sql.SQL("SELECT min({}) FROM {} WHERE {} > %s AND {} IS NULL").format(at, undo, at, existed),
+            [checkpoint_id],
+        ).fetchone()
+    )
+    images, params = sql.SQL("{} > %s AND {} IS NOT NULL").format(at, existed), [checkpoint_id]
+    if first_load is not None:
+        images, params = images + sql.SQL(" AND {} < %s").format(at), [checkpoint_id, first_load]
+        db.execute(sql.SQL("DELETE FROM {}").format(target))
+    else:  # one indexed join per pattern of null key parts
+        for nulls in pg.null_patterns(db, undo, sink.keys, images, params):
+            db.execute(
+                sql.SQL("DELETE FROM {} t USING (SELECT DISTINCT {} FROM {} WHERE {}) u WHERE {}").format(
+                    target, keys, undo, images, pg.keys_equal(sink.keys, "t", "u", nulls)
+                ),
+                params,
+            )
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} ({}) SELECT {} FROM (SELECT DISTINCT ON ({}) * FROM {} WHERE {} ORDER BY {}, {}) f WHERE {}"
+        ).format(target, columns, columns, keys, undo, images, keys, at, existed),
+        params,
+    )
+    db.execute(sql.SQL("DELETE FROM {} WHERE {} > %s").format(undo, at), [checkpoint_id])
