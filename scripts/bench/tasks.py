@@ -53,7 +53,7 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
         **server.env(),
         "BENCH_S3_ROOT": roots["small@s3"],
         "BENCH_LOCAL_ROOT": roots["small@local"],
-        "PYTHONPATH": str(REPO / "scripts"),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")]),  # this checkout, whatever is installed
     }
     access = AccessLog(directory / "s3")
     landed: list[pd.DataFrame] = []
