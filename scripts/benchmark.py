@@ -12,6 +12,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 10000000
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
+    .venv/bin/python scripts/benchmark.py tasks --increments 6
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py kafka-sink --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --increments 3 --rounds 3
@@ -46,6 +47,7 @@ from bench import (  # noqa: E402
     scheduler,
     sinkupsert,
     stateio,
+    tasks,
     windows,
 )
 from bench.workloads import WORKLOADS, DataSpec  # noqa: E402
@@ -60,6 +62,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "sink-upsert": (3, 20_000, 1_000_000),  # increments: upserts of events/100**(n-1) ... events changed keys
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
+    "tasks": (6, 200, 20_000),  # the state-io mode's small S3 pipeline as Airflow tasks (scheduler), S3 and local
     "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
     "kafka-sink": (3, 1_000_000, 1),  # increments: rounds; events: records landed and published per round
     "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "sink-upsert": "large-state",
         "postgres": "large-state",
         "state-io": "large-state",
+        "tasks": "large-state",
         "kafka": "large-state",
         "kafka-sink": "large-state",
         "first-checkpoint": "large-state",
@@ -179,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)  # the small pipeline
         result = stateio.run(spec, args.rounds, long_run, work)
         text = stateio.render(result)
+        ok = not result["problems"]
+    elif args.mode == "tasks":
+        result = tasks.run(spec, work)
+        text = tasks.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":
         result = {**scheduler.run(spec, work), "title": args.workload}

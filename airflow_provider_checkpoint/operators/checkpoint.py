@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceState
@@ -276,15 +277,22 @@ class SparkCheckpointOperator(BaseOperator):
 
         execution = resolve_execution(self.job.spark_conn_id)
         self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())
-        storage = self.job.storage()
         if execution.mode is ExecutionMode.SUBMIT:
             assert execution.conn_id is not None and self.dag is not None
             self._submitted = SubmittedStep(
                 self.job, execution.conn_id, self.dag.fileloc, self.dag.dag_id, self.task_id
             )
-            return self._submitted.run(storage, self.step, plan, attempt, channels)
+            return self._submitted.run(self.job.storage(), self.step, plan, attempt, channels)
         input_bytes = None if execution.remote else step_input_bytes(self.job.graph, self.step, plan)
-        spark = get_spark(conf=self.job.spark_conf, remote=execution.remote, input_bytes=input_bytes)
+        # The storage opens while the JVM starts (an object store's client library and first contact
+        # cost a fresh task process about as much as its requests); pyspark is imported first so the
+        # two threads import disjoint modules.
+        import pyspark.sql  # noqa: F401
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="open-storage") as pool:
+            opening = pool.submit(self.job.storage)
+            spark = get_spark(conf=self.job.spark_conf, remote=execution.remote, input_bytes=input_bytes)
+            storage = opening.result()
         settings = self.job.resolved_settings()
         return run_step(spark, storage, self.job.graph, self.step, plan, attempt, channels, settings)
 

@@ -1,0 +1,139 @@
+"""Tasks mode: the object-store benchmark's small pipeline as users run it, every task a fresh process.
+
+Under the real Airflow scheduler (LocalExecutor, services from ``tests/live/airflow_live.py``) the DAGs
+of ``scripts/bench/dags_tasks``: ``bench_s3`` (landing area, tables and checkpoint storage on the S3
+server of ``tests/servers``, SeaweedFS, logging every request) and ``bench_local`` (the same on local
+disk), each a trigger, a step and a finalize task; and ``bench_empty``, one task doing nothing (the
+floor of any task). Per checkpoint the increment is landed on both, then each DAG runs once, S3 and
+local alternating which goes first. Each task's duration comes from the REST API; the requests the S3
+run sent, by kind, from the server's log (landing not counted). At the end both pipelines' tables are
+read back (pyarrow, delta-rs) and compared with a pandas ground truth; the task logs are kept under
+the work directory for the time budget (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.measure import log
+from bench.objectstore import KINDS, check_tables, land
+from bench.scheduler import timings
+from bench.workloads import DataSpec
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_IDS = ("bench_s3", "bench_local", "bench_empty")
+S3_OVER_LOCAL = 1.5
+
+
+def run(spec: DataSpec, work: Path) -> dict[str, Any]:
+    """``spec.increments`` checkpoints of each DAG; see the module's docstring."""
+    import s3fs
+
+    sys.path.insert(0, str(REPO))
+    from tests.live.airflow_live import running_airflow
+    from tests.servers.s3 import AccessLog, start_server
+
+    load = [os.getloadavg()[0]]
+    (work / "run").mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="tasks-", dir=work))
+    (directory / "s3").mkdir()
+    process, server = start_server(directory / "s3", access_log=True)
+    s3 = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
+    roots = {"small@s3": server.url("bench"), "small@local": f"file://{directory}/local"}
+    env = {
+        **server.env(),
+        "BENCH_S3_ROOT": roots["small@s3"],
+        "BENCH_LOCAL_ROOT": roots["small@local"],
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")]),  # this checkout, whatever is installed
+    }
+    access = AccessLog(directory / "s3")
+    landed: list[pd.DataFrame] = []
+    rows: list[dict[str, Any]] = []
+    dags = Path(__file__).parent / "dags_tasks"
+    try:
+        with running_airflow(directory / "airflow", dags_folder=dags, dag_ids=DAG_IDS, extra_env=env) as live:
+            for i in range(1, spec.increments + 1):
+                events = spec.increment(i)
+                landed.append(events)
+                for root in roots.values():
+                    land(s3, root, f"inc-{i:04d}.json", events.to_json(orient="records", lines=True).encode())
+                row: dict[str, Any] = {"checkpoint": i, "events": len(events)}
+                for dag_id in [*DAG_IDS[:2][:: 1 if i % 2 else -1], "bench_empty"]:
+                    access.since()
+                    run_id = live.trigger(dag_id, {"checkpoint": i})
+                    live.wait_for_run(dag_id, run_id, timeout=900)
+                    row[dag_id] = timings(live, dag_id, run_id)
+                    if dag_id == "bench_s3":
+                        counts = Counter(r.kind for r in access.since())
+                        row["requests"] = {k: counts.get(k, 0) for k in KINDS}
+                rows.append(row)
+                log(f"tasks: checkpoint {i}: {summary(row)}")
+            shutil.copytree(live.home / "logs", directory / "task-logs", dirs_exist_ok=True)
+        problems = check_tables(s3, server, roots, landed)
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+    load.append(os.getloadavg()[0])
+    log(f"tasks: logs and task logs under {directory}")
+    return {"users": spec.users, "events": spec.events, "rows": rows, "problems": problems, "load": load}
+
+
+def summary(row: dict[str, Any]) -> str:
+    parts = [
+        f"{dag_id} {row[dag_id]['run_seconds']:.1f}s ("
+        + ", ".join(f"{t} {s:.1f}" for t, s in row[dag_id]["tasks"].items())
+        + ")"
+        for dag_id in DAG_IDS
+    ]
+    return ", ".join(parts) + f", requests {sum(row['requests'].values())}"
+
+
+def task_seconds(row: dict[str, Any], dag_id: str, kind: str) -> float:
+    """The duration of the task of ``dag_id`` whose id ends with ``kind`` (trigger, step, finalize)."""
+    return sum(s for t, s in row[dag_id]["tasks"].items() if t.split(".")[-1].startswith(kind))
+
+
+def render(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    later = rows[1:] or rows
+    tasks_ratio = statistics.median(
+        sum(row["bench_s3"]["tasks"].values()) / sum(row["bench_local"]["tasks"].values()) for row in later
+    )
+    met = "met" if tasks_ratio <= S3_OVER_LOCAL else "**not met**"
+    totals = [sum(row["requests"].values()) for row in rows]
+    lines = [
+        f"### A small checkpoint on S3 as Airflow tasks ({result['users']:,} keys, {result['events']:,} events "
+        f"a checkpoint, {len(rows)} checkpoints)",
+        "",
+        f"- S3 over local disk, sum of the three tasks, median of checkpoints 2 onwards: **{tasks_ratio:.2f}** "
+        f"— {met} (target ≤ {S3_OVER_LOCAL}).",
+        f"- Requests per checkpoint: {min(totals)}–{max(totals)}.",
+        f"- Tables: {'; '.join(result['problems']) or 'both equal the pandas ground truth'}.",
+        "",
+        f"Load average before and after the run (2 cores, shared with other jobs): "
+        f"{', '.join(f'{x:.1f}' for x in result['load'])}.",
+        "",
+        "| checkpoint | events | local trigger | step | finalize | S3 trigger | step | finalize | S3/local tasks "
+        "| empty task | " + " | ".join(KINDS[:5]) + " | total |",
+        "|---:|---:|" + "---:|" * 8 + "---:|" * 6,
+    ]
+    for row, total in zip(rows, totals, strict=True):
+        local = [task_seconds(row, "bench_local", k) for k in ("trigger", "step", "finalize")]
+        s3 = [task_seconds(row, "bench_s3", k) for k in ("trigger", "step", "finalize")]
+        empty = sum(row["bench_empty"]["tasks"].values())
+        counts = " | ".join(str(row["requests"][k]) for k in KINDS[:5])
+        lines.append(
+            f"| {row['checkpoint']} | {row['events']:,} | "
+            + " | ".join(f"{s:.2f}" for s in (*local, *s3))
+            + f" | {sum(s3) / sum(local):.2f} | {empty:.2f} | {counts} | {total} |"
+        )
+    return "\n".join([*lines, ""])
