@@ -1,6 +1,9 @@
 """The Delta commit of a checkpoint, an append's (adds only) and an upsert's, written by us with our own
-log replay (no delta-rs open before it: delta-rs's transaction API has no deletion vectors, and reads
-the log many times over on an object store).
+log replay (no delta-rs open before it). delta-rs's transaction API (``create_write_transaction`` with
+``CommitProperties(app_transactions=...)``) carries no deletion vector in its ``AddAction``/``RemoveAction``,
+so it cannot commit an upsert; for an append it opens the table first, re-reading the log on an object store
+(locally it is faster: an append + log checkpoint took it 0.23 s, ours 0.63 s at 1,000 live files, 0.026 s
+vs 0.043 s at 50; load 40 on 2 cores, ``scripts/bench/delta_library.py``).
 
 One commit file ``_delta_log/<version>.json`` created exclusively (a hard link locally, a
 conditional PUT on object stores): ``commitInfo``, ``txn(app id, checkpoint id)``, the

@@ -15,6 +15,11 @@ A deletion vector (DV) lets a Delta commit delete rows without rewriting their f
 
 Every descriptor and DV file is untrusted: shapes, sizes, checksums and cardinalities are
 checked before a position is used.
+
+Why ours: delta-rs 1.x cannot write deletion vectors (its ``AddAction``/``RemoveAction`` have no
+``deletionVector``; its ``DELETE``/``MERGE`` rewrite files) and reads them only for the whole table at once
+(``DeltaTable.deletion_vectors()``: a list of booleans per row of every file with one), where an upsert
+reads the DVs of the files it touches; no Python binding of delta-kernel writes either.
 """
 
 from __future__ import annotations

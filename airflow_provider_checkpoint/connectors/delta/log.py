@@ -12,6 +12,12 @@ with change data feed, change rows: a commit's ``cdc`` files when it has some (w
 a writer with ``delta.enableChangeDataFeed``), else its data-changing adds as inserts and
 removes as deletes (as Delta's own reader does). Whole-file changes are exact as a net
 change: the unchanged rows of a rewritten file come out once deleted and once inserted.
+
+Why our own replay: the source reads each commit's actions between two positions (``cdc``, removes, DV
+changes), which delta-rs's ``get_add_actions()`` (the live files of one version) does not give, and the log
+is checked (:mod:`.log_checks`) before any parser of delta-rs sees it; the live files of the latest version
+took ours 0.86 s, delta-rs's open + ``get_add_actions()`` 3.0 s on a 1,000-commit log (50 commits: 0.010 s
+vs 0.12 s; load 40 on 2 cores, ``scripts/bench/delta_library.py``).
 """
 
 from __future__ import annotations

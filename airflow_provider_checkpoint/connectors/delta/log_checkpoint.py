@@ -16,6 +16,11 @@ A table using anything this writer does not reproduce exactly (a reader or write
 :data:`READER_FEATURES`/:data:`WRITER_FEATURES`, column mapping, row tracking, domain metadata, a V2 or
 multi-part checkpoint, a log file of another kind, a transaction retention) is :attr:`Replay.unsupported`:
 the caller falls back to delta-rs's ``create_checkpoint``.
+
+Why not always delta-rs's ``create_checkpoint``: it must open the table first, re-reading the log (a finalize
+on S3 makes about 10 requests with this writer, 42 with delta-rs's, ``tests/s3/test_s3_delta_commit_requests.py``);
+locally it is faster on large tables (commit + checkpoint at 1,000 live files: delta-rs 0.23 s, ours 0.63 s;
+from 1,000 commits without one: delta-rs 7.0 s, ours 1.7 s; load 40 on 2 cores, ``scripts/bench/delta_library.py``).
 """
 
 from __future__ import annotations
