@@ -17,6 +17,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py kafka-sink --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --increments 3 --rounds 3
     .venv/bin/python scripts/benchmark.py jit --sizes 250000,1000000,4000000 --rounds 2
+    .venv/bin/python scripts/benchmark.py cdc --increments 3 --events 200000 --users 1000000 --snapshot-rows 2000000
     .venv/bin/python scripts/benchmark.py windows --increments 30 --events 1000000 --users 1000000
 
 Each prints its Markdown, writes the raw figures to ``<work>/run/<section>.json`` and replaces
@@ -36,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import (  # noqa: E402
+    cdc,
     firstcheckpoint,
     inprocess,
     jit,
@@ -67,6 +69,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "kafka-sink": (3, 1_000_000, 1),  # increments: rounds; events: records landed and published per round
     "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
     "jit": (1, 1, 1),  # --sizes keys, --rounds runs per JIT, each in a fresh process
+    "cdc": (3, 200_000, 1_000_000),  # increments: rounds; events: row changes; users: rows of the streamed table
     "windows": (30, 1_000_000, 1_000_000),  # a steady stream: 5 minutes of event time per checkpoint
 }
 PNG = "benchmark-long-run.png"
@@ -100,6 +103,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sizes", default="1000000,4000000", help="first-checkpoint mode's keys (first checkpoint events) per job"
     )
+    parser.add_argument("--snapshot-rows", type=int, default=2_000_000, help="cdc mode's snapshotted table")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
         "--no-doc", action="store_true", help="do not write docs/benchmarks.md (the long run's plot goes to <work>/run)"
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "kafka-sink": "large-state",
         "first-checkpoint": "large-state",
         "jit": "large-state",
+        "cdc": "large-state",  # its own tables (bench.cdc); the spec is unused
         "windows": "large-state",  # its own stream (bench.windows); the spec is unused
     }.get(args.mode, args.mode)
     section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
@@ -178,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "windows":
         result = windows.run(windows.WindowSpec(args.increments, args.events, args.users, args.seed), work)
         text = windows.render(result)
+        ok = not result["problems"]
+    elif args.mode == "cdc":
+        result = cdc.run(args.users, args.events, args.snapshot_rows, args.increments, work)
+        text = cdc.render(result)
         ok = not result["problems"]
     elif args.mode == "state-io":
         long_run = DataSpec("large-state", args.s3_long_run, 200, 20_000, args.pages, args.seed)  # the small pipeline

@@ -75,7 +75,7 @@ class Workload:
         ts = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=r.randrange(10**8), microseconds=r.randrange(10**6))
         return (
             key,
-            r.choice(["ann", "bob", None, "çé"]),
+            r.choice(["ann", "bob", None, "çé", "", 'a "q",\nb']),  # empty is not NULL; CSV quoting
             Decimal(r.randrange(-(10**6), 10**6)) / 100,
             r.choice([True, False, None]),
             date(2020, 1, 1) + timedelta(days=r.randrange(3000)),

@@ -19,6 +19,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     from_parquet,
     parquet,
 )
+from airflow_provider_checkpoint.connectors.postgres.cdc_snapshot import copy_rows
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     SESSION,
     TableColumn,
@@ -256,7 +257,7 @@ class PostgresCdcSource(Source):
             for i, table in enumerate(tables):
                 columns = table_columns(conn, table)
                 recorded[table] = cdc_schema.to_json(columns)
-                data = self._snapshot_rows(conn, table, columns, consistent)
+                data = copy_rows(conn, table, columns, consistent)
                 files.append(f"{directory}/{i}.parquet")
                 rows += data.num_rows
                 self.job_storage.write_atomic(files[-1], parquet(data))
@@ -271,15 +272,6 @@ class PostgresCdcSource(Source):
         )
         position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "tables": tables}
         return {**position, "columns": recorded, "snapshot": files}
-
-    def _snapshot_rows(self, conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
-        names = ", ".join(f"{quote(c.name)}::text" for c in columns)
-        query = f"SELECT {names} FROM {quoted_table(table)}"
-        meta = (table, "insert", False, lsn, None, None)
-        with conn.cursor(name=f"cdc_snapshot_{self.uid}") as cursor:  # rows stream from the server
-            cursor.itersize = cdc_slot.PEEK_BATCH
-            cursor.execute(query)
-            return arrow(columns, ((values, meta) for values in cursor))
 
     # -- after completion ----------------------------------------------------------------------
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:

@@ -85,14 +85,18 @@ def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]
     :data:`METADATA`."""
     import pyarrow as pa
 
-    convert = [converter(c) for c in columns]
-    data: list[list[Any]] = [[] for _ in range(len(columns) + len(METADATA))]
+    names = [c.name for c in columns]
+    texts: list[list[Any]] = [[] for _ in columns]
+    metas: list[list[Any]] = [[] for _ in METADATA]
     for values, meta in rows:
         if isinstance(values, dict):
-            typed = [f(values.get(c.name)) for c, f in zip(columns, convert, strict=True)]
+            get = values.get
+            for out, name in zip(texts, names, strict=True):
+                out.append(get(name))
         else:
-            typed = [f(v) for v, f in zip(values, convert, strict=True)]
-        for out, value in zip(data, [*typed, *meta], strict=True):
+            for out, value in zip(texts, values, strict=True):
+                out.append(value)
+        for out, value in zip(metas, meta, strict=True):
             out.append(value)
     fields = [pa.field(c.name, c.arrow_type()) for c in columns] + [
         pa.field("source_table", pa.string()),
@@ -102,9 +106,27 @@ def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]
         pa.field("commit_time", pa.timestamp("us", tz="UTC")),
         pa.field("xid", pa.int64()),
     ]
-    return pa.Table.from_arrays(
-        [pa.array(d, f.type) for d, f in zip(data, fields, strict=True)], schema=pa.schema(fields)
-    )
+    arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
+    arrays += [pa.array(m, f.type) for m, f in zip(metas, fields[len(columns) :], strict=True)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def typed(column: TableColumn, texts: list[str | None] | pa.Array) -> pa.Array:
+    """One column's values from their texts: strings as they are, integers and floats parsed by Arrow, the
+    rest (and any value Arrow does not parse, so that the error names it) by :func:`.cdc_types.converter`."""
+    import pyarrow as pa
+
+    kind = column.arrow_type()
+    strings = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
+    if pa.types.is_string(kind):
+        return strings
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        try:
+            return strings.cast(kind)
+        except pa.ArrowInvalid:
+            pass
+    convert = converter(column)
+    return pa.array([convert(t) for t in strings.to_pylist()], kind)
 
 
 def _aligned(part: pa.Table, schema: pa.Schema) -> pa.Table:

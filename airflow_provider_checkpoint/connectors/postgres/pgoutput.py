@@ -82,13 +82,17 @@ class Transaction:
     truncated: list[Relation] = field(default_factory=list)
 
 
+_STRUCTS = {fmt: struct.Struct(fmt) for fmt in (">q", ">I", ">i", ">h", ">b")}
+
+
 class _Reader:
     def __init__(self, data: bytes) -> None:
         self.data, self.at = data, 0
 
     def take(self, fmt: str) -> int:
-        (value,) = struct.unpack_from(fmt, self.data, self.at)
-        self.at += struct.calcsize(fmt)
+        form = _STRUCTS[fmt]
+        (value,) = form.unpack_from(self.data, self.at)
+        self.at += form.size
         return int(value)
 
     def string(self) -> str:
@@ -105,17 +109,29 @@ class _Reader:
         return chunk
 
     def tuple_data(self) -> tuple[Value, ...]:
+        data, at = self.data, self.at
+        count = int.from_bytes(data[at : at + 2], "big", signed=True)
+        at += 2
         values: list[Value] = []
-        for _ in range(self.take(">h")):
-            kind = self.raw(1)
-            if kind == b"n":
-                values.append(None)
-            elif kind == b"u":
-                values.append(UNCHANGED)
-            elif kind == b"t":
-                values.append(self.raw(self.take(">i")).decode())
+        append = values.append
+        for _ in range(count):
+            kind = data[at]
+            if kind == 0x74:  # 't': a length, then the text
+                length = int.from_bytes(data[at + 1 : at + 5], "big", signed=True)
+                end = at + 5 + length
+                if end > len(data) or length < 0:
+                    raise ValueError("message ends inside a value")
+                append(data[at + 5 : end].decode())
+                at = end
+            elif kind == 0x6E:  # 'n'
+                append(None)
+                at += 1
+            elif kind == 0x75:  # 'u'
+                append(UNCHANGED)
+                at += 1
             else:  # 'b' (binary) is only sent when asked for
-                raise ValueError(f"tuple value kind {kind!r} not supported")
+                raise ValueError(f"tuple value kind {bytes([kind])!r} not supported")
+        self.at = at
         return tuple(values)
 
 
@@ -140,7 +156,7 @@ class Decoder:
         kind = data[:1]
         try:
             return self._feed(kind, _Reader(data[1:]))
-        except (struct.error, ValueError, UnicodeDecodeError) as e:
+        except (struct.error, ValueError, UnicodeDecodeError, IndexError) as e:
             raise CdcSourceError(
                 f"replication slot {self.slot}: cannot decode pgoutput message {kind!r} ({len(data)} bytes): {e}"
             ) from e
