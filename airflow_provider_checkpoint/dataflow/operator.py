@@ -170,6 +170,26 @@ class StatefulOperator(Node):
         default): the checkpoint compares :meth:`process_at`'s new state with the old."""
         return None
 
+    def partials_at(self, inputs: Mapping[str, DataFrame], before: WatermarkProgress) -> DataFrame | None:
+        """:meth:`partials` of an operator with event time (rows late by the watermark ``before`` this
+        checkpoint left out), which :meth:`merge_at_arrow` merges; ``None`` (the default): none."""
+        return None
+
+    def merge_at_arrow(
+        self, state: pa.Table, partials: pa.Table, after: WatermarkProgress
+    ) -> tuple[pa.Table, pa.Table]:
+        """:meth:`merge_arrow` of an operator with event time, given the ``state`` rows of at least the keys
+        in ``partials`` and of every key the watermark ``after`` this checkpoint may close
+        (:meth:`closes_below`): the changed rows (the state columns, boolean ``__deleted`` and ``__new``,
+        every other column of ``partials`` or ``state`` as it was; a deleted row had state) and the output
+        rows (the state columns)."""
+        raise NotImplementedError
+
+    def closes_below(self, after: WatermarkProgress) -> tuple[str, int | None]:
+        """A timestamp state column and the time (µs) below which the watermark ``after`` may delete a key
+        of it without input (:meth:`merge_at_arrow`); ``None``: it deletes none."""
+        raise NotImplementedError
+
     def output_of(self, state: DataFrame) -> DataFrame:
         """The output of a checkpoint whose changed keys have the new ``state`` rows (from
         :meth:`changes`, :meth:`first_state` or :meth:`merge_arrow`): those rows themselves here."""

@@ -35,9 +35,11 @@ from airflow_provider_checkpoint.dataflow.late_data import LateOutput
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW
 from airflow_provider_checkpoint.dataflow.sessions import WINDOW_END, WINDOW_START, merge_sessions
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
+from airflow_provider_checkpoint.dataflow.window_merge import merge_windows
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
@@ -332,6 +334,35 @@ class WindowAggregate(LateOutput, KeyedAggregate):
 
         return self._late(F.unix_micros(WINDOW_END), after)
 
+    def _on_time(self, inputs: Mapping[str, DataFrame], before: WatermarkProgress) -> DataFrame:
+        """The input's (row, window) pairs not late by the watermark ``before`` (the late rows kept aside
+        as :attr:`late_data` with ``late="output"``)."""
+        from pyspark.sql import functions as F
+
+        timed = self._rows(inputs)
+        if self.late == "output":
+            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(TS_US)
+        return self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
+
+    def partials_at(self, inputs: Mapping[str, DataFrame], before: WatermarkProgress) -> DataFrame | None:
+        """The aggregates of the on-time rows per window (tumbling and sliding windows whose aggregates
+        pyarrow merges; sessions merge in Spark)."""
+        if self.window.kind == "session" or not all(agg.arrow_mergeable() for agg in self.aggs.values()):
+            return None
+        return self._partial(self._on_time(inputs, before))
+
+    def merge_at_arrow(
+        self, state: pa.Table, partials: pa.Table, after: WatermarkProgress
+    ) -> tuple[pa.Table, pa.Table]:
+        """Windows merged as :func:`~.window_merge.merge_windows` says."""
+        return merge_windows(self.merge_arrow, state, partials, self.keys, self.lateness_ms, after.watermark, self.emit)
+
+    def closes_below(self, after: WatermarkProgress) -> tuple[str, int | None]:
+        """A window ending before the watermark less the allowed lateness (+1 µs) closes."""
+        if after.watermark is None:
+            return WINDOW_END, None
+        return WINDOW_END, (after.watermark - self.lateness_ms) * 1000 + 1
+
     def _step(
         self, inputs: Mapping[str, DataFrame], state: DataFrame, before: WatermarkProgress, after: WatermarkProgress
     ) -> _Step:
@@ -340,10 +371,7 @@ class WindowAggregate(LateOutput, KeyedAggregate):
         left as they are (:attr:`_Step.untouched`), to be closed by ``after`` alone."""
         from pyspark.sql import functions as F
 
-        timed = self._rows(inputs)
-        if self.late == "output":
-            self._late_rows = timed.where(self._late(self._latest_end(), before)).drop(TS_US)
-        rows = self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
+        rows = self._on_time(inputs, before)
         closed = self._closes(after)
         if self.window.kind != "session":
             return _Step(self._aggregated_with(state, rows).persist(), closed)  # used twice

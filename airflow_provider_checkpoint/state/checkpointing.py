@@ -24,7 +24,7 @@ from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.exceptions import StateFileError, raised_in_spark
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
-from airflow_provider_checkpoint.state.driver_merge import driver_partials, merge_on_driver
+from airflow_provider_checkpoint.state.driver_merge import Closing, driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout, ranges_for
 from airflow_provider_checkpoint.state.keygroups import (
@@ -123,6 +123,7 @@ def checkpoint_operator(
             where,
             process,
             changes,
+            None if timed is None else (before, timed[0]),
         )
     except Exception as e:  # a state file refused on the driver or in a Spark task: say which checkpoint read it
         refused = e if isinstance(e, StateFileError) else raised_in_spark(e)
@@ -149,10 +150,13 @@ def _checkpoint_operator(
     where: Mapping[str, object],
     process: Process | None = None,
     changes: Changes | None = None,
+    watermarks: tuple[WatermarkProgress, WatermarkProgress] | None = None,
 ) -> OperatorCheckpoint:
     """:func:`checkpoint_operator`; ``process`` given (event time), it runs in place of the operator's
     :meth:`~StatefulOperator.process` and of its other forms (changelog, driver merge, first state),
-    which know no watermark; ``changes`` (event time too) in place of its changelog form."""
+    which know no watermark; ``changes`` (event time too) in place of its changelog form, and
+    ``watermarks`` (before and after the checkpoint) choose its driver merge's form
+    (:meth:`~StatefulOperator.partials_at`)."""
     forms = process is None
     process = process or node.process
     own = keeps_files_of(storage, restore_base)
@@ -163,10 +167,14 @@ def _checkpoint_operator(
         layout = None
     if layout is not None and restored is not None:
         operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
-        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows) if forms else None
+        before = None if watermarks is None else watermarks[0]
+        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows, before)
         if partials is not None:
+            closing = None if watermarks is None else Closing.of(node, watermarks[1])
             return OperatorCheckpoint(
-                *merge_on_driver(storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault)
+                *merge_on_driver(
+                    storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault, closing
+                )
             )
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = (node.changes(inputs, state, barrier, restored.rows) if forms else None), None

@@ -8,12 +8,20 @@ driver reads the touched ranges' state files, merges (:meth:`StatefulOperator.me
 writes the deltas and compacted ranges itself: no shuffle of the state, no Spark write job.
 Files, handles and layout are those the Spark path writes, so each continues the other's
 checkpoints, and a step retried on either path produces the same state.
+
+An operator with event time merges there too when it has that form
+(:meth:`StatefulOperator.partials_at`, e.g. a tumbling or sliding
+:class:`~airflow_provider_checkpoint.dataflow.windows.WindowAggregate`): its input's on-time rows,
+one row per window, merged with the open windows' state; the windows the watermark closes are
+deleted (and emitted) in every range, read only when its files' Parquet statistics show a window
+that may close (:class:`Closing`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
@@ -28,6 +36,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
+    from airflow_provider_checkpoint.core.event_time import WatermarkProgress
+
 DRIVER_INPUT_BYTES = 64 << 20
 """The largest input (Spark's size estimate) whose per-key partials the driver collects."""
 _RANGE = "__kgr"
@@ -38,12 +48,19 @@ _ARROW_MERGEABLE |= {"decimal"}
 
 
 def driver_partials(
-    node: StatefulOperator, inputs: Mapping[str, DataFrame], restored: OperatorSnapshot, max_rows: int
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    restored: OperatorSnapshot,
+    max_rows: int,
+    before: WatermarkProgress | None = None,
 ) -> DataFrame | None:
-    """The input's per-key partials (:meth:`StatefulOperator.partials`) when this checkpoint of
-    ``node`` is merged on the driver: its state has at most ``max_rows`` rows of simple types and
-    its input is small (by Spark's estimate; none over Spark Connect). ``None``: Spark merges."""
-    partials = node.partials(inputs) if restored.rows <= max_rows else None
+    """The input's per-key partials (:meth:`StatefulOperator.partials`; with the watermark ``before`` this
+    checkpoint, :meth:`StatefulOperator.partials_at`) when this checkpoint of ``node`` is merged on the
+    driver: its state has at most ``max_rows`` rows of simple types and its input is small (by Spark's
+    estimate; none over Spark Connect). ``None``: Spark merges."""
+    if restored.rows > max_rows:
+        return None
+    partials = node.partials(inputs) if before is None else node.partials_at(inputs, before)
     if partials is None:
         return None
     if any(f.dataType.typeName() not in _ARROW_MERGEABLE for f in state_schema(restored).fields):
@@ -68,12 +85,20 @@ def merge_on_driver(
     restored: OperatorSnapshot,
     layout: StateLayout,
     fault: Callable[[str], None],
+    closing: Closing | None = None,
 ) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows | None]:
     """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`), into
     ``restored`` and write the deltas (and the ranges :meth:`StateLayout.to_compact` picks, or
-    every range when most keys changed) under ``directory``: the new snapshot, the new rows of
-    the changed keys (as a DataFrame, :meth:`StatefulOperator.output_of`), the ack metrics, and that output as
-    the driver holds it (``None`` where only Spark computes it)."""
+    every range when most keys changed) under ``directory``: the new snapshot, the output (as a
+    DataFrame, :meth:`StatefulOperator.output_of`), the ack metrics, and that output as the driver
+    holds it (``None`` where only Spark computes it).
+
+    Without ``closing``, the output is the new rows of the keys in ``partials``
+    (:meth:`StatefulOperator.merge_arrow`), and only the ranges they touch (and those compacted) are
+    read. With it (an event-time operator, :meth:`StatefulOperator.merge_at_arrow`), it may delete
+    keys the input never names (windows the watermark closes): every range that may hold such a key
+    is read too (:meth:`Closing.may_close`), and the output is what ``closing`` says.
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -90,24 +115,28 @@ def merge_on_driver(
     compact = set(layout.to_compact())
     if not layout.has_deltas and len(batch) >= FULL_VERSION_SHARE * restored.rows:
         compact = set(range(layout.parallelism))  # a delta that large would make every range due
+    read = touched | compact
+    if closing is not None:
+        read |= {i for i, r in enumerate(layout.ranges) if closing.may_close(storage, r.handles)}
     state: dict[int, pa.Table] = {
-        i: merged_rows(storage, restored, layout.ranges[i].handles, node.uid).cast(schema)
-        for i in sorted(touched | compact)
+        i: merged_rows(storage, restored, layout.ranges[i].handles, node.uid).cast(schema) for i in sorted(read)
     }
     rows = [t.append_column(_RANGE, pa.array(np.full(len(t), i, np.int32))) for i, t in state.items()]
-    merged = node.merge_arrow(
-        pa.concat_tables(rows) if rows else schema.empty_table(), batch.cast(_with_range(schema, batch))
-    )
+    old = pa.concat_tables(rows) if rows else schema.append(pa.field(_RANGE, pa.int32())).empty_table()
+    new = batch.cast(_with_range(schema, batch))
+    if closing is None:
+        merged = node.merge_arrow(old, new)
+        changes, shown = merged.append_column(DELETED, pa.array(np.zeros(len(merged), np.bool_))), merged
+    else:
+        changes, shown = closing.merge(old, new)
 
     def changes_in(i: int) -> pa.Table:
-        own = merged.filter(pc.equal(merged[_RANGE], i)).select(columns)
-        return own.append_column(DELETED, pa.array(np.zeros(len(own), np.bool_))).append_column(
-            SEQ, pa.array(np.full(len(own), checkpoint_id, np.int64))
-        )
+        own = changes.filter(pc.equal(changes[_RANGE], i)).select([*columns, DELETED])
+        return own.append_column(SEQ, pa.array(np.full(len(own), checkpoint_id, np.int64)))
 
     fault("step.before_state_write")
     written: dict[int, list[StateHandle]] = {}
-    for i in sorted(touched - compact):
+    for i in sorted({int(i) for i in pc.unique(changes[_RANGE]).to_pylist()} - compact):
         span = layout.ranges[i].key_groups
         written[i] = [write_state_file(storage, _file(directory, "delta", i), changes_in(i), span, checkpoint_id)]
     compacted: dict[int, list[StateHandle]] = {}
@@ -118,29 +147,87 @@ def merge_on_driver(
         span = layout.ranges[i].key_groups
         compacted[i] = [write_state_file(storage, _file(directory, "compacted", i), full, span)] if len(full) else []
     fault("step.after_state_write")
-    inserted = int(pc.sum(merged[NEW]).as_py() or 0)
+    inserted = int(pc.sum(changes[NEW]).as_py() or 0)
+    deleted = int(pc.sum(changes[DELETED]).as_py() or 0)  # a deleted key had state: never new
     snapshot = OperatorSnapshot(
         handles=layout.handles_after(written, compacted),
         schema=restored.schema,
         keys=node.keys,
         max_parallelism=node.max_parallelism,
-        rows=restored.rows + inserted,
+        rows=restored.rows + inserted - deleted,
     )
     new_files = [h for hs in (*written.values(), *compacted.values()) for h in hs]
     metrics = {
         "state_rows": snapshot.rows,
         "state_bytes": sum(h.size for h in new_files),
         "state_files": len(new_files),
-        "state_keys_changed": len(merged),
+        "state_keys_changed": len(changes),
         "state_ranges_compacted": len(compact),
         "state_size": snapshot.size,
         "state_merged_on_driver": 1,
         "state_incremental": 1,
     }
-    new_rows = merged.select(columns)
-    shown = node.output_arrow(new_rows)
-    held = None if shown is None else DriverRows(shown.append_column(KEY_HASH, merged[KEY_HASH]), node.keys)
-    return snapshot, node.output_of(spark.createDataFrame(new_rows, schema=struct)), metrics, held
+    new_rows = shown.select(columns)
+    output = node.output_of(spark.createDataFrame(new_rows, schema=struct))
+    if closing is not None:
+        return snapshot, output, metrics, None
+    shown_rows = node.output_arrow(new_rows)
+    held = None if shown_rows is None else DriverRows(shown_rows.append_column(KEY_HASH, shown[KEY_HASH]), node.keys)
+    return snapshot, output, metrics, held
+
+
+@dataclass(frozen=True)
+class Closing:
+    """How an event-time operator's checkpoint merges on the driver (:func:`merge_on_driver`).
+
+    ``merge(state, partials)``: given the state rows of the ranges read and the checkpoint's partials
+    (both with their range in ``__kgr``), the changed rows (the state columns, ``__deleted``, ``__new``
+    and ``__kgr``; a deleted row had state) and the output rows. ``column`` (a timestamp column) and
+    ``closes_below`` (µs since the epoch): a key whose ``column`` is below it may be deleted without
+    input; a range none of whose files may hold one (by their footers' statistics) is not read.
+    ``None``: no key is deleted without input.
+    """
+
+    merge: Callable[[pa.Table, pa.Table], tuple[pa.Table, pa.Table]]
+    column: str
+    closes_below: int | None
+
+    @classmethod
+    def of(cls, node: StatefulOperator, after: WatermarkProgress) -> Closing:
+        """``node``'s (:meth:`StatefulOperator.merge_at_arrow`) with the watermark ``after`` the checkpoint."""
+        column, below = node.closes_below(after)
+        return cls(lambda state, partials: node.merge_at_arrow(state, partials, after), column, below)
+
+    def may_close(self, storage: Location, handles: Sequence[StateHandle]) -> bool:
+        """Whether a file of ``handles`` may hold a key the watermark closes."""
+        if self.closes_below is None:
+            return False
+        for handle in handles:
+            lowest = _lowest_micros(storage, handle, self.column)
+            if lowest is None or lowest < self.closes_below:
+                return True
+        return False
+
+
+def _lowest_micros(storage: Location, handle: StateHandle, column: str) -> int | None:
+    """The least value (µs) of the timestamp ``column`` in a state file by its footer's statistics (no
+    data read); ``None`` when the footer does not tell (e.g. Spark's INT96 timestamps have none)."""
+    import pyarrow.parquet as pq
+
+    with storage.fs.open(storage.path(handle.path), "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+    found = [i for i in range(meta.num_columns) if meta.schema.column(i).path == column]
+    if not found or meta.schema.column(found[0]).physical_type != "INT64":
+        return None
+    if "micro" not in str(meta.schema.column(found[0]).logical_type).lower():
+        return None
+    lows = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(found[0]).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(int(stats.min_raw))
+    return min(lows) if lows else None
 
 
 def _with_range(schema: pa.Schema, batch: pa.Table) -> pa.Schema:

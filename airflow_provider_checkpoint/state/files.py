@@ -165,7 +165,14 @@ def merged_rows(base: Location, state: OperatorSnapshot, handles: Sequence[State
     table = _concat(base, full, state, uid)
     if not deltas:
         return table
-    return overlay(table, _concat(base, [h for _, hs in deltas for h in hs], state, uid), state.keys)
+    changes = _concat(base, [h for _, hs in deltas for h in hs], state, uid)
+    if _types(table) != {n: t for n, t in _types(changes).items() if n in table.column_names}:
+        table, changes = with_instants(table, state, uid), with_instants(changes, state, uid)  # see _concat
+    return overlay(table, changes, state.keys)
+
+
+def _types(table: pa.Table) -> dict[str, pa.DataType]:
+    return {f.name: f.type for f in table.schema}
 
 
 def overlay(table: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -256,6 +263,8 @@ def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnaps
         check_columns(file.schema_arrow, state, handle.delta is not None, where, uid)
         with decoding(where, uid):
             tables.append(file.read())
+    if len({tuple(_types(t).items()) for t in tables}) > 1:  # files by Spark (INT96 times) and by pyarrow
+        tables = [with_instants(t, state, uid) for t in tables]
     if tables:
         return pa.concat_tables(tables, promote_options="default")
     names = [field["name"] for field in json.loads(state.schema)["fields"]]
