@@ -57,7 +57,7 @@ windows = st.dictionaries(
 )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     old=windows,
     new=windows,
