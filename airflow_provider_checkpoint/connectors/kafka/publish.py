@@ -26,9 +26,9 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.kafka import client
 from airflow_provider_checkpoint.core.faults import fault_point
@@ -41,6 +41,7 @@ from airflow_provider_checkpoint.exceptions import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from confluent_kafka import KafkaError, Producer
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ HISTORY = 32
 """How many published checkpoints the marker lists (its metadata stays far below the broker's
 ``offset.metadata.max.bytes``, 4096 by default)."""
 TOKEN = re.compile(r"^[0-9a-f]{32}$")
-_FLUSH_EVERY = 10_000
+_BATCH = 10_000
+"""Records turned into Python objects at a time; the producer's events are served after each batch."""
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,6 @@ class Marker:
 
     def add(self, checkpoint_id: int, token: str) -> Marker:
         return Marker((*self.history, (checkpoint_id, token))[-HISTORY:])
-
-
-Record = tuple[bytes | None, bytes | None, list[tuple[str, str | bytes | None]] | None, int | None]
-"""One record to produce: key, value (``None``: a tombstone), headers, partition (``None``: the partitioner's)."""
 
 
 def new_token(now: float) -> str:
@@ -148,10 +146,12 @@ class Publisher:
                 "acks": "all",
                 "partitioner": "murmur2_random",  # the Java client's default: same key, same partition
                 # a commit sends its whole checkpoint at once: full batches, and a Python callback only
-                # for a record that failed (each record's report costs more than producing it)
+                # for a record that failed (each record's report costs more than producing it); one
+                # callback for all records: none is registered per record
                 "linger.ms": 50,
                 "batch.size": 1_000_000,
                 "delivery.report.only.error": True,
+                "on_delivery": self._report,
                 "error_cb": self.refusals,
             }
         )
@@ -201,21 +201,17 @@ class Publisher:
             raise SinkConnectionError(f"{self.where}: topic {self.topic!r} does not exist: create it first")
         return len(found.partitions)
 
-    def publish(self, checkpoint_id: int, token: str, marker: Marker, records: Iterable[Record], sink: str) -> int:
-        """Produce ``records`` and the marker with ``(checkpoint_id, token)`` added in one transaction; how
-        many records it holds. Any failure aborts the transaction (nothing of it becomes visible)."""
+    def publish(self, checkpoint_id: int, token: str, marker: Marker, records: pa.Table, sink: str) -> int:
+        """Produce ``records`` (the staged columns, :func:`~.sink.staged_schema`) and the marker with
+        ``(checkpoint_id, token)`` added in one transaction; how many records it holds. Any failure aborts
+        the transaction (nothing of it becomes visible)."""
         from confluent_kafka import Consumer, TopicPartition
 
         producer = self.producer
         assert producer is not None
         producer.begin_transaction()
-        count = 0
         try:
-            for key, value, headers, partition in records:
-                self._produce(producer, key, value, headers, partition)
-                count += 1
-                if count % _FLUSH_EVERY == 0:
-                    producer.poll(0)
+            self._produce(producer, records)
             if producer.flush(client.TIMEOUT_SECONDS):
                 raise SinkUnavailableError(f"{self.where}: records of checkpoint {checkpoint_id} not delivered")
             self._check_delivered(checkpoint_id)
@@ -237,23 +233,31 @@ class Publisher:
             if isinstance(e, Exception) and client._error(e) is not None:  # a KafkaException: named, classified
                 raise self._failed(e, f"the transaction of checkpoint {checkpoint_id}") from e
             raise
-        return count
+        return records.num_rows
 
-    def _produce(
-        self,
-        producer: Producer,
-        key: bytes | None,
-        value: bytes | None,
-        headers: list[tuple[str, str | bytes | None]] | None,
-        partition: int | None,
-    ) -> None:
-        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
-        while True:
-            try:
-                producer.produce(self.topic, value=value, key=key, headers=headers, on_delivery=self._report, **extra)
-                return
-            except BufferError:  # the local queue is full: deliver some first
-                producer.poll(0.1)
+    def _produce(self, producer: Producer, records: pa.Table) -> None:
+        """Hand every record to the producer, in order: a batch of columns at a time as Python objects, one
+        ``produce`` call per record and nothing else per record (this loop is the commit's cost)."""
+        import pyarrow.compute as pc
+
+        produce, topic = producer.produce, self.topic
+        for batch in records.to_batches(max_chunksize=_BATCH):
+            keys, values = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            partitions = pc.fill_null(batch.column(3), -1).to_pylist()  # -1: the partitioner's choice
+            column = batch.column(2)
+            headers = (
+                [None if h is None else [(e["key"], e["value"]) for e in h] for h in column.to_pylist()]
+                if column.null_count < len(column)
+                else [None] * len(column)
+            )
+            for key, value, partition, pairs in zip(keys, values, partitions, headers, strict=True):
+                while True:
+                    try:
+                        produce(topic, value, key, partition, headers=pairs)
+                        break
+                    except BufferError:  # the local queue is full: let it drain, then this record again
+                        producer.poll(0.01)
+            producer.poll(0)
 
     def _report(self, error: KafkaError | None, _message: object) -> None:
         if error is not None:

@@ -22,7 +22,6 @@ import io
 import logging
 import re
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.kafka import client
@@ -31,7 +30,6 @@ from airflow_provider_checkpoint.connectors.kafka.publish import (
     TOKEN,
     Marker,
     Publisher,
-    Record,
     new_token,
     read_marker,
 )
@@ -140,6 +138,7 @@ class KafkaSink(Sink):
         self.value_column, self.tombstone_column = value_column, tombstone_column
         self.headers_column, self.partition_column = headers_column, partition_column
         self.prefix, self.transaction_timeout_ms = transactional_id_prefix, transaction_timeout_ms
+        self._facts: tuple[str, int, int | None] | None = None  # the attempt prepared, its topic's facts
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "format": f"kafka/{self.format}", "topic": self.topic, "key": self.key}
@@ -231,16 +230,24 @@ class KafkaSink(Sink):
 
     def prepare(self, ctx: StepContext) -> None:
         """Fail the step, before any Spark work, if the connection is refused or the topic does not exist:
-        not after ``_metadata``, where the commit could only retry."""
-        self.topic_partitions()
+        not after ``_metadata``, where the commit could only retry. Keeps what :meth:`stage` checks against
+        (the topic's partitions and ``max.message.bytes``), read over this one connection."""
+        self._facts = (ctx.attempt_dir, *self.topic_facts())
 
-    def topic_partitions(self) -> int:
-        """How many partitions the topic has (one metadata request)."""
+    def topic_facts(self) -> tuple[int, int | None]:
+        """The topic's partition count and its ``max.message.bytes`` (``None``: the broker does not say), over
+        one connection."""
         try:
             with client.Broker(self.config(), self.kafka_config_id) as broker:
-                return len(broker.partitions([self.topic], None))
+                return len(broker.partitions([self.topic], None)), broker.max_message_bytes(self.topic)
         except KafkaSourceError as e:
             raise SinkConnectionError(f"sink {self.uid}: {e}") from e
+
+    def _step_facts(self, ctx: StepContext) -> tuple[int, int | None]:
+        """What :meth:`prepare` read for this attempt, or (a step that did not prepare) read now."""
+        if self._facts is not None and self._facts[0] == ctx.attempt_dir:
+            return self._facts[1], self._facts[2]
+        return self.topic_facts()
 
     def staged_file(self, ctx: StepContext) -> str:
         return f"{ctx.attempt_dir}/kafka-{self.uid}.parquet"
@@ -252,12 +259,10 @@ class KafkaSink(Sink):
 
         self.bind_job(ctx.plan.job_id)
         rows = self.records(df).toArrow().cast(staged_schema())
-        self._check_partitions(rows)
         if rows.num_rows:
-            config = self.config()
-            with client.Broker(config, self.kafka_config_id) as broker:
-                limit = broker.max_message_bytes(self.topic)
-            check_sizes(self.uid, self.topic, rows, limit, config, self.kafka_config_id)
+            partitions, limit = self._step_facts(ctx)
+            self._check_partitions(rows, partitions)
+            check_sizes(self.uid, self.topic, rows, limit, self.config(), self.kafka_config_id)
         buffer = io.BytesIO()
         pq.write_table(rows, buffer)
         data = buffer.getvalue()
@@ -269,7 +274,7 @@ class KafkaSink(Sink):
         committable = {"checkpoint_id": ctx.checkpoint_id, "file": relative, "records": rows.num_rows}
         return [{**committable, "checksum": checksum_of([data]), "token": new_token(time.time())}]
 
-    def _check_partitions(self, rows: pa.Table) -> None:
+    def _check_partitions(self, rows: pa.Table, count: int) -> None:
         """A partition column's values must be partitions of the topic: refused in the step, not at the commit
         (a completed checkpoint whose records the broker refuses could never commit)."""
         import pyarrow.compute as pc
@@ -279,7 +284,6 @@ class KafkaSink(Sink):
         low, high = pc.min_max(rows["partition"]).values()
         if low.as_py() is None:
             return
-        count = self.topic_partitions()
         if low.as_py() < 0 or high.as_py() >= count:
             raise SinkSchemaError(
                 f"sink {self.uid}: partition_column {self.partition_column} has values {low.as_py()}..{high.as_py()}, "
@@ -321,8 +325,8 @@ class KafkaSink(Sink):
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
         return {self.read_committable(checkpoint_id, committables, document)["file"]}
 
-    def read_staged(self, storage: JobStorage, committable: JsonDict, document: str) -> Iterator[Record]:
-        """The staged records, checked against the committable (checksum, columns, count) before the first."""
+    def read_staged(self, storage: JobStorage, committable: JsonDict, document: str) -> pa.Table:
+        """The staged records (:func:`staged_schema`), checked against the committable (checksum, columns, count)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -342,10 +346,7 @@ class KafkaSink(Sink):
             raise DocumentError(
                 document, f"{self.uid}.records", f"the file holds {table.num_rows}", committable["records"]
             )
-        for batch in table.to_batches():
-            for key, value, headers, partition in zip(*(c.to_pylist() for c in batch.columns), strict=True):
-                pairs = None if headers is None else [(h["key"], h["value"]) for h in headers]
-                yield key, value, pairs, partition
+        return table
 
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         """Publish checkpoint ``checkpoint_id`` exactly once (see the module): fence, read the marker, and
