@@ -162,9 +162,14 @@ class Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close the producer; a producer already failed (fenced: the transaction is aborted) raises nothing
+        here, so the error :meth:`publish` raised, named and classified, is the one that stands."""
         if self.producer is not None:
-            self.producer.flush(0)
-            self.producer = None
+            producer, self.producer = self.producer, None
+            try:
+                producer.flush(0)
+            except Exception as e:
+                log.warning("%s: closing the producer: %s", self.where, shorten(e))
 
     def _failed(self, e: Exception, what: str) -> Exception:
         found = client._error(e)
