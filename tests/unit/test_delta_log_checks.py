@@ -3,6 +3,7 @@ and restore read, log checkpoints; and the sink opening its table once per call 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,27 @@ def test_the_sink_opens_its_table_once_per_call(tmp_path, monkeypatch):
         assert sink.commit_record(checkpoint_id)["t"]["delta_version"] == checkpoint_id
         assert opened == []  # known from the commit
     assert DeltaTable(str(tmp_path)).transaction_version("airflow-checkpoint:job:t") == 2
+
+
+def test_a_string_that_starts_with_a_bracket_but_is_not_json_is_opaque_unless_its_brackets_nest_too_deep(tmp_path):
+    """delta-spark's deletion vector ids are Z85 text that may start with ``{`` (``{04nbR^q$LH{53>yq}4m``):
+    such a string is data, not a document to parse; one whose brackets nest deeper than any parser may
+    recurse is refused all the same, in a commit and in a log checkpoint."""
+    _table(tmp_path, 2)
+    log = tmp_path / "_delta_log"
+    dv = {"storageType": "u", "pathOrInlineDv": "{04nbR^q$LH{53>yq}4m", "offset": 1, "sizeInBytes": 36}
+    add = {"path": "x.parquet", "size": 1, "modificationTime": 1, "dataChange": True, "partitionValues": {}}
+    (log / f"{2:020d}.json").write_text(json.dumps({"add": {**add, "deletionVector": dv}}) + "\n")
+    state = _check(tmp_path)
+    assert state is not None and state.version == 2
+    opaque = '{"not json' + "[" * (log_checks.MAX_JSON_DEPTH + 1) + '"' + "{" * (log_checks.MAX_JSON_DEPTH + 1)
+    (log / f"{3:020d}.json").write_text(json.dumps({"add": {**add, "stats": opaque}}) + "\n")
+    with pytest.raises(DocumentError, match=f"{3:020d}.json.*nests deeper"):
+        _check(tmp_path)
+    (log / f"{3:020d}.json").unlink()
+    checkpoint = log / f"{2:020d}.checkpoint.parquet"
+    pq.write_table(pa.table({"add": pa.array([{"path": "x.parquet", "stats": dv["pathOrInlineDv"]}])}), checkpoint)
+    assert _check(tmp_path) is not None
+    pq.write_table(pa.table({"add": pa.array([{"path": "x.parquet", "stats": opaque}])}), checkpoint)
+    with pytest.raises(DocumentError, match="checkpoint.parquet.*nests deeper"):
+        _check(tmp_path)

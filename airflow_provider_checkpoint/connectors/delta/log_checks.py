@@ -10,8 +10,8 @@ caller does with the table:
   delta-kernel's log segment holds;
 - history, time travel and ``RESTORE`` (``whole=True``): every commit and every checkpoint.
 
-A JSON line (or a JSON string in one, such as ``stats`` or ``schemaString``) that is not
-JSON or nests deeper than :data:`MAX_JSON_DEPTH` refuses the table with a
+A line that is not JSON, or a line or a JSON string in one (such as ``stats`` or
+``schemaString``) nesting deeper than :data:`MAX_JSON_DEPTH`, refuses the table with a
 :class:`~airflow_provider_checkpoint.exceptions.DocumentError`; so does a checkpoint part
 larger than :data:`MAX_CHECKPOINT_BYTES`, with a Parquet schema nested deeper than that, or
 holding such a JSON string in any column. Commit and checkpoint files never change once
@@ -22,6 +22,7 @@ it: callers open delta-rs at the version checked (:class:`.opened.OpenedTable`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -201,8 +202,7 @@ def _check_checkpoint(fs: fsspec.AbstractFileSystem, path: str, size: int | None
     for column in content.columns:
         for strings in _strings(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)):
             for value in strings.to_pylist():
-                if value and value[:1] in ("{", "["):
-                    check_depth(load_json(value, document), document, "a string value")
+                check_json_string(value, document, "a string value")
     found = Found()
     for row in content.column("txn").to_pylist() if "txn" in content.column_names else []:
         _collect({"txn": row}, found)
@@ -247,5 +247,38 @@ def check_depth(value: Any, document: str, where: str) -> None:
             todo += [(v, depth + 1) for v in item.values()]
         elif isinstance(item, list):
             todo += [(v, depth + 1) for v in item]
-        elif isinstance(item, str) and item[:1] in ("{", "["):
-            check_depth(load_json(item, document), document, where)
+        elif isinstance(item, str):
+            check_json_string(item, document, where)
+
+
+def check_json_string(value: str | None, document: str, where: str) -> None:
+    """A string that holds JSON (an object or an array, as ``stats`` and ``schemaString`` do) nests at
+    most :data:`MAX_JSON_DEPTH` deep. Any other string is opaque, even one that starts with a bracket (a
+    deletion vector's Z85 id may): its brackets outside quotes must still nest no deeper, since a parser
+    that takes it for JSON recurses on them before it finds the fault."""
+    if not value or value[:1] not in ("{", "["):
+        return
+    try:
+        parsed = json.loads(value)
+    except RecursionError:
+        raise DocumentError(document, where, f"nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError:
+        if _bracket_depth(value) > MAX_JSON_DEPTH:
+            raise DocumentError(document, where, f"nests deeper than {MAX_JSON_DEPTH} levels") from None
+        return
+    check_depth(parsed, document, where)
+
+
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"?')
+
+
+def _bracket_depth(value: str) -> int:
+    """How deep the brackets of ``value`` nest outside double-quoted strings (unbalanced ones count)."""
+    depth = deepest = 0
+    for char in _QUOTED.sub("", value):
+        if char in "{[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "}]" and depth:
+            depth -= 1
+    return deepest
