@@ -48,6 +48,7 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 __all__ = [
     "EVENT_TIME",
     "MAX_FIRINGS",
+    "ROWS_FORMATS",
     "PROCESSING_TIME",
     "Clocks",
     "Context",
@@ -64,6 +65,7 @@ __all__ = [
 ]
 
 MAX_FIRINGS = 10_000
+ROWS_FORMATS = ("pandas", "arrow")
 
 
 @dataclass(frozen=True, order=True)
@@ -81,14 +83,20 @@ class Timer:
 class KeyedProcessFunction:
     """Subclass it: ``output_schema`` (Spark DDL of the rows it emits), ``states`` (its declared
     state), :meth:`process` and, if it registers timers, :meth:`on_timer`. Both return the rows to
-    emit: ``None``, an iterable of dicts (by column) or tuples (in ``output_schema`` order), or a
-    pandas DataFrame. They must be deterministic (a retried step calls them again)."""
+    emit: ``None``, an iterable of dicts (by column) or tuples (in ``output_schema`` order), a pandas
+    DataFrame or a pyarrow Table. They must be deterministic (a retried step calls them again).
+
+    ``rows_format``: ``"pandas"`` (the default) gives :meth:`process` a pandas DataFrame, ``"arrow"`` a
+    pyarrow Table, which Spark hands over without a pandas conversion (faster: Spark's
+    ``applyInArrow``); either way sorted by event time, then by every orderable column, nulls first,
+    and timestamps are UTC."""
 
     output_schema: ClassVar[str] = ""
     states: ClassVar[Sequence[StateSpec]] = ()
+    rows_format: ClassVar[str] = "pandas"
 
     def process(self, key: tuple[Any, ...], rows: Any, ctx: Context) -> Any:
-        """The key's rows of this checkpoint (a pandas DataFrame, sorted by event time then by every column)."""
+        """The key's rows of this checkpoint (a pandas DataFrame or a pyarrow Table: ``rows_format``)."""
         raise NotImplementedError
 
     def on_timer(self, key: tuple[Any, ...], timer: Timer, ctx: Context) -> Any:
@@ -248,6 +256,10 @@ def check_function(uid: str, fn: Any) -> dict[str, StateSpec]:
             f"{uid}: {name} has no output_schema; declare the rows it emits, "
             "e.g. output_schema = 'user STRING, at TIMESTAMP'"
         )
+    if fn.rows_format not in ROWS_FORMATS:
+        raise PipelineDefinitionError(
+            f"{uid}: {name}.rows_format {fn.rows_format!r} is not one of {', '.join(map(repr, ROWS_FORMATS))}"
+        )
     specs: dict[str, StateSpec] = {}
     for spec in fn.states:
         if not isinstance(spec, StateSpec):
@@ -325,13 +337,17 @@ def _rows(where: str, columns: Sequence[str], result: Any) -> list[tuple[Any, ..
     """The rows a call returned, as tuples in ``columns`` order."""
     if result is None:
         return []
-    if hasattr(result, "itertuples"):  # a pandas DataFrame
-        missing = [c for c in columns if c not in result.columns]
+    tabular = hasattr(result, "itertuples") or hasattr(result, "column_names")  # pandas DataFrame, pyarrow Table
+    if tabular:
+        have = result.column_names if hasattr(result, "column_names") else result.columns
+        missing = [c for c in columns if c not in have]
         if missing:
             raise ValueError(
                 f"{where}: emitted rows lack output column(s) {missing}; emit every column of output_schema"
             )
-        return list(result[list(columns)].itertuples(index=False, name=None))
+        if hasattr(result, "itertuples"):
+            return list(result[list(columns)].itertuples(index=False, name=None))
+        return list(zip(*(result.column(c).to_pylist() for c in columns), strict=True))
     rows = []
     for row in result:
         if isinstance(row, Mapping):

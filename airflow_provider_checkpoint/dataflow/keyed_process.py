@@ -25,7 +25,6 @@ from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.keyed_process import (
     Clocks,
     KeyedProcessFunction,
-    KeyResult,
     check_function,
     run_key,
 )
@@ -40,6 +39,7 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 STATE, WAKE_EVENT, WAKE_PROCESSING = "__state", "__wake_event", "__wake_processing"
@@ -127,6 +127,7 @@ class KeyedProcess(StatefulOperator):
     def _run(self, inputs: Mapping[str, DataFrame], state: DataFrame, clocks: Clocks) -> tuple[DataFrame, DataFrame]:
         """The new state (visited keys' rows from the function, the others' as they were) and the output."""
         from pyspark.sql import functions as F
+        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import BooleanType, StructField, StructType
 
         rows = inputs[self.inputs[0].uid]
@@ -146,13 +147,10 @@ class KeyedProcess(StatefulOperator):
         result_schema = StructType([StructField(_IS_STATE, BooleanType()), *state_fields, *outs])
         ship_by_value(self.function)
         zone = rows.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
-        call = _KeyCall(self, clocks, [f.name for f in state.schema.fields], len(outs), self._sort_columns(rows), zone)
-        result = (
-            rows.groupBy(*self.keys)
-            .cogroup(visited.groupBy(*self.keys))
-            .applyInPandas(call.udf(), result_schema)
-            .persist()
-        )
+        schema = to_arrow_schema(result_schema, timezone="UTC")
+        call = _KeyCall(self, clocks, [f.name for f in state.schema.fields], schema, self._sort_columns(rows), zone)
+        grouped = rows.groupBy(*self.keys).cogroup(visited.groupBy(*self.keys))
+        result = grouped.applyInArrow(call.udf(), result_schema).persist()
         new_state = kept.unionByName(result.where(F.col(_IS_STATE)).select(*state.columns))
         emitted = result.where(~F.col(_IS_STATE)).select(
             *[F.col(o.name).alias(f.name) for o, f in zip(outs, output.fields, strict=True)]
@@ -189,49 +187,113 @@ def spark_schema(spark: SparkSession, ddl: str) -> Any:
 
 
 class _KeyCall:
-    """The function ``applyInPandas`` runs on the executors for one key: its rows and its state row
-    in, its new state row (if any) and its emitted rows out."""
+    """The function ``applyInArrow`` runs on the executors for one key: its rows and its state row in,
+    its new state row (if any) and its emitted rows out (``schema``, timestamps in UTC)."""
 
     def __init__(
-        self, node: KeyedProcess, clocks: Clocks, state_columns: list[str], outputs: int, order: list[str], zone: str
+        self,
+        node: KeyedProcess,
+        clocks: Clocks,
+        state_columns: list[str],
+        schema: pa.Schema,
+        order: list[str],
+        zone: str,
     ) -> None:
-        self.zone = zone  # Spark gives timestamps in the session's time zone, naive: made UTC-aware here
+        self.zone = zone  # the session's time zone, in which Spark gives timestamps
         self.uid, self.function, self.specs = node.uid, node.function, node.specs
         self.columns, self.keys = node.output_columns, node.keys
-        self.clocks, self.state_columns, self.outputs, self.order = clocks, state_columns, outputs, order
+        self.clocks, self.state_columns, self.schema, self.order = clocks, state_columns, schema, order
 
-    def udf(self) -> Callable[[tuple[Any, ...], pd.DataFrame, pd.DataFrame], pd.DataFrame]:
-        """A plain function of (key, rows, state), as ``applyInPandas`` inspects its arguments."""
+    def udf(self) -> Callable[[tuple[Any, ...], pa.Table, pa.Table], pa.Table]:
+        """A plain function of (key, rows, state), as ``applyInArrow`` inspects its arguments."""
 
-        def call(key: tuple[Any, ...], rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
+        def call(key: tuple[Any, ...], rows: pa.Table, state: pa.Table) -> pa.Table:
             return self(key, rows, state)
 
         return call
 
-    def __call__(self, key: tuple[Any, ...], rows: pd.DataFrame, state: pd.DataFrame) -> pd.DataFrame:
-        import pandas as pd
-
-        stored = None if state.empty else state[STATE].iloc[0]
+    def __call__(self, key: tuple[Any, ...], rows: pa.Table, state: pa.Table) -> pa.Table:
+        stored = state.column(STATE)[0].as_py() if state.num_rows else None
         given = None
-        if not rows.empty:
-            given = rows.sort_values(self.order, kind="mergesort", na_position="first").reset_index(drop=True)
-            for column in given.columns:
-                if pd.api.types.is_datetime64_dtype(given[column]):
-                    given[column] = given[column].dt.tz_localize(self.zone).dt.tz_convert("UTC")
-        plain = tuple(_plain(k) for k in key)
-        result: KeyResult = run_key(
-            self.uid, self.function, self.specs, self.columns, plain, given, stored, self.clocks
-        )
+        if rows.num_rows:
+            given = self._arrow_rows(rows) if self.function.rows_format == "arrow" else self._pandas_rows(rows)
+        plain = tuple(_utc_scalar(k).as_py() for k in key)
+        result = run_key(self.uid, self.function, self.specs, self.columns, plain, given, stored, self.clocks)
         records: list[list[Any]] = []
-        blank_state = [None] * (len(self.state_columns) - len(self.keys))
+        outputs = len(self.columns)
         if result.state is not None:
-            records.append([True, *plain, result.state, *result.wake, *[None] * self.outputs])
+            records.append([True, *plain, result.state, *result.wake, *[None] * outputs])
+        blank_state = [None] * (len(self.state_columns) - len(self.keys))
         for row in result.emitted:
             records.append([False, *[None] * len(self.keys), *blank_state, *row])
-        names = [_IS_STATE, *self.state_columns, *[f"__o{i}" for i in range(self.outputs)]]
-        return pd.DataFrame.from_records(records, columns=names) if records else pd.DataFrame(columns=names)
+        return self._table(records)
+
+    def _arrow_rows(self, rows: pa.Table) -> pa.Table:
+        """The key's rows in order, timestamps in UTC."""
+        import pyarrow.compute as pc
+
+        order = [(c, "ascending", "at_start") for c in self.order]
+        return _utc(rows.take(pc.sort_indices(rows, sort_keys=order)) if rows.num_rows > 1 else rows)
+
+    def _pandas_rows(self, rows: pa.Table) -> pd.DataFrame:
+        """The key's rows as ``applyInPandas`` would give them (Spark's own conversion), in order,
+        timestamps UTC-aware."""
+        import pandas as pd
+        from pyspark.sql.conversion import ArrowBatchTransformer
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        series = ArrowBatchTransformer.to_pandas(rows, timezone=self.zone, schema=from_arrow_schema(rows.schema))
+        frame = pd.concat(series, axis=1)
+        if len(frame) > 1:
+            frame = frame.sort_values(self.order, kind="mergesort", na_position="first").reset_index(drop=True)
+        for column in frame.columns:
+            if isinstance(frame[column].dtype, pd.DatetimeTZDtype):
+                frame[column] = frame[column].dt.tz_convert("UTC")
+            elif pd.api.types.is_datetime64_dtype(frame[column]):
+                frame[column] = frame[column].dt.tz_localize(self.zone).dt.tz_convert("UTC")
+        return frame
+
+    def _table(self, records: list[list[Any]]) -> pa.Table:
+        import pyarrow as pa
+
+        columns = list(zip(*records, strict=True)) if records else [()] * len(self.schema)
+        names = [_IS_STATE, *self.state_columns, *self.columns]
+        arrays = [
+            _column(self.uid, name, list(values), field)
+            for name, values, field in zip(names, columns, self.schema, strict=True)
+        ]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
 
-def _plain(value: Any) -> Any:
-    """A key value as plain Python (numpy scalars → int, float, ...; pandas timestamps kept)."""
-    return value.item() if hasattr(value, "item") and not hasattr(value, "tz_localize") else value
+def _column(uid: str, name: str, values: list[Any], field: pa.Field) -> pa.Array:
+    """``values`` as an array of ``field``'s type, refused (naming the column) where Spark's safe cast
+    would refuse it: a fraction into an integer column, a value of another kind."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if not (pa.types.is_integer(field.type) and any(isinstance(v, float) for v in values)):
+        try:  # pyarrow's direct conversion truncates floats into integers: those take the safe path below
+            return pa.array(values, type=field.type, from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+            pass
+    try:
+        return pa.Array.from_pandas(pd.Series(values), type=field.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+        raise ValueError(f"{uid}: an emitted value of column {name!r} is not a {field.type}: {str(e)[:200]}") from None
+
+
+def _utc(table: pa.Table) -> pa.Table:
+    """``table`` with its timestamp columns in UTC (Spark gives them in the session's time zone)."""
+    import pyarrow as pa
+
+    fields = [
+        pa.field(f.name, pa.timestamp(f.type.unit, tz="UTC"), f.nullable) if pa.types.is_timestamp(f.type) else f
+        for f in table.schema
+    ]
+    return table.cast(pa.schema(fields))
+
+
+def _utc_scalar(value: pa.Scalar) -> pa.Scalar:
+    import pyarrow as pa
+
+    return value.cast(pa.timestamp(value.type.unit, tz="UTC")) if pa.types.is_timestamp(value.type) else value

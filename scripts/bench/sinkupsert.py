@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bench.inprocess import machine_facts, start_spark
 from bench.measure import MB, CpuMeter, elapsed, log
@@ -205,7 +206,10 @@ def _run(
     problems: list[str] = []
     batches = [truth, *(truth.sample(n, random_state=seed + i).assign(total=-i) for i, n in enumerate(changed, 1))]
     for checkpoint_id, batch in enumerate(batches, start=1):
-        df = spark.createDataFrame(batch).cache()
+        landed = root / "input" / f"{checkpoint_id}.parquet"  # read by Spark: no 10M-row pandas conversion
+        landed.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(batch, preserve_index=False), landed)
+        df = spark.read.parquet(str(landed)).cache()
         df.count()
         names = [*sinks, "merge", "spark-merge"]
         shift = (checkpoint_id - 1) % len(names)

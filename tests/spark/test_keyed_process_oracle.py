@@ -86,21 +86,25 @@ class Silence(KeyedProcessFunction):
     timers = True
 
     def process(self, key: Any, rows: Any, ctx: Any) -> Any:
+        return self.judge(key, [ms(t) for t in rows["ts"]], [int(a) for a in rows["amount"]], ctx)
+
+    def judge(self, key: Any, times: list[int], amounts: list[int], ctx: Any) -> Any:
+        """The key's rows, as event times and amounts in the order given (by event time)."""
+        assert times == sorted(times), "a key's rows come sorted by event time"
         wm = ctx.watermark
-        late = [t for t in map(ms, rows["ts"]) if wm is not None and t <= wm]
-        out = [("late", key[0], t, -1, -1, -1) for t in late]
-        timely = rows[[wm is None or ms(t) > wm for t in rows["ts"]]]
-        if timely.empty:
+        out = [("late", key[0], t, -1, -1, -1) for t in times if wm is not None and t <= wm]
+        timely = [(t, a) for t, a in zip(times, amounts, strict=True) if wm is None or t > wm]
+        if not timely:
             return out
         count, last, recent, buckets = (ctx.state(n) for n in ("count", "last", "recent", "buckets"))
-        amounts = [int(a) for a in timely["amount"]]
+        amounts = [a for _, a in timely]
         n = (count.get() or 0) + len(amounts)
         count.update(n)
         survived = len(recent.get())
         recent.extend(amounts)
         for a in amounts:
             buckets.put(a % 3, buckets.get(a % 3, 0) + 1)
-        newest = max(map(ms, timely["ts"]))
+        newest = max(t for t, _ in timely)
         if not last.exists() or newest > last.get():
             if last.exists() and self.timers:
                 ctx.delete_event_time_timer(last.get() + SILENCE)
@@ -119,7 +123,9 @@ class Silence(KeyedProcessFunction):
 class Recent(Silence):
     """:class:`Silence` with ``recent`` and ``buckets`` expiring by processing time and, instead of the
     event-time timer, a processing-time timer ``PING_MS`` after a call that finds none registered,
-    which reports the count (a ``ping`` line)."""
+    which reports the count (a ``ping`` line). It takes its rows as a pyarrow Table."""
+
+    rows_format = "arrow"
 
     states = (
         ValueState("count", "long"),
@@ -132,7 +138,8 @@ class Recent(Silence):
     def process(self, key: Any, rows: Any, ctx: Any) -> Any:
         if not ctx.timers():
             ctx.register_processing_time_timer(ctx.processing_time + PING_MS)
-        return super().process(key, rows, ctx)
+        assert rows.schema.field("ts").type.tz == "UTC", rows.schema
+        return self.judge(key, [ms(t) for t in rows.column("ts").to_pylist()], rows.column("amount").to_pylist(), ctx)
 
     def on_timer(self, key: Any, timer: Any, ctx: Any) -> Any:
         return [("ping", key[0], timer.timestamp, ctx.state("count").get(), -1, -1)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from airflow_provider_checkpoint.core.keyed_process import (
@@ -159,6 +160,10 @@ def test_emitted_rows_must_fit_the_output_schema() -> None:
         run(Bad(), [{"other": 1}], None, Clocks(None, None, 0))
     with pytest.raises(ValueError, match="a dict or a tuple of 2 values"):
         run(Bad(), [(1,)], None, Clocks(None, None, 0))
+    table = pa.table({"at": [1, 2], "what": ["a", None]})
+    assert run(Bad(), table, None, Clocks(None, None, 0)).emitted == [("a", 1), (None, 2)]  # by name
+    with pytest.raises(ValueError, match=r"lack output column\(s\) \['what'\]"):
+        run(Bad(), table.drop_columns(["what"]), None, Clocks(None, None, 0))
 
 
 def test_times_are_ms_from_datetimes_naive_ones_utc() -> None:
@@ -189,6 +194,7 @@ def test_times_are_ms_from_datetimes_naive_ones_utc() -> None:
             lambda: type("Ttl0", (Recorder,), {"states": (ValueState("a", "long", ttl="0 s"),)})(),
             "ttl must be positive",
         ),
+        (lambda: type("Polars", (Recorder,), {"rows_format": "polars"})(), "rows_format 'polars' is not one of"),
     ],
 )
 def test_bad_definitions_are_refused_naming_the_node_and_the_fix(make: Any, message: str) -> None:
