@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -263,3 +264,18 @@ def test_a_function_defined_in_a_dag_file_reaches_a_fresh_python_by_value(tmp_pa
     finally:
         del sys.modules[spec.name]
     assert out.stdout.decode().strip() == "[(42,)]"
+
+
+def test_emitted_values_convert_as_spark_safe_cast_does() -> None:
+    """An emitted fraction into an integer column is refused naming the column (pyarrow alone would
+    truncate 2.5 to 2); whole floats, NaN and NaT are taken (NaN and NaT as null)."""
+    from airflow_provider_checkpoint.dataflow.keyed_process import _column
+
+    long, ts = pa.field("n", pa.int64()), pa.field("at", pa.timestamp("us", tz="UTC"))
+    assert _column("op", "n", [1.0, float("nan"), 3], long).to_pylist() == [1, None, 3]
+    with pytest.raises(ValueError, match=r"^op: an emitted value of column 'n' is not a int64: .*truncated"):
+        _column("op", "n", [2.5], long)
+    when = datetime.datetime(2026, 3, 1, tzinfo=UTC)
+    assert _column("op", "at", [pd.NaT, when, None], ts).to_pylist() == [None, when, None]
+    with pytest.raises(ValueError, match="column 'at' is not a timestamp"):
+        _column("op", "at", ["soon"], ts)
