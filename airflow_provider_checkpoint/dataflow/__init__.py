@@ -26,8 +26,9 @@ from airflow_provider_checkpoint.dataflow.graph import (
     Transform,
     Union,
 )
+from airflow_provider_checkpoint.dataflow.interval_join import IntervalJoin
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
-from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
+from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction

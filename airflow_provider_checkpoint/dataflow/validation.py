@@ -5,7 +5,7 @@ read by :mod:`.schema_ddl`) through every operator whose output columns its defi
 (a :class:`~.stateful.KeyedAggregate`: keys and aggregates; a :class:`~.windows.WindowAggregate`: keys,
 time column and aggregates, then the window's bounds; a :class:`~.graph.Union`; a
 :class:`~.channel.Channel`; :class:`~.multi_input.DimensionEnrichment` and
-:class:`~.multi_input.IntervalJoin`), and reports every column a node names that its input
+:class:`~.interval_join.IntervalJoin`), and reports every column a node names that its input
 does not have: keys, aggregated columns, ``sequence_by``, sink keys and partition columns, a
 dimension's version and columns, interval-join times, on every input of a multi-input
 operator. Past a node whose output only Spark knows (a :class:`~.graph.Transform`, a user
@@ -27,8 +27,9 @@ from airflow_provider_checkpoint.core.event_time import WatermarkSpec
 from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.dedup import Deduplicate
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink, Source, Union
+from airflow_provider_checkpoint.dataflow.interval_join import IntervalJoin
 from airflow_provider_checkpoint.dataflow.keyed_process import KeyedProcess
-from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, IntervalJoin, KeyedCoStateFunction
+from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment, KeyedCoStateFunction
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
@@ -261,6 +262,8 @@ class _Validator:
         for index, columns, time in ((0, left, node.left_time), (1, right, node.right_time)):
             self.require(node, "keys", node.keys, columns, node.inputs[index])
             self.require(node, "left_time" if index == 0 else "right_time", [time], columns, node.inputs[index])
+            if node.on_event_time:
+                self._timestamp(node, "left_time" if index == 0 else "right_time", time, columns)
         if left is None or right is None:
             return None
         if clash := sorted((set(left) & set(right)) - set(node.keys)):
