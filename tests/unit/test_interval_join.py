@@ -45,3 +45,15 @@ def test_the_join_on_event_time_is_declared_with_durations_and_watermarks(tmp_pa
         join(elsewhere)
     with pytest.raises(PipelineDefinitionError, match="idle_after needs the join on event time"):
         IntervalJoin("j", clicks, plain, ["user"], "click_ts", "buy_ts", 0, 10, idle_after="1 minute")
+
+
+def test_the_pipeline_check_finds_a_time_column_that_is_not_a_timestamp(tmp_path: Path) -> None:
+    from airflow_provider_checkpoint.dataflow.validation import validate_pipeline
+
+    left = FileSource(
+        "c", str(tmp_path / "c"), "json", "user STRING, click_ts LONG", watermark=("click_ts", "1 minute")
+    )
+    right = FileSource("b", str(tmp_path / "b"), "json", "user STRING, buy_ts TIMESTAMP")
+    joined = IntervalJoin("j", left, right, ["user"], "click_ts", "buy_ts", "0 s", "5 minutes", "1 minute")
+    found = [(p.uid, p.field, p.message) for p in validate_pipeline([left, right, joined])]
+    assert ("j", "left_time", "'click_ts' is bigint, not a timestamp") in found, found
