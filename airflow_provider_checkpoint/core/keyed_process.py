@@ -286,12 +286,14 @@ def check_function(uid: str, fn: Any) -> dict[str, StateSpec]:
 @dataclass(frozen=True)
 class KeyResult:
     """What one key's checkpoint gave: its state document (``None``: none left), its next wake-up
-    times (event time, processing time) and the rows emitted (tuples in output order)."""
+    times (event time, processing time), the rows emitted (tuples in output order), the timers that
+    fired and the state entries that expired."""
 
     state: str | None
     wake: tuple[int | None, int | None]
     emitted: list[tuple[Any, ...]]
     fired: int
+    expired: int
 
 
 def run_key(
@@ -307,7 +309,7 @@ def run_key(
     """One checkpoint of one key, in the order the module states; ``rows`` ``None``: the key has none."""
     where = f"{uid} (key {key!r})"
     state = KeyState.loads(stored)
-    state.purge(specs, clocks)
+    expired = state.purge(specs, clocks)
     ctx = Context(where, specs, state, clocks)
     emitted: list[tuple[Any, ...]] = []
     if rows is not None:
@@ -324,8 +326,8 @@ def run_key(
                 "timers that are already due — register the next one later than the current time"
             )
         emitted += _rows(where, columns, fn.on_timer(key, Timer(ts, kind), ctx))
-    state.purge(specs, clocks)
-    return KeyResult(state.dumps(), state.wake(specs), emitted, fired)
+    expired += state.purge(specs, clocks)
+    return KeyResult(state.dumps(), state.wake(specs), emitted, fired, expired)
 
 
 def _due(timer: tuple[int, str], clocks: Clocks) -> bool:

@@ -124,8 +124,10 @@ class KeyState:
             return None
         return json.dumps({"s": entries, "t": sorted(self.timers)}, sort_keys=True, separators=(",", ":"))
 
-    def purge(self, specs: Mapping[str, StateSpec], clocks: Clocks) -> None:
-        """Drop every expired entry (and the entries of states no longer declared)."""
+    def purge(self, specs: Mapping[str, StateSpec], clocks: Clocks) -> int:
+        """Drop every expired entry (and the entries of states no longer declared); how many expired (a
+        value: one, a list or a map: each element)."""
+        expired = 0
         for name in list(self.entries):
             spec = specs.get(name)
             if spec is None:
@@ -138,8 +140,12 @@ class KeyState:
             if spec.kind == "value":
                 if self.entries[name] is not None and not live(self.entries[name][-1], now):
                     del self.entries[name]
+                    expired += 1
             else:
-                self.entries[name] = [e for e in self.entries[name] if live(e[-1], now)]
+                kept = [e for e in self.entries[name] if live(e[-1], now)]
+                expired += len(self.entries[name]) - len(kept)
+                self.entries[name] = kept
+        return expired
 
     def wake(self, specs: Mapping[str, StateSpec]) -> tuple[int | None, int | None]:
         """The earliest time by event time and by processing time at which this key needs a visit

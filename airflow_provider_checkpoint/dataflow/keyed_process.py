@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 STATE, WAKE_EVENT, WAKE_PROCESSING = "__state", "__wake_event", "__wake_processing"
-_IS_STATE = "__is_state"
+_IS_STATE = "__is_state"  # a result row: True, the key's new state; False, an emitted row; null, counts only
+_COUNTS = ("__fired", "__expired")  # a key's timers fired and state entries expired, on its first result row
 
 
 class KeyedProcess(StatefulOperator):
@@ -60,6 +61,7 @@ class KeyedProcess(StatefulOperator):
         max_parallelism: int = 128,
     ) -> None:
         super().__init__(uid, input, keys, max_parallelism)
+        self._step_metrics: dict[str, int] = {}
         self.specs = check_function(uid, function)
         self.function = function
         try:
@@ -89,6 +91,11 @@ class KeyedProcess(StatefulOperator):
         expiries by the other clock, would be read wrongly. A removed state is a change too: keys the
         job does not visit keep its entries, which a state declared again under the name would read."""
         return {f"state {name}": declaration(spec) for name, spec in sorted(self.specs.items())}
+
+    def process_metrics(self) -> dict[str, int]:
+        """``timers_fired`` and ``state_entries_expired`` (by TTL) of the last checkpoint run."""
+        metrics, self._step_metrics = self._step_metrics, {}
+        return metrics
 
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -128,7 +135,7 @@ class KeyedProcess(StatefulOperator):
         """The new state (visited keys' rows from the function, the others' as they were) and the output."""
         from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import BooleanType, StructField, StructType
+        from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
         rows = inputs[self.inputs[0].uid]
         if self.watermark is not None:
@@ -144,13 +151,16 @@ class KeyedProcess(StatefulOperator):
         output = spark_schema(rows.sparkSession, self.function.output_schema)
         outs = [StructField(f"__o{i}", f.dataType) for i, f in enumerate(output.fields)]
         state_fields = [StructField(f.name, f.dataType) for f in state.schema.fields]  # nullable: one side is null
-        result_schema = StructType([StructField(_IS_STATE, BooleanType()), *state_fields, *outs])
+        counts = [StructField(c, LongType()) for c in _COUNTS]
+        result_schema = StructType([StructField(_IS_STATE, BooleanType()), *state_fields, *outs, *counts])
         ship_by_value(self.function)
         zone = rows.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
         schema = to_arrow_schema(result_schema, timezone="UTC")
         call = _KeyCall(self, clocks, [f.name for f in state.schema.fields], schema, self._sort_columns(rows), zone)
         grouped = rows.groupBy(*self.keys).cogroup(visited.groupBy(*self.keys))
         result = grouped.applyInArrow(call.udf(), result_schema).persist()
+        fired, expired = result.agg(*[F.sum(c) for c in _COUNTS]).first() or (None, None)
+        self._step_metrics = {"timers_fired": int(fired or 0), "state_entries_expired": int(expired or 0)}
         new_state = kept.unionByName(result.where(F.col(_IS_STATE)).select(*state.columns))
         emitted = result.where(~F.col(_IS_STATE)).select(
             *[F.col(o.name).alias(f.name) for o, f in zip(outs, output.fields, strict=True)]
@@ -226,6 +236,11 @@ class _KeyCall:
         blank_state = [None] * (len(self.state_columns) - len(self.keys))
         for row in result.emitted:
             records.append([False, *[None] * len(self.keys), *blank_state, *row])
+        counts = [result.fired, result.expired]
+        if any(counts) and not records:
+            records.append([None, *[None] * len(self.keys), *blank_state, *[None] * outputs])
+        for i, record in enumerate(records):
+            record += counts if i == 0 else [None, None]
         return self._table(records)
 
     def _arrow_rows(self, rows: pa.Table) -> pa.Table:
@@ -257,7 +272,7 @@ class _KeyCall:
         import pyarrow as pa
 
         columns = list(zip(*records, strict=True)) if records else [()] * len(self.schema)
-        names = [_IS_STATE, *self.state_columns, *self.columns]
+        names = [_IS_STATE, *self.state_columns, *self.columns, *_COUNTS]
         arrays = [
             _column(self.uid, name, list(values), field)
             for name, values, field in zip(names, columns, self.schema, strict=True)

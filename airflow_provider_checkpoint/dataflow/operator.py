@@ -78,6 +78,11 @@ class StatefulOperator(Node):
             )
         return spec
 
+    def process_metrics(self) -> dict[str, int]:
+        """Figures of this instance's last :meth:`process` or :meth:`process_at` (e.g. timers fired),
+        which the checkpoint adds to its metrics; taking them clears them. None by default."""
+        return {}
+
     def initial_state(self, spark: SparkSession, inputs: Mapping[str, DataFrame]) -> DataFrame:
         raise NotImplementedError
 

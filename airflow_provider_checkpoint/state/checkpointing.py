@@ -131,9 +131,10 @@ def checkpoint_operator(
             raise
         raise StateFileError(f"checkpoint {checkpoint_id}, reading the state of {node.uid!r}: {refused}") from e
     declared = replace(result.snapshot, declaration=tuple(sorted(node.state_declaration().items())))
+    counted = {**result.metrics, **node.process_metrics()}
     if timed is None:
-        return replace(result, snapshot=declared)
-    return replace(result, snapshot=replace(declared, event_time=after), metrics={**result.metrics, **metrics})
+        return replace(result, snapshot=declared, metrics=counted)
+    return replace(result, snapshot=replace(declared, event_time=after), metrics={**counted, **metrics})
 
 
 def _checkpoint_operator(

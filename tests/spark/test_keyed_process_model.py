@@ -110,11 +110,14 @@ class Key:
 
 @dataclass
 class Operator:
+    expired: int = 0
     watermark: int | None = None
     top: int | None = None
     keys: dict[str | None, Key] = field(default_factory=dict)
 
     def checkpoint(self, rows: list[tuple[str | None, int, int]], now: int) -> list[Out]:
+        """The rows emitted by checkpoint ``now``; :attr:`expired`: the state entries its TTLs dropped."""
+        self.expired = 0
         before = self.watermark
         if rows:
             self.top = max(max(ts for _, ts, _ in rows), self.top if self.top is not None else -(10**18))
@@ -124,8 +127,10 @@ class Operator:
         for user in sorted(set(self.keys) | {u for u, _, _ in rows}, key=repr):
             key = self.keys.setdefault(user, Key())
             mine = sorted(((ts, a) for u, ts, a in rows if u == user))
-            key.recent = [(a, e) for a, e in key.recent if after is None or e > after]
-            key.amounts = {b: v for b, v in key.amounts.items() if v[1] > now}
+            self._drop_recent(key, after)
+            live = {b: v for b, v in key.amounts.items() if v[1] > now}
+            self.expired += len(key.amounts) - len(live)
+            key.amounts = live
             if mine:
                 if key.last is not None:
                     key.timers.discard((key.last + SILENCE, "event_time"))
@@ -146,10 +151,15 @@ class Operator:
                 out.append((timer[1], user, timer[0], key.count or 0, total))
                 if timer[1] == "event_time":
                     key.count = key.last = None
-            key.recent = [(a, e) for a, e in key.recent if after is None or e > after]
+            self._drop_recent(key, after)
             if key.empty():
                 del self.keys[user]
         return out
+
+    def _drop_recent(self, key: Key, after: int | None) -> None:
+        live = [(a, e) for a, e in key.recent if after is None or e > after]
+        self.expired += len(key.recent) - len(live)
+        key.recent = live
 
 
 def _or(watermark: int | None) -> int:
@@ -164,6 +174,7 @@ class Model:
     completed: dict[int, tuple[int, Operator, list[Out]]] = field(default_factory=dict)
     alerts: list[Out] = field(default_factory=list)
     restore: int | None = None
+    fired: int = 0  # timers fired by the last checkpoint: every alert is a timer's
 
     def checkpoint(self, checkpoint_id: int, now: int) -> None:
         if self.restore is not None:
@@ -171,7 +182,9 @@ class Model:
             self.operator, self.alerts = copy.deepcopy(operator), list(table)
             self.restore = None
         rows = [(u, ts, a) for f in self.files[self.read :] for u, ts, a in f if ts is not None]
-        self.alerts += self.operator.checkpoint(rows, now)
+        out = self.operator.checkpoint(rows, now)
+        self.alerts += out
+        self.fired = len(out)
         self.read = len(self.files)
         self.completed[checkpoint_id] = (self.read, copy.deepcopy(self.operator), list(self.alerts))
 
@@ -181,6 +194,7 @@ class Tally:
     event: int = 0
     processing: int = 0
     restores: int = 0
+    expired: int = 0
 
 
 def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMachine]:
@@ -228,6 +242,9 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             assert progress is not None and progress.watermark == self.model.operator.watermark
             steps = completed.stats["steps"].values()
             assert sum(s["state_rows"] for s in steps) == len(self.model.operator.keys), "keys with state"
+            assert sum(s.get("timers_fired", 0) for s in steps) == self.model.fired, "timers fired"
+            assert sum(s.get("state_entries_expired", 0) for s in steps) == self.model.operator.expired, "expired"
+            tally.expired += self.model.operator.expired
             tally.event = max(tally.event, sum(a[0] == "event_time" for a in self.model.alerts))
             tally.processing = max(tally.processing, sum(a[0] == "processing_time" for a in self.model.alerts))
 
@@ -265,7 +282,7 @@ def _iso(ts: int | None) -> str | None:
 def test_keyed_process_matches_the_model(spark: Any, small_ranges: None, seed: int) -> None:
     tally = Tally()
     run_machine(machine_for(spark, scratch_root(), tally), seed, EXAMPLES, STEPS, True, 60)
-    assert tally.event and tally.processing and tally.restores, tally  # not vacuous
+    assert tally.event and tally.processing and tally.restores and tally.expired, tally  # not vacuous
 
 
 class Idle(KeyedProcessFunction):

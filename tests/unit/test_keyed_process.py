@@ -101,6 +101,18 @@ def test_expired_entries_are_never_read_back_and_an_empty_key_is_dropped() -> No
     assert seen[-1] == []  # expiry 110 <= watermark 110: gone, and nothing is left of the key
     visit = run(Recorder(), None, first.state, Clocks(100, 110, 0))  # a visit without rows drops it too
     assert KeyState.loads(visit.state).entries == {"n": [2, None]}
+    assert (first.expired, visit.expired) == (0, 2)  # each element of a list counts
+
+
+def test_an_expired_value_counts_once() -> None:
+    class Value(Recorder):
+        states = (ValueState("n", "long", ttl=TTL("10 ms", time="event")),)
+
+        def process(self, key: Any, rows: Any, ctx: Any) -> Any:
+            ctx.state("n").update(len(rows))
+
+    written = run(Value(), ["a"], None, Clocks(0, 100, 0))
+    assert (written.expired, run(Value(), None, written.state, Clocks(100, 110, 0)).expired) == (0, 1)
 
 
 def test_ttl_on_read_and_write_refreshes_on_read_and_on_write_does_not() -> None:
