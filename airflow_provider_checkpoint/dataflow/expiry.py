@@ -10,14 +10,14 @@ microsecond ones exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.core.ttl import EXPIRES_AT
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, Row
 
 TS_US = "__ts_us"
 """A row's event time in microseconds (:func:`with_event_time`)."""
@@ -70,15 +70,29 @@ class Seen:
 
 def observe(rows: DataFrame, late: Column | None = None) -> Seen:
     """One pass over ``rows`` (with :data:`TS_US`, nulls kept): :class:`Seen`."""
+    top = rows.agg(*_seen(late)).first()
+    assert top is not None
+    return _as_seen(top)
+
+
+def observe_each(rows: DataFrame, by: str, late: Column | None = None) -> dict[Any, Seen]:
+    """:func:`observe` per value of column ``by`` (e.g. which input a row came from), in one pass; a
+    value without rows is absent."""
+    return {row[by]: _as_seen(row) for row in rows.groupBy(by).agg(*_seen(late)).collect()}
+
+
+def _seen(late: Column | None) -> list[Column]:
     from pyspark.sql import functions as F
 
-    top = rows.agg(
+    return [
         F.max(TS_US).alias("top"),
         F.count(F.when(late if late is not None else F.lit(False), 1)).alias("late"),
         F.count(F.when(F.col(TS_US).isNull(), 1)).alias("untimed"),
-    ).first()
-    assert top is not None
-    return Seen(None if top["top"] is None else top["top"] // 1000, int(top["late"]), int(top["untimed"]))
+    ]
+
+
+def _as_seen(row: Row) -> Seen:
+    return Seen(None if row["top"] is None else row["top"] // 1000, int(row["late"]), int(row["untimed"]))
 
 
 def advance(

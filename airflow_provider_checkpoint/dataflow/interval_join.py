@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.expiry import TS_US, late, with_event_time
+from airflow_provider_checkpoint.dataflow.expiry import TS_US, late, observe_each, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
@@ -159,25 +159,12 @@ class IntervalJoin(StatefulOperator):
             with_event_time(inputs[uid], self.uid, time, keep_nulls=True).select(TS_US, F.lit(i).alias("side"))
             for i, (uid, time) in enumerate(((self.left, self.left_time), (self.right, self.right_time)))
         ]
-        seen = {
-            row["side"]: row
-            for row in reduce(lambda a, b: a.unionByName(b), times)
-            .groupBy("side")
-            .agg(
-                F.max(TS_US).alias("top"),
-                F.count(F.when(late(before), 1)).alias("late"),
-                F.count(F.when(F.col(TS_US).isNull(), 1)).alias("untimed"),
-            )
-            .collect()
-        }
+        seen = observe_each(reduce(lambda a, b: a.unionByName(b), times), "side", late(before))
         metrics = {
-            "late_rows_dropped": sum(int(r["late"]) for r in seen.values()),
-            "rows_without_event_time": sum(int(r["untimed"]) for r in seen.values()),
+            "late_rows_dropped": sum(s.late for s in seen.values()),
+            "rows_without_event_time": sum(s.untimed for s in seen.values()),
         }
-        tops = {
-            uid: None if i not in seen or seen[i]["top"] is None else seen[i]["top"] // 1000
-            for i, uid in enumerate(self.bounds)
-        }
+        tops = {uid: seen[i].top if i in seen else None for i, uid in enumerate(self.bounds)}
         return combine(before, tops, self.bounds, round(barrier.trigger_time * 1000), self.idle_after_ms), metrics
 
     def process_at(
