@@ -160,3 +160,48 @@ def test_actions_that_do_not_fit_a_checkpoint_are_left_to_delta_rs(tmp_path):
         assert not log_checkpoint.write(LOCAL, str(tmp_path), state)
         assert "do not fit a checkpoint" in str(log_checkpoint.why_not(state))
         assert not list((tmp_path / "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def test_text_and_null_partition_values_survive_the_checkpoint(tmp_path):
+    """Partition values with quotes, a newline, non-ASCII text and a null are in the checkpoint as the commits
+    hold them, and delta-rs reads the table from that checkpoint alone (the commits before it deleted)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    values = ['q"uote', "two\nlines", "üñí €😀", None]
+    rows = pa.table({"k": pa.array(values), "v": pa.array([1, 2, 3, 4], pa.int64())})
+    for _ in range(2):
+        write_deltalake(str(tmp_path), rows, mode="append", partition_by=["k"])
+    assert log_checkpoint.write(LOCAL, str(tmp_path), _replay(tmp_path, 1))
+    log = tmp_path / "_delta_log"
+    checkpoint = pq.read_table(log / f"{1:020d}.checkpoint.parquet")
+    written = sorted((a["path"], dict(a["partitionValues"])) for a in checkpoint.column("add").to_pylist() if a)
+    live = delta_log.live_actions(LOCAL, str(tmp_path), str(tmp_path), 1)
+    assert written == sorted((a["path"], a["partitionValues"]) for _, a in live.values())
+    (log / f"{0:020d}.json").unlink()
+    read = DeltaTable(str(tmp_path)).to_pyarrow_table().to_pylist()
+    assert sorted(repr((r["k"], r["v"])) for r in read) == sorted(
+        [*map(repr, zip(values, [1, 2, 3, 4], strict=True))] * 2
+    )
+
+
+def test_a_checkpoint_is_written_without_importing_pandas(tmp_path):
+    """Encoding a checkpoint builds no Arrow array from Python objects (``pa.array`` imports pandas, a
+    quarter to half a second of a finalize task that needs no pandas)."""
+    import subprocess
+    import sys
+
+    from deltalake import write_deltalake
+
+    write_deltalake(str(tmp_path), ROWS, mode="append", partition_by=["k"])
+    code = (
+        "import sys, fsspec\n"
+        "from airflow_provider_checkpoint.connectors.delta import log_checkpoint\n"
+        "from airflow_provider_checkpoint.connectors.delta.log_checks import listing\n"
+        "fs, root = fsspec.filesystem('file'), sys.argv[1]\n"
+        "state = log_checkpoint.replay(fs, root, root, 0, listing(fs, root))\n"
+        "assert log_checkpoint.write(fs, root, state), log_checkpoint.why_not(state)\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow.dataset') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "_delta_log" / f"{0:020d}.checkpoint.parquet").exists()

@@ -283,7 +283,7 @@ def live_actions(
         start, parts = checkpoint
         for part in parts:
             data = pa.BufferReader(read(fs, f"{root}/{LOG_DIR}/{part}", files[part]))  # one GET, no HEAD
-            rows = pq.read_table(data, columns=["add"]).column("add").to_pylist()
+            rows = pq.ParquetFile(data).read(columns=["add"]).column("add").to_pylist()
             for row in rows:
                 if row is not None:
                     row["partitionValues"] = dict(row.get("partitionValues") or [])

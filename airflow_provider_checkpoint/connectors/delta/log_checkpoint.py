@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.delta import json_rows
 from airflow_provider_checkpoint.connectors.delta.log_checks import (
     CHECKPOINT,
     COMMIT,
@@ -147,7 +148,7 @@ def replay(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int, f
             state.unsupported = state.unsupported or f"checkpoint {start} is multi-part"
         rows: list[dict[str, Any]] = []
         for part in parts:
-            content = pq.read_table(pa.BufferReader(read(fs, f"{root}/{LOG_DIR}/{part}", files[part])))
+            content = pq.ParquetFile(pa.BufferReader(read(fs, f"{root}/{LOG_DIR}/{part}", files[part]))).read()
             for name in content.column_names:
                 if name not in ("add", "remove", "metaData", "protocol", "txn"):
                     if content.column(name).null_count != len(content):
@@ -322,7 +323,7 @@ def _schema() -> pa.Schema:
 
 
 def _row(kind: str, body: dict[str, Any], t: pa.StructType) -> dict[str, Any]:
-    """``body`` with the fields of ``t`` only, JSON objects of map fields as lists of pairs."""
+    """``body`` with the fields of ``t`` only."""
     import pyarrow as pa
 
     out = {}
@@ -333,31 +334,26 @@ def _row(kind: str, body: dict[str, Any], t: pa.StructType) -> dict[str, Any]:
             value = {}  # as delta-rs reads a missing one
         if value is None and not t.field(i).nullable:
             raise ValueError(f"a {kind} action without {name}")
-        if isinstance(value, dict) and pa.types.is_map(ft):
-            value = list(value.items())
-        elif isinstance(value, dict) and pa.types.is_struct(ft):
+        if isinstance(value, dict) and pa.types.is_struct(ft):
             value = _row(kind, value, ft)
         out[name] = value
     return out
 
 
 def encode(state: Replay, now_ms: int) -> tuple[bytes, dict[str, Any]]:
-    """The checkpoint Parquet file of ``state`` and the ``_last_checkpoint`` document naming it."""
+    """The checkpoint Parquet file of ``state`` and the ``_last_checkpoint`` document naming it (its rows built
+    by :func:`.json_rows.table`: no pandas imported in a finalize)."""
     import io
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = _schema()
     rows = actions(state, now_ms)
-    columns = []
-    for column in schema:
-        t = column.type
-        assert isinstance(t, pa.StructType)
-        values = [_row(column.name, a[column.name], t) if column.name in a else None for a in rows]
-        columns.append(pa.array(values, t))
+    content = json_rows.table(
+        [{c: _row(c, a[c], schema.field(c).type) for c in schema.names if c in a} for a in rows], schema
+    )
     buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_arrays(columns, schema=schema), buffer, compression="snappy")
+    pq.write_table(content, buffer, compression="snappy")
     data = buffer.getvalue()
     adds = sum(1 for a in rows if "add" in a)
     return data, {"version": state.version, "size": len(rows), "sizeInBytes": len(data), "numOfAddFiles": adds}
