@@ -44,9 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_ROWS = 100_000
-"""Rows per chunk of a chunked snapshot that a source without ``snapshot_chunk_rows`` (removed mid-snapshot)
-goes on with."""
 SLOT_MARKER = SOURCES_DIR + "/{uid}/slot.json"
 """In the job's storage: the slot the source created (written first), so that only our own slot is ever dropped."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
@@ -285,28 +282,8 @@ class PostgresCdcSource(Source):
         return self._next_chunk({**position, "columns": recorded}, cdc_chunks.Cursor(tables[0], None))
 
     def _next_chunk(self, position: JsonDict, cursor: cdc_chunks.Cursor) -> JsonDict:
-        """``position`` with the chunk at ``cursor`` read (its file written) and the cursor after it."""
-        storage, tables = self._storage(), position["tables"]
-        rows = self.snapshot_chunk_rows or DEFAULT_CHUNK_ROWS
-        columns = cdc_schema.from_json(self.uid, cursor.table, position["columns"][cursor.table])
-        lsn = lsn_to_int(position["lsn"])
-        data, snapshot, after = cdc_chunks.read_chunk(self._pg(), self.uid, cursor, columns, rows, lsn)
-        storage.delete(cdc_chunks.chunk_dir(self.uid))  # chunks of checkpoints that did not complete
-        file = cdc_chunks.new_chunk_file(self.uid)
-        storage.write_atomic(file, parquet(data))
-        if after is None:
-            i = tables.index(cursor.table) + 1
-            after = cdc_chunks.Cursor(tables[i], None) if i < len(tables) else None
-        log.info(
-            "source %s: snapshot chunk of %s after %s: %d row(s); next: %s",
-            self.uid,
-            cursor.table,
-            cursor.after,
-            data.num_rows,
-            "done" if after is None else f"{after.table} after {after.after}",
-        )
-        chunk = cdc_chunks.Chunk(file, snapshot, data.num_rows).to_json()
-        return {**position, "chunk": chunk, **({} if after is None else {"snapshot_cursor": after.to_json()})}
+        rows = self.snapshot_chunk_rows or cdc_chunks.DEFAULT_CHUNK_ROWS
+        return cdc_chunks.next_chunk(self._pg(), self._storage(), self.uid, position, cursor, rows)
 
     def _snapshot(self) -> JsonDict:
         slot, publication, tables = self._prepare()

@@ -16,11 +16,14 @@ are validated before use.
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.postgres import cdc_schema
+from airflow_provider_checkpoint.connectors.postgres.cdc_rows import parquet
 from airflow_provider_checkpoint.connectors.postgres.cdc_snapshot import copy_texts, select_texts, snapshot_rows
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     SESSION,
@@ -29,12 +32,20 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     quoted_table,
     table_columns,
 )
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import lsn_to_int
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError
 from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_provider_checkpoint.storage import JobStorage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_ROWS = 100_000
+"""Rows per chunk of a chunked snapshot that a source without ``snapshot_chunk_rows`` (removed mid-snapshot)
+goes on with."""
 _XID = 1 << 32
 _PRIMARY_KEY = """
 SELECT a.attname FROM pg_index i
@@ -65,12 +76,14 @@ class Snapshot:
         return f"{self.xmin}:{self.xmax}:{','.join(str(x) for x in sorted(self.xip))}"
 
     def sees(self, xid: int) -> bool:
-        """Whether a committed transaction of 32-bit id ``xid`` (pgoutput's) is visible in the snapshot. Every
-        transaction committed before the barrier started before the snapshot, so its id is below ``xmax``."""
-        full = (self.xmax & ~(_XID - 1)) | xid
-        if full >= self.xmax:
-            full -= _XID
-        return full < self.xmin or (full < self.xmax and full not in self.xip)
+        """Whether a committed transaction of 32-bit id ``xid`` (pgoutput's) is visible in the snapshot. The id
+        is placed as PostgreSQL compares ids (modulo 2^32, the half before ``xmax`` in the past): at or after
+        ``xmax`` it started after the snapshot."""
+        ahead = (xid - self.xmax) % _XID
+        if ahead < _XID // 2:
+            return False
+        full = self.xmax - (_XID - ahead)
+        return full < self.xmin or full not in self.xip
 
 
 @dataclass(frozen=True)
@@ -155,10 +168,6 @@ def read_chunk(
     return snapshot_rows(cursor.table, columns, texts, lsn), snapshot, Cursor(cursor.table, last)
 
 
-def new_chunk_file(uid: str) -> str:
-    return f"{chunk_dir(uid)}/{uuid.uuid4().hex}.parquet"
-
-
 def parse_cursor(uid: str, value: Any, tables: list[str]) -> Cursor | None:
     """A position's ``snapshot_cursor`` (``None``: the snapshot is finished), validated."""
     if value is None:
@@ -187,3 +196,29 @@ def parse_chunk(uid: str, value: Any) -> Chunk:
         return Chunk(file, Snapshot.parse(str(value["snapshot"])), rows)
     except (ValueError, TypeError) as e:
         raise InvalidPositionError(f"source {uid}: chunk {value!r} is not a snapshot chunk ({e})") from e
+
+
+def next_chunk(
+    pg_conn: Any, storage: JobStorage, uid: str, position: dict[str, Any], cursor: Cursor, rows: int
+) -> dict[str, Any]:
+    """``position`` (a barrier's, its columns recorded) with the chunk at ``cursor`` read (its file written
+    under :func:`chunk_dir`, replacing those of checkpoints that did not complete) and the cursor after it."""
+    tables = position["tables"]
+    columns = cdc_schema.from_json(uid, cursor.table, position["columns"][cursor.table])
+    data, snapshot, after = read_chunk(pg_conn, uid, cursor, columns, rows, lsn_to_int(position["lsn"]))
+    storage.delete(chunk_dir(uid))
+    file = f"{chunk_dir(uid)}/{uuid.uuid4().hex}.parquet"
+    storage.write_atomic(file, parquet(data))
+    if after is None:
+        i = tables.index(cursor.table) + 1
+        after = Cursor(tables[i], None) if i < len(tables) else None
+    log.info(
+        "source %s: snapshot chunk of %s after %s: %d row(s); next: %s",
+        uid,
+        cursor.table,
+        cursor.after,
+        data.num_rows,
+        "done" if after is None else f"{after.table} after {after.after}",
+    )
+    chunk = Chunk(file, snapshot, data.num_rows).to_json()
+    return {**position, "chunk": chunk, **({} if after is None else {"snapshot_cursor": after.to_json()})}
