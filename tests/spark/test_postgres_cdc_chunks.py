@@ -341,3 +341,24 @@ def test_a_table_without_a_primary_key_is_refused_before_anything_is_created(spa
         job.checkpoint()
     with pg.connect() as conn:
         assert not conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (table,)).fetchall()
+
+
+def test_a_whole_snapshot_whose_first_table_is_empty_keeps_the_other_tables_rows(spark, pg, tmp_path):
+    """Spark's createDataFrame of an Arrow table stops at its first empty record batch: the snapshot's
+    files of an empty table, then a full one, once gave no row at all."""
+    n = uuid.uuid4().hex[:6]
+    names = [f"cdc_chunk_{n}_a", f"cdc_chunk_{n}_b"]
+    with pg.connect() as conn:
+        for table in names:
+            conn.execute(f"CREATE TABLE {table} (a int, b text, v int, PRIMARY KEY (a, b))")
+        conn.execute(f"INSERT INTO {names[1]} SELECT i, 'x', i FROM generate_series(1, 5) AS i")
+
+    def declare(tmp: Path) -> None:
+        changes = PostgresCdcSource("src", names, postgres_conn_id="cdc_pg", slot_name=f"cdc_chunk_{n}")
+        DeltaTableSink(
+            "lake", changes, str(tmp / "lake"), mode="upsert", keys=["source_table", "a", "b"], delete_when="deleted"
+        )
+
+    make_job(spark, tmp_path, declare).checkpoint()
+    order = [f"public.{t}" for t in names]
+    assert target(tmp_path / "lake", order) == {order[0]: {}, order[1]: {(i, "x"): i for i in range(1, 6)}}

@@ -364,7 +364,7 @@ class PostgresCdcSource(Source):
             _, _, start = self._position(previous, "position")
             (data,) = self._changes(slot, publication, barrier, (start, end))
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
-        df = ctx.spark.createDataFrame(data.combine_chunks())
+        df = ctx.spark.createDataFrame(data.combine_chunks())  # PySpark stops at an empty record batch
         return (df.coalesce(1) if self.in_source_order else df).cache()
 
     def _check_tables(self, conn: Any, tables: list[str]) -> None:
