@@ -152,7 +152,8 @@ class Model:
     ) -> dict[str, dict[Key, int]]:
         with writer.lock:  # no transaction commits meanwhile: every one recorded is in ``commits``
             lsns = commits()
-            txns = sorted(((lsns[x & 0xFFFFFFFF], x, e) for x, e in writer.txns), key=lambda t: t[0])
+            # a transaction that changed nothing commits without waiting for its flush; it matters to no row
+            txns = sorted(((lsns[x & 0xFFFFFFFF], x, e) for x, e in writer.txns if e), key=lambda t: t[0])
         xmin, xmax, xip = (snapshot or "0:0:").split(":")
         running = {int(x) for x in xip.split(",") if x}
 
@@ -197,10 +198,8 @@ class Model:
 
 def commit_lsns(server: PostgresServer, since: int) -> dict[int, int]:
     """Transaction id (32 bits) → its commit record's LSN, from the server's WAL (pg_walinspect)."""
-    with server.connect() as conn:  # the server runs with synchronous_commit off: flush every commit first
-        conn.execute("SET synchronous_commit = on")
-        conn.execute("SELECT pg_current_xact_id()")
-        conn.commit()
+    with server.connect() as conn:  # a commit that wrote WAL waits for its flush, and so for every one before it
+        conn.execute("SELECT pg_logical_emit_message(true, 'cdc-chunk-model', 'flush')")
         rows = conn.execute(
             "SELECT xid::text::bigint, start_lsn::text "
             "FROM pg_get_wal_records_info(%s::pg_lsn, pg_current_wal_flush_lsn()) "
