@@ -13,7 +13,9 @@ Rows are narrow: ``(id bigint primary key, label text, value double precision)``
   by delta-rs) is compared with a ``SELECT`` of the source table.
 - **snapshot**: a table of ``snapshot_rows`` rows; the source's first barrier (slot with an exported
   snapshot, every row read under it, Parquet into the job's storage) vs one ``COPY table TO STDOUT``
-  read by psycopg (bytes counted), the floor of reading the table at all.
+  read by psycopg (bytes counted), the floor of reading the table at all; and the chunked snapshot
+  (``snapshot_chunk_rows`` = a tenth of the table): its barriers one after another until the last chunk
+  (the trigger side of ten checkpoints; the steps' Spark work is the same rows either way).
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ def _stream(server: Any, spark: Any, work: Path, r: int, rows: int, changes: int
         start = lsn_to_int(first.source_positions["rows"]["lsn"])
         (end,) = db.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         started = time.perf_counter()
-        decoded = source._changes(slot, slot, [f"public.{table}"], (start, lsn_to_int(end) + 1))
+        position = first.source_positions["rows"]
+        (decoded,) = source._changes(slot, slot, position, (start, lsn_to_int(end) + 1))
         decode = elapsed(started)
         started = time.perf_counter()
         second = job.checkpoint()
@@ -176,6 +179,33 @@ def _snapshot(server: Any, work: Path, r: int, table: str) -> dict[str, Any]:
     }
 
 
+def _chunked(server: Any, work: Path, r: int, table: str, chunk_rows: int) -> dict[str, Any]:
+    """The chunked snapshot's barriers (``snapshot_chunk_rows``), one after another until the cursor is done:
+    the trigger side of as many checkpoints (each chunk read under its own snapshot, rows to Parquet)."""
+    from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
+    from airflow_provider_checkpoint.storage import JobStorage
+
+    slot, root = f"bench_chunk_{r}", work / f"chunked-{r}"
+    shutil.rmtree(root, ignore_errors=True)
+    source = PostgresCdcSource(
+        "rows", [table], postgres_conn_id=CONN_ID, slot_name=slot, snapshot_chunk_rows=chunk_rows
+    )
+    source.bind_storage(JobStorage.for_job(f"file://{root}", "chunked"))
+    started, chunks, rows, position = time.perf_counter(), [], 0, None
+    while position is None or position.get("snapshot_cursor") is not None:
+        begun = time.perf_counter()
+        position = source.barrier_position(position)
+        chunks.append(elapsed(begun))
+        rows += position["chunk"]["rows"]
+    ours = elapsed(started)
+    with server.connect() as db:
+        db.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        db.execute(f"DROP PUBLICATION {slot}")
+    shutil.rmtree(root, ignore_errors=True)
+    log(f"chunked round {r}: {len(chunks)} chunks of {chunk_rows:,}, {ours:.1f}s, longest {max(chunks):.2f}s")
+    return {"chunked_s": ours, "chunks": len(chunks), "longest_chunk_s": max(chunks), "rows": rows}
+
+
 def run(rows: int, changes: int, snapshot_rows: int, rounds: int, work: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.servers.postgres import start_server
@@ -195,7 +225,10 @@ def run(rows: int, changes: int, snapshot_rows: int, rounds: int, work: Path) ->
         if snapshot_rows:
             with server.connect() as db:
                 _fill(db, "snap", snapshot_rows)
-            snapshots = [_snapshot(server, work, r, "snap") for r in range(rounds)]
+            snapshots = [
+                {**_snapshot(server, work, r, "snap"), **_chunked(server, work, r, "snap", snapshot_rows // 10)}
+                for r in range(rounds)
+            ]
     finally:
         spark.stop()
         server.stop()
@@ -260,6 +293,7 @@ def render(result: dict[str, Any]) -> str:
     if snaps:
         copy = [s["copy_s"] for s in snaps]
         ours = [s["snapshot_s"] for s in snaps]
+        chunked = [s["chunked_s"] for s in snaps]
         rows = result["snapshot_rows"]
         lines += [
             f"**Snapshot** of a {rows:,}-row table, {len(snaps)} rounds:",
@@ -270,6 +304,10 @@ def render(result: dict[str, Any]) -> str:
             f"{_fmt([rows / c for c in copy], '', 0)} | 1 |",
             f"| the source's first barrier (slot + exported snapshot, rows to Parquet) | {_fmt(ours, '', 1)} | "
             f"{_fmt([rows / o for o in ours], '', 0)} | {_fmt([c / o for c, o in zip(copy, ours, strict=True)])} |",
+            f"| chunked (`snapshot_chunk_rows={rows // 10:,}`): {snaps[0]['chunks']} barriers, each a chunk under "
+            f"its own snapshot to Parquet (longest {_fmt([s['longest_chunk_s'] for s in snaps], '', 2)} s) | "
+            f"{_fmt(chunked, '', 1)} | {_fmt([rows / c for c in chunked], '', 0)} | "
+            f"{_fmt([c / o for c, o in zip(copy, chunked, strict=True)])} |",
             "",
         ]
     return "\n".join(lines)

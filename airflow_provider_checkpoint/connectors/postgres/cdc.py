@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.postgres import cdc_schema, cdc_slot
+from airflow_provider_checkpoint.connectors.postgres import cdc_chunks, cdc_schema, cdc_slot
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     DELETED,
     METADATA,
@@ -29,7 +29,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     table_columns,
 )
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, Transaction, int_to_lsn, lsn_to_int
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
@@ -95,8 +95,16 @@ class PostgresCdcSource(Source):
         postgres_conn_id: str = "postgres_default",
         slot_name: str | None = None,
         watermark: tuple[str, str] | None = None,
+        snapshot_chunk_rows: int | None = None,
     ) -> None:
         super().__init__(uid, watermark)
+        if snapshot_chunk_rows is not None and (
+            not isinstance(snapshot_chunk_rows, int) or isinstance(snapshot_chunk_rows, bool) or snapshot_chunk_rows < 1
+        ):
+            raise PipelineDefinitionError(
+                f"{uid}: snapshot_chunk_rows must be a positive int, got {snapshot_chunk_rows!r}"
+            )
+        self.snapshot_chunk_rows = snapshot_chunk_rows
         if tables is None and publication is None:
             raise PipelineDefinitionError(f"{uid}: give tables, or the publication that lists them")
         if tables is not None:
@@ -131,6 +139,7 @@ class PostgresCdcSource(Source):
             "publication": self.publication,
             "postgres_conn_id": self.postgres_conn_id,
             "slot_name": self.slot_name,
+            "snapshot_chunk_rows": self.snapshot_chunk_rows,
         }
 
     # -- positions (the trigger, no Spark) ---------------------------------------------------
@@ -159,7 +168,7 @@ class PostgresCdcSource(Source):
         return [str(t) for t in tables]
 
     def new_input(self, previous: Any) -> bool:
-        if previous is None:
+        if previous is None or (isinstance(previous, dict) and previous.get("snapshot_cursor") is not None):
             return True
         slot, _, lsn = self._position(previous, "position")
         with self._pg().connect(autocommit=True) as conn:
@@ -169,7 +178,7 @@ class PostgresCdcSource(Source):
         """The WAL flush position now; at the job's first barrier, the slot's consistent point, with the
         snapshot it exported read into the job's storage (the first checkpoint's input)."""
         if previous is None:
-            return self._snapshot()
+            return self._first_chunk() if self.snapshot_chunk_rows else self._snapshot()
         slot, publication, lsn = self._position(previous, "position")
         captured = self._captured(previous)
         with self._pg().connect(autocommit=True) as conn:
@@ -189,8 +198,10 @@ class PostgresCdcSource(Source):
                 t: cdc_schema.evolve(self.uid, columns[t], table_columns(conn, t), cdc_schema.prefilled(conn, t))
                 for t in captured
             }
-        position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
-        return {**position, "columns": {t: cdc_schema.to_json(c) for t, c in evolved.items()}}
+        position: JsonDict = {"slot": slot, "publication": publication, "lsn": int_to_lsn(barrier), "tables": captured}
+        position["columns"] = {t: cdc_schema.to_json(c) for t, c in evolved.items()}
+        cursor = cdc_chunks.parse_cursor(self.uid, previous.get("snapshot_cursor"), captured)
+        return position if cursor is None else self._next_chunk(position, cursor)
 
     def _recorded(self, position: Any, conn: Any) -> dict[str, list[TableColumn]]:
         """The columns of each table a position records (a position written before columns were recorded:
@@ -227,14 +238,24 @@ class PostgresCdcSource(Source):
                 f"the source's tables {self.tables}; drop it, or give the source another publication name"
             )
 
-    def _snapshot(self) -> JsonDict:
+    def _storage(self) -> JobStorage:
         if self.job_storage is None:
             raise RuntimeError(f"source {self.uid} has no job storage bound (bind_storage)")
-        pg, slot = self._pg(), self.slot_name or self._default_slot()
+        return self.job_storage
+
+    def _prepare(self) -> tuple[str, str, list[str]]:
+        """The first barrier's preliminaries: the tables checked, the publication created (or checked), a slot
+        of ours left by a first checkpoint that never completed dropped, with its files, and the slot's name
+        recorded; the slot, the publication and its tables."""
+        storage, slot = self._storage(), self.slot_name or self._default_slot()
         publication = self.publication or slot
-        owned = self.job_storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
-        with pg.connect(autocommit=True) as conn:
-            self._check_tables(conn, self.tables or self._published(conn, publication))
+        owned = storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
+        with self._pg().connect(autocommit=True) as conn:
+            tables = self.tables or self._published(conn, publication)
+            if self.snapshot_chunk_rows:
+                for table in tables:
+                    cdc_chunks.primary_key(conn, self.uid, table)
+            self._check_tables(conn, tables)
             self._ensure_publication(conn, publication)
             tables = self._published(conn, publication)
             if cdc_slot.state(conn, slot) is not None:
@@ -245,10 +266,31 @@ class PostgresCdcSource(Source):
                         f"SELECT pg_drop_replication_slot('{slot}')"
                     )
                 cdc_slot.drop(conn, slot)  # ours, left by a first checkpoint that never completed
-        self.job_storage.delete(f"{SOURCES_DIR}/{self.uid}")  # that checkpoint's snapshot files
-        self.job_storage.write_atomic(SLOT_MARKER.format(uid=self.uid), json.dumps({"slot": slot}).encode())
+        storage.delete(f"{SOURCES_DIR}/{self.uid}")  # that checkpoint's snapshot files
+        storage.write_atomic(SLOT_MARKER.format(uid=self.uid), json.dumps({"slot": slot}).encode())
+        return slot, publication, tables
+
+    def _first_chunk(self) -> JsonDict:
+        """The chunked snapshot's first barrier: a slot without an exported snapshot, its consistent point the
+        position, and the first table's first chunk."""
+        slot, publication, tables = self._prepare()
+        with self._pg().connect(autocommit=True) as conn:
+            consistent = cdc_slot.create(conn, slot)
+            recorded = {t: cdc_schema.to_json(table_columns(conn, t)) for t in tables}
+        log.info("source %s: slot %s created at %s (chunked snapshot)", self.uid, slot, int_to_lsn(consistent))
+        position = {"slot": slot, "publication": publication, "lsn": int_to_lsn(consistent), "tables": tables}
+        return self._next_chunk({**position, "columns": recorded}, cdc_chunks.Cursor(tables[0], None))
+
+    def _next_chunk(self, position: JsonDict, cursor: cdc_chunks.Cursor) -> JsonDict:
+        rows = self.snapshot_chunk_rows or cdc_chunks.DEFAULT_CHUNK_ROWS
+        return cdc_chunks.next_chunk(self._pg(), self._storage(), self.uid, position, cursor, rows)
+
+    def _snapshot(self) -> JsonDict:
+        slot, publication, tables = self._prepare()
+        pg = self._pg()
         with pg.connect(autocommit=True, replication=True) as replication, pg.connect() as conn:
             consistent, snapshot = cdc_slot.create_with_snapshot(replication, slot)
+            storage = self._storage()
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             conn.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
             conn.execute(SESSION)
@@ -260,7 +302,7 @@ class PostgresCdcSource(Source):
                 data = copy_rows(conn, table, columns, consistent)
                 files.append(f"{directory}/{i}.parquet")
                 rows += data.num_rows
-                self.job_storage.write_atomic(files[-1], parquet(data))
+                storage.write_atomic(files[-1], parquet(data))
             conn.rollback()
         log.info(
             "source %s: slot %s created at %s; snapshot of %d table(s), %d row(s)",
@@ -275,9 +317,14 @@ class PostgresCdcSource(Source):
 
     # -- after completion ----------------------------------------------------------------------
     def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
-        """The first checkpoint's snapshot files are read: delete them (idempotent)."""
-        if isinstance(position, dict) and position.get("snapshot") and self.job_storage is not None:
+        """The snapshot's files the checkpoint read (the first one's, or a chunk's) are read: delete them
+        (idempotent)."""
+        if not isinstance(position, dict) or self.job_storage is None:
+            return
+        if position.get("snapshot"):
             self.job_storage.delete_files(position["snapshot"])
+        if position.get("chunk") is not None:
+            self.job_storage.delete_files([cdc_chunks.parse_chunk(self.uid, position["chunk"]).file])
 
     def on_positions_retained(self, positions: Sequence[Any]) -> None:
         """Advance the slot to the oldest position a retained checkpoint holds: WAL no restore needs is freed."""
@@ -300,11 +347,24 @@ class PostgresCdcSource(Source):
             with self._pg().connect() as conn:
                 columns = self._merged(self._recorded(barrier, conn))
             data = from_parquet(columns, (ctx.storage.read_bytes(f) for f in barrier["snapshot"]))
+        elif "chunk" in barrier:
+            import pyarrow as pa  # the changes its snapshot sees, the chunk, the others (cdc_chunks)
+
+            chunk = cdc_chunks.parse_chunk(self.uid, barrier["chunk"])
+            with self._pg().connect() as conn:
+                columns = self._merged(self._recorded(barrier, conn))
+            rows = from_parquet(columns, [ctx.storage.read_bytes(chunk.file)])
+            if previous is None:
+                data = rows
+            else:
+                _, _, start = self._position(previous, "position")
+                seen, unseen = self._changes(slot, publication, barrier, (start, end), chunk.snapshot)
+                data = pa.concat_tables([seen, rows, unseen])
         else:
             _, _, start = self._position(previous, "position")
-            data = self._changes(slot, publication, barrier, (start, end))
+            (data,) = self._changes(slot, publication, barrier, (start, end))
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
-        df = ctx.spark.createDataFrame(data)
+        df = ctx.spark.createDataFrame(data.combine_chunks())  # PySpark stops at an empty record batch
         return (df.coalesce(1) if self.in_source_order else df).cache()
 
     def _check_tables(self, conn: Any, tables: list[str]) -> None:
@@ -330,9 +390,12 @@ class PostgresCdcSource(Source):
                     )
         return list(merged.values())
 
-    def _changes(self, slot: str, publication: str, barrier: Any, span: tuple[int, int]) -> pa.Table:
+    def _changes(
+        self, slot: str, publication: str, barrier: Any, span: tuple[int, int], seen: cdc_chunks.Snapshot | None = None
+    ) -> list[pa.Table]:
         """The changes of the transactions committed in ``span`` (``[start, end)``), as rows of the columns
-        ``barrier`` records."""
+        ``barrier`` records: one table, or with ``seen``, two: those of the transactions ``seen`` sees, then
+        the others."""
         start, end = span
         with self._pg().connect() as conn:
             conn.execute(SESSION)
@@ -342,7 +405,11 @@ class PostgresCdcSource(Source):
             catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
             decoder = Decoder(slot, since=start)
             txns = decoder.transactions(cdc_slot.peek(conn, slot, publication, end))
-            rows = change_rows(self.uid, catalog, (t for t in txns if start <= t.commit_lsn < end))
-            data = arrow(columns, rows)
+            in_span = (t for t in txns if start <= t.commit_lsn < end)
+            groups: list[Iterable[Transaction]] = [in_span]
+            if seen is not None:
+                held = list(in_span)
+                groups = [[t for t in held if seen.sees(t.xid)], [t for t in held if not seen.sees(t.xid)]]
+            data = [arrow(columns, change_rows(self.uid, catalog, group)) for group in groups]
             conn.rollback()
         return data

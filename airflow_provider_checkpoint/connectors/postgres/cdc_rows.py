@@ -51,7 +51,31 @@ def change_rows(
                 txn.commit_time_micros,
                 txn.xid,
             )
+            moved = _moved_from(catalog[relation.qualified], change)
+            if moved is not None:  # the key changed: the old key's row goes, as a delete
+                yield (
+                    {c.name: v for c, v, r in zip(relation.columns, moved, shapes[relation], strict=True) if r},
+                    (
+                        relation.qualified,
+                        "delete",
+                        True,
+                        *meta[3:],
+                    ),
+                )
             yield _values(uid, change, shapes[relation]), meta
+
+
+def _moved_from(known: dict[str, TableColumn], change: Change) -> tuple[Any, ...] | None:
+    """An update's old row (the old key's values, the others as sent) when it changed the primary key (or,
+    without one, the replica identity index's columns); ``None`` otherwise."""
+    if change.op != "update" or change.old_key is None:
+        return None
+    columns = change.relation.columns
+    primary = [i for i, c in enumerate(columns) if c.name in known and known[c.name].key]
+    key = primary or ([i for i, c in enumerate(columns) if c.key] if change.relation.replica_identity == "i" else [])
+    if not key or all(change.values[i] in (UNCHANGED, change.old_key[i]) for i in key):
+        return None
+    return tuple(v if v is not UNCHANGED else None for v in change.old_key)
 
 
 def _shape(uid: str, catalog: dict[str, dict[str, TableColumn]], relation: Relation) -> list[bool]:

@@ -1,4 +1,5 @@
-"""The logical replication slot of :class:`~.cdc.PostgresCdcSource`: created with an exported snapshot,
+"""The logical replication slot of :class:`~.cdc.PostgresCdcSource`: created (with an exported snapshot, or
+without for the chunked snapshot),
 checked before every use, peeked (never consumed) and advanced once no restorable checkpoint needs its WAL."""
 
 from __future__ import annotations
@@ -73,6 +74,18 @@ def create_with_snapshot(replication: Any, slot: str) -> tuple[int, str]:
         message = result.error_message.decode(errors="replace").strip()
         raise CdcSourceError(f"cannot create replication slot {slot}: {message}")
     return lsn_to_int(result.get_value(0, 1).decode()), result.get_value(0, 2).decode()
+
+
+def create(conn: Any, slot: str) -> int:
+    """Create the slot without exporting a snapshot (the chunked snapshot reads each chunk in a snapshot of its
+    own); its consistent point. Returns once the transactions running now have ended."""
+    try:
+        (lsn,) = conn.execute(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+        ).fetchone()
+    except Exception as e:
+        raise CdcSourceError(f"cannot create replication slot {slot}: {str(e).strip()}") from e
+    return lsn_to_int(lsn)
 
 
 def drop(conn: Any, slot: str) -> None:

@@ -1,5 +1,5 @@
-"""The initial snapshot's read of one table: ``COPY (SELECT …) TO STDOUT`` in CSV, parsed by Arrow, under the
-transaction's snapshot (the slot's exported one), into the rows of :func:`.cdc_rows.arrow`."""
+"""The initial snapshot's reads: ``COPY (SELECT …) TO STDOUT`` in CSV, parsed by Arrow, under the transaction's
+snapshot (the slot's exported one, or a chunk's own), into the rows of :func:`.cdc_rows.arrow`."""
 
 from __future__ import annotations
 
@@ -14,41 +14,51 @@ if TYPE_CHECKING:
 
 def copy_rows(conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
     """Every row of ``table`` as ``conn``'s transaction sees it, as snapshot rows (``op`` insert, ``lsn``)
-    typed like the stream's: each value is read as text (``::text``) and goes through :func:`.cdc_rows.typed`.
+    typed like the stream's: each value is read as text (``::text``) and goes through :func:`.cdc_rows.typed`."""
+    return snapshot_rows(table, columns, copy_texts(conn, select_texts(table, columns), len(columns)), lsn)
 
-    CSV keeps NULL (an unquoted empty field) apart from the empty string (a quoted one)."""
+
+def select_texts(table: str, columns: list[TableColumn]) -> str:
+    """``SELECT`` of every column of ``table`` as text (a query to end with a ``WHERE``/``ORDER BY``)."""
+    return f"SELECT {', '.join(f'{quote(c.name)}::text' for c in columns)} FROM {quoted_table(table)}"
+
+
+def copy_texts(conn: Any, query: str, width: int) -> pa.Table | None:
+    """``COPY (query) TO STDOUT`` in CSV, parsed by Arrow into ``width`` string columns ``c0…``; ``None`` when
+    the query returns no row. CSV keeps NULL (an unquoted empty field) apart from the empty string (a quoted
+    one)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    names = ", ".join(f"{quote(c.name)}::text" for c in columns)
     data = bytearray()
-    with (
-        conn.cursor() as cursor,
-        cursor.copy(f"COPY (SELECT {names} FROM {quoted_table(table)}) TO STDOUT (FORMAT csv)") as copy,
-    ):
+    with conn.cursor() as cursor, cursor.copy(f"COPY ({query}) TO STDOUT (FORMAT csv)") as copy:
         for chunk in copy:
             data += chunk
-    positions = [f"c{i}" for i in range(len(columns))]
-    parsed = (
-        pacsv.read_csv(
-            pa.py_buffer(bytes(data)),
-            read_options=pacsv.ReadOptions(column_names=positions),
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(
-                column_types=dict.fromkeys(positions, pa.string()),
-                null_values=[""],
-                strings_can_be_null=True,
-                quoted_strings_can_be_null=False,
-            ),
-        )
-        if data
-        else None
+    if not data:
+        return None
+    positions = [f"c{i}" for i in range(width)]
+    return pacsv.read_csv(
+        pa.py_buffer(bytes(data)),
+        read_options=pacsv.ReadOptions(column_names=positions),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(positions, pa.string()),
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
     )
+
+
+def snapshot_rows(table: str, columns: list[TableColumn], parsed: pa.Table | None, lsn: int) -> pa.Table:
+    """The texts :func:`copy_texts` read as snapshot rows of ``table``: ``op`` insert, ``lsn``."""
+    import pyarrow as pa
+
     empty = arrow(columns, ())
     if parsed is None:
         return empty
     n = parsed.num_rows
-    values = [typed(c, parsed[p].combine_chunks()) for c, p in zip(columns, positions, strict=True)]
+    values = [typed(c, parsed[f"c{i}"].combine_chunks()) for i, c in enumerate(columns)]
     meta = [
         pa.array([table] * n, pa.string()),
         pa.array(["insert"] * n, pa.string()),

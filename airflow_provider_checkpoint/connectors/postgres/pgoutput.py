@@ -62,12 +62,15 @@ class Relation:
 class Change:
     """One row change: ``op`` insert, update or delete, the relation, and the row's values (an update's and
     an insert's new row; a delete's old row, whole under ``REPLICA IDENTITY FULL``, else its key columns only
-    and the others ``None``); ``old``: the whole old row, when the server sent it (``REPLICA IDENTITY FULL``)."""
+    and the others ``None``); ``old``: the whole old row, when the server sent it (``REPLICA IDENTITY FULL``);
+    ``old_key``: an update's old row as sent (``K``: its key columns, others ``None``, sent when the key
+    changed; ``O``: the whole old row)."""
 
     op: str
     relation: Relation
     values: tuple[Value, ...]
     old: tuple[Value, ...] | None = None
+    old_key: tuple[Value, ...] | None = None
 
 
 @dataclass
@@ -223,10 +226,11 @@ class Decoder:
                 return Change("delete", relation, row)
             return Change("delete", relation, row, row)
         old: tuple[Value, ...] | None = None
+        before: tuple[Value, ...] | None = None
         if marker in (b"K", b"O"):
             before = r.tuple_data()
             old = before if marker == b"O" else None  # a whole old row only under REPLICA IDENTITY FULL
             marker = r.raw(1)
         if marker != b"N":
             raise ValueError(f"Update without a new tuple (marker {marker!r})")
-        return Change("update", relation, r.tuple_data(), old)
+        return Change("update", relation, r.tuple_data(), old, before)
