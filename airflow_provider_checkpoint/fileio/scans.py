@@ -19,6 +19,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.records import check_options
 from airflow_provider_checkpoint.fileio.writes import engine_for, url
 from airflow_provider_checkpoint.storage.object_store import for_executors, open_sized
@@ -250,7 +251,7 @@ def _scan(
     out = _with_file(schema, file_column)
     if driver:
         ids = pa.record_batch([pa.array(range(len(paths)), pa.int64())], names=["id"])
-        return spark.createDataFrame(pa.Table.from_batches(list(scan(iter([ids]))), _arrow(out)), schema=out)
+        return arrow_frame(spark, pa.Table.from_batches(list(scan(iter([ids]))), _arrow(out)), out)
     tasks = min(len(paths), MAX_READ_TASKS)
     return spark.range(0, len(paths), 1, tasks).mapInArrow(scan, out)
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
 from airflow_provider_checkpoint.dataflow.operator import NEW, StatefulOperator
+from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overlay, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout
@@ -168,7 +169,7 @@ def merge_on_driver(
         "state_incremental": 1,
     }
     new_rows = shown.select(columns)
-    output = node.output_of(spark.createDataFrame(new_rows, schema=struct))
+    output = node.output_of(arrow_frame(spark, new_rows, struct))
     if closing is not None:
         return snapshot, output, metrics, None
     shown_rows = node.output_arrow(new_rows)

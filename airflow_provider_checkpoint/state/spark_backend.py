@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 from airflow_provider_checkpoint.dataflow.operator import DELETED
 from airflow_provider_checkpoint.exceptions import StateFileError, StateTooLargeError
+from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.state.files import DAMAGED, check_file, read_inline
@@ -207,7 +208,7 @@ def read_state(
     """
     schema = state_schema(snapshot)
     if snapshot.inline is not None:
-        return spark.createDataFrame(read_inline(snapshot, uid), schema)
+        return arrow_frame(spark, read_inline(snapshot, uid), schema)
     loaded: dict[str, bytes] = {}
     shipped = 0
     for handle in snapshot.handles:

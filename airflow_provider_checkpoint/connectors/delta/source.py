@@ -19,6 +19,7 @@ from airflow_provider_checkpoint.connectors.delta.log import DataFile, Position
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DeltaSourceError, InvalidPositionError, PipelineDefinitionError
+from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.scans import ORDERED_SCAN_FILES, FileColumn, read_parquet
 from airflow_provider_checkpoint.fileio.writes import engine_for
 from airflow_provider_checkpoint.storage.job_storage import Location
@@ -366,9 +367,9 @@ class DeltaSource(Source):
         if rank is not None:
             df = df.withColumn(_POSITION, F.monotonically_increasing_id())
         if deleted is not None:  # rows a deletion vector deletes are not the file's rows
-            df = df.join(spark.createDataFrame(deleted), [_FILE, _ROW], "left_anti")
+            df = df.join(arrow_frame(spark, deleted), [_FILE, _ROW], "left_anti")
         if picked is not None:  # a file whose DV a commit changed: only the rows whose bit changed
-            df = df.join(spark.createDataFrame(picked), [_FILE, _ROW], "left")
+            df = df.join(arrow_frame(spark, picked), [_FILE, _ROW], "left")
             df = df.filter(F.col(_PICKED).isNotNull() | ~per_file(lambda f: f.rows_of is not None)).drop(_PICKED)
         columns = [
             per_file(partition_value(c.name)).cast(c.dataType).alias(c.name)

@@ -33,6 +33,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, Tr
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
+from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
 
 if TYPE_CHECKING:
@@ -364,7 +365,7 @@ class PostgresCdcSource(Source):
             _, _, start = self._position(previous, "position")
             (data,) = self._changes(slot, publication, barrier, (start, end))
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
-        df = ctx.spark.createDataFrame(data.combine_chunks())  # PySpark stops at an empty record batch
+        df = arrow_frame(ctx.spark, data)
         return (df.coalesce(1) if self.in_source_order else df).cache()
 
     def _check_tables(self, conn: Any, tables: list[str]) -> None:
