@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec, combine, duration_ms
 from airflow_provider_checkpoint.core.model import Barrier
-from airflow_provider_checkpoint.dataflow.expiry import EVENT_TIME_COLUMNS, TS_MS_UP, TS_US, with_event_time
+from airflow_provider_checkpoint.dataflow.expiry import (
+    EVENT_TIME_COLUMNS,
+    TS_MS_UP,
+    TS_US,
+    observe_each,
+    with_event_time,
+)
 from airflow_provider_checkpoint.dataflow.graph import Node, Union
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.dataflow.late_data import LateOutput
@@ -82,10 +88,6 @@ def session(gap: str) -> Windows:
     ms = duration_ms(gap, "session gap")
     _positive(ms, "session gap")
     return Windows("session", gap_ms=ms)
-
-
-def _ms(us: int | None) -> int | None:
-    return None if us is None else us // 1000
 
 
 def _positive(ms: int, what: str) -> None:
@@ -195,27 +197,15 @@ class WindowAggregate(LateOutput, KeyedAggregate):
         """One pass over the input (over a union, over each of its inputs, in one job), which caches the
         rows the windows need: the greatest event time of each input, the late rows and the rows
         without event time."""
-        from pyspark.sql import functions as F
-
         rows = self._increment(inputs)
-        late = self._late(self._latest_end(), before)
-        seen = {
-            row["member"]: row
-            for row in rows.groupBy(F.col("__member").alias("member"))
-            .agg(
-                F.max(TS_US).alias("top"),
-                F.count(F.when(late, 1)).alias("late"),
-                F.count(F.when(F.col(TS_US).isNull(), 1)).alias("untimed"),
-            )
-            .collect()
-        }
+        seen = observe_each(rows, "__member", self._late(self._latest_end(), before))
         self._cached = (inputs, rows)
         counted = "late_rows_output" if self.late == "output" else "late_rows_dropped"
         metrics = {
-            counted: sum(int(r["late"]) for r in seen.values()),
-            "rows_without_event_time": sum(int(r["untimed"]) for r in seen.values()),
+            counted: sum(s.late for s in seen.values()),
+            "rows_without_event_time": sum(s.untimed for s in seen.values()),
         }
-        tops = {uid: _ms(seen[i]["top"] if i in seen else None) for i, uid in enumerate(self.bounds)}
+        tops = {uid: seen[i].top if i in seen else None for i, uid in enumerate(self.bounds)}
         if len(self.bounds) == 1:
             ((uid, bound),) = self.bounds.items()
             return before.advance(tops[uid], bound), metrics
