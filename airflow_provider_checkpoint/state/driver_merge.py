@@ -119,7 +119,7 @@ def merge_on_driver(
         compact = set(range(layout.parallelism))  # a delta that large would make every range due
     read = touched | compact
     if closing is not None:
-        read |= {i for i, r in enumerate(layout.ranges) if closing.may_close(storage, r.handles)}
+        read |= {i for i, r in enumerate(layout.ranges) if i not in read and closing.may_close(storage, r.handles)}
     state: dict[int, pa.Table] = {
         i: merged_rows(storage, restored, layout.ranges[i].handles, node.uid).cast(schema) for i in sorted(read)
     }
