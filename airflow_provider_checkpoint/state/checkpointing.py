@@ -24,7 +24,7 @@ from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.exceptions import StateFileError, raised_in_spark
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
-from airflow_provider_checkpoint.state.driver_merge import Closing, driver_partials, merge_on_driver
+from airflow_provider_checkpoint.state.driver_merge import Closing, closing_column, driver_partials, merge_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout, ranges_for
 from airflow_provider_checkpoint.state.keygroups import (
@@ -166,15 +166,16 @@ def _checkpoint_operator(
     if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
         fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
         layout = None
+    closing = None if watermarks is None else closing_column(node, watermarks[1])
     if layout is not None and restored is not None:
-        operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where)
+        operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
         before = None if watermarks is None else watermarks[0]
         partials = driver_partials(node, inputs, restored, settings.driver_merge_rows, before)
         if partials is not None:
-            closing = None if watermarks is None else Closing.of(node, watermarks[1])
+            closes = None if watermarks is None else Closing.of(node, watermarks[1])
             return OperatorCheckpoint(
                 *merge_on_driver(
-                    storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault, closing
+                    storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault, closes
                 )
             )
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
@@ -206,6 +207,7 @@ def _checkpoint_operator(
         inline_threshold=settings.inline_state_threshold,
         max_inline=settings.max_inline_state,
         uid=node.uid,
+        closing=closing,
     )
     fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
     return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot))
@@ -315,6 +317,8 @@ class _OperatorState:
     node: StatefulOperator
     restored: OperatorSnapshot
     where: Mapping[str, object]
+    closing: str | None = None
+    """The operator's closing column (:meth:`StatefulOperator.closes_below`), recorded in its files' handles."""
 
     def fault(self, point: str) -> None:
         fault_point(point, checkpoint=self.checkpoint_id, **self.where)
@@ -382,6 +386,7 @@ class _OperatorState:
             parallelism,
             self.checkpoint_id,
             spread=big,
+            closing=self.closing,
         ):
             written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
         counts = observed_metrics(observation, lambda: changelog.agg(*delta_metrics).first())
@@ -400,7 +405,13 @@ class _OperatorState:
                 full, older.unionByName(newest.where(F.col(RANGE).isin(compact)).drop(RANGE)), keys, True, layers
             )
             for handle in write_ranges(
-                self.storage, f"{self.directory}/compacted", merged, keys, max_parallelism, parallelism
+                self.storage,
+                f"{self.directory}/compacted",
+                merged,
+                keys,
+                max_parallelism,
+                parallelism,
+                closing=self.closing,
             ):
                 compacted[_index(handle, max_parallelism, parallelism)].append(handle)
         self.fault("step.after_state_write")
@@ -440,6 +451,7 @@ class _OperatorState:
             self.restored.schema,
             self.node.keys,
             self.node.max_parallelism,
+            closing=self.closing,
         )
         self.fault("step.after_state_write")
         if output is None:

@@ -13,8 +13,9 @@ An operator with event time merges there too when it has that form
 (:meth:`StatefulOperator.partials_at`, e.g. a tumbling or sliding
 :class:`~airflow_provider_checkpoint.dataflow.windows.WindowAggregate`): its input's on-time rows,
 one row per window, merged with the open windows' state; the windows the watermark closes are
-deleted (and emitted) in every range, read only when its files' Parquet statistics show a window
-that may close (:class:`Closing`).
+deleted (and emitted) in every range, read only when its files may hold a window that closes
+(:class:`Closing`): each state file's handle records the least window end it holds
+(:attr:`StateHandle.least_end`), so finding those ranges reads nothing.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def merge_on_driver(
         compact = set(range(layout.parallelism))  # a delta that large would make every range due
     read = touched | compact
     if closing is not None:
-        read |= {i for i, r in enumerate(layout.ranges) if closing.may_close(storage, r.handles)}
+        read |= {i for i, r in enumerate(layout.ranges) if i not in read and closing.may_close(storage, r.handles)}
     state: dict[int, pa.Table] = {
         i: merged_rows(storage, restored, layout.ranges[i].handles, node.uid).cast(schema) for i in sorted(read)
     }
@@ -135,18 +136,22 @@ def merge_on_driver(
         own = changes.filter(pc.equal(changes[_RANGE], i)).select([*columns, DELETED])
         return own.append_column(SEQ, pa.array(np.full(len(own), checkpoint_id, np.int64)))
 
+    column = None if closing is None else closing.column
     fault("step.before_state_write")
     written: dict[int, list[StateHandle]] = {}
     for i in sorted({int(i) for i in pc.unique(changes[_RANGE]).to_pylist()} - compact):
         span = layout.ranges[i].key_groups
-        written[i] = [write_state_file(storage, _file(directory, "delta", i), changes_in(i), span, checkpoint_id)]
+        delta = changes_in(i)
+        written[i] = [write_state_file(storage, _file(directory, "delta", i), delta, span, checkpoint_id, column)]
     compacted: dict[int, list[StateHandle]] = {}
     if compact:
         fault("step.during_compaction")
     for i in sorted(compact):
         full = overlay(state[i], changes_in(i), node.keys)
         span = layout.ranges[i].key_groups
-        compacted[i] = [write_state_file(storage, _file(directory, "compacted", i), full, span)] if len(full) else []
+        compacted[i] = (
+            [write_state_file(storage, _file(directory, "compacted", i), full, span, None, column)] if len(full) else []
+        )
     fault("step.after_state_write")
     inserted = int(pc.sum(changes[NEW]).as_py() or 0)
     deleted = int(pc.sum(changes[DELETED]).as_py() or 0)  # a deleted key had state: never new
@@ -185,8 +190,8 @@ class Closing:
     (both with their range in ``__kgr``), the changed rows (the state columns, ``__deleted``, ``__new``
     and ``__kgr``; a deleted row had state) and the output rows. ``column`` (a timestamp column) and
     ``closes_below`` (µs since the epoch): a key whose ``column`` is below it may be deleted without
-    input; a range none of whose files may hold one (by their footers' statistics) is not read.
-    ``None``: no key is deleted without input.
+    input; a range none of whose files may hold one (by their handles' :attr:`StateHandle.least_end`)
+    is not read. ``None``: no key is deleted without input.
     """
 
     merge: Callable[[pa.Table, pa.Table], tuple[pa.Table, pa.Table]]
@@ -200,17 +205,27 @@ class Closing:
         return cls(lambda state, partials: node.merge_at_arrow(state, partials, after), column, below)
 
     def may_close(self, storage: Location, handles: Sequence[StateHandle]) -> bool:
-        """Whether a file of ``handles`` may hold a key the watermark closes."""
+        """Whether a file of ``handles`` may hold a key the watermark closes: by the least value its handle
+        records, read from nowhere; for a handle without one (written before handles recorded it), by the
+        file's footer (one read)."""
         if self.closes_below is None:
             return False
         for handle in handles:
-            lowest = _lowest_micros(storage, handle, self.column)
-            if lowest is None or lowest < self.closes_below:
+            least = handle.least_end if handle.least_end is not None else _footer_least(storage, handle, self.column)
+            if least is None or least < self.closes_below:
                 return True
         return False
 
 
-def _lowest_micros(storage: Location, handle: StateHandle, column: str) -> int | None:
+def closing_column(node: StatefulOperator, after: WatermarkProgress) -> str | None:
+    """``node``'s closing column (:meth:`StatefulOperator.closes_below`), ``None`` if it deletes no key
+    without input, so its state files' handles record no :attr:`StateHandle.least_end`."""
+    if type(node).closes_below is StatefulOperator.closes_below:
+        return None
+    return node.closes_below(after)[0]
+
+
+def _footer_least(storage: Location, handle: StateHandle, column: str) -> int | None:
     """The least value (µs) of the timestamp ``column`` in a state file by its footer's statistics (no
     data read); ``None`` when the footer does not tell (e.g. Spark's INT96 timestamps have none)."""
     import pyarrow.parquet as pq

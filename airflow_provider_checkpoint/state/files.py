@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.exceptions import StateFileError, redact
-from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
+from airflow_provider_checkpoint.state.handles import NOTHING_CLOSES, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order
 from airflow_provider_checkpoint.storage import Location
 from airflow_provider_checkpoint.storage.job_storage import inline_parquet
@@ -237,18 +237,45 @@ def write_state_file(
     table: pa.Table,
     key_groups: tuple[int, int] | None,
     delta: int | None = None,
+    closing: str | None = None,
 ) -> StateHandle:
     """Write ``table`` as the Parquet file ``relative`` and return its handle, hashed from the
     bytes written rather than read back. Zstandard without dictionaries (state rows are mostly
     distinct keys and values: a third smaller than Spark's default Snappy with dictionaries),
-    with page checksums."""
+    with page checksums. ``closing``: the operator's closing column, whose least live value the
+    handle records (:attr:`StateHandle.least_end`)."""
     import pyarrow.parquet as pq
 
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd", use_dictionary=False, write_page_checksum=True)
     data = buffer.getvalue()
     base.write_atomic(relative, data)
-    return StateHandle(relative, len(data), checksum_of([data]), key_groups, delta)
+    least = None if closing is None else least_live(table, closing)
+    return StateHandle(relative, len(data), checksum_of([data]), key_groups, delta, least)
+
+
+def least_live(table: pa.Table, column: str) -> int:
+    """The least value (µs since the epoch) of the timestamp ``column`` over the live rows of ``table`` (a
+    tombstone, ``__deleted``, is not live), :data:`NOTHING_CLOSES` when none has one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = table[column]
+    if DELETED in table.column_names:
+        values = values.filter(pc.invert(pc.fill_null(table[DELETED], False)))
+    micros = values.cast(pa.timestamp("us", tz=values.type.tz), safe=False).cast(pa.int64())
+    least = pc.min(micros).as_py()
+    return NOTHING_CLOSES if least is None else int(least)
+
+
+def least_in_file(base: Location, relative: str, column: str) -> int:
+    """:func:`least_live` of the state file ``relative``, reading only that column (and the tombstones)."""
+    import pyarrow.parquet as pq
+
+    with base.fs.open(base.path(relative), "rb") as f:
+        file = pq.ParquetFile(f)
+        names = [n for n in (column, DELETED) if n in file.schema_arrow.names]
+        return least_live(file.read(columns=names), column)
 
 
 def _concat(base: Location, handles: Sequence[StateHandle], state: OperatorSnapshot, uid: str) -> pa.Table:

@@ -19,6 +19,8 @@ from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 _CHK_SEGMENT = re.compile(r"^chk-(\d{1,19})$")
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 MAX_KEY_GROUPS = 32768
+NOTHING_CLOSES = (1 << 63) - 1
+"""``least_end`` of a file that holds no live row: no watermark closes anything in it."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,10 @@ class StateHandle:
     ``delta`` is set on a file of incremental state: the id of the checkpoint whose changes
     (new rows and tombstones of the keys that changed) it holds; unset, the file holds a
     full version of its range.
+    ``least_end``: of an event-time operator's file, the least value (µs since the epoch) of its
+    closing column (:meth:`~.StatefulOperator.closes_below`) over the live rows (tombstones left out),
+    :data:`NOTHING_CLOSES` when it has none; unset, not recorded (files written before it was, or by
+    a write that knew no closing column): the file's footer tells.
     """
 
     path: str
@@ -37,6 +43,7 @@ class StateHandle:
     checksum: str
     key_groups: tuple[int, int] | None = None
     delta: int | None = None
+    least_end: int | None = None
 
     def to_dict(self) -> JsonDict:
         d: JsonDict = {"path": self.path, "size": self.size, "checksum": self.checksum}
@@ -44,6 +51,8 @@ class StateHandle:
             d["key_groups"] = list(self.key_groups)
         if self.delta is not None:
             d["delta"] = self.delta
+        if self.least_end is not None:
+            d["least_end"] = self.least_end
         return d
 
     @classmethod
@@ -69,6 +78,7 @@ class StateHandle:
             checksum=f.string("checksum", CHECKSUM),
             key_groups=key_groups,
             delta=delta,
+            least_end=f.integer("least_end", -(1 << 63), NOTHING_CLOSES, default=None),
         )
 
 

@@ -108,7 +108,7 @@ def write_savepoint(source: Location, checkpoint: CompletedCheckpoint, target: L
             copied = target.handle_for(relative, handle.key_groups)
             if (copied.size, copied.checksum) != (handle.size, handle.checksum):
                 raise CheckpointStorageError(f"savepoint copy of {source.url(handle.path)} does not match its checksum")
-            handles.append(copied)
+            handles.append(dataclasses.replace(copied, least_end=handle.least_end))
         operators[uid] = dataclasses.replace(
             state, handles=tuple(handles), inline=None, rows=checkpoint.operators[uid].rows
         )

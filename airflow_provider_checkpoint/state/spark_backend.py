@@ -18,7 +18,7 @@ from airflow_provider_checkpoint.exceptions import StateFileError, StateTooLarge
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.scans import FileColumn, read_parquet
 from airflow_provider_checkpoint.fileio.writes import write_parquet
-from airflow_provider_checkpoint.state.files import DAMAGED, check_file, read_inline
+from airflow_provider_checkpoint.state.files import DAMAGED, check_file, least_in_file, read_inline
 from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import merge_order, ranges_for
 from airflow_provider_checkpoint.state.keygroups import range_for_index
@@ -64,6 +64,7 @@ def write_state(
     inline_threshold: int = 0,
     max_inline: int | None = None,
     uid: str = "",
+    closing: str | None = None,
 ) -> OperatorSnapshot:
     """Write ``state`` under ``directory`` (job-relative), one file per key-group range.
 
@@ -71,7 +72,8 @@ def write_state(
     :data:`~airflow_provider_checkpoint.state.incremental.RANGE_ROWS` rows. Any later read
     may use any other parallelism. State whose Parquet form is at most ``inline_threshold``
     bytes is kept inline instead (no file). ``max_inline`` set means memory checkpoint
-    storage: all state inline, and :class:`StateTooLargeError` above that size.
+    storage: all state inline, and :class:`StateTooLargeError` above that size. ``closing``: as
+    :func:`write_ranged`.
     """
     if not reads_only_cached(state):  # counted, then written: computed once
         state = state.persist()
@@ -90,7 +92,8 @@ def write_state(
             "checkpoint storage (state is kept inline, at most one row per byte); raise max_state_size "
             "(at most 64 MiB) or use checkpoint_storage='filesystem'"
         )
-    return write_full_version(storage, directory, state, rows, state.schema.json(), keys, max_parallelism, parallelism)
+    schema = state.schema.json()
+    return write_full_version(storage, directory, state, rows, schema, keys, max_parallelism, parallelism, closing)
 
 
 def reads_only_cached(df: DataFrame) -> bool:
@@ -113,12 +116,16 @@ def write_full_version(
     keys: tuple[str, ...],
     max_parallelism: int,
     parallelism: int | None = None,
+    closing: str | None = None,
 ) -> OperatorSnapshot:
     """Write ``state`` (``rows`` rows, ``schema`` its JSON schema) as files under ``directory``,
     one per key-group range (by default one range per
-    :data:`~airflow_provider_checkpoint.state.incremental.RANGE_ROWS` rows)."""
+    :data:`~airflow_provider_checkpoint.state.incremental.RANGE_ROWS` rows); ``closing``: as
+    :func:`write_ranged`."""
     parallelism = max(1, min(max_parallelism, parallelism or ranges_for(rows, max_parallelism)))
-    handles = write_ranges(storage, directory, state, keys, max_parallelism, parallelism) if rows else []
+    handles = (
+        write_ranges(storage, directory, state, keys, max_parallelism, parallelism, closing=closing) if rows else []
+    )
     return OperatorSnapshot(
         handles=tuple(handles),
         schema=schema,
@@ -137,6 +144,7 @@ def write_ranges(
     parallelism: int,
     delta: int | None = None,
     spread: bool = True,
+    closing: str | None = None,
 ) -> list[StateHandle]:
     """Write ``rows`` under ``directory``, one file per key-group range (of ``parallelism``) that
     has rows, and return their handles (``delta``: the checkpoint id of a delta's files).
@@ -148,7 +156,7 @@ def write_ranges(
     """
     ranged = rows.withColumn(RANGE, range_index(keys, max_parallelism, parallelism))
     ranged = ranged.repartitionById(parallelism, RANGE) if spread and parallelism > 1 else ranged.coalesce(1)
-    return write_ranged(storage, directory, ranged, max_parallelism, parallelism, delta)
+    return write_ranged(storage, directory, ranged, max_parallelism, parallelism, delta, closing)
 
 
 def write_ranged(
@@ -158,14 +166,18 @@ def write_ranged(
     max_parallelism: int,
     parallelism: int,
     delta: int | None = None,
+    closing: str | None = None,
 ) -> list[StateHandle]:
     """Write ``ranged`` (rows with their range index, of ``parallelism``, in column :data:`RANGE`) under
-    ``directory``, one file per range that has rows in each task, and return their handles."""
+    ``directory``, one file per range that has rows in each task, and return their handles. ``closing``:
+    an event-time operator's closing column, whose least live value in each file (read back from the file
+    once, as it is written) the handle records (:attr:`StateHandle.least_end`)."""
     handles = []
     for file in write_parquet(ranged, storage.fs, storage.path(directory), partition_by=(RANGE,)):
         span = range_for_index(max_parallelism, parallelism, int(file.partition[0] or 0))
         relative = storage.relative(file.path)
-        handles.append(StateHandle(relative, file.size, file.sha256(storage.fs), span, delta))
+        least = None if closing is None else least_in_file(storage, relative, closing)
+        handles.append(StateHandle(relative, file.size, file.sha256(storage.fs), span, delta, least))
     return handles
 
 

@@ -86,6 +86,17 @@ def test_a_delta_lies_in_the_directory_of_its_checkpoint() -> None:
         StateHandle.from_dict({**good, "delta": 5})
 
 
+def test_a_handle_records_its_least_window_end_as_a_64_bit_integer_or_not_at_all() -> None:
+    good = {"path": "chk-5/s/attempt-1/state/op/p.parquet", "size": 1, "checksum": "sha256:" + "0" * 64}
+    assert StateHandle.from_dict(good).least_end is None  # written before handles recorded it
+    for least in (-(2**63), 0, 1_767_225_600_000_000, 2**63 - 1):
+        handle = StateHandle.from_dict({**good, "least_end": least})
+        assert handle.least_end == least and StateHandle.from_dict(handle.to_dict()) == handle
+    for bad in (2**63, -(2**63) - 1, 1.5, "0", True, [0]):
+        with pytest.raises(DocumentError, match="least_end"):
+            StateHandle.from_dict({**good, "least_end": bad})
+
+
 def test_metadata_with_an_escaping_handle_names_the_field() -> None:
     doc = json.loads(metadata.encode(sample()))
     doc["operators"]["counts"]["handles"][1]["path"] = "chk-7/../../../elsewhere/file"

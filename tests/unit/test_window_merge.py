@@ -98,22 +98,51 @@ def test_windows_merged_on_the_driver_match_plain_python(
         assert {k for k, end in ends.items() if end < below} == {k for k in old if closes(k)}
 
 
-def test_a_range_is_read_for_closing_only_if_its_files_may_hold_a_window_the_watermark_closes(tmp_path: Any) -> None:
+def test_a_range_is_read_for_closing_only_if_its_files_may_hold_a_window_the_watermark_closes(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """By the least window end each handle records, opening no file; a handle written before handles
+    recorded it falls back to its file's footer, one open, with the same answers."""
+    import dataclasses
+
+    import numpy as np
+
     from airflow_provider_checkpoint.state.driver_merge import Closing
-    from airflow_provider_checkpoint.state.files import write_state_file
+    from airflow_provider_checkpoint.state.files import DELETED as DEL
+    from airflow_provider_checkpoint.state.files import SEQ, write_state_file
+    from airflow_provider_checkpoint.state.handles import NOTHING_CLOSES
     from airflow_provider_checkpoint.storage import JobStorage
 
     storage = JobStorage.for_job(str(tmp_path), "job")
     rows = table({("a", 2): (1, 1), ("b", 4): (2, 2)}, False)  # ends: 15 and 25 minutes
-    handle = write_state_file(storage, "state/f.parquet", rows, (0, 3))
+    handle = write_state_file(storage, "state/f.parquet", rows, (0, 3), closing="window_end")
     end_us = (T0_MS + 15 * MINUTE) * 1000
+    assert handle.least_end == end_us
+    legacy = dataclasses.replace(handle, least_end=None)
+    # a delta deleting the window ending at 5 minutes and updating the one at 25: live rows end at 25
+    change = table({("a", 0): (1, 1), ("b", 4): (3, 3)}, False)
+    change = change.append_column(DEL, pa.array([True, False])).append_column(SEQ, pa.array(np.full(2, 2, np.int64)))
+    delta = write_state_file(storage, "state/d.parquet", change, (0, 3), 2, "window_end")
+    assert delta.least_end == (T0_MS + 25 * MINUTE) * 1000
+    gone = write_state_file(storage, "state/g.parquet", change.slice(0, 1), (0, 3), 2, "window_end")
+    assert gone.least_end == NOTHING_CLOSES  # tombstones only: nothing in it closes
+    opened: list[str] = []
+    real_open = storage.fs.open
+    monkeypatch.setattr(storage.fs, "open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
 
     def closing(below: int | None) -> Closing:
         return Closing(lambda s, p: (s, p), "window_end", below)
 
-    assert closing(end_us + 1).may_close(storage, [handle])
-    assert not closing(end_us).may_close(storage, [handle])  # the earliest window ends at the bound: open
-    assert not closing(None).may_close(storage, [handle])
+    for recorded, opens in ((handle, 0), (legacy, 1)):
+        opened.clear()
+        assert closing(end_us + 1).may_close(storage, [recorded])
+        assert len(opened) == opens
+        assert not closing(end_us).may_close(storage, [recorded])  # the earliest window ends at the bound: open
+        assert not closing(None).may_close(storage, [recorded])
+    opened.clear()
+    assert not closing(end_us + 1).may_close(storage, [delta, gone])  # the deleted window's end is not live
+    assert closing(2**62).may_close(storage, [delta, gone])
+    assert opened == []
 
 
 def test_state_files_by_spark_and_by_pyarrow_merge_with_their_times_as_instants(tmp_path: Any) -> None:
