@@ -23,29 +23,22 @@ from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, o
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.exceptions import StateFileError, raised_in_spark
-from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
 from airflow_provider_checkpoint.state.driver_merge import Closing, closing_column, driver_partials, merge_on_driver
+from airflow_provider_checkpoint.state.first_version import first_full_version
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout, ranges_for
-from airflow_provider_checkpoint.state.keygroups import (
-    balanced_parallelism,
-    coarsest_nesting,
-    index_for_key_group,
-    range_for_index,
-)
+from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout
+from airflow_provider_checkpoint.state.operator_checkpoint import OperatorCheckpoint, full_version_metrics, range_of
 from airflow_provider_checkpoint.state.ownership import keeps_files_of
 from airflow_provider_checkpoint.state.spark_backend import (
     RANGE,
     SEQ,
     delta_schema,
-    estimated_rows,
     merge,
     range_index,
     read_files,
     read_state,
     state_schema,
     write_full_version,
-    write_ranged,
     write_ranges,
     write_state,
 )
@@ -54,24 +47,9 @@ from airflow_provider_checkpoint.storage import Location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
-
 
 Process = Callable[["Mapping[str, DataFrame]", "DataFrame", Barrier], "tuple[DataFrame, DataFrame]"]
 Changes = Callable[["Mapping[str, DataFrame]", "DataFrame", Barrier], "tuple[DataFrame, DataFrame] | None"]
-
-
-@dataclass(frozen=True)
-class OperatorCheckpoint:
-    """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack;
-    ``in_driver``: the output's rows when the driver holds them too (merged there); ``output_rows``:
-    how many rows the output has, when known."""
-
-    snapshot: OperatorSnapshot
-    output: DataFrame
-    metrics: dict[str, int]
-    in_driver: DriverRows | None = None
-    output_rows: int | None = None
 
 
 def checkpoint_operator(
@@ -210,72 +188,7 @@ def _checkpoint_operator(
         closing=closing,
     )
     fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
-    return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot))
-
-
-def first_full_version(
-    storage: Location,
-    directory: str,
-    node: StatefulOperator,
-    inputs: Mapping[str, DataFrame],
-    settings: CheckpointSettings,
-    where: Mapping[str, object],
-) -> OperatorCheckpoint | None:
-    """An operator's first state (none before: a new job, a backfill) written by key-group range in the
-    pass that computes it, when the operator has that form (:meth:`StatefulOperator.first_state`) and
-    Spark expects more input rows than ``inline_state_threshold`` bytes; else ``None``.
-
-    The input is shuffled once, by range, and each range's file is written by the task that aggregates
-    it: nothing cached, no second shuffle, no count before. The ranges are as many as Spark's estimate
-    of the input's rows needs (the state has at most as many rows), or a multiple of that which keeps
-    every task slot busy (:func:`balanced_parallelism`); if the written state needs fewer, adjacent
-    files share a range (:func:`coarsest_nesting`), as a later compaction finds them. The output
-    (every key's row) is read back from the written files.
-    """
-    from pyspark.sql import Observation, Row
-    from pyspark.sql import functions as F
-
-    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
-    if settings.max_inline_state is not None or None in estimates:
-        return None
-    estimate = sum(e or 0 for e in estimates)
-    if estimate <= settings.inline_state_threshold:  # a state this small may be kept inline
-        return None
-    max_parallelism = node.max_parallelism
-    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
-    ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
-    state = node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges)
-    if state is None:
-        return None
-    observation = Observation()
-    observed = state.observe(observation, F.count(F.lit(1)).alias("rows"))
-    fault_point("step.before_state_write", **where)
-    handles = write_ranged(storage, directory, observed, max_parallelism, ranges)
-    rows = int(observed_metrics(observation, lambda: None if handles else Row(rows=0))["rows"])
-    fewer = coarsest_nesting(
-        max_parallelism, [h.key_groups for h in handles if h.key_groups], ranges_for(rows, max_parallelism)
-    )
-    if fewer < ranges:
-        handles = [replace(h, key_groups=_span_in(h, max_parallelism, fewer)) for h in handles]
-    fault_point("step.after_state_write", **where)
-    schema = as_nullable(state.drop(RANGE).schema)
-    snapshot = OperatorSnapshot(tuple(handles), schema.json(), node.keys, max_parallelism, rows)
-    paths, sizes = [storage.path(h.path) for h in handles], [h.size for h in handles]
-    output = node.output_of(read_parquet(state.sparkSession, storage.fs, paths, schema, sizes=sizes))
-    return OperatorCheckpoint(snapshot, output, _full_version_metrics(snapshot), output_rows=rows)
-
-
-def _span_in(handle: StateHandle, max_parallelism: int, parallelism: int) -> tuple[int, int]:
-    """The key-group range, of ``parallelism``, that holds ``handle``'s."""
-    return range_for_index(max_parallelism, parallelism, _index(handle, max_parallelism, parallelism))
-
-
-def _full_version_metrics(snapshot: OperatorSnapshot) -> dict[str, int]:
-    """The ack metrics of a checkpoint that wrote ``snapshot`` in full."""
-    metrics = {"state_rows": snapshot.rows, "state_bytes": snapshot.size, "state_files": len(snapshot.handles)}
-    if snapshot.inline is not None:
-        metrics["state_inline"] = 1
-    return {**metrics, "state_size": snapshot.size}
+    return OperatorCheckpoint(snapshot, output, full_version_metrics(snapshot))
 
 
 def diff(old: DataFrame, new: DataFrame, keys: tuple[str, ...]) -> DataFrame:
@@ -388,7 +301,7 @@ class _OperatorState:
             spread=big,
             closing=self.closing,
         ):
-            written.setdefault(_index(handle, max_parallelism, parallelism), []).append(handle)
+            written.setdefault(range_of(handle, max_parallelism, parallelism), []).append(handle)
         counts = observed_metrics(observation, lambda: changelog.agg(*delta_metrics).first())
         compacted: dict[int, list[StateHandle]] = {i: [] for i in compact}
         if compact:
@@ -413,7 +326,7 @@ class _OperatorState:
                 parallelism,
                 closing=self.closing,
             ):
-                compacted[_index(handle, max_parallelism, parallelism)].append(handle)
+                compacted[range_of(handle, max_parallelism, parallelism)].append(handle)
         self.fault("step.after_state_write")
         new_files = [h for hs in (*written.values(), *compacted.values()) for h in hs]
         snapshot = OperatorSnapshot(
@@ -456,10 +369,5 @@ class _OperatorState:
         self.fault("step.after_state_write")
         if output is None:
             output = self.node.output_of(changelog.where(F.col(CHANGED) & ~F.col(DELETED)).select(*columns))
-        metrics = {**_full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
+        metrics = {**full_version_metrics(snapshot), "state_keys_changed": int(totals["changed"])}
         return OperatorCheckpoint(snapshot, output, metrics)
-
-
-def _index(handle: StateHandle, max_parallelism: int, parallelism: int) -> int:
-    assert handle.key_groups is not None
-    return index_for_key_group(max_parallelism, parallelism, handle.key_groups[0])
