@@ -97,6 +97,7 @@ class KafkaSink(Sink):
     """
 
     record_kind = "kafka"
+    reads_input_once = True  # the staging's one Spark job reads the input once
 
     def __init__(
         self,
