@@ -16,15 +16,13 @@ from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.exceptions import DocumentError, PipelineDefinitionError, SinkConnectionError
 
 TOKEN = "0123456789abcdef" * 2
-STAGED = "chk-4/step_out/attempt-2/kafka-out"
-FILE = {"file": f"{STAGED}/part-00000-a7.parquet", "records": 3, "size": 900, "checksum": "sha256:" + "a" * 64}
-SECOND = {**FILE, "file": f"{STAGED}/part-00003-a12.parquet", "records": 4}
-GOOD = {"checkpoint_id": 4, "files": [FILE, SECOND], "records": 7, "token": TOKEN}
-
-
-def files(*changes: dict[str, object]) -> dict[str, object]:
-    """``GOOD`` with its first file changed by each of ``changes`` in turn (one file each)."""
-    return {"files": [{**FILE, **change} for change in changes], "records": 3 * len(changes)}
+GOOD = {
+    "checkpoint_id": 4,
+    "file": "chk-4/step_out/attempt-2/kafka-out.parquet",
+    "records": 7,
+    "checksum": "sha256:" + "a" * 64,
+    "token": TOKEN,
+}
 
 
 def sink(**kwargs: object) -> KafkaSink:
@@ -38,21 +36,13 @@ def test_the_committable_stage_writes_is_accepted():
 @pytest.mark.parametrize(
     "change, field",
     [
-        (files({"file": "chk-3/step_out/attempt-2/kafka-out/part-00000-a7.parquet"}), "file"),  # another checkpoint's
-        (files({"file": f"{STAGED}/../../../etc/passwd"}), "file"),
-        (files({"file": "chk-4/step_out/attempt-2/kafka-other/part-00000-a7.parquet"}), "file"),  # another sink's
-        (files({"file": "chk-4/step_out/attempt-2/kafka-out.parquet"}), "file"),  # not a part file
-        (files({"file": "/tmp/kafka-out/part-00000-a7.parquet"}), "file"),
-        (files({}, {"file": "chk-4/step_out/attempt-3/kafka-out/part-00001-a9.parquet"}), "one attempt directory"),
-        ({"files": [SECOND, FILE]}, "increasing partition"),  # out of order: a re-publish would reorder
-        (files({}, {}), "increasing partition"),  # the same file twice: its records published twice
-        (files({"records": 0}), "records"),
-        (files({"size": -1}), "size"),
-        (files({"checksum": "md5:abc"}), "checksum"),
-        (files({"extra": 1}), "must have exactly"),
-        ({"files": "x"}, "files"),
+        ({"file": "chk-3/step_out/attempt-2/kafka-out.parquet"}, "file"),  # another checkpoint's
+        ({"file": "chk-4/step_out/attempt-2/../../../etc/passwd"}, "file"),
+        ({"file": "chk-4/step_out/attempt-2/kafka-other.parquet"}, "file"),  # another sink's
+        ({"file": "/tmp/kafka-out.parquet"}, "file"),
         ({"checkpoint_id": 5}, "checkpoint_id"),
-        ({"records": 8}, "sum of its files"),
+        ({"records": -1}, "records"),
+        ({"checksum": "md5:abc"}, "checksum"),
         ({"token": "ZZ"}, "token"),
         ({"extra": 1}, "must have exactly"),
     ],
@@ -132,13 +122,8 @@ def test_a_new_checkpoint_staged_by_a_lagging_clock_is_not_taken_as_published():
 def test_a_record_larger_than_the_topic_or_producer_allows_is_refused_in_the_step():
     import pyarrow as pa
 
-    from airflow_provider_checkpoint.connectors.kafka.sizes import (
-        RECORD_FRAMING,
-        record_sizes,
-        refuse_oversized,
-        size_limit,
-    )
-    from airflow_provider_checkpoint.connectors.kafka.staging import _Watch, staged_schema
+    from airflow_provider_checkpoint.connectors.kafka.sink import staged_schema
+    from airflow_provider_checkpoint.connectors.kafka.sizes import RECORD_FRAMING, check_sizes, record_sizes
     from airflow_provider_checkpoint.exceptions import SinkSchemaError
 
     rows = pa.Table.from_pylist(
@@ -151,50 +136,13 @@ def test_a_record_larger_than_the_topic_or_producer_allows_is_refused_in_the_ste
     )
     framing = RECORD_FRAMING
     assert record_sizes(rows).tolist() == [1 + 10 + 3 + 2 + framing, framing, 3 + 900 + framing]
-
-    def check(topic_limit: int | None, config: dict[str, str]) -> None:  # what a staging task reports, then the step
-        watch = _Watch(size_limit(topic_limit, config)[0])
-        assert [b.num_rows for b in watch.batches(iter(rows.to_batches(max_chunksize=2)))] == [2, 1]
-        assert watch.largest == 903 + framing and (watch.low, watch.high) == (1, 1)
-        refuse_oversized("out", "t", watch.over, watch.largest, topic_limit, config, "kafka_default")
-
-    check(903 + framing, {})  # at the limit: accepted
+    check_sizes("out", "t", rows, 903 + framing, {}, "kafka_default")  # at the limit: accepted
     with pytest.raises(SinkSchemaError, match=r"1 record\(s\) .* larger than 1,002 bytes, the largest 1,003"):
-        check(1_002, {})  # the topic's limit
+        check_sizes("out", "t", rows, 1_002, {}, "kafka_default")  # the topic's limit
     with pytest.raises(
         SinkSchemaError, match=r"topic t's max.message.bytes \(not readable\) .*message.max.bytes \(500"
     ):
-        check(None, {"message.max.bytes": "500"})  # the producer's
-
-
-def test_staged_files_are_read_in_the_committables_order_and_checked_against_it(tmp_path):
-    """What the commit reads back: the files' records in the listed order; a file whose size, checksum or
-    record count is not the committable's is refused, naming the field."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from airflow_provider_checkpoint.connectors.kafka.staging import read_files, staged_schema
-    from airflow_provider_checkpoint.core.checksums import checksum_of
-    from airflow_provider_checkpoint.storage import JobStorage
-
-    storage = JobStorage.for_job(f"file://{tmp_path}", "job")
-    entries = []
-    for part, keys in ((0, [b"a", b"b"]), (3, [b"c"])):
-        buffer = io.BytesIO()
-        pq.write_table(pa.Table.from_pylist([{"key": k} for k in keys], schema=staged_schema()), buffer)
-        data, name = buffer.getvalue(), f"{STAGED}/part-{part:05d}-a1.parquet"
-        storage.write_atomic(name, data)
-        entries.append({"file": name, "records": len(keys), "size": len(data), "checksum": checksum_of([data])})
-    assert read_files(storage, entries, "doc", "out")["key"].to_pylist() == [b"a", b"b", b"c"]
-    for change, field in (
-        ({"size": 1}, "size"),
-        ({"checksum": "sha256:" + "0" * 64}, "checksum"),
-        ({"records": 5}, "records"),
-    ):
-        with pytest.raises(DocumentError, match=rf"out\.files\[1\]\.{field}"):
-            read_files(storage, [entries[0], {**entries[1], **change}], "doc", "out")
+        check_sizes("out", "t", rows, None, {"message.max.bytes": "500"}, "kafka_default")  # the producer's
 
 
 def test_a_source_feeding_only_the_sink_is_read_in_one_pass(tmp_path):

@@ -207,7 +207,7 @@ class Publisher:
         return len(found.partitions)
 
     def publish(self, checkpoint_id: int, token: str, marker: Marker, records: pa.Table, sink: str) -> int:
-        """Produce ``records`` (the staged columns, :func:`~.staging.staged_schema`) and the marker with
+        """Produce ``records`` (the staged columns, :func:`~.sink.staged_schema`) and the marker with
         ``(checkpoint_id, token)`` added in one transaction; how many records it holds. Any failure aborts
         the transaction (nothing of it becomes visible)."""
         from confluent_kafka import Consumer, TopicPartition

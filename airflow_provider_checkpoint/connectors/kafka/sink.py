@@ -1,11 +1,10 @@
 """Exactly-once into a Kafka topic, for ``read_committed`` consumers: write-ahead, then one transaction.
 
 - **Step** (writer): the checkpoint's records — key, value, headers, partition, each already bytes —
-  are staged from the executors, one Parquet file per Spark partition in the step's own attempt
-  directory of the checkpoint (``chk-<id>/<step>/attempt-<n>/kafka-<uid>/``, :mod:`~.staging`), on
-  the job's storage: as durable as the checkpoint itself. The committable is ``{"checkpoint_id",
-  "files", "records", "token"}``: the files by partition (the input's order), each with its records,
-  size and checksum; ``token`` (random, drawn by the step) tells this checkpoint's records apart
+  are staged as one Parquet file in the step's own attempt directory of the checkpoint
+  (``chk-<id>/<step>/attempt-<n>/kafka-<uid>.parquet``), written atomically to the job's storage:
+  as durable as the checkpoint itself. The committable is ``{"checkpoint_id", "file", "records",
+  "checksum", "token"}``; ``token`` (random, drawn by the step) tells this checkpoint's records apart
   from another checkpoint that ever had the same id (it starts with the staging time, :func:`~.publish.new_token`).
 - **Finalize** (committer), or the next trigger on recovery: :class:`~.publish.Publisher` fences any
   other producer of the sink (``init_transactions`` on the fixed transactional id
@@ -19,6 +18,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import time
@@ -33,14 +33,8 @@ from airflow_provider_checkpoint.connectors.kafka.publish import (
     new_token,
     read_marker,
 )
-from airflow_provider_checkpoint.connectors.kafka.sizes import refuse_oversized, size_limit
-from airflow_provider_checkpoint.connectors.kafka.staging import (
-    MANIFEST,
-    StageTask,
-    check_layout,
-    file_pattern,
-    read_files,
-)
+from airflow_provider_checkpoint.connectors.kafka.sizes import check_sizes
+from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
@@ -63,10 +57,19 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("json", "raw")
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-MAX_FILES = 100_000
-"""The most staged files a committable lists (one per Spark partition of the step's input)."""
+_STAGED = re.compile(r"^chk-\d+/[A-Za-z0-9_.-]+/attempt-\d+/kafka-[A-Za-z0-9_.-]+\.parquet$")
 MAX_TRANSACTION_TIMEOUT_MS = 900_000
 """The broker's default ``transaction.max.timeout.ms``; a larger ``transaction_timeout_ms`` needs it raised."""
+
+
+def staged_schema() -> pa.Schema:
+    """The columns a staged file has, in order: what :meth:`KafkaSink.stage` writes and the commit accepts."""
+    import pyarrow as pa
+
+    header = pa.struct([("key", pa.string()), ("value", pa.binary())])
+    return pa.schema(
+        [("key", pa.binary()), ("value", pa.binary()), ("headers", pa.list_(header)), ("partition", pa.int32())]
+    )
 
 
 class KafkaSink(Sink):
@@ -97,7 +100,7 @@ class KafkaSink(Sink):
     """
 
     record_kind = "kafka"
-    reads_input_once = True  # the staging's one Spark job reads the input once
+    reads_input_once = True  # stage collects its input in one Spark job (toArrow)
 
     def __init__(
         self,
@@ -170,8 +173,7 @@ class KafkaSink(Sink):
         self.records(df)
 
     def records(self, df: DataFrame) -> DataFrame:
-        """``df`` as the staged columns (:func:`~.staging.staged_schema`), every value already bytes, in ``df``'s
-        order."""
+        """``df`` as the staged columns (:func:`staged_schema`), every value already bytes; in ``df``'s order."""
         from pyspark.sql import functions as F
 
         types = dict(df.dtypes)
@@ -248,56 +250,44 @@ class KafkaSink(Sink):
             return self._facts[1], self._facts[2]
         return self.topic_facts()
 
-    def staging_directory(self, ctx: StepContext) -> str:
-        """Where the step's tasks write their staged files: ``<attempt dir>/kafka-<uid>``."""
-        return f"{ctx.attempt_dir}/kafka-{self.uid}"
+    def staged_file(self, ctx: StepContext) -> str:
+        return f"{ctx.attempt_dir}/kafka-{self.uid}.parquet"
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        """Stage the records in the checkpoint's attempt directory from the executors, one file per Spark
-        partition (:mod:`~.staging`); the driver collects only the manifest and checks it (partition column
-        values, record sizes) before acking."""
-        from airflow_provider_checkpoint.storage.object_store import for_executors
+        """Stage the records in the checkpoint's attempt directory; they pass through the driver (as they do
+        at the commit, where one producer sends them)."""
+        import pyarrow.parquet as pq
 
         self.bind_job(ctx.plan.job_id)
-        partitions, topic_limit = self._step_facts(ctx)
-        config = self.config()
-        task = StageTask(
-            for_executors(ctx.storage.fs),
-            ctx.storage.path(self.staging_directory(ctx)),
-            size_limit(topic_limit, config)[0],
-        )
-        manifest = sorted(
-            (r.asDict() for r in self.records(df).mapInArrow(task, MANIFEST).collect()), key=lambda r: r["partition"]
-        )
-        self._check_partitions([r["low"] for r in manifest], [r["high"] for r in manifest], partitions)
-        over, largest = sum(r["over"] for r in manifest), max((r["largest"] for r in manifest), default=0)
-        refuse_oversized(self.uid, self.topic, over, largest, topic_limit, config, self.kafka_config_id)
-        files = [
-            {
-                "file": ctx.storage.relative(r["path"]),
-                "records": r["records"],
-                "size": r["size"],
-                "checksum": r["checksum"],
-            }
-            for r in manifest
-        ]
-        records = sum(f["records"] for f in files)
-        ctx.add_metric("sink_rows", records)
-        ctx.add_metric("sink_files_staged", len(files))
-        ctx.add_metric("sink_bytes_staged", sum(f["size"] for f in files))
-        committable = {"checkpoint_id": ctx.checkpoint_id, "files": files, "records": records}
-        return [{**committable, "token": new_token(time.time())}]
+        rows = self.records(df).toArrow().cast(staged_schema())
+        if rows.num_rows:
+            partitions, limit = self._step_facts(ctx)
+            self._check_partitions(rows, partitions)
+            check_sizes(self.uid, self.topic, rows, limit, self.config(), self.kafka_config_id)
+        buffer = io.BytesIO()
+        pq.write_table(rows, buffer)
+        data = buffer.getvalue()
+        relative = self.staged_file(ctx)
+        ctx.storage.write_atomic(relative, data)
+        ctx.add_metric("sink_rows", rows.num_rows)
+        ctx.add_metric("sink_files_staged", 1)
+        ctx.add_metric("sink_bytes_staged", len(data))
+        committable = {"checkpoint_id": ctx.checkpoint_id, "file": relative, "records": rows.num_rows}
+        return [{**committable, "checksum": checksum_of([data]), "token": new_token(time.time())}]
 
-    def _check_partitions(self, lows: list[int | None], highs: list[int | None], count: int) -> None:
+    def _check_partitions(self, rows: pa.Table, count: int) -> None:
         """A partition column's values must be partitions of the topic: refused in the step, not at the commit
         (a completed checkpoint whose records the broker refuses could never commit)."""
-        low = min((v for v in lows if v is not None), default=None)
-        high = max((v for v in highs if v is not None), default=None)
-        if low is None or high is None:
+        import pyarrow.compute as pc
+
+        if not self.partition_column or rows.num_rows == 0:
             return
-        if low < 0 or high >= count:
+        low, high = pc.min_max(rows["partition"]).values()
+        if low.as_py() is None:
+            return
+        if low.as_py() < 0 or high.as_py() >= count:
             raise SinkSchemaError(
-                f"sink {self.uid}: partition_column {self.partition_column} has values {low}..{high}, "
+                f"sink {self.uid}: partition_column {self.partition_column} has values {low.as_py()}..{high.as_py()}, "
                 f"topic {self.topic} has partitions 0..{count - 1}"
             )
 
@@ -309,48 +299,55 @@ class KafkaSink(Sink):
             raise SinkConnectionError(str(e)) from e
 
     def read_committable(self, checkpoint_id: int, committables: Any, document: str) -> JsonDict:
-        """The one committable of ``checkpoint_id`` if it has exactly the shape :meth:`stage` returns: its
-        files this sink's staged files in one attempt directory of the checkpoint, by partition."""
+        """The one committable of ``checkpoint_id`` if it has exactly the shape :meth:`stage` returns."""
         if not isinstance(committables, list) or len(committables) != 1:
             raise DocumentError(document, self.uid, "must be a list of one committable", committables)
         c = Fields(committables[0], document, f"{self.uid}[0]")
-        if set(c.raw) != {"checkpoint_id", "files", "records", "token"}:
-            raise c.error("", "must have exactly checkpoint_id, files, records, token", sorted(c.raw))
+        if set(c.raw) != {"checkpoint_id", "file", "records", "checksum", "token"}:
+            raise c.error("", "must have exactly checkpoint_id, file, records, checksum, token", sorted(c.raw))
         if c.integer("checkpoint_id", 1) != checkpoint_id:
             raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
-        pattern = re.compile(file_pattern(self.uid))
-        files = []
-        for i, item in enumerate(c.items("files", max_length=MAX_FILES)):
-            f = Fields(item, document, f"{self.uid}[0].files[{i}]")
-            if set(f.raw) != {"file", "records", "size", "checksum"}:
-                raise f.error("", "must have exactly file, records, size, checksum", sorted(f.raw))
-            files.append(
-                {
-                    "file": f.path("file", under=f"chk-{checkpoint_id}", pattern=pattern),
-                    "records": f.integer("records", 1, 2**62),
-                    "size": f.integer("size", 1, 2**62),
-                    "checksum": f.string("checksum", re.compile(r"^sha256:[0-9a-f]{64}$")),
-                }
-            )
-        check_layout([f["file"] for f in files], document, c.name("files"))
-        records = c.integer("records", 0, 2**62)
-        if records != sum(f["records"] for f in files):
-            raise c.error("records", "must be the sum of its files' records", records)
-        return {"checkpoint_id": checkpoint_id, "files": files, "records": records, "token": c.string("token", TOKEN)}
+        file = c.path("file", under=f"chk-{checkpoint_id}", pattern=_STAGED)
+        if not file.endswith(f"/kafka-{self.uid}.parquet"):
+            raise c.error("file", f"must be this sink's staged file kafka-{self.uid}.parquet", file)
+        return {
+            "checkpoint_id": checkpoint_id,
+            "file": file,
+            "records": c.integer("records", 0, 2**62),
+            "checksum": c.string("checksum", re.compile(r"^sha256:[0-9a-f]{64}$")),
+            "token": c.string("token", TOKEN),
+        }
 
     def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
         self.read_committable(checkpoint_id, committables, document)
 
     def job_files(self, checkpoint_id: int, committables: list[JsonDict]) -> set[str]:
-        """The staged files: kept with their checkpoint (a restore's re-commit reads them) until retention
-        deletes it."""
+        """The staged file: kept with its checkpoint (a restore's re-commit reads it) until retention deletes it."""
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
-        return {f["file"] for f in self.read_committable(checkpoint_id, committables, document)["files"]}
+        return {self.read_committable(checkpoint_id, committables, document)["file"]}
 
     def read_staged(self, storage: JobStorage, committable: JsonDict, document: str) -> pa.Table:
-        """The staged records (:func:`~.staging.staged_schema`) in the committable's order, each file checked
-        against it (size, checksum, columns, count)."""
-        return read_files(storage, committable["files"], document, self.uid)
+        """The staged records (:func:`staged_schema`), checked against the committable (checksum, columns, count)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        data = storage.read_bytes(committable["file"])
+        if checksum_of([data]) != committable["checksum"]:
+            raise DocumentError(
+                document, f"{self.uid}.file", "does not have the checksum recorded", committable["file"]
+            )
+        try:
+            table = pq.read_table(pa.BufferReader(data))
+            if table.schema.names != staged_schema().names:
+                raise ValueError(f"columns {table.schema.names}")
+            table = table.cast(staged_schema())
+        except (pa.ArrowException, ValueError) as e:
+            raise DocumentError(document, f"{self.uid}.file", f"is not a staged record file: {e}") from e
+        if table.num_rows != committable["records"]:
+            raise DocumentError(
+                document, f"{self.uid}.records", f"the file holds {table.num_rows}", committable["records"]
+            )
+        return table
 
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         """Publish checkpoint ``checkpoint_id`` exactly once (see the module): fence, read the marker, and

@@ -21,7 +21,7 @@ PRODUCER_DEFAULT = 1_000_000
 
 
 def record_sizes(rows: pa.Table) -> np.ndarray:
-    """Per staged record (:func:`~.staging.staged_schema`): key + value + every header's key and value, in bytes,
+    """Per staged record (:func:`~.sink.staged_schema`): key + value + every header's key and value, in bytes,
     plus :data:`RECORD_FRAMING`."""
     import numpy as np
     import pyarrow.compute as pc
@@ -39,32 +39,24 @@ def record_sizes(rows: pa.Table) -> np.ndarray:
     return sizes
 
 
-def size_limit(topic_limit: int | None, config: Mapping[str, str]) -> tuple[int, int]:
-    """``(limit, producer limit)``: the largest record accepted, the smaller of the topic's ``max.message.bytes``
+def check_sizes(
+    uid: str, topic: str, rows: pa.Table, topic_limit: int | None, config: Mapping[str, str], connection: str
+) -> None:
+    """Refuse ``rows`` if a record is larger than the smaller of the topic's ``max.message.bytes``
     (``topic_limit``, ``None`` if the broker did not say) and the producer's ``message.max.bytes``."""
+    if rows.num_rows == 0:
+        return
     producer = config.get("message.max.bytes", str(PRODUCER_DEFAULT))
     producer_limit = int(producer) if producer.isdigit() else PRODUCER_DEFAULT
-    return min(producer_limit, topic_limit or producer_limit), producer_limit
-
-
-def refuse_oversized(
-    uid: str,
-    topic: str,
-    over: int,
-    largest: int,
-    topic_limit: int | None,
-    config: Mapping[str, str],
-    connection: str,
-) -> None:
-    """Raise if ``over`` records (the largest ``largest`` bytes) exceed :func:`size_limit`."""
-    if not over:
-        return
-    limit, producer_limit = size_limit(topic_limit, config)
+    limit = min(producer_limit, topic_limit or producer_limit)
+    sizes = record_sizes(rows)
+    over = sizes > limit
     said = "not readable" if topic_limit is None else f"{topic_limit:,}"
-    raise SinkSchemaError(
-        f"sink {uid}: {over} record(s) of this checkpoint are larger than {limit:,} bytes, the largest "
-        f"{largest:,} (key + value + headers + {RECORD_FRAMING} bytes of framing). The limit is the "
-        f"smaller of topic {topic}'s max.message.bytes ({said}) "
-        f"and the producer's message.max.bytes ({producer_limit:,}, from connection {connection!r}'s extras). "
-        "Raise both, or shrink or split those rows upstream; nothing of this checkpoint is published"
-    )
+    if over.any():
+        raise SinkSchemaError(
+            f"sink {uid}: {int(over.sum())} record(s) of this checkpoint are larger than {limit:,} bytes, the largest "
+            f"{int(sizes.max()):,} (key + value + headers + {RECORD_FRAMING} bytes of framing). The limit is the "
+            f"smaller of topic {topic}'s max.message.bytes ({said}) "
+            f"and the producer's message.max.bytes ({producer_limit:,}, from connection {connection!r}'s extras). "
+            "Raise both, or shrink or split those rows upstream; nothing of this checkpoint is published"
+        )
