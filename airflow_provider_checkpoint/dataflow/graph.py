@@ -260,6 +260,11 @@ class Sink(StepOutput):
     its own, and is not a consumer of that input for
     :attr:`~airflow_provider_checkpoint.dataflow.operator.StatefulOperator.reads_input_once`."""
 
+    reads_input_once: ClassVar[bool] = False
+    """:meth:`stage`'s first Spark action reads its whole input, and it never reads the input again: a
+    source feeding only this sink is then read in one pass, uncached (:meth:`Source.read_once`),
+    counted and checked for malformed records on that pass."""
+
     job_storage: JobStorage | None = None
     """The job's storage, once bound (:meth:`bind_storage`)."""
 

@@ -89,8 +89,8 @@ class _Phases:
 
 
 def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
-    """Sources of ``step`` read in one pass: source uid → its only consumer, an operator that
-    reads its input once (:attr:`StatefulOperator.reads_input_once`)."""
+    """Sources of ``step`` read in one pass: source uid → its only consumer, an operator or a sink that
+    reads its input once (:attr:`StatefulOperator.reads_input_once`, :attr:`Sink.reads_input_once`)."""
     consumers: dict[str, list[Node]] = {}
     for node in graph.nodes.values():
         if isinstance(node, Sink) and node.follows_input:  # reads no records of its input
@@ -103,7 +103,7 @@ def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
         for node in graph.steps[step]
         if isinstance(node, Source)
         and len(only := consumers.get(node.uid, [])) == 1
-        and isinstance(only[0], StatefulOperator)
+        and isinstance(only[0], (StatefulOperator, Sink))
         and only[0].reads_input_once
         and only[0].uid in in_step
     }
@@ -230,14 +230,18 @@ class _StepRun(StepWalk):
         self.snapshots[node.uid] = result.snapshot
         for name, value in result.metrics.items():
             ctx.add_metric(name, value)
-        if node.uid in self.counting:  # its one pass over the source ran: counted and checked
-            source, count = self.counting.pop(node.uid)
-            _count_records(ctx, source, count())
+        self._counted(node.uid)
         self.outputs[node.uid] = result.output
         if result.in_driver is not None:
             ctx.in_driver[node.uid] = result.in_driver
         if result.output_rows is not None:
             ctx.output_rows[node.uid] = result.output_rows
+
+    def _counted(self, consumer: str) -> None:
+        """After ``consumer``'s one pass over a source read once: that source counted and checked."""
+        if consumer in self.counting:
+            source, count = self.counting.pop(consumer)
+            _count_records(self.ctx, source, count())
 
     def channel(self, node: Channel) -> None:
         """Write the channel in the step that produces it; read the producer's accepted attempt elsewhere."""
@@ -266,6 +270,7 @@ class _StepRun(StepWalk):
         except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
             self.refused.append(e)
             return
+        self._counted(node.uid)
         grown = {k: v - before.get(k, 0) for k, v in _counts(self.ctx.metrics).items()}
         self.ctx.metrics.setdefault("sinks", {}).update(node.staged_records(grown))
 

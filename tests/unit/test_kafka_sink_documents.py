@@ -143,3 +143,19 @@ def test_a_record_larger_than_the_topic_or_producer_allows_is_refused_in_the_ste
         SinkSchemaError, match=r"topic t's max.message.bytes \(not readable\) .*message.max.bytes \(500"
     ):
         check_sizes("out", "t", rows, None, {"message.max.bytes": "500"}, "kafka_default")  # the producer's
+
+
+def test_a_source_feeding_only_the_sink_is_read_in_one_pass(tmp_path):
+    """The staging's one Spark job reads the input once: its only source is read uncached, counted on that pass;
+    a second consumer of the source takes that away."""
+    from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
+    from airflow_provider_checkpoint.connectors.files.source import FileSource
+    from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+    from airflow_provider_checkpoint.spark.runner import _read_once
+
+    src = FileSource("events", str(tmp_path / "landing"), "json", "user STRING")
+    out = KafkaSink("out", src, "events", step="s")
+    (step,) = PipelineGraph([src, out]).steps
+    assert _read_once(PipelineGraph([src, out]), step) == {"events": "out"}
+    table = ParquetTableSink("table", src, str(tmp_path / "t"), step="s")
+    assert _read_once(PipelineGraph([src, out, table]), step) == {}

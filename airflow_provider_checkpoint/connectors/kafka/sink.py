@@ -100,6 +100,7 @@ class KafkaSink(Sink):
     """
 
     record_kind = "kafka"
+    reads_input_once = True  # stage collects its input in one Spark job (toArrow)
 
     def __init__(
         self,
