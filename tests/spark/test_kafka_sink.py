@@ -248,3 +248,40 @@ def test_a_record_the_topic_would_refuse_fails_the_step_and_nothing_is_published
         job.checkpoint()
     assert CompletedCheckpointStore(job.storage).completed_ids() == []
     assert consume(kafka, out_topic, "read_uncommitted") == []
+
+
+def test_a_file_source_read_once_by_the_sink_refuses_a_malformed_record_and_publishes_nothing(spark, kafka, tmp_path):
+    """A file source feeding only a Kafka sink is read in the sink's one pass (:attr:`Sink.reads_input_once`):
+    its count comes from that pass, and a malformed record still fails the step before ``_metadata``, with
+    nothing published; the next checkpoint publishes exactly the good records, once."""
+    from airflow_provider_checkpoint.connectors.files.source import FileSource
+    from airflow_provider_checkpoint.exceptions import MalformedInputError
+    from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+
+    out_topic = f"lines-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(out_topic, 1)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+
+    def declare(base: Path) -> None:
+        source = FileSource("lines", str(landing), "json", "user STRING, seq LONG")
+        KafkaSink("out", source, out_topic, CONN, key="user", value_columns=["user", "seq"])
+
+    def land(name: str, rows: list[tuple[str, int]], extra: str = "") -> None:
+        (landing / name).write_text("".join(json.dumps({"user": u, "seq": s}) + "\n" for u, s in rows) + extra)
+
+    job = make_job(spark, tmp_path / "job", declare)
+    land("a.json", [("u1", 1), ("u2", 1)])
+    assert job.checkpoint().stats["records_in"] == 2
+    land("b.json", [("u1", 2)], '{"user": "u3", "seq": "not a number"}\n')
+    with pytest.raises(MalformedInputError, match=r"b[.]json line 2"):
+        job.checkpoint()
+    assert [json.loads(m.value()) for m in consume(kafka, out_topic, "read_uncommitted")] == [
+        {"user": "u1", "seq": 1},
+        {"user": "u2", "seq": 1},
+    ], "the failed checkpoint published nothing"
+    JobRecordStore(job.storage).release_lease(f"run-{job.checkpoints}")  # as the failed run's finalize does
+    land("b.json", [("u1", 2)])
+    assert job.checkpoint().stats["records_in"] == 1
+    got = sorted((m.key().decode(), json.loads(m.value())["seq"]) for m in consume(kafka, out_topic, "read_committed"))
+    assert got == [("u1", 1), ("u1", 2), ("u2", 1)]
