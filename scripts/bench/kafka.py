@@ -12,8 +12,8 @@ are produced, then, one after the other in one embedded Spark session (``local[2
   with ``Trigger.AvailableNow`` on the RocksDB state store, ``update`` output merged into a Parquet
   table by ``foreachBatch`` (a new full table version per batch, published by a symlink swap), as a
   user scheduling it from Airflow would run it;
-- **floor**: one ``confluent-kafka`` consumer in this process reading the same offset ranges,
-  touching every value (no parsing, no writing), measured right after the checkpoint.
+- **floor**: one ``confluent-kafka`` consumer in this process reading the same offset ranges (the
+  reader's fetch size), touching every value (no parsing, no writing), measured right after the checkpoint.
 
 Every round is checked: both totals tables equal the totals counted here from the produced records
 (each record counted once, none missing).
@@ -82,9 +82,10 @@ def _floor(config: dict[str, str], ranges: dict[tuple[str, int], tuple[int, int]
     from confluent_kafka import Consumer, TopicPartition
 
     from airflow_provider_checkpoint.connectors.kafka.client import consumer_config
+    from airflow_provider_checkpoint.connectors.kafka.reader import FETCH_BYTES
 
     started = time.perf_counter()
-    consumer = Consumer(consumer_config(config))
+    consumer = Consumer({**consumer_config(config), "max.partition.fetch.bytes": FETCH_BYTES})
     consumer.assign([TopicPartition(t, p, s) for (t, p), (s, e) in ranges.items() if e > s])
     left = {tp: e for tp, (s, e) in ranges.items() if e > s}
     read, size = 0, 0

@@ -316,6 +316,36 @@ def test_faults_and_a_broker_restart_lose_and_duplicate_nothing(spark, kafka, tm
     check(tmp_path, produced.frame())
 
 
+def test_a_source_read_once_by_its_aggregate_counts_and_refuses_as_a_cached_read_does(spark, kafka, tmp_path):
+    """The source's only consumer reads it once (uncached, counted on the aggregate's pass): the counts are
+    exact, and a value whose field no operator uses still fails to parse, naming its offset."""
+    topic = f"evt-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produced = Produced(kafka, seed=5)
+
+    def declare(tmp: Path) -> None:
+        events = KafkaSource("events", [topic], kafka_config_id="kafka_test", schema=f"{SCHEMA}, ts LONG")
+        totals = KeyedAggregate("totals", events, keys=["user"], aggs={"n": "count", "total": "sum(amount)"})
+        ParquetTableSink("totals_table", totals, str(tmp / "totals"), mode="upsert", keys=["user"])
+
+    job = make_job(spark, tmp_path, declare)
+    for n in (80, 45):
+        produced.produce(topic, 2, n)
+        done = job.checkpoint()
+        assert done.stats["records_in"] == n
+        assert [m["source_records"] for m in done.stats["steps"].values()] == [{"events": n}]
+        want = produced.frame().groupby("user").agg(n=("amount", "size"), total=("amount", "sum")).reset_index()
+        got = table(tmp_path / "totals")[["user", "n", "total"]].sort_values("user").reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want.sort_values("user").reset_index(drop=True), check_dtype=False)
+
+    kafka.produce(topic, [(0, b"u1", b'{"user": "u1", "amount": 5, "ts": "soon"}')])  # ts: used by no operator
+    outputs = {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")}
+    with pytest.raises(MalformedInputError, match=rf"1 of 1 record\(s\) are malformed json .*\n  {topic}\[0\] offset"):
+        job.checkpoint()
+    assert CompletedCheckpointStore(job.storage).completed_ids() == [1, 2], "nothing of that checkpoint committed"
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.parquet")} == outputs
+
+
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
 def test_records_deleted_before_the_step_reads_them_are_detected(spark, kafka, tmp_path, fail_on_data_loss):
     """The first 50 records of the barrier's range deleted (``DeleteRecords``, what retention does too)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.kafka.client import check_config, consumer_config
 from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets, bounded, split
-from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, _Rows, value_flaw
+from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, _Rows, _runs, value_flaw
 from airflow_provider_checkpoint.exceptions import InvalidPositionError, KafkaSourceError
 
 partitions = st.lists(st.tuples(st.sampled_from(["a", "b.c", "d-e_f"]), st.integers(0, 5)), unique=True, max_size=8)
@@ -192,8 +192,8 @@ def test_every_non_empty_utf8_text_is_readable(text: str) -> None:
 
 
 class _Message:
-    def __init__(self, value: bytes | None) -> None:
-        self._value = value
+    def __init__(self, value: bytes | None, offset: int = 0) -> None:
+        self._value, self._offset = value, offset
 
     def timestamp(self) -> tuple[int, int]:
         return (1, 1_700_000_000_000)
@@ -207,15 +207,40 @@ class _Message:
     def headers(self) -> None:
         return None
 
+    def offset(self) -> int:
+        return self._offset
+
+    def error(self) -> None:
+        return None
+
 
 @pytest.mark.parametrize("text", [True, False])
 def test_read_batches_carry_the_flaws_only_for_text_formats(text: bool) -> None:
     values = [b'{"a": 1}', None, b"", b"\xff"]
     rows = _Rows("t", 0, text)
-    for offset, value in enumerate(values):
-        rows.add(offset, _Message(value))
+    rows.add([_Message(v) for v in values[:1]], [0])
+    rows.add([_Message(v) for v in values[1:]], [1, 2, 3])
     batch = rows.batch(lost=3)
     assert batch.column("value").to_pylist() == [*values, None], "the bytes as received, null kept"
+    assert batch.column("offset").to_pylist() == [0, 1, 2, 3, None]
     flaws = [value_flaw(v) for v in values] if text else [None] * 4
     assert batch.column(FLAW).to_pylist() == [*flaws, None]
     assert batch.column(LOST).to_pylist() == [0, 0, 0, 0, 3]
+
+
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=8), st.text(max_size=4).map(str.encode)), max_size=6))
+def test_a_batch_s_flaws_are_each_value_s_flaw(values: list[bytes | None]) -> None:
+    """Arrow's check of a whole batch agrees with Python's strict UTF-8 decoder, record by record."""
+    rows = _Rows("t", 0, True)
+    rows.add([_Message(v, i) for i, v in enumerate(values)], list(range(len(values))))
+    assert rows.batch().column(FLAW).to_pylist() == [value_flaw(v) for v in values]
+
+
+def test_runs_split_records_from_error_events_in_order() -> None:
+    class _Event(_Message):
+        def error(self) -> str:  # type: ignore[override]
+            return "eof"
+
+    a, b, e, c = _Message(b"a", 0), _Message(b"b", 1), _Event(None, 2), _Message(b"c", 3)
+    assert list(_runs([a, b, e, c])) == [([a, b], None), ([], e), ([c], None)]
+    assert list(_runs([e])) == [([], e)] and list(_runs([])) == []

@@ -49,6 +49,17 @@ def _where(ctx: StepContext) -> dict[str, object]:
     return {"checkpoint": ctx.checkpoint_id, "step": ctx.step, "attempt": ctx.attempt}
 
 
+def _read_counts() -> list[Column]:
+    """The records (not lost-records rows), the lost records and the malformed records of a read."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.when(F.col(LOST) == 0, 1)).alias("records"),
+        F.coalesce(F.sum(LOST), F.lit(0)).alias("lost"),
+        F.count(F.when(_malformed(), 1)).alias("malformed"),
+    ]
+
+
 def _malformed() -> Column:
     """A record (not a lost-records row) whose value did not parse, or cannot be a record at all (its flaw)."""
     from pyspark.sql import functions as F
@@ -271,8 +282,40 @@ class KafkaSource(Source):
     def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
         """The records of ``[previous, barrier)``, parsed and cached, and their count; lost records
         are counted (``source_lost``), malformed ones decline the checkpoint."""
+        df = self._records(ctx, previous, barrier).cache()
+        (row,) = df.agg(*_read_counts()).collect()
+        good = self._judge(ctx, df, row.asDict())
+        if self.on_malformed == "dead_letter":
+            self._malformed[ctx.attempt_tag] = df.where(_malformed())
+        return self._good_of(df), good
+
+    def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
+        """The records of ``[previous, barrier)``, uncached, counted and checked on the consumer's one pass
+        (``DataFrame.observe``): the returned function raises as :meth:`read_counted` would, once that pass
+        ran, before the step acks. Every declared column is parsed on that pass, used downstream or not.
+        Records routed to dead letters need a second look: that source is read as :meth:`read_counted`."""
+        if self.on_malformed == "dead_letter":
+            return super().read_once(ctx, previous, barrier)
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        from airflow_provider_checkpoint.dataflow.observation import observed_metrics
+
+        df, metrics = self._records(ctx, previous, barrier), _read_counts()
+        values = [F.col(f"`{c}`") for c in df.columns if c not in (CORRUPT, LOST, FLAW, *_WHERE, *self._columns)]
+        if self.format != "raw":  # parsed in full: a value's unused field that does not parse is malformed too
+            metrics.append(F.max(F.hash(*values)).alias("parsed"))
+        observation = Observation()
+        observed = df.observe(observation, *metrics)
+
+        def records() -> int:
+            return self._judge(ctx, df, observed_metrics(observation, lambda: df.agg(*metrics).first()))
+
+        return self._good_of(observed), records
+
+    def _records(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        """The records of ``[previous, barrier)`` read on the executors and parsed (:meth:`_parsed`); a
+        recreated topic's partitions are recorded (``source_reset``)."""
         before = Offsets.parse(previous, f"source {self.uid} position")
         cut = Offsets.parse(barrier, f"source {self.uid} barrier")
         ranges = list(cut.ranges(before))
@@ -283,14 +326,13 @@ class KafkaSource(Source):
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
         text = self.format != "raw"  # json, csv: values that cannot be text are malformed (their flaw)
         read = read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id, text=text)
-        raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, RAW_SCHEMA)
-        df = self._parsed(raw).cache()
-        (row,) = df.agg(
-            F.count(F.when(F.col(LOST) == 0, 1)).alias("records"),
-            F.coalesce(F.sum(LOST), F.lit(0)).alias("lost"),
-            F.count(F.when(_malformed(), 1)).alias("malformed"),
-        ).collect()
-        records, lost, malformed = int(row["records"]), int(row["lost"]), int(row["malformed"])
+        return self._parsed(ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, RAW_SCHEMA))
+
+    def _judge(self, ctx: StepContext, df: DataFrame, counts: dict[str, Any]) -> int:
+        """The good records of ``counts`` (:func:`_read_counts` of ``df``); lost ones recorded (``source_lost``),
+        malformed ones declining the checkpoint (``on_malformed="fail"``, ``max_malformed_fraction``) or
+        recorded for dead letters."""
+        records, lost, malformed = (int(counts[c] or 0) for c in ("records", "lost", "malformed"))
         if lost:
             log.warning(
                 "source %s: %d record(s) gone before checkpoint %d read them", self.uid, lost, ctx.checkpoint_id
@@ -304,9 +346,14 @@ class KafkaSource(Source):
         if self.on_malformed == "dead_letter":
             ctx.add_metric("malformed_records", malformed)
             ctx.metrics.setdefault("source_malformed", {})[self.uid] = malformed
-            self._malformed[ctx.attempt_tag] = df.where(_malformed())
+        return records - malformed
+
+    def _good_of(self, df: DataFrame) -> DataFrame:
+        """The records of ``df`` neither lost nor malformed, one per key if upsert reading."""
+        from pyspark.sql import functions as F
+
         good = df.where((F.col(LOST) == 0) & ~_malformed())
-        return self._good(self._latest(good) if self.upsert else good), records - malformed
+        return self._good(self._latest(good) if self.upsert else good)
 
     @staticmethod
     def _latest(records: DataFrame) -> DataFrame:
@@ -340,10 +387,6 @@ class KafkaSource(Source):
             (self.uid, f"{r[0]}[{r[1]}]", r[2], r[3], w, ctx.checkpoint_id) for r, w in zip(found, why, strict=True)
         ]
         return ctx.spark.createDataFrame(rows, DEAD_LETTERS)
-
-    def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
-        df, records = self.read_counted(ctx, previous, barrier)
-        return df, lambda: records
 
     def _parsed(self, raw: DataFrame) -> DataFrame:
         """The value parsed (or kept as bytes), the metadata columns, and what the checks need."""
