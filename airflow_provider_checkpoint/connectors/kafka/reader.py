@@ -28,6 +28,7 @@ from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.kafka.json_values import PARSED, parse, struct_ddl
 from airflow_provider_checkpoint.exceptions import KafkaSourceError, KafkaUnavailableError
 
 if TYPE_CHECKING:
@@ -41,6 +42,14 @@ RAW_SCHEMA = (
     "topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, key BINARY, value BINARY, "
     f"headers ARRAY<STRUCT<key: STRING, value: BINARY>>, {LOST} LONG, {FLAW} STRING"
 )
+
+
+def raw_schema(json_schema: pa.Schema | None) -> str:
+    """:data:`RAW_SCHEMA`, and with ``json_schema`` (:func:`.json_values.arrow_schema`) the column
+    :data:`~.json_values.PARSED` of the values Arrow parsed."""
+    return RAW_SCHEMA if json_schema is None else f"{RAW_SCHEMA}, {PARSED} {struct_ddl(json_schema)}"
+
+
 BATCH_ROWS = 10_000
 FETCH_BYTES = 16 * 1024 * 1024
 """Bytes a task's consumer asks per fetch of its partition unless the connection sets a fetch size:
@@ -51,9 +60,10 @@ IDLE_SECONDS = 60.0
 Task = tuple[str, int, int, int]
 
 
-def _arrow_schema() -> pa.Schema:
+def _arrow_schema(json_schema: pa.Schema | None) -> pa.Schema:
     import pyarrow as pa
 
+    parsed = [] if json_schema is None else [(PARSED, pa.struct(list(json_schema)))]
     return pa.schema(
         [
             ("topic", pa.string()),
@@ -65,6 +75,7 @@ def _arrow_schema() -> pa.Schema:
             ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
             (LOST, pa.int64()),
             (FLAW, pa.string()),
+            *parsed,
         ]
     )
 
@@ -93,10 +104,12 @@ def read_tasks(
     name: str = "?",
     *,
     text: bool = False,
+    json_schema: pa.Schema | None = None,
 ) -> Any:  # the function mapInArrow runs over ``spark.range(len(tasks))``
     """The ``mapInArrow`` function reading ``tasks[i]`` for each input row ``id = i`` through connection
     ``name`` (its ``config``), with each value's :data:`FLAW` if ``text``; ``where`` names the step
-    attempt at the fault point ``step.kafka_read`` (after a task's first batch: a kill mid-read), armed
+    attempt at the fault point ``step.kafka_read``; with ``json_schema`` values are parsed by Arrow where that
+    gives Spark's answer (:mod:`.json_values`) (after a task's first batch: a kill mid-read), armed
     here in the driver, whose environment the executors' long-lived Python workers do not see."""
     from airflow_provider_checkpoint.core.faults import armed
 
@@ -107,7 +120,9 @@ def read_tasks(
 
         for batch in batches:
             for index in batch.column(0).to_pylist():
-                for n, records in enumerate(read_range(config, tasks[index], fail_on_data_loss, name, text=text)):
+                for n, records in enumerate(
+                    read_range(config, tasks[index], fail_on_data_loss, name, text=text, json_schema=json_schema)
+                ):
                     yield records
                     for action, message in faults[index] if n == 0 else ():
                         fire("step.kafka_read", action, message)
@@ -116,17 +131,23 @@ def read_tasks(
 
 
 def read_range(
-    config: Mapping[str, str], task: Task, fail_on_data_loss: bool, name: str = "?", *, text: bool = False
+    config: Mapping[str, str],
+    task: Task,
+    fail_on_data_loss: bool,
+    name: str = "?",
+    *,
+    text: bool = False,
+    json_schema: pa.Schema | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :data:`RAW_SCHEMA`, each
-    value's :data:`FLAW` set if ``text``; a refusal of connection ``name`` is a marked
-    :class:`KafkaSourceError` (see the module)."""
+    """The records of ``task`` (topic, partition, start, end) as Arrow batches of :func:`raw_schema`, each
+    value's :data:`FLAW` set if ``text``, parsed with ``json_schema`` where Arrow gives Spark's answer; a
+    refusal of connection ``name`` is a marked :class:`KafkaSourceError` (see the module)."""
     from confluent_kafka import KafkaError, TopicPartition
 
     from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, refusal, refused, watched_consumer
 
     topic, partition, start, end = task
-    rows = _Rows(topic, partition, text)
+    rows = _Rows(topic, partition, text, json_schema)
     consumer, refusals = watched_consumer(_fetching(config))
     mark = KafkaSourceError.MARK
     try:
@@ -169,7 +190,7 @@ def read_range(
                     break
             if len(rows.offsets) >= BATCH_ROWS:
                 yield rows.batch()
-                rows = _Rows(topic, partition, text)
+                rows = _Rows(topic, partition, text, json_schema)
     finally:
         consumer.close()
     if lost and fail_on_data_loss:
@@ -216,8 +237,8 @@ def _runs(messages: list[Any]) -> Iterator[tuple[list[Any], Any]]:
 class _Rows:
     """The records of one task read so far (``confluent_kafka`` messages), made columns by :meth:`batch`."""
 
-    def __init__(self, topic: str, partition: int, text: bool) -> None:
-        self.topic, self.partition, self.text = topic, partition, text
+    def __init__(self, topic: str, partition: int, text: bool, json_schema: pa.Schema | None = None) -> None:
+        self.topic, self.partition, self.text, self.json_schema = topic, partition, text, json_schema
         self.offsets: list[int] = []
         self.messages: list[Any] = []
 
@@ -230,7 +251,7 @@ class _Rows:
         """The rows as a batch; with ``lost``, one more row (no record) carrying that count."""
         import pyarrow as pa
 
-        schema = _arrow_schema()
+        schema = _arrow_schema(self.json_schema)
         messages = self.messages
         n, extra = len(messages), 1 if lost else 0
         pad: list[None] = [None] * extra
@@ -241,6 +262,11 @@ class _Rows:
         if any(headers):
             headers = [[{"key": k, "value": v} for k, v in h] if h else None for h in headers]
         flaws = _flaws(values) if self.text else pa.nulls(n, pa.string())
+        parsed = []
+        if self.json_schema is not None:
+            kind = schema.field(PARSED).type
+            column = parse(values, self.json_schema) if flaws.null_count == n else pa.nulls(n, kind)
+            parsed = [pa.concat_arrays([column, pa.nulls(extra, kind)])]
         return pa.RecordBatch.from_arrays(
             [
                 pa.array([self.topic] * (n + extra), pa.string()),
@@ -252,6 +278,7 @@ class _Rows:
                 pa.array(headers + pad, schema.field("headers").type),
                 pa.array([0] * n + [lost] * extra, pa.int64()),
                 pa.concat_arrays([flaws, pa.nulls(extra, pa.string())]),
+                *parsed,
             ],
             schema=schema,
         )

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.files.dead_letters import SCHEMA as DEAD_LETTERS
 from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, reason
 from airflow_provider_checkpoint.connectors.kafka import barrier, client
+from airflow_provider_checkpoint.connectors.kafka.json_values import PARSED, arrow_schema
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, split
-from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, RAW_SCHEMA, read_tasks
+from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, RAW_SCHEMA, raw_schema, read_tasks
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
@@ -325,8 +326,24 @@ class KafkaSource(Source):
             ctx.metrics.setdefault("source_reset", {})[self.uid] = reset
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
         text = self.format != "raw"  # json, csv: values that cannot be text are malformed (their flaw)
-        read = read_tasks(self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id, text=text)
-        return self._parsed(ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, RAW_SCHEMA))
+        fast = self._json_schema()
+        read = read_tasks(
+            self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id, text=text, json_schema=fast
+        )
+        raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, raw_schema(fast))
+        return self._parsed(raw)
+
+    def _json_schema(self) -> Any:
+        """The Arrow schema the reader parses values with where Arrow gives ``from_json``'s answer
+        (:mod:`.json_values`); ``None`` for csv, raw, ``options`` or a schema Arrow does not parse as Spark."""
+        from pyspark.sql.types import StructType
+
+        if self.format != "json" or self.options:
+            return None
+        declared = StructType.fromDDL(self.schema or "")
+        if not isinstance(declared, StructType):
+            return None
+        return arrow_schema([(f.name, f.dataType.simpleString()) for f in declared.fields], CORRUPT)
 
     def _judge(self, ctx: StepContext, df: DataFrame, counts: dict[str, Any]) -> int:
         """The good records of ``counts`` (:func:`_read_counts` of ``df``); lost ones recorded (``source_lost``),
@@ -405,6 +422,8 @@ class KafkaSource(Source):
         options = {**self.options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
         text = F.col("value").cast("string")
         parsed = F.from_json(text, ddl, options) if self.format == "json" else F.from_csv(text, F.lit(ddl), options)
+        if PARSED in raw.columns:  # Arrow's rows where it gives Spark's answer; Spark parses the others
+            parsed = F.coalesce(F.col(PARSED), parsed)
         flawed = F.when(F.col(FLAW).isNotNull(), text).alias("__flawed")  # its text, for a dead letter
         value = raw.select(parsed.alias("__value"), *meta, *keep, flawed)
         names = value.schema["__value"].dataType.fieldNames()  # type: ignore[attr-defined]
