@@ -230,7 +230,8 @@ def render(result: dict[str, Any]) -> str:
         "other.",
         "- **checkpoint**: `KafkaSource` → per-user totals (`KeyedAggregate`: count, last `ts`) → `ParquetTableSink` "
         "(upsert); trigger + step + finalize: end offsets by fetch, the ranges read by one consumer per partition "
-        "on the executors, JSON parsed by Spark, keyed state and the Parquet table written and committed.",
+        "on the executors, JSON parsed by Arrow where it gives `from_json`'s answer (else by Spark), keyed state "
+        "and the Parquet table written and committed.",
         "- **ss**: the same totals as a Structured Streaming query over Spark's own Kafka source "
         "(`spark-sql-kafka-0-10_2.13` of the pinned Spark, from Maven Central), started once per round with "
         "`Trigger.AvailableNow`, RocksDB state store (changelog checkpointing), `update` output merged into a "

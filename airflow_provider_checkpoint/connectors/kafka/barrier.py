@@ -15,6 +15,7 @@ from typing import Protocol
 
 from airflow_provider_checkpoint.connectors.kafka import client
 from airflow_provider_checkpoint.connectors.kafka.offsets import Offsets, TopicPartition, bounded
+from airflow_provider_checkpoint.connectors.kafka.reader import fetching
 from airflow_provider_checkpoint.exceptions import KafkaSourceError
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class Watched(Protocol):
 def cut(source: Watched, before: Offsets) -> Offsets:
     """Every partition's end offset now (at most ``max_records_per_checkpoint`` records past ``before``),
     and where partitions first seen now start."""
-    with client.Broker(source.config(), source.kafka_config_id) as broker:
+    with client.Broker(fetching(source.config()), source.kafka_config_id) as broker:
         partitions = broker.partitions(source.topics, source.pattern)
         ids = broker.topic_ids(sorted({t for t, _ in partitions}))
         listed = broker.watermarks(partitions)

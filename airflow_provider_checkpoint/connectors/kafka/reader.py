@@ -54,6 +54,8 @@ BATCH_ROWS = 10_000
 FETCH_BYTES = 16 * 1024 * 1024
 """Bytes a task's consumer asks per fetch of its partition unless the connection sets a fetch size:
 librdkafka's default (1 MiB) makes one round trip per producer batch, 4× slower on a backlog."""
+FETCH_WAIT_MS = 10
+"""How long a fetch at a partition's end waits for records, unless the connection sets it."""
 IDLE_SECONDS = 60.0
 """A task that receives nothing for this long while its range is unfinished gives up (broker gone)."""
 
@@ -148,7 +150,7 @@ def read_range(
 
     topic, partition, start, end = task
     rows = _Rows(topic, partition, text, json_schema)
-    consumer, refusals = watched_consumer(_fetching(config))
+    consumer, refusals = watched_consumer(fetching(config, backlog=True))
     mark = KafkaSourceError.MARK
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
@@ -214,11 +216,14 @@ def _below_log_start(consumer: Any, topic: str, partition: int, start: int, firs
     return max(0, min(int(low), first) - start)
 
 
-def _fetching(config: Mapping[str, str]) -> dict[str, str]:
-    """``config`` with :data:`FETCH_BYTES` per partition fetch unless it sets a fetch size itself."""
-    if "max.partition.fetch.bytes" in config or "fetch.max.bytes" in config:
-        return dict(config)
-    return {**config, "max.partition.fetch.bytes": str(FETCH_BYTES)}
+def fetching(config: Mapping[str, str], *, backlog: bool = False) -> dict[str, str]:
+    """``config`` with our fetch settings where it sets none: a fetch waits at most :data:`FETCH_WAIT_MS` at a
+    partition's end (the barrier and the reader want the end-of-partition event at once, not after
+    librdkafka's 500 ms), and for a ``backlog``, :data:`FETCH_BYTES` per partition fetch."""
+    ours = {"fetch.wait.max.ms": str(FETCH_WAIT_MS)}
+    if backlog and "max.partition.fetch.bytes" not in config and "fetch.max.bytes" not in config:
+        ours["max.partition.fetch.bytes"] = str(FETCH_BYTES)
+    return {**ours, **config}
 
 
 def _runs(messages: list[Any]) -> Iterator[tuple[list[Any], Any]]:
