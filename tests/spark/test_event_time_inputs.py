@@ -158,11 +158,12 @@ def test_a_window_over_two_sources_takes_their_minimum_and_leaves_an_idle_one_ou
     # back to the savepoint of checkpoint 6, at another parallelism: checkpoint 7 again, the same
     before = {uid: completed.operators[uid].event_time for uid in marks}
     request_restore(job.storage, savepoint, False, False)
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "3")
     try:
         again = job.checkpoint()
     finally:
-        spark.conf.unset("spark.sql.shuffle.partitions")
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
     for uid, expected in marks.items():
         progress = again.operators[uid].event_time
         assert progress is not None and (progress.watermark, progress.max_event_time) == (
