@@ -46,6 +46,19 @@ def arrow_schema(fields: list[tuple[str, str]], corrupt: str) -> pa.Schema | Non
     return pa.schema([(n, getattr(pa, _TYPES[t])()) for n, t in fields] + [(corrupt, pa.string())])
 
 
+def source_schema(format: str, schema: str | None, options: dict[str, str], corrupt: str) -> pa.Schema | None:
+    """:func:`arrow_schema` for a source's ``format``, DDL ``schema`` and ``from_json`` ``options``: ``None``
+    unless json without options."""
+    from pyspark.sql.types import StructType
+
+    if format != "json" or options or not schema:
+        return None
+    declared = StructType.fromDDL(schema)
+    if not isinstance(declared, StructType):
+        return None
+    return arrow_schema([(f.name, f.dataType.simpleString()) for f in declared.fields], corrupt)
+
+
 def struct_ddl(schema: pa.Schema) -> str:
     """The Spark DDL type of :data:`PARSED` for ``schema`` (from :func:`arrow_schema`)."""
     import pyarrow as pa

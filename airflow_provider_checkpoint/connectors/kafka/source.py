@@ -10,9 +10,17 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.files.dead_letters import SCHEMA as DEAD_LETTERS
 from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, reason
 from airflow_provider_checkpoint.connectors.kafka import barrier, client
-from airflow_provider_checkpoint.connectors.kafka.json_values import PARSED, arrow_schema
+from airflow_provider_checkpoint.connectors.kafka.json_values import PARSED, source_schema
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, split
 from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, RAW_SCHEMA, raw_schema, read_tasks
+from airflow_provider_checkpoint.connectors.kafka.records import (
+    CORRUPT,
+    WHERE,
+    first_malformed,
+    latest,
+    malformed,
+    read_counts,
+)
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
@@ -23,7 +31,7 @@ from airflow_provider_checkpoint.exceptions import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -39,33 +47,13 @@ _METADATA_TYPES = {
     "timestamp": "TIMESTAMP",
     "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>",
 }
-CORRUPT = "_corrupt_record"
 TOMBSTONE = "tombstone"
 """Upsert reading: the column saying a key's latest record is a tombstone (null value): the key is deleted."""
-_WHERE = ("__kafka_topic", "__kafka_partition", "__kafka_offset")
 _STARTS = ("earliest", "latest")
 
 
 def _where(ctx: StepContext) -> dict[str, object]:
     return {"checkpoint": ctx.checkpoint_id, "step": ctx.step, "attempt": ctx.attempt}
-
-
-def _read_counts() -> list[Column]:
-    """The records (not lost-records rows), the lost records and the malformed records of a read."""
-    from pyspark.sql import functions as F
-
-    return [
-        F.count(F.when(F.col(LOST) == 0, 1)).alias("records"),
-        F.coalesce(F.sum(LOST), F.lit(0)).alias("lost"),
-        F.count(F.when(_malformed(), 1)).alias("malformed"),
-    ]
-
-
-def _malformed() -> Column:
-    """A record (not a lost-records row) whose value did not parse, or cannot be a record at all (its flaw)."""
-    from pyspark.sql import functions as F
-
-    return (F.col(LOST) == 0) & (F.col(CORRUPT).isNotNull() | F.col(FLAW).isNotNull())
 
 
 class KafkaSource(Source):
@@ -284,10 +272,10 @@ class KafkaSource(Source):
         """The records of ``[previous, barrier)``, parsed and cached, and their count; lost records
         are counted (``source_lost``), malformed ones decline the checkpoint."""
         df = self._records(ctx, previous, barrier).cache()
-        (row,) = df.agg(*_read_counts()).collect()
+        (row,) = df.agg(*read_counts()).collect()
         good = self._judge(ctx, df, row.asDict())
         if self.on_malformed == "dead_letter":
-            self._malformed[ctx.attempt_tag] = df.where(_malformed())
+            self._malformed[ctx.attempt_tag] = df.where(malformed())
         return self._good_of(df), good
 
     def read_once(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, Callable[[], int]]:
@@ -302,8 +290,8 @@ class KafkaSource(Source):
 
         from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 
-        df, metrics = self._records(ctx, previous, barrier), _read_counts()
-        values = [F.col(f"`{c}`") for c in df.columns if c not in (CORRUPT, LOST, FLAW, *_WHERE, *self._columns)]
+        df, metrics = self._records(ctx, previous, barrier), read_counts()
+        values = [F.col(f"`{c}`") for c in df.columns if c not in (CORRUPT, LOST, FLAW, *WHERE, *self._columns)]
         if self.format != "raw":  # parsed in full: a value's unused field that does not parse is malformed too
             metrics.append(F.max(F.hash(*values)).alias("parsed"))
         observation = Observation()
@@ -326,29 +314,17 @@ class KafkaSource(Source):
             ctx.metrics.setdefault("source_reset", {})[self.uid] = reset
         tasks = split(ranges, max(len(ranges), self.min_partitions or 0))
         text = self.format != "raw"  # json, csv: values that cannot be text are malformed (their flaw)
-        fast = self._json_schema()
+        fast = source_schema(self.format, self.schema, self.options, CORRUPT)
         read = read_tasks(
             self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id, text=text, json_schema=fast
         )
         raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, raw_schema(fast))
         return self._parsed(raw)
 
-    def _json_schema(self) -> Any:
-        """The Arrow schema the reader parses values with where Arrow gives ``from_json``'s answer
-        (:mod:`.json_values`); ``None`` for csv, raw, ``options`` or a schema Arrow does not parse as Spark."""
-        from pyspark.sql.types import StructType
-
-        if self.format != "json" or self.options:
-            return None
-        declared = StructType.fromDDL(self.schema or "")
-        if not isinstance(declared, StructType):
-            return None
-        return arrow_schema([(f.name, f.dataType.simpleString()) for f in declared.fields], CORRUPT)
-
     def _judge(self, ctx: StepContext, df: DataFrame, counts: dict[str, Any]) -> int:
-        """The good records of ``counts`` (:func:`_read_counts` of ``df``); lost ones recorded (``source_lost``),
-        malformed ones declining the checkpoint (``on_malformed="fail"``, ``max_malformed_fraction``) or
-        recorded for dead letters."""
+        """The good records of ``counts`` (:func:`.records.read_counts` of ``df``); lost ones recorded
+        (``source_lost``), malformed ones declining the checkpoint (``on_malformed="fail"``,
+        ``max_malformed_fraction``) or recorded for dead letters."""
         records, lost, malformed = (int(counts[c] or 0) for c in ("records", "lost", "malformed"))
         if lost:
             log.warning(
@@ -369,21 +345,12 @@ class KafkaSource(Source):
         """The records of ``df`` neither lost nor malformed, one per key if upsert reading."""
         from pyspark.sql import functions as F
 
-        good = df.where((F.col(LOST) == 0) & ~_malformed())
-        return self._good(self._latest(good) if self.upsert else good)
-
-    @staticmethod
-    def _latest(records: DataFrame) -> DataFrame:
-        """One row per ``key``: its record of greatest (topic, partition, offset) (upsert reading)."""
-        from pyspark.sql import functions as F
-
-        row = F.struct(*[F.col(f"`{c}`") for c in records.columns])
-        latest = records.groupBy("key").agg(F.max_by(row, F.struct(*_WHERE)).alias("__latest"))
-        return latest.select(*[F.col("__latest")[c].alias(c) for c in records.columns])
+        good = df.where((F.col(LOST) == 0) & ~malformed())
+        return self._good(latest(good) if self.upsert else good)
 
     def _good(self, parsed: DataFrame) -> DataFrame:
         """The records :meth:`read_counted` gives, from :meth:`_parsed` ones: without the columns of its checks."""
-        return parsed.drop(LOST, CORRUPT, FLAW, *_WHERE)
+        return parsed.drop(LOST, CORRUPT, FLAW, *WHERE)
 
     def empty(self, spark: SparkSession) -> DataFrame:
         """The columns a checkpoint reads (the value parsed with the declared schema, the metadata columns), no rows."""
@@ -398,7 +365,7 @@ class KafkaSource(Source):
             return None
         declared = StructType.fromDDL(self.schema or "")
         columns = len(declared.fields) if isinstance(declared, StructType) else 0
-        schema, found = self.schema or "", malformed.select(*_WHERE, CORRUPT, FLAW).orderBy(*_WHERE).collect()
+        schema, found = self.schema or "", malformed.select(*WHERE, CORRUPT, FLAW).orderBy(*WHERE).collect()
         why = [r[4] or reason(self.format, r[3], schema, columns, self.options) for r in found]
         rows = [
             (self.uid, f"{r[0]}[{r[1]}]", r[2], r[3], w, ctx.checkpoint_id) for r, w in zip(found, why, strict=True)
@@ -434,15 +401,12 @@ class KafkaSource(Source):
             )
         fields = [F.col(f"__value.{n}") for n in names if n != CORRUPT]
         corrupt = F.coalesce(F.col("__flawed"), F.col(f"__value.{CORRUPT}")).alias(CORRUPT)
-        return value.select(*fields, corrupt, *self._columns, *_WHERE, LOST, FLAW)
+        return value.select(*fields, corrupt, *self._columns, *WHERE, LOST, FLAW)
 
     def _refuse_malformed(self, df: DataFrame, error: type[MalformedInputError], what: str) -> None:
-
-        first = df.where(_malformed()).select(*_WHERE, CORRUPT, FLAW).orderBy(*_WHERE).limit(5).collect()
-        lines = [f"  {r[0]}[{r[1]}] offset {r[2]}: {r[4] or repr(str(r[3])[:200])}" for r in first]
         raise error(
             f"source {self.uid}: {what} are malformed {self.format} not matching schema <{self.schema}>:\n"
-            + "\n".join(lines)
+            + "\n".join(first_malformed(df))
             + "\nNothing of this checkpoint was committed; fix the producer, route malformed records to "
             "dead letters (on_malformed='dead_letter'), or restore from a checkpoint past these offsets."
         )
