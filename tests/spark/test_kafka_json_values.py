@@ -16,6 +16,13 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_checkpoint.connectors.kafka.json_values import arrow_schema, parse
+from airflow_provider_checkpoint.connectors.kafka.reader import _flaws
+
+
+def _parse(values: list[bytes | None], schema: pa.Schema) -> pa.Array:
+    array = pa.array(values, pa.binary())
+    return parse(array, schema, _flaws(array))
+
 
 pytestmark = pytest.mark.spark
 SCHEMA = "user STRING, n INT, amount BIGINT, x DOUBLE, flag BOOLEAN"
@@ -132,7 +139,7 @@ def test_every_value_arrow_accepts_is_the_row_spark_gives(spark) -> None:
     schema = arrow_schema(FIELDS, CORRUPT)
     assert schema is not None
     values = _corpus(int(os.environ.get("KAFKA_JSON_VALUES", "4000")))
-    ours = [parse(pa.array([v], pa.binary()), schema)[0].as_py() for v in values]
+    ours = [_parse([v], schema)[0].as_py() for v in values]
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}  # as KafkaSource calls it
     frame = spark.createDataFrame([(i, v) for i, v in enumerate(values)], "i INT, value BINARY")
     parsed = frame.select(
@@ -152,11 +159,15 @@ def test_every_value_arrow_accepts_is_the_row_spark_gives(spark) -> None:
 def test_a_batch_is_parsed_whole_or_left_to_spark() -> None:
     schema = arrow_schema(FIELDS, CORRUPT)
     assert schema is not None
-    good = [b'{"user": "a", "n": 1}', b'{"amount": 5, "x": 1.5, "flag": true}']
-    rows = parse(pa.array(good, pa.binary()), schema).to_pylist()
+    good: list[bytes | None] = [b'{"user": "a", "n": 1}', b'{"amount": 5, "x": 1.5, "flag": true}']
+    rows = _parse(good, schema).to_pylist()
     assert [r["user"] for r in rows] == ["a", None] and rows[1]["amount"] == 5 and rows[1][CORRUPT] is None
     for bad in (b'{"n": 1.5}', b'{"user": "a"}{"user": "b"}', b"{\n}", b'{"user": "a"} ', b'{"user": 5}'):
-        assert parse(pa.array([*good, bad], pa.binary()), schema).null_count == 3, bad
+        assert _parse([*good, bad], schema).null_count == 3, bad
+    flawed = _parse([None, good[0], b"", b"\xff", good[1]], schema).to_pylist()
+    assert flawed[0] is None and flawed[2] is None and flawed[3] is None, "a flawed value is Spark's to parse"
+    assert (flawed[1], flawed[4]) == (rows[0], rows[1]), "the flawless ones are Arrow's, in place"
+    assert _parse([None, b""], schema).null_count == 2
     assert arrow_schema([("ts", "timestamp")], CORRUPT) is None and arrow_schema([("a b", "string")], CORRUPT) is None
     assert arrow_schema([("user", "string"), ("user", "int")], CORRUPT) is None
     assert arrow_schema([(CORRUPT, "string")], CORRUPT) is None

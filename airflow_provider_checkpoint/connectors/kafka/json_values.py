@@ -5,9 +5,10 @@ Spark's ``from_json`` costs about 6 µs of CPU per small record; Arrow's JSON re
 
 - the declared schema is flat, of ``STRING``, ``INT``, ``BIGINT`` (``LONG``), ``DOUBLE`` and ``BOOLEAN``
   fields with plain names, and the source passes no ``options`` to ``from_json``;
-- every value of the batch is flawless UTF-8 text (:func:`~.reader.value_flaw`) that starts with ``{``,
-  ends with ``}`` and holds no line break, so Arrow's rows are the values, in order (a value holding two
-  objects would make one row too many, and the batch is refused on the count);
+- every value of the batch without a flaw (:func:`~.reader.value_flaw`: a tombstone, an empty value,
+  bytes that are not UTF-8; those rows stay null) starts with ``{``, ends with ``}`` and holds no line
+  break, so Arrow's rows are the values, in order (a value holding two objects would make one row too
+  many, and the batch is refused on the count);
 - Arrow accepts every value under the schema. It refuses what Spark would take differently or call
   malformed: a number for a string field or text for a number, a fraction or an overflow for an integer,
   a key given twice, an invalid escape or surrogate, a control character in a string, trailing data.
@@ -67,9 +68,26 @@ def struct_ddl(schema: pa.Schema) -> str:
     return f"STRUCT<{', '.join(f'{f.name}: {spark[f.type]}' for f in schema)}>"
 
 
-def parse(values: pa.Array, schema: pa.Schema) -> pa.Array:
-    """The struct column :data:`PARSED` for binary ``values`` (flawless UTF-8, see the module): Arrow's rows,
-    or all null when Arrow cannot give Spark's answer for every value."""
+def parse(values: pa.Array, schema: pa.Schema, flaws: pa.Array) -> pa.Array:
+    """The struct column :data:`PARSED` for binary ``values``: Arrow's rows for the values without a flaw
+    (:func:`~.reader.value_flaw`; a flawed row stays null, for Spark), or all null when Arrow cannot give
+    Spark's answer for every one of them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = pa.struct(list(schema))
+    whole = pc.is_null(flaws)
+    if whole.false_count == 0:
+        return _parse_all(values, schema)
+    positions = pc.subtract(pc.cumulative_sum(pc.cast(whole, pa.int64())), 1)
+    parsed = _parse_all(values.filter(whole), schema)
+    if parsed.null_count == len(parsed):
+        return pa.nulls(len(values), kind)
+    return parsed.take(pc.if_else(whole, positions, pa.scalar(None, pa.int64())))
+
+
+def _parse_all(values: pa.Array, schema: pa.Schema) -> pa.Array:
+    """:func:`parse` of flawless values: every row Arrow's, or all null."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj

@@ -270,7 +270,7 @@ class _Rows:
         parsed = []
         if self.json_schema is not None:
             kind = schema.field(PARSED).type
-            column = parse(values, self.json_schema) if flaws.null_count == n else pa.nulls(n, kind)
+            column = parse(values, self.json_schema, flaws)
             parsed = [pa.concat_arrays([column, pa.nulls(extra, kind)])]
         return pa.RecordBatch.from_arrays(
             [
