@@ -20,6 +20,10 @@ S3_PATHS = [
     "s3://bucket/",
     "s3a://bucket/x?versionId=1",
     "s3://s3a://bucket/t",
+    "s3a://s3://bucket/t",
+    "s3a://bucket/t/?a=1&b=2",
+    "s3://bucket/t#fragment",
+    "s3://",
     "s3://bucket/with space/ünïcode",
 ]
 
