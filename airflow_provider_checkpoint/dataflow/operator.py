@@ -3,7 +3,7 @@ incremental form. Nodes import no Spark at DAG-parse time."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
@@ -21,6 +21,8 @@ NEW = "__new"
 """Changelog column: the key had no state before."""
 CHANGED = "__changed"
 """Optional changelog column: the key's state changed (a changelog with it lists every key)."""
+Ranges = Callable[["pa.Table"], "pa.Array"]
+"""The key-group range index of each row of a table, by its key columns (as the state files it)."""
 
 
 class StatefulOperator(Node):
@@ -35,6 +37,10 @@ class StatefulOperator(Node):
     """
 
     kind = "stateful"
+    moves_keys = False
+    """Whether :meth:`merge_at_arrow` writes keys no input row names and deletes keys the watermark does
+    not close (a session's row moves to its merged bounds): it needs every range's state, and files
+    its new keys by ``ranges``."""
 
     def __init__(self, uid: str, input: Node | Sequence[Node], keys: Sequence[str], max_parallelism: int = 128) -> None:
         super().__init__(uid, [input] if isinstance(input, Node) else list(input))
@@ -181,13 +187,14 @@ class StatefulOperator(Node):
         return None
 
     def merge_at_arrow(
-        self, state: pa.Table, partials: pa.Table, after: WatermarkProgress
+        self, state: pa.Table, partials: pa.Table, after: WatermarkProgress, ranges: Ranges
     ) -> tuple[pa.Table, pa.Table]:
         """:meth:`merge_arrow` of an operator with event time, given the ``state`` rows of at least the keys
         in ``partials`` and of every key the watermark ``after`` this checkpoint may close
-        (:meth:`closes_below`): the changed rows (the state columns, boolean ``__deleted`` and ``__new``,
-        every other column of ``partials`` or ``state`` as it was; a deleted row had state) and the output
-        rows (the state columns)."""
+        (:meth:`closes_below`; every row with :attr:`moves_keys`): the changed rows (the state columns,
+        boolean ``__deleted`` and ``__new``, every other column of ``partials`` or ``state`` as it was, the
+        range of a key no input row names by ``ranges``; a deleted row had state) and the output rows (the
+        state columns)."""
         raise NotImplementedError
 
     def closes_below(self, after: WatermarkProgress) -> tuple[str, int | None]:

@@ -38,7 +38,8 @@ from airflow_provider_checkpoint.dataflow.expiry import (
 from airflow_provider_checkpoint.dataflow.graph import Node, Union
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
 from airflow_provider_checkpoint.dataflow.late_data import LateOutput
-from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW
+from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, Ranges
+from airflow_provider_checkpoint.dataflow.session_merge import merge_session_windows
 from airflow_provider_checkpoint.dataflow.sessions import WINDOW_END, WINDOW_START, merge_sessions
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
 from airflow_provider_checkpoint.dataflow.window_merge import merge_windows
@@ -150,6 +151,7 @@ class WindowAggregate(LateOutput, KeyedAggregate):
         self._cached: tuple[Mapping[str, DataFrame], DataFrame] | None = None  # event_time's pass, by its inputs
         self.group_keys = tuple(keys)
         self.time_column, self.window, self.emit = time_column, window, emit
+        self.moves_keys = window.kind == "session"  # a session's bounds (its key) grow as it merges
         self.lateness_ms = duration_ms(allowed_lateness, f"{uid} allowed_lateness")
 
     def _bounds(self, input: Node, time_column: str, own: WatermarkSpec | None) -> dict[str, int]:
@@ -335,16 +337,21 @@ class WindowAggregate(LateOutput, KeyedAggregate):
         return self._assigned(timed).where(~self._late(F.unix_micros(WINDOW_END), before))
 
     def partials_at(self, inputs: Mapping[str, DataFrame], before: WatermarkProgress) -> DataFrame | None:
-        """The aggregates of the on-time rows per window (tumbling and sliding windows whose aggregates
-        pyarrow merges; sessions merge in Spark)."""
-        if self.window.kind == "session" or not all(agg.arrow_mergeable() for agg in self.aggs.values()):
+        """The aggregates of the on-time rows per window (a session: per row's own ``[ts, ts + gap)``)
+        when pyarrow merges every aggregate."""
+        if not all(agg.arrow_mergeable() for agg in self.aggs.values()):
             return None
         return self._partial(self._on_time(inputs, before))
 
     def merge_at_arrow(
-        self, state: pa.Table, partials: pa.Table, after: WatermarkProgress
+        self, state: pa.Table, partials: pa.Table, after: WatermarkProgress, ranges: Ranges
     ) -> tuple[pa.Table, pa.Table]:
-        """Windows merged as :func:`~.window_merge.merge_windows` says."""
+        """Windows merged as :func:`~.window_merge.merge_windows` says; sessions as
+        :func:`~.session_merge.merge_session_windows` says."""
+        if self.moves_keys:
+            return merge_session_windows(
+                self.merge_arrow, state, partials, self.group_keys, self.lateness_ms, after.watermark, ranges
+            )
         return merge_windows(self.merge_arrow, state, partials, self.keys, self.lateness_ms, after.watermark, self.emit)
 
     def closes_below(self, after: WatermarkProgress) -> tuple[str, int | None]:

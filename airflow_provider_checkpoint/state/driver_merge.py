@@ -15,7 +15,10 @@ An operator with event time merges there too when it has that form
 one row per window, merged with the open windows' state; the windows the watermark closes are
 deleted (and emitted) in every range, read only when its files may hold a window that closes
 (:class:`Closing`): each state file's handle records the least window end it holds
-(:attr:`StateHandle.least_end`), so finding those ranges reads nothing.
+(:attr:`StateHandle.least_end`), so finding those ranges reads nothing. Session windows
+(:attr:`StatefulOperator.moves_keys`) read every range, since a key's sessions may lie in any, and
+file the sessions their merge makes by Spark's key hash computed on the driver
+(:mod:`~airflow_provider_checkpoint.state.spark_hash`).
 """
 
 from __future__ import annotations
@@ -23,20 +26,23 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
-from airflow_provider_checkpoint.dataflow.operator import NEW, StatefulOperator
+from airflow_provider_checkpoint.dataflow.operator import NEW, Ranges, StatefulOperator
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overlay, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout
 from airflow_provider_checkpoint.state.spark_backend import SEQ, range_index, state_schema
+from airflow_provider_checkpoint.state.spark_hash import hashable, range_indexes
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 
@@ -65,8 +71,11 @@ def driver_partials(
     partials = node.partials(inputs) if before is None else node.partials_at(inputs, before)
     if partials is None:
         return None
-    if any(f.dataType.typeName() not in _ARROW_MERGEABLE for f in state_schema(restored).fields):
+    struct = state_schema(restored)
+    if any(f.dataType.typeName() not in _ARROW_MERGEABLE for f in struct.fields):
         return None  # e.g. a struct key: pyarrow cannot group by it
+    if node.moves_keys and not hashable(_arrow_schema(struct), node.keys):
+        return None  # e.g. a decimal key: the driver cannot file the keys it makes
     sizes = [_estimated_bytes(df) for df in inputs.values()]
     small = all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
     return partials if small else None
@@ -104,11 +113,10 @@ def merge_on_driver(
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     spark = partials.sparkSession
     struct = state_schema(restored)
-    schema = to_arrow_schema(struct, timezone="UTC")
+    schema = _arrow_schema(struct)
     columns = schema.names
     batch = partials.withColumns(
         {_RANGE: range_index(node.keys, node.max_parallelism, layout.parallelism), KEY_HASH: key_hash(node.keys)}
@@ -118,7 +126,9 @@ def merge_on_driver(
     if not layout.has_deltas and len(batch) >= FULL_VERSION_SHARE * restored.rows:
         compact = set(range(layout.parallelism))  # a delta that large would make every range due
     read = touched | compact
-    if closing is not None:
+    if closing is not None and closing.every_range:
+        read = set(range(layout.parallelism))
+    elif closing is not None:
         read |= {i for i, r in enumerate(layout.ranges) if i not in read and closing.may_close(storage, r.handles)}
     state: dict[int, pa.Table] = {
         i: merged_rows(storage, restored, layout.ranges[i].handles, node.uid).cast(schema) for i in sorted(read)
@@ -130,7 +140,9 @@ def merge_on_driver(
         merged = node.merge_arrow(old, new)
         changes, shown = merged.append_column(DELETED, pa.array(np.zeros(len(merged), np.bool_))), merged
     else:
-        changes, shown = closing.merge(old, new)
+        changes, shown = closing.merge(
+            old, new, lambda t: range_indexes(t, node.keys, node.max_parallelism, layout.parallelism)
+        )
 
     def changes_in(i: int) -> pa.Table:
         own = changes.filter(pc.equal(changes[_RANGE], i)).select([*columns, DELETED])
@@ -186,23 +198,26 @@ def merge_on_driver(
 class Closing:
     """How an event-time operator's checkpoint merges on the driver (:func:`merge_on_driver`).
 
-    ``merge(state, partials)``: given the state rows of the ranges read and the checkpoint's partials
-    (both with their range in ``__kgr``), the changed rows (the state columns, ``__deleted``, ``__new``
-    and ``__kgr``; a deleted row had state) and the output rows. ``column`` (a timestamp column) and
-    ``closes_below`` (µs since the epoch): a key whose ``column`` is below it may be deleted without
-    input; a range none of whose files may hold one (by their handles' :attr:`StateHandle.least_end`)
-    is not read. ``None``: no key is deleted without input.
+    ``merge(state, partials, ranges)``: given the state rows of the ranges read and the checkpoint's
+    partials (both with their range in ``__kgr``), and how to find the range of a key, the changed rows
+    (the state columns, ``__deleted``, ``__new`` and ``__kgr``; a deleted row had state) and the output
+    rows. ``column`` (a timestamp column) and ``closes_below`` (µs since the epoch): a key whose
+    ``column`` is below it may be deleted without input; a range none of whose files may hold one (by
+    their handles' :attr:`StateHandle.least_end`) is not read. ``None``: no key is deleted without input.
+    ``every_range``: every range is read (the merge moves keys, :attr:`StatefulOperator.moves_keys`).
     """
 
-    merge: Callable[[pa.Table, pa.Table], tuple[pa.Table, pa.Table]]
+    merge: Callable[[pa.Table, pa.Table, Ranges], tuple[pa.Table, pa.Table]]
     column: str
     closes_below: int | None
+    every_range: bool = False
 
     @classmethod
     def of(cls, node: StatefulOperator, after: WatermarkProgress) -> Closing:
         """``node``'s (:meth:`StatefulOperator.merge_at_arrow`) with the watermark ``after`` the checkpoint."""
         column, below = node.closes_below(after)
-        return cls(lambda state, partials: node.merge_at_arrow(state, partials, after), column, below)
+        merge = partial(_merge_at, node, after)
+        return cls(merge, column, below, node.moves_keys)
 
     def may_close(self, storage: Location, handles: Sequence[StateHandle]) -> bool:
         """Whether a file of ``handles`` may hold a key the watermark closes: by the least value its handle
@@ -244,6 +259,18 @@ def _footer_least(storage: Location, handle: StateHandle, column: str) -> int | 
             return None
         lows.append(int(stats.min_raw))
     return min(lows) if lows else None
+
+
+def _merge_at(
+    node: StatefulOperator, after: WatermarkProgress, state: pa.Table, partials: pa.Table, ranges: Ranges
+) -> tuple[pa.Table, pa.Table]:
+    return node.merge_at_arrow(state, partials, after, ranges)
+
+
+def _arrow_schema(struct: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(struct, timezone="UTC")
 
 
 def _with_range(schema: pa.Schema, batch: pa.Table) -> pa.Schema:

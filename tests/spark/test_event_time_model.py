@@ -11,11 +11,13 @@ clock that moves on by 0 to 15 minutes, from 40 minutes before it to 5 after: on
 the lateness, and very late; no time; a null user; empty files), or a restore request to a retained
 checkpoint or a savepoint (the next checkpoint reads again every file landed after it).
 :class:`Model` is the documented semantics (docs/event-time.md) in plain Python: after every
-checkpoint both tables equal it, and so do the watermark and greatest event time in each
-operator's snapshot, the numbers of rows dropped as late and without a time, and the state's rows (the open windows:
-closed ones are purged). The state is in files, in small key-group ranges (``small_ranges``): deltas
-pile up and compact. The run must have dropped late rows, met rows without a time, emitted sessions, restored and
-written incremental state.
+checkpoint both tables equal it, and so do the watermark and greatest event time in each operator's
+snapshot, the numbers of rows dropped as late and without a time, and the state's rows (the open
+windows: closed ones are purged). The state is in files, in small key-group ranges
+(``small_ranges``): deltas pile up and compact. Incremental checkpoints merge the windows on the
+driver and in Spark in turn: each path continues the state files the other wrote. The run must have
+dropped late rows, met rows without a time, emitted sessions, restored, and merged incremental state
+both ways.
 
 CI runs the fixed seed below; ``EVENT_TIME_SEEDS=1,2,3``, ``EVENT_TIME_EXAMPLES``,
 ``EVENT_TIME_STEPS`` run more, ``EVENT_TIME_SHRINK=0`` skips shrinking a failure.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import copy
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -184,6 +186,9 @@ class Tally:
     untimed: int = 0
     least_ends: int = 0
     """State files whose handle's least window end was checked against the file."""
+    driver_merges: int = 0
+    spark_merges: int = 0
+    """Incremental checkpoints of an operator merged on the driver, and in Spark."""
 
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -209,6 +214,8 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             self.base.mkdir()
             (self.base / "landing").mkdir()
             self.job: Job = make_job(spark, self.base, declare, inline_state_threshold=0)  # state in files: deltas
+            self.settings = self.job.coordinator.settings
+            self.spark_merge = False  # flips after every incremental checkpoint
             self.model = Model()
             self.clock = EPOCH_MS
             self.savepoints: dict[int, str] = {}
@@ -232,6 +239,8 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             rng = random.Random(f"{seed}/{self.job.checkpoints}")  # Hypothesis draws many seeds the same
             for _ in range((1, 1, 2, 0)[seed % 4]):
                 self.land(rng)
+            spark_merge = self.spark_merge  # else on the driver: each continues the other's state files
+            self.job.coordinator.settings = replace(self.settings, driver_merge_rows=0 if spark_merge else 10**6)
             checkpoint_id = self.job.checkpoints + 1
             target = f"file://{self.base}/savepoints/sp-{checkpoint_id}" if savepoint else None
             completed = self.job.checkpoint(savepoint_target=target)
@@ -239,7 +248,7 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             self.model.checkpoint(checkpoint_id)
             if target:
                 self.savepoints[checkpoint_id] = target
-            for uid in ("slides", "sessions"):  # merged on the driver, and in Spark
+            for uid in ("slides", "sessions"):
                 tally.least_ends += _check_least_ends(self.job, completed.operators[uid].handles)
                 progress = completed.operators[uid].event_time
                 assert progress is not None
@@ -256,6 +265,9 @@ def machine_for(spark: Any, root: Path, tally: Tally) -> type[RuleBasedStateMach
             open_windows = len(self.model.operators.slides) + len(self.model.operators.sessions)
             assert sum(s["state_rows"] for s in steps) == open_windows, "state rows: the open windows"
             tally.incremental += sum(s.get("state_incremental", 0) for s in steps)
+            tally.driver_merges += sum(s.get("state_merged_on_driver", 0) for s in steps)
+            tally.spark_merges += sum(s.get("state_incremental", 0) for s in steps) if spark_merge else 0
+            self.spark_merge ^= any(s.get("state_incremental") for s in steps)
             tally.late += dropped
             tally.sessions = max(tally.sessions, len(self.model.sessions))
 
@@ -284,4 +296,4 @@ def test_windows_match_the_model(spark: Any, small_ranges: None, seed: int) -> N
     tally = Tally()
     run_machine(machine_for(spark, scratch_root(), tally), seed, EXAMPLES, STEPS, SHRINK, 60)
     assert tally.late and tally.sessions and tally.restores and tally.incremental and tally.untimed, tally
-    assert tally.least_ends, tally  # not vacuous
+    assert tally.least_ends and tally.driver_merges and tally.spark_merges, tally  # not vacuous

@@ -9,8 +9,8 @@ after ``T0``; a row at ``m`` opens ``[m, m + 5)``):
    ``[14,21)``; watermark 6 closes b ``[1,6)``, a key without new rows: closed by the watermark alone.
 3. ``c@30`` opens c ``[30,35)``; watermark 20 closes a ``[0,13)``, untouched again.
 
-The state is in files, so checkpoints 2 and 3 take the operator's changelog (every session, the
-changed ones marked); the state's row count is the open sessions after each.
+The state is in files, so checkpoints 2 and 3 merge on the driver (every session read, the changed ones
+written); the state's row count is the open sessions after each.
 """
 
 from __future__ import annotations
@@ -77,3 +77,4 @@ def test_sessions_bridge_and_close_untouched_keys_by_the_watermark(spark, tmp_pa
         (stats,) = completed.stats["steps"].values()
         assert stats["state_rows"] == OPEN[n], f"open sessions after checkpoint {n + 1}"
         assert stats.get("state_keys_changed") == CHANGED[n], f"changelog of checkpoint {n + 1}"
+        assert bool(stats.get("state_merged_on_driver")) == (n > 0), "checkpoints 2 and 3 merge on the driver"

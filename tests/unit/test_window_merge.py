@@ -74,7 +74,8 @@ def test_windows_merged_on_the_driver_match_plain_python(
 ) -> None:
     agg = node(emit, f"{lateness} minutes")
     watermark = None if mark is None else T0_MS + mark * MINUTE
-    changes, emitted = agg.merge_at_arrow(table(old, True), table(new, True), WatermarkProgress(watermark=watermark))
+    progress = WatermarkProgress(watermark=watermark)
+    changes, emitted = agg.merge_at_arrow(table(old, True), table(new, True), progress, lambda t: pa.nulls(len(t)))
 
     def closes(key: Key) -> bool:
         return watermark is not None and T0_MS + (5 * key[1] + 5 + lateness) * MINUTE <= watermark
@@ -131,7 +132,7 @@ def test_a_range_is_read_for_closing_only_if_its_files_may_hold_a_window_the_wat
     monkeypatch.setattr(storage.fs, "open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
 
     def closing(below: int | None) -> Closing:
-        return Closing(lambda s, p: (s, p), "window_end", below)
+        return Closing(lambda s, p, r: (s, p), "window_end", below)
 
     for recorded, opens in ((handle, 0), (legacy, 1)):
         opened.clear()
