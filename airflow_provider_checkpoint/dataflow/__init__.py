@@ -32,7 +32,8 @@ from airflow_provider_checkpoint.dataflow.multi_input import DimensionEnrichment
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate, KeyedStateFunction
-from airflow_provider_checkpoint.dataflow.windows import WindowAggregate, session, sliding, tumbling
+from airflow_provider_checkpoint.dataflow.window_kinds import session, sliding, tumbling
+from airflow_provider_checkpoint.dataflow.windows import WindowAggregate
 from airflow_provider_checkpoint.exceptions import MalformedInputError, PipelineDefinitionError, TooManyMalformedError
 
 if TYPE_CHECKING:

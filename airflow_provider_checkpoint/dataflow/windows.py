@@ -42,58 +42,13 @@ from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW,
 from airflow_provider_checkpoint.dataflow.session_merge import merge_session_windows
 from airflow_provider_checkpoint.dataflow.sessions import WINDOW_END, WINDOW_START, merge_sessions
 from airflow_provider_checkpoint.dataflow.stateful import KeyedAggregate
+from airflow_provider_checkpoint.dataflow.window_kinds import Windows
 from airflow_provider_checkpoint.dataflow.window_merge import merge_windows
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
-
-
-@dataclass(frozen=True)
-class Windows:
-    """How rows are assigned to windows: ``size_ms`` and ``slide_ms`` (tumbling: equal), or ``gap_ms`` (sessions)."""
-
-    kind: str
-    size_ms: int = 0
-    slide_ms: int = 0
-    gap_ms: int = 0
-
-    def describe(self) -> str:
-        if self.kind == "session":
-            return f"session(gap={self.gap_ms} ms)"
-        return f"{self.kind}(size={self.size_ms} ms, slide={self.slide_ms} ms)"
-
-
-def tumbling(size: str) -> Windows:
-    """Fixed, non-overlapping windows ``[k * size, (k + 1) * size)`` (Spark's ``window(ts, size)``)."""
-    ms = duration_ms(size, "tumbling window size")
-    _positive(ms, "tumbling window size")
-    return Windows("tumbling", ms, ms)
-
-
-def sliding(size: str, slide: str) -> Windows:
-    """Windows ``[k * slide, k * slide + size)``; a row is in every one that holds its event time
-    (Spark's ``window(ts, size, slide)``, Flink's sliding event-time windows)."""
-    ms, every = duration_ms(size, "sliding window size"), duration_ms(slide, "sliding window slide")
-    _positive(ms, "sliding window size")
-    _positive(every, "sliding window slide")
-    if every > ms:
-        raise PipelineDefinitionError(f"sliding window: slide {slide!r} must not exceed size {size!r}")
-    return Windows("sliding", ms, every)
-
-
-def session(gap: str) -> Windows:
-    """A row opens ``[ts, ts + gap)``; windows of one key that overlap or touch merge into one
-    (Spark's ``session_window(ts, gap)``, Flink's event-time session windows)."""
-    ms = duration_ms(gap, "session gap")
-    _positive(ms, "session gap")
-    return Windows("session", gap_ms=ms)
-
-
-def _positive(ms: int, what: str) -> None:
-    if ms <= 0:
-        raise PipelineDefinitionError(f"{what} must be positive")
 
 
 class WindowAggregate(LateOutput, KeyedAggregate):
