@@ -23,7 +23,13 @@ from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, o
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import CHANGED, DELETED, NEW, StatefulOperator
 from airflow_provider_checkpoint.exceptions import StateFileError, raised_in_spark
-from airflow_provider_checkpoint.state.driver_merge import Closing, closing_column, driver_partials, merge_on_driver
+from airflow_provider_checkpoint.state.driver_merge import (
+    Closing,
+    closing_column,
+    driver_partials,
+    first_on_driver,
+    merge_on_driver,
+)
 from airflow_provider_checkpoint.state.first_version import first_full_version
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout
@@ -165,6 +171,14 @@ def _checkpoint_operator(
             changelog = diff(state, new_state, node.keys) if _same_columns(new_state, restored) else None
         if changelog is not None and _same_columns(changelog, restored):
             return operator.incremental(layout, changelog, output)
+    if restored is None and watermarks is not None and own and incremental:
+
+        def fault(point: str) -> None:
+            fault_point(point, checkpoint=checkpoint_id, **where)
+
+        merged = first_on_driver(storage, directory, checkpoint_id, node, inputs, settings, watermarks, fault)
+        if merged is not None:
+            return OperatorCheckpoint(*merged)
     if restored is None and forms:
         first = first_full_version(storage, directory, node, inputs, settings, {**where, "checkpoint": checkpoint_id})
         if first is not None:

@@ -34,8 +34,8 @@ from airflow_provider_checkpoint.dataflow.operator import NEW, Ranges, StatefulO
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overlay, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
-from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout
-from airflow_provider_checkpoint.state.spark_backend import SEQ, range_index, state_schema
+from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout, ranges_for
+from airflow_provider_checkpoint.state.spark_backend import SEQ, estimated_rows, range_index, state_schema
 from airflow_provider_checkpoint.state.spark_hash import hashable, range_indexes
 from airflow_provider_checkpoint.storage import Location
 
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.core.event_time import WatermarkProgress
+    from airflow_provider_checkpoint.core.settings import CheckpointSettings
 
 DRIVER_INPUT_BYTES = 64 << 20
 """The largest input (Spark's size estimate) whose per-key partials the driver collects."""
@@ -183,7 +184,7 @@ def merge_on_driver(
         "state_ranges_compacted": len(compact),
         "state_size": snapshot.size,
         "state_merged_on_driver": 1,
-        "state_incremental": 1,
+        "state_incremental": int(bool(restored.handles)),  # else a first state
     }
     new_rows = shown.select(columns)
     output = node.output_of(arrow_frame(spark, new_rows, struct))
@@ -192,6 +193,37 @@ def merge_on_driver(
     shown_rows = node.output_arrow(new_rows)
     held = None if shown_rows is None else DriverRows(shown_rows.append_column(KEY_HASH, shown[KEY_HASH]), node.keys)
     return snapshot, output, metrics, held
+
+
+def first_on_driver(
+    storage: Location,
+    directory: str,
+    checkpoint_id: int,
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    settings: CheckpointSettings,
+    watermarks: tuple[WatermarkProgress, WatermarkProgress],
+    fault: Callable[[str], None],
+) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows | None] | None:
+    """An event-time operator's first state merged on the driver as its later checkpoints are
+    (:func:`merge_on_driver` into an empty state: every range written whole), when that merge applies
+    (:func:`driver_partials`) and Spark expects more input rows than ``inline_state_threshold`` bytes
+    (a smaller state may be kept inline); else ``None``."""
+    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
+    if None in estimates or sum(e or 0 for e in estimates) <= settings.inline_state_threshold:
+        return None
+    from pyspark.sql.types import StructField, StructType
+
+    spark = inputs[node.inputs[0].uid].sparkSession
+    fields = node.initial_state(spark, inputs).schema.fields  # nullable, as state files read back
+    schema = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in fields]).json()
+    empty = OperatorSnapshot(handles=(), schema=schema, keys=node.keys, max_parallelism=node.max_parallelism, rows=0)
+    partials = driver_partials(node, inputs, empty, settings.driver_merge_rows, watermarks[0])
+    if partials is None:
+        return None
+    layout = StateLayout.empty(node.max_parallelism, ranges_for(sum(e or 0 for e in estimates), node.max_parallelism))
+    closing = Closing.of(node, watermarks[1])
+    return merge_on_driver(storage, directory, checkpoint_id, node, partials, empty, layout, fault, closing)
 
 
 @dataclass(frozen=True)

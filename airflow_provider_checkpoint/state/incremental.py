@@ -94,6 +94,12 @@ class StateLayout:
             ranges.append(KeyGroupRange(span, tuple(h for h in own if h.delta is None), tuple(deltas)))
         return cls(snapshot.max_parallelism, tuple(ranges))
 
+    @classmethod
+    def empty(cls, max_parallelism: int, parallelism: int) -> StateLayout:
+        """``parallelism`` ranges without a file: a first state, written range by range."""
+        spans = (range_for_index(max_parallelism, parallelism, i) for i in range(parallelism))
+        return cls(max_parallelism, tuple(KeyGroupRange(span, (), ()) for span in spans))
+
     @property
     def parallelism(self) -> int:
         return len(self.ranges)

@@ -9,8 +9,9 @@ after ``T0``; a row at ``m`` opens ``[m, m + 5)``):
    ``[14,21)``; watermark 6 closes b ``[1,6)``, a key without new rows: closed by the watermark alone.
 3. ``c@30`` opens c ``[30,35)``; watermark 20 closes a ``[0,13)``, untouched again.
 
-The state is in files, so checkpoints 2 and 3 merge on the driver (every session read, the changed ones
-written); the state's row count is the open sessions after each.
+The state is in files and every checkpoint merges on the driver: the first into an empty state (every
+session written), checkpoints 2 and 3 with every open session read, the changed ones written; the
+state's row count is the open sessions after each.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ EMITTED = [  # (user, start, end, clicks, total) in minutes, after each checkpoi
     [("a", 0, 13, 3, 12), ("b", 1, 6, 1, 1)],
 ]
 OPEN = [4, 2, 2]  # sessions in state after each checkpoint
-CHANGED = [  # state rows the operator's changelog changes (none: the first checkpoint writes all)
-    None,
+CHANGED = [  # state rows the operator's changelog changes
+    4,  # every session is new
     6,  # a [0,5), a [8,13) and c [14,19) moved; a [0,13) and c [14,21) written; b [1,6) closed
     2,  # a [0,13) closed; c [30,35) written (c [14,21) unchanged)
 ]
@@ -77,4 +78,5 @@ def test_sessions_bridge_and_close_untouched_keys_by_the_watermark(spark, tmp_pa
         (stats,) = completed.stats["steps"].values()
         assert stats["state_rows"] == OPEN[n], f"open sessions after checkpoint {n + 1}"
         assert stats.get("state_keys_changed") == CHANGED[n], f"changelog of checkpoint {n + 1}"
-        assert bool(stats.get("state_merged_on_driver")) == (n > 0), "checkpoints 2 and 3 merge on the driver"
+        assert stats.get("state_merged_on_driver") == 1, f"checkpoint {n + 1} merges on the driver"
+        assert stats.get("state_incremental") == (1 if n else 0), "the first checkpoint writes a first state"
