@@ -149,7 +149,8 @@ class _Validator:
             for field, names in node.required_columns().items():
                 self.require(node, field, names, self.input(node), node.inputs[0])
             deletes = node.inputs[0].deletes_column()
-            if deletes and getattr(node, "mode", None) == "upsert" and getattr(node, "delete_when", None) != deletes:
+            marks = getattr(node, "marks_deletes", None)
+            if deletes and getattr(node, "mode", None) == "upsert" and (marks() if marks else None) != deletes:
                 self.problem(
                     node,
                     "delete_when",
