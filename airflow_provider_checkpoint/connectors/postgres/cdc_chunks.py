@@ -33,6 +33,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     table_columns,
 )
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import lsn_to_int
+from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError
 from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
 
@@ -157,6 +158,7 @@ def read_chunk(
             )
             where = sql.SQL(" WHERE ({}) > ({})").format(sql.SQL(order), bound).as_string(conn)  # type: ignore[arg-type]
         query = f"{select_texts(cursor.table, columns)}{where} ORDER BY {order} LIMIT {int(rows)}"
+        fault_point("trigger.chunk_read", source=uid, table=cursor.table)
         texts = copy_texts(conn, query, len(columns))
         conn.rollback()
     snapshot = Snapshot.parse(str(text))
