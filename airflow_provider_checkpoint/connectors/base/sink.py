@@ -219,12 +219,13 @@ class TransactionalSink(Sink):
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         self.check_target()
+        df = self.written_input(df)  # its refusals before the claim
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
             upstream = self.inputs[0].uid
             rows = UpsertRows(
                 self.uid,
-                self.written_input(df),
+                df,
                 self.keys,
                 self.sequence_by,
                 self.needs_source_order(),
