@@ -4,7 +4,8 @@
 - inside a trigger's chunk read (its transaction open, its snapshot taken, paused at the fault point
   ``trigger.chunk_read`` before the ``COPY``): that checkpoint fails; the next one reads the same chunk again,
   from the last completed checkpoint's cursor;
-- between a trigger that read its chunk and the step that emits it: the checkpoint completes.
+- between a trigger that read its chunk and the step that emits it: the checkpoint completes;
+- down while the step would read: the step fails, the checkpoint is aborted, the next one reads the chunk again.
 
 Between checkpoints the test inserts, updates, deletes and re-inserts keys. The model is a dict of the source
 table and the set of keys changed since the slot was created: after every checkpoint the Delta target (read with
@@ -30,12 +31,12 @@ from deltalake import DeltaTable
 
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, PostgresTableSink
-from airflow_provider_checkpoint.exceptions import SinkUnavailableError
+from airflow_provider_checkpoint.exceptions import CheckpointAborted, SinkUnavailableError
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.spark
-CHUNK = 8
+CHUNK = 6
 
 
 @pytest.fixture
@@ -52,7 +53,10 @@ def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iter
 def kill_at_pause(server: PostgresServer, pause: Path) -> None:
     """Once the trigger pauses at ``trigger.chunk_read`` (inside its chunk's read transaction, before the
     ``COPY``), kill the server, restart it, and let the trigger go on."""
+    deadline = time.monotonic() + 120
     while not (pause / "trigger.chunk_read.paused").exists():
+        if time.monotonic() > deadline:
+            return  # the trigger never paused: the test fails on its missing error
         time.sleep(0.02)  # polled: the trigger gets there within moments
     server.kill()
     server.start()
@@ -63,7 +67,7 @@ def test_a_server_killed_mid_snapshot_loses_doubles_and_rereads_nothing(spark, p
     rng = random.Random(55)
     n = uuid.uuid4().hex[:6]
     table, copy = f"cdc_restart_{n}", f"cdc_restart_{n}_copy"
-    source = {i: rng.randrange(1000) for i in range(0, 64, 2)}  # odd keys come later, between the chunks
+    source = {i: rng.randrange(1000) for i in range(0, 80, 2)}  # odd keys come later, between the chunks
     with pg.connect() as conn:
         conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
         conn.cursor().executemany(f"INSERT INTO {table} VALUES (%s, %s)", list(source.items()))
@@ -86,7 +90,7 @@ def test_a_server_killed_mid_snapshot_loses_doubles_and_rereads_nothing(spark, p
         """A few random inserts (new keys and deleted ones again), updates and deletes, committed."""
         with pg.connect() as conn:
             for _ in range(6):
-                key, v = rng.randrange(70), rng.randrange(1000)
+                key, v = rng.randrange(90), rng.randrange(1000)
                 if key in source and rng.random() < 0.5:
                     conn.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
                     del source[key]
@@ -122,6 +126,7 @@ def test_a_server_killed_mid_snapshot_loses_doubles_and_rereads_nothing(spark, p
     check(job.checkpoint())
     change()
 
+    assert cursor is not None, "still mid-snapshot"
     pause = tmp_path / "pause"
     pause.mkdir()
     killer = threading.Thread(target=kill_at_pause, args=(pg, pause))
@@ -136,11 +141,21 @@ def test_a_server_killed_mid_snapshot_loses_doubles_and_rereads_nothing(spark, p
     check(job.checkpoint())  # the chunk the killed trigger was reading, read again: nothing lost or doubled
     change()
 
+    assert cursor is not None, "still mid-snapshot"
+
     def crash() -> None:  # after the trigger read its chunk, before the step emits it
         pg.kill()
         pg.start()
 
     check(job.checkpoint(during=crash))
+    change()
+    assert cursor is not None, "still mid-snapshot"
+    with pytest.raises(SinkUnavailableError, match="cannot connect to PostgreSQL"):
+        job.checkpoint(during=pg.kill)  # down while the step would read: it fails (Airflow retries it)
+    pg.start()
+    assert job.plan is not None
+    with pytest.raises(CheckpointAborted):  # its retries failed too: finalize aborts; the next reads the chunk
+        job.coordinator.finalize(job.plan, [None])
     chunks = 0
     while cursor is not None:
         change()
