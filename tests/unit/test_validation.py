@@ -312,8 +312,15 @@ def test_soft_deletes_are_checked_when_defined(tmp_path: Path) -> None:
     typo = PostgresTableSink(uid="typo", input=plans, conn_id="pg", table="t", mode="upsert", keys=["key"],
                              delete_when="deleted", deletes="soft", deleted_column="deleted")  # fmt: skip
     assert soft.soft_delete is not None and soft.soft_delete.column == "__deleted" and soft.delete_when is None
-    found = problems([plans, soft, typo])
-    assert [(p.uid, p.field) for p in found] == [("typo", "delete_when"), ("typo", "delete_when")]
+    clash = ParquetTableSink(uid="clash", input=plans, path=str(tmp_path / "c"), mode="upsert", keys=["key"],
+                             delete_when="tombstone", deletes="soft", deleted_column="plan")  # fmt: skip
+    found = problems([plans, soft, typo, clash])
+    assert [(p.uid, p.field) for p in found] == [
+        ("typo", "delete_when"),
+        ("typo", "delete_when"),
+        ("clash", "deleted_column"),
+    ]
+    assert "'plan' is already a column of plans; soft deletes add it" in found[2].message
     upsert = {"mode": "upsert", "keys": ["key"]}
     refused = [
         ({**upsert, "delete_when": "tombstone", "deletes": "logical"}, "deletes must be 'hard' or 'soft'"),
