@@ -209,7 +209,8 @@ class SinkConnectionError(RefusedInputError):
 
 
 class SinkUnavailableError(CheckpointError, OSError):
-    """A sink's server cannot be reached (refused, timed out, went away): the step is retried."""
+    """A sink's (or a PostgreSQL source's) server cannot be reached (refused, timed out, went away): the step or
+    trigger is retried."""
 
 
 class SinkValueError(MalformedInputError):

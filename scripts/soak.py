@@ -4,6 +4,7 @@
     python scripts/soak.py --seeds 50                        # every sink and mode, seeds 1..50
     python scripts/soak.py --seeds 20 --sink delta --mode upsert --start 100
     python scripts/soak.py --seeds 5 --sink postgres --no-null-keys --skip-fault server_crash
+    python scripts/soak.py --seeds 5 --mode upsert --deletes soft   # deletes="soft", deleted_column="deleted"
 
 One line per (sink, seed), then a summary; a failure prints Hypothesis's shrunk sequence of steps
 (``--no-shrink`` prints the unshrunk one, faster). Exits 1 if any seed failed. Runs a local Spark
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sequence-by", choices=("no", "yes", "both"), default="both", help="upsert with sequence_by=['seq']"
     )
+    parser.add_argument(
+        "--deletes", choices=("none", "hard", "soft"), default="none", help="upsert: rows that delete their key"
+    )
     parser.add_argument("--examples", type=int, default=5, help="sequences per seed")
     parser.add_argument("--steps", type=int, default=12, help="steps per sequence at most")
     parser.add_argument("--driver-merge-rows", type=int, default=4, help="upsert: driver merge up to this many rows")
@@ -80,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             null_keys=not args.no_null_keys,
             faults=tuple(args.skip_fault),
             one_row_per_key=args.one_row_per_key,
+            deletes=args.deletes != "none" and mode == "upsert",
+            soft_column="deleted" if args.deletes == "soft" and mode == "upsert" else None,
         )
         for kind in args.sink or SINKS
         for mode in args.mode or MODES

@@ -149,7 +149,16 @@ class _Validator:
             for field, names in node.required_columns().items():
                 self.require(node, field, names, self.input(node), node.inputs[0])
             deletes = node.inputs[0].deletes_column()
-            if deletes and getattr(node, "mode", None) == "upsert" and getattr(node, "delete_when", None) != deletes:
+            soft, columns = getattr(node, "soft_delete", None), self.input(node)
+            if soft and columns and soft.column != soft.when and soft.column.lower() in map(str.lower, columns):
+                self.problem(
+                    node,
+                    "deleted_column",
+                    f"{soft.column!r} is already a column of {node.inputs[0].uid}; soft deletes add it",
+                    "name another deleted_column, or drop that column before this sink",
+                )
+            marks = getattr(node, "marks_deletes", None)
+            if deletes and getattr(node, "mode", None) == "upsert" and (marks() if marks else None) != deletes:
                 self.problem(
                     node,
                     "delete_when",

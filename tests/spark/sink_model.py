@@ -9,7 +9,8 @@ The model (DESIGN.md §5b, docs/*.md), for rows ``(k1, k2, seq, v)`` keyed by ``
   the row with the greatest ``sequence_by`` wins, ties and no ``sequence_by`` to the later row
   in input order; exact duplicates collapse; a later checkpoint's row replaces an earlier one;
   with deletes (``delete_when``), a winning row whose value is :data:`DELETE` removes its key,
-  whatever the earlier checkpoints wrote;
+  whatever the earlier checkpoints wrote; with soft deletes (``deletes="soft"``) it stays, with the
+  ``soft_column`` true (false in every other row), until a later row of its key replaces it;
 - a commit retried is a no-op; a second attempt replaces the first attempt's staging;
 - restore to c (``rollback(c)`` then the recommit of c): Delta and PostgreSQL return the table
   (and PostgreSQL's dead letters) to what c committed; a Parquet append table withdraws the
@@ -62,6 +63,7 @@ class Config:
     partition_per_checkpoint: bool = False  # postgres append: commits attach a partition per checkpoint
     deletes: bool = False  # upsert: rows valued DELETE delete their key (delete_when="deleted")
     inline_dvs: bool = False  # delta upsert: inline_deletion_vectors=True
+    soft_column: str | None = None  # with deletes: deletes="soft", deleted_column=soft_column
 
     @property
     def name(self) -> str:
@@ -71,6 +73,7 @@ class Config:
             + ("-partitions" if self.partition_per_checkpoint else "")
             + ("-deletes" if self.deletes else "")
             + ("-inline-dvs" if self.inline_dvs else "")
+            + (f"-soft{self.soft_column}" if self.soft_column else "")
         )
 
     @property
@@ -108,7 +111,9 @@ class Model:
             self.rows += good
         else:
             for k, row in self.resolve(good).items():
-                if row[3] == DELETE:
+                if self.config.soft_column:
+                    self.latest[k] = (*row, row[3] == DELETE)
+                elif row[3] == DELETE:
                     self.latest.pop(k, None)
                 else:
                     self.latest[k] = row
@@ -158,6 +163,8 @@ class Harness:
             options["partition_per_checkpoint"] = True
         if config.deletes:
             options["delete_when"] = "deleted"
+        if config.soft_column:
+            options.update(deletes="soft", deleted_column=config.soft_column)
         if config.kind != "postgres" and upsert:
             options.update(buckets=config.buckets, driver_merge_rows=config.driver_merge_rows)
         if config.kind == "parquet":
@@ -206,24 +213,26 @@ class Harness:
 
     # -- independent readers ---------------------------------------------------------------
     def readers(self) -> dict[str, Callable[[], list[Row]]]:
+        columns = COLUMNS + ([self.config.soft_column] if self.config.soft_column else [])
         if self.config.kind == "parquet":
-            return {"pyarrow": lambda: parquet_rows(self.path, COLUMNS)}
+            return {"pyarrow": lambda: parquet_rows(self.path, columns)}
         if self.config.kind == "delta":
             readers = {
-                "delta-rs scan()": lambda: delta_rows(self.path, COLUMNS),
-                "duckdb delta_scan": lambda: duckdb_delta_rows(self.path, COLUMNS),
+                "delta-rs scan()": lambda: delta_rows(self.path, columns),
+                "duckdb delta_scan": lambda: duckdb_delta_rows(self.path, columns),
             }
             if self.delta_spark is not None:
                 from tests.spark.delta_spark import delta_spark_rows
 
-                readers["delta-spark"] = lambda: delta_spark_rows(self.delta_spark, self.path, COLUMNS)
+                readers["delta-spark"] = lambda: delta_spark_rows(self.delta_spark, self.path, columns)
             return readers
-        return {"psycopg": self._psycopg}
+        return {"psycopg": lambda: self._psycopg(columns)}
 
-    def _psycopg(self) -> list[Row]:
+    def _psycopg(self, columns: Sequence[str]) -> list[Row]:
+        select = ", ".join(f'"{c}"' for c in columns)
         with self.server.connect() as db:
             exists = db.execute("SELECT to_regclass(%s)", [f"{self.schema}.facts"]).fetchone()[0]
-            return [] if exists is None else sort_rows(db.execute(f"SELECT k1, k2, seq, v FROM {self.schema}.facts"))
+            return [] if exists is None else sort_rows(db.execute(f"SELECT {select} FROM {self.schema}.facts"))
 
     def dead_letters(self) -> list[tuple[int, Row]]:
         """PostgreSQL's dead-letter table: (checkpoint id, the refused row) of each entry."""

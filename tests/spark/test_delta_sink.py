@@ -169,6 +169,17 @@ def test_delete_when_deletes_keys_by_deletion_vector_and_the_change_feed_reads_d
     assert sink.audit() == []
 
 
+def test_soft_deletes_refuse_a_clashing_or_non_boolean_column_before_anything_is_staged(spark, tmp_path):
+    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
+    sink = DeltaTableSink("soft", SOURCE, str(tmp_path / "t"), "upsert", ["k"], delete_when="gone", deletes="soft")
+    clash = spark.createDataFrame(pd.DataFrame({"k": ["a"], "gone": [True], "__deleted": [False]}))
+    with pytest.raises(SinkSchemaError, match="deleted_column '__deleted' is already an input column; name another"):
+        sink.stage(step_context(spark, storage, 1), clash)
+    with pytest.raises(SinkSchemaError, match="delete_when column 'gone' must be boolean, the input has string"):
+        sink.check_input(spark.createDataFrame(pd.DataFrame({"k": ["a"], "gone": ["yes"]})))
+    assert not (tmp_path / "t").exists()
+
+
 @pytest.mark.parametrize("inline", [True, False], ids=["inline-dvs", "dv-files"])
 def test_upsert_compacts_a_file_once_half_its_rows_are_deleted(spark, tmp_path, monkeypatch, inline):
     monkeypatch.setattr(delta_commit, "CHECKPOINT_INTERVAL", 2)  # the log replay starts from a log checkpoint

@@ -7,7 +7,8 @@ The oracle never goes through our decoder: the writer records each transaction's
 the checkpoint's recorded chunk snapshot (``pg_current_snapshot()`` text) says which transactions it sees. From
 these, after every checkpoint, the model computes the Delta table (read with delta-rs) row by row: keys of
 finished chunks and keys changed before the barrier as the source was at the barrier; keys of the checkpoint's
-own chunk as its snapshot saw them, plus what committed before the barrier. Tables span several chunks and
+own chunk as its snapshot saw them, plus what committed before the barrier; a PostgreSQL upsert target (read
+with psycopg) fed by the same source holds the same rows. Tables span several chunks and
 checkpoints; a step fails and is retried; a checkpoint is aborted mid-snapshot (its chunk is read again);
 the job is restored to a checkpoint taken mid-snapshot. ``CDC_CHUNK_SEEDS=n`` runs n more (larger) seeds.
 """
@@ -30,7 +31,7 @@ from deltalake import DeltaTable
 
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import lsn_to_int
-from airflow_provider_checkpoint.dataflow import DeltaTableSink
+from airflow_provider_checkpoint.dataflow import DeltaTableSink, PostgresTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError, CheckpointAborted
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -220,6 +221,19 @@ def target(path: Path, order: list[str]) -> dict[str, dict[Key, int]]:
     return out
 
 
+def pg_target(server: PostgresServer, table: str, order: list[str]) -> dict[str, dict[Key, int]]:
+    """The PostgreSQL upsert target's rows (psycopg), as :func:`target` gives the Delta table's."""
+    out: dict[str, dict[Key, int]] = {t: {} for t in order}
+    with server.connect() as conn:
+        if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is None:
+            return out
+        rows = conn.execute(f"SELECT source_table, a, b, v FROM {table}").fetchall()
+    for source_table, a, b, v in rows:
+        out[source_table][(a, b)] = v
+    assert sum(len(t) for t in out.values()) == len(rows), "one row per key"
+    return out
+
+
 def diff(found: dict[str, dict[Key, int]], expected: dict[str, dict[Key, int]]) -> dict[str, Any]:
     """Per table: keys missing from the target, keys it should not hold, keys with another value."""
     out = {}
@@ -255,6 +269,10 @@ def scenario(spark: Any, server: PostgresServer, tmp: Path, seed: int, rows: int
         DeltaTableSink(
             "lake", changes, str(tmp / "lake"), mode="upsert", keys=["source_table", "a", "b"], delete_when="deleted"
         )
+        PostgresTableSink(
+            "copy", changes, "cdc_pg", f"cdc_chunk_{n}_copy", mode="upsert", keys=["source_table", "a", "b"],
+            delete_when="deleted", undo_checkpoints=10,
+        )  # fmt: skip
 
     job = make_job(spark, tmp, declare, retained_checkpoints=10)
     cursors: dict[int, Any] = {0: {"table": order[0], "after": None}}
@@ -277,6 +295,8 @@ def scenario(spark: Any, server: PostgresServer, tmp: Path, seed: int, rows: int
         )
         found = target(tmp / "lake", order)
         assert found == expected, (completed.checkpoint_id, diff(found, expected), position)
+        copied = pg_target(server, f"cdc_chunk_{n}_copy", order)
+        assert copied == expected, ("PostgreSQL", completed.checkpoint_id, diff(copied, expected), position)
 
     try:
         while checkpoints < 40:
@@ -310,6 +330,7 @@ def scenario(spark: Any, server: PostgresServer, tmp: Path, seed: int, rows: int
         check(final, last)
         with writer.lock:
             assert target(tmp / "lake", order) == writer.rows, "after the writer stopped: the source now"
+            assert pg_target(server, f"cdc_chunk_{n}_copy", order) == writer.rows, "PostgreSQL: the source now"
     finally:
         writer.stop.set()
         if thread.is_alive():

@@ -1,10 +1,12 @@
 """Model-based suite for every sink (issue #30 point 5): seeded keyed change streams, faults and
 restores against Parquet, Delta and PostgreSQL sinks in append and upsert mode (upsert with
-``sequence_by`` also with deletes, ``delete_when``; PostgreSQL with its dead-letter table), each
+``sequence_by`` also with deletes, ``delete_when``, and with soft deletes, ``deletes="soft"``, whose marking
+column the readers read too; PostgreSQL with its dead-letter table), each
 table read after every step by independent readers (pyarrow; delta-rs and DuckDB; psycopg) and
 compared with the plain-Python model in ``sink_model``.
 
-CI runs the fixed seeds below; ``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
+CI runs the fixed seeds below; ``SINK_MODEL_ALL=1`` adds PostgreSQL with soft deletes;
+``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
 ``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure and
 ``SINK_MODEL_SHRINK_SECONDS`` (default 60) bounds it, and
 ``scripts/soak.py --seeds N`` runs many more.
@@ -35,7 +37,13 @@ CONFIGS = [
     Config("postgres", "append", partition_per_checkpoint=True),
     Config("postgres", "upsert"),
     Config("postgres", "upsert", sequence_by=True, deletes=True),
+    Config("parquet", "upsert", deletes=True, soft_column="__deleted"),
+    Config("delta", "upsert", sequence_by=True, deletes=True, soft_column="__deleted"),
 ]
+if os.environ.get(
+    "SINK_MODEL_ALL"
+):  # soft deletes into PostgreSQL run in CI through CDC (test_postgres_cdc_chunk_restart)
+    CONFIGS.append(Config("postgres", "upsert", deletes=True, soft_column="deleted"))
 SEEDS = [int(s) for s in os.environ.get("SINK_MODEL_SEEDS", "30").split(",")]
 EXAMPLES = int(os.environ.get("SINK_MODEL_EXAMPLES", "3"))
 STEPS = int(os.environ.get("SINK_MODEL_STEPS", "8"))
@@ -93,6 +101,15 @@ def test_the_model_is_the_documented_rule() -> None:
     assert deletes.expected() == [("b", 0, 2, "back")]
     deletes.restore(1)
     assert deletes.expected() == [("a", 0, 0, "x"), ("b", 0, 0, "y"), ("c", 0, 0, "z")]
+
+    soft = Model(Config("delta", "upsert", deletes=True, soft_column="__deleted"))
+    soft.commit(1, [("a", 0, 0, "x"), ("b", 0, 0, "y")])
+    soft.commit(2, [("a", 0, 0, DELETE), ("c", 0, 0, DELETE), ("b", 0, 1, DELETE), ("b", 0, 2, "kept")])
+    assert soft.expected() == sort_rows(
+        [("a", 0, 0, DELETE, True), ("b", 0, 2, "kept", False), ("c", 0, 0, DELETE, True)]
+    )
+    soft.commit(3, [("a", 0, 1, "revived")])  # a later row of a deleted key revives it
+    assert soft.expected()[0] == ("a", 0, 1, "revived", False)
 
     pg = Model(Config("postgres", "upsert"))
     pg.commit(1, [("a", 0, 0, "x")])

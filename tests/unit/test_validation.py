@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -299,6 +300,40 @@ def test_upsert_reading_and_delete_when_are_checked_when_defined(tmp_path: Path)
             PostgresTableSink(uid="bad", input=plans, conn_id="pg", table="t", **{"delete_when": "tombstone", **bad})
     with pytest.raises(PipelineDefinitionError, match="add 'key' to metadata_columns"):
         KafkaSource(uid="keyless", topics=["t"], schema="plan STRING", upsert=True, metadata_columns=["offset"])
+
+
+def test_soft_deletes_are_checked_when_defined(tmp_path: Path) -> None:
+    """``deletes="soft"`` keeps the deleting column required and satisfies a source that deletes; a wrong
+    ``deletes``, soft deletes without ``delete_when`` or in append mode, ``deleted_column`` naming a key or
+    given without soft deletes are refused by the constructor, naming the fix."""
+    plans = KafkaSource(uid="plans", topics=["t"], schema="plan STRING", upsert=True)
+    soft = DeltaTableSink(uid="soft", input=plans, path=str(tmp_path / "s"), mode="upsert", keys=["key"],
+                          delete_when="tombstone", deletes="soft")  # fmt: skip
+    typo = PostgresTableSink(uid="typo", input=plans, conn_id="pg", table="t", mode="upsert", keys=["key"],
+                             delete_when="deleted", deletes="soft", deleted_column="deleted")  # fmt: skip
+    assert soft.soft_delete is not None and soft.soft_delete.column == "__deleted" and soft.delete_when is None
+    clash = ParquetTableSink(uid="clash", input=plans, path=str(tmp_path / "c"), mode="upsert", keys=["key"],
+                             delete_when="tombstone", deletes="soft", deleted_column="plan")  # fmt: skip
+    found = problems([plans, soft, typo, clash])
+    assert [(p.uid, p.field) for p in found] == [
+        ("typo", "delete_when"),
+        ("typo", "delete_when"),
+        ("clash", "deleted_column"),
+    ]
+    assert "'plan' is already a column of plans; soft deletes add it" in found[2].message
+    upsert = {"mode": "upsert", "keys": ["key"]}
+    refused = [
+        ({**upsert, "delete_when": "tombstone", "deletes": "logical"}, "deletes must be 'hard' or 'soft'"),
+        ({**upsert, "deletes": "soft"}, "deletes='soft' needs mode='upsert' and delete_when"),
+        ({"mode": "append", "deletes": "soft"}, "deletes='soft' needs mode='upsert' and delete_when"),
+        ({**upsert, "delete_when": "tombstone", "deleted_column": "gone"}, "deleted_column applies to soft deletes"),
+        ({**upsert, "delete_when": "tombstone", "deletes": "soft", "deleted_column": "key"}, "not a key"),
+    ]
+    tables: list[dict[str, Any]] = [{"path": str(tmp_path / "b")}, {"conn_id": "pg", "table": "t"}]
+    for options, message in refused:
+        for sink, table in [(ParquetTableSink, tables[0]), (DeltaTableSink, tables[0]), (PostgresTableSink, tables[1])]:
+            with pytest.raises(PipelineDefinitionError, match=message):
+                sink(uid="bad", input=plans, **table, **options)
 
 
 def test_a_sink_writing_where_a_source_reads_is_a_feedback_loop(tmp_path: Path) -> None:

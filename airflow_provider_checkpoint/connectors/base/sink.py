@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from airflow_provider_checkpoint.connectors.base.soft_delete import SoftDelete, check_deletes
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, delete_tree, list_tree, read_document
-from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_key_columns
+from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_key_columns
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
@@ -139,14 +140,32 @@ class TransactionalSink(Sink):
     and :meth:`abort`; :meth:`rollback`, :meth:`audit` and ``describe_commit`` are optional.
     They set ``mode`` (``append`` or ``upsert``), ``keys`` and ``sequence_by``
     (:func:`~.upsert_rule.check_sequence_by`), and ``delete_when`` where they apply deletes
-    (:func:`~.upsert_rule.check_delete_when`): in upsert mode :meth:`write_upsert` receives the
-    input as :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`).
+    (:meth:`set_deletes`): in upsert mode :meth:`write_upsert` receives the input as
+    :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`); with soft deletes
+    (:mod:`.soft_delete`) that input is rewritten first and ``delete_when`` is ``None``.
     """
 
     mode: str
     keys: list[str]
     sequence_by: list[str]
     delete_when: str | None = None
+    soft_delete: SoftDelete | None = None
+
+    def set_deletes(self, delete_when: str | None, deletes: str, deleted_column: str | None) -> None:
+        """Set ``delete_when`` (deletes remove their key) or ``soft_delete`` (``deletes="soft"``: they keep it,
+        marked in ``deleted_column``) after ``mode``, ``keys`` and ``sequence_by``; refused when the pipeline is
+        defined (:func:`~.upsert_rule.check_delete_when`, :func:`~.soft_delete.check_deletes`)."""
+        delete_when = check_delete_when(self.uid, self.mode, self.keys, self.sequence_by, delete_when)
+        soft = check_deletes(self.uid, self.mode, self.keys, self.sequence_by, delete_when, deletes, deleted_column)
+        self.delete_when, self.soft_delete = (None, soft) if soft else (delete_when, None)
+
+    def marks_deletes(self) -> str | None:
+        """The input column whose true value deletes a key (hard or soft), if any."""
+        return self.soft_delete.when if self.soft_delete else self.delete_when
+
+    def written_input(self, df: DataFrame) -> DataFrame:
+        """The input as the sink writes it: with soft deletes, marked (:meth:`.SoftDelete.apply`)."""
+        return self.soft_delete.apply(self.uid, df) if self.soft_delete else df
 
     # -- claim -------------------------------------------------------------------------
     def claim_document(self, job_id: str) -> JsonDict:
@@ -200,6 +219,7 @@ class TransactionalSink(Sink):
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         self.check_target()
+        df = self.written_input(df)  # its refusals before the claim
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
             upstream = self.inputs[0].uid
@@ -209,7 +229,7 @@ class TransactionalSink(Sink):
                 self.keys,
                 self.sequence_by,
                 self.needs_source_order(),
-                ctx.in_driver.get(upstream),
+                None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
                 ctx.output_rows.get(upstream),
             )
             return self.write_upsert(ctx, rows)
@@ -219,15 +239,16 @@ class TransactionalSink(Sink):
         """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
         them as they are, for a write from the driver: in append mode, or in upsert mode when they are
         one row per key already (:meth:`needs_source_order` false). A sink that stages upserts by
-        bucket takes them through :class:`UpsertRows` instead."""
-        if self.needs_source_order():
+        bucket takes them through :class:`UpsertRows` instead. None with soft deletes (held unmarked)."""
+        if self.needs_source_order() or self.soft_delete:
             return None
         held = ctx.in_driver.get(self.inputs[0].uid)
         return None if held is None else held.rows()
 
     def required_columns(self) -> dict[str, list[str]]:
         """``keys`` in upsert mode, ``sequence_by``, ``delete_when``."""
-        deletes = [self.delete_when] if self.delete_when else []
+        marker = self.marks_deletes()
+        deletes = [marker] if marker else []
         return {
             "keys": self.keys if self.mode == "upsert" else [],
             "sequence_by": self.sequence_by,
@@ -245,6 +266,7 @@ class TransactionalSink(Sink):
         columns, and the input's columns against the existing table (:meth:`check_columns`); read only."""
         self.check_target()
         self.owned_claim(self.load_claim())
+        df = self.written_input(df)
         if self.mode == "upsert":
             check_key_columns(self.uid, df, self.keys, self.sequence_by)
         self.check_columns(df.schema)

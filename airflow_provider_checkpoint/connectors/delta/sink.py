@@ -25,7 +25,6 @@ from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_delete_column,
-    check_delete_when,
     check_sequence_by,
 )
 from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
@@ -86,6 +85,11 @@ class DeltaTableSink(DeltaCommitter):
         :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
         update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
         ``KafkaSource(upsert=True)``).
+    :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
+        keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
+        insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
+    :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
+        ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
     :param inline_deletion_vectors: Upsert mode: deletion vectors up to 2 KiB go inline into the log
         (one file read less per data file for every reader) instead of into one DV file per checkpoint;
         delta-spark 4.4's ``VACUUM`` fails on a table holding inline DVs (docs/delta-lake.md).
@@ -106,6 +110,8 @@ class DeltaTableSink(DeltaCommitter):
         sequence_by: list[str] | None = None,
         delete_when: str | None = None,
         inline_deletion_vectors: bool = False,
+        deletes: str = "hard",
+        deleted_column: str | None = None,
     ) -> None:
         fsspec_options, self.delta_only = delta_storage.split_options(storage_options)
         super().__init__(uid, input, path, fsspec_options, step)
@@ -115,7 +121,7 @@ class DeltaTableSink(DeltaCommitter):
         self.mode = mode
         self.keys = list(keys or [])
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
-        self.delete_when = check_delete_when(uid, mode, self.keys, self.sequence_by, delete_when)
+        self.set_deletes(delete_when, deletes, deleted_column)
         self.partition_by = list(partition_by or [])
         self.upsert = (
             BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None

@@ -44,7 +44,6 @@ from airflow_provider_checkpoint.connectors.base.table_files import list_names, 
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_delete_column,
-    check_delete_when,
     check_sequence_by,
 )
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
@@ -126,6 +125,11 @@ class ParquetTableSink(TableDirectorySink):
     :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
         :mod:`.upsert_rule`) has it true is deleted from the table, and the column is not written
         (e.g. ``"tombstone"`` of a ``KafkaSource(upsert=True)``: Flink's upsert-kafka deletes).
+    :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
+        keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
+        insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
+    :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
+        ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
     :param storage_options: fsspec options of the table's filesystem.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -143,13 +147,15 @@ class ParquetTableSink(TableDirectorySink):
         step: str | None = None,
         sequence_by: list[str] | None = None,
         delete_when: str | None = None,
+        deletes: str = "hard",
+        deleted_column: str | None = None,
     ) -> None:
         super().__init__(uid, input, path, storage_options, step)
         check_mode(uid, mode)
         self.mode = mode
         self.keys = list(keys or [])
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
-        self.delete_when = check_delete_when(uid, mode, self.keys, self.sequence_by, delete_when)
+        self.set_deletes(delete_when, deletes, deleted_column)
         self.buckets = buckets
         self.upsert = (
             BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None

@@ -33,7 +33,8 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     table_columns,
 )
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import lsn_to_int
-from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, SinkUnavailableError
 from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
 
 if TYPE_CHECKING:
@@ -130,7 +131,24 @@ def read_chunk(
     pg_conn: Any, uid: str, cursor: Cursor, columns: list[TableColumn], rows: int, lsn: int
 ) -> tuple[pa.Table, Snapshot, Cursor | None]:
     """The next chunk of ``cursor.table`` (at most ``rows`` rows after ``cursor.after``) as snapshot rows
-    (``lsn``), the snapshot it was read in, and the table's cursor after it (``None``: the table is read)."""
+    (``lsn``), the snapshot it was read in, and the table's cursor after it (``None``: the table is read).
+    The server lost meanwhile (a crash, a restart) raises :class:`SinkUnavailableError` (retried)."""
+    import psycopg
+
+    try:
+        return _read_chunk(pg_conn, uid, cursor, columns, rows, lsn)
+    except psycopg.OperationalError as e:
+        lines = str(e).strip().splitlines()
+        raise SinkUnavailableError(
+            f"source {uid}: PostgreSQL went away while reading the snapshot chunk of {cursor.table} after key "
+            f"{cursor.after} ({lines[0] if lines else type(e).__name__}); nothing was recorded: the next checkpoint "
+            "reads this chunk again"
+        ) from e
+
+
+def _read_chunk(
+    pg_conn: Any, uid: str, cursor: Cursor, columns: list[TableColumn], rows: int, lsn: int
+) -> tuple[pa.Table, Snapshot, Cursor | None]:
     from psycopg import sql
 
     with pg_conn.connect() as conn:
@@ -157,6 +175,7 @@ def read_chunk(
             )
             where = sql.SQL(" WHERE ({}) > ({})").format(sql.SQL(order), bound).as_string(conn)  # type: ignore[arg-type]
         query = f"{select_texts(cursor.table, columns)}{where} ORDER BY {order} LIMIT {int(rows)}"
+        fault_point("trigger.chunk_read", source=uid, table=cursor.table)
         texts = copy_texts(conn, query, len(columns))
         conn.rollback()
     snapshot = Snapshot.parse(str(text))

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     check_delete_column,
-    check_delete_when,
     check_sequence_by,
 )
 from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, target, undo
@@ -93,6 +92,11 @@ class PostgresTableSink(TransactionalSink):
     :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
         :mod:`.upsert_rule`) has it true is deleted from the table (a restore puts it back), and the column
         is not written (e.g. ``"tombstone"`` of a ``KafkaSource(upsert=True)``).
+    :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
+        keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
+        insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
+    :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
+        ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
     :param partition_per_checkpoint: append mode: the commit attaches the staged rows as the
         checkpoint's partition of a table partitioned ``PARTITION BY LIST (_checkpoint_id)`` instead of
         copying them (:mod:`.partitions`); ``create_table`` creates it so, an existing table must be.
@@ -114,6 +118,8 @@ class PostgresTableSink(TransactionalSink):
         sequence_by: list[str] | None = None,
         partition_per_checkpoint: bool = False,
         delete_when: str | None = None,
+        deletes: str = "hard",
+        deleted_column: str | None = None,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -127,7 +133,7 @@ class PostgresTableSink(TransactionalSink):
         self.keys = list(keys or [])
         pg.check_identifiers(uid, "keys", self.keys)
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
-        self.delete_when = check_delete_when(uid, mode, self.keys, self.sequence_by, delete_when)
+        self.set_deletes(delete_when, deletes, deleted_column)
         self.create_table = create_table
         self.undo_checkpoints = undo_checkpoints
         self.digest = pg.sink_digest(self.schema, self.table_name, uid)
