@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
 from airflow_provider_checkpoint.dataflow.operator import NEW, Ranges, StatefulOperator
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
+from airflow_provider_checkpoint.fileio.scans import as_nullable
 from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overlay, write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout, ranges_for
-from airflow_provider_checkpoint.state.spark_backend import SEQ, estimated_rows, range_index, state_schema
+from airflow_provider_checkpoint.state.spark_backend import SEQ, first_state_rows, range_index, state_schema
 from airflow_provider_checkpoint.state.spark_hash import hashable, range_indexes
 from airflow_provider_checkpoint.storage import Location
 
@@ -209,19 +210,16 @@ def first_on_driver(
     (:func:`merge_on_driver` into an empty state: every range written whole), when that merge applies
     (:func:`driver_partials`) and Spark expects more input rows than ``inline_state_threshold`` bytes
     (a smaller state may be kept inline); else ``None``."""
-    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
-    if None in estimates or sum(e or 0 for e in estimates) <= settings.inline_state_threshold:
+    estimate = first_state_rows([inputs[n.uid] for n in node.inputs], settings.inline_state_threshold)
+    if estimate is None:
         return None
-    from pyspark.sql.types import StructField, StructType
-
     spark = inputs[node.inputs[0].uid].sparkSession
-    fields = node.initial_state(spark, inputs).schema.fields  # nullable, as state files read back
-    schema = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in fields]).json()
+    schema = as_nullable(node.initial_state(spark, inputs).schema).json()  # as state files read back
     empty = OperatorSnapshot(handles=(), schema=schema, keys=node.keys, max_parallelism=node.max_parallelism, rows=0)
     partials = driver_partials(node, inputs, empty, settings.driver_merge_rows, watermarks[0])
     if partials is None:
         return None
-    layout = StateLayout.empty(node.max_parallelism, ranges_for(sum(e or 0 for e in estimates), node.max_parallelism))
+    layout = StateLayout.empty(node.max_parallelism, ranges_for(estimate, node.max_parallelism))
     closing = Closing.of(node, watermarks[1])
     return merge_on_driver(storage, directory, checkpoint_id, node, partials, empty, layout, fault, closing)
 

@@ -15,7 +15,7 @@ from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHan
 from airflow_provider_checkpoint.state.incremental import ranges_for
 from airflow_provider_checkpoint.state.keygroups import balanced_parallelism, coarsest_nesting, range_for_index
 from airflow_provider_checkpoint.state.operator_checkpoint import OperatorCheckpoint, full_version_metrics, range_of
-from airflow_provider_checkpoint.state.spark_backend import RANGE, estimated_rows, range_index, write_ranged
+from airflow_provider_checkpoint.state.spark_backend import RANGE, first_state_rows, range_index, write_ranged
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
@@ -44,11 +44,8 @@ def first_full_version(
     from pyspark.sql import Observation, Row
     from pyspark.sql import functions as F
 
-    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
-    if settings.max_inline_state is not None or None in estimates:
-        return None
-    estimate = sum(e or 0 for e in estimates)
-    if estimate <= settings.inline_state_threshold:  # a state this small may be kept inline
+    estimate = first_state_rows([inputs[n.uid] for n in node.inputs], settings.inline_state_threshold)
+    if settings.max_inline_state is not None or estimate is None:
         return None
     max_parallelism = node.max_parallelism
     slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism

@@ -181,6 +181,17 @@ def write_ranged(
     return handles
 
 
+def first_state_rows(inputs: Sequence[DataFrame], inline_threshold: int) -> int | None:
+    """Spark's estimate of the rows of an operator's ``inputs`` when its first state goes to files:
+    ``None`` where Spark knows no size, or when the estimate is at most ``inline_threshold`` (the state,
+    at most one row per byte, may be kept inline)."""
+    estimates = [estimated_rows(df) for df in inputs]
+    if None in estimates:
+        return None
+    rows = sum(e or 0 for e in estimates)
+    return rows if rows > inline_threshold else None
+
+
 def estimated_rows(df: DataFrame) -> int | None:
     """Spark's estimate of ``df``'s rows: the size its plan's statistics give (for files, their bytes)
     over the default size of one of its rows. ``None`` where Spark knows no size or the plan cannot be

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,17 @@ def postgres_server() -> Iterator[PostgresServer]:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def cdc_connection(server: PostgresServer, monkeypatch: pytest.MonkeyPatch, slots: str) -> Iterator[PostgresServer]:
+    """``server`` as Airflow connection ``cdc_pg``; afterwards the idle replication slots whose names start
+    with ``slots`` are dropped (a slot left behind would hold the session server's WAL)."""
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_PG", server.uri())
+    yield server
+    with server.connect() as conn:
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name LIKE %s AND NOT active",
+            (slots.replace("_", "\\_") + "%",),
+        )

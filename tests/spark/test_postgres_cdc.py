@@ -34,7 +34,7 @@ from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
-from tests.servers.postgres import PostgresServer
+from tests.servers.postgres import PostgresServer, cdc_connection
 
 pytestmark = pytest.mark.spark
 COLUMNS = ["id", "name", "amount", "ok", "d", "ts", "u", "j", "f", "doc"]
@@ -47,13 +47,8 @@ _tables = itertools.count()
 def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresServer]:
     """The server, through Airflow connection ``cdc_pg``; the test's slots are dropped after it (a slot
     left behind would hold the session server's WAL)."""
-    monkeypatch.setenv("AIRFLOW_CONN_CDC_PG", postgres_server.uri())
-    yield postgres_server
-    with postgres_server.connect() as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name LIKE 'cdc\\_%' AND NOT active"
-        )
+    with cdc_connection(postgres_server, monkeypatch, "cdc_") as server:
+        yield server
 
 
 class Workload:

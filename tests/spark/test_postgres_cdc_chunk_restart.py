@@ -33,7 +33,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSourc
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, PostgresTableSink
 from airflow_provider_checkpoint.exceptions import CheckpointAborted, SinkUnavailableError
 from airflow_provider_checkpoint.testing.inprocess import make_job
-from tests.servers.postgres import PostgresServer
+from tests.servers.postgres import PostgresServer, cdc_connection
 
 pytestmark = pytest.mark.spark
 CHUNK = 6
@@ -41,13 +41,8 @@ CHUNK = 6
 
 @pytest.fixture
 def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresServer]:
-    monkeypatch.setenv("AIRFLOW_CONN_CDC_PG", postgres_server.uri())
-    yield postgres_server
-    with postgres_server.connect() as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name LIKE 'cdc\\_restart\\_%' AND NOT active"
-        )
+    with cdc_connection(postgres_server, monkeypatch, "cdc_restart_") as server:
+        yield server
 
 
 def kill_at_pause(server: PostgresServer, pause: Path) -> None:

@@ -35,7 +35,7 @@ from airflow_provider_checkpoint.dataflow import DeltaTableSink, PostgresTableSi
 from airflow_provider_checkpoint.exceptions import CdcSourceError, CheckpointAborted
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import make_job
-from tests.servers.postgres import PostgresServer
+from tests.servers.postgres import PostgresServer, cdc_connection
 
 pytestmark = pytest.mark.spark
 Key = tuple[int, str]
@@ -45,15 +45,10 @@ Effect = tuple[str, Key | None, tuple[int, str, int] | None]
 
 @pytest.fixture
 def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresServer]:
-    monkeypatch.setenv("AIRFLOW_CONN_CDC_PG", postgres_server.uri())
-    with postgres_server.connect() as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-    yield postgres_server
-    with postgres_server.connect() as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name LIKE 'cdc\\_chunk\\_%' AND NOT active"
-        )
+    with cdc_connection(postgres_server, monkeypatch, "cdc_chunk_") as server:
+        with server.connect() as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        yield server
 
 
 def _key(rng: random.Random) -> Key:

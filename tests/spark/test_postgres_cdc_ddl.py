@@ -25,20 +25,15 @@ from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSourc
 from airflow_provider_checkpoint.dataflow import DeltaTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError, CheckpointAborted, SinkSchemaError
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
-from tests.servers.postgres import PostgresServer
+from tests.servers.postgres import PostgresServer, cdc_connection
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
 def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresServer]:
-    monkeypatch.setenv("AIRFLOW_CONN_CDC_PG", postgres_server.uri())
-    yield postgres_server
-    with postgres_server.connect() as conn:
-        conn.execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-            "WHERE slot_name LIKE 'cdc\\_ddl\\_%' AND NOT active"
-        )
+    with cdc_connection(postgres_server, monkeypatch, "cdc_ddl_") as server:
+        yield server
 
 
 class Churn:
