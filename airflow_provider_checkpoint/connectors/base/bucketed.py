@@ -8,6 +8,8 @@ the changed keys' buckets, not the table.
 Small upserts (at most ``driver_merge_rows`` changed rows) are merged in the driver with
 pyarrow (:mod:`.bucket_merge`, no Spark shuffle; memory: the changed rows plus one batch and
 one small old file); larger ones, or ``0``, by Spark, one shuffle of the old and changed rows.
+A first load (no bucket file yet) of at most :data:`FIRST_LOAD_DRIVER_ROWS` rows, counted
+upstream, is written by the driver too (one Spark job collects the rows, no shuffle).
 Either way each affected bucket's old file is read once, without a HEAD (its size comes from
 the caller's listing), and the staged files' sizes are known from writing them.
 """
@@ -36,6 +38,9 @@ if TYPE_CHECKING:
 _BUCKET = "_bucket"
 DRIVER_MERGE_ROWS = 250_000
 """Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
+FIRST_LOAD_DRIVER_ROWS = 2_000_000
+"""A first load of at most this many rows (their count known before the sink runs, e.g. a first state's
+rows) is written by the driver (pyarrow; memory: the rows as Arrow) when ``driver_merge_rows`` is not 0."""
 MERGE_THREADS = 4
 """Buckets merged at once on an object store (each reads its old file and writes the new one: round trips)."""
 
@@ -84,7 +89,13 @@ class BucketedUpsert:
             staged = self._merge_in_driver(ctx, small, fs, staging, existing)
             if staged is not None:
                 return staged
-        return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, existing)
+        committed = existing(list(range(self.buckets)))
+        if not committed and small is None:  # a first load: no old file to read
+            first = self.first_load_in_driver(rows)
+            staged = None if first is None else self._merge_in_driver(ctx, first, fs, staging, lambda _: {})
+            if staged is not None:
+                return staged
+        return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, committed)
 
     def in_driver(self, rows: UpsertRows) -> pa.Table | None:
         """The changed rows in the driver, with their ``_bucket``: as the driver holds them already (any
@@ -93,6 +104,14 @@ class BucketedUpsert:
             return None
         held = rows.held(_BUCKET, self.buckets)
         return held if held is not None else rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
+
+    def first_load_in_driver(self, rows: UpsertRows) -> pa.Table | None:
+        """The rows of a first load in the driver, with their ``_bucket``, collected in one Spark job when
+        counted upstream at most :data:`FIRST_LOAD_DRIVER_ROWS` (more than ``driver_merge_rows``, which
+        :meth:`in_driver` collects); ``None``: Spark writes them."""
+        if not self.driver_merge_rows or rows.count is None or rows.count > FIRST_LOAD_DRIVER_ROWS:
+            return None
+        return rows.collect(FIRST_LOAD_DRIVER_ROWS, {_BUCKET: self.bucket_of()})
 
     def _merge_in_driver(
         self,
@@ -146,14 +165,13 @@ class BucketedUpsert:
         changed: DataFrame,
         fs: fsspec.AbstractFileSystem,
         staging: str,
-        existing: ExistingBuckets,
+        committed: dict[int, tuple[str, int]],
     ) -> list[StagedBucket]:
         """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket.
-        Into a table with no bucket file yet (a first load), the rows are written in that one pass:
-        no job first to find the affected buckets."""
+        Into a table with no bucket file yet (``committed`` empty: a first load), the rows are written
+        in that one pass: no job first to find the affected buckets."""
         from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 
-        committed = existing(list(range(self.buckets)))
         if not committed:
             return self._first_load(ctx, self.kept(changed), fs, staging)
         changed = changed.cache()
