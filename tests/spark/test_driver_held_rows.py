@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
+from airflow_provider_checkpoint.connectors.base import bucketed
 from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
 from airflow_provider_checkpoint.dataflow import (
@@ -28,6 +29,7 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     PostgresTableSink,
 )
+from airflow_provider_checkpoint.state import checkpointing
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
 pytestmark = pytest.mark.spark
@@ -93,6 +95,8 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
         return collected
 
     monkeypatch.setattr(BucketedUpsert, "first_load_in_driver", first_load_spy)
+    monkeypatch.setattr(bucketed, "FIRST_LOAD_FACTOR", 1000)  # the first load, ~400 rows, fits the driver
+    monkeypatch.setattr(checkpointing, "first_version_on_driver", lambda *args: None)  # the first state by Spark
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     events: list[dict[str, object]] = []
     merged_on_driver = []

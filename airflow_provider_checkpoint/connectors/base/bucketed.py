@@ -8,8 +8,8 @@ the changed keys' buckets, not the table.
 Small upserts (at most ``driver_merge_rows`` changed rows) are merged in the driver with
 pyarrow (:mod:`.bucket_merge`, no Spark shuffle; memory: the changed rows plus one batch and
 one small old file); larger ones, or ``0``, by Spark, one shuffle of the old and changed rows.
-A first load (no bucket file yet) of at most :data:`FIRST_LOAD_DRIVER_ROWS` rows, counted
-upstream, is written by the driver too (one Spark job collects the rows, no shuffle).
+A first load (no bucket file yet) of at most :data:`FIRST_LOAD_FACTOR` times as many rows,
+counted upstream, is written by the driver too (one Spark job collects the rows, no shuffle).
 Either way each affected bucket's old file is read once, without a HEAD (its size comes from
 the caller's listing), and the staged files' sizes are known from writing them.
 """
@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 _BUCKET = "_bucket"
 DRIVER_MERGE_ROWS = 250_000
 """Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
-FIRST_LOAD_DRIVER_ROWS = 2_000_000
-"""A first load of at most this many rows (their count known before the sink runs, e.g. a first state's
-rows) is written by the driver (pyarrow; memory: the rows as Arrow) when ``driver_merge_rows`` is not 0."""
+FIRST_LOAD_FACTOR = 8
+"""A first load of at most this many times ``driver_merge_rows`` rows (their count known before the sink
+runs, e.g. a first state's rows), and at most :data:`FIRST_LOAD_BYTES` by Spark's estimate, is written by
+the driver (pyarrow; memory: the rows as Arrow): lowering ``driver_merge_rows`` for wide rows lowers it."""
+FIRST_LOAD_BYTES = 128 << 20
 MERGE_THREADS = 4
 """Buckets merged at once on an object store (each reads its old file and writes the new one: round trips)."""
 
@@ -107,11 +109,18 @@ class BucketedUpsert:
 
     def first_load_in_driver(self, rows: UpsertRows) -> pa.Table | None:
         """The rows of a first load in the driver, with their ``_bucket``, collected in one Spark job when
-        counted upstream at most :data:`FIRST_LOAD_DRIVER_ROWS` (more than ``driver_merge_rows``, which
-        :meth:`in_driver` collects); ``None``: Spark writes them."""
-        if not self.driver_merge_rows or rows.count is None or rows.count > FIRST_LOAD_DRIVER_ROWS:
+        counted upstream at most :data:`FIRST_LOAD_FACTOR` times ``driver_merge_rows`` (:meth:`in_driver`
+        collects up to ``driver_merge_rows``) and estimated at most :data:`FIRST_LOAD_BYTES`; ``None``:
+        Spark writes them."""
+        from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
+
+        limit = FIRST_LOAD_FACTOR * self.driver_merge_rows
+        if not limit or rows.count is None or rows.count > limit:
             return None
-        return rows.collect(FIRST_LOAD_DRIVER_ROWS, {_BUCKET: self.bucket_of()})
+        size = estimated_bytes(rows.df)
+        if size is None or size > FIRST_LOAD_BYTES:
+            return None
+        return rows.collect(limit, {_BUCKET: self.bucket_of()})
 
     def _merge_in_driver(
         self,
