@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
 KEY_HASH = "__key_hash"
 """Spark's ``xxhash64`` of the key columns, in the order of :attr:`DriverRows.keys`."""
@@ -27,6 +27,13 @@ def key_hash(keys: tuple[str, ...]) -> Column:
     from pyspark.sql import functions as F
 
     return F.xxhash64(*[F.col(k) for k in keys])
+
+
+def estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's estimate of ``df``'s size (its optimized plan's statistics), before rows are collected into the
+    driver; ``None`` if unknown."""
+    jdf = getattr(df, "_jdf", None)  # a Spark Connect DataFrame has no JVM side here
+    return None if jdf is None else int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from airflow_provider_checkpoint.state.driver_merge import (
     first_on_driver,
     merge_on_driver,
 )
-from airflow_provider_checkpoint.state.first_version import first_full_version
+from airflow_provider_checkpoint.state.first_version import first_full_version, first_version_on_driver
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, RANGE_ROWS, StateLayout
 from airflow_provider_checkpoint.state.operator_checkpoint import OperatorCheckpoint, full_version_metrics, range_of
@@ -180,7 +180,9 @@ def _checkpoint_operator(
         if merged is not None:
             return OperatorCheckpoint(*merged)
     if restored is None and forms:
-        first = first_full_version(storage, directory, node, inputs, settings, {**where, "checkpoint": checkpoint_id})
+        at = {**where, "checkpoint": checkpoint_id}
+        first = first_version_on_driver(storage, directory, node, inputs, settings, at)
+        first = first or first_full_version(storage, directory, node, inputs, settings, at)
         if first is not None:
             return first
     state = (

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash
+from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, estimated_bytes, key_hash
 from airflow_provider_checkpoint.dataflow.operator import NEW, Ranges, StatefulOperator
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.scans import as_nullable
@@ -51,8 +51,8 @@ if TYPE_CHECKING:
 DRIVER_INPUT_BYTES = 64 << 20
 """The largest input (Spark's size estimate) whose per-key partials the driver collects."""
 _RANGE = "__kgr"
-_ARROW_MERGEABLE = {"string", "byte", "short", "integer", "long", "boolean", "date", "timestamp", "timestamp_ntz"}
-_ARROW_MERGEABLE |= {"decimal"}
+ARROW_MERGEABLE = {"string", "byte", "short", "integer", "long", "boolean", "date", "timestamp", "timestamp_ntz"}
+ARROW_MERGEABLE |= {"decimal"}
 """Spark types (``typeName``) of state columns pyarrow groups, sums and compares as Spark does
 (not floating point: Spark orders NaN above every number, pyarrow skips it)."""
 
@@ -74,19 +74,13 @@ def driver_partials(
     if partials is None:
         return None
     struct = state_schema(restored)
-    if any(f.dataType.typeName() not in _ARROW_MERGEABLE for f in struct.fields):
+    if any(f.dataType.typeName() not in ARROW_MERGEABLE for f in struct.fields):
         return None  # e.g. a struct key: pyarrow cannot group by it
     if node.moves_keys and not hashable(_arrow_schema(struct), node.keys):
         return None  # e.g. a decimal key: the driver cannot file the keys it makes
-    sizes = [_estimated_bytes(df) for df in inputs.values()]
+    sizes = [estimated_bytes(df) for df in inputs.values()]
     small = all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
     return partials if small else None
-
-
-def _estimated_bytes(df: DataFrame) -> int | None:
-    """Spark's estimate of ``df``'s size (its optimized plan's statistics); ``None`` if unknown."""
-    jdf = getattr(df, "_jdf", None)  # a Spark Connect DataFrame has no JVM side here
-    return None if jdf is None else int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
 
 
 def merge_on_driver(
@@ -156,16 +150,15 @@ def merge_on_driver(
     for i in sorted({int(i) for i in pc.unique(changes[_RANGE]).to_pylist()} - compact):
         span = layout.ranges[i].key_groups
         delta = changes_in(i)
-        written[i] = [write_state_file(storage, _file(directory, "delta", i), delta, span, checkpoint_id, column)]
+        written[i] = [write_state_file(storage, state_file(directory, "delta", i), delta, span, checkpoint_id, column)]
     compacted: dict[int, list[StateHandle]] = {}
     if compact:
         fault("step.during_compaction")
     for i in sorted(compact):
         full = overlay(state[i], changes_in(i), node.keys)
         span = layout.ranges[i].key_groups
-        compacted[i] = (
-            [write_state_file(storage, _file(directory, "compacted", i), full, span, None, column)] if len(full) else []
-        )
+        path = state_file(directory, "compacted", i)
+        compacted[i] = [write_state_file(storage, path, full, span, None, column)] if len(full) else []
     fault("step.after_state_write")
     inserted = int(pc.sum(changes[NEW]).as_py() or 0)
     deleted = int(pc.sum(changes[DELETED]).as_py() or 0)  # a deleted key had state: never new
@@ -310,5 +303,5 @@ def _with_range(schema: pa.Schema, batch: pa.Table) -> pa.Schema:
     return pa.schema([schema.field(f.name) if f.name in schema.names else f for f in batch.schema])
 
 
-def _file(directory: str, kind: str, index: int) -> str:
+def state_file(directory: str, kind: str, index: int) -> str:
     return f"{directory}/{kind}/kgr={index}/part-{uuid.uuid4().hex}.parquet"

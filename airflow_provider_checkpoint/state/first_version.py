@@ -1,4 +1,4 @@
-"""An operator's first state written by key-group range in the pass that computes it."""
+"""An operator's first state written by key-group range in the pass that computes it (by Spark, or by the driver)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, estimated_bytes, key_hash
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
+from airflow_provider_checkpoint.state import driver_merge
+from airflow_provider_checkpoint.state.driver_merge import ARROW_MERGEABLE, state_file
+from airflow_provider_checkpoint.state.files import write_state_file
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import ranges_for
 from airflow_provider_checkpoint.state.keygroups import balanced_parallelism, coarsest_nesting, range_for_index
@@ -58,17 +62,89 @@ def first_full_version(
     fault_point("step.before_state_write", **where)
     handles = write_ranged(storage, directory, observed, max_parallelism, ranges)
     rows = int(observed_metrics(observation, lambda: None if handles else Row(rows=0))["rows"])
-    fewer = coarsest_nesting(
-        max_parallelism, [h.key_groups for h in handles if h.key_groups], ranges_for(rows, max_parallelism)
-    )
-    if fewer < ranges:
-        handles = [replace(h, key_groups=_span_in(h, max_parallelism, fewer)) for h in handles]
+    handles = _grouped(handles, max_parallelism, ranges, rows)
     fault_point("step.after_state_write", **where)
     schema = as_nullable(state.drop(RANGE).schema)
     snapshot = OperatorSnapshot(tuple(handles), schema.json(), node.keys, max_parallelism, rows)
     paths, sizes = [storage.path(h.path) for h in handles], [h.size for h in handles]
     output = node.output_of(read_parquet(state.sparkSession, storage.fs, paths, schema, sizes=sizes))
     return OperatorCheckpoint(snapshot, output, full_version_metrics(snapshot), output_rows=rows)
+
+
+def first_version_on_driver(
+    storage: Location,
+    directory: str,
+    node: StatefulOperator,
+    inputs: Mapping[str, DataFrame],
+    settings: CheckpointSettings,
+    where: Mapping[str, object],
+) -> OperatorCheckpoint | None:
+    """An operator's first state from a small input (at most :data:`.DRIVER_INPUT_BYTES` by Spark's estimate)
+    written by the driver: aggregated as :func:`first_full_version` aggregates it (one shuffle by range, no
+    partial aggregation) but collected as Arrow with Spark's hash of the keys, then each range's file written
+    with pyarrow (as the driver merge writes a compacted range) and the output held in the driver, so an
+    upsert sink on the same keys writes it with no Spark job. The ranges, their grouping and the handles are
+    those of :func:`first_full_version`; either continues the other. ``None``: not small, or not that form.
+    """
+    import numpy as np
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if settings.max_inline_state is not None or not settings.incremental_state or not node.one_row_per_key:
+        return None
+    if not settings.driver_merge_rows:  # 0: no merge on the driver
+        return None
+    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
+    sizes = [estimated_bytes(inputs[n.uid]) for n in node.inputs]
+    if None in estimates or None in sizes or sum(s or 0 for s in sizes) > driver_merge.DRIVER_INPUT_BYTES:
+        return None
+    estimate = sum(e or 0 for e in estimates)
+    if estimate <= settings.inline_state_threshold:
+        return None
+    max_parallelism = node.max_parallelism
+    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
+    ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
+    state = node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges)
+    if state is None:
+        return None
+    struct = as_nullable(state.drop(RANGE).schema)
+    if any(f.dataType.typeName() not in ARROW_MERGEABLE for f in struct.fields):
+        return None
+    schema = to_arrow_schema(struct, timezone="UTC")
+    batch = state.withColumn(KEY_HASH, key_hash(node.keys)).toArrow()
+    order = np.argsort(batch[RANGE].to_numpy(), kind="stable")
+    batch = batch.take(order)
+    indexes, starts, counts = np.unique(batch[RANGE].to_numpy(), return_index=True, return_counts=True)
+    rows = batch.select(schema.names).cast(schema)
+    fault_point("step.before_state_write", **where)
+    handles = [
+        write_state_file(
+            storage,
+            state_file(directory, "compacted", int(i)),
+            rows.slice(int(start), int(count)),
+            range_for_index(max_parallelism, ranges, int(i)),
+        )
+        for i, start, count in zip(indexes, starts, counts, strict=True)
+    ]
+    handles = _grouped(handles, max_parallelism, ranges, len(rows))
+    fault_point("step.after_state_write", **where)
+    snapshot = OperatorSnapshot(tuple(handles), struct.json(), node.keys, max_parallelism, len(rows))
+    paths, file_sizes = [storage.path(h.path) for h in handles], [h.size for h in handles]
+    output = node.output_of(read_parquet(state.sparkSession, storage.fs, paths, struct, sizes=file_sizes))
+    shown = node.output_arrow(rows)
+    held = None if shown is None else DriverRows(shown.append_column(KEY_HASH, batch[KEY_HASH]), node.keys)
+    metrics = {**full_version_metrics(snapshot), "state_merged_on_driver": 1}
+    return OperatorCheckpoint(snapshot, output, metrics, held, len(rows))
+
+
+def _grouped(handles: list[StateHandle], max_parallelism: int, ranges: int, rows: int) -> list[StateHandle]:
+    """The files of a first version written in ``ranges`` ranges, each labelled with the range that holds it
+    of the fewest ranges ``rows`` rows want (:func:`coarsest_nesting`): as a later compaction finds them."""
+    fewer = coarsest_nesting(
+        max_parallelism, [h.key_groups for h in handles if h.key_groups], ranges_for(rows, max_parallelism)
+    )
+    if fewer >= ranges:
+        return handles
+    return [replace(h, key_groups=_span_in(h, max_parallelism, fewer)) for h in handles]
 
 
 def _span_in(handle: StateHandle, max_parallelism: int, parallelism: int) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 The rows carry Spark's hash of the keys, so the sink buckets them exactly as Spark would; a
 bucket computed differently would put a key in two files (a duplicate) or leave its old row
 behind. Checked against pandas with messy keys (nulls in either key column, repeats, many
-more changed keys than the sinks' ``driver_merge_rows``), read back with pyarrow and delta-rs.
+more changed keys than the sinks' ``driver_merge_rows``), read back with pyarrow and delta-rs. A
+first load above ``driver_merge_rows`` is written by the driver too, collected with Spark's hash.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
+from airflow_provider_checkpoint.connectors.base import bucketed
+from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
 from airflow_provider_checkpoint.dataflow import (
     DeltaTableSink,
@@ -26,6 +29,7 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     PostgresTableSink,
 )
+from airflow_provider_checkpoint.state import checkpointing
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
 pytestmark = pytest.mark.spark
@@ -82,12 +86,24 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(UpsertRows, method, spy)
+    first_loads: list[str] = []  # sinks whose first load (above driver_merge_rows) the driver wrote
+    first_load_in_driver = BucketedUpsert.first_load_in_driver
+
+    def first_load_spy(self: BucketedUpsert, rows: UpsertRows) -> pa.Table | None:
+        collected = first_load_in_driver(self, rows)
+        first_loads.extend([] if collected is None else [self.uid])
+        return collected
+
+    monkeypatch.setattr(BucketedUpsert, "first_load_in_driver", first_load_spy)
+    monkeypatch.setattr(bucketed, "FIRST_LOAD_FACTOR", 1000)  # the first load, ~400 rows, fits the driver
+    monkeypatch.setattr(checkpointing, "first_version_on_driver", lambda *args: None)  # the first state by Spark
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     events: list[dict[str, object]] = []
     merged_on_driver = []
     for i, n in enumerate([400, 60, 90, 300, 40, 5], start=1):
         events += land(tmp_path / "landing", n, seed=i)
         through_spark.clear()
+        first_loads.clear()
         completed = job.checkpoint()
         on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
         merged_on_driver.append(on_driver)
@@ -102,6 +118,7 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
         # rows merged on the driver are taken as they are, except by the sink whose keys hash in another
         # order; otherwise (a full version) every sink's input goes through Spark
         assert sorted(set(through_spark)) == (["swapped"] if on_driver else ["delta", "parquet", "swapped"]), i
+        assert sorted(first_loads) == (["delta", "parquet", "swapped"] if i == 1 else []), (i, first_loads)
     assert merged_on_driver.count(True) >= 4, merged_on_driver
 
 

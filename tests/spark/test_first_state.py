@@ -1,4 +1,5 @@
-"""A job's first checkpoint writes its aggregate's state by key-group range in the pass that computes it.
+"""A job's first checkpoint writes its aggregate's state by key-group range in the pass that computes it
+(or, from a small input, on the driver).
 
 The number of ranges comes from Spark's estimate of the input's rows; with many events per key the
 estimate is far above the state's rows, and the files are grouped into the ranges the state's size
@@ -18,7 +19,7 @@ import pytest
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import read_state, request_restore
-from airflow_provider_checkpoint.state import incremental
+from airflow_provider_checkpoint.state import checkpointing, incremental
 from airflow_provider_checkpoint.state.incremental import StateLayout, ranges_for
 from airflow_provider_checkpoint.testing.clickstream import land_json_lines, read_table
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -62,10 +63,14 @@ def normal(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(user=df["user"].fillna("<null>")).sort_values("user").reset_index(drop=True)
 
 
-def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypatch) -> None:
-    """The grouped ranges are continued on the driver (checkpoint 2: at most 45 rows of state), then by
-    Spark jobs (checkpoint 3, above 45 rows), then written in full (checkpoint 4: most keys change)."""
+@pytest.mark.parametrize("first", ["spark", "driver"])
+def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypatch, first: str) -> None:
+    """The first state written by Spark, or merged on the driver from no state (a small input); its grouped
+    ranges are continued on the driver (checkpoint 2: at most 45 rows of state), then by Spark jobs
+    (checkpoint 3, above 45 rows), then written in full (checkpoint 4: most keys change)."""
     monkeypatch.setattr(incremental, "RANGE_ROWS", 12)  # ~40 keys want 4 ranges; the estimate wants 128
+    if first == "spark":
+        monkeypatch.setattr(checkpointing, "first_version_on_driver", lambda *args: None)
     rng = random.Random(11)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0, driver_merge_rows=45)
     landed = [land(tmp_path, rng, "e1.json", 3000, 42)]
@@ -76,6 +81,8 @@ def test_first_state_is_written_by_range_and_continued(spark, tmp_path, monkeypa
     assert layout.parallelism == ranges_for(42, 128) == 4  # grouped into the ranges 42 rows want
     assert len(snapshot.handles) > layout.parallelism  # written one file per estimated range
     assert [s["state_rows"] for s in completed.stats["steps"].values()] == [42]
+    on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+    assert on_driver is (first == "driver"), completed.stats["steps"]
     savepoint = f"file://{tmp_path}/savepoints/sp-2"
     for cid, (events, users) in enumerate([(0, 0), (30, 50), (40, 60), (2000, 60), (5, 60)], start=1):
         if cid > 1:

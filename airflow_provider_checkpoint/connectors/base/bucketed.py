@@ -8,6 +8,8 @@ the changed keys' buckets, not the table.
 Small upserts (at most ``driver_merge_rows`` changed rows) are merged in the driver with
 pyarrow (:mod:`.bucket_merge`, no Spark shuffle; memory: the changed rows plus one batch and
 one small old file); larger ones, or ``0``, by Spark, one shuffle of the old and changed rows.
+A first load (no bucket file yet) of at most :data:`FIRST_LOAD_FACTOR` times as many rows,
+counted upstream, is written by the driver too (one Spark job collects the rows, no shuffle).
 Either way each affected bucket's old file is read once, without a HEAD (its size comes from
 the caller's listing), and the staged files' sizes are known from writing them.
 """
@@ -36,6 +38,11 @@ if TYPE_CHECKING:
 _BUCKET = "_bucket"
 DRIVER_MERGE_ROWS = 250_000
 """Upserts of at most this many rows merge each bucket in the driver (pyarrow, no shuffle)."""
+FIRST_LOAD_FACTOR = 8
+"""A first load of at most this many times ``driver_merge_rows`` rows (their count known before the sink
+runs, e.g. a first state's rows), and at most :data:`FIRST_LOAD_BYTES` by Spark's estimate, is written by
+the driver (pyarrow; memory: the rows as Arrow): lowering ``driver_merge_rows`` for wide rows lowers it."""
+FIRST_LOAD_BYTES = 128 << 20
 MERGE_THREADS = 4
 """Buckets merged at once on an object store (each reads its old file and writes the new one: round trips)."""
 
@@ -84,7 +91,13 @@ class BucketedUpsert:
             staged = self._merge_in_driver(ctx, small, fs, staging, existing)
             if staged is not None:
                 return staged
-        return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, existing)
+        committed = existing(list(range(self.buckets)))
+        if not committed and small is None:  # a first load: no old file to read
+            first = self.first_load_in_driver(rows)
+            staged = None if first is None else self._merge_in_driver(ctx, first, fs, staging, lambda _: {})
+            if staged is not None:
+                return staged
+        return self._merge_in_spark(ctx, rows.frame().withColumn(_BUCKET, self.bucket_of()), fs, staging, committed)
 
     def in_driver(self, rows: UpsertRows) -> pa.Table | None:
         """The changed rows in the driver, with their ``_bucket``: as the driver holds them already (any
@@ -93,6 +106,21 @@ class BucketedUpsert:
             return None
         held = rows.held(_BUCKET, self.buckets)
         return held if held is not None else rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
+
+    def first_load_in_driver(self, rows: UpsertRows) -> pa.Table | None:
+        """The rows of a first load in the driver, with their ``_bucket``, collected in one Spark job when
+        counted upstream at most :data:`FIRST_LOAD_FACTOR` times ``driver_merge_rows`` (:meth:`in_driver`
+        collects up to ``driver_merge_rows``) and estimated at most :data:`FIRST_LOAD_BYTES`; ``None``:
+        Spark writes them."""
+        from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
+
+        limit = FIRST_LOAD_FACTOR * self.driver_merge_rows
+        if not limit or rows.count is None or rows.count > limit:
+            return None
+        size = estimated_bytes(rows.df)
+        if size is None or size > FIRST_LOAD_BYTES:
+            return None
+        return rows.collect(limit, {_BUCKET: self.bucket_of()})
 
     def _merge_in_driver(
         self,
@@ -146,14 +174,13 @@ class BucketedUpsert:
         changed: DataFrame,
         fs: fsspec.AbstractFileSystem,
         staging: str,
-        existing: ExistingBuckets,
+        committed: dict[int, tuple[str, int]],
     ) -> list[StagedBucket]:
         """Every affected bucket rewritten by Spark: one shuffle of the old and changed rows by bucket.
-        Into a table with no bucket file yet (a first load), the rows are written in that one pass:
-        no job first to find the affected buckets."""
+        Into a table with no bucket file yet (``committed`` empty: a first load), the rows are written
+        in that one pass: no job first to find the affected buckets."""
         from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 
-        committed = existing(list(range(self.buckets)))
         if not committed:
             return self._first_load(ctx, self.kept(changed), fs, staging)
         changed = changed.cache()
