@@ -52,9 +52,7 @@ def first_full_version(
     if settings.max_inline_state is not None or estimate is None:
         return None
     max_parallelism = node.max_parallelism
-    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
-    ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
-    state = node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges)
+    state, ranges = _ranged_first_state(node, inputs, estimate)
     if state is None:
         return None
     observation = Observation()
@@ -93,17 +91,12 @@ def first_version_on_driver(
         return None
     if not settings.driver_merge_rows:  # 0: no merge on the driver
         return None
-    estimates = [estimated_rows(inputs[n.uid]) for n in node.inputs]
+    estimate = first_state_rows([inputs[n.uid] for n in node.inputs], settings.inline_state_threshold)
     sizes = [estimated_bytes(inputs[n.uid]) for n in node.inputs]
-    if None in estimates or None in sizes or sum(s or 0 for s in sizes) > driver_merge.DRIVER_INPUT_BYTES:
-        return None
-    estimate = sum(e or 0 for e in estimates)
-    if estimate <= settings.inline_state_threshold:
+    if estimate is None or None in sizes or sum(s or 0 for s in sizes) > driver_merge.DRIVER_INPUT_BYTES:
         return None
     max_parallelism = node.max_parallelism
-    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
-    ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
-    state = node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges)
+    state, ranges = _ranged_first_state(node, inputs, estimate)
     if state is None:
         return None
     struct = as_nullable(state.drop(RANGE).schema)
@@ -134,6 +127,18 @@ def first_version_on_driver(
     held = None if shown is None else DriverRows(shown.append_column(KEY_HASH, batch[KEY_HASH]), node.keys)
     metrics = {**full_version_metrics(snapshot), "state_merged_on_driver": 1}
     return OperatorCheckpoint(snapshot, output, metrics, held, len(rows))
+
+
+def _ranged_first_state(
+    node: StatefulOperator, inputs: Mapping[str, DataFrame], estimate: int
+) -> tuple[DataFrame | None, int]:
+    """``node``'s first state (:meth:`StatefulOperator.first_state`, ``None`` without that form), each row with
+    its range (:data:`RANGE`) of as many ranges as ``estimate`` rows want, or a multiple of that which keeps
+    every task slot busy (:func:`balanced_parallelism`); and that number of ranges."""
+    max_parallelism = node.max_parallelism
+    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
+    ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
+    return node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges), ranges
 
 
 def _grouped(handles: list[StateHandle], max_parallelism: int, ranges: int, rows: int) -> list[StateHandle]:
