@@ -73,7 +73,7 @@ def test_a_server_killed_mid_snapshot_loses_doubles_and_rereads_nothing(spark, p
         )
         DeltaTableSink("lake", changes, str(tmp / "lake"), mode="upsert", keys=["id"], delete_when="deleted")
         PostgresTableSink(
-            "copy", changes, "cdc_pg", copy, mode="upsert", keys=["id"],
+            f"copy_{n}", changes, "cdc_pg", copy, mode="upsert", keys=["id"],
             delete_when="deleted", deletes="soft", deleted_column="deleted",
         )  # fmt: skip
 

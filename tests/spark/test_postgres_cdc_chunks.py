@@ -265,7 +265,7 @@ def scenario(spark: Any, server: PostgresServer, tmp: Path, seed: int, rows: int
             "lake", changes, str(tmp / "lake"), mode="upsert", keys=["source_table", "a", "b"], delete_when="deleted"
         )
         PostgresTableSink(
-            "copy", changes, "cdc_pg", f"cdc_chunk_{n}_copy", mode="upsert", keys=["source_table", "a", "b"],
+            f"copy_{n}", changes, "cdc_pg", f"cdc_chunk_{n}_copy", mode="upsert", keys=["source_table", "a", "b"],
             delete_when="deleted", undo_checkpoints=10,
         )  # fmt: skip
 

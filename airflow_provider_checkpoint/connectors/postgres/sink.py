@@ -48,6 +48,7 @@ from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
     PipelineDefinitionError,
+    SinkClaimedError,
     SinkConnectionError,
     SinkSchemaError,
     SinkUnavailableError,
@@ -351,12 +352,20 @@ class PostgresTableSink(TransactionalSink):
         claim = claim or self.owned_claim(self._read_claim(db))
         if claim is None:
             return None
-        return db.execute(
-            sql.SQL("SELECT rows FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s").format(
-                self.table(pg.MARKERS)
-            ),
+        found = db.execute(
+            sql.SQL(
+                "SELECT rows, table_name FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s"
+            ).format(self.table(pg.MARKERS)),
             [claim["job_id"], claim["sink"], checkpoint_id],
         ).fetchone()
+        if found is not None and found[1] != self.table_name:  # never taken for this table's commit
+            raise SinkClaimedError(
+                f"sink {self.uid}: checkpoint {checkpoint_id} of job {claim['job_id']} is marked committed into "
+                f"table {found[1]!r}, not {self.table_name!r}: the commit markers of schema {self.schema!r} are kept "
+                "per job and sink uid, so a job's sink commits into one table of a schema; give this sink "
+                "another uid (or the job another job_id)"
+            )
+        return found
 
     def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
         claim = self.owned_claim(self._read_claim(db, lock=True))
