@@ -518,3 +518,63 @@ def test_a_staging_table_changed_after_the_step_is_refused_and_nothing_commits(s
         db.execute(f"DELETE FROM {staged} WHERE k LIKE '%-x'")
     sink.commit(1, committables)
     pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", [batch]))
+
+
+def _facts_of(server: PostgresServer, schema: str, table: str) -> pd.DataFrame:
+    with server.connect() as db:
+        rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM {schema}.{table}").fetchall()
+    return _normalised(pd.DataFrame(rows, columns=COLUMNS))
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_one_jobs_sink_uid_commits_the_same_checkpoints_into_two_tables_each_its_own(
+    spark, postgres_server, target, mode
+):
+    """A job started afresh under an old job id, or two environments' jobs of one id, writing tables of one
+    schema through sinks of the same uid: each table's commits and restores are its own (a checkpoint marked
+    committed into one table was once taken for the other's and its rows were lost)."""
+    keys = ["k"] if mode == "upsert" else None
+    first = PostgresTableSink("out", Source("src"), "pg_test", f"{target}.facts", mode, keys=keys)
+    second = PostgresTableSink("out", Source("src"), "pg_test", f"{target}.facts_again", mode, keys=keys)
+    batches = [_rows(c, range(10 * c, 10 * c + 15)) for c in range(1, 4)]
+    for checkpoint_id, batch in enumerate(batches, start=1):
+        first.commit(checkpoint_id, _stage(spark, first, "job", checkpoint_id, batch))
+    for checkpoint_id, batch in enumerate(batches[:2], start=1):
+        assert not second.is_committed(checkpoint_id)
+        second.commit(checkpoint_id, _stage(spark, second, "job", checkpoint_id, batch))
+    pd.testing.assert_frame_equal(_facts_of(postgres_server, target, "facts_again"), _truth(mode, batches[:2]))
+    second.rollback(1)  # the other table's markers and rows stay
+    assert [first.is_committed(c) for c in (1, 2, 3)] == [True, True, True]
+    assert [second.is_committed(c) for c in (1, 2)] == [True, False]
+    pd.testing.assert_frame_equal(_facts_of(postgres_server, target, "facts_again"), _truth(mode, batches[:1]))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, batches))
+
+
+def test_a_markers_table_keyed_without_the_table_is_rekeyed_at_the_next_commit_and_keeps_its_markers(
+    spark, postgres_server, target
+):
+    """Markers tables created by earlier versions have the primary key (job_id, sink_uid, checkpoint_id)."""
+    with postgres_server.connect() as db:
+        db.execute(
+            f"CREATE TABLE {target}.checkpoint_sink_markers (job_id text, sink_uid text, checkpoint_id bigint, "
+            "table_name text NOT NULL, rows bigint NOT NULL, undo_kept boolean NOT NULL, committed_at timestamptz "
+            "NOT NULL DEFAULT now(), PRIMARY KEY (job_id, sink_uid, checkpoint_id))"
+        )
+        db.execute(
+            f"INSERT INTO {target}.checkpoint_sink_markers (job_id, sink_uid, checkpoint_id, table_name, rows, "
+            "undo_kept) VALUES ('job', 'out', 1, 'elsewhere', 5, false)"
+        )
+    sink = _sink(target)
+    batch = _rows(1, range(4))
+    sink.commit(1, _stage(spark, sink, "job", 1, batch))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", [batch]))
+    with postgres_server.connect() as db:
+        key = db.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'",
+            [f"{target}.checkpoint_sink_markers"],
+        ).fetchone()
+        kept = db.execute(
+            f"SELECT table_name, rows FROM {target}.checkpoint_sink_markers WHERE checkpoint_id = 1 ORDER BY 1"
+        ).fetchall()
+    assert key == ("PRIMARY KEY (job_id, sink_uid, table_name, checkpoint_id)",)
+    assert kept == [("elsewhere", 5), ("facts", 4)]

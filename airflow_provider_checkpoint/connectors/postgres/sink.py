@@ -11,7 +11,7 @@
   replicas, so a completed checkpoint can always commit.
 - **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
   or, upsert, ``DELETE … USING`` the staged rows that delete their key, then ``INSERT … ON CONFLICT
-  (keys) DO UPDATE`` of the others), inserts the marker row ``(job, sink uid,
+  (keys) DO UPDATE`` of the others), inserts the marker row ``(job, sink uid, table,
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
   the trigger's recovery, finds the marker and does nothing. With ``partition_per_checkpoint`` an
   append commit attaches the staging table as the checkpoint's partition instead of copying its
@@ -48,7 +48,6 @@ from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
     PipelineDefinitionError,
-    SinkClaimedError,
     SinkConnectionError,
     SinkSchemaError,
     SinkUnavailableError,
@@ -197,9 +196,9 @@ class PostgresTableSink(TransactionalSink):
             row = db.execute(
                 sql.SQL(
                     "SELECT extract(epoch FROM committed_at)::float8 FROM {} "
-                    "WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s"
+                    "WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id = %s"
                 ).format(self.table(pg.MARKERS)),
-                [claim["job_id"], claim["sink"], checkpoint_id],
+                [claim["job_id"], claim["sink"], self.table_name, checkpoint_id],
             ).fetchone()
         if row is None:
             return {}
@@ -352,20 +351,12 @@ class PostgresTableSink(TransactionalSink):
         claim = claim or self.owned_claim(self._read_claim(db))
         if claim is None:
             return None
-        found = db.execute(
+        return db.execute(
             sql.SQL(
-                "SELECT rows, table_name FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id = %s"
+                "SELECT rows FROM {} WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id = %s"
             ).format(self.table(pg.MARKERS)),
-            [claim["job_id"], claim["sink"], checkpoint_id],
+            [claim["job_id"], claim["sink"], self.table_name, checkpoint_id],
         ).fetchone()
-        if found is not None and found[1] != self.table_name:  # never taken for this table's commit
-            raise SinkClaimedError(
-                f"sink {self.uid}: checkpoint {checkpoint_id} of job {claim['job_id']} is marked committed into "
-                f"table {found[1]!r}, not {self.table_name!r}: the commit markers of schema {self.schema!r} are kept "
-                "per job and sink uid, so a job's sink commits into one table of a schema; give this sink "
-                "another uid (or the job another job_id)"
-            )
-        return found
 
     def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
         claim = self.owned_claim(self._read_claim(db, lock=True))
@@ -377,6 +368,7 @@ class PostgresTableSink(TransactionalSink):
         """The one commit transaction (see the module docstring); a marker already there: nothing."""
         started = time.monotonic()
         with self._tx() as db:
+            undo.key_markers_by_table(self, db)
             claim = self._locked_claim(db)
             if self._marker(db, checkpoint_id, claim) is not None:
                 return

@@ -18,6 +18,7 @@ Undo, by mode:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
@@ -29,7 +30,11 @@ if TYPE_CHECKING:
 
     from airflow_provider_checkpoint.core.model import JsonDict
 
+log = logging.getLogger(__name__)
+
 UNDO_CHECKPOINT = "_undo_checkpoint"
+MARKER_KEY = ("job_id", "sink_uid", "table_name", "checkpoint_id")
+"""A commit marker's primary key: a job's sink marks each checkpoint once per table."""
 UNDO_EXISTED = "_undo_existed"
 
 
@@ -89,9 +94,46 @@ def ensure_bookkeeping(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> None:
         sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (job_id text, sink_uid text, checkpoint_id bigint, table_name text "
             "NOT NULL, rows bigint NOT NULL, undo_kept boolean NOT NULL, committed_at timestamptz NOT NULL "
-            "DEFAULT now(), PRIMARY KEY (job_id, sink_uid, checkpoint_id))"
-        ).format(sink.table(pg.MARKERS))
+            "DEFAULT now(), PRIMARY KEY ({}))"
+        ).format(sink.table(pg.MARKERS), pg.idents(list(MARKER_KEY)))
     )
+
+
+def key_markers_by_table(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> None:
+    """Give a markers table created before markers were keyed by table (primary key ``(job_id,
+    sink_uid, checkpoint_id)``) the key :data:`MARKER_KEY`, so one job's sink uid can mark the same
+    checkpoint committed into two tables of the schema. Its rows stay; a current table: one catalog query."""
+    from psycopg import sql
+
+    markers = f'"{sink.schema}"."{pg.MARKERS}"'
+    if _primary_key(db, markers) == MARKER_KEY:
+        return
+    db.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sink.table(pg.MARKERS)))
+    old = _primary_key(db, markers)  # again, under the lock: another commit may have done it
+    if old == MARKER_KEY:
+        return
+    name = _first(
+        db.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'", [markers]
+        ).fetchone()
+    )
+    drop = sql.SQL("DROP CONSTRAINT {}, ").format(sql.Identifier(name)) if name is not None else sql.SQL("")
+    db.execute(
+        sql.SQL("ALTER TABLE {} {}ADD PRIMARY KEY ({})").format(
+            sink.table(pg.MARKERS), drop, pg.idents(list(MARKER_KEY))
+        )
+    )
+    log.info("sink %s: commit markers of schema %s keyed by table (was %s)", sink.uid, sink.schema, list(old))
+
+
+def _primary_key(db: psycopg.Connection[Any], table: str) -> tuple[str, ...]:
+    row = db.execute(
+        "SELECT array_agg(a.attname::text ORDER BY k.n) FROM pg_constraint c, unnest(c.conkey) WITH ORDINALITY "
+        "k(attnum, n), pg_attribute a WHERE c.conrelid = %s::regclass AND c.contype = 'p' "
+        "AND a.attrelid = c.conrelid AND a.attnum = k.attnum",
+        [table],
+    ).fetchone()
+    return tuple(row[0]) if row and row[0] else ()
 
 
 def move_rows(
@@ -244,21 +286,21 @@ def write_marker(
     from psycopg import sql
 
     markers = sink.table(pg.MARKERS)
-    owner = [claim["job_id"], claim["sink"]]
+    owner = [claim["job_id"], claim["sink"], sink.table_name]
     db.execute(
         sql.SQL(
-            "INSERT INTO {} (job_id, sink_uid, checkpoint_id, table_name, rows, undo_kept) "
+            "INSERT INTO {} (job_id, sink_uid, table_name, checkpoint_id, rows, undo_kept) "
             "VALUES (%s, %s, %s, %s, %s, %s)"
         ).format(markers),
-        [*owner, checkpoint_id, sink.table_name, rows, sink.mode == "upsert"],
+        [*owner, checkpoint_id, rows, sink.mode == "upsert"],
     )
     if sink.mode != "upsert":
         return
     purged = db.execute(
         sql.SQL(
-            "UPDATE {m} SET undo_kept = false WHERE job_id = %s AND sink_uid = %s AND undo_kept AND checkpoint_id < "
-            "ALL (SELECT checkpoint_id FROM {m} WHERE job_id = %s AND sink_uid = %s ORDER BY checkpoint_id DESC "
-            "LIMIT %s) RETURNING checkpoint_id"
+            "UPDATE {m} SET undo_kept = false WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND undo_kept "
+            "AND checkpoint_id < ALL (SELECT checkpoint_id FROM {m} WHERE job_id = %s AND sink_uid = %s "
+            "AND table_name = %s ORDER BY checkpoint_id DESC LIMIT %s) RETURNING checkpoint_id"
         ).format(m=markers),
         [*owner, *owner, sink.undo_checkpoints],
     ).fetchall()
@@ -276,11 +318,11 @@ def undo_newer(sink: pg.SinkTable, db: psycopg.Connection[Any], claim: JsonDict,
     from psycopg import sql
 
     markers, target = sink.table(pg.MARKERS), sink.table()
-    owner = [claim["job_id"], claim["sink"]]
+    owner = [claim["job_id"], claim["sink"], sink.table_name]
     newer = db.execute(
         sql.SQL(
-            "SELECT checkpoint_id, undo_kept FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id > %s "
-            "ORDER BY checkpoint_id"
+            "SELECT checkpoint_id, undo_kept FROM {} WHERE job_id = %s AND sink_uid = %s AND table_name = %s "
+            "AND checkpoint_id > %s ORDER BY checkpoint_id"
         ).format(markers),
         [*owner, checkpoint_id],
     ).fetchall()
@@ -299,7 +341,9 @@ def undo_newer(sink: pg.SinkTable, db: psycopg.Connection[Any], claim: JsonDict,
             )
         _put_back(sink, db, checkpoint_id)
     db.execute(
-        sql.SQL("DELETE FROM {} WHERE job_id = %s AND sink_uid = %s AND checkpoint_id > %s").format(markers),
+        sql.SQL("DELETE FROM {} WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id > %s").format(
+            markers
+        ),
         [*owner, checkpoint_id],
     )
     return [c for c, _ in newer]
