@@ -11,11 +11,10 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core import reasons, stats
+from airflow_provider_checkpoint.core.events import CheckpointEvents
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.job_record import JobRecord
 from airflow_provider_checkpoint.core.model import (
@@ -31,13 +30,13 @@ from airflow_provider_checkpoint.core.pending import AckOutcome, PendingCheckpoi
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+from airflow_provider_checkpoint.dataflow.version import VersionCheck
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointStorageError,
     JobNotRunning,
     LeaseHeld,
     MetadataError,
-    PipelineCheckError,
     RefusedInputError,
     RestoreError,
     how_to_restore,
@@ -52,26 +51,6 @@ from airflow_provider_checkpoint.storage.job_records import JobRecordStore
 from airflow_provider_checkpoint.storage.stats import StatsStore
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointEvents(Protocol):
-    """Told what the coordinator decided (the provider's metrics, :mod:`airflow_provider_checkpoint.metrics`);
-    must never raise."""
-
-    def triggered(self, plan: CheckpointPlan) -> None:
-        """Checkpoint ``plan`` was planned: its barrier is cut and its id allocated."""
-
-    def recorded(self, record: JsonDict) -> None:
-        """The stats record of a completed or aborted checkpoint was written (once per checkpoint)."""
-
-
-@dataclass(frozen=True)
-class VersionCheck:
-    """The pipeline check of one version of the pipeline's definition (:mod:`.dataflow.version`):
-    ``run`` returns its problems (each printable, naming its node and a fix), empty when it passes."""
-
-    version: str
-    run: Callable[[], Sequence[object]]
 
 
 class CheckpointCoordinator:
@@ -144,7 +123,8 @@ class CheckpointCoordinator:
                 job, run_id, now, periodic and checkpoint_type is CheckpointType.CHECKPOINT
             )
             self._clean_up(job, now)
-            self._check_version(job, check)
+            if check is not None:
+                check.apply(job)
             self._record_topology(job)
             restore_point = self.restorer.restore_point(restore_from, options)
             plan = self._plan(job, run_id, checkpoint_type, now, restore_point, options)
@@ -155,22 +135,6 @@ class CheckpointCoordinator:
         if self.events:
             self.events.triggered(plan)
         return plan
-
-    def _check_version(self, job: JobRecord, check: VersionCheck | None) -> None:
-        """Run ``check`` unless its version passed already; refuse the checkpoint with its problems."""
-        if check is None or job.checked_version == check.version:
-            return
-        problems = check.run()
-        if problems:
-            for problem in problems:
-                log.error("pipeline check of job %s, version %s: %s", job.job_id, check.version, problem)
-            listed = " | ".join(f"{i}) {p}" for i, p in enumerate(problems, 1))
-            raise PipelineCheckError(
-                f"version {check.version} of the pipeline of job {job.job_id} fails the pipeline check with "
-                f"{len(problems)} problem(s), so no checkpoint was started: {listed}"
-            )
-        log.info("version %s of the pipeline of job %s passed the pipeline check", check.version, job.job_id)
-        job.checked_version = check.version
 
     def _running_job(self) -> JobRecord:
         """The job record; :class:`JobNotRunning` unless the job runs."""
@@ -419,13 +383,13 @@ class CheckpointCoordinator:
             write_savepoint(self.storage, completed, savepoint)
         job = self.records.load()
         job.failures.on_complete(completed.checkpoint_id)
-        if target and all(sp["checkpoint_id"] != completed.checkpoint_id for sp in job.savepoints):
+        if target:
             entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
             described = self.sink_committer.describe(completed.checkpoint_id)
-            job.savepoints.append({**entry, "sinks": described} if described else entry)
-            if completed.options.get("stop_after_savepoint"):
-                job.status = JobStatus.STOPPED
-                job.status_reason = f"stopped with savepoint {target} (checkpoint {completed.checkpoint_id})"
+            job.record_savepoint(
+                {**entry, "sinks": described} if described else entry,
+                bool(completed.options.get("stop_after_savepoint")),
+            )
         self.records.save(job)
         if "restore_request_id" in completed.options:
             self.records.clear_restore_request(completed.options["restore_request_id"])

@@ -57,6 +57,17 @@ class JobRecord:
             )
         return counted
 
+    def record_savepoint(self, entry: JsonDict, stop: bool) -> None:
+        """List savepoint ``entry`` (``checkpoint_id``, ``path``, ``time``, maybe ``sinks``) once; ``stop``:
+        the job is STOPPED with it (stop-with-savepoint)."""
+        checkpoint_id = entry["checkpoint_id"]
+        if any(sp["checkpoint_id"] == checkpoint_id for sp in self.savepoints):
+            return
+        self.savepoints.append(entry)
+        if stop:
+            self.status = JobStatus.STOPPED
+            self.status_reason = f"stopped with savepoint {entry['path']} (checkpoint {checkpoint_id})"
+
     def observe_checkpoint_id(self, checkpoint_id: int) -> None:
         """Never hand out an id at or below one that exists in storage."""
         self.last_checkpoint_id = max(self.last_checkpoint_id, checkpoint_id)

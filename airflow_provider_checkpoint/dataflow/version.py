@@ -17,12 +17,19 @@ import decimal
 import enum
 import hashlib
 import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.dataflow.graph import Node
+from airflow_provider_checkpoint.exceptions import PipelineCheckError
 
 if TYPE_CHECKING:
+    from airflow_provider_checkpoint.core.job_record import JobRecord
     from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+
+log = logging.getLogger(__name__)
 
 _RUNTIME = frozenset({"inputs", "job_id", "job_storage"})
 """Public node attributes that are not settings: the inputs (in the topology), the bound job and its storage."""
@@ -103,3 +110,29 @@ def pipeline_version(graph: PipelineGraph) -> str:
     }
     text = json.dumps(document, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class VersionCheck:
+    """The pipeline check of one version of the pipeline's definition: ``run`` returns its problems (each
+    printable, naming its node and a fix), empty when it passes."""
+
+    version: str
+    run: Callable[[], Sequence[object]]
+
+    def apply(self, job: JobRecord) -> None:
+        """Run the check unless ``job`` records this version as passed; problems refuse the checkpoint with
+        :class:`PipelineCheckError` (nothing allocated yet); a pass is recorded in ``job``."""
+        if job.checked_version == self.version:
+            return
+        problems = self.run()
+        if problems:
+            for problem in problems:
+                log.error("pipeline check of job %s, version %s: %s", job.job_id, self.version, problem)
+            listed = " | ".join(f"{i}) {p}" for i, p in enumerate(problems, 1))
+            raise PipelineCheckError(
+                f"version {self.version} of the pipeline of job {job.job_id} fails the pipeline check with "
+                f"{len(problems)} problem(s), so no checkpoint was started: {listed}"
+            )
+        log.info("version %s of the pipeline of job %s passed the pipeline check", self.version, job.job_id)
+        job.checked_version = self.version

@@ -11,10 +11,9 @@ from airflow.sdk import Asset, BaseOperator, Context, DagRunState, TaskInstanceS
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.utils.types import DagRunType
 
-from airflow_provider_checkpoint.coordinator import VersionCheck
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, CheckpointType, JsonDict
 from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
-from airflow_provider_checkpoint.dataflow.version import pipeline_version
+from airflow_provider_checkpoint.dataflow.version import VersionCheck, pipeline_version
 from airflow_provider_checkpoint.exceptions import (
     CheckpointAborted,
     CheckpointError,

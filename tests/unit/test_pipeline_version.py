@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.coordinator import VersionCheck
 from airflow_provider_checkpoint.dataflow import FileSource, ParquetTableSink, PipelineGraph, Transform
 from airflow_provider_checkpoint.dataflow.graph import collecting
-from airflow_provider_checkpoint.dataflow.version import pipeline_version
+from airflow_provider_checkpoint.dataflow.version import VersionCheck, pipeline_version
 from airflow_provider_checkpoint.exceptions import PipelineCheckError
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
