@@ -1,5 +1,6 @@
-"""The chunked snapshot of PostgresCdcSource (``snapshot_chunk_rows``) when the PostgreSQL server is killed
-(``pg_ctl -m immediate``: a crash, no shutdown checkpoint) and restarted in the middle of it:
+"""The snapshot of PostgresCdcSource when the PostgreSQL server is killed (``pg_ctl -m immediate``: a crash, no
+shutdown checkpoint) and restarted in the middle of it: the whole first snapshot while its ``COPY`` streams
+(fault point ``trigger.snapshot_copy``), and the chunked snapshot (``snapshot_chunk_rows``):
 
 - inside a trigger's chunk read (its transaction open, its snapshot taken, paused at the fault point
   ``trigger.chunk_read`` before the ``COPY``): that checkpoint fails; the next one reads the same chunk again,
@@ -45,17 +46,75 @@ def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield server
 
 
-def kill_at_pause(server: PostgresServer, pause: Path) -> None:
-    """Once the trigger pauses at ``trigger.chunk_read`` (inside its chunk's read transaction, before the
-    ``COPY``), kill the server, restart it, and let the trigger go on."""
+def kill_at_pause(server: PostgresServer, pause: Path, point: str = "trigger.chunk_read") -> None:
+    """Once the trigger pauses at fault point ``point`` (``trigger.chunk_read``: inside its chunk's read
+    transaction, before the ``COPY``), kill the server, restart it, and let the trigger go on."""
     deadline = time.monotonic() + 120
-    while not (pause / "trigger.chunk_read.paused").exists():
+    while not (pause / f"{point}.paused").exists():
         if time.monotonic() > deadline:
             return  # the trigger never paused: the test fails on its missing error
         time.sleep(0.02)  # polled: the trigger gets there within moments
     server.kill()
     server.start()
-    (pause / "trigger.chunk_read.resume").touch()
+    (pause / f"{point}.resume").touch()
+
+
+def test_a_server_killed_while_the_initial_snapshot_copies_leaves_nothing_and_the_next_takes_it_again(
+    spark, pg, tmp_path, monkeypatch
+):
+    """The whole first snapshot (no chunks): the server dies while the slot's exported snapshot is being read
+    (``COPY`` streaming, its first rows read). The barrier fails and records nothing; the next drops the slot
+    it created and takes the snapshot again: the target equals the source, changes made meanwhile included."""
+    rng = random.Random(35)
+    n = uuid.uuid4().hex[:6]
+    table, slot = f"cdc_copykill_{n}", f"cdc_copykill_{n}"
+    source = {i: rng.randrange(1000) for i in range(100_000)}
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int)")
+        with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:
+            for row in source.items():
+                copy.write_row(row)
+
+    def declare(tmp: Path) -> None:
+        changes = PostgresCdcSource("src", [table], postgres_conn_id="cdc_pg", slot_name=slot)
+        DeltaTableSink("lake", changes, str(tmp / "lake"), mode="upsert", keys=["id"], delete_when="deleted")
+
+    def change() -> None:
+        with pg.connect() as conn:
+            for key in rng.sample(range(100_200), 40):
+                if key in source:
+                    conn.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
+                    del source[key]
+                else:
+                    source[key] = rng.randrange(1000)
+                    conn.execute(f"INSERT INTO {table} VALUES (%s, %s)", (key, source[key]))
+
+    def check() -> None:
+        lake = pa.table(DeltaTable(str(tmp_path / "lake")).scan()).select(["id", "v"]).to_pylist()
+        assert {r["id"]: r["v"] for r in lake} == source and len(lake) == len(source)
+        with pg.connect() as conn:
+            slots = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        assert slots == (1,)
+
+    job = make_job(spark, tmp_path, declare)
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    killer = threading.Thread(target=kill_at_pause, args=(pg, pause, "trigger.snapshot_copy"))
+    killer.start()
+    with monkeypatch.context() as faults:
+        faults.setenv("CHECKPOINT_FAULTS", "trigger.snapshot_copy:action=pause")
+        faults.setenv("CHECKPOINT_FAULTS_PAUSE_DIR", str(pause))
+        with pytest.raises(
+            SinkUnavailableError, match=rf"initial snapshot of public.{table} .*drops slot {slot}, which"
+        ):
+            job.checkpoint()  # its COPY, mid-stream: on a connection the crash closed
+    killer.join()
+    change()  # committed before the next barrier: in its snapshot
+    job.checkpoint()
+    check()
+    change()  # after the slot's consistent point: the stream
+    job.checkpoint()
+    check()
 
 
 def test_a_server_killed_mid_snapshot_loses_doubles_and_rereads_nothing(spark, pg, tmp_path, monkeypatch):

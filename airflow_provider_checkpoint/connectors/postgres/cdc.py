@@ -19,7 +19,7 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     from_parquet,
     parquet,
 )
-from airflow_provider_checkpoint.connectors.postgres.cdc_snapshot import copy_rows
+from airflow_provider_checkpoint.connectors.postgres.cdc_snapshot import copy_rows, server_lost
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     SESSION,
     TableColumn,
@@ -289,7 +289,11 @@ class PostgresCdcSource(Source):
     def _snapshot(self) -> JsonDict:
         slot, publication, tables = self._prepare()
         pg = self._pg()
-        with pg.connect(autocommit=True, replication=True) as replication, pg.connect() as conn:
+        with (
+            server_lost(self.uid, slot, tables),
+            pg.connect(autocommit=True, replication=True) as replication,
+            pg.connect() as conn,
+        ):
             consistent, snapshot = cdc_slot.create_with_snapshot(replication, slot)
             storage = self._storage()
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -300,7 +304,7 @@ class PostgresCdcSource(Source):
             for i, table in enumerate(tables):
                 columns = table_columns(conn, table)
                 recorded[table] = cdc_schema.to_json(columns)
-                data = copy_rows(conn, table, columns, consistent)
+                data = copy_rows(conn, self.uid, table, columns, consistent)
                 files.append(f"{directory}/{i}.parquet")
                 rows += data.num_rows
                 storage.write_atomic(files[-1], parquet(data))

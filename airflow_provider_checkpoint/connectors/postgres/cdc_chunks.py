@@ -176,7 +176,7 @@ def _read_chunk(
             where = sql.SQL(" WHERE ({}) > ({})").format(sql.SQL(order), bound).as_string(conn)  # type: ignore[arg-type]
         query = f"{select_texts(cursor.table, columns)}{where} ORDER BY {order} LIMIT {int(rows)}"
         fault_point("trigger.chunk_read", source=uid, table=cursor.table)
-        texts = copy_texts(conn, query, len(columns))
+        texts = copy_texts(conn, query, len(columns), uid, cursor.table)
         conn.rollback()
     snapshot = Snapshot.parse(str(text))
     read = 0 if texts is None else texts.num_rows

@@ -3,19 +3,42 @@ snapshot (the slot's exported one, or a chunk's own), into the rows of :func:`.c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import arrow, typed
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn, quote, quoted_table
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.exceptions import SinkUnavailableError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def copy_rows(conn: Any, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
-    """Every row of ``table`` as ``conn``'s transaction sees it, as snapshot rows (``op`` insert, ``lsn``)
-    typed like the stream's: each value is read as text (``::text``) and goes through :func:`.cdc_rows.typed`."""
-    return snapshot_rows(table, columns, copy_texts(conn, select_texts(table, columns), len(columns)), lsn)
+def copy_rows(conn: Any, uid: str, table: str, columns: list[TableColumn], lsn: int) -> pa.Table:
+    """Every row of ``table`` as ``conn``'s transaction (the slot's exported snapshot) sees it, as snapshot rows
+    (``op`` insert, ``lsn``) typed like the stream's: each value is read as text (``::text``) and goes through
+    :func:`.cdc_rows.typed`."""
+    texts = copy_texts(conn, select_texts(table, columns), len(columns), uid, table)
+    return snapshot_rows(table, columns, texts, lsn)
+
+
+@contextmanager
+def server_lost(uid: str, slot: str, tables: list[str]) -> Iterator[None]:
+    """The initial snapshot of ``tables`` taken inside: the server lost meanwhile (a crash, a restart) raises
+    :class:`SinkUnavailableError` (retried); the next barrier drops ``slot`` and takes the snapshot again."""
+    import psycopg
+
+    try:
+        yield
+    except psycopg.OperationalError as e:
+        lines = str(e).strip().splitlines()
+        raise SinkUnavailableError(
+            f"source {uid}: PostgreSQL went away while taking the initial snapshot of {', '.join(tables)} "
+            f"({lines[0] if lines else type(e).__name__}); nothing was recorded: the next checkpoint drops slot "
+            f"{slot}, which this barrier created, and takes the snapshot again"
+        ) from e
 
 
 def select_texts(table: str, columns: list[TableColumn]) -> str:
@@ -23,16 +46,18 @@ def select_texts(table: str, columns: list[TableColumn]) -> str:
     return f"SELECT {', '.join(f'{quote(c.name)}::text' for c in columns)} FROM {quoted_table(table)}"
 
 
-def copy_texts(conn: Any, query: str, width: int) -> pa.Table | None:
+def copy_texts(conn: Any, query: str, width: int, uid: str, table: str) -> pa.Table | None:
     """``COPY (query) TO STDOUT`` in CSV, parsed by Arrow into ``width`` string columns ``c0…``; ``None`` when
     the query returns no row. CSV keeps NULL (an unquoted empty field) apart from the empty string (a quoted
-    one)."""
+    one). Source ``uid``'s ``table``: for the fault point ``trigger.snapshot_copy`` (its first row read)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     data = bytearray()
     with conn.cursor() as cursor, cursor.copy(f"COPY ({query}) TO STDOUT (FORMAT csv)") as copy:
         for chunk in copy:
+            if not data:
+                fault_point("trigger.snapshot_copy", source=uid, table=table)
             data += chunk
     if not data:
         return None
