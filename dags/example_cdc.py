@@ -2,8 +2,11 @@
 
 Every committed insert, update and delete of the PostgreSQL tables ``shop.customers`` and
 ``shop.orders`` reaches two Delta tables (``$CDC_DIR/lake/customers`` and ``$CDC_DIR/lake/orders``)
-that hold one row per primary key, exactly as the source table was at the checkpoint's barrier: a
-deleted row is deleted (``delete_when="deleted"``), nothing is lost or applied twice.
+that hold one row per primary key, exactly as the source table was at the checkpoint's barrier, nothing
+lost or applied twice. A deleted customer is deleted (``delete_when="deleted"``); a deleted order is kept,
+marked ``deleted = true`` (``deletes="soft"``: an order history for audits), and comes back unmarked if its
+id is inserted again. Under ``ALTER TABLE shop.orders REPLICA IDENTITY FULL`` a deleted order keeps its last
+values; otherwise its key alone (the other columns null), as the delete's WAL record carries no more.
 
 One ``PostgresCdcSource`` reads both tables through one logical replication slot. Each DAG run is one
 checkpoint: its trigger takes the server's WAL position as the barrier (the first run also creates
@@ -32,9 +35,9 @@ from airflow_provider_checkpoint import CheckpointedPipeline, DeltaTableSink, Po
 BASE = os.environ.get("CDC_DIR") or os.path.join(os.environ.get("AIRFLOW_HOME", "."), "cdc")
 CONN_ID = os.environ.get("CDC_PG_CONN") or "shop_db"
 LINEAGE = ["op", "lsn", "commit_time", "xid", "deleted"]
-TABLES = {
-    "customers": (["customer_id"], ["customer_id", "name", "email", "country"]),
-    "orders": (["order_id"], ["order_id", "customer_id", "amount", "status", "placed_at"]),
+TABLES = {  # keys, columns, deletes
+    "customers": (["customer_id"], ["customer_id", "name", "email", "country"], "hard"),
+    "orders": (["order_id"], ["order_id", "customer_id", "amount", "status", "placed_at"], "soft"),
 }
 
 
@@ -49,7 +52,7 @@ def only(table: str, columns: list[str]):  # type: ignore[no-untyped-def]
 
 with CheckpointedPipeline(dag_id="example_cdc", schedule=None, retained_checkpoints=3, doc_md=__doc__) as pipeline:
     changes = PostgresCdcSource(uid="shop", tables=[f"shop.{t}" for t in TABLES], postgres_conn_id=CONN_ID)
-    for name, (keys, columns) in TABLES.items():
+    for name, (keys, columns, deletes) in TABLES.items():
         DeltaTableSink(
             uid=f"{name}_delta",
             input=Transform(uid=name, input=changes, fn=only(name, columns)),
@@ -57,6 +60,8 @@ with CheckpointedPipeline(dag_id="example_cdc", schedule=None, retained_checkpoi
             mode="upsert",
             keys=keys,
             delete_when="deleted",
+            deletes=deletes,
+            deleted_column="deleted" if deletes == "soft" else None,
         )
 
 dag = pipeline.dag
