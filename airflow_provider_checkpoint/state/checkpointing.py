@@ -144,11 +144,15 @@ def _checkpoint_operator(
     (:meth:`~StatefulOperator.partials_at`)."""
     forms = process is None
     process = process or node.process
+
+    def fault(point: str) -> None:
+        fault_point(point, checkpoint=checkpoint_id, **where)
+
     own = keeps_files_of(storage, restore_base)
     incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
     layout = StateLayout.of(restored) if restored is not None and own and incremental else None
     if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
-        fault_point("step.during_compaction", checkpoint=checkpoint_id, **where)  # a full version compacts all
+        fault("step.during_compaction")  # a full version compacts all
         layout = None
     closing = None if watermarks is None else closing_column(node, watermarks[1])
     if layout is not None and restored is not None:
@@ -172,10 +176,6 @@ def _checkpoint_operator(
         if changelog is not None and _same_columns(changelog, restored):
             return operator.incremental(layout, changelog, output)
     if restored is None and watermarks is not None and own and incremental:
-
-        def fault(point: str) -> None:
-            fault_point(point, checkpoint=checkpoint_id, **where)
-
         merged = first_on_driver(storage, directory, checkpoint_id, node, inputs, settings, watermarks, fault)
         if merged is not None:
             return OperatorCheckpoint(*merged)
@@ -191,7 +191,7 @@ def _checkpoint_operator(
         else node.initial_state(spark, inputs)
     )
     new_state, output = process(inputs, state, barrier)
-    fault_point("step.before_state_write", checkpoint=checkpoint_id, **where)
+    fault("step.before_state_write")
     snapshot = write_state(
         storage,
         directory,
@@ -203,7 +203,7 @@ def _checkpoint_operator(
         uid=node.uid,
         closing=closing,
     )
-    fault_point("step.after_state_write", checkpoint=checkpoint_id, **where)
+    fault("step.after_state_write")
     return OperatorCheckpoint(snapshot, output, full_version_metrics(snapshot))
 
 
