@@ -132,7 +132,7 @@ def test_a_refused_login_is_named_at_once_by_every_client_path(tmp_path) -> None
 
     from confluent_kafka import KafkaError
 
-    from airflow_provider_checkpoint.connectors.kafka import client, reader
+    from airflow_provider_checkpoint.connectors.kafka import client, reader, refusals
     from airflow_provider_checkpoint.exceptions import raised_in_spark
     from tests.servers.kafka import Tansu
     from tests.servers.s3 import free_ports
@@ -163,9 +163,9 @@ def test_a_refused_login_is_named_at_once_by_every_client_path(tmp_path) -> None
     finally:
         guarded.stop()
     cut = KafkaError(KafkaError._AUTHENTICATION, "SASL handshake failed: Local: Broker transport failure")
-    assert not client.refused(cut) and client.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert not refusals.refused(cut) and refusals.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
     error = KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED, f"invalid credentials {password}")
-    assert password not in str(client.refusal("k", config, error))
+    assert password not in str(refusals.refusal("k", config, error))
 
 
 @pytest.mark.parametrize(

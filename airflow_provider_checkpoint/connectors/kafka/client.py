@@ -10,7 +10,7 @@ and no message ever names a secret value.
 (a refusal, not retried) naming the connection and ``bootstrap.servers``: librdkafka retries a
 failed SASL login forever and reports it only to an error callback, never in the answer of a
 blocking call (a metadata request then just times out), so each client made here carries our
-own :class:`Refusals` callback, and the first contact asks in growing steps, serving the
+own :class:`.refusals.Refusals` callback, and the first contact asks in growing steps, serving the
 callback in between. An authorization error (topic, group, cluster) in an answer is the same
 refusal. A broker that does not answer stays :class:`KafkaUnavailableError` (retried).
 
@@ -26,10 +26,11 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, TopicPartition
-from airflow_provider_checkpoint.exceptions import KafkaSourceError, KafkaUnavailableError, redact, shorten
+from airflow_provider_checkpoint.connectors.kafka.refusals import SECRET, Refusals, refusal, refused
+from airflow_provider_checkpoint.exceptions import KafkaSourceError, KafkaUnavailableError, shorten
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, KafkaError
@@ -40,20 +41,10 @@ TIMEOUT_SECONDS = 30.0
 """How long one broker question may take before the broker counts as unreachable."""
 POLL_SECONDS = 0.05
 """How long one ``consume`` call waits for more messages: it returns early only when it has a full batch."""
-_SECRET = re.compile(r"(password|secret|token|key\.pem|keystore|credentials)", re.IGNORECASE)
 _OURS = ("group.id", "enable.auto.commit", "enable.partition.eof", "auto.offset.reset", "isolation.level")
 _CALLBACKS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
 FIRST_STEP_SECONDS = 0.5
 """The first contact's first wait; each next one doubles (a slow broker still gets the whole timeout)."""
-_UNAUTHENTICATED = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "UNSUPPORTED_SASL_MECHANISM", "ILLEGAL_SASL_STATE")
-_UNAUTHORIZED = (
-    "TOPIC_AUTHORIZATION_FAILED",
-    "GROUP_AUTHORIZATION_FAILED",
-    "CLUSTER_AUTHORIZATION_FAILED",
-    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
-)
-_CUT_OFF = re.compile(r"transport failure|disconnected|connection refused|timed out", re.IGNORECASE)
-"""An ``_AUTHENTICATION`` error saying this: the connection broke during the login, not a refusal."""
 
 
 def connection_config(kafka_config_id: str) -> dict[str, str]:
@@ -78,7 +69,7 @@ def check_config(kafka_config_id: str, extra: Any) -> dict[str, str]:
             raise KafkaSourceError(f"{where}: {shorten(key)} is not a client property name")
         if key in _CALLBACKS:
             raise KafkaSourceError(f"{where}: callback {key} is not supported (the executors get plain values)")
-        shown = "<redacted>" if _SECRET.search(key) else shorten(value)
+        shown = "<redacted>" if SECRET.search(key) else shorten(value)
         if isinstance(value, bool):
             value = "true" if value else "false"
         if not isinstance(value, str | int | float) or "\0" in str(value):
@@ -90,47 +81,7 @@ def check_config(kafka_config_id: str, extra: Any) -> dict[str, str]:
 
 
 def redacted(config: Mapping[str, str]) -> dict[str, str]:
-    return {k: "<redacted>" if _SECRET.search(k) else v for k, v in config.items()}
-
-
-def refused(error: KafkaError | None) -> TypeGuard[KafkaError]:
-    """Whether ``error`` says the broker refused the credentials (SASL) or the access (an ACL)."""
-    if error is None:
-        return False
-    name = error.name()
-    return name in _UNAUTHORIZED or (name in _UNAUTHENTICATED and not _CUT_OFF.search(error.str()))
-
-
-def refusal(name: str, config: Mapping[str, str], error: KafkaError, mark: str = "") -> KafkaSourceError:
-    """The refusal of ``error`` (see :func:`refused`), one line naming connection ``name`` and the broker
-    address; every secret value of ``config`` that librdkafka's text might hold is replaced by ``***``."""
-    detail = error.str()
-    for key, value in config.items():
-        if _SECRET.search(key) and value:
-            detail = detail.replace(value, "***")
-    detail = redact(" ".join(detail.split()))[:300]
-    what = "access" if error.name() in _UNAUTHORIZED else "the credentials"
-    return KafkaSourceError(
-        f"{mark}Kafka connection {name!r}: the broker {config.get('bootstrap.servers', '?')} refused {what} "
-        f"({error.name()}: {detail}); fix the connection's security.protocol/sasl.* settings or the ACLs. "
-        "Nothing was read or committed"
-    )
-
-
-class Refusals:
-    """librdkafka's error callback on our own clients: keeps the first error that is a refusal."""
-
-    def __init__(self) -> None:
-        self.first: KafkaError | None = None
-
-    def __call__(self, error: KafkaError) -> None:
-        if self.first is None and refused(error):
-            self.first = error
-
-    def check(self, name: str, config: Mapping[str, str], mark: str = "") -> None:
-        """Raise the refusal (:func:`refusal`) if the broker refused since the client was made."""
-        if self.first is not None:
-            raise refusal(name, config, self.first, mark)
+    return {k: "<redacted>" if SECRET.search(k) else v for k, v in config.items()}
 
 
 def consumer_config(config: Mapping[str, str], group: str | None = None) -> dict[str, Any]:

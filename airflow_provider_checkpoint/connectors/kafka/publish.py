@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.connectors.kafka import client
+from airflow_provider_checkpoint.connectors.kafka import client, refusals
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.exceptions import (
     KafkaSourceError,
@@ -126,7 +126,7 @@ class Publisher:
     ) -> None:
         self.config, self.name, self.topic = config, name, topic
         self.transactional_id, self.timeout_ms = transactional_id, timeout_ms
-        self.refusals = client.Refusals()
+        self.refusals = refusals.Refusals()
         self.failures: list[KafkaError] = []
         self.producer: Producer | None = None
 
@@ -174,8 +174,8 @@ class Publisher:
     def _failed(self, e: Exception, what: str) -> Exception:
         found = client._error(e)
         self.refusals.check(self.name, self.config)
-        if client.refused(found):
-            return client.refusal(self.name, self.config, found)
+        if refusals.refused(found):
+            return refusals.refusal(self.name, self.config, found)
         if found is not None and found.name() in ("INVALID_TRANSACTION_TIMEOUT", "_INVALID_ARG"):
             return SinkConnectionError(
                 f"{self.where}: the broker refused transaction.timeout.ms={self.timeout_ms} ({found.name()}): "
@@ -271,8 +271,8 @@ class Publisher:
     def _check_delivered(self, checkpoint_id: int) -> None:
         if self.failures:
             first = self.failures[0]
-            if client.refused(first):
-                raise client.refusal(self.name, self.config, first)
+            if refusals.refused(first):
+                raise refusals.refusal(self.name, self.config, first)
             raise SinkUnavailableError(
                 f"{self.where}: {len(self.failures)} record(s) of checkpoint {checkpoint_id} refused: "
                 f"{first.name()}: {shorten(first.str())}"

@@ -146,7 +146,8 @@ def read_range(
     refusal of connection ``name`` is a marked :class:`KafkaSourceError` (see the module)."""
     from confluent_kafka import KafkaError, TopicPartition
 
-    from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, refusal, refused, watched_consumer
+    from airflow_provider_checkpoint.connectors.kafka.client import POLL_SECONDS, watched_consumer
+    from airflow_provider_checkpoint.connectors.kafka.refusals import refusal, refused
 
     topic, partition, start, end = task
     rows = _Rows(topic, partition, text, json_schema)
