@@ -126,6 +126,19 @@ def check_input_columns(table: str, table_columns: dict[str, str], input_columns
         raise SinkSchemaError(f"{table}: the input does not match the table's schema: {'; '.join(problems)}")
 
 
+SCHEMA_EVOLUTION = ("none", "additive")
+"""A sink's ``schema_evolution``: ``none`` refuses input whose columns differ from the table's; ``additive``
+adds an input column the table lacks (nullable, its earlier rows null) and widens a number column
+(PostgreSQL) in the checkpoint's own commit. Neither drops, narrows or retypes a column."""
+
+
+def check_schema_evolution(uid: str, value: str) -> str:
+    """Refuse a ``schema_evolution`` other than :data:`SCHEMA_EVOLUTION`'s when the pipeline is defined."""
+    if value not in SCHEMA_EVOLUTION:
+        raise PipelineDefinitionError(f"{uid}: schema_evolution must be one of {list(SCHEMA_EVOLUTION)}, got {value!r}")
+    return value
+
+
 def check_mode(uid: str, mode: str) -> None:
     """Refuse a sink ``mode`` other than ``append`` or ``upsert`` when the pipeline is defined."""
     if mode not in MODES:

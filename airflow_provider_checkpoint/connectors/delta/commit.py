@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
-from airflow_provider_checkpoint.connectors.delta import deletion_vectors
+from airflow_provider_checkpoint.connectors.delta import deletion_vectors, evolution
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import log_checkpoint as log_checkpoint_writer
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit
@@ -83,10 +83,12 @@ def commit(
         has it: the next attempt of the task checks the input against the new metadata). ``listed``: the log's
     files as just listed (at ``since``), for the first attempt (a version taken since is a conflict, then
     listed again)."""
-    actions = _actions(app_id, checkpoint_id, changes, partition_by)
+    file_actions = _actions(app_id, checkpoint_id, changes, partition_by)
     dv_files: dict[str, bytes] = {}  # each DV file read once by the checks
     for _ in range(RETRIES):
         files, latest, state = _latest(fs, root, table, listed)
+        grown = evolution.grown_metadata(table, state.metadata, changes.columns)
+        actions = file_actions if grown is None else [*file_actions[:2], {"metaData": grown}, *file_actions[2:]]
         live = state.adds
         listed = None
         if _committed_since(fs, root, table, files, since, latest, app_id, checkpoint_id):

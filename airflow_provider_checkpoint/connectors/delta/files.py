@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_checkpoint.connectors.delta.deletion_vectors import Descriptor, read_descriptor
+from airflow_provider_checkpoint.connectors.delta.evolution import read_added
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
 from airflow_provider_checkpoint.core.documents import Fields, path_problem
 from airflow_provider_checkpoint.exceptions import DocumentError
@@ -100,6 +101,8 @@ class DeltaCommit:
     adds: list[DeltaFile]
     removes: list[DeltaFile]
     deletes: list[DeltaDeletes] = field(default_factory=list)
+    columns: list[dict[str, Any]] = field(default_factory=list)
+    """Input columns the table lacked when staged: the commit adds them (:mod:`.evolution`)."""
 
 
 def _data_path(f: Fields, key: str, pattern: re.Pattern[str]) -> tuple[str, int]:
@@ -126,6 +129,7 @@ def read_delta_committables(
     adds: list[DeltaFile] = []
     removes: list[DeltaFile] = []
     deletes: list[DeltaDeletes] = []
+    columns: list[dict[str, Any]] = []
     for i, item in enumerate(reader.items("committables")):
         c = Fields(item, document, f"committables[{i}]")
         if c.integer("checkpoint_id", 1) != checkpoint_id:
@@ -152,6 +156,7 @@ def read_delta_committables(
             removes.append(DeltaFile(path, r.integer("size"), deletion_vector=dv))
         for j, raw in enumerate(c.items("deletes", default=[])):
             deletes.append(_deletes(Fields(raw, document, f"{c.where}.deletes[{j}]"), checkpoint_id, upsert))
+        columns += [f for f in read_added(c) if f not in columns]
     paths = [f.path for f in adds + removes + deletes]
     if len(set(paths)) != len(paths):
         raise DocumentError(document, "committables", "name a file twice")
@@ -159,7 +164,7 @@ def read_delta_committables(
         added = [b for b in (bucket_of_path(f.path) for f in adds) if b is not None]
         if len(set(added)) != len(added) or any(b >= buckets for b in added):
             raise DocumentError(document, "committables", f"must add each bucket below {buckets} at most once")
-    return DeltaCommit(adds, removes, deletes)
+    return DeltaCommit(adds, removes, deletes, columns)
 
 
 def _deletes(d: Fields, checkpoint_id: int, upsert: bool) -> DeltaDeletes:

@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from airflow_provider_checkpoint.connectors.base.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
-from airflow_provider_checkpoint.connectors.base.sink import check_input_columns, check_mode
+from airflow_provider_checkpoint.connectors.base.sink import check_input_columns, check_mode, check_schema_evolution
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_delete_column,
     check_sequence_by,
 )
 from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
+from airflow_provider_checkpoint.connectors.delta import evolution
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
@@ -61,38 +62,43 @@ _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 class DeltaTableSink(DeltaCommitter):
     """Exactly-once Delta table in ``append`` or ``upsert`` (by ``keys``) mode; one commit per checkpoint.
 
-    ``upsert`` writes the first load into ``buckets`` files hashed by ``keys``; later
-    checkpoints write their changed rows as new files and delete the replaced rows with
-    deletion vectors (readers must apply them: delta-rs ``scan()``, DuckDB, Spark with
-    Delta): cost grows with the changed keys, not the table. ``partition_by`` is for
-    ``append`` tables. The input's columns must equal the table's (no automatic schema evolution).
+        ``upsert`` writes the first load into ``buckets`` files hashed by ``keys``; later
+        checkpoints write their changed rows as new files and delete the replaced rows with
+        deletion vectors (readers must apply them: delta-rs ``scan()``, DuckDB, Spark with
+        Delta): cost grows with the changed keys, not the table. ``partition_by`` is for
+        ``append`` tables. The input's columns must equal the table's, unless ``schema_evolution="additive"``:
+    then an input column the table lacks is added, nullable, by the checkpoint's own commit (:mod:`.evolution`).
 
-    :param uid: Unique id of the sink in the pipeline.
-    :param input: The node whose records the table receives.
-    :param path: The table directory (a local path or URL delta-rs and fsspec both read).
-    :param mode: ``"append"`` or ``"upsert"``.
-    :param keys: The key columns of an upsert table.
-    :param partition_by: Partition columns of an append table (created with them).
-    :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
-    :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job and
-        written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
-    :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
-        ``conn_id``; delta-rs's are derived from them (:mod:`.storage`).
-    :param step: Name of the step (Airflow task) the sink runs in.
-    :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
-        checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
-    :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
-        :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
-        update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
-        ``KafkaSource(upsert=True)``).
-    :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
-        keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
-        insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
-    :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
-        ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
-    :param inline_deletion_vectors: Upsert mode: deletion vectors up to 2 KiB go inline into the log
-        (one file read less per data file for every reader) instead of into one DV file per checkpoint;
-        delta-spark 4.4's ``VACUUM`` fails on a table holding inline DVs (docs/delta-lake.md).
+        :param uid: Unique id of the sink in the pipeline.
+        :param input: The node whose records the table receives.
+        :param path: The table directory (a local path or URL delta-rs and fsspec both read).
+        :param mode: ``"append"`` or ``"upsert"``.
+        :param keys: The key columns of an upsert table.
+        :param partition_by: Partition columns of an append table (created with them).
+        :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
+        :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job and
+            written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
+        :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
+            ``conn_id``; delta-rs's are derived from them (:mod:`.storage`).
+        :param step: Name of the step (Airflow task) the sink runs in.
+        :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
+            checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
+        :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
+            :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
+            update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
+            ``KafkaSource(upsert=True)``).
+        :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
+            keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
+            insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
+        :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
+            ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
+        :param inline_deletion_vectors: Upsert mode: deletion vectors up to 2 KiB go inline into the log
+            (one file read less per data file for every reader) instead of into one DV file per checkpoint;
+            delta-spark 4.4's ``VACUUM`` fails on a table holding inline DVs (docs/delta-lake.md).
+        :param schema_evolution: ``"none"`` (default): the input's columns must be the table's. ``"additive"``: an
+            input column the table lacks is appended to the table's schema, nullable, in the ``metaData`` action of
+            the checkpoint's commit (Delta's ``mergeSchema``); a dropped or retyped column (widening included:
+            no ``typeWidening`` feature is written) is still refused.
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class DeltaTableSink(DeltaCommitter):
         inline_deletion_vectors: bool = False,
         deletes: str = "hard",
         deleted_column: str | None = None,
+        schema_evolution: str = "none",
     ) -> None:
         fsspec_options, self.delta_only = delta_storage.split_options(storage_options)
         super().__init__(uid, input, path, fsspec_options, step)
@@ -127,6 +134,7 @@ class DeltaTableSink(DeltaCommitter):
             BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None
         )
         self.inline_dv_bytes = delta_upsert.INLINE_DV_BYTES if inline_deletion_vectors else 0
+        self.schema_evolution = check_schema_evolution(uid, schema_evolution)
         self._records = {}
 
     def describe(self) -> dict[str, Any]:
@@ -171,20 +179,20 @@ class DeltaTableSink(DeltaCommitter):
         return _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        fs, root, staging = self._prepare(ctx, df)
+        fs, root, staging, added = self._prepare(ctx, df)
         written = write_parquet(df, fs, staging, self.partition_by, held=self.held_input(ctx))
         files = [(f.path, f.rows) for f in written]
         adds = [a for a in self._adds(fs, root, staging, files, {f.path: f.size for f in written}) if a.num_records]
         ctx.add_metric("sink_rows", sum(a.num_records for a in adds))
-        return self._committables(ctx, DeltaCommit(adds, [], []))
+        return self._committables(ctx, DeltaCommit(adds, [], [], added))
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
         check_delete_column(self.uid, self.delete_when, rows.df.schema)
-        fs, root, staging = self._prepare(ctx, rows.df.drop(self.delete_when) if self.delete_when else rows.df)
+        fs, root, staging, added = self._prepare(ctx, rows.df.drop(self.delete_when) if self.delete_when else rows.df)
         if live := self._upsert_files():
             staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes)
-            commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes)
+            commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
                 delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit)
             return self._committables(ctx, commit)
@@ -197,11 +205,13 @@ class DeltaTableSink(DeltaCommitter):
             if staged_bucket.path != named:
                 fs.mv(staged_bucket.path, named)
             files.append((named, staged_bucket.rows))
-        return self._committables(ctx, DeltaCommit(self._adds(fs, root, staging, files), [], []))
+        return self._committables(ctx, DeltaCommit(self._adds(fs, root, staging, files), [], [], added))
 
-    def _prepare(self, ctx: StepContext, df: DataFrame) -> tuple[fsspec.AbstractFileSystem, str, str]:
+    def _prepare(
+        self, ctx: StepContext, df: DataFrame
+    ) -> tuple[fsspec.AbstractFileSystem, str, str, list[dict[str, Any]]]:
         """Create the table if it has none, refuse input not matching it, clear the attempt's staging
-        directory: ``(filesystem, table root, staging directory)``."""
+        directory: ``(filesystem, table root, staging directory, columns the commit adds)``."""
         from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -220,7 +230,7 @@ class DeltaTableSink(DeltaCommitter):
             )
             metadata = table.metadata()
             layout = _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
-        self._check_input(layout, schema)
+        added = self._check_input(layout, schema)
         if self.upsert and layout.configuration.get(_DV_PROPERTY) != "true":
             existing = self._delta()
             assert existing is not None  # the layout came from a table
@@ -228,7 +238,7 @@ class DeltaTableSink(DeltaCommitter):
         fs, root = self._fs()
         directory = self.table()
         directory.delete(self.staging_name(ctx))  # an earlier try's files; on S3 one listing when there are none
-        return fs, root, directory.path(self.staging_name(ctx))
+        return fs, root, directory.path(self.staging_name(ctx)), added
 
     def _adds(
         self,
@@ -248,14 +258,13 @@ class DeltaTableSink(DeltaCommitter):
     def _committables(ctx: StepContext, commit: DeltaCommit) -> list[JsonDict]:
         ctx.add_metric("sink_files_staged", len(commit.adds))
         ctx.add_metric("sink_bytes_staged", sum(a.size for a in commit.adds))
-        return [
-            {
-                "checkpoint_id": ctx.checkpoint_id,
-                "adds": [a.to_json() for a in commit.adds],
-                "removes": [r.remove_json() for r in commit.removes],
-                "deletes": [d.to_json() for d in commit.deletes],
-            }
-        ]
+        committable: JsonDict = {
+            "checkpoint_id": ctx.checkpoint_id,
+            "adds": [a.to_json() for a in commit.adds],
+            "removes": [r.remove_json() for r in commit.removes],
+            "deletes": [d.to_json() for d in commit.deletes],
+        }
+        return [{**committable, "add_columns": commit.columns} if commit.columns else committable]
 
     def _add(self, root: str, full: str, staging: str, rows: int | None, size: int) -> DeltaFile:
         """The add action of a staged file: ``size``, records (from its footer unless known), partition values
@@ -271,20 +280,25 @@ class DeltaTableSink(DeltaCommitter):
         partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
         return DeltaFile(full[len(root) + 1 :], size, rows, partition)
 
-    def _check_input(self, layout: _Layout, schema: Any) -> None:
-        """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning."""
+    def _check_input(self, layout: _Layout, schema: Any) -> list[dict[str, Any]]:
+        """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning; the
+        input columns the commit adds (``schema_evolution="additive"``)."""
         from deltalake.schema import Schema
 
         url = self.asset_uri()
         evolve = (
-            "no automatic schema evolution: add them to the table first, e.g. DeltaTable.alter.add_columns, "
-            "then restart the job"
+            "schema_evolution='additive' adds them in the checkpoint's commit; else add them to the table "
+            "first, e.g. DeltaTable.alter.add_columns, then restart the job"
         )
-        check_input_columns(f"Delta table {url}", layout.columns, _columns(Schema.from_arrow(schema)), evolve)
+        delta_schema = Schema.from_arrow(schema)
+        added = evolution.added_columns(layout.columns, delta_schema) if self.schema_evolution != "none" else []
+        given = {c: t for c, t in _columns(delta_schema).items() if c not in {f["name"] for f in added}}
+        check_input_columns(f"Delta table {url}", layout.columns, given, evolve)
         if layout.partition_by != self.partition_by:  # an upsert sink has none
             raise SinkSchemaError(
                 f"Delta table {url} is partitioned by {layout.partition_by}, the sink by {self.partition_by}"
             )
+        return added
 
     def _upsert_files(self) -> dict[str, DataFile]:
         """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode
+from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode, check_schema_evolution
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     check_delete_column,
     check_sequence_by,
@@ -100,6 +100,11 @@ class PostgresTableSink(TransactionalSink):
     :param partition_per_checkpoint: append mode: the commit attaches the staged rows as the
         checkpoint's partition of a table partitioned ``PARTITION BY LIST (_checkpoint_id)`` instead of
         copying them (:mod:`.partitions`); ``create_table`` creates it so, an existing table must be.
+    :param schema_evolution: ``"none"`` (default): input columns must be the table's. ``"additive"``: an
+        input column the table lacks is added (``ALTER TABLE … ADD COLUMN``, nullable, typed as
+        ``create_table`` types it) and a number column the input widens (smallint → integer → bigint,
+        real → double precision) is widened (``ALTER COLUMN … TYPE``), both inside the checkpoint's commit
+        transaction (:func:`~.target.follow_staged`); never a dropped, narrowed or otherwise retyped column.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class PostgresTableSink(TransactionalSink):
         delete_when: str | None = None,
         deletes: str = "hard",
         deleted_column: str | None = None,
+        schema_evolution: str = "none",
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -146,6 +152,12 @@ class PostgresTableSink(TransactionalSink):
         if partition_per_checkpoint and mode != "append":
             raise PipelineDefinitionError(f"{uid}: partition_per_checkpoint is for append mode")
         self.partition_per_checkpoint = partition_per_checkpoint
+        self.schema_evolution = check_schema_evolution(uid, schema_evolution)
+        if partition_per_checkpoint and schema_evolution != "none":
+            raise PipelineDefinitionError(
+                f"{uid}: schema_evolution is not available with partition_per_checkpoint (a checkpoint's partition "
+                "is staged with the table's columns)"
+            )
 
     def _dead_letter_table(self, table: str) -> tuple[str, str]:
         schema, name = pg.split_table(self.uid, table if "." in table else f"{self.schema}.{table}")
@@ -372,6 +384,8 @@ class PostgresTableSink(TransactionalSink):
             claim = self._locked_claim(db)
             if self._marker(db, checkpoint_id, claim) is not None:
                 return
+            for staging, _, _ in committables:
+                target.follow_staged(self, db, staging)
             columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
             rows = 0
             for i, (staging, expected, refused) in enumerate(committables):

@@ -33,6 +33,7 @@ class SinkTable(Protocol):
     create_table: bool
     partition_per_checkpoint: bool
     delete_when: str | None
+    schema_evolution: str
 
     def target_name(self) -> str: ...
 

@@ -1,9 +1,12 @@
 """The step side of :class:`~.sink.PostgresTableSink` around the load: the target table checked (or
 created), the staging table created beside it, and, in upsert mode, the staged keys checked.
 
-Nothing here changes the structure of an existing target table: a table that does not match the
-input (columns, upsert keys' unique index, partitioning by checkpoint when the sink attaches
-partitions) is refused with :class:`SinkSchemaError`, naming what differs.
+The step changes no existing target table: a table that does not match the input (columns, upsert
+keys' unique index, partitioning by checkpoint when the sink attaches partitions) is refused with
+:class:`SinkSchemaError`, naming what differs. With ``schema_evolution="additive"`` an input column the
+table lacks, or a number column the input widens, is staged with the input's type, and the commit
+transaction adds or widens it before it moves the rows (:func:`follow_staged`): a failed commit leaves the
+table as it was.
 """
 
 from __future__ import annotations
@@ -70,19 +73,90 @@ def check_target(
         target = pg.table_columns(db, sink.schema, sink.table_name)
     expected = [f.name for f in schema.fields]
     own = [CHECKPOINT_COLUMN] if sink.mode == "append" else []
-    missing = [c for c in [*expected, *own] if c not in target]
+    evolved = _evolved(sink, schema, target)
+    missing = [c for c in [*expected, *own] if c not in target and c not in evolved]
     extra = [c for c in target if c not in expected and c not in own]
     if missing or extra:
         raise SinkSchemaError(
             f"sink {sink.uid}: table {sink.target_name()} does not match the input: "
             f"missing columns {missing}, columns the input does not have {extra}"
+            + (_HOW_TO_ADD if sink.schema_evolution == "none" and set(missing) - {CHECKPOINT_COLUMN} else "")
         )
     if sink.mode == "upsert" and unique_index(sink, db) is None:
         raise SinkSchemaError(
             f"sink {sink.uid}: table {sink.target_name()} has no unique index on exactly {sink.keys} (upsert keys)"
         )
     partitions.check_partitioning(sink, db)
-    return {**{c: target[c] for c in expected}, **({sink.delete_when: "boolean"} if sink.delete_when else {})}
+    if evolved:
+        log.info("sink %s: the commit follows the input's schema in %s: %s", sink.uid, sink.target_name(), evolved)
+    staged = {c: evolved.get(c) or target[c] for c in expected}
+    return {**staged, **({sink.delete_when: "boolean"} if sink.delete_when else {})}
+
+
+_HOW_TO_ADD = (
+    " (schema_evolution='additive' adds an input column in the checkpoint's commit; else ALTER TABLE … ADD COLUMN "
+    "first)"
+)
+_NUMBERS = {"smallint": ("int", 1), "integer": ("int", 2), "bigint": ("int", 3), "real": ("float", 1)}
+_NUMBERS["double precision"] = ("float", 2)
+
+
+def _evolved(sink: pg.SinkTable, schema: StructType, target: dict[str, str]) -> dict[str, str]:
+    """With ``schema_evolution="additive"``: the input columns the commit adds or widens → their PostgreSQL
+    type (the table's ``target`` columns → types); a number column the input retypes otherwise is refused,
+    naming table, column and both types."""
+    if sink.schema_evolution == "none" or not target:
+        return {}
+    evolved: dict[str, str] = {}
+    for f in schema.fields:
+        if f.name not in target:
+            evolved[f.name] = pg.pg_type(sink.uid, f.name, f.dataType)
+            continue
+        old = _NUMBERS.get(target[f.name])
+        new_type = pg.pg_type(sink.uid, f.name, f.dataType) if old else None
+        new = _NUMBERS.get(new_type or "")
+        if old is None or new is None or new == old:
+            continue
+        if new[0] != old[0]:
+            raise SinkSchemaError(
+                f"sink {sink.uid}: column {f.name} of {sink.target_name()} is {target[f.name]}, the input's is "
+                f"{new_type}: not a widening (schema_evolution adds columns and widens numbers only)"
+            )
+        if new[1] > old[1]:
+            evolved[f.name] = str(new_type)
+    return evolved
+
+
+def follow_staged(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) -> list[str]:
+    """In the commit transaction, with ``schema_evolution="additive"``: add each column of ``staging`` the
+    table lacks (nullable, the staged type) and widen each number column ``staging`` holds wider, in the
+    table and in its undo table (before-images of a restore); the changes made, as SQL fragments."""
+    from psycopg import sql
+
+    if sink.schema_evolution == "none":
+        return []
+    staged = pg.table_columns(db, sink.schema, staging)
+    undo_name = pg.undo_table(sink.digest)
+    tables = [sink.table_name, *([undo_name] if pg.table_columns(db, sink.schema, undo_name) else [])]
+    changes: list[str] = []
+    for name in tables:
+        current = pg.table_columns(db, sink.schema, name)
+        for column, kind in staged.items():
+            if column in (sink.delete_when, CHECKPOINT_COLUMN):
+                continue
+            old, new = _NUMBERS.get(current.get(column, "")), _NUMBERS.get(kind)
+            if column not in current:
+                change = sql.SQL("ADD COLUMN {} {}").format(pg.ident(column), sql.SQL(kind))
+            elif old and new and old[0] == new[0] and new[1] > old[1]:
+                change = sql.SQL("ALTER COLUMN {} TYPE {}").format(pg.ident(column), sql.SQL(kind))
+            else:
+                continue
+            db.execute(sql.SQL("ALTER TABLE {} ").format(sink.table(name)) + change)
+            if name == sink.table_name:
+                changes.append(change.as_string(db))
+    if changes:
+        log.info("sink %s: the commit changed %s: %s", sink.uid, sink.target_name(), "; ".join(changes))
+    return changes
 
 
 def unique_index(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> bool | None:
