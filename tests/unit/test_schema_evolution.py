@@ -92,3 +92,32 @@ def test_committables_naming_added_columns_are_read_only_well_formed():
         read([note, note])
     with pytest.raises(DocumentError, match="are not Delta fields"):
         read([{**note, "type": "no such type"}])
+
+
+def test_update_files_written_before_and_after_an_added_column_merge_into_one_with_nulls(tmp_path):
+    import fsspec
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_checkpoint.connectors.delta import upsert
+    from airflow_provider_checkpoint.connectors.delta.log import DataFile
+
+    before = pa.table({"id": pa.array([1, 2, 3], pa.int32()), "n": pa.array([10, 20, 30], pa.int32())})
+    after = pa.table({"id": pa.array([4, 5], pa.int32()), "n": pa.array([40, 50], pa.int32()), "note": ["d", None]})
+    sources = []
+    for name, rows, deleted in [("a.parquet", before, [1]), ("b.parquet", after, []), ("c.parquet", before, [])]:
+        pq.write_table(rows, tmp_path / name)
+        size = (tmp_path / name).stat().st_size
+        sources.append((DataFile(name, (), size=size), np.array(deleted, dtype=np.uint64)))
+    fs = fsspec.filesystem("file")
+    written = upsert._merge(fs, str(tmp_path), sources, str(tmp_path / "out.parquet"), "doc")
+    merged = pq.read_table(tmp_path / "out.parquet")
+    assert written == 7 and merged.column_names == ["id", "n", "note"]
+    assert merged.to_pylist() == [
+        {"id": 1, "n": 10, "note": None},
+        {"id": 3, "n": 30, "note": None},
+        {"id": 4, "n": 40, "note": "d"},
+        {"id": 5, "n": 50, "note": None},
+        *({"id": i, "n": 10 * i, "note": None} for i in (1, 2, 3)),
+    ]

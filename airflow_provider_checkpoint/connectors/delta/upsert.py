@@ -240,15 +240,18 @@ def _merge(
     fs: fsspec.AbstractFileSystem, root: str, sources: list[tuple[DataFile, np.ndarray]], out: str, document: str
 ) -> int:
     """Write the live rows of ``sources`` (each file with every position deleted from it) to ``out`` in order,
-    streamed; the rows written. Refused (:mod:`.checks`) unless each file gave exactly its live rows."""
+    streamed; the rows written. Refused (:mod:`.checks`) unless each file gave exactly its live rows. Files
+    written before a column was added (``schema_evolution``) give null in it: ``out`` has every column."""
+    schemas = []
+    for file, _ in sources:
+        with open_sized(fs, f"{root}/{file.path}", file.size) as source:
+            schemas.append(_rewrite_schema(_pq_file(source)))
     with ExitStack() as stack:
-        writer = None
+        writer = stack.enter_context(table_writer(fs, out, _union(schemas)))
         written = 0
         for file, deleted in sources:
             with open_sized(fs, f"{root}/{file.path}", file.size) as source:
                 reader = _pq_file(source)
-                if writer is None:
-                    writer = stack.enter_context(table_writer(fs, out, _rewrite_schema(reader)))
                 kept = _live_rows(reader, deleted, writer)
                 delta_checks.check_rewrite(document, file.path, reader.metadata.num_rows, len(deleted), kept)
                 written += kept
@@ -270,12 +273,27 @@ def _live_rows(reader: pq.ParquetFile, deleted: np.ndarray, writer: pq.ParquetWr
     written, at = 0, 0
     for batch in reader.iter_batches(batch_size=BATCH_ROWS):
         positions = np.arange(at, at + batch.num_rows, dtype=np.uint64)
-        kept = pa.Table.from_batches([batch]).cast(writer.schema).filter(pa.array(~np.isin(positions, deleted)))
+        rows = pa.Table.from_batches([batch])
+        for field in writer.schema:  # a column added to the table after the file was written: null
+            if field.name not in rows.column_names:
+                rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
+        kept = rows.select(writer.schema.names).cast(writer.schema).filter(pa.array(~np.isin(positions, deleted)))
         at += batch.num_rows
         if kept.num_rows:
             writer.write_table(kept)
             written += kept.num_rows
     return written
+
+
+def _union(schemas: list[pa.Schema]) -> pa.Schema:
+    """Every column of ``schemas``, each once, in the order they first appear."""
+    import pyarrow as pa
+
+    fields: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for f in schema:
+            fields.setdefault(f.name, f)
+    return pa.schema(list(fields.values()))
 
 
 def _rewrite_schema(reader: pq.ParquetFile) -> pa.Schema:
