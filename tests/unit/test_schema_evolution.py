@@ -30,7 +30,10 @@ def test_bad_option_values_are_refused_when_the_pipeline_is_defined(tmp_path):
         DeltaTableSink("lake", Source("src"), str(tmp_path), schema_evolution="mergeSchema")
     with pytest.raises(PipelineDefinitionError, match="not available with partition_per_checkpoint"):
         _pg(schema_evolution="additive", partition_per_checkpoint=True)
-    assert _pg().schema_evolution == "none"
+    assert "schema_evolution" not in _pg().describe()
+    assert _pg(schema_evolution="additive").describe()["schema_evolution"] == "additive"
+    lake = DeltaTableSink("lake", Source("src"), str(tmp_path), schema_evolution="additive")
+    assert lake.describe()["schema_evolution"] == "additive"
 
 
 def test_the_postgres_step_stages_added_and_widened_columns_and_refuses_other_number_retypes():

@@ -138,7 +138,9 @@ class DeltaTableSink(DeltaCommitter):
         self._records = {}
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
+        described = {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
+        evolution = {"schema_evolution": self.schema_evolution} if self.schema_evolution != "none" else {}
+        return {**described, **evolution}
 
     def required_columns(self) -> dict[str, list[str]]:
         return {**super().required_columns(), "partition_by": self.partition_by}

@@ -169,6 +169,8 @@ class PostgresTableSink(TransactionalSink):
         described = {**super().describe(), "format": "postgres", "table": self.target_name(), "mode": self.mode}
         if self.partition_per_checkpoint:
             described["partition_per_checkpoint"] = True
+        if self.schema_evolution != "none":
+            described["schema_evolution"] = self.schema_evolution
         return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
 
     def targets(self) -> list[str]:
