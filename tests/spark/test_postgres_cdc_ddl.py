@@ -94,14 +94,23 @@ def short(rng: random.Random) -> str | None:
     return rng.choice([None, f"s{rng.randrange(10**6)}"])
 
 
+NUMBER = {"n": lambda r: r.randrange(-1000, 1000)}
+
+
+def captured(pg: PostgresServer, table: str, v: str) -> tuple[Any, Churn]:
+    """A connection and the churn of a new table ``(id int PRIMARY KEY, n int, <v>)``, eight transactions in."""
+    conn = pg.connect()
+    conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, n int, {v})")
+    churn = Churn(conn, table)
+    churn.run(8, {**NUMBER, "v": short})
+    return conn, churn
+
+
 def test_added_dropped_and_widened_columns_within_and_across_checkpoints(spark, pg, tmp_path):
     table, slot = f"cdc_ddl_{uuid.uuid4().hex[:6]}", f"cdc_ddl_{uuid.uuid4().hex[:6]}"
     path = tmp_path / "lake"
-    conn = pg.connect()
-    conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, n int, v varchar(10))")
-    churn = Churn(conn, table)
-    number = {"n": lambda r: r.randrange(-1000, 1000)}
-    churn.run(8, {**number, "v": short})
+    conn, churn = captured(pg, table, "v varchar(10)")
+    number = NUMBER
 
     def declare(tmp: Path) -> None:
         changes = PostgresCdcSource("ddl", [table], postgres_conn_id="cdc_pg", slot_name=slot)

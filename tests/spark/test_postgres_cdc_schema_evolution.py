@@ -26,7 +26,7 @@ from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.servers.postgres import PostgresServer, cdc_connection
 from tests.spark.sink_model import duckdb_delta_rows, sort_rows
-from tests.spark.test_postgres_cdc_ddl import Churn, delta, refused, short
+from tests.spark.test_postgres_cdc_ddl import NUMBER, Churn, captured, delta, refused, short
 
 pytestmark = pytest.mark.spark
 
@@ -53,11 +53,8 @@ def copied(conn: Any, table: str, names: list[str]) -> dict[int, tuple[Any, ...]
 def test_an_added_column_reaches_delta_and_postgres_in_the_commit_of_its_rows(spark, pg, tmp_path, monkeypatch):
     n = uuid.uuid4().hex[:6]
     table, copy, slot, path = f"cdc_evolve_{n}", f"cdc_evolve_{n}_copy", f"cdc_evolve_{n}", tmp_path / "lake"
-    conn = pg.connect()
-    conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, n int, v text)")
-    churn = Churn(conn, table)
-    number = {"n": lambda r: r.randrange(-1000, 1000)}
-    churn.run(8, {**number, "v": short})
+    conn, churn = captured(pg, table, "v text")
+    number = NUMBER
 
     def declare(tmp: Path) -> None:
         changes = PostgresCdcSource("src", [table], postgres_conn_id="cdc_pg", slot_name=slot)
