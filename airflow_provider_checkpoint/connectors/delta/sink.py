@@ -62,43 +62,44 @@ _HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 class DeltaTableSink(DeltaCommitter):
     """Exactly-once Delta table in ``append`` or ``upsert`` (by ``keys``) mode; one commit per checkpoint.
 
-        ``upsert`` writes the first load into ``buckets`` files hashed by ``keys``; later
-        checkpoints write their changed rows as new files and delete the replaced rows with
-        deletion vectors (readers must apply them: delta-rs ``scan()``, DuckDB, Spark with
-        Delta): cost grows with the changed keys, not the table. ``partition_by`` is for
-        ``append`` tables. The input's columns must equal the table's, unless ``schema_evolution="additive"``:
-    then an input column the table lacks is added, nullable, by the checkpoint's own commit (:mod:`.evolution`).
+    ``upsert`` writes the first load into ``buckets`` files hashed by ``keys``; later
+    checkpoints write their changed rows as new files and delete the replaced rows with
+    deletion vectors (readers must apply them: delta-rs ``scan()``, DuckDB, Spark with
+    Delta): cost grows with the changed keys, not the table. ``partition_by`` is for
+    ``append`` tables. The input's columns must equal the table's, unless
+    ``schema_evolution="additive"``: then an input column the table lacks is added, nullable, by the
+    checkpoint's own commit (:mod:`.evolution`).
 
-        :param uid: Unique id of the sink in the pipeline.
-        :param input: The node whose records the table receives.
-        :param path: The table directory (a local path or URL delta-rs and fsspec both read).
-        :param mode: ``"append"`` or ``"upsert"``.
-        :param keys: The key columns of an upsert table.
-        :param partition_by: Partition columns of an append table (created with them).
-        :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
-        :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job and
-            written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
-        :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
-            ``conn_id``; delta-rs's are derived from them (:mod:`.storage`).
-        :param step: Name of the step (Airflow task) the sink runs in.
-        :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
-            checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
-        :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
-            :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
-            update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
-            ``KafkaSource(upsert=True)``).
-        :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
-            keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
-            insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
-        :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
-            ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
-        :param inline_deletion_vectors: Upsert mode: deletion vectors up to 2 KiB go inline into the log
-            (one file read less per data file for every reader) instead of into one DV file per checkpoint;
-            delta-spark 4.4's ``VACUUM`` fails on a table holding inline DVs (docs/delta-lake.md).
-        :param schema_evolution: ``"none"`` (default): the input's columns must be the table's. ``"additive"``: an
-            input column the table lacks is appended to the table's schema, nullable, in the ``metaData`` action of
-            the checkpoint's commit (Delta's ``mergeSchema``); a dropped or retyped column (widening included:
-            no ``typeWidening`` feature is written) is still refused.
+    :param uid: Unique id of the sink in the pipeline.
+    :param input: The node whose records the table receives.
+    :param path: The table directory (a local path or URL delta-rs and fsspec both read).
+    :param mode: ``"append"`` or ``"upsert"``.
+    :param keys: The key columns of an upsert table.
+    :param partition_by: Partition columns of an append table (created with them).
+    :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
+    :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job and
+        written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
+    :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
+        ``conn_id``; delta-rs's are derived from them (:mod:`.storage`).
+    :param step: Name of the step (Airflow task) the sink runs in.
+    :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
+        checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
+    :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
+        :mod:`.upsert_rule`) has it true is deleted (its live row deleted by a deletion vector, as an
+        update deletes the row it replaces), and the column is not written (e.g. ``"tombstone"`` of a
+        ``KafkaSource(upsert=True)``).
+    :param deletes: Upsert mode with ``delete_when``: ``"hard"`` (default) removes a deleted key; ``"soft"``
+        keeps the delete's row with ``deleted_column`` true, every other row with it false, so a later
+        insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
+    :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
+        ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
+    :param inline_deletion_vectors: Upsert mode: deletion vectors up to 2 KiB go inline into the log
+        (one file read less per data file for every reader) instead of into one DV file per checkpoint;
+        delta-spark 4.4's ``VACUUM`` fails on a table holding inline DVs (docs/delta-lake.md).
+    :param schema_evolution: ``"none"`` (default): the input's columns must be the table's. ``"additive"``: an
+        input column the table lacks is appended to the table's schema, nullable, in the ``metaData`` action of
+        the checkpoint's commit (Delta's ``mergeSchema``); a dropped or retyped column (widening included:
+        no ``typeWidening`` feature is written) is still refused.
     """
 
     def __init__(
