@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode, check_schema_evolution
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
+    UpsertRows,
     check_delete_column,
     check_sequence_by,
 )
@@ -56,6 +57,7 @@ from airflow_provider_checkpoint.exceptions import (
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
@@ -288,6 +290,25 @@ class PostgresTableSink(TransactionalSink):
             pg.pg_type(self.uid, f.name, f.dataType)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        staged = self._stage(ctx, df, self.held_input(ctx), one_per_key=True)
+        assert staged is not None  # only an input that may repeat a key is declined
+        return [staged]
+
+    def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
+        """An input that may repeat a key is first staged as it is, without Spark's reduction to one row
+        per key (a shuffle of every row): the staging table then holds each key once, and no row was
+        refused, exactly when the reduction would have changed nothing, and that staging stands.
+        Otherwise it is staged again, reduced (the rows as :meth:`UpsertRows.frame` gives them). Rows
+        the driver holds go from the driver, with no Spark job, as in :meth:`write`."""
+        held = rows.in_driver.rows() if rows.in_driver is not None else None
+        if rows.reduce and (staged := self._stage(ctx, rows.df, held, one_per_key=False)) is not None:
+            return [staged]
+        return self.write(ctx, rows.frame())
+
+    def _stage(self, ctx: StepContext, df: DataFrame, held: pa.Table | None, one_per_key: bool) -> JsonDict | None:
+        """Stage ``df`` (from the driver: ``held``, its rows), return the committable. With ``one_per_key``
+        false (an upsert input that may repeat a key), ``None`` if a key is staged twice or a row was
+        refused: the caller stages again."""
         started = time.monotonic()
         conn = self._connection()
         staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
@@ -301,17 +322,23 @@ class PostgresTableSink(TransactionalSink):
             if self.dead_letters:
                 dead_letters.prepare(self, db, self.dead_letters, staging)
         load = copy_partitions(conn, self.schema, staging, types, self.keys, dead)
-        held = self.held_input(ctx)
         if held is None:
             results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
         else:  # merged on the driver: one stream from here, no Spark job, no Python worker
             results = [r for batch in load(iter(held.to_batches())) for r in batch.to_pylist()]
         failed = [r["error"] for r in results if r["error"]]
+        rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
+        if not one_per_key and (failed or refused or target.staged_twice(self, conn, staging, null_keys)):
+            log.info(
+                "sink %s: input staged unreduced has %s; staging it again reduced to one row per key",
+                self.uid, "refused rows" if failed or refused else "a key twice",
+            )  # fmt: skip
+            return None
         if failed:
             raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
-        rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
         dead_letters.check_refused(self, conn, staging, rows, refused)
-        target.check_staged(self, conn, staging, null_keys)
+        if one_per_key:
+            target.check_staged(self, conn, staging, null_keys)
         ctx.add_metric("sink_rows", rows)
         committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
         if dead:
@@ -322,7 +349,7 @@ class PostgresTableSink(TransactionalSink):
             self.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", self.schema,
             staging, "the driver" if held else f"{len(results)} partitions", time.monotonic() - started,
         )  # fmt: skip
-        return [committable]
+        return committable
 
     # -- committer (finalize / recovery side) ------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int, int]]:

@@ -194,10 +194,16 @@ def check_staged(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys
     index) and refuse a key staged twice, or a null key part where the table's unique index would not
     match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
     table once, in order (or attaches it): nothing to check or plan."""
+    if sink.mode == "upsert":
+        staged_twice(sink, conn, staging, null_keys, refuse=True)
+
+
+def staged_twice(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys: bool, refuse: bool = False) -> bool:
+    """``ANALYZE`` the upsert staging table, refuse a null key part the table's unique index would not
+    match (``null_keys`` false), and tell whether a key is staged twice (with ``refuse``: refuse it).
+    Keys are compared as the unique index compares them (nulls equal, as one row per key groups them)."""
     from psycopg import sql
 
-    if sink.mode != "upsert":
-        return
     with conn.connect(autocommit=True) as db:
         db.execute(sql.SQL("ANALYZE {}").format(sink.table(staging)))
         keys = pg.idents(sink.keys)
@@ -207,13 +213,14 @@ def check_staged(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys
             sql.SQL("SELECT {k}, 'a null key' FROM {t} WHERE {n} UNION ALL (SELECT {k}, 'staged twice' FROM {t} "
                     "GROUP BY {k} HAVING count(*) > 1) LIMIT 1").format(k=keys, t=sink.table(staging), n=refused)
         ).fetchone()  # fmt: skip
-    if bad:
-        key = ", ".join(f"{k}={v!r}" for k, v in zip(sink.keys, bad[:-1], strict=True))
-        if bad[-1] == "a null key":
-            raise SinkValueError(
-                f"sink {sink.uid}: upsert key ({key}) is a null key, which the unique index of "
-                f"{sink.target_name()} on {sink.keys} does not match (nulls distinct, or a primary key): create "
-                "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
-                "null keys upstream"
-            )
-        raise SinkValueError(f"sink {sink.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
+    if bad is None or (bad[-1] == "staged twice" and not refuse):
+        return bad is not None
+    key = ", ".join(f"{k}={v!r}" for k, v in zip(sink.keys, bad[:-1], strict=True))
+    if bad[-1] == "a null key":
+        raise SinkValueError(
+            f"sink {sink.uid}: upsert key ({key}) is a null key, which the unique index of "
+            f"{sink.target_name()} on {sink.keys} does not match (nulls distinct, or a primary key): create "
+            "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
+            "null keys upstream"
+        )
+    raise SinkValueError(f"sink {sink.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
