@@ -4,8 +4,10 @@ psycopg equals the pandas rule (the greatest ``sequence_by``, then the later row
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -16,7 +18,19 @@ from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.postgres import PostgresServer
 from tests.spark.helpers import step_context
-from tests.spark.test_postgres_sink import target  # noqa: F401  # the fixture
+
+_schemas = itertools.count()
+
+
+@pytest.fixture
+def target(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh schema ``u<n>`` for the table, its bookkeeping and dead letters, behind connection ``pg_test``."""
+    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
+    schema = f"u{next(_schemas)}"
+    with postgres_server.connect() as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    yield schema
+
 
 RESTAGED = "staging it again reduced"
 SMALLINT_OUT_OF_RANGE = 70000
