@@ -223,6 +223,8 @@ class TransactionalSink(Sink):
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
             upstream = self.inputs[0].uid
+            read = ctx.source_rows.get(upstream)
+            source = read.rows if read is not None and read.df is df else None  # as the source read them
             rows = UpsertRows(
                 self.uid,
                 df,
@@ -230,8 +232,8 @@ class TransactionalSink(Sink):
                 self.sequence_by,
                 self.needs_source_order(),
                 None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
-                ctx.output_rows.get(upstream),
-                read.rows if (read := ctx.source_rows.get(upstream)) is not None and read.df is df else None,
+                source.num_rows if source is not None else ctx.output_rows.get(upstream),
+                source,
             )
             return self.write_upsert(ctx, rows)
         return self.write(ctx, df)
