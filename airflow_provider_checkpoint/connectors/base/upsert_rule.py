@@ -149,12 +149,13 @@ class UpsertRows:
         """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
         return latest_per_key(self.uid, self.df, self.keys, self.sequence_by) if self.reduce else self.df
 
-    def collect(self, limit: int, pmod_column: str, divisor: int) -> pa.Table | None:
-        """The rows in the driver, reduced there, with ``pmod_column`` = ``pmod(xxhash64(keys), divisor)`` as
-        Spark computes it (e.g. a bucket): from :attr:`source` without a Spark job when it has them and the
-        driver hashes the keys' types as Spark does (:mod:`~airflow_provider_checkpoint.state.spark_hash`),
-        else in one Spark job (no shuffle). ``None`` if the input has more than ``limit`` rows, or key or
-        ``sequence_by`` values pyarrow cannot compare as Spark does: use :meth:`frame` then."""
+    def collect(self, limit: int, pmod: tuple[str, int] | None = None) -> pa.Table | None:
+        """The rows in the driver, reduced there, with ``pmod`` ``(column, divisor)``'s column =
+        ``pmod(xxhash64(keys), divisor)`` as Spark computes it (e.g. a bucket): from :attr:`source` without a
+        Spark job when it has them and the driver hashes the keys' types as Spark does
+        (:mod:`~airflow_provider_checkpoint.state.spark_hash`), else in one Spark job (no shuffle). ``None``
+        if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot compare
+        as Spark does: use :meth:`frame` then."""
         from pyspark.sql import functions as F
 
         if not limit or (self.count is not None and self.count > limit):
@@ -167,16 +168,18 @@ class UpsertRows:
         ):
             return None
         if self.source is not None:
-            rows = self._from_source(limit, pmod_column, divisor)
+            rows = self._from_source(limit, pmod)
             if rows is not None:
                 return rows
-        df = self.df.withColumn(pmod_column, F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(divisor)))
+        df = self.df
+        if pmod is not None:
+            df = df.withColumn(pmod[0], F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(pmod[1])))
         if self.reduce:
             df = df.withColumn(_ORDER, F.monotonically_increasing_id())
         rows = df.limit(limit + 1).toArrow()
         return None if rows.num_rows > limit else self._reduced(rows)
 
-    def _from_source(self, limit: int, pmod_column: str, divisor: int) -> pa.Table | None:
+    def _from_source(self, limit: int, pmod: tuple[str, int] | None) -> pa.Table | None:
         """:meth:`collect` from :attr:`source` (in source order), or ``None`` if too many rows or keys the
         driver does not hash as Spark does."""
         import numpy as np
@@ -185,10 +188,13 @@ class UpsertRows:
         from airflow_provider_checkpoint.state.spark_hash import hashable, xxhash64
 
         rows = self.source
-        if rows is None or rows.num_rows > limit or not hashable(rows.schema, self.keys):
+        if rows is None or rows.num_rows > limit:
             return None
-        pmod = xxhash64(rows, self.keys).view(np.int64) % np.int64(divisor)  # numpy's %: never negative, as pmod
-        rows = rows.append_column(pmod_column, pa.array(pmod))
+        if pmod is not None:
+            if not hashable(rows.schema, self.keys):
+                return None
+            hashes = xxhash64(rows, self.keys).view(np.int64)
+            rows = rows.append_column(pmod[0], pa.array(hashes % np.int64(pmod[1])))  # numpy's %: as pmod, >= 0
         if self.reduce:
             rows = rows.append_column(_ORDER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         return self._reduced(rows)
