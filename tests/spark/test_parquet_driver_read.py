@@ -128,7 +128,7 @@ def _has_ancient(column: pa.ChunkedArray) -> bool:
     return any(v is not None and v < limit for v in column.to_pylist())
 
 
-def test_a_corrupt_file_is_left_to_spark(tmp_path: Path) -> None:
+def test_a_corrupt_file_is_left_to_spark(spark, tmp_path: Path) -> None:
     path = tmp_path / "part-0.parquet"
     pq.write_table(pa.table({"i": pa.array([1, 2], pa.int32())}), path, write_page_checksum=True)
     data = path.read_bytes()
@@ -137,3 +137,12 @@ def test_a_corrupt_file_is_left_to_spark(tmp_path: Path) -> None:
     assert isinstance(declared, StructType)
     fs = fsspec.filesystem("file")
     assert read_exactly(fs, [str(path)], [len(data)], expected_schema(declared)) is None
+
+
+def test_a_negative_driver_read_bound_is_refused(spark, tmp_path: Path) -> None:
+    from airflow_provider_checkpoint.dataflow import FileSource
+    from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+
+    with pytest.raises(PipelineDefinitionError, match="driver_read_bytes"):
+        FileSource("s", str(tmp_path), "parquet", "i INT", driver_read_bytes=-1)
+    assert FileSource("s", str(tmp_path), "parquet", "i INT", driver_read_bytes=0).driver_read_bytes == 0
