@@ -11,7 +11,7 @@ from airflow_provider_checkpoint.storage import JobStorage
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows, SourceRows
 
 
 @dataclass
@@ -31,6 +31,8 @@ class StepContext:
     metrics: JsonDict = field(default_factory=dict)
     in_driver: dict[str, DriverRows] = field(default_factory=dict)
     """By node uid: the output rows this attempt also holds in the driver (see :mod:`.driver_rows`)."""
+    source_rows: dict[str, SourceRows] = field(default_factory=dict)
+    """By source uid: its output read on the driver (:meth:`.graph.Source.read_in_driver`)."""
     output_rows: dict[str, int] = field(default_factory=dict)
     """By node uid: how many rows its output has, where the attempt knows it without a Spark job."""
 

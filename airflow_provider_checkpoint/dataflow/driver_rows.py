@@ -53,3 +53,12 @@ class DriverRows:
         import numpy as np
 
         return np.mod(self.table[KEY_HASH].to_numpy(), np.int64(divisor))
+
+
+@dataclass(frozen=True)
+class SourceRows:
+    """A source's output read on the driver: ``df`` (what the step's nodes get, read by Spark only if a
+    consumer does not take ``rows``) and ``rows``, exactly ``df.toArrow()``, in ``df``'s order."""
+
+    df: DataFrame
+    rows: pa.Table

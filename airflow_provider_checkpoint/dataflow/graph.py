@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
     from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
     from airflow_provider_checkpoint.storage import JobStorage
 
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -161,6 +162,12 @@ class Source(Node):
         what depends on it is not checked."""
         return None
 
+    def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
+        """The records in ``[previous, barrier)`` read on the driver, exactly as Spark reads them, for a
+        consumer that takes them there (:meth:`Sink.takes_source_rows`); ``None`` (nothing read, nothing
+        counted): :meth:`read_counted` reads them. None here."""
+        return None
+
     def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
         """:meth:`read` and its number of records; a source that can count while it reads overrides it."""
         df = self.read(ctx, previous, barrier)
@@ -267,6 +274,11 @@ class Sink(StepOutput):
 
     job_storage: JobStorage | None = None
     """The job's storage, once bound (:meth:`bind_storage`)."""
+
+    def takes_source_rows(self) -> bool:
+        """Whether :meth:`stage` takes its input's rows from the driver when its source, feeding only this
+        sink, read them there (:meth:`Source.read_in_driver`); no sink does by default."""
+        return False
 
     def bind_storage(self, storage: JobStorage) -> None:
         """Bind the job's storage (the coordinator does, for its committer): a sink that stages its records in

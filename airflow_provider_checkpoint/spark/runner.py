@@ -88,9 +88,8 @@ class _Phases:
         self.node, self.started, self.before = node, time.monotonic(), self._numbers()
 
 
-def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
-    """Sources of ``step`` read in one pass: source uid → its only consumer, an operator or a sink that
-    reads its input once (:attr:`StatefulOperator.reads_input_once`, :attr:`Sink.reads_input_once`)."""
+def _only_consumers(graph: PipelineGraph, step: str) -> dict[str, Node]:
+    """Sources of ``step`` with one consumer in the step (a sink that reads no records of its input is none)."""
     consumers: dict[str, list[Node]] = {}
     for node in graph.nodes.values():
         if isinstance(node, Sink) and node.follows_input:  # reads no records of its input
@@ -99,14 +98,26 @@ def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
             consumers.setdefault(upstream.uid, []).append(node)
     in_step = {node.uid for node in graph.steps[step]}
     return {
-        node.uid: only[0].uid
+        node.uid: only[0]
         for node in graph.steps[step]
-        if isinstance(node, Source)
-        and len(only := consumers.get(node.uid, [])) == 1
-        and isinstance(only[0], (StatefulOperator, Sink))
-        and only[0].reads_input_once
-        and only[0].uid in in_step
+        if isinstance(node, Source) and len(only := consumers.get(node.uid, [])) == 1 and only[0].uid in in_step
     }
+
+
+def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
+    """Sources of ``step`` read in one pass: source uid → its only consumer, an operator or a sink that
+    reads its input once (:attr:`StatefulOperator.reads_input_once`, :attr:`Sink.reads_input_once`)."""
+    return {
+        uid: only.uid
+        for uid, only in _only_consumers(graph, step).items()
+        if isinstance(only, (StatefulOperator, Sink)) and only.reads_input_once
+    }
+
+
+def _read_in_driver(graph: PipelineGraph, step: str) -> set[str]:
+    """Sources of ``step`` whose only consumer takes their rows from the driver (:meth:`Sink.takes_source_rows`)."""
+    only = _only_consumers(graph, step)
+    return {uid for uid, sink in only.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
 
 
 def _count_records(ctx: StepContext, source: str, records: int) -> None:
@@ -198,12 +209,19 @@ class _StepRun(StepWalk):
         self.produced: dict[str, ChannelSnapshot] = {}
         self.inputs: dict[str, str] = {}
         self.read_once = _read_once(graph, ctx.step)
+        self.in_driver = _read_in_driver(graph, ctx.step)
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
 
     def source(self, node: Source) -> None:
         ctx, barrier = self.ctx, self.ctx.plan.barrier.positions[node.uid]
         previous = restored_position(ctx.plan, node.uid)
+        read = node.read_in_driver(ctx, previous, barrier) if node.uid in self.in_driver else None
+        if read is not None:
+            ctx.source_rows[node.uid] = read
+            _count_records(ctx, node.uid, read.rows.num_rows)
+            self.outputs[node.uid] = read.df
+            return
         if node.uid in self.read_once:
             df, count = node.read_once(ctx, previous, barrier)
             self.counting[self.read_once[node.uid]] = (node.uid, count)

@@ -40,6 +40,7 @@ PHASES = {  # what each task logs, the seconds captured
     "commit": re.compile(r"^sink upsert: checkpoint \d+ committed as Delta version .* in ([0-9.]+)s$"),
     "merge": re.compile(r"^merge: \d+ rows in ([0-9.]+)s"),
     "read": re.compile(r"^merge: .*\(read ([0-9.]+)s\)$"),
+    "source": re.compile(r"^source rows: .* in ([0-9.]+)s$"),
 }
 
 
@@ -82,6 +83,8 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     root = directory / "tables"
     (root / "landing").mkdir(parents=True)
     env = {"BENCH_UPSERT_ROOT": str(root), "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")])}
+    if "BENCH_DRIVER_READ_BYTES" in os.environ:  # the source's driver_read_bytes (0: Spark reads the landed file)
+        env["BENCH_DRIVER_READ_BYTES"] = os.environ["BENCH_DRIVER_READ_BYTES"]
     rows: list[dict[str, Any]] = []
     truth = pd.DataFrame()
     dags = Path(__file__).parent / "dags_upsert"
@@ -151,8 +154,8 @@ def render(result: dict[str, Any]) -> str:
         f"{', '.join(f'{x:.1f}' for x in result['load'])}.",
         "",
         "| checkpoint | rows | sink stage s | sink commit s | sink total s | MERGE s | sink / MERGE "
-        "| trigger task s | step task s | finalize task s | MERGE task s |",
-        "|---:|---:|" + "---:|" * 9,
+        "| source read s | MERGE's read s | trigger task s | step task s | finalize task s | MERGE task s |",
+        "|---:|---:|" + "---:|" * 11,
     ]
     for row in result["rows"]:
         upsert, merge = row["bench_delta_upsert"], row["bench_delta_merge"]
@@ -161,7 +164,8 @@ def render(result: dict[str, Any]) -> str:
         kinds = [sum(s for t, s in tasks.items() if t.split(".")[-1].startswith(k)) for k in ("trigger", "step", "fin")]
         lines.append(
             f"| {row['checkpoint']} | {row['rows']:,} | {phases.get('stage', 0.0):.3f} "
-            f"| {phases.get('commit', 0.0):.3f} | {ours(row):.3f} | {anchor:.3f} | {ours(row) / anchor:.2f} | "
+            f"| {phases.get('commit', 0.0):.3f} | {ours(row):.3f} | {anchor:.3f} | {ours(row) / anchor:.2f} "
+            f"| {phases.get('source', float('nan')):.3f} | {merge['phases'].get('read', float('nan')):.3f} | "
             + " | ".join(f"{s:.2f}" for s in kinds)
             + f" | {sum(merge['tasks'].values()):.2f} |"
         )

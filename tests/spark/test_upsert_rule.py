@@ -49,17 +49,25 @@ def _model(rows: list[tuple[Any, ...]], sequence_by: bool, key_columns: int = 2)
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("sequence_by", [False, True])
-@pytest.mark.parametrize("where", ["spark", "driver"])
+@pytest.mark.parametrize("where", ["spark", "driver", "source"])
 def test_latest_per_key_matches_the_model(spark: SparkSession, seed: int, sequence_by: bool, where: str) -> None:
+    """``source``: the rows as a source read them on the driver, reduced and bucketed there without Spark."""
+    from pyspark.sql import functions as F
+
     rows = _rows(random.Random(seed), 300)
     df = spark.createDataFrame(rows, SCHEMA)  # several partitions, in list order
-    upsert = UpsertRows("sink", df, ["k1", "k2"], ["seq"] if sequence_by else [], reduce=True)
+    source = df.toArrow() if where == "source" else None
+    upsert = UpsertRows("sink", df, ["k1", "k2"], ["seq"] if sequence_by else [], reduce=True, source=source)
     if where == "spark":
         got = [tuple(r) for r in upsert.frame().collect()]
     else:
-        collected = upsert.collect(len(rows), {})
-        assert collected is not None and collected.column_names == df.columns
-        got = [tuple(r.values()) for r in collected.to_pylist()]
+        collected = upsert.collect(len(rows), ("b", 7))
+        assert collected is not None and collected.column_names == [*df.columns, "b"]
+        if where == "source":
+            assert upsert._from_source(len(rows), ("b", 7)) is not None, "read from the source's rows"
+        buckets = spark.createDataFrame(collected.drop_columns(["b"])).select(F.pmod(F.xxhash64("k1", "k2"), F.lit(7)))
+        assert collected["b"].to_pylist() == [r[0] for r in buckets.collect()], "Spark's bucket of each row"
+        got = [tuple(r.values()) for r in collected.drop_columns(["b"]).to_pylist()]
     assert len(got) == len({r[:2] for r in got}), "one row per key"
     assert set(got) == _model(rows, sequence_by)
 
@@ -68,14 +76,14 @@ def test_the_driver_leaves_to_spark_what_pyarrow_would_compare_differently(spark
     """More rows than the limit; float keys (Spark equates -0.0 with 0.0, and every NaN); a NaN sequence
     value (Spark orders it above every value): :meth:`UpsertRows.collect` declines, :meth:`frame` decides."""
     keys = spark.createDataFrame([(0.0, 1, "a"), (-0.0, 2, "b")], "k DOUBLE, s LONG, v STRING")
-    assert UpsertRows("sink", keys, ["k"], [], reduce=True).collect(1, {}) is None
-    assert UpsertRows("sink", keys, ["k"], [], reduce=True).collect(10, {}) is None
+    assert UpsertRows("sink", keys, ["k"], [], reduce=True).collect(1) is None
+    assert UpsertRows("sink", keys, ["k"], [], reduce=True).collect(10) is None
     assert [r.v for r in UpsertRows("sink", keys, ["k"], [], reduce=True).frame().collect()] == ["b"]
     nan = spark.createDataFrame([("x", float("nan"), "a"), ("x", 1.0, "b")], "k STRING, s DOUBLE, v STRING")
-    assert UpsertRows("sink", nan, ["k"], ["s"], reduce=True).collect(10, {}) is None
+    assert UpsertRows("sink", nan, ["k"], ["s"], reduce=True).collect(10) is None
     assert [r.v for r in UpsertRows("sink", nan, ["k"], ["s"], reduce=True).frame().collect()] == ["a"]
     plain = nan.where("v = 'b'").union(nan.where("v = 'b'").selectExpr("k", "0.5D AS s", "'c' AS v"))
-    collected = UpsertRows("sink", plain, ["k"], ["s"], reduce=True).collect(10, {})
+    collected = UpsertRows("sink", plain, ["k"], ["s"], reduce=True).collect(10)
     assert collected is not None and collected.to_pylist() == [{"k": "x", "s": 1.0, "v": "b"}]
 
 

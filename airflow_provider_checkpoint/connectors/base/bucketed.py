@@ -105,7 +105,7 @@ class BucketedUpsert:
         if not self.driver_merge_rows:
             return None
         held = rows.held(_BUCKET, self.buckets)
-        return held if held is not None else rows.collect(self.driver_merge_rows, {_BUCKET: self.bucket_of()})
+        return held if held is not None else rows.collect(self.driver_merge_rows, (_BUCKET, self.buckets))
 
     def first_load_in_driver(self, rows: UpsertRows) -> pa.Table | None:
         """The rows of a first load in the driver, with their ``_bucket``, collected in one Spark job when
@@ -120,7 +120,7 @@ class BucketedUpsert:
         size = estimated_bytes(rows.df)
         if size is None or size > FIRST_LOAD_BYTES:
             return None
-        return rows.collect(limit, {_BUCKET: self.bucket_of()})
+        return rows.collect(limit, (_BUCKET, self.buckets))
 
     def _merge_in_driver(
         self,

@@ -236,6 +236,8 @@ class TransactionalSink(Sink):
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
             upstream = self.inputs[0].uid
+            read = ctx.source_rows.get(upstream)
+            source = read.rows if read is not None and read.df is df else None  # as the source read them
             rows = UpsertRows(
                 self.uid,
                 df,
@@ -243,10 +245,18 @@ class TransactionalSink(Sink):
                 self.sequence_by,
                 self.needs_source_order(),
                 None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
-                ctx.output_rows.get(upstream),
+                source.num_rows if source is not None else ctx.output_rows.get(upstream),
+                source,
             )
             return self.write_upsert(ctx, rows)
         return self.write(ctx, df)
+
+    def takes_source_rows(self) -> bool:
+        """Whether :meth:`stage` takes its input's rows from the driver when its source read them there
+        (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`): an upsert merged in
+        the driver (``upsert.driver_merge_rows`` above 0), without soft deletes (they rewrite the input)."""
+        upsert = getattr(self, "upsert", None)
+        return self.mode == "upsert" and self.soft_delete is None and bool(upsert and upsert.driver_merge_rows)
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
         """The input's rows when the driver holds them already (merged there) and :meth:`write` takes

@@ -34,7 +34,7 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, Sink
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType, StructType
 
     from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
@@ -141,16 +141,21 @@ class UpsertRows:
     in_driver: DriverRows | None = None
     count: int | None = None
     """How many rows ``df`` has, when known: :meth:`collect` then runs no job for more than its limit."""
+    source: pa.Table | None = None
+    """``df``'s rows, in its order, as ``df.toArrow()`` gives them, when the driver read them
+    (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`)."""
 
     def frame(self) -> DataFrame:
         """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
         return latest_per_key(self.uid, self.df, self.keys, self.sequence_by) if self.reduce else self.df
 
-    def collect(self, limit: int, extra: dict[str, Column]) -> pa.Table | None:
-        """The rows in the driver with the ``extra`` columns, reduced there, in one Spark job (no shuffle);
-        ``None`` if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot
-        compare as Spark does: use :meth:`frame` then."""
-        import pyarrow.compute as pc
+    def collect(self, limit: int, pmod: tuple[str, int] | None = None) -> pa.Table | None:
+        """The rows in the driver, reduced there, with ``pmod`` ``(column, divisor)``'s column =
+        ``pmod(xxhash64(keys), divisor)`` as Spark computes it (e.g. a bucket): from :attr:`source` without a
+        Spark job when it has them and the driver hashes the keys' types as Spark does
+        (:mod:`~airflow_provider_checkpoint.state.spark_hash`), else in one Spark job (no shuffle). ``None``
+        if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot compare
+        as Spark does: use :meth:`frame` then."""
         from pyspark.sql import functions as F
 
         if not limit or (self.count is not None and self.count > limit):
@@ -162,12 +167,42 @@ class UpsertRows:
             and all(_comparable_in_arrow(types[c], floating=True) for c in self.sequence_by)
         ):
             return None
-        df = self.df.withColumns(extra)
+        if self.source is not None:
+            rows = self._from_source(limit, pmod)
+            if rows is not None:
+                return rows
+        df = self.df
+        if pmod is not None:
+            df = df.withColumn(pmod[0], F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(pmod[1])))
         if self.reduce:
             df = df.withColumn(_ORDER, F.monotonically_increasing_id())
         rows = df.limit(limit + 1).toArrow()
-        if rows.num_rows > limit:
+        return None if rows.num_rows > limit else self._reduced(rows)
+
+    def _from_source(self, limit: int, pmod: tuple[str, int] | None) -> pa.Table | None:
+        """:meth:`collect` from :attr:`source` (in source order), or ``None`` if too many rows or keys the
+        driver does not hash as Spark does."""
+        import numpy as np
+        import pyarrow as pa
+
+        from airflow_provider_checkpoint.state.spark_hash import hashable, xxhash64
+
+        rows = self.source
+        if rows is None or rows.num_rows > limit:
             return None
+        if pmod is not None:
+            if not hashable(rows.schema, self.keys):
+                return None
+            hashes = xxhash64(rows, self.keys).view(np.int64)
+            rows = rows.append_column(pmod[0], pa.array(hashes % np.int64(pmod[1])))  # numpy's %: as pmod, >= 0
+        if self.reduce:
+            rows = rows.append_column(_ORDER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        return self._reduced(rows)
+
+    def _reduced(self, rows: pa.Table) -> pa.Table | None:
+        """``rows`` (with ``_ORDER`` if :attr:`reduce`) one per key; ``None`` if a NaN orders them."""
+        import pyarrow.compute as pc
+
         if not self.reduce:
             return rows
         floats = [rows[c] for c in self.sequence_by if rows.schema.field(c).type in _float_types()]

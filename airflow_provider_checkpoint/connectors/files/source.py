@@ -26,14 +26,17 @@ from airflow_provider_checkpoint.exceptions import (
     shorten,
 )
 from airflow_provider_checkpoint.fileio import scans as file_scans
+from airflow_provider_checkpoint.fileio.driver_read import DRIVER_READ_BYTES
 from airflow_provider_checkpoint.fileio.scans import FileColumn
 from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.paths import owned_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,13 @@ class FileSource(Source):
     processed, and are no longer listed. This is a promise by the writer: a file landed
     in a closed partition is not read (land late data in an open partition).
 
+    **Small Parquet inputs on the driver.** When this source feeds only an upsert sink merged in the
+    driver (``DeltaTableSink``, ``ParquetTableSink``), Parquet files of at most ``driver_read_bytes`` in all
+    (16 MiB by default; ``0``: never) are read by pyarrow on the driver and handed to the sink: no Spark
+    job. Only where that gives exactly Spark's rows (flat declared types, the file's types equal to them,
+    names matching in case, no date or timestamp Spark would rebase;
+    :mod:`~airflow_provider_checkpoint.fileio.driver_read`), else Spark reads.
+
     **Malformed records** (not parseable, or not matching ``schema``; JSON and CSV) with
     ``on_malformed="fail"`` fail the step with an error naming the file and line; nothing of
     that checkpoint is committed, and the next run proceeds once the file is fixed or
@@ -124,6 +134,7 @@ class FileSource(Source):
         max_malformed_fraction: float | None = None,
         dead_letter_path: str | None = None,
         watermark: tuple[str, str] | None = None,
+        driver_read_bytes: int = DRIVER_READ_BYTES,
     ) -> None:
         super().__init__(uid, watermark)
         if format not in _FORMATS:
@@ -157,6 +168,9 @@ class FileSource(Source):
             raise PipelineDefinitionError(f"{uid}: partition_lateness must not be negative")
         self.partition_pattern = partition_pattern
         self.partition_lateness = partition_lateness
+        if driver_read_bytes < 0:
+            raise PipelineDefinitionError(f"{uid}: driver_read_bytes must not be negative")
+        self.driver_read_bytes = driver_read_bytes
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "path": self.path, "format": self.format}
@@ -338,6 +352,34 @@ class FileSource(Source):
 
         return (observed if self.format == "parquet" else good_records(self, observed)), records
 
+    def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
+        """Parquet files of at most ``driver_read_bytes`` in all, without reader ``options``, read on the
+        driver where pyarrow gives exactly Spark's rows (:mod:`~airflow_provider_checkpoint.fileio.driver_read`),
+        files by name, each file's rows in order; ``None``: Spark reads them."""
+        from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+        from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
+
+        todo = self.split(previous, barrier)
+        if self.format != "parquet" or self.options or not todo or sum(todo.values()) > self.driver_read_bytes:
+            return None
+        fs, root = self.filesystem()
+        names = sorted(todo)
+        large = ctx.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+        expected = expected_schema(self._declared(), large)
+        rows = read_exactly(fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], expected)
+        if rows is None:
+            return None
+        checked = self._todo(ctx, previous, barrier)  # unchanged since the barrier, as Spark would read them
+        log.info("source %s: %d files, %d rows read on the driver", self.uid, len(names), rows.num_rows)
+        return SourceRows(self.load(ctx, checked), rows)
+
+    def _declared(self) -> StructType:
+        from pyspark.sql.types import StructType
+
+        declared = StructType.fromDDL(self.schema)
+        assert isinstance(declared, StructType)
+        return declared
+
     def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
         """The files to read, checked unchanged since the barrier was cut."""
         todo = self.split(previous, barrier)
@@ -353,12 +395,9 @@ class FileSource(Source):
         With :attr:`~.graph.Source.in_source_order` and no ``file_column`` the partitions hold the
         rows in source order: files by name, each file's records in line order (what an upsert
         sink's "later record wins" rule means for this source)."""
-        from pyspark.sql.types import StructType
-
         fs, root = self.filesystem()
         paths = [f"{root}/{n}" for n in sorted(todo)]
-        declared = StructType.fromDDL(self.schema)
-        assert isinstance(declared, StructType)
+        declared = self._declared()
         sizes = dict(zip(paths, [todo[n] for n in sorted(todo)], strict=True))
 
         def scan(files: list[str], column: FileColumn | None) -> DataFrame:

@@ -5,7 +5,7 @@ upsert by ``user`` into ``<root>/upsert``, three tasks a run (trigger, step, fin
 task that reads the run's landed file (``conf["file"]``) with pyarrow, then merges it into ``<root>/merge``
 with delta-rs (``write_deltalake`` the first time, then ``MERGE ... when_matched_update_all()
 .when_not_matched_insert_all()``), as a user without this provider would; it logs the merge's own seconds
-and the read's. ``<root>``: ``BENCH_UPSERT_ROOT``.
+and the read's. ``<root>``: ``BENCH_UPSERT_ROOT``; ``BENCH_DRIVER_READ_BYTES``: the source's ``driver_read_bytes``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ ROOT = os.environ.get("BENCH_UPSERT_ROOT", "/tmp/checkpoint-bench/upsert")
 with CheckpointedPipeline(
     dag_id="bench_delta_upsert", schedule=None, retained_checkpoints=3, storage=f"{ROOT}/checkpoints"
 ) as declared:
-    rows = FileSource("rows", f"{ROOT}/landing", "parquet", "user LONG, total LONG, label STRING")
+    rows = FileSource(
+        "rows",
+        f"{ROOT}/landing",
+        "parquet",
+        "user LONG, total LONG, label STRING",
+        **({"driver_read_bytes": int(v)} if (v := os.environ.get("BENCH_DRIVER_READ_BYTES")) is not None else {}),
+    )
     DeltaTableSink(uid="upsert", input=rows, path=f"{ROOT}/upsert", mode="upsert", keys=["user"])
 bench_delta_upsert = declared.dag
 
