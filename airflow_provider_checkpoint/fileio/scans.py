@@ -289,6 +289,23 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
+def file_columns(found: Sequence[str], declared: Sequence[str], where: str) -> dict[str, str]:
+    """The columns of a Parquet file to read, each to the declared name it is read as: matched ignoring case,
+    as Spark's reader matches them in a case-insensitive session (a declared column no file column matches
+    reads as null); a declared name two file columns match is refused, as Spark refuses it."""
+    matched: dict[str, str] = {}
+    for name in declared:
+        folded = [f for f in found if f.lower() == name.lower()]
+        if len(folded) > 1:
+            raise ValueError(
+                f"Parquet file {where}: found duplicate fields {folded} for declared column {name!r}, equal "
+                "ignoring case (Spark's reader refuses them too, the session being case-insensitive); rename one"
+            )
+        if folded:
+            matched[folded[0]] = name
+    return matched
+
+
 @dataclass(frozen=True)
 class ParquetReader:
     """A Parquet file's rows in batches of ``schema``, with each row's position in the file as ``row_index``
@@ -313,14 +330,14 @@ class ParquetReader:
         with pa.BufferReader(data) if data is not None else open_sized(self.fs, path, self.sizes.get(path)) as f:
             with named_if_corrupt(self.fs, path, self.damaged):
                 file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
-                present = [n for n in self.schema.names if n in file.schema_arrow.names]
-                batches = file.iter_batches(batch_size=BATCH_ROWS, columns=present)
+                names = file_columns(file.schema_arrow.names, self.schema.names, url(self.fs, path))
+                batches = file.iter_batches(batch_size=BATCH_ROWS, columns=list(names))
             while True:
                 with named_if_corrupt(self.fs, path, self.damaged):
                     batch = next(batches, None)
                 if batch is None:
                     return
-                out = conform(batch, self.schema)
+                out = conform(batch.rename_columns([names[n] for n in batch.schema.names]), self.schema)
                 if self.row_index:
                     rows = pa.array(range(position, position + out.num_rows), pa.int64())
                     out = pa.RecordBatch.from_arrays([*out.columns, rows], [*out.schema.names, self.row_index])

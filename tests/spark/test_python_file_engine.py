@@ -88,3 +88,24 @@ def test_a_read_of_unknown_sizes_runs_on_the_executors(spark, tmp_path) -> None:
     df = scans.read_records(spark, fsspec.filesystem("file"), paths, "json", DECLARED, {}, "_c", engine="python")
     assert "MapInArrow" in plan_of(df)
     assert [(r["user"], r["ts"], r["_c"]) for r in df.collect()] == expected
+
+
+def test_parquet_column_names_resolve_as_sparks_reader_resolves_them(spark, tmp_path, monkeypatch) -> None:
+    """Spark's Parquet reader matches a declared column to the file's column of another case (the session is
+    case-insensitive); the Python engine gives the same rows, and refuses a name two file columns fold to,
+    as Spark does."""
+    fs = fsspec.filesystem("file")
+    path = str(tmp_path / "cased.parquet")
+    pq.write_table(pa.table({"User": ["a", None, "é"], "TS": pa.array([1, 2, None], pa.int64())}), path)
+    hadoop = [tuple(r) for r in scans.read_parquet(spark, fs, [path], DECLARED, engine="hadoop").collect()]
+    assert hadoop == [("a", 1), (None, 2), ("é", None)]
+    for limit in (scans.DRIVER_READ_BYTES, 0):  # on the driver, on the executors
+        monkeypatch.setattr(scans, "DRIVER_READ_BYTES", limit)
+        df = scans.read_parquet(spark, fs, [path], DECLARED, engine="python", sizes=[Path(path).stat().st_size])
+        assert [tuple(r) for r in df.collect()] == hadoop
+    twice = str(tmp_path / "twice.parquet")
+    pq.write_table(pa.table({"user": ["a"], "USER": ["b"], "ts": [1]}), twice)
+    with pytest.raises(Exception, match=r"(?i)duplicate field"):
+        scans.read_parquet(spark, fs, [twice], DECLARED, engine="hadoop").collect()
+    with pytest.raises(Exception, match=r"(?i)duplicate field"):
+        scans.read_parquet(spark, fs, [twice], DECLARED, engine="python", sizes=[Path(twice).stat().st_size]).collect()
