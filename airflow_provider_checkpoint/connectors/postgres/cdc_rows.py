@@ -32,13 +32,7 @@ def change_rows(
     shapes: dict[Relation, list[bool]] = {}
     for txn in txns:
         if txn.truncated:
-            names = ", ".join(r.qualified for r in txn.truncated)
-            raise CdcSourceError(
-                f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
-                "cannot be applied as row changes (which keys it removed is in no WAL record); capture the tables "
-                "anew (a new job: a new slot and snapshot, into emptied targets), or leave truncate out of the "
-                "publication (publish = 'insert, update, delete') if the table is never truncated for real"
-            )
+            raise truncate_refusal(uid, txn)
         for change in txn.changes:
             relation = change.relation
             if relation not in shapes:
@@ -63,6 +57,24 @@ def change_rows(
                     ),
                 )
             yield _values(uid, change, shapes[relation]), meta
+
+
+def truncate_refusal(uid: str, txn: Transaction) -> CdcSourceError:
+    names = ", ".join(r.qualified for r in txn.truncated)
+    return CdcSourceError(
+        f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
+        "cannot be applied as row changes (which keys it removed is in no WAL record); capture the tables "
+        "anew (a new job: a new slot and snapshot, into emptied targets), or leave truncate out of the "
+        "publication (publish = 'insert, update, delete') if the table is never truncated for real"
+    )
+
+
+def toast_refusal(uid: str, table: str, column: str) -> CdcSourceError:
+    return CdcSourceError(
+        f"source {uid}: an update of table {table} left TOASTed column {column} "
+        f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
+        "IDENTITY FULL, then restore the job from a checkpoint before this change"
+    )
 
 
 def _moved_from(known: dict[str, TableColumn], change: Change) -> tuple[Any, ...] | None:
@@ -95,11 +107,7 @@ def _values(uid: str, change: Change, read: list[bool]) -> dict[str, Any]:
     for i, value in enumerate(values):
         if value is UNCHANGED:
             if change.old is None:
-                raise CdcSourceError(
-                    f"source {uid}: an update of table {table} left TOASTed column {relation.columns[i].name} "
-                    f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
-                    "IDENTITY FULL, then restore the job from a checkpoint before this change"
-                )
+                raise toast_refusal(uid, table, relation.columns[i].name)
             values[i] = change.old[i]
     return {c.name: v for c, v, r in zip(relation.columns, values, read, strict=True) if r}
 
@@ -122,7 +130,16 @@ def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]
                 out.append(value)
         for out, value in zip(metas, meta, strict=True):
             out.append(value)
-    fields = [pa.field(c.name, c.arrow_type()) for c in columns] + [
+    fields = _fields(columns)
+    arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
+    arrays += [pa.array(m, f.type) for m, f in zip(metas, fields[len(columns) :], strict=True)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _fields(columns: list[TableColumn]) -> list[pa.Field]:
+    import pyarrow as pa
+
+    return [pa.field(c.name, c.arrow_type()) for c in columns] + [
         pa.field("source_table", pa.string()),
         pa.field("op", pa.string()),
         pa.field(DELETED, pa.bool_()),
@@ -130,8 +147,29 @@ def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]
         pa.field("commit_time", pa.timestamp("us", tz="UTC")),
         pa.field("xid", pa.int64()),
     ]
+
+
+def arrow_columns(
+    columns: list[TableColumn],
+    texts: list[list[Any]],
+    tables: list[str],
+    ops: list[str],
+    txns: list[tuple[int, int, int, int]],
+) -> pa.Table:
+    """The rows as :func:`arrow` gives them, from each column's texts, each row's table and op, and per
+    transaction (in row order) its commit LSN, commit time, id and number of rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    fields = _fields(columns)
+    counts = np.array([t[3] for t in txns], dtype=np.int64)
     arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
-    arrays += [pa.array(m, f.type) for m, f in zip(metas, fields[len(columns) :], strict=True)]
+    op = pa.array(ops, pa.string())
+    arrays += [pa.array(tables, pa.string()), op, pc.equal(op, "delete")]
+    for i, field in ((0, fields[-3]), (1, fields[-2]), (2, fields[-1])):
+        values = np.repeat(np.array([t[i] for t in txns], dtype=np.int64), counts)
+        arrays.append(pa.array(values).cast(field.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
