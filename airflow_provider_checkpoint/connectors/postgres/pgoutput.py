@@ -87,6 +87,7 @@ class Transaction:
 
 DECODE_ERRORS = (struct.error, ValueError, UnicodeDecodeError, IndexError)
 """What decoding a malformed message raises."""
+_INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
 _STRUCTS = {fmt: struct.Struct(fmt) for fmt in (">q", ">I", ">i", ">h", ">b")}
 
 
@@ -120,15 +121,16 @@ class _Reader:
 
 def tuple_values(data: bytes, at: int) -> tuple[list[Value], int]:
     """The TupleData at offset ``at`` of ``data``: its values and the offset after it."""
-    count = int.from_bytes(data[at : at + 2], "big", signed=True)
+    (count,) = _INT16.unpack_from(data, at)
     at += 2
     values: list[Value] = []
     append = values.append
     size = len(data)
+    length_at = _INT32.unpack_from
     for _ in range(count):
         kind = data[at]
         if kind == 0x74:  # 't': a length, then the text
-            length = int.from_bytes(data[at + 1 : at + 5], "big", signed=True)
+            (length,) = length_at(data, at + 1)
             end = at + 5 + length
             if end > size or length < 0:
                 raise ValueError("message ends inside a value")

@@ -61,8 +61,8 @@ class _Shape:
 
     relation: Relation
     table: str
-    into: list[list[Any] | None]
-    absent: list[list[Any]]
+    into: list[Callable[[Any], None] | None]
+    absent: list[Callable[[Any], None]]
     key: list[int]
 
 
@@ -145,13 +145,13 @@ class _Rows:
         known = self.catalog[relation.qualified]
         texts = {c.name: t for c, t in zip(self.columns, self.groups[group].texts, strict=True)}
         into = [
-            texts[c.name] if check_sent(self.uid, known, c.name, c.type_oid, c.type_modifier) else None
+            texts[c.name].append if check_sent(self.uid, known, c.name, c.type_oid, c.type_modifier) else None
             for c in relation.columns
         ]
         sent = {c.name for c, t in zip(relation.columns, into, strict=True) if t is not None}
         primary = [i for i, c in enumerate(relation.columns) if c.name in known and known[c.name].key]
         identity = [i for i, c in enumerate(relation.columns) if c.key] if relation.replica_identity == "i" else []
-        absent = [t for name, t in texts.items() if name not in sent]
+        absent = [t.append for name, t in texts.items() if name not in sent]
         shape = self.shapes[(oid, group)] = _Shape(relation, relation.qualified, into, absent, primary or identity)
         return shape
 
@@ -186,11 +186,11 @@ class _Rows:
 
     @staticmethod
     def _row(shape: _Shape, rows: _Group, values: list[Any], op: str) -> None:
-        for target, value in zip(shape.into, values, strict=True):
-            if target is not None:
-                target.append(value)
-        for target in shape.absent:
-            target.append(None)
+        for append, value in zip(shape.into, values, strict=True):
+            if append is not None:
+                append(value)
+        for append in shape.absent:
+            append(None)
         rows.tables.append(shape.table)
         rows.ops.append(op)
 
