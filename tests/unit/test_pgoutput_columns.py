@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_checkpoint.connectors.postgres.cdc_rows import arrow, change_rows
+from airflow_provider_checkpoint.connectors.postgres.cdc_rows import arrow
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import UNCHANGED, Decoder
 from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.exceptions import CdcSourceError
+from tests.unit.cdc_model import change_rows
 from tests.unit.test_pgoutput import begin, commit, s, tuple_data
 
 TABLES = {16384: "t1", 16385: "t2"}
