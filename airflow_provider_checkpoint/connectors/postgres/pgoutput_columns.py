@@ -26,6 +26,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
     UNCHANGED,
     Decoder,
     Relation,
+    tuple_batch,
     tuple_values,
 )
 from airflow_provider_checkpoint.exceptions import CdcSourceError
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 _OID = struct.Struct(">I")
 _OPS = {b"I": "insert", b"U": "update", b"D": "delete"}
+_SIMPLE = {b"I": b"N", b"U": b"N", b"D": b"K"}
+"""The tuple marker of a change with one tuple (no old row): an insert, an update of a row whose key did not
+change (without REPLICA IDENTITY FULL), a delete by key."""
 
 
 @dataclass
@@ -64,6 +68,10 @@ class _Shape:
     into: list[Callable[[Any], None] | None]
     absent: list[Callable[[Any], None]]
     key: list[int]
+    lists: list[list[Any] | None]
+    """The text lists ``into`` appends to."""
+    missing: list[list[Any]]
+    """The text lists ``absent`` appends to."""
 
 
 def decode_rows(
@@ -103,19 +111,27 @@ class _Rows:
         decoder = self.decoder
         group: int | None = None
         mark = 0
+        pending: list[bytes] = []
+        failed: CdcSourceError | None = None
+        """The open transaction's first refused change: raised at its Commit (a transaction that does not
+        commit in the messages has no rows and no error)."""
         for message in messages:
             data = bytes(message)
             kind = data[:1]
             txn = decoder.open
             if kind in _OPS and txn is not None:
-                if group is not None:
-                    self._change(kind, data, group)
+                if group is not None and data[5:6] == _SIMPLE[kind]:  # one row, no old tuple: parsed in batches
+                    pending.append(data)
+                elif group is not None:
+                    failed = failed or self._deferred(pending, group, data)
                 continue
+            if group is not None:
+                failed = failed or self._deferred(pending, group)
             done = decoder.feed(data)
             if kind == b"B":
                 txn = decoder.open
                 assert txn is not None
-                group = None
+                group, failed = None, None
                 if start <= txn.commit_lsn < end:
                     group = 0 if seen is None or seen(txn.xid) else 1
                     mark = len(self.groups[group].ops)
@@ -126,12 +142,54 @@ class _Rows:
                 if group is not None:
                     if done.truncated:
                         raise truncate_refusal(self.uid, done)
+                    if failed is not None:
+                        raise failed
                     rows = self.groups[group]
                     if len(rows.ops) > mark:
                         rows.txns.append((done.commit_lsn, done.commit_time_micros, done.xid, len(rows.ops) - mark))
                 group = None
         if group is not None:  # a transaction without its Commit: none of its rows
             self.groups[group].cut(mark)
+            pending.clear()
+
+    def _deferred(self, pending: list[bytes], group: int, data: bytes = b"") -> CdcSourceError | None:
+        """:meth:`_flush` of ``pending``, then :meth:`_change` of ``data`` (if any); the refusal they
+        raise, returned."""
+        try:
+            self._flush(pending, group)
+            if data:
+                self._change(data[:1], data, group)
+        except CdcSourceError as e:
+            pending.clear()
+            return e
+        return None
+
+    def _flush(self, pending: list[bytes], group: int) -> None:
+        """The rows of ``pending`` (changes of one tuple, in order), parsed together by :func:`.tuple_batch`
+        per run of one relation, or one by one (:meth:`_change`) where a batch does not parse (a value
+        unchanged, a malformed message: its error)."""
+        if not pending:
+            return
+        rows = self.groups[group]
+        run: list[bytes] = []
+        for data in [*pending, b""]:
+            if run and (not data or data[:5] != run[0][:5]):
+                shape = self._shape(_OID.unpack_from(run[0], 1)[0], group)
+                columns = tuple_batch(run, len(shape.into))
+                if columns is None:
+                    for one in run:
+                        self._change(one[:1], one, group)
+                else:
+                    for target, texts in zip(shape.lists, columns, strict=True):
+                        if target is not None:
+                            target.extend(texts)
+                    for target in shape.missing:
+                        target.extend([None] * len(run))
+                    rows.tables.extend([shape.table] * len(run))
+                    rows.ops.extend([_OPS[run[0][:1]]] * len(run))
+                run = []
+            run.append(data)
+        pending.clear()
 
     def _shape(self, oid: int, group: int) -> _Shape:
         shape = self.shapes.get((oid, group))
@@ -144,15 +202,18 @@ class _Rows:
             )
         known = self.catalog[relation.qualified]
         texts = {c.name: t for c, t in zip(self.columns, self.groups[group].texts, strict=True)}
-        into = [
-            texts[c.name].append if check_sent(self.uid, known, c.name, c.type_oid, c.type_modifier) else None
+        lists = [
+            texts[c.name] if check_sent(self.uid, known, c.name, c.type_oid, c.type_modifier) else None
             for c in relation.columns
         ]
-        sent = {c.name for c, t in zip(relation.columns, into, strict=True) if t is not None}
+        sent = {c.name for c, t in zip(relation.columns, lists, strict=True) if t is not None}
         primary = [i for i, c in enumerate(relation.columns) if c.name in known and known[c.name].key]
         identity = [i for i, c in enumerate(relation.columns) if c.key] if relation.replica_identity == "i" else []
-        absent = [t.append for name, t in texts.items() if name not in sent]
-        shape = self.shapes[(oid, group)] = _Shape(relation, relation.qualified, into, absent, primary or identity)
+        missing = [t for name, t in texts.items() if name not in sent]
+        into = [None if t is None else t.append for t in lists]
+        absent = [t.append for t in missing]
+        key = primary or identity
+        shape = self.shapes[(oid, group)] = _Shape(relation, relation.qualified, into, absent, key, lists, missing)
         return shape
 
     def _change(self, kind: bytes, data: bytes, group: int) -> None:
