@@ -25,9 +25,9 @@ import pytest
 
 from airflow_provider_checkpoint.connectors.postgres import cdc_slot
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
-from airflow_provider_checkpoint.connectors.postgres.cdc_rows import change_rows
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_columns
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault
 from airflow_provider_checkpoint.jobs.audit import audit_job
@@ -309,14 +309,20 @@ def test_unchanged_toast_without_replica_identity_full_and_truncate_are_refused(
             (slot, slot),
         ).fetchall()
         conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-    inserted, updated, truncated = Decoder(slot).transactions(bytes(r[0]) for r in rows)
-    assert next(change_rows("src", catalog, [inserted]))[0]["doc"] == big
+    messages = [bytes(r[0]) for r in rows]
+    inserted, updated, truncated = (t.commit_lsn for t in Decoder(slot).transactions(messages))
+    columns = list(catalog[f"public.{table}"].values())
+
+    def decoded(lsn: int) -> Any:
+        return decode_rows("src", slot, messages, columns, catalog, (lsn, lsn + 1))
+
+    assert decoded(inserted)[0].column("doc").to_pylist() == [big]
     with pytest.raises(
         CdcSourceError, match=rf"update of table public.{table} left TOASTed column doc .*REPLICA IDENTITY FULL"
     ):
-        list(change_rows("src", catalog, [updated]))
+        decoded(updated)
     with pytest.raises(CdcSourceError, match=rf"TRUNCATE of public.{table} .* cannot be applied as row changes"):
-        list(change_rows("src", catalog, [truncated]))
+        decoded(truncated)
 
 
 def test_tables_of_a_publication_and_a_table_added_to_it_later_is_refused(spark, pg, tmp_path):

@@ -4,6 +4,8 @@ row to another primary key (a delete of the old key, then the update)."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
@@ -14,10 +16,10 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_chunks import (
     parse_chunk,
     parse_cursor,
 )
-from airflow_provider_checkpoint.connectors.postgres.cdc_rows import change_rows
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import Change, Column, Relation, Transaction
+from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.exceptions import InvalidPositionError, PipelineDefinitionError
+from tests.unit.test_pgoutput import begin, commit, s, tuple_data
 
 EPOCH = 3 << 32
 
@@ -76,8 +78,11 @@ def test_snapshot_chunk_rows_must_be_a_positive_int(rows):
         PostgresCdcSource("s", ["t"], snapshot_chunk_rows=rows)
 
 
-def _relation(identity: str, key: tuple[bool, ...]) -> Relation:
-    return Relation(1, "public", "t", identity, tuple(Column(n, 23, -1, k) for n, k in zip("abv", key, strict=True)))
+def _relation(identity: str, key: tuple[bool, ...]) -> bytes:
+    body = struct.pack(">I", 1) + s("public") + s("t") + identity.encode() + struct.pack(">h", 3)
+    for name, flag in zip("abv", key, strict=True):
+        body += struct.pack(">b", int(flag)) + s(name) + struct.pack(">Ii", 23, -1)
+    return b"R" + body
 
 
 CATALOG = {"public.t": {n: TableColumn("public.t", n, 23, -1, "integer", n in "ab") for n in "abv"}}
@@ -104,9 +109,9 @@ CATALOG = {"public.t": {n: TableColumn("public.t", n, 23, -1, "integer", n in "a
     ],
 )
 def test_an_update_that_moves_a_row_to_another_key_deletes_the_old_key_first(identity, flags, old, new, rows):
-    relation = _relation(identity, flags)
-    full = old if identity == "f" else None
-    txn = Transaction(7, 100, 101, 0)
-    txn.changes.append(Change("update", relation, new, full, old))
-    got = [(meta[1], values["a"], values["b"], values["v"]) for values, meta in change_rows("s", CATALOG, [txn])]
-    assert got == rows
+    marker = b"O" if identity == "f" else b"K"
+    update = b"U" + struct.pack(">I", 1) + marker + tuple_data(*old) + b"N" + tuple_data(*new)
+    messages = [_relation(identity, flags), begin(100, 7), update, commit(100, 101)]
+    (table,) = decode_rows("s", "slot", messages, list(CATALOG["public.t"].values()), CATALOG, (0, 1000))
+    got = [(r["op"], r["a"], r["b"], r["v"]) for r in table.to_pylist()]
+    assert got == [tuple(None if v is None else int(v) if v.isdigit() else v for v in row) for row in rows]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.postgres import cdc_chunks, cdc_schema, cdc_slot
@@ -14,8 +14,6 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     DELETED,
     METADATA,
     METADATA_DDL,
-    arrow,
-    change_rows,
     from_parquet,
     parquet,
 )
@@ -29,7 +27,8 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     table_columns,
 )
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, Transaction, int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
@@ -408,13 +407,7 @@ class PostgresCdcSource(Source):
             recorded = self._recorded(barrier, conn)
             columns = self._merged(recorded)
             catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
-            decoder = Decoder(slot, since=start)
-            txns = decoder.transactions(cdc_slot.peek(conn, slot, publication, end))
-            in_span = (t for t in txns if start <= t.commit_lsn < end)
-            groups: list[Iterable[Transaction]] = [in_span]
-            if seen is not None:
-                held = list(in_span)
-                groups = [[t for t in held if seen.sees(t.xid)], [t for t in held if not seen.sees(t.xid)]]
-            data = [arrow(columns, change_rows(self.uid, catalog, group)) for group in groups]
+            messages = cdc_slot.peek(conn, slot, publication, end)
+            data = decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
             conn.rollback()
         return data

@@ -4,15 +4,11 @@ tables' columns (typed by :mod:`.cdc_types`) and :data:`METADATA`."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.postgres.cdc_schema import check_sent
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn, converter
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
-    UNCHANGED,
-    Change,
-    Relation,
     Transaction,
     int_to_lsn,
 )
@@ -26,82 +22,22 @@ METADATA_DDL = "source_table STRING, op STRING, deleted BOOLEAN, lsn BIGINT, com
 DELETED = "deleted"
 
 
-def change_rows(
-    uid: str, catalog: dict[str, dict[str, TableColumn]], txns: Iterable[Transaction]
-) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
-    shapes: dict[Relation, list[bool]] = {}
-    for txn in txns:
-        if txn.truncated:
-            names = ", ".join(r.qualified for r in txn.truncated)
-            raise CdcSourceError(
-                f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
-                "cannot be applied as row changes (which keys it removed is in no WAL record); capture the tables "
-                "anew (a new job: a new slot and snapshot, into emptied targets), or leave truncate out of the "
-                "publication (publish = 'insert, update, delete') if the table is never truncated for real"
-            )
-        for change in txn.changes:
-            relation = change.relation
-            if relation not in shapes:
-                shapes[relation] = _shape(uid, catalog, relation)
-            meta = (
-                relation.qualified,
-                change.op,
-                change.op == "delete",
-                txn.commit_lsn,
-                txn.commit_time_micros,
-                txn.xid,
-            )
-            moved = _moved_from(catalog[relation.qualified], change)
-            if moved is not None:  # the key changed: the old key's row goes, as a delete
-                yield (
-                    {c.name: v for c, v, r in zip(relation.columns, moved, shapes[relation], strict=True) if r},
-                    (
-                        relation.qualified,
-                        "delete",
-                        True,
-                        *meta[3:],
-                    ),
-                )
-            yield _values(uid, change, shapes[relation]), meta
+def truncate_refusal(uid: str, txn: Transaction) -> CdcSourceError:
+    names = ", ".join(r.qualified for r in txn.truncated)
+    return CdcSourceError(
+        f"source {uid}: TRUNCATE of {names} (transaction {txn.xid}, commit LSN {int_to_lsn(txn.commit_lsn)}) "
+        "cannot be applied as row changes (which keys it removed is in no WAL record); capture the tables "
+        "anew (a new job: a new slot and snapshot, into emptied targets), or leave truncate out of the "
+        "publication (publish = 'insert, update, delete') if the table is never truncated for real"
+    )
 
 
-def _moved_from(known: dict[str, TableColumn], change: Change) -> tuple[Any, ...] | None:
-    """An update's old row (the old key's values, the others as sent) when it changed the primary key (or,
-    without one, the replica identity index's columns); ``None`` otherwise."""
-    if change.op != "update" or change.old_key is None:
-        return None
-    columns = change.relation.columns
-    primary = [i for i, c in enumerate(columns) if c.name in known and known[c.name].key]
-    key = primary or ([i for i, c in enumerate(columns) if c.key] if change.relation.replica_identity == "i" else [])
-    if not key or all(change.values[i] in (UNCHANGED, change.old_key[i]) for i in key):
-        return None
-    return tuple(v if v is not UNCHANGED else None for v in change.old_key)
-
-
-def _shape(uid: str, catalog: dict[str, dict[str, TableColumn]], relation: Relation) -> list[bool]:
-    """Which of a Relation message's columns are read into the recorded columns (a schema change in the
-    checkpoint's span: rows before and after it each come with the shape of their own Relation message)."""
-    if relation.qualified not in catalog:
-        raise CdcSourceError(
-            f"source {uid}: a change of table {relation.qualified}, which is not among the source's tables"
-        )
-    known = catalog[relation.qualified]
-    return [check_sent(uid, known, c.name, c.type_oid, c.type_modifier) for c in relation.columns]
-
-
-def _values(uid: str, change: Change, read: list[bool]) -> dict[str, Any]:
-    relation, table = change.relation, change.relation.qualified
-    values = list(change.values)
-    for i, value in enumerate(values):
-        if value is UNCHANGED:
-            if change.old is None:
-                raise CdcSourceError(
-                    f"source {uid}: an update of table {table} left TOASTed column {relation.columns[i].name} "
-                    f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
-                    "IDENTITY FULL, then restore the job from a checkpoint before this change"
-                )
-            values[i] = change.old[i]
-    return {c.name: v for c, v, r in zip(relation.columns, values, read, strict=True) if r}
+def toast_refusal(uid: str, table: str, column: str) -> CdcSourceError:
+    return CdcSourceError(
+        f"source {uid}: an update of table {table} left TOASTed column {column} "
+        f"unchanged and PostgreSQL did not send its value; run ALTER TABLE {table} REPLICA "
+        "IDENTITY FULL, then restore the job from a checkpoint before this change"
+    )
 
 
 def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]]) -> pa.Table:
@@ -122,7 +58,16 @@ def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]
                 out.append(value)
         for out, value in zip(metas, meta, strict=True):
             out.append(value)
-    fields = [pa.field(c.name, c.arrow_type()) for c in columns] + [
+    fields = _fields(columns)
+    arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
+    arrays += [pa.array(m, f.type) for m, f in zip(metas, fields[len(columns) :], strict=True)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _fields(columns: list[TableColumn]) -> list[pa.Field]:
+    import pyarrow as pa
+
+    return [pa.field(c.name, c.arrow_type()) for c in columns] + [
         pa.field("source_table", pa.string()),
         pa.field("op", pa.string()),
         pa.field(DELETED, pa.bool_()),
@@ -130,8 +75,29 @@ def arrow(columns: list[TableColumn], rows: Iterable[tuple[Any, tuple[Any, ...]]
         pa.field("commit_time", pa.timestamp("us", tz="UTC")),
         pa.field("xid", pa.int64()),
     ]
+
+
+def arrow_columns(
+    columns: list[TableColumn],
+    texts: list[list[Any]],
+    tables: list[str],
+    ops: list[str],
+    txns: list[tuple[int, int, int, int]],
+) -> pa.Table:
+    """The rows as :func:`arrow` gives them, from each column's texts, each row's table and op, and per
+    transaction (in row order) its commit LSN, commit time, id and number of rows."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    fields = _fields(columns)
+    counts = np.array([t[3] for t in txns], dtype=np.int64)
     arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
-    arrays += [pa.array(m, f.type) for m, f in zip(metas, fields[len(columns) :], strict=True)]
+    op = pa.array(ops, pa.string())
+    arrays += [pa.array(tables, pa.string()), op, pc.equal(op, "delete")]
+    for i, field in ((0, fields[-3]), (1, fields[-2]), (2, fields[-1])):
+        values = np.repeat(np.array([t[i] for t in txns], dtype=np.int64), counts)
+        arrays.append(pa.array(values).cast(field.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 

@@ -110,10 +110,10 @@ def peek(conn: Any, slot: str, publication: str, upto: int) -> Iterator[bytes]:
         "'proto_version', '1', 'publication_names', %s)"
     )
     with conn.cursor(name=f"cdc_peek_{slot}") as cursor:
-        cursor.itersize = PEEK_BATCH
-        cursor.execute(query, (slot, int_to_lsn(upto), quote(publication)))
-        for (data,) in cursor:
-            yield bytes(data)
+        cursor.execute(query, (slot, int_to_lsn(upto), quote(publication)), binary=True)  # bytea as it is, not hex
+        while rows := cursor.fetchmany(PEEK_BATCH):
+            for (data,) in rows:
+                yield data
 
 
 def flush_lsn(conn: Any) -> int:

@@ -85,6 +85,9 @@ class Transaction:
     truncated: list[Relation] = field(default_factory=list)
 
 
+DECODE_ERRORS = (struct.error, ValueError, UnicodeDecodeError, IndexError)
+"""What decoding a malformed message raises."""
+_INT16, _INT32 = struct.Struct(">h"), struct.Struct(">i")
 _STRUCTS = {fmt: struct.Struct(fmt) for fmt in (">q", ">I", ">i", ">h", ">b")}
 
 
@@ -112,30 +115,81 @@ class _Reader:
         return chunk
 
     def tuple_data(self) -> tuple[Value, ...]:
-        data, at = self.data, self.at
-        count = int.from_bytes(data[at : at + 2], "big", signed=True)
-        at += 2
-        values: list[Value] = []
-        append = values.append
-        for _ in range(count):
-            kind = data[at]
-            if kind == 0x74:  # 't': a length, then the text
-                length = int.from_bytes(data[at + 1 : at + 5], "big", signed=True)
-                end = at + 5 + length
-                if end > len(data) or length < 0:
-                    raise ValueError("message ends inside a value")
-                append(data[at + 5 : end].decode())
-                at = end
-            elif kind == 0x6E:  # 'n'
-                append(None)
-                at += 1
-            elif kind == 0x75:  # 'u'
-                append(UNCHANGED)
-                at += 1
-            else:  # 'b' (binary) is only sent when asked for
-                raise ValueError(f"tuple value kind {bytes([kind])!r} not supported")
-        self.at = at
+        values, self.at = tuple_values(self.data, self.at)
         return tuple(values)
+
+
+def tuple_values(data: bytes, at: int) -> tuple[list[Value], int]:
+    """The TupleData at offset ``at`` of ``data``: its values and the offset after it."""
+    (count,) = _INT16.unpack_from(data, at)
+    at += 2
+    values: list[Value] = []
+    append = values.append
+    size = len(data)
+    length_at = _INT32.unpack_from
+    for _ in range(count):
+        kind = data[at]
+        if kind == 0x74:  # 't': a length, then the text
+            (length,) = length_at(data, at + 1)
+            end = at + 5 + length
+            if end > size or length < 0:
+                raise ValueError("message ends inside a value")
+            append(data[at + 5 : end].decode())
+            at = end
+        elif kind == 0x6E:  # 'n'
+            append(None)
+            at += 1
+        elif kind == 0x75:  # 'u'
+            append(UNCHANGED)
+            at += 1
+        else:  # 'b' (binary) is only sent when asked for
+            raise ValueError(f"tuple value kind {bytes([kind])!r} not supported")
+    return values, at
+
+
+def tuple_batch(messages: list[bytes], width: int) -> list[list[str | None]] | None:
+    """The values of change messages of one tuple each (kind, relation oid, marker, TupleData), all of
+    ``width`` values, as a list of texts per column, parsed together with numpy; ``None`` if any is not
+    made of text and null values only, or does not end where its tuple does (decode it alone: its error or
+    its unchanged values)."""
+    import numpy as np
+    import pyarrow as pa
+
+    sizes = np.fromiter((len(m) for m in messages), np.int64, len(messages))
+    ends = np.cumsum(sizes)
+    buf = np.frombuffer(b"".join(messages) + b"\0" * 5, np.uint8)
+    at = ends - sizes + 6
+    if np.any(sizes < 8) or np.any((buf[at].astype(np.int64) << 8 | buf[at + 1]) != width):
+        return None
+    at += 2
+    out: list[list[str | None]] = []
+    for _ in range(width):
+        if np.any(at >= ends):
+            return None
+        kind = buf[at]
+        text, null = kind == 0x74, kind == 0x6E
+        if not np.all(text | null):
+            return None
+        length = np.zeros(len(at), np.int64)
+        for i in range(1, 5):
+            length = length << 8 | buf[np.minimum(at + i, len(buf) - 1)]
+        length = np.where(text, length, 0)
+        start = at + 5
+        if np.any(length >= 1 << 31) or np.any(np.where(text, start + length, at + 1) > ends):
+            return None  # a negative length, a value past its message's end
+        offsets = np.zeros(len(at) + 1, np.int64)
+        np.cumsum(length, out=offsets[1:])
+        take = np.repeat(start - offsets[:-1], length) + np.arange(offsets[-1])
+        valid = pa.py_buffer(np.packbits(text, bitorder="little"))
+        data = pa.py_buffer(buf[take].tobytes())
+        array = pa.Array.from_buffers(pa.large_string(), len(at), [valid, pa.py_buffer(offsets), data])
+        try:
+            array.validate(full=True)  # UTF-8
+        except pa.ArrowInvalid:
+            return None
+        out.append(array.to_pylist())
+        at = np.where(text, start + length, at + 1)
+    return out if np.all(at == ends) else None
 
 
 class Decoder:
@@ -146,6 +200,11 @@ class Decoder:
         """Changes of transactions committed before LSN ``since`` are skipped undecoded (no row needs them)."""
         self.relations: dict[int, Relation] = {}
         self._open: Transaction | None = None
+
+    @property
+    def open(self) -> Transaction | None:
+        """The transaction begun and not yet committed."""
+        return self._open
 
     def transactions(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
         """Every transaction whose Commit is among ``messages``, in commit order (the slot's order)."""
@@ -159,10 +218,14 @@ class Decoder:
         kind = data[:1]
         try:
             return self._feed(kind, _Reader(data[1:]))
-        except (struct.error, ValueError, UnicodeDecodeError, IndexError) as e:
-            raise CdcSourceError(
-                f"replication slot {self.slot}: cannot decode pgoutput message {kind!r} ({len(data)} bytes): {e}"
-            ) from e
+        except DECODE_ERRORS as e:
+            raise self.refusal(data, e) from e
+
+    def refusal(self, data: bytes, e: Exception) -> CdcSourceError:
+        """The error for message ``data`` that does not decode (``e``: why)."""
+        return CdcSourceError(
+            f"replication slot {self.slot}: cannot decode pgoutput message {data[:1]!r} ({len(data)} bytes): {e}"
+        )
 
     def _feed(self, kind: bytes, r: _Reader) -> Transaction | None:
         if kind == b"B":
@@ -185,7 +248,7 @@ class Decoder:
         elif kind == b"T":
             txn = self._in_transaction(kind)
             count, _options = r.take(">i"), r.take(">b")
-            txn.truncated.extend(self._known(r.take(">I")) for _ in range(count))
+            txn.truncated.extend(self.known(r.take(">I")) for _ in range(count))
         elif kind in (b"O", b"Y", b"M"):
             pass  # origin, type and logical messages carry nothing a row needs
         elif kind in (b"S", b"E", b"c", b"A", b"P", b"K", b"r", b"p", b"b"):
@@ -208,13 +271,13 @@ class Decoder:
             columns.append(Column(column, r.take(">I"), r.take(">i"), bool(flags & 1)))
         self.relations[oid] = Relation(oid, namespace or "pg_catalog", name, identity, tuple(columns))
 
-    def _known(self, oid: int) -> Relation:
+    def known(self, oid: int) -> Relation:
         if oid not in self.relations:
             raise ValueError(f"change of relation {oid} before its Relation message")
         return self.relations[oid]
 
     def _change(self, kind: bytes, r: _Reader) -> Change:
-        relation = self._known(r.take(">I"))
+        relation = self.known(r.take(">I"))
         marker = r.raw(1)
         if kind == b"I":
             if marker != b"N":
