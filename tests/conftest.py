@@ -39,6 +39,16 @@ INSTALLED = "tests/live/test_installed_wheel.py"
 CELERY = "tests/live/test_celery_topology.py"
 OWN_SERVICES = (CHAOS, INSTALLED, CELERY)
 """Live test modules that start Airflow services of their own (not the shared ``live_airflow``)."""
+FULL = os.environ.get("FULL_TESTS") == "1"
+"""``make test-full``: the slow variants (``@pytest.mark.full``) run too, and the knobs read through
+:func:`ci_or_full` take their full values. ``make test`` (CI) leaves them out to keep its time budget."""
+
+
+def ci_or_full(name: str, ci: str, full: str) -> str:
+    """The environment variable ``name``, else its CI default, or its full-run default under ``FULL_TESTS=1``."""
+    return os.environ.get(name) or (full if FULL else ci)
+
+
 SLOWEST_FIRST = (CHAOS, LIVE, CELERY, INSTALLED, "tests/airflow/test_cluster_execution.py")
 """Started first, so that the two workers ``make test`` runs (pytest-xdist) end together: the
 longest groups first, the many short modules after them. The chaos test leaves about a third of
@@ -53,7 +63,12 @@ def worker_group(nodeid: str) -> str:
     return LIVE if module.startswith(LIVE) and module not in OWN_SERVICES else module
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not FULL:
+        slow = [item for item in items if item.get_closest_marker("full")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("full")]
     rank = {group: i for i, group in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))
 

@@ -1,5 +1,5 @@
-"""Seeded chaos under the real scheduler: 12+ checkpoints (``CHAOS_RUNS``), a random fault in
-each.
+"""Seeded chaos under the real scheduler: 7+ checkpoints (``CHAOS_RUNS``; 12 in ``make test-full``),
+a random fault in each.
 
 The real Airflow services (LocalExecutor) run, in turn, the five pipelines of
 :mod:`tests.live.chaos_dags`: a single-step variant of the example pipeline writing Parquet,
@@ -64,7 +64,7 @@ from airflow_provider_checkpoint.testing.clickstream import (
 from airflow_provider_checkpoint.testing.malformed import ground_truth, land_mixed, sorted_frame
 from airflow_provider_checkpoint.testing.orders import enriched, land_changes, land_orders, revenue_by_segment
 from tests.airflow.conftest import load_dag_module
-from tests.conftest import REPO
+from tests.conftest import REPO, ci_or_full
 from tests.live.airflow_live import running_airflow
 from tests.live.chaos_cdc import ChaosCdc
 from tests.live.chaos_dags import (
@@ -390,7 +390,7 @@ def test_chaos_under_the_real_scheduler(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(1_000_000))
-    runs = int(os.environ.get("CHAOS_RUNS", "12"))
+    runs = int(ci_or_full("CHAOS_RUNS", "7", "12"))
     print(f"\nchaos seed {seed} ({runs} runs); reproduce with CHAOS_SEED={seed}")
     rng = random.Random(seed)
     root = tmp_path_factory.mktemp("chaos")

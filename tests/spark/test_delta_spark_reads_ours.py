@@ -8,6 +8,7 @@ idempotent write with our ``txn``, a checkpoint of its own, ``VACUUM``, ``OPTIMI
 with our sink writing on afterwards (over ``OPTIMIZE``'s files it refuses, as over any other writer's).
 
 CI runs one seed; ``DELTA_SPARK_SEEDS=1,2,3``, ``DELTA_SPARK_EXAMPLES`` and ``DELTA_SPARK_STEPS`` run more.
+delta-spark's commands and the ``OPTIMIZE`` conflict run in ``make test-full`` (``FULL_TESTS=1``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Table:
             assert got == expected, f"{reader} after {after}: {len(got)} rows, {len(expected)} expected"
 
 
+@pytest.mark.full
 def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env) -> None:
     ds, table = env.delta_spark, Table(env, "maintained")
     path, at = table.harness.path, f"delta.`{table.harness.path}`"
@@ -152,7 +154,10 @@ def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env) -> 
 
 @pytest.mark.parametrize(
     ("command", "operation"),
-    [("DELETE FROM {at} WHERE k1 = 'cold3'", "DELETE"), ("OPTIMIZE {at}", "OPTIMIZE")],
+    [
+        ("DELETE FROM {at} WHERE k1 = 'cold3'", "DELETE"),
+        pytest.param("OPTIMIZE {at}", "OPTIMIZE", marks=pytest.mark.full),
+    ],
     ids=["delete", "optimize"],
 )
 def test_another_writer_between_stage_and_commit_is_a_conflict_and_nothing_is_committed(

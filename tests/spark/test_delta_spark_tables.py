@@ -2,6 +2,7 @@
 (issue #53): each is read exactly once across checkpoints — a retry and a concurrent delta-spark
 append included — with delta-spark's own reads (the table, its change data feed) as the ground
 truth, or refused with an error naming the feature. docs/delta-lake.md lists the outcome of each.
+V2 and multi-part log checkpoints run in ``make test-full`` (``FULL_TESTS=1``).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def test_column_mapping_is_refused_naming_it(spark, ds, tmp_path: Path, mode: st
         Job(spark, ds, tmp_path, path).checkpoint(["id", "w"])
 
 
+@pytest.mark.full
 def test_v2_and_multi_part_checkpoints(spark, ds, tmp_path: Path) -> None:
     """Snapshots at versions whose newest checkpoint is a V2 one with sidecars, or a multi-part one."""
     v2, at_v2 = table(ds, tmp_path, "v2", "id BIGINT, v STRING", "'delta.checkpointPolicy' = 'v2', "

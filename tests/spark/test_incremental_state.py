@@ -6,6 +6,7 @@ of older checkpoints, savepoints, rescaled reads and aborted checkpoints mixed i
 every checkpoint the operator state (read with pyarrow alone, and with Spark) and the
 tables are compared with pandas over exactly the input the retained lineage processed,
 and the storage audit must be clean: no referenced file deleted, no orphan left.
+CI runs the ``mixed`` case (the driver's and Spark's merges, crossing); ``make test-full`` all three.
 """
 
 from __future__ import annotations
@@ -196,7 +197,11 @@ def _tables_match(base: Path, truth: Truth, checkpoint_id: int, aggs: list[str])
 
 @pytest.mark.parametrize(
     ("driver_merge_rows", "shuffle_merge_rows"),
-    [(1_000_000, 250_000), (60, 250_000), (0, 20)],
+    [
+        pytest.param(1_000_000, 250_000, marks=pytest.mark.full),
+        (60, 250_000),
+        pytest.param(0, 20, marks=pytest.mark.full),
+    ],
     ids=["driver", "mixed", "large state"],
 )
 def test_incremental_state_equals_full_recomputation(
