@@ -42,7 +42,6 @@ from airflow_provider_checkpoint.connectors.base.bucketed import (
 )
 from airflow_provider_checkpoint.connectors.base.sink import (
     TableDirectorySink,
-    check_input_columns,
     check_mode,
     check_schema_evolution,
 )
@@ -52,14 +51,13 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     check_delete_column,
     check_sequence_by,
 )
-from airflow_provider_checkpoint.connectors.files import parquet_evolution
+from airflow_provider_checkpoint.connectors.files import parquet_schema
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
     DocumentError,
-    SinkSchemaError,
     UnsafePathError,
 )
 from airflow_provider_checkpoint.fileio.writes import write_parquet
@@ -74,10 +72,6 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
 FORMAT = "parquet_table"
-_NO_RETYPE = (
-    "; a retyped column is refused, widening too (Spark's mergeSchema reads no table whose files disagree on a "
-    "column's type): write to a new table path"
-)
 _APPEND_FILE = re.compile(r"^part-c(\d{10})-\d{5}\.parquet$")
 _BUCKET_FILE = re.compile(r"^part-b\d{5}\.parquet$")
 
@@ -146,7 +140,7 @@ class ParquetTableSink(TableDirectorySink):
     :param schema_evolution: ``"none"`` (default): the input's columns must be the table's. ``"additive"``: an
         input column the table lacks is written, nullable, from the checkpoint that brings it on; in upsert mode
         that checkpoint rewrites the bucket files it does not touch with the column null
-        (:mod:`.parquet_evolution`). A missing or retyped column (widening included) is refused either way.
+        (:mod:`.parquet_schema`). A missing or retyped column (widening included) is refused either way.
     :param storage_options: fsspec options of the table's filesystem.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -209,31 +203,14 @@ class ParquetTableSink(TableDirectorySink):
 
     def _checked_table(self, schema: StructType) -> pa.Schema | None:
         """The schema of the table's newest committed file (its footer: one LIST and one small read), ``None``
-        for a table without files, once the input's columns ``schema`` are checked against it by name and type,
-        nullability aside. With ``schema_evolution="additive"`` an added column passes; a missing or retyped
-        one never does (:class:`SinkSchemaError` naming the table, the column and both types)."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from airflow_provider_checkpoint.fileio.scans import as_nullable
-
+        for a table without files, once the input's columns ``schema`` are checked against it
+        (:func:`.parquet_schema.check_columns`)."""
         footer = self._table_schema()
-        if footer is None:
-            return None
-        try:
-            stored = as_nullable(from_arrow_schema(footer, prefer_timestamp_ntz=False))  # timestamps: UTC instants
-        except (TypeError, ValueError, NotImplementedError):  # a type Spark does not read: no comparison
-            return footer
-        types = {f.name: f.dataType.simpleString() for f in stored.fields}
-        given = {f.name: f.dataType.simpleString() for f in as_nullable(schema).fields if f.name != self.delete_when}
-        if self.schema_evolution == "additive":
-            given = {name: kind for name, kind in given.items() if name in types}
-        evolve = "schema_evolution='additive' writes them from this checkpoint on; else drop them before the sink"
-        try:
-            check_input_columns(f"Parquet table {self.asset_uri()}", types, given, evolve)
-        except SinkSchemaError as e:
-            if any(types[c] != given[c] for c in set(types) & set(given)):
-                raise SinkSchemaError(f"{e}{_NO_RETYPE}") from None
-            raise
+        if footer is not None:
+            additive = self.schema_evolution == "additive"
+            parquet_schema.check_columns(
+                f"Parquet table {self.asset_uri()}", footer, schema, self.delete_when, additive
+            )
         return footer
 
     def _table_schema(self) -> pa.Schema | None:
@@ -278,14 +255,14 @@ class ParquetTableSink(TableDirectorySink):
         self, ctx: StepContext, table: pa.Schema, given: StructType, fs: fsspec.AbstractFileSystem
     ) -> list[StagedBucket]:
         """Every committed bucket file, rewritten beside the attempt's staging directory with the input columns
-        ``given`` that the ``table`` (its newest file's schema) lacks (:func:`.parquet_evolution.filled_buckets`);
+        ``given`` that the ``table`` (its newest file's schema) lacks (:func:`.parquet_schema.filled_buckets`);
         none if it lacks none."""
-        added = parquet_evolution.added_fields(table, given, self.delete_when)
+        added = parquet_schema.added_fields(table, given, self.delete_when)
         if not added:
             return []
         committed = self._existing_buckets(list(range(self.buckets)))
         directory = self.clear(f"_staging/{self.staging_name(ctx)}-filled")  # beside the merge's new directory
-        filled = parquet_evolution.filled_buckets(fs, directory, added, committed)
+        filled = parquet_schema.filled_buckets(fs, directory, added, committed)
         ctx.add_metric("sink_buckets_filled", len(filled))
         return filled
 

@@ -1,4 +1,5 @@
-"""Added columns of a Parquet table (``ParquetTableSink(schema_evolution="additive")``).
+"""The columns of a Parquet table: the input's checked against them, and added ones
+(``ParquetTableSink(schema_evolution="additive")``).
 
 A column of the input that the table lacks is written, nullable, by the files of the checkpoint that brings
 it. In ``append`` mode those are new files: the older files lack the column, and a reader that unifies the
@@ -16,12 +17,46 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet, table_writer
 from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
+from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
+from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.storage.object_store import is_s3
 
 if TYPE_CHECKING:
     import fsspec
     import pyarrow as pa
     from pyspark.sql.types import StructType
+
+
+_NO_RETYPE = (
+    "; a retyped column is refused, widening too (Spark's mergeSchema reads no table whose files disagree on a "
+    "column's type): write to a new table path"
+)
+
+
+def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> None:
+    """Refuse (:class:`SinkSchemaError` naming the ``table``, the column and both types) input columns ``given``
+    that differ from the table's (``footer``: its newest file's schema) by name or type, nullability aside, but
+    ``left_out`` (a column not written); ``additive``: an added column passes. A missing or retyped one never
+    does. Nothing is compared for a footer of a type Spark does not read."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from airflow_provider_checkpoint.fileio.scans import as_nullable
+
+    try:
+        stored = as_nullable(from_arrow_schema(footer, prefer_timestamp_ntz=False))  # timestamps: UTC instants
+    except (TypeError, ValueError, NotImplementedError):
+        return
+    types = {f.name: f.dataType.simpleString() for f in stored.fields}
+    written = {f.name: f.dataType.simpleString() for f in as_nullable(given).fields if f.name != left_out}
+    if additive:
+        written = {name: kind for name, kind in written.items() if name in types}
+    evolve = "schema_evolution='additive' writes them from this checkpoint on; else drop them before the sink"
+    try:
+        check_input_columns(table, types, written, evolve)
+    except SinkSchemaError as e:
+        if any(types[c] != written[c] for c in set(types) & set(written)):
+            raise SinkSchemaError(f"{e}{_NO_RETYPE}") from None
+        raise
 
 
 def added_fields(table: pa.Schema, given: StructType, left_out: str | None) -> pa.Schema:
