@@ -246,7 +246,7 @@ def test_files_with_the_same_base_name_keep_their_own_partition_values(spark, tm
         pq.write_table(pa.Table.from_pandas(frame(start, 3)[["k", "v"]]), tmp_path / f"day={day}" / "part-0.parquet")
     files = [DataFile(f"day={day}/part-0.parquet", (("day", day),)) for day in ("d1", "d2")]
     schema = StructType.fromDDL("k LONG, v STRING, day STRING")
-    got = DeltaSource("src", str(tmp_path))._load(spark, schema, ["day"], files)
+    got = DeltaSource("src", str(tmp_path))._scan().load(spark, schema, ["day"], files)
     truth = pd.concat([frame(0, 3).assign(day="d1"), frame(10, 3).assign(day="d2")])
     pd.testing.assert_frame_equal(rows(got), rows(truth), check_dtype=False)
 

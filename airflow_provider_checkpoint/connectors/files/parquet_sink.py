@@ -36,16 +36,22 @@ import fsspec
 from airflow_provider_checkpoint.connectors.base.bucketed import (
     DRIVER_MERGE_ROWS,
     BucketedUpsert,
+    StagedBucket,
     bucket_file,
     check_buckets,
 )
-from airflow_provider_checkpoint.connectors.base.sink import TableDirectorySink, check_input_columns, check_mode
+from airflow_provider_checkpoint.connectors.base.sink import (
+    TableDirectorySink,
+    check_mode,
+    check_schema_evolution,
+)
 from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish_all, read_document
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_delete_column,
     check_sequence_by,
 )
+from airflow_provider_checkpoint.connectors.files import parquet_schema
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -59,6 +65,7 @@ from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.paths import refuse_links
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
@@ -130,6 +137,10 @@ class ParquetTableSink(TableDirectorySink):
         insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
     :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
         ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
+    :param schema_evolution: ``"none"`` (default): the input's columns must be the table's. ``"additive"``: an
+        input column the table lacks is written, nullable, from the checkpoint that brings it on; in upsert mode
+        that checkpoint rewrites the bucket files it does not touch with the column null
+        (:mod:`.parquet_schema`). A missing or retyped column (widening included) is refused either way.
     :param storage_options: fsspec options of the table's filesystem.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -149,6 +160,7 @@ class ParquetTableSink(TableDirectorySink):
         delete_when: str | None = None,
         deletes: str = "hard",
         deleted_column: str | None = None,
+        schema_evolution: str = "none",
     ) -> None:
         super().__init__(uid, input, path, storage_options, step)
         check_mode(uid, mode)
@@ -157,6 +169,7 @@ class ParquetTableSink(TableDirectorySink):
         self.sequence_by = check_sequence_by(uid, mode, self.keys, sequence_by)
         self.set_deletes(delete_when, deletes, deleted_column)
         self.buckets = buckets
+        self.schema_evolution = check_schema_evolution(uid, schema_evolution)
         self.upsert = (
             BucketedUpsert(uid, self.keys, buckets, driver_merge_rows, self.delete_when) if mode == "upsert" else None
         )
@@ -165,7 +178,9 @@ class ParquetTableSink(TableDirectorySink):
         """The commit logs this process wrote, by checkpoint id (a commit's record needs no read back)."""
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys}
+        evolution = {"schema_evolution": self.schema_evolution} if self.schema_evolution != "none" else {}
+        described = {"format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys, **evolution}
+        return {**super().describe(), **described}
 
     def claim_document(self, job_id: str) -> JsonDict:
         claim = {**super().claim_document(job_id), "mode": self.mode, "keys": self.keys}
@@ -183,41 +198,73 @@ class ParquetTableSink(TableDirectorySink):
     record_kind = "parquet"
 
     def check_columns(self, schema: StructType) -> None:
-        """The input's columns against those of the table's newest committed file (its footer: one small read),
-        by name and type, nullability aside; nothing to check in a table without files."""
-        import pyarrow.parquet as pq
-        from pyspark.sql.pandas.types import from_arrow_schema
+        """The input's columns against those of the table's newest committed file (:meth:`_checked_table`)."""
+        self._checked_table(schema)
 
-        from airflow_provider_checkpoint.fileio.scans import as_nullable
+    def _checked_table(self, schema: StructType) -> pa.Schema | None:
+        """The schema of the table's newest committed file (its footer: one LIST and one small read), ``None``
+        for a table without files, once the input's columns ``schema`` are checked against it
+        (:func:`.parquet_schema.check_columns`)."""
+        footer = self._table_schema()
+        if footer is not None:
+            additive = self.schema_evolution == "additive"
+            parquet_schema.check_columns(
+                f"Parquet table {self.asset_uri()}", footer, schema, self.delete_when, additive
+            )
+        return footer
+
+    def _table_schema(self) -> pa.Schema | None:
+        """The schema in the footer of the table's newest committed file; ``None`` for a table without files."""
+        import pyarrow.parquet as pq
 
         table = self.table()
         if not table.exists(""):
-            return
+            return None
         committed = sorted(p for p in list_names(table.fs, table.base, "part-") if p.endswith(".parquet"))
         if not committed:
-            return
+            return None
         with table.fs.open(table.path(table.relative(committed[-1])), "rb") as f:
-            footer = pq.read_schema(f)
-        try:
-            stored = as_nullable(from_arrow_schema(footer))
-        except (TypeError, ValueError, NotImplementedError):  # a type Spark does not read: no comparison
-            return
-        types = {f.name: f.dataType.simpleString() for f in stored.fields}
-        given = {f.name: f.dataType.simpleString() for f in as_nullable(schema).fields if f.name != self.delete_when}
-        evolve = "a Parquet table keeps one schema: drop them before the sink, or write to a new table path"
-        check_input_columns(f"Parquet table {self.asset_uri()}", types, given, evolve)
+            return pq.read_schema(f)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        if self.schema_evolution == "additive":  # else the pipeline check compares the columns (one read fewer)
+            self._checked_table(df.schema)
         fs, root = self._fs()
         return self._committables(ctx, self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx)))
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
         check_delete_column(self.uid, self.delete_when, rows.df.schema)
+        table = self._checked_table(rows.df.schema) if self.schema_evolution == "additive" else None
         fs, root = self._fs()
-        staged = self.upsert.stage(ctx, rows, fs, self.attempt_staging(ctx), self._existing_buckets)
+        staging = self.attempt_staging(ctx)
+        filled = self._filled_buckets(ctx, table, rows.df.schema, fs) if table is not None else []
+        copies = {f.bucket: (f.path, f.size) for f in filled}
+
+        def existing(buckets: list[int]) -> dict[int, tuple[str, int]]:  # the filled copy of a bucket, if any
+            committed = self._existing_buckets([b for b in buckets if b not in copies])
+            return {**committed, **{b: copies[b] for b in buckets if b in copies}}
+
+        staged = self.upsert.stage(ctx, rows, fs, staging, existing)
+        merged = {s.bucket for s in staged}
+        staged += [f for f in filled if f.bucket not in merged]
         ctx.add_metric("sink_bytes_staged", sum(s.size for s in staged))
         return self._committables(ctx, [[s.path[len(root) + 1 :], bucket_file(s.bucket)] for s in staged])
+
+    def _filled_buckets(
+        self, ctx: StepContext, table: pa.Schema, given: StructType, fs: fsspec.AbstractFileSystem
+    ) -> list[StagedBucket]:
+        """Every committed bucket file, rewritten beside the attempt's staging directory with the input columns
+        ``given`` that the ``table`` (its newest file's schema) lacks (:func:`.parquet_schema.filled_buckets`);
+        none if it lacks none."""
+        added = parquet_schema.added_fields(table, given, self.delete_when)
+        if not added:
+            return []
+        committed = self._existing_buckets(list(range(self.buckets)))
+        directory = self.clear(f"_staging/{self.staging_name(ctx)}-filled")  # beside the merge's new directory
+        filled = parquet_schema.filled_buckets(fs, directory, added, committed)
+        ctx.add_metric("sink_buckets_filled", len(filled))
+        return filled
 
     @staticmethod
     def _committables(ctx: StepContext, moves: list[list[str]]) -> list[JsonDict]:

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.files.dead_letters import SCHEMA as DEAD_LETTERS
 from airflow_provider_checkpoint.connectors.files.dead_letters import DeadLetterSink, reason
 from airflow_provider_checkpoint.connectors.kafka import barrier, client
-from airflow_provider_checkpoint.connectors.kafka.json_values import PARSED, source_schema
+from airflow_provider_checkpoint.connectors.kafka.json_values import source_schema
 from airflow_provider_checkpoint.connectors.kafka.offsets import TOPIC, Offsets, split
-from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, RAW_SCHEMA, raw_schema, read_tasks
+from airflow_provider_checkpoint.connectors.kafka.reader import FLAW, LOST, raw_schema, read_tasks
 from airflow_provider_checkpoint.connectors.kafka.records import (
     CORRUPT,
     WHERE,
@@ -21,6 +21,7 @@ from airflow_provider_checkpoint.connectors.kafka.records import (
     malformed,
     read_counts,
 )
+from airflow_provider_checkpoint.connectors.kafka.values import FORMATS, METADATA, TOMBSTONE, RecordColumns
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
@@ -37,18 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("json", "csv", "raw")
-METADATA = ("key", "topic", "partition", "offset", "timestamp", "headers")
-_METADATA_TYPES = {
-    "key": "BINARY",
-    "topic": "STRING",
-    "partition": "INT",
-    "offset": "BIGINT",
-    "timestamp": "TIMESTAMP",
-    "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>",
-}
-TOMBSTONE = "tombstone"
-"""Upsert reading: the column saying a key's latest record is a tombstone (null value): the key is deleted."""
 _STARTS = ("earliest", "latest")
 
 
@@ -182,8 +171,8 @@ class KafkaSource(Source):
         self.max_malformed_fraction = 0.5 if max_malformed_fraction is None else max_malformed_fraction
         self.dead_letter_path = dead_letter_path
         self.upsert = upsert
-        self._columns = (*self.metadata_columns, TOMBSTONE) if upsert else self.metadata_columns
-        """The columns added to the value's: the metadata columns, and in upsert mode :data:`TOMBSTONE`."""
+        self.record_columns = RecordColumns(uid, format, schema, self.options, self.metadata_columns, upsert)
+        """How the records become rows (the value's columns and the added ones)."""
         self._malformed: dict[str, DataFrame] = {}
 
     def attach(self, defaults: SourceDefaults | None) -> Sequence[Sink]:
@@ -198,9 +187,7 @@ class KafkaSource(Source):
 
     def added_columns(self) -> str:
         """``value`` (raw format) and the ``metadata_columns``, typed as the reader gives them."""
-        raw = ["value BINARY"] if self.format == "raw" else []
-        types = {**_METADATA_TYPES, TOMBSTONE: "BOOLEAN"}
-        return ", ".join(raw + [f"{c} {types[c]}" for c in self._columns])
+        return self.record_columns.added_ddl()
 
     def deletes_column(self) -> str | None:
         return TOMBSTONE if self.upsert else None
@@ -291,7 +278,9 @@ class KafkaSource(Source):
         from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 
         df, metrics = self._records(ctx, previous, barrier), read_counts()
-        values = [F.col(f"`{c}`") for c in df.columns if c not in (CORRUPT, LOST, FLAW, *WHERE, *self._columns)]
+        values = [
+            F.col(f"`{c}`") for c in df.columns if c not in (CORRUPT, LOST, FLAW, *WHERE, *self.record_columns.added)
+        ]
         if self.format != "raw":  # parsed in full: a value's unused field that does not parse is malformed too
             metrics.append(F.max(F.hash(*values)).alias("parsed"))
         observation = Observation()
@@ -303,7 +292,7 @@ class KafkaSource(Source):
         return self._good_of(observed), records
 
     def _records(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
-        """The records of ``[previous, barrier)`` read on the executors and parsed (:meth:`_parsed`); a
+        """The records of ``[previous, barrier)`` read on the executors and parsed (:meth:`.RecordColumns.parsed`); a
         recreated topic's partitions are recorded (``source_reset``)."""
         before = Offsets.parse(previous, f"source {self.uid} position")
         cut = Offsets.parse(barrier, f"source {self.uid} barrier")
@@ -319,7 +308,7 @@ class KafkaSource(Source):
             self.config(), tasks, self.fail_on_data_loss, _where(ctx), self.kafka_config_id, text=text, json_schema=fast
         )
         raw = ctx.spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(read, raw_schema(fast))
-        return self._parsed(raw)
+        return self.record_columns.parsed(raw)
 
     def _judge(self, ctx: StepContext, df: DataFrame, counts: dict[str, Any]) -> int:
         """The good records of ``counts`` (:func:`.records.read_counts` of ``df``); lost ones recorded
@@ -346,15 +335,11 @@ class KafkaSource(Source):
         from pyspark.sql import functions as F
 
         good = df.where((F.col(LOST) == 0) & ~malformed())
-        return self._good(latest(good) if self.upsert else good)
-
-    def _good(self, parsed: DataFrame) -> DataFrame:
-        """The records :meth:`read_counted` gives, from :meth:`_parsed` ones: without the columns of its checks."""
-        return parsed.drop(LOST, CORRUPT, FLAW, *WHERE)
+        return self.record_columns.without_checks(latest(good) if self.upsert else good)
 
     def empty(self, spark: SparkSession) -> DataFrame:
         """The columns a checkpoint reads (the value parsed with the declared schema, the metadata columns), no rows."""
-        return self._good(self._parsed(spark.createDataFrame([], RAW_SCHEMA)))
+        return self.record_columns.empty(spark)
 
     def _dead_letters(self, ctx: StepContext) -> DataFrame | None:
         """This attempt's malformed records as dead-letter rows (``file`` = ``topic[partition]``, ``line`` = offset)."""
@@ -371,37 +356,6 @@ class KafkaSource(Source):
             (self.uid, f"{r[0]}[{r[1]}]", r[2], r[3], w, ctx.checkpoint_id) for r, w in zip(found, why, strict=True)
         ]
         return ctx.spark.createDataFrame(rows, DEAD_LETTERS)
-
-    def _parsed(self, raw: DataFrame) -> DataFrame:
-        """The value parsed (or kept as bytes), the metadata columns, and what the checks need."""
-        from pyspark.sql import functions as F
-
-        meta = [F.col(c) for c in self.metadata_columns] + (
-            [F.col("value").isNull().alias(TOMBSTONE)] if self.upsert else []
-        )
-        if self.upsert:  # a tombstone deletes its key: no malformed record
-            raw = raw.withColumn(FLAW, F.when(F.col("value").isNotNull(), F.col(FLAW)))
-        where = [F.col(c).alias(f"__kafka_{c}") for c in ("topic", "partition", "offset")]
-        keep = [*where, F.col(LOST), F.col(FLAW)]
-        if self.format == "raw":
-            return raw.select(F.col("value"), *meta, F.lit(None).cast("string").alias(CORRUPT), *keep)
-        ddl = f"{self.schema}, {CORRUPT} STRING"
-        options = {**self.options, "mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}
-        text = F.col("value").cast("string")
-        parsed = F.from_json(text, ddl, options) if self.format == "json" else F.from_csv(text, F.lit(ddl), options)
-        if PARSED in raw.columns:  # Arrow's rows where it gives Spark's answer; Spark parses the others
-            parsed = F.coalesce(F.col(PARSED), parsed)
-        flawed = F.when(F.col(FLAW).isNotNull(), text).alias("__flawed")  # its text, for a dead letter
-        value = raw.select(parsed.alias("__value"), *meta, *keep, flawed)
-        names = value.schema["__value"].dataType.fieldNames()  # type: ignore[attr-defined]
-        clash = sorted(set(names) & set(self._columns))
-        if clash:
-            raise PipelineDefinitionError(
-                f"{self.uid}: value column(s) {clash} clash with metadata_columns (or {TOMBSTONE})"
-            )
-        fields = [F.col(f"__value.{n}") for n in names if n != CORRUPT]
-        corrupt = F.coalesce(F.col("__flawed"), F.col(f"__value.{CORRUPT}")).alias(CORRUPT)
-        return value.select(*fields, corrupt, *self._columns, *WHERE, LOST, FLAW)
 
     def _refuse_malformed(self, df: DataFrame, error: type[MalformedInputError], what: str) -> None:
         raise error(

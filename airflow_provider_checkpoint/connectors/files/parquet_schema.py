@@ -1,0 +1,97 @@
+"""The columns of a Parquet table: the input's checked against them, and added ones
+(``ParquetTableSink(schema_evolution="additive")``).
+
+A column of the input that the table lacks is written, nullable, by the files of the checkpoint that brings
+it. In ``append`` mode those are new files: the older files lack the column, and a reader that unifies the
+files' schemas (Spark's ``mergeSchema``, ``pyarrow.unify_schemas``, DuckDB's ``union_by_name``) reads null
+in it for their rows. In ``upsert`` mode that checkpoint first rewrites every committed bucket file lacking
+the column with it appended, null (:func:`filled_buckets`), and merges the changed rows into those copies:
+after its commit every bucket file has the table's whole schema again, so no merge ever reads files of two
+schemas. No type changes: Spark's ``mergeSchema`` refuses files that disagree on a column's type (``int``
+and ``bigint`` among them), so a retyped column, widening included, is refused before anything is staged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet, table_writer
+from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
+from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
+from airflow_provider_checkpoint.exceptions import SinkSchemaError
+from airflow_provider_checkpoint.storage.object_store import is_s3
+
+if TYPE_CHECKING:
+    import fsspec
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+
+_NO_RETYPE = (
+    "; a retyped column is refused, widening too (Spark's mergeSchema reads no table whose files disagree on a "
+    "column's type): write to a new table path"
+)
+
+
+def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> None:
+    """Refuse (:class:`SinkSchemaError` naming the ``table``, the column and both types) input columns ``given``
+    that differ from the table's (``footer``: its newest file's schema) by name or type, nullability aside, but
+    ``left_out`` (a column not written); ``additive``: an added column passes. A missing or retyped one never
+    does. Nothing is compared for a footer of a type Spark does not read."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from airflow_provider_checkpoint.fileio.scans import as_nullable
+
+    try:
+        stored = as_nullable(from_arrow_schema(footer, prefer_timestamp_ntz=False))  # timestamps: UTC instants
+    except (TypeError, ValueError, NotImplementedError):
+        return
+    types = {f.name: f.dataType.simpleString() for f in stored.fields}
+    written = {f.name: f.dataType.simpleString() for f in as_nullable(given).fields if f.name != left_out}
+    if additive:
+        written = {name: kind for name, kind in written.items() if name in types}
+    evolve = "schema_evolution='additive' writes them from this checkpoint on; else drop them before the sink"
+    try:
+        check_input_columns(table, types, written, evolve)
+    except SinkSchemaError as e:
+        if any(types[c] != written[c] for c in set(types) & set(written)):
+            raise SinkSchemaError(f"{e}{_NO_RETYPE}") from None
+        raise
+
+
+def added_fields(table: pa.Schema, given: StructType, left_out: str | None) -> pa.Schema:
+    """The columns of the input ``given`` that ``table`` lacks (but ``left_out``, a column not written), as
+    Arrow fields the way the sink's Parquet writers store them (timestamps in UTC), nullable."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    new = StructType([f for f in given.fields if f.name not in table.names and f.name != left_out])
+    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(new, timezone="UTC")])
+
+
+def filled_buckets(
+    fs: fsspec.AbstractFileSystem, directory: str, added: pa.Schema, committed: dict[int, tuple[str, int]]
+) -> list[StagedBucket]:
+    """Each ``committed`` bucket file (bucket → path, size) lacking a column of ``added``, rewritten into
+    ``directory`` with its rows unchanged and the columns it lacks appended, null (batch by batch)."""
+    import pyarrow as pa
+
+    if not is_s3(fs):  # object stores have no directories to make
+        fs.makedirs(directory, exist_ok=True)
+    filled: list[StagedBucket] = []
+    for bucket, (path, size) in sorted(committed.items()):
+        with open_parquet(fs, path, size) as reader:
+            old = reader.schema_arrow
+            lacking = [f for f in added if f.name not in old.names]
+            if not lacking:
+                continue
+            grown = pa.schema([*old, *lacking], metadata=old.metadata)
+            out, written, rows = f"{directory}/{bucket_file(bucket)}", list[int](), 0
+            with table_writer(fs, out, grown, written) as writer:
+                for batch in reader.iter_batches():
+                    nulls = [pa.nulls(batch.num_rows, f.type) for f in lacking]
+                    writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, *nulls], schema=grown))
+                    rows += batch.num_rows
+        filled.append(StagedBucket(bucket, out, rows, written[0]))
+    return filled
