@@ -284,7 +284,7 @@ def test_a_table_not_matching_the_input_is_refused(spark, postgres_server, targe
 def test_the_pipeline_check_refuses_what_the_step_would_and_creates_nothing(spark, postgres_server, target):
     df, sink = spark.createDataFrame([], SCHEMA), _sink(target)
     sink.bind_job("job")
-    sink.check_input(df)  # no table yet: the first stage creates it from the input; the check creates nothing
+    sink.check_input(df)  # no table yet: the first commit makes it; the check creates nothing
     with postgres_server.connect() as db:
         assert db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = %s", [target]).fetchone() == (0,)
         db.execute(f"CREATE TABLE {target}.facts (k text, v bigint, other int, {CHECKPOINT_COLUMN} bigint)")

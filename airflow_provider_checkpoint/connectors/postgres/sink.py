@@ -15,7 +15,8 @@
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
   the trigger's recovery, finds the marker and does nothing. With ``partition_per_checkpoint`` an
   append commit attaches the staging table as the checkpoint's partition instead of copying its
-  rows (:mod:`.partitions`).
+  rows (:mod:`.partitions`). The first load into a table the sink makes (absent, ``create_table``) makes
+  it of the staging table in that transaction, copying no row (:func:`~.staging.take_over`).
 - **Restore** to checkpoint N, in one transaction: ``append`` deletes the rows whose
   ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
   the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
