@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -236,6 +237,7 @@ def main() -> None:
             print(f"round {n + 1}: " + ", ".join(f"{k[:24]} {v[0]:.2f}" for k, v in r.times.items()), file=sys.stderr)
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
     floors = [t["floor: one binary COPY, one stream"][0] for t in results]
     print(f"{args.rows} rows, {args.rounds} rounds; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}\n")
     print("| phase | s, median (spread) | floor / phase, median | WAL MB |")
