@@ -15,7 +15,8 @@
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
   the trigger's recovery, finds the marker and does nothing. With ``partition_per_checkpoint`` an
   append commit attaches the staging table as the checkpoint's partition instead of copying its
-  rows (:mod:`.partitions`).
+  rows (:mod:`.partitions`). The first load into a table the sink makes (absent, ``create_table``) makes
+  it of the staging table in that transaction, copying no row (:func:`~.staging.take_over`).
 - **Restore** to checkpoint N, in one transaction: ``append`` deletes the rows whose
   ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
   the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
@@ -33,31 +34,24 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode, check_schema_evolution
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
-    check_delete_column,
     check_sequence_by,
 )
-from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, target, undo
+from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, staging, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
-from airflow_provider_checkpoint.connectors.postgres.load import LOAD_RESULT, copy_partitions, one_stream_per_core
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
-from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
-    DocumentError,
     PipelineDefinitionError,
     SinkConnectionError,
-    SinkSchemaError,
     SinkUnavailableError,
-    SinkValueError,
 )
 
 if TYPE_CHECKING:
     import psycopg
-    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
@@ -272,17 +266,10 @@ class PostgresTableSink(TransactionalSink):
         self.claim(ctx.plan.job_id)
 
     # -- writer (step side) ------------------------------------------------------------
-    def _check_names(self, schema: StructType) -> None:
-        """Refuse input columns that are not plain identifiers, or one named ``_checkpoint_id``."""
-        columns = [f.name for f in schema.fields]
-        pg.check_identifiers(self.uid, "columns", columns)
-        if CHECKPOINT_COLUMN in columns:
-            raise SinkSchemaError(f"sink {self.uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
-
     def check_columns(self, schema: StructType) -> None:
         """The input's column names, then the table as the step checks it (:func:`~.target.check_target`), not
         creating it; a table the first stage would create: each column must have a PostgreSQL type."""
-        self._check_names(schema)
+        staging.check_names(self.uid, schema)
         with self._connection().connect() as db:
             if target.check_target(self, db, schema, create=False):
                 return
@@ -290,7 +277,7 @@ class PostgresTableSink(TransactionalSink):
             pg.pg_type(self.uid, f.name, f.dataType)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        staged = self._stage(ctx, df, self.held_input(ctx), one_per_key=True)
+        staged = staging.stage(self, self._connection(), ctx, df, self.held_input(ctx), one_per_key=True)
         assert staged is not None  # only an input that may repeat a key is declined
         return [staged]
 
@@ -301,86 +288,24 @@ class PostgresTableSink(TransactionalSink):
         Otherwise it is staged again, reduced (the rows as :meth:`UpsertRows.frame` gives them). Rows
         the driver holds go from the driver, with no Spark job, as in :meth:`write`."""
         held = rows.in_driver.rows() if rows.in_driver is not None else None
-        if rows.reduce and (staged := self._stage(ctx, rows.df, held, one_per_key=False)) is not None:
+        if (
+            rows.reduce
+            and (staged := staging.stage(self, self._connection(), ctx, rows.df, held, one_per_key=False)) is not None
+        ):
             return [staged]
         return self.write(ctx, rows.frame())
-
-    def _stage(self, ctx: StepContext, df: DataFrame, held: pa.Table | None, one_per_key: bool) -> JsonDict | None:
-        """Stage ``df`` (from the driver: ``held``, its rows), return the committable. With ``one_per_key``
-        false (an upsert input that may repeat a key), ``None`` if a key is staged twice or a row was
-        refused: the caller stages again."""
-        started = time.monotonic()
-        conn = self._connection()
-        staging = pg.staging_table(self.digest, ctx.checkpoint_id, ctx.attempt_tag)
-        self._check_names(df.schema)
-        check_delete_column(self.uid, self.delete_when, df.schema)
-        dead = pg.dead_letter_staging(staging) if self.dead_letters else None
-        with conn.connect() as db:
-            types = target.check_target(self, db, df.schema)
-            null_keys = self.mode == "upsert" and bool(target.unique_index(self, db))
-            target.create_staging(self, db, staging, types, ctx.checkpoint_id)
-            if self.dead_letters:
-                dead_letters.prepare(self, db, self.dead_letters, staging)
-        load = copy_partitions(conn, self.schema, staging, types, self.keys, dead)
-        if held is None:
-            results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
-        else:  # merged on the driver: one stream from here, no Spark job, no Python worker
-            results = [r for batch in load(iter(held.to_batches())) for r in batch.to_pylist()]
-        failed = [r["error"] for r in results if r["error"]]
-        rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
-        if not one_per_key and (failed or refused or target.staged_twice(self, conn, staging, null_keys)):
-            log.info(
-                "sink %s: input staged unreduced has %s; staging it again reduced to one row per key",
-                self.uid, "refused rows" if failed or refused else "a key twice",
-            )  # fmt: skip
-            return None
-        if failed:
-            raise SinkValueError(f"sink {self.uid}: PostgreSQL refused a value for {self.target_name()}: {failed[0]}")
-        dead_letters.check_refused(self, conn, staging, rows, refused)
-        if one_per_key:
-            target.check_staged(self, conn, staging, null_keys)
-        ctx.add_metric("sink_rows", rows)
-        committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
-        if dead:
-            ctx.add_metric("sink_rows_refused", refused)
-            committable["dead_letters"] = refused
-        log.info(
-            "sink %s: staged %d rows%s into %s.%s from %s in %.2fs",
-            self.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", self.schema,
-            staging, "the driver" if held else f"{len(results)} partitions", time.monotonic() - started,
-        )  # fmt: skip
-        return committable
 
     # -- committer (finalize / recovery side) ------------------------------------------
     def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int, int]]:
         """``[(staging table, rows, dead letters)]``: each table named by this sink's pattern for ``checkpoint_id``."""
-        pattern = pg.staging_pattern(self.digest, checkpoint_id)
-        reader = Fields({"committables": committables}, document)
-        staged: list[tuple[str, int, int]] = []
-        for i, item in enumerate(reader.items("committables")):
-            c = Fields(item, document, f"committables[{i}]")
-            if c.integer("checkpoint_id", 1) != checkpoint_id:
-                raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
-            name = c.raw.get("staging_table")
-            if not isinstance(name, str) or not pattern.match(name):
-                raise c.error("staging_table", f"must be a staging table of sink {self.uid} for this checkpoint", name)
-            staged.append((name, c.integer("rows", 0), c.integer("dead_letters", default=0)))
-        if len({n for n, _, _ in staged}) != len(staged):
-            raise DocumentError(document, "committables", "name a staging table twice")
-        return staged
+        return staging.read_committables(self, checkpoint_id, committables, document)
 
     def verify_staged(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         """Each staging table still holds the rows the step staged (before ``_metadata``: a table lost
         now aborts the checkpoint, and the next one stages its input again)."""
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
         with self._tx() as db:
-            for staging, expected, _ in self.read_committables(checkpoint_id, committables, document):
-                if found := undo.staged_rows_problem(db, self.schema, staging, expected):
-                    raise CheckpointStorageError(
-                        f"sink {self.uid}: staging table {self.schema}.{staging} of checkpoint {checkpoint_id} "
-                        f"{found}, the step staged {expected} rows there; the checkpoint is aborted and the "
-                        "next one reads its input again"
-                    )
+            staging.verify(self, db, checkpoint_id, self.read_committables(checkpoint_id, committables, document))
 
     def is_committed(self, checkpoint_id: int) -> bool:
         with self._tx() as db:
@@ -413,19 +338,22 @@ class PostgresTableSink(TransactionalSink):
             claim = self._locked_claim(db)
             if self._marker(db, checkpoint_id, claim) is not None:
                 return
-            for staging, _, _ in committables:
-                target.follow_staged(self, db, staging)
-            columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
             rows = 0
-            for i, (staging, expected, refused) in enumerate(committables):
+            for i, (name, expected, refused) in enumerate(committables):
                 if self.partition_per_checkpoint and i == 0:  # one partition per checkpoint
-                    rows += partitions.attach(self, db, checkpoint_id, staging, expected)
+                    rows += partitions.attach(self, db, checkpoint_id, name, expected)
+                elif i == 0 and target.born_in_commit(self, db):  # the first load makes the table: no copy
+                    rows += staging.take_over(self, db, checkpoint_id, name, expected)
                 else:
-                    rows += undo.move_rows(self, db, checkpoint_id, staging, expected, columns)
-                dead_letters.move(self, db, claim, checkpoint_id, staging, refused)
+                    target.follow_staged(self, db, name)
+                    columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
+                    rows += undo.move_rows(self, db, checkpoint_id, name, expected, columns)
+                dead_letters.move(self, db, claim, checkpoint_id, name, refused)
             fault_point("finalize.inside_sink_commit", checkpoint=checkpoint_id, sink=self.uid)
             undo.write_marker(self, db, claim, checkpoint_id, rows)
-            self._drop_staging(db, checkpoint_id)  # the staging tables of the checkpoint's other attempts
+            staging.drop(
+                self, db, staging.tables(self, db, checkpoint_id)
+            )  # the staging tables of the checkpoint's other attempts
         log.info(
             "sink %s: committed checkpoint %d (%d rows) into %s in %.2fs",
             self.uid, checkpoint_id, rows, self.target_name(), time.monotonic() - started,
@@ -434,8 +362,6 @@ class PostgresTableSink(TransactionalSink):
     def rollback(self, checkpoint_id: int) -> None:
         """Return the table to its state when ``checkpoint_id`` committed, in one transaction, and drop
         the staging tables of later checkpoints (the restored job never commits them)."""
-        from psycopg import sql
-
         with self._tx() as db:
             if self._read_claim(db) is None:
                 return
@@ -444,37 +370,21 @@ class PostgresTableSink(TransactionalSink):
                 partitions.drop_newer(self, db, checkpoint_id)
             undone = undo.undo_newer(self, db, claim, checkpoint_id)
             dead_letters.delete_newer(self, db, claim, checkpoint_id)
-            later = [n for n in self._staging_tables(db) if pg.staged_checkpoint(n) > checkpoint_id]
-            for name in later:
-                db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table(name)))
+            later = staging.drop(
+                self, db, [n for n in staging.tables(self, db) if pg.staged_checkpoint(n) > checkpoint_id]
+            )
         if undone or later:
             log.info(
                 "sink %s: rolled back checkpoints %s of %s, dropped %d staging tables of later checkpoints",
-                self.uid, undone, self.target_name(), len(later),
+                self.uid, undone, self.target_name(), later,
             )  # fmt: skip
-
-    def _staging_tables(self, db: psycopg.Connection[Any], checkpoint_id: int | None = None) -> list[str]:
-        names = db.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
-            [self.schema, f"_cks_{self.digest}_c"],
-        ).fetchall()
-        pattern = pg.staging_pattern(self.digest, checkpoint_id, dead_letters=True)
-        return sorted(n[0] for n in names if pattern.match(n[0]))
-
-    def _drop_staging(self, db: psycopg.Connection[Any], checkpoint_id: int) -> int:
-        from psycopg import sql
-
-        dropped = self._staging_tables(db, checkpoint_id)
-        for name in dropped:
-            db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table(name)))
-        return len(dropped)
 
     def abort(self, checkpoint_id: int) -> None:
         """Drop every attempt's staging table of ``checkpoint_id``. Best effort: when the server cannot
         be reached (the reason a checkpoint often aborts), they stay behind and :meth:`audit` lists them."""
         try:
             with self._tx() as db:
-                dropped = self._drop_staging(db, checkpoint_id)
+                dropped = staging.drop(self, db, staging.tables(self, db, checkpoint_id))
         except (SinkConnectionError, SinkUnavailableError) as e:
             log.warning("sink %s: staging tables of checkpoint %d not dropped: %s", self.uid, checkpoint_id, e)
             return
@@ -483,4 +393,4 @@ class PostgresTableSink(TransactionalSink):
 
     def audit(self) -> list[str]:
         with self._tx() as db:
-            return [f"staging table left behind: {self.schema}.{name}" for name in self._staging_tables(db)]
+            return [f"staging table left behind: {self.schema}.{name}" for name in staging.tables(self, db)]

@@ -33,10 +33,7 @@ def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], schema: StructType)
     (and partitioned by it when the sink attaches partitions), in upsert mode with a unique key."""
     from psycopg import sql
 
-    columns = [
-        sql.SQL("{} {}").format(pg.ident(f.name), sql.SQL(pg.pg_type(sink.uid, f.name, f.dataType)))
-        for f in schema.fields
-    ]
+    columns = [sql.SQL("{} {}").format(pg.ident(c), sql.SQL(t)) for c, t in new_types(sink, schema).items()]
     if sink.mode == "append":
         columns.append(sql.SQL("{} bigint NOT NULL").format(pg.ident(CHECKPOINT_COLUMN)))
     elif db.info.server_version >= NULLS_NOT_DISTINCT_SINCE:  # a null key part is a key value, as in every sink
@@ -49,6 +46,25 @@ def _create(sink: pg.SinkTable, db: psycopg.Connection[Any], schema: StructType)
         sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}){}").format(sink.table(), sql.SQL(", ").join(columns), partitioned)
     )
     log.info("sink %s: created table %s", sink.uid, sink.target_name())
+
+
+def new_types(sink: pg.SinkTable, schema: StructType) -> dict[str, str]:
+    """The input's columns → the PostgreSQL types a table the sink creates gives them."""
+    return {f.name: pg.pg_type(sink.uid, f.name, f.dataType) for f in schema.fields}
+
+
+def born_in_commit(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> bool:
+    """Whether the table is absent and the sink will make it, in the commit that first loads it, of that
+    checkpoint's staging table (:func:`~.staging.take_over`): with ``create_table``, a server that has
+    ``NULLS NOT DISTINCT`` (15+), no ``partition_per_checkpoint`` (it creates a partitioned table) and no
+    ``delete_when`` (its column is no column of the table)."""
+    return (
+        sink.create_table
+        and not sink.partition_per_checkpoint
+        and sink.delete_when is None
+        and db.info.server_version >= NULLS_NOT_DISTINCT_SINCE
+        and not pg.table_columns(db, sink.schema, sink.table_name)
+    )
 
 
 def check_target(

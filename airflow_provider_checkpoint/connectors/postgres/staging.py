@@ -1,0 +1,177 @@
+"""The staging tables of :class:`~.sink.PostgresTableSink`: the step's load into one (driver side; the
+executors' part is :mod:`.load`), the committables naming them, their check before ``_metadata``, and
+finding and dropping them.
+
+A staging table is ordinary and WAL-logged (never ``UNLOGGED``, which crash recovery empties): once
+the step's load has committed, what ``_metadata`` will name survives a crash of the server. A name
+read back from a stored document is used only if it matches the sink's pattern for its checkpoint
+(:func:`~.sql.staging_pattern`), so a forged committable cannot make the sink read or drop another table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_checkpoint.connectors.base.upsert_rule import check_delete_column
+from airflow_provider_checkpoint.connectors.postgres import dead_letters, target, undo
+from airflow_provider_checkpoint.connectors.postgres import sql as pg
+from airflow_provider_checkpoint.connectors.postgres.load import LOAD_RESULT, copy_partitions, one_stream_per_core
+from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
+from airflow_provider_checkpoint.core.documents import Fields
+from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.exceptions import (
+    CheckpointStorageError,
+    DocumentError,
+    SinkSchemaError,
+    SinkValueError,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
+    from airflow_provider_checkpoint.dataflow.context import StepContext
+
+log = logging.getLogger(__name__)
+
+
+def check_names(uid: str, schema: StructType) -> None:
+    """Refuse input columns that are not plain identifiers, or one named ``_checkpoint_id``."""
+    columns = [f.name for f in schema.fields]
+    pg.check_identifiers(uid, "columns", columns)
+    if CHECKPOINT_COLUMN in columns:
+        raise SinkSchemaError(f"sink {uid}: the input must not have a column named {CHECKPOINT_COLUMN}")
+
+
+def stage(
+    sink: pg.SinkTable, conn: PgConnection, ctx: StepContext, df: DataFrame, held: pa.Table | None, one_per_key: bool
+) -> JsonDict | None:
+    """Stage ``df`` (from the driver: ``held``, its rows) for ``sink``, return the committable. With
+    ``one_per_key`` false (an upsert input that may repeat a key), ``None`` if a key is staged twice or a
+    row was refused: the caller stages again."""
+    started = time.monotonic()
+    staging = pg.staging_table(sink.digest, ctx.checkpoint_id, ctx.attempt_tag)
+    check_names(sink.uid, df.schema)
+    check_delete_column(sink.uid, sink.delete_when, df.schema)
+    dead = pg.dead_letter_staging(staging) if sink.dead_letters else None
+    with conn.connect() as db:
+        born = target.born_in_commit(sink, db)  # then the commit makes the table of the staging table
+        types = target.new_types(sink, df.schema) if born else target.check_target(sink, db, df.schema)
+        null_keys = sink.mode == "upsert" and (born or bool(target.unique_index(sink, db)))
+        target.create_staging(sink, db, staging, types, ctx.checkpoint_id)
+        if sink.dead_letters:
+            dead_letters.prepare(sink, db, sink.dead_letters, staging)
+    load = copy_partitions(conn, sink.schema, staging, types, sink.keys, dead)
+    if held is None:
+        results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
+    else:  # merged on the driver: one stream from here, no Spark job, no Python worker
+        results = [r for batch in load(iter(held.to_batches())) for r in batch.to_pylist()]
+    failed = [r["error"] for r in results if r["error"]]
+    rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
+    if not one_per_key and (failed or refused or target.staged_twice(sink, conn, staging, null_keys)):
+        log.info(
+            "sink %s: input staged unreduced has %s; staging it again reduced to one row per key",
+            sink.uid, "refused rows" if failed or refused else "a key twice",
+        )  # fmt: skip
+        return None
+    if failed:
+        raise SinkValueError(f"sink {sink.uid}: PostgreSQL refused a value for {sink.target_name()}: {failed[0]}")
+    dead_letters.check_refused(sink, conn, staging, rows, refused)
+    if one_per_key:
+        target.check_staged(sink, conn, staging, null_keys)
+    ctx.add_metric("sink_rows", rows)
+    committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
+    if dead:
+        ctx.add_metric("sink_rows_refused", refused)
+        committable["dead_letters"] = refused
+    log.info(
+        "sink %s: staged %d rows%s into %s.%s from %s in %.2fs",
+        sink.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", sink.schema,
+        staging, "the driver" if held else f"{len(results)} partitions", time.monotonic() - started,
+    )  # fmt: skip
+    return committable
+
+
+def take_over(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, name: str, expected: int) -> int:
+    """In the commit transaction of the first load into a table the sink makes (:func:`~.target.born_in_commit`):
+    staging table ``name``, refused unless it holds the ``expected`` rows, becomes the table, as the sink
+    creates it: renamed, then append: ``_checkpoint_id`` added, ``NOT NULL``, the checkpoint's in every row (a
+    catalog change); upsert: its ``UNIQUE NULLS NOT DISTINCT`` key (the index built from the rows) and the
+    undo row saying the table was empty before. No row is copied; readers see no table until the commit,
+    then the checkpoint's rows. The rows moved."""
+    from psycopg import sql
+
+    undo.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id)
+    db.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sink.table(name), pg.ident(sink.table_name)))
+    if sink.mode == "append":
+        column = pg.ident(CHECKPOINT_COLUMN)
+        db.execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint NOT NULL DEFAULT {}").format(
+                sink.table(), column, sql.Literal(checkpoint_id)
+            )
+        )
+        db.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP DEFAULT").format(sink.table(), column))
+    else:
+        db.execute(
+            sql.SQL("ALTER TABLE {} ADD UNIQUE NULLS NOT DISTINCT ({})").format(sink.table(), pg.idents(sink.keys))
+        )
+        undo.record_empty(sink, db, checkpoint_id, list(pg.table_columns(db, sink.schema, sink.table_name)))
+    log.info("sink %s: made %s of staging table %s (%d rows)", sink.uid, sink.target_name(), name, expected)
+    return expected
+
+
+def read_committables(
+    sink: pg.SinkTable, checkpoint_id: int, committables: Any, document: str
+) -> list[tuple[str, int, int]]:
+    """``[(staging table, rows, dead letters)]``: each table named by the sink's pattern for ``checkpoint_id``."""
+    pattern = pg.staging_pattern(sink.digest, checkpoint_id)
+    reader = Fields({"committables": committables}, document)
+    staged: list[tuple[str, int, int]] = []
+    for i, item in enumerate(reader.items("committables")):
+        c = Fields(item, document, f"committables[{i}]")
+        if c.integer("checkpoint_id", 1) != checkpoint_id:
+            raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
+        name = c.raw.get("staging_table")
+        if not isinstance(name, str) or not pattern.match(name):
+            raise c.error("staging_table", f"must be a staging table of sink {sink.uid} for this checkpoint", name)
+        staged.append((name, c.integer("rows", 0), c.integer("dead_letters", default=0)))
+    if len({n for n, _, _ in staged}) != len(staged):
+        raise DocumentError(document, "committables", "name a staging table twice")
+    return staged
+
+
+def verify(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, staged: list[tuple[str, int, int]]
+) -> None:
+    """Each staging table still holds the rows the step staged, else :class:`CheckpointStorageError`."""
+    for name, expected, _ in staged:
+        if found := undo.staged_rows_problem(db, sink.schema, name, expected):
+            raise CheckpointStorageError(
+                f"sink {sink.uid}: staging table {sink.schema}.{name} of checkpoint {checkpoint_id} "
+                f"{found}, the step staged {expected} rows there; the checkpoint is aborted and the "
+                "next one reads its input again"
+            )
+
+
+def tables(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int | None = None) -> list[str]:
+    """The sink's staging tables (and their dead letters' ones) present, of ``checkpoint_id`` or of all."""
+    names = db.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s AND starts_with(tablename, %s)",
+        [sink.schema, f"_cks_{sink.digest}_c"],
+    ).fetchall()
+    pattern = pg.staging_pattern(sink.digest, checkpoint_id, dead_letters=True)
+    return sorted(n[0] for n in names if pattern.match(n[0]))
+
+
+def drop(sink: pg.SinkTable, db: psycopg.Connection[Any], names: list[str]) -> int:
+    """Drop the staging tables ``names`` (as :func:`tables` lists them); how many."""
+    from psycopg import sql
+
+    for name in names:
+        db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sink.table(name)))
+    return len(names)

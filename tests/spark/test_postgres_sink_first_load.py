@@ -1,0 +1,64 @@
+"""A first load into a table the sink makes: the commit makes it of the checkpoint's staging table (no
+row copied), once, across a fault inside the commit transaction, restores and later checkpoints; the
+rows read back with psycopg and compared with pandas, the table's definition with one the sink creates
+in the step (the path for a server without ``NULLS NOT DISTINCT``, or a sink with ``delete_when``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pyspark.sql.types import StructType
+
+from airflow_provider_checkpoint.connectors.postgres import target as pg_target
+from airflow_provider_checkpoint.exceptions import InjectedFault
+from tests.spark import test_postgres_sink as pg_sink
+
+_rows, _stage, _table, _truth, _exists = pg_sink._rows, pg_sink._stage, pg_sink._table, pg_sink._truth, pg_sink._exists
+target = pg_sink.target
+
+
+def _definition(server, schema: str, table: str) -> tuple[list[tuple[str, str, bool]], list[str]]:
+    """Columns (name, type, not null) and index definitions of ``schema.table`` (the name taken out)."""
+    with server.connect() as db:
+        columns = db.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            [f"{schema}.{table}"],
+        ).fetchall()
+        indexes = db.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s", [schema, table]
+        ).fetchall()
+    return columns, sorted(i[0].replace(table, "<t>") for i in indexes)
+
+
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_the_first_load_makes_the_table_of_its_staging_table_once(spark, postgres_server, target, mode, monkeypatch):
+    sink = pg_sink._sink(target, mode)
+    one, two = _rows(1, range(0, 30)), _rows(2, range(20, 45))
+    staged = _stage(spark, sink, "job", 1, one)
+    assert not _exists(postgres_server, target)  # readers see no table until the commit
+    monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.inside_sink_commit:checkpoint=1")
+    with pytest.raises(InjectedFault):
+        sink.commit(1, staged)
+    monkeypatch.delenv("CHECKPOINT_FAULTS")
+    assert not _exists(postgres_server, target) and not sink.is_committed(1)
+    assert pg_sink._staging_tables(postgres_server, target) == [staged[0]["staging_table"]]
+    sink.commit(1, staged)
+    sink.commit(1, staged)  # a finalize retry: nothing more
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [one]))
+    assert pg_sink._staging_tables(postgres_server, target) == []
+
+    other = pg_sink._sink(target, mode)  # the table the step creates otherwise, as the oracle of the definition
+    other.table_name = "made_in_step"
+    with postgres_server.connect() as db:
+        pg_target._create(other, db, StructType.fromDDL(pg_sink.SCHEMA))
+    assert _definition(postgres_server, target, "facts") == _definition(postgres_server, target, "made_in_step")
+
+    sink.commit(2, _stage(spark, sink, "job", 2, two))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [one, two]))
+    sink.rollback(1)
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [one]))
+    sink.rollback(0)  # before the load that made the table: the table stays, empty
+    assert _table(postgres_server, target).empty
+    sink.commit(3, _stage(spark, sink, "job", 3, two))  # into the empty table: the copying path
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [two]))
