@@ -228,7 +228,7 @@ class BucketedUpsert:
         if self.delete_when is None:
             return []
         have = {f.partition for f in written}
-        schema = to_arrow_schema(merged.drop(_BUCKET).schema)
+        schema = to_arrow_schema(merged.drop(_BUCKET).schema, timezone="UTC")  # as Spark writes timestamps
         out = []
         for b in (b for b in affected if (str(b),) not in have):
             directory = f"{staging}/{_BUCKET}={b}"
