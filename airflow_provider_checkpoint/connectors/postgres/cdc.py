@@ -103,9 +103,7 @@ class PostgresCdcSource(Source):
         driver_read_bytes: int = cdc_driver.DRIVER_READ_BYTES,
     ) -> None:
         super().__init__(uid, watermark)
-        if not isinstance(driver_read_bytes, int) or driver_read_bytes < 0:
-            raise PipelineDefinitionError(f"{uid}: driver_read_bytes must be an int >= 0, got {driver_read_bytes!r}")
-        self.driver_read_bytes = driver_read_bytes
+        self.driver_read_bytes = cdc_driver.checked_bytes(uid, driver_read_bytes)
         if snapshot_chunk_rows is not None and (
             not isinstance(snapshot_chunk_rows, int) or isinstance(snapshot_chunk_rows, bool) or snapshot_chunk_rows < 1
         ):
@@ -355,17 +353,20 @@ class PostgresCdcSource(Source):
 
     # -- reading (the step) --------------------------------------------------------------------
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
-        df = arrow_frame(ctx.spark, self._rows(ctx, previous, barrier))
+        return self._frame(ctx, self._rows(ctx, previous, barrier))
+
+    def _frame(self, ctx: StepContext, data: pa.Table) -> DataFrame:
+        df = arrow_frame(ctx.spark, data)
         return (df.coalesce(1) if self.in_source_order else df).cache()
 
     def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
         """A stream checkpoint spanning at most ``driver_read_bytes`` of WAL: its rows as :meth:`read` gives
         them, kept on the driver (:mod:`.cdc_driver`); ``None`` (the snapshot, a chunk, more WAL): Spark."""
-        if previous is None or {"snapshot", "chunk"} & set(barrier):
+        wal = previous and self._position(barrier, "barrier")[2] - self._position(previous, "position")[2]
+        if previous is None or {"snapshot", "chunk"} & set(barrier) or wal > self.driver_read_bytes:
             return None
-        if self._position(barrier, "barrier")[2] - self._position(previous, "position")[2] > self.driver_read_bytes:
-            return None
-        return cdc_driver.source_rows(ctx.spark, self._rows(ctx, previous, barrier))
+        data = self._rows(ctx, previous, barrier)
+        return cdc_driver.source_rows(ctx.spark, data, lambda: self._frame(ctx, data))
 
     def _rows(self, ctx: StepContext, previous: Any, barrier: Any) -> pa.Table:
         slot, publication, end = self._position(barrier, "barrier")

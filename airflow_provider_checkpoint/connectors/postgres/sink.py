@@ -301,7 +301,7 @@ class PostgresTableSink(TransactionalSink):
         Otherwise it is staged again, reduced (the rows as :meth:`UpsertRows.frame` gives them). Rows
         the driver holds go from the driver, with no Spark job, as in :meth:`write`."""
         held = rows.in_driver.rows() if rows.in_driver is not None else None
-        if rows.reduce and (staged := self._stage(ctx, rows.df, held, one_per_key=False)) is not None:
+        if rows.reduce and (staged := self._stage(ctx, rows.data(), held, one_per_key=False)) is not None:
             return [staged]
         return self.write(ctx, rows.frame())
 
