@@ -9,8 +9,9 @@ Rows are narrow: ``(id bigint primary key, label text, value double precision)``
   readers go over the same WAL: the **floor**, one plain reader (``pg_logical_slot_peek_binary_changes``
   of a second pgoutput slot created with the first checkpoint, messages counted in Python, nothing
   decoded), the source's **decode** alone (peek, pgoutput decode, Arrow), and **checkpoint 2** as users
-  run it (trigger, the step reading the slot and upserting into Delta, finalize). The Delta table (read
-  by delta-rs) is compared with a ``SELECT`` of the source table.
+  run it (trigger, the step reading the slot and upserting into Delta from the driver, finalize), and
+  checkpoint 2 of a second job on its own slot forced through Spark (``driver_read_bytes=0``), the two
+  in alternating order. Each Delta table (read by delta-rs) is compared with a ``SELECT`` of the source table.
 - **snapshot**: a table of ``snapshot_rows`` rows; the source's first barrier (slot with an exported
   snapshot, every row read under it, Parquet into the job's storage) vs one ``COPY table TO STDOUT``
   read by psycopg (bytes counted), the floor of reading the table at all; and the chunked snapshot
@@ -24,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,7 @@ def _check(db: Any, table: str, delta: Path) -> list[str]:
 def _stream(server: Any, spark: Any, work: Path, r: int, rows: int, changes: int) -> dict[str, Any]:
     from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
     from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
+    from airflow_provider_checkpoint.connectors.postgres.cdc_driver import DRIVER_READ_BYTES
     from airflow_provider_checkpoint.connectors.postgres.pgoutput import lsn_to_int
     from airflow_provider_checkpoint.testing.inprocess import make_job
 
@@ -105,43 +108,62 @@ def _stream(server: Any, spark: Any, work: Path, r: int, rows: int, changes: int
     with server.connect() as db:
         _fill(db, table, rows)
 
-    def declare(root: Path) -> None:
-        source = PostgresCdcSource("rows", [table], postgres_conn_id=CONN_ID, slot_name=slot)
-        DeltaTableSink("lake", source, str(root / "delta"), "upsert", ["id"], delete_when="deleted")
+    def declare(slot: str, driver_read_bytes: int) -> Callable[[Path], None]:
+        def graph(root: Path) -> None:
+            source = PostgresCdcSource(
+                "rows", [table], postgres_conn_id=CONN_ID, slot_name=slot, driver_read_bytes=driver_read_bytes
+            )
+            DeltaTableSink("lake", source, str(root / "delta"), "upsert", ["id"], delete_when="deleted")
 
-    job = make_job(spark, tmp, declare, retained_checkpoints=1)
-    first = job.checkpoint()
+        return graph
+
+    # the source's rows to the sink from the driver (as users run it), and through Spark (driver_read_bytes=0)
+    jobs = {
+        "driver": make_job(spark, tmp / "driver", declare(slot, DRIVER_READ_BYTES), retained_checkpoints=1),
+        "spark": make_job(spark, tmp / "spark", declare(f"{slot}_spark", 0), retained_checkpoints=1),
+    }
+    firsts = {name: job.checkpoint() for name, job in jobs.items()}
+    first = firsts["driver"]
     with server.connect() as db:
         db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (floor_slot,))
         made = _changes(db, table, rows, changes)
         floor = _floor(db, floor_slot, slot)
-        source = job.graph.nodes["rows"]
+        source = jobs["driver"].graph.nodes["rows"]
         start = lsn_to_int(first.source_positions["rows"]["lsn"])
         (end,) = db.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         started = time.perf_counter()
         position = first.source_positions["rows"]
         (decoded,) = source._changes(slot, slot, position, (start, lsn_to_int(end) + 1))
         decode = elapsed(started)
-        started = time.perf_counter()
-        second = job.checkpoint()
-        checkpoint = elapsed(started)
-        problems = _check(db, table, tmp / "delta")
-        if decoded.num_rows != made or second.stats["records_in"] != made:
-            problems.append(f"{made} changes made, {decoded.num_rows} decoded, {second.stats['records_in']} read")
-        for name in (slot, floor_slot):
+        seconds, problems = {}, []
+        for name in sorted(jobs, reverse=r % 2 == 1):  # alternate which goes first
+            started = time.perf_counter()
+            second = jobs[name].checkpoint()
+            seconds[name] = elapsed(started)
+            problems += _check(db, table, tmp / name / "delta")
+            if second.stats["records_in"] != made:
+                problems.append(f"{name}: {made} changes made, {second.stats['records_in']} read")
+        if decoded.num_rows != made:
+            problems.append(f"{made} changes made, {decoded.num_rows} decoded")
+        for name in (slot, f"{slot}_spark", floor_slot):
             db.execute("SELECT pg_drop_replication_slot(%s)", (name,))
-        db.execute(f"DROP TABLE {table}; DROP PUBLICATION {slot}")
+        db.execute(f"DROP TABLE {table}; DROP PUBLICATION {slot}; DROP PUBLICATION {slot}_spark")
     shutil.rmtree(tmp, ignore_errors=True)
-    log(f"stream round {r}: floor {floor[0]:.1f}s, decode {decode:.1f}s, checkpoint {checkpoint:.1f}s")
+    log(
+        f"stream round {r}: floor {floor[0]:.1f}s, decode {decode:.1f}s, checkpoint {seconds['driver']:.1f}s "
+        f"(through Spark {seconds['spark']:.1f}s)"
+    )
     return {
         "changes": made,
         "messages": floor[1],
         "wal_bytes": floor[2],
         "floor_s": floor[0],
         "decode_s": decode,
-        "checkpoint_s": checkpoint,
-        "phases": job.timings[-1],
-        "snapshot_checkpoint_s": sum(job.timings[0].values()),
+        "checkpoint_s": seconds["driver"],
+        "spark_checkpoint_s": seconds["spark"],
+        "phases": jobs["driver"].timings[-1],
+        "spark_phases": jobs["spark"].timings[-1],
+        "snapshot_checkpoint_s": sum(jobs["driver"].timings[0].values()),
         "problems": problems,
     }
 
@@ -271,6 +293,7 @@ def render(result: dict[str, Any]) -> str:
         floor = [s["changes"] / s["floor_s"] for s in stream]
         decode = [s["changes"] / s["decode_s"] for s in stream]
         ckpt = [s["changes"] / s["checkpoint_s"] for s in stream]
+        through = [s["changes"] / s["spark_checkpoint_s"] for s in stream]
         lines += [
             f"**Stream**: {n:,} row changes (50 % updates, 30 % inserts, 20 % deletes; {BATCH:,} per transaction) "
             f"into a Delta upsert table of {result['rows']:,} rows, {len(stream)} rounds.",
@@ -280,12 +303,16 @@ def render(result: dict[str, Any]) -> str:
             f"| floor: one plain reader of a second slot (peek, messages counted) | {_fmt(floor, '', 0)} | 1 |",
             f"| the source's read alone (peek, pgoutput decode, Arrow) | {_fmt(decode, '', 0)} | "
             f"{_fmt([d / f for d, f in zip(decode, floor, strict=True)])} |",
-            f"| checkpoint 2 as users run it (trigger, step: read + Delta upsert, finalize) | {_fmt(ckpt, '', 0)} | "
-            f"{_fmt([c / f for c, f in zip(ckpt, floor, strict=True)])} |",
+            f"| checkpoint 2 as users run it (trigger, step: read + Delta upsert from the driver, finalize) | "
+            f"{_fmt(ckpt, '', 0)} | {_fmt([c / f for c, f in zip(ckpt, floor, strict=True)])} |",
+            f"| checkpoint 2 through Spark (`driver_read_bytes=0`: createDataFrame, Spark's reduction) | "
+            f"{_fmt(through, '', 0)} | {_fmt([c / f for c, f in zip(through, floor, strict=True)])} |",
             "",
             f"WAL read: {stream[0]['messages']:,} pgoutput messages, {stream[0]['wal_bytes'] / 1e6:,.0f} MB. "
             "Checkpoint 2's phases (s, first round): "
             + ", ".join(f"{k} {v:.1f}" for k, v in stream[0]["phases"].items())
+            + "; through Spark: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in stream[0]["spark_phases"].items())
             + ".",
             "",
         ]

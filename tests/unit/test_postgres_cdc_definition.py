@@ -27,6 +27,8 @@ from tests.unit.test_validation import problems
         ({"tables": ['x"; drop table y']}, "is not a table name"),
         ({"tables": ["t"], "slot_name": "Bad-Slot"}, "slot_name must be"),
         ({"publication": "p" * 64}, "publication must be"),
+        ({"tables": ["t"], "driver_read_bytes": -1}, "driver_read_bytes must be an int >= 0"),
+        ({"tables": ["t"], "driver_read_bytes": 1.5}, "driver_read_bytes must be an int >= 0"),
     ],
 )
 def test_bad_definitions_are_refused(kwargs, why):

@@ -247,6 +247,7 @@ class TransactionalSink(Sink):
                 None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
                 source.num_rows if source is not None else ctx.output_rows.get(upstream),
                 source,
+                read.build if read is not None and source is not None else None,
             )
             return self.write_upsert(ctx, rows)
         return self.write(ctx, df)

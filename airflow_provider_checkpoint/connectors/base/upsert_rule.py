@@ -26,7 +26,7 @@ the driver with pyarrow after one collect (:func:`latest_in_arrow`), with the sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,10 +144,18 @@ class UpsertRows:
     source: pa.Table | None = None
     """``df``'s rows, in its order, as ``df.toArrow()`` gives them, when the driver read them
     (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`)."""
+    build: Callable[[], DataFrame] | None = None
+    """With :attr:`source`: ``df`` only describes the columns, ``build()`` makes the DataFrame of the rows
+    (:attr:`~airflow_provider_checkpoint.dataflow.driver_rows.SourceRows.build`)."""
+
+    def data(self) -> DataFrame:
+        """The input as a DataFrame Spark reads: ``df``, or ``build()`` when ``df`` only describes it."""
+        return self.build() if self.build is not None else self.df
 
     def frame(self) -> DataFrame:
         """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
-        return latest_per_key(self.uid, self.df, self.keys, self.sequence_by) if self.reduce else self.df
+        data = self.data()
+        return latest_per_key(self.uid, data, self.keys, self.sequence_by) if self.reduce else data
 
     def collect(self, limit: int, pmod: tuple[str, int] | None = None) -> pa.Table | None:
         """The rows in the driver, reduced there, with ``pmod`` ``(column, divisor)``'s column =
@@ -171,7 +179,7 @@ class UpsertRows:
             rows = self._from_source(limit, pmod)
             if rows is not None:
                 return rows
-        df = self.df
+        df = self.data()
         if pmod is not None:
             df = df.withColumn(pmod[0], F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(pmod[1])))
         if self.reduce:

@@ -46,6 +46,7 @@ _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?
 _Z85_TABLE = np.full(256, -1, dtype=np.int64)
 _Z85_TABLE[np.frombuffer(_Z85.encode(), dtype=np.uint8)] = np.arange(85)
 _Z85_POWERS = np.array([85**4, 85**3, 85**2, 85, 1], dtype=np.uint64)
+_Z85_BYTES = np.frombuffer(_Z85.encode(), dtype=np.uint8)
 _UUID_CHARS = 20
 MAX_POSITIONS = 2**31
 """A DV never names more rows than a Parquet file of ours can hold."""
@@ -55,14 +56,9 @@ def z85_encode(data: bytes) -> str:
     """Z85 (ZeroMQ base-85) of ``data``, whose length is a multiple of 4."""
     if len(data) % 4:
         raise ValueError("Z85 encodes whole 4-byte words")
-    out: list[str] = []
-    for (word,) in struct.iter_unpack(">I", data):
-        chars = []
-        for _ in range(5):
-            word, digit = divmod(word, 85)
-            chars.append(_Z85[digit])
-        out.extend(reversed(chars))
-    return "".join(out)
+    words = np.frombuffer(data, dtype=">u4").astype(np.uint64)
+    digits = (words[:, None] // _Z85_POWERS[None, :]) % np.uint64(85)  # most significant digit first
+    return _Z85_BYTES[digits.ravel()].tobytes().decode("ascii")
 
 
 def z85_decode(text: str) -> bytes | None:

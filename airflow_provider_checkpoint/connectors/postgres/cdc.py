@@ -9,19 +9,19 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.postgres import cdc_chunks, cdc_schema, cdc_slot
+from airflow_provider_checkpoint.connectors.postgres import cdc_chunks, cdc_driver, cdc_schema, cdc_slot
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     DELETED,
-    METADATA,
     METADATA_DDL,
+    check_tables,
     from_parquet,
+    merged_columns,
     parquet,
 )
 from airflow_provider_checkpoint.connectors.postgres.cdc_snapshot import copy_rows, server_lost
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     SESSION,
     TableColumn,
-    identity_problem,
     quote,
     quoted_table,
     table_columns,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
     from airflow_provider_checkpoint.storage import JobStorage
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class PostgresCdcSource(Source):
     needs ``REPLICA IDENTITY FULL`` on its table (else it is refused, naming the table). Schema changes are
     followed as :mod:`.cdc_schema` says (columns added, dropped ones kept, types widened; others refused).
     TRUNCATE and a dropped, invalidated or released slot are refused with the way on, never skipped.
+
+    **To an upsert sink merged on the driver** (the only consumer: ``DeltaTableSink``, ``ParquetTableSink``), a
+    checkpoint of at most ``driver_read_bytes`` of WAL (256 MiB; ``0``: never) goes without Spark (:mod:`.cdc_driver`).
     """
 
     def __init__(
@@ -96,8 +100,10 @@ class PostgresCdcSource(Source):
         slot_name: str | None = None,
         watermark: tuple[str, str] | None = None,
         snapshot_chunk_rows: int | None = None,
+        driver_read_bytes: int = cdc_driver.DRIVER_READ_BYTES,
     ) -> None:
         super().__init__(uid, watermark)
+        self.driver_read_bytes = cdc_driver.checked_bytes(uid, driver_read_bytes)
         if snapshot_chunk_rows is not None and (
             not isinstance(snapshot_chunk_rows, int) or isinstance(snapshot_chunk_rows, bool) or snapshot_chunk_rows < 1
         ):
@@ -140,6 +146,7 @@ class PostgresCdcSource(Source):
             "postgres_conn_id": self.postgres_conn_id,
             "slot_name": self.slot_name,
             "snapshot_chunk_rows": self.snapshot_chunk_rows,
+            "driver_read_bytes": self.driver_read_bytes,
         }
 
     # -- positions (the trigger, no Spark) ---------------------------------------------------
@@ -255,7 +262,7 @@ class PostgresCdcSource(Source):
             if self.snapshot_chunk_rows:
                 for table in tables:
                     cdc_chunks.primary_key(conn, self.uid, table)
-            self._check_tables(conn, tables)
+            check_tables(self.uid, conn, tables)
             self._ensure_publication(conn, publication)
             tables = self._published(conn, publication)
             if cdc_slot.state(conn, slot) is not None:
@@ -346,17 +353,33 @@ class PostgresCdcSource(Source):
 
     # -- reading (the step) --------------------------------------------------------------------
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
+        return self._frame(ctx, self._rows(ctx, previous, barrier))
+
+    def _frame(self, ctx: StepContext, data: pa.Table) -> DataFrame:
+        df = arrow_frame(ctx.spark, data)
+        return (df.coalesce(1) if self.in_source_order else df).cache()
+
+    def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
+        """A stream checkpoint spanning at most ``driver_read_bytes`` of WAL: its rows as :meth:`read` gives
+        them, kept on the driver (:mod:`.cdc_driver`); ``None`` (the snapshot, a chunk, more WAL): Spark."""
+        wal = previous and self._position(barrier, "barrier")[2] - self._position(previous, "position")[2]
+        if previous is None or {"snapshot", "chunk"} & set(barrier) or wal > self.driver_read_bytes:
+            return None
+        data = self._rows(ctx, previous, barrier)
+        return cdc_driver.source_rows(ctx.spark, data, lambda: self._frame(ctx, data))
+
+    def _rows(self, ctx: StepContext, previous: Any, barrier: Any) -> pa.Table:
         slot, publication, end = self._position(barrier, "barrier")
         if "snapshot" in barrier:
             with self._pg().connect() as conn:
-                columns = self._merged(self._recorded(barrier, conn))
+                columns = merged_columns(self.uid, self._recorded(barrier, conn))
             data = from_parquet(columns, (ctx.storage.read_bytes(f) for f in barrier["snapshot"]))
         elif "chunk" in barrier:
             import pyarrow as pa  # the changes its snapshot sees, the chunk, the others (cdc_chunks)
 
             chunk = cdc_chunks.parse_chunk(self.uid, barrier["chunk"])
             with self._pg().connect() as conn:
-                columns = self._merged(self._recorded(barrier, conn))
+                columns = merged_columns(self.uid, self._recorded(barrier, conn))
             rows = from_parquet(columns, [ctx.storage.read_bytes(chunk.file)])
             if previous is None:
                 data = rows
@@ -368,31 +391,7 @@ class PostgresCdcSource(Source):
             _, _, start = self._position(previous, "position")
             (data,) = self._changes(slot, publication, barrier, (start, end))
         log.info("source %s: %d change(s) in [%s, %s)", self.uid, data.num_rows, previous and previous["lsn"], end)
-        df = arrow_frame(ctx.spark, data)
-        return (df.coalesce(1) if self.in_source_order else df).cache()
-
-    def _check_tables(self, conn: Any, tables: list[str]) -> None:
-        """Refuse, before any publication or slot exists, a table without a row identity or with a column it
-        cannot convert."""
-        problems = [p for p in (identity_problem(conn, t) for t in tables) if p]
-        if problems:
-            raise CdcSourceError(f"source {self.uid}: " + "; ".join(problems))
-        self._merged({t: table_columns(conn, t) for t in tables})
-
-    def _merged(self, tables: dict[str, list[TableColumn]]) -> list[TableColumn]:
-        """Every column of every table, merged by name (one name, one type across tables)."""
-        merged: dict[str, TableColumn] = {}
-        for columns in tables.values():
-            for column in columns:
-                seen = merged.setdefault(column.name, column)
-                if column.name in METADATA:
-                    raise CdcSourceError(f"source {self.uid}: {column.where()} clashes with column {column.name}")
-                if seen.spark_type() != column.spark_type():
-                    raise CdcSourceError(
-                        f"source {self.uid}: {column.where()} is {column.spark_type()} but {seen.where()} is "
-                        f"{seen.spark_type()}: split the tables over two sources"
-                    )
-        return list(merged.values())
+        return data
 
     def _changes(
         self, slot: str, publication: str, barrier: Any, span: tuple[int, int], seen: cdc_chunks.Snapshot | None = None
@@ -405,7 +404,7 @@ class PostgresCdcSource(Source):
             conn.execute(SESSION)
             cdc_slot.check(conn, self.uid, slot, start)
             recorded = self._recorded(barrier, conn)
-            columns = self._merged(recorded)
+            columns = merged_columns(self.uid, recorded)
             catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
             messages = cdc_slot.peek(conn, slot, publication, end)
             data = decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)

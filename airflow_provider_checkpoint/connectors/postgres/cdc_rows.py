@@ -7,7 +7,12 @@ import io
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn, converter
+from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
+    TableColumn,
+    converter,
+    identity_problem,
+    table_columns,
+)
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
     Transaction,
     int_to_lsn,
@@ -20,6 +25,32 @@ if TYPE_CHECKING:
 METADATA = ("source_table", "op", "deleted", "lsn", "commit_time", "xid")
 METADATA_DDL = "source_table STRING, op STRING, deleted BOOLEAN, lsn BIGINT, commit_time TIMESTAMP, xid BIGINT"
 DELETED = "deleted"
+
+
+def merged_columns(uid: str, tables: dict[str, list[TableColumn]]) -> list[TableColumn]:
+    """Every column of every table, merged by name (one name, one type across tables); a column named as
+    one of :data:`METADATA` or typed differently in two tables is refused."""
+    merged: dict[str, TableColumn] = {}
+    for columns in tables.values():
+        for column in columns:
+            seen = merged.setdefault(column.name, column)
+            if column.name in METADATA:
+                raise CdcSourceError(f"source {uid}: {column.where()} clashes with column {column.name}")
+            if seen.spark_type() != column.spark_type():
+                raise CdcSourceError(
+                    f"source {uid}: {column.where()} is {column.spark_type()} but {seen.where()} is "
+                    f"{seen.spark_type()}: split the tables over two sources"
+                )
+    return list(merged.values())
+
+
+def check_tables(uid: str, conn: Any, tables: list[str]) -> None:
+    """Refuse, before any publication or slot exists, a table without a row identity or with a column the
+    source cannot convert (or merge with the other tables')."""
+    problems = [p for p in (identity_problem(conn, t) for t in tables) if p]
+    if problems:
+        raise CdcSourceError(f"source {uid}: " + "; ".join(problems))
+    merged_columns(uid, {t: table_columns(conn, t) for t in tables})
 
 
 def truncate_refusal(uid: str, txn: Transaction) -> CdcSourceError:

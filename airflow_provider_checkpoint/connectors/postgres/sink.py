@@ -290,7 +290,8 @@ class PostgresTableSink(TransactionalSink):
         held = rows.in_driver.rows() if rows.in_driver is not None else None
         if (
             rows.reduce
-            and (staged := staging.stage(self, self._connection(), ctx, rows.df, held, one_per_key=False)) is not None
+            and (staged := staging.stage(self, self._connection(), ctx, rows.data(), held, one_per_key=False))
+            is not None
         ):
             return [staged]
         return self.write(ctx, rows.frame())
