@@ -20,6 +20,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
+from airflow_provider_checkpoint.fileio.parquet_types import (
+    INT96_REBASE_CONF,
+    REBASE_CONF,
+    ParquetTypeError,
+    check_rebase,
+    convert,
+    file_columns,
+    rebase_mode,
+)
 from airflow_provider_checkpoint.fileio.records import check_options
 from airflow_provider_checkpoint.fileio.writes import engine_for, url
 from airflow_provider_checkpoint.storage.object_store import for_executors, open_sized
@@ -83,8 +92,17 @@ def read_parquet(
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     known = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
     driver = on_driver(sizes)
+    rebase = (spark.conf.get(REBASE_CONF, "CORRECTED") or "", spark.conf.get(INT96_REBASE_CONF, "CORRECTED") or "")
+    conversion = str(spark.conf.get("spark.sql.parquet.int96TimestampConversion", "false")).lower() == "true"
     read = ParquetReader(
-        fs if driver else for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}), damaged
+        fs if driver else for_executors(fs),
+        _arrow(schema),
+        row_index,
+        known,
+        dict(loaded or {}),
+        damaged,
+        rebase,
+        conversion,
     )
     return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column, driver)
 
@@ -277,35 +295,6 @@ class FileScan:
                     yield out
 
 
-def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with exactly ``schema``'s columns, cast to their types (a missing column is null)."""
-    import pyarrow as pa
-
-    names = batch.schema.names
-    columns = [
-        batch.column(names.index(f.name)).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def file_columns(found: Sequence[str], declared: Sequence[str], where: str) -> dict[str, str]:
-    """The columns of a Parquet file to read, each to the declared name it is read as: matched ignoring case,
-    as Spark's reader matches them in a case-insensitive session (a declared column no file column matches
-    reads as null); a declared name two file columns match is refused, as Spark refuses it."""
-    matched: dict[str, str] = {}
-    for name in declared:
-        folded = [f for f in found if f.lower() == name.lower()]
-        if len(folded) > 1:
-            raise ValueError(
-                f"Parquet file {where}: found duplicate fields {folded} for declared column {name!r}, equal "
-                "ignoring case (Spark's reader refuses them too, the session being case-insensitive); rename one"
-            )
-        if folded:
-            matched[folded[0]] = name
-    return matched
-
-
 @dataclass(frozen=True)
 class ParquetReader:
     """A Parquet file's rows in batches of ``schema``, with each row's position in the file as ``row_index``
@@ -320,29 +309,63 @@ class ParquetReader:
     """path → the file's bytes, read (and checked) by the driver: shipped with the task, no request."""
     damaged: str = CORRUPT
     """What a file that fails to decode is called in the error naming it."""
+    rebase: tuple[str, str] = ("CORRECTED", "CORRECTED")
+    """The session's rebase modes in read of dates and timestamps, and of INT96 timestamps."""
+    int96_conversion: bool = False
+    """The session's ``spark.sql.parquet.int96TimestampConversion``: INT96 columns are then refused."""
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         position = 0
+        where = url(self.fs, path)
         data = self.loaded.get(path)
         with pa.BufferReader(data) if data is not None else open_sized(self.fs, path, self.sizes.get(path)) as f:
             with named_if_corrupt(self.fs, path, self.damaged):
-                file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
-                names = file_columns(file.schema_arrow.names, self.schema.names, url(self.fs, path))
+                # page checksums as the session's Parquet reader; INT96 in microseconds, rounded down as Spark does
+                file = pq.ParquetFile(f, page_checksum_verification=True, coerce_int96_timestamp_unit="us")
+                names = file_columns(file.schema_arrow.names, self.schema.names, where)
+                modes = self._rebase_modes(file, names, where)
                 batches = file.iter_batches(batch_size=BATCH_ROWS, columns=list(names))
             while True:
                 with named_if_corrupt(self.fs, path, self.damaged):
                     batch = next(batches, None)
                 if batch is None:
                     return
-                out = conform(batch.rename_columns([names[n] for n in batch.schema.names]), self.schema)
+                out = self._conform(batch, names, modes, where)
                 if self.row_index:
                     rows = pa.array(range(position, position + out.num_rows), pa.int64())
                     out = pa.RecordBatch.from_arrays([*out.columns, rows], [*out.schema.names, self.row_index])
                 position += batch.num_rows
                 yield out
+
+    def _rebase_modes(self, file: Any, names: dict[str, str], where: str) -> dict[str, str]:
+        """By file column: how Spark reads its dates and timestamps (:func:`.parquet_types.rebase_mode`)."""
+        int96 = {c.path.split(".")[0] for c in file.schema if c.physical_type == "INT96"}
+        if int96 & set(names) and self.int96_conversion:
+            raise ParquetTypeError(
+                f"Parquet file {where}: INT96 columns {sorted(int96 & set(names))} with "
+                "spark.sql.parquet.int96TimestampConversion on are read by Spark's reader only"
+            )
+        meta = file.metadata.metadata
+        return {n: rebase_mode(meta, self.rebase[n in int96], n in int96) for n in names}
+
+    def _conform(self, batch: pa.RecordBatch, names: dict[str, str], modes: dict[str, str], where: str) -> Any:
+        """``batch`` (of the file columns ``names``) with exactly :attr:`schema`'s columns as Spark reads them
+        (:func:`.parquet_types.convert`; a column the file lacks is null)."""
+        import pyarrow as pa
+
+        read = {names[n]: n for n in batch.schema.names}
+        columns = []
+        for f in self.schema:
+            if f.name not in read:
+                columns.append(pa.nulls(batch.num_rows, f.type))
+                continue
+            column = convert(batch.column(read[f.name]), f.type, where, read[f.name])
+            check_rebase(column, modes[read[f.name]], where, read[f.name])
+            columns.append(column)
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
 @contextmanager
