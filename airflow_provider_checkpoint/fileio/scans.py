@@ -327,6 +327,10 @@ class ParquetReader:
                 file = pq.ParquetFile(f, page_checksum_verification=True, coerce_int96_timestamp_unit="us")
                 names = file_columns(file.schema_arrow.names, self.schema.names, where)
                 modes = self._rebase_modes(file, names, where)
+                for name, declared in names.items():  # the types refused before any row, a file of none too
+                    convert(
+                        pa.nulls(0, file.schema_arrow.field(name).type), self.schema.field(declared).type, where, name
+                    )
                 batches = file.iter_batches(batch_size=BATCH_ROWS, columns=list(names))
             while True:
                 with named_if_corrupt(self.fs, path, self.damaged):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 
 import fsspec
@@ -22,6 +21,7 @@ from pyspark.sql.types import StructType
 from airflow_provider_checkpoint.fileio import scans
 from airflow_provider_checkpoint.fileio.parquet_types import ParquetTypeError
 from tests.spark.test_parquet_driver_read import COLUMNS as DRIVER_READ_COLUMNS
+from tests.spark.test_parquet_driver_read import drawn_files
 
 pytestmark = pytest.mark.spark
 
@@ -50,23 +50,15 @@ DECLARABLE = [
 def cases(draw: st.DrawFn) -> tuple[list[pa.Table], str, bool]:
     """Files of the drawn columns, a declared schema (each column its own type or another), INT96 or not."""
     names = draw(st.lists(st.sampled_from(sorted(COLUMNS)), min_size=1, max_size=4, unique=True))
-    files = []
-    for _ in range(draw(st.integers(1, 2))):
-        n = draw(st.integers(0, 5))
-        arrays = []
-        for name in names:
-            arrow, _, values = COLUMNS[name]
-            drawn = draw(st.lists(st.none() | values, min_size=n, max_size=n))
-            drawn = [Decimal(v) if name == "dec" and v is not None else v for v in drawn]
-            arrays.append(pa.array(drawn, arrow))
-        files.append(pa.table(arrays, names=names))
+    files = drawn_files(draw, COLUMNS, names, 2, 5)
     declared = {n: draw(st.sampled_from([COLUMNS[n][1], *DECLARABLE])) for n in names}
     ddl = ", ".join(f"`{n.upper() if draw(st.booleans()) else n}` {t}" for n, t in declared.items())
     return files, ddl, draw(st.booleans())
 
 
-def _rows(table: pa.Table) -> tuple[str, str]:
-    return str(table.schema), repr(table.to_pylist())  # repr: NaN equals NaN
+def _rows(table: pa.Table) -> tuple[str, list[str]]:
+    """The schema and the rows (repr: NaN equals NaN), in any order: Spark's scan orders files by size."""
+    return str(table.schema), sorted(repr(r) for r in table.to_pylist())
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
