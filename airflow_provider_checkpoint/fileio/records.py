@@ -28,6 +28,12 @@ CSV_OPTIONS = frozenset({"header", "sep", "delimiter", "quote", "escape"})
 """CSV options the Python reader honours; any other is refused (a Hadoop filesystem reads them all)."""
 _INTEGER = re.compile(r"^[+-]?\d+$")
 _TRUE, _FALSE = frozenset({"true"}), frozenset({"false"})
+_DATE = re.compile(r"^\+?(\d{4,7})(?:-(\d{1,2})(?:-(\d{1,2})(?:[ T].*)?)?)?$", re.DOTALL)
+"""A date as Spark's readers parse one without ``dateFormat``: ``yyyy``, ``yyyy-[m]m``, ``yyyy-[m]m-[d]d``, the
+last followed by anything after a space or ``T``."""
+_NON_NUMERIC = {"NaN": float("nan"), "Infinity": float("inf"), "+Infinity": float("inf"), "+INF": float("inf")}
+_NON_NUMERIC |= {"-Infinity": float("-inf"), "-INF": float("-inf")}
+"""The JSON strings Spark's reader takes as floating-point values (``allowNonNumericNumbers``)."""
 
 
 class Malformed(ValueError):
@@ -57,9 +63,9 @@ def _converter(kind: pa.DataType, text: bool, name: str) -> Converter:
     if pa.types.is_decimal(kind):
         return lambda v: _decimal(v, kind.precision, kind.scale)
     if pa.types.is_date(kind):
-        return lambda v: _parsed(v, dt.date.fromisoformat)
+        return lambda v: _parsed(v, _date)
     if pa.types.is_timestamp(kind):
-        return lambda v: _timestamp(v)
+        return lambda v: _timestamp(v, text)
     raise PipelineDefinitionError(
         f"column {name!r} of type {kind} cannot be read by the Python file reader (simple types only); "
         "configure a Hadoop filesystem for the landing directory's scheme (docs/execution-modes.md)"
@@ -90,6 +96,8 @@ def _floating(value: Any, text: bool) -> float:
             return float(value)
         except ValueError as e:
             raise Malformed(value) from e
+    if isinstance(value, str) and value in _NON_NUMERIC:
+        return _NON_NUMERIC[value]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Malformed(value)
     return float(value)
@@ -127,7 +135,21 @@ def _parsed(value: Any, parse: Callable[[str], Any]) -> Any:
         raise Malformed(value) from e
 
 
-def _timestamp(value: Any) -> dt.datetime:
+def _date(text: str) -> dt.date:
+    """``text`` as Spark's readers parse a date (:data:`_DATE`); ``ValueError`` if it is none."""
+    match = _DATE.match(text)
+    if match is None:
+        raise ValueError(text)
+    year, month, day = match.groups()
+    return dt.date(int(year), int(month or 1), int(day or 1))
+
+
+def _timestamp(value: Any, text: bool) -> dt.datetime:
+    if not text and isinstance(value, int) and not isinstance(value, bool):  # JSON: seconds since the epoch
+        try:
+            return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=value)
+        except OverflowError as e:
+            raise Malformed(value) from e
     parsed: dt.datetime = _parsed(value, dt.datetime.fromisoformat)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
