@@ -4,7 +4,8 @@ Used by the Python file reader (:mod:`.writes`) where Hadoop cannot open the lan
 directory's scheme. One record per line (Spark's default, ``multiLine=false``); blank
 lines are skipped; a CSV file's first line is its header unless ``header`` is ``false``.
 A record that is not parseable or whose value does not convert to its column's type is
-malformed: every column is null and :data:`~.malformed.CORRUPT` holds its raw text.
+malformed: :data:`~.malformed.CORRUPT` holds its raw text, and every column is null (JSON) or
+the fields that convert keep their values (CSV, as Spark's reader keeps them).
 Values convert as Spark's do for the simple types (string, integers, floating point,
 boolean, decimal, date, timestamp); other column types are refused up front.
 """
@@ -168,14 +169,24 @@ def json_record(line: str, names: list[str], convert: list[Converter]) -> list[A
         return None
 
 
-def csv_record(fields: list[str], convert: list[Converter]) -> list[Any] | None:
-    """The values of the CSV record ``fields`` by column (an empty field is null), ``None`` if it is malformed."""
-    if len(fields) != len(convert):
-        return None
-    try:
-        return [None if f == "" else c(f) for f, c in zip(fields, convert, strict=True)]
-    except Malformed:
-        return None
+class PartlyMalformed(list[Any]):
+    """The values Spark's permissive CSV reader keeps of a malformed record (the fields that convert, the rest
+    null): the record also goes to the corrupt column."""
+
+
+def csv_record(fields: list[str], convert: list[Converter]) -> list[Any]:
+    """The values of the CSV record ``fields`` by column (an empty or missing field is null, extra ones are
+    left out), as a :class:`PartlyMalformed` if a field does not convert or their number is not the
+    columns': Spark keeps the fields that convert and marks the record corrupt."""
+    values, malformed = [], len(fields) != len(convert)
+    for i, c in enumerate(convert):
+        field = fields[i] if i < len(fields) else ""
+        try:
+            values.append(None if field == "" else c(field))
+        except Malformed:
+            values.append(None)
+            malformed = True
+    return PartlyMalformed(values) if malformed else values
 
 
 def check_options(format: str, options: dict[str, str]) -> None:
@@ -192,7 +203,8 @@ def check_options(format: str, options: dict[str, str]) -> None:
 def records(
     lines: Iterable[str], format: str, schema: pa.Schema, options: dict[str, str]
 ) -> Iterator[tuple[list[Any] | None, str]]:
-    """``(values or None if malformed, raw text)`` of each record of a file's ``lines``."""
+    """``(values, raw text)`` of each record of a file's ``lines``: values ``None`` if it is malformed, a
+    :class:`PartlyMalformed` if malformed but some of its fields kept (CSV, as Spark's reader keeps them)."""
     check_options(format, options)
     convert = converters(schema, text=format == "csv")
     names = schema.names

@@ -402,7 +402,7 @@ class RecordReader:
         from fsspec.compression import compr
         from fsspec.utils import infer_compression
 
-        from airflow_provider_checkpoint.fileio.records import records
+        from airflow_provider_checkpoint.fileio.records import PartlyMalformed, records
 
         declared = pa.schema(list(self.schema)[:-1])
         empty = [None] * len(declared)
@@ -414,7 +414,8 @@ class RecordReader:
             stream = compr[compression](raw, mode="rb") if compression else raw
             text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
             for values, line in records(text, self.format, declared, self.options):
-                rows.append([*values, None] if values is not None else [*empty, line])
+                malformed = values is None or isinstance(values, PartlyMalformed)
+                rows.append([*(values if values is not None else empty), line if malformed else None])
                 if len(rows) == BATCH_ROWS:
                     yield _batch(rows, self.schema)
                     rows = []
