@@ -4,8 +4,8 @@ Used by the Python file reader (:mod:`.writes`) where Hadoop cannot open the lan
 directory's scheme. One record per line (Spark's default, ``multiLine=false``); blank
 lines are skipped; a CSV file's first line is its header unless ``header`` is ``false``.
 A record that is not parseable or whose value does not convert to its column's type is
-malformed: :data:`~.malformed.CORRUPT` holds its raw text, and every column is null (JSON) or
-the fields that convert keep their values (CSV, as Spark's reader keeps them).
+malformed: :data:`~.malformed.CORRUPT` holds its raw text, and the fields that convert keep their
+values, the others null, as Spark's readers keep them (every column null if it does not parse).
 Values convert as Spark's do for the simple types (string, integers, floating point,
 boolean, decimal, date, timestamp); other column types are refused up front.
 """
@@ -156,21 +156,32 @@ def _timestamp(value: Any, text: bool) -> dt.datetime:
 
 
 def json_record(line: str, names: list[str], convert: list[Converter]) -> list[Any] | None:
-    """The values of the JSON Lines record ``line`` by column, ``None`` if it is malformed."""
+    """The values of the JSON Lines record ``line`` by column: ``None`` if it is not a JSON object, a
+    :class:`PartlyMalformed` if a value does not convert (Spark keeps the others)."""
     try:
         value = json.loads(line)
     except ValueError:
         return None
     if not isinstance(value, dict):
         return None
-    try:
-        return [None if value.get(n) is None else c(value[n]) for n, c in zip(names, convert, strict=True)]
-    except Malformed:
-        return None
+    return _converted([value.get(n) for n in names], convert, malformed=False, empty=None)
+
+
+def _converted(fields: list[Any], convert: list[Converter], malformed: bool, empty: Any) -> list[Any]:
+    """``fields`` converted by column (``empty``: null), a :class:`PartlyMalformed` if ``malformed`` or one
+    does not convert (it is null then)."""
+    values = []
+    for field, c in zip(fields, convert, strict=True):
+        try:
+            values.append(None if field is None or field == empty else c(field))
+        except Malformed:
+            values.append(None)
+            malformed = True
+    return PartlyMalformed(values) if malformed else values
 
 
 class PartlyMalformed(list[Any]):
-    """The values Spark's permissive CSV reader keeps of a malformed record (the fields that convert, the rest
+    """The values Spark's permissive readers keep of a malformed record (the fields that convert, the rest
     null): the record also goes to the corrupt column."""
 
 
@@ -178,15 +189,8 @@ def csv_record(fields: list[str], convert: list[Converter]) -> list[Any]:
     """The values of the CSV record ``fields`` by column (an empty or missing field is null, extra ones are
     left out), as a :class:`PartlyMalformed` if a field does not convert or their number is not the
     columns': Spark keeps the fields that convert and marks the record corrupt."""
-    values, malformed = [], len(fields) != len(convert)
-    for i, c in enumerate(convert):
-        field = fields[i] if i < len(fields) else ""
-        try:
-            values.append(None if field == "" else c(field))
-        except Malformed:
-            values.append(None)
-            malformed = True
-    return PartlyMalformed(values) if malformed else values
+    padded = [fields[i] if i < len(fields) else "" for i in range(len(convert))]
+    return _converted(padded, convert, malformed=len(fields) != len(convert), empty="")
 
 
 def check_options(format: str, options: dict[str, str]) -> None:
@@ -203,8 +207,8 @@ def check_options(format: str, options: dict[str, str]) -> None:
 def records(
     lines: Iterable[str], format: str, schema: pa.Schema, options: dict[str, str]
 ) -> Iterator[tuple[list[Any] | None, str]]:
-    """``(values, raw text)`` of each record of a file's ``lines``: values ``None`` if it is malformed, a
-    :class:`PartlyMalformed` if malformed but some of its fields kept (CSV, as Spark's reader keeps them)."""
+    """``(values, raw text)`` of each record of a file's ``lines``: values ``None`` if it does not parse, a
+    :class:`PartlyMalformed` if a field does not convert (the others kept, as Spark's readers keep them)."""
     check_options(format, options)
     convert = converters(schema, text=format == "csv")
     names = schema.names
