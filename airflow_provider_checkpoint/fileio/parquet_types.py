@@ -27,7 +27,7 @@ hybrid calendar or refuse them (:func:`check_rebase`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -161,6 +161,47 @@ def _widened_integer(found: pa.DataType, declared: pa.DataType) -> bool:
     if pt.is_decimal(declared):
         return declared.precision - declared.scale >= (10 if bits <= 32 else 20)
     return False
+
+
+def rebase_modes(
+    file: Any, names: Mapping[str, str], schema: pa.Schema, where: str, rebase: tuple[str, str], int96_conversion: bool
+) -> dict[str, str]:
+    """By column of the ``pyarrow.parquet.ParquetFile`` ``file`` to read (``names``: file column -> declared one
+    of ``schema``): how Spark reads its dates and timestamps (:func:`rebase_mode`; ``rebase``: the session's
+    modes for dates and timestamps, and for INT96). Refuses a column whose type does not read as declared
+    (:func:`convert`) before any row, a file of none too, and INT96 columns when ``int96_conversion`` (the
+    session's ``spark.sql.parquet.int96TimestampConversion``) is on."""
+    import pyarrow as pa
+
+    for name, declared in names.items():
+        convert(pa.nulls(0, file.schema_arrow.field(name).type), schema.field(declared).type, where, name)
+    int96 = {c.path.split(".")[0] for c in file.schema if c.physical_type == "INT96"}
+    if int96 & set(names) and int96_conversion:
+        raise ParquetTypeError(
+            f"Parquet file {where}: INT96 columns {sorted(int96 & set(names))} with "
+            "spark.sql.parquet.int96TimestampConversion on are read by Spark's reader only"
+        )
+    meta = file.metadata.metadata
+    return {n: rebase_mode(meta, rebase[n in int96], n in int96) for n in names}
+
+
+def conform(
+    batch: pa.RecordBatch, names: Mapping[str, str], schema: pa.Schema, modes: Mapping[str, str], where: str
+) -> pa.RecordBatch:
+    """``batch`` (of the file columns ``names``, each to its declared name) with exactly ``schema``'s columns as
+    Spark reads them (:func:`convert`, :func:`check_rebase` by ``modes``; a column the file lacks is null)."""
+    import pyarrow as pa
+
+    read = {names[n]: n for n in batch.schema.names}
+    columns = []
+    for f in schema:
+        if f.name not in read:
+            columns.append(pa.nulls(batch.num_rows, f.type))
+            continue
+        column = convert(batch.column(read[f.name]), f.type, where, read[f.name])
+        check_rebase(column, modes[read[f.name]], where, read[f.name])
+        columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def rebase_mode(metadata: Mapping[bytes, bytes] | None, configured: str, int96: bool = False) -> str:

@@ -23,11 +23,9 @@ from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.parquet_types import (
     INT96_REBASE_CONF,
     REBASE_CONF,
-    ParquetTypeError,
-    check_rebase,
-    convert,
+    conform,
     file_columns,
-    rebase_mode,
+    rebase_modes,
 )
 from airflow_provider_checkpoint.fileio.records import check_options
 from airflow_provider_checkpoint.fileio.writes import engine_for, url
@@ -326,50 +324,19 @@ class ParquetReader:
                 # page checksums as the session's Parquet reader; INT96 in microseconds, rounded down as Spark does
                 file = pq.ParquetFile(f, page_checksum_verification=True, coerce_int96_timestamp_unit="us")
                 names = file_columns(file.schema_arrow.names, self.schema.names, where)
-                modes = self._rebase_modes(file, names, where)
-                for name, declared in names.items():  # the types refused before any row, a file of none too
-                    convert(
-                        pa.nulls(0, file.schema_arrow.field(name).type), self.schema.field(declared).type, where, name
-                    )
+                modes = rebase_modes(file, names, self.schema, where, self.rebase, self.int96_conversion)
                 batches = file.iter_batches(batch_size=BATCH_ROWS, columns=list(names))
             while True:
                 with named_if_corrupt(self.fs, path, self.damaged):
                     batch = next(batches, None)
                 if batch is None:
                     return
-                out = self._conform(batch, names, modes, where)
+                out = conform(batch, names, self.schema, modes, where)
                 if self.row_index:
                     rows = pa.array(range(position, position + out.num_rows), pa.int64())
                     out = pa.RecordBatch.from_arrays([*out.columns, rows], [*out.schema.names, self.row_index])
                 position += batch.num_rows
                 yield out
-
-    def _rebase_modes(self, file: Any, names: dict[str, str], where: str) -> dict[str, str]:
-        """By file column: how Spark reads its dates and timestamps (:func:`.parquet_types.rebase_mode`)."""
-        int96 = {c.path.split(".")[0] for c in file.schema if c.physical_type == "INT96"}
-        if int96 & set(names) and self.int96_conversion:
-            raise ParquetTypeError(
-                f"Parquet file {where}: INT96 columns {sorted(int96 & set(names))} with "
-                "spark.sql.parquet.int96TimestampConversion on are read by Spark's reader only"
-            )
-        meta = file.metadata.metadata
-        return {n: rebase_mode(meta, self.rebase[n in int96], n in int96) for n in names}
-
-    def _conform(self, batch: pa.RecordBatch, names: dict[str, str], modes: dict[str, str], where: str) -> Any:
-        """``batch`` (of the file columns ``names``) with exactly :attr:`schema`'s columns as Spark reads them
-        (:func:`.parquet_types.convert`; a column the file lacks is null)."""
-        import pyarrow as pa
-
-        read = {names[n]: n for n in batch.schema.names}
-        columns = []
-        for f in self.schema:
-            if f.name not in read:
-                columns.append(pa.nulls(batch.num_rows, f.type))
-                continue
-            column = convert(batch.column(read[f.name]), f.type, where, read[f.name])
-            check_rebase(column, modes[read[f.name]], where, read[f.name])
-            columns.append(column)
-        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
 @contextmanager
