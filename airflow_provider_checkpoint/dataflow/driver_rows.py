@@ -31,6 +31,13 @@ def key_hash(keys: tuple[str, ...]) -> Column:
     return F.xxhash64(*[F.col(k) for k in keys])
 
 
+def pmod(hashes: np.ndarray, divisor: int) -> np.ndarray:
+    """Spark's ``pmod(hash, divisor)`` of each int64 of ``hashes`` (``divisor`` above 0): in ``[0, divisor)``."""
+    import numpy as np
+
+    return np.mod(hashes, np.int64(divisor))
+
+
 def estimated_bytes(df: DataFrame) -> int | None:
     """Spark's estimate of ``df``'s size (its optimized plan's statistics), before rows are collected into the
     driver; ``None`` if unknown."""
@@ -52,9 +59,7 @@ class DriverRows:
 
     def pmod_of_keys(self, divisor: int) -> np.ndarray:
         """Per row, Spark's ``pmod(xxhash64(keys), divisor)`` (e.g. a bucket), as int64."""
-        import numpy as np
-
-        return np.mod(self.table[KEY_HASH].to_numpy(), np.int64(divisor))
+        return pmod(self.table[KEY_HASH].to_numpy(), divisor)
 
 
 @dataclass(frozen=True)

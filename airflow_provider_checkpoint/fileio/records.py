@@ -4,7 +4,8 @@ Used by the Python file reader (:mod:`.writes`) where Hadoop cannot open the lan
 directory's scheme. One record per line (Spark's default, ``multiLine=false``); blank
 lines are skipped; a CSV file's first line is its header unless ``header`` is ``false``.
 A record that is not parseable or whose value does not convert to its column's type is
-malformed: every column is null and :data:`~.malformed.CORRUPT` holds its raw text.
+malformed: :data:`~.malformed.CORRUPT` holds its raw text, and the fields that convert keep their
+values, the others null, as Spark's readers keep them (every column null if it does not parse).
 Values convert as Spark's do for the simple types (string, integers, floating point,
 boolean, decimal, date, timestamp); other column types are refused up front.
 """
@@ -28,6 +29,12 @@ CSV_OPTIONS = frozenset({"header", "sep", "delimiter", "quote", "escape"})
 """CSV options the Python reader honours; any other is refused (a Hadoop filesystem reads them all)."""
 _INTEGER = re.compile(r"^[+-]?\d+$")
 _TRUE, _FALSE = frozenset({"true"}), frozenset({"false"})
+_DATE = re.compile(r"^\+?(\d{4,7})(?:-(\d{1,2})(?:-(\d{1,2})(?:[ T].*)?)?)?$", re.DOTALL)
+"""A date as Spark's readers parse one without ``dateFormat``: ``yyyy``, ``yyyy-[m]m``, ``yyyy-[m]m-[d]d``, the
+last followed by anything after a space or ``T``."""
+_NON_NUMERIC = {"NaN": float("nan"), "Infinity": float("inf"), "+Infinity": float("inf"), "+INF": float("inf")}
+_NON_NUMERIC |= {"-Infinity": float("-inf"), "-INF": float("-inf")}
+"""The JSON strings Spark's reader takes as floating-point values (``allowNonNumericNumbers``)."""
 
 
 class Malformed(ValueError):
@@ -57,9 +64,9 @@ def _converter(kind: pa.DataType, text: bool, name: str) -> Converter:
     if pa.types.is_decimal(kind):
         return lambda v: _decimal(v, kind.precision, kind.scale)
     if pa.types.is_date(kind):
-        return lambda v: _parsed(v, dt.date.fromisoformat)
+        return lambda v: _parsed(v, _date)
     if pa.types.is_timestamp(kind):
-        return lambda v: _timestamp(v)
+        return lambda v: _timestamp(v, text)
     raise PipelineDefinitionError(
         f"column {name!r} of type {kind} cannot be read by the Python file reader (simple types only); "
         "configure a Hadoop filesystem for the landing directory's scheme (docs/execution-modes.md)"
@@ -90,6 +97,8 @@ def _floating(value: Any, text: bool) -> float:
             return float(value)
         except ValueError as e:
             raise Malformed(value) from e
+    if isinstance(value, str) and value in _NON_NUMERIC:
+        return _NON_NUMERIC[value]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Malformed(value)
     return float(value)
@@ -127,33 +136,61 @@ def _parsed(value: Any, parse: Callable[[str], Any]) -> Any:
         raise Malformed(value) from e
 
 
-def _timestamp(value: Any) -> dt.datetime:
+def _date(text: str) -> dt.date:
+    """``text`` as Spark's readers parse a date (:data:`_DATE`); ``ValueError`` if it is none."""
+    match = _DATE.match(text)
+    if match is None:
+        raise ValueError(text)
+    year, month, day = match.groups()
+    return dt.date(int(year), int(month or 1), int(day or 1))
+
+
+def _timestamp(value: Any, text: bool) -> dt.datetime:
+    if not text and isinstance(value, int) and not isinstance(value, bool):  # JSON: seconds since the epoch
+        try:
+            return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=value)
+        except OverflowError as e:
+            raise Malformed(value) from e
     parsed: dt.datetime = _parsed(value, dt.datetime.fromisoformat)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
 def json_record(line: str, names: list[str], convert: list[Converter]) -> list[Any] | None:
-    """The values of the JSON Lines record ``line`` by column, ``None`` if it is malformed."""
+    """The values of the JSON Lines record ``line`` by column: ``None`` if it is not a JSON object, a
+    :class:`PartlyMalformed` if a value does not convert (Spark keeps the others)."""
     try:
         value = json.loads(line)
     except ValueError:
         return None
     if not isinstance(value, dict):
         return None
-    try:
-        return [None if value.get(n) is None else c(value[n]) for n, c in zip(names, convert, strict=True)]
-    except Malformed:
-        return None
+    return _converted([value.get(n) for n in names], convert, malformed=False, empty=None)
 
 
-def csv_record(fields: list[str], convert: list[Converter]) -> list[Any] | None:
-    """The values of the CSV record ``fields`` by column (an empty field is null), ``None`` if it is malformed."""
-    if len(fields) != len(convert):
-        return None
-    try:
-        return [None if f == "" else c(f) for f, c in zip(fields, convert, strict=True)]
-    except Malformed:
-        return None
+def _converted(fields: list[Any], convert: list[Converter], malformed: bool, empty: Any) -> list[Any]:
+    """``fields`` converted by column (``empty``: null), a :class:`PartlyMalformed` if ``malformed`` or one
+    does not convert (it is null then)."""
+    values = []
+    for field, c in zip(fields, convert, strict=True):
+        try:
+            values.append(None if field is None or field == empty else c(field))
+        except Malformed:
+            values.append(None)
+            malformed = True
+    return PartlyMalformed(values) if malformed else values
+
+
+class PartlyMalformed(list[Any]):
+    """The values Spark's permissive readers keep of a malformed record (the fields that convert, the rest
+    null): the record also goes to the corrupt column."""
+
+
+def csv_record(fields: list[str], convert: list[Converter]) -> list[Any]:
+    """The values of the CSV record ``fields`` by column (an empty or missing field is null, extra ones are
+    left out), as a :class:`PartlyMalformed` if a field does not convert or their number is not the
+    columns': Spark keeps the fields that convert and marks the record corrupt."""
+    padded = [fields[i] if i < len(fields) else "" for i in range(len(convert))]
+    return _converted(padded, convert, malformed=len(fields) != len(convert), empty="")
 
 
 def check_options(format: str, options: dict[str, str]) -> None:
@@ -170,7 +207,8 @@ def check_options(format: str, options: dict[str, str]) -> None:
 def records(
     lines: Iterable[str], format: str, schema: pa.Schema, options: dict[str, str]
 ) -> Iterator[tuple[list[Any] | None, str]]:
-    """``(values or None if malformed, raw text)`` of each record of a file's ``lines``."""
+    """``(values, raw text)`` of each record of a file's ``lines``: values ``None`` if it does not parse, a
+    :class:`PartlyMalformed` if a field does not convert (the others kept, as Spark's readers keep them)."""
     check_options(format, options)
     convert = converters(schema, text=format == "csv")
     names = schema.names

@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
+from airflow_provider_checkpoint.fileio.parquet_types import (
+    INT96_REBASE_CONF,
+    REBASE_CONF,
+    conform,
+    file_columns,
+    rebase_modes,
+)
 from airflow_provider_checkpoint.fileio.records import check_options
 from airflow_provider_checkpoint.fileio.writes import engine_for, url
 from airflow_provider_checkpoint.storage.object_store import for_executors, open_sized
@@ -83,8 +90,17 @@ def read_parquet(
     schema = as_nullable(schema if schema is not None else footer_schema(fs, paths[0]))
     known = dict(zip(paths, sizes, strict=True)) if sizes is not None else {}
     driver = on_driver(sizes)
+    rebase = (spark.conf.get(REBASE_CONF, "CORRECTED") or "", spark.conf.get(INT96_REBASE_CONF, "CORRECTED") or "")
+    conversion = str(spark.conf.get("spark.sql.parquet.int96TimestampConversion", "false")).lower() == "true"
     read = ParquetReader(
-        fs if driver else for_executors(fs), _arrow(schema), row_index, known, dict(loaded or {}), damaged
+        fs if driver else for_executors(fs),
+        _arrow(schema),
+        row_index,
+        known,
+        dict(loaded or {}),
+        damaged,
+        rebase,
+        conversion,
     )
     return _scan(spark, fs, paths, _with_row_index(schema, row_index), read, file_column, driver)
 
@@ -277,35 +293,6 @@ class FileScan:
                     yield out
 
 
-def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with exactly ``schema``'s columns, cast to their types (a missing column is null)."""
-    import pyarrow as pa
-
-    names = batch.schema.names
-    columns = [
-        batch.column(names.index(f.name)).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
-def file_columns(found: Sequence[str], declared: Sequence[str], where: str) -> dict[str, str]:
-    """The columns of a Parquet file to read, each to the declared name it is read as: matched ignoring case,
-    as Spark's reader matches them in a case-insensitive session (a declared column no file column matches
-    reads as null); a declared name two file columns match is refused, as Spark refuses it."""
-    matched: dict[str, str] = {}
-    for name in declared:
-        folded = [f for f in found if f.lower() == name.lower()]
-        if len(folded) > 1:
-            raise ValueError(
-                f"Parquet file {where}: found duplicate fields {folded} for declared column {name!r}, equal "
-                "ignoring case (Spark's reader refuses them too, the session being case-insensitive); rename one"
-            )
-        if folded:
-            matched[folded[0]] = name
-    return matched
-
-
 @dataclass(frozen=True)
 class ParquetReader:
     """A Parquet file's rows in batches of ``schema``, with each row's position in the file as ``row_index``
@@ -320,24 +307,31 @@ class ParquetReader:
     """path → the file's bytes, read (and checked) by the driver: shipped with the task, no request."""
     damaged: str = CORRUPT
     """What a file that fails to decode is called in the error naming it."""
+    rebase: tuple[str, str] = ("CORRECTED", "CORRECTED")
+    """The session's rebase modes in read of dates and timestamps, and of INT96 timestamps."""
+    int96_conversion: bool = False
+    """The session's ``spark.sql.parquet.int96TimestampConversion``: INT96 columns are then refused."""
 
     def __call__(self, path: str) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         position = 0
+        where = url(self.fs, path)
         data = self.loaded.get(path)
         with pa.BufferReader(data) if data is not None else open_sized(self.fs, path, self.sizes.get(path)) as f:
             with named_if_corrupt(self.fs, path, self.damaged):
-                file = pq.ParquetFile(f, page_checksum_verification=True)  # as the session's Parquet reader
-                names = file_columns(file.schema_arrow.names, self.schema.names, url(self.fs, path))
+                # page checksums as the session's Parquet reader; INT96 in microseconds, rounded down as Spark does
+                file = pq.ParquetFile(f, page_checksum_verification=True, coerce_int96_timestamp_unit="us")
+                names = file_columns(file.schema_arrow.names, self.schema.names, where)
+                modes = rebase_modes(file, names, self.schema, where, self.rebase, self.int96_conversion)
                 batches = file.iter_batches(batch_size=BATCH_ROWS, columns=list(names))
             while True:
                 with named_if_corrupt(self.fs, path, self.damaged):
                     batch = next(batches, None)
                 if batch is None:
                     return
-                out = conform(batch.rename_columns([names[n] for n in batch.schema.names]), self.schema)
+                out = conform(batch, names, self.schema, modes, where)
                 if self.row_index:
                     rows = pa.array(range(position, position + out.num_rows), pa.int64())
                     out = pa.RecordBatch.from_arrays([*out.columns, rows], [*out.schema.names, self.row_index])
@@ -375,7 +369,7 @@ class RecordReader:
         from fsspec.compression import compr
         from fsspec.utils import infer_compression
 
-        from airflow_provider_checkpoint.fileio.records import records
+        from airflow_provider_checkpoint.fileio.records import PartlyMalformed, records
 
         declared = pa.schema(list(self.schema)[:-1])
         empty = [None] * len(declared)
@@ -387,7 +381,8 @@ class RecordReader:
             stream = compr[compression](raw, mode="rb") if compression else raw
             text = io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
             for values, line in records(text, self.format, declared, self.options):
-                rows.append([*values, None] if values is not None else [*empty, line])
+                malformed = values is None or isinstance(values, PartlyMalformed)
+                rows.append([*(values if values is not None else empty), line if malformed else None])
                 if len(rows) == BATCH_ROWS:
                     yield _batch(rows, self.schema)
                     rows = []

@@ -27,8 +27,9 @@ pytestmark = pytest.mark.spark
 
 EXAMPLES = int(os.environ.get("DRIVER_READ_EXAMPLES", "25"))
 
+Columns = dict[str, tuple[pa.DataType, str, st.SearchStrategy]]
 # name → (Arrow type written, Spark DDL type it matches, values drawn)
-COLUMNS: dict[str, tuple[pa.DataType, str, st.SearchStrategy]] = {
+COLUMNS: Columns = {
     "i": (pa.int32(), "INT", st.integers(-(2**31), 2**31 - 1)),
     "l": (pa.int64(), "BIGINT", st.integers(-(2**63), 2**63 - 1)),
     "s": (pa.string(), "STRING", st.text(max_size=12)),
@@ -55,21 +56,27 @@ COLUMNS: dict[str, tuple[pa.DataType, str, st.SearchStrategy]] = {
 OTHER_TYPE = {"INT": "BIGINT", "BIGINT": "INT", "STRING": "BINARY", "DOUBLE": "FLOAT", "DATE": "TIMESTAMP"}
 
 
-@st.composite
-def cases(draw: st.DrawFn) -> tuple[list[pa.Table], str, bool]:
-    """Files of the drawn columns, a declared schema, and whether it matches the files exactly."""
-    names = draw(st.lists(st.sampled_from(sorted(COLUMNS)), min_size=1, max_size=5, unique=True))
+def drawn_files(draw: st.DrawFn, columns: Columns, names: list[str], most: int, rows: int) -> list[pa.Table]:
+    """1 to ``most`` tables of the ``names`` of ``columns``, each of up to ``rows`` drawn rows (nulls among them)."""
     files = []
-    for _ in range(draw(st.integers(1, 3))):
-        n = draw(st.integers(0, 6))
+    for _ in range(draw(st.integers(1, most))):
+        n = draw(st.integers(0, rows))
         arrays = []
         for name in names:
-            arrow, _, values = COLUMNS[name]
+            arrow, _, values = columns[name]
             drawn = draw(st.lists(st.none() | values, min_size=n, max_size=n))
             if name == "dec":
                 drawn = [None if v is None else Decimal(v) for v in drawn]
             arrays.append(pa.array(drawn, arrow))
         files.append(pa.table(arrays, names=names))
+    return files
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[pa.Table], str, bool]:
+    """Files of the drawn columns, a declared schema, and whether it matches the files exactly."""
+    names = draw(st.lists(st.sampled_from(sorted(COLUMNS)), min_size=1, max_size=5, unique=True))
+    files = drawn_files(draw, COLUMNS, names, 3, 6)
     declared = {name: COLUMNS[name][1] for name in names}
     exact = True
     change = draw(st.sampled_from(["none", "missing", "case", "type"]))

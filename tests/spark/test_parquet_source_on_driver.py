@@ -3,9 +3,10 @@
 ``FileSource(format="parquet")`` feeding only a ``DeltaTableSink`` or ``ParquetTableSink`` in upsert mode
 is read by pyarrow on the driver and merged there, keys bucketed by the driver's copy of Spark's hash.
 Checked against pandas (the later row in source order wins per key, null keys included; files by name),
-read back with delta-rs and pyarrow, over checkpoints that read on the driver and one that Spark reads
-(a file naming a column in another case, which Spark matches and the driver does not read), a first load
-above ``driver_merge_rows`` written by the driver from the source's rows, and an upsert above it by Spark.
+read back with delta-rs and pyarrow, over checkpoints that read on the driver (one of a file naming a
+column in another case, matched as Spark matches it) and one that Spark reads (a BIGINT column of dates,
+which Spark reads as their days and the driver does not read), a first load above ``driver_merge_rows``
+written by the driver from the source's rows, and an upsert above it by Spark.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def declare(base: Path) -> None:
         sink(name, source, f"{base}/{name}", mode="upsert", keys=KEYS, buckets=4, driver_merge_rows=merge_rows)
 
 
-def land(landing: Path, n: int, seed: int, ts_name: str = "ts") -> list[dict[str, object]]:
+def land(
+    landing: Path, n: int, seed: int, ts_name: str = "ts", ts_type: pa.DataType | None = None
+) -> list[dict[str, object]]:
     rng = random.Random(seed)
     rows = [
         {
@@ -47,7 +50,7 @@ def land(landing: Path, n: int, seed: int, ts_name: str = "ts") -> list[dict[str
         }
         for i in range(n)
     ]
-    types = {"user": pa.string(), "page": pa.int32(), "ts": pa.int64(), "amount": pa.decimal128(10, 2)}
+    types = {"user": pa.string(), "page": pa.int32(), "ts": ts_type or pa.int64(), "amount": pa.decimal128(10, 2)}
     table = pa.table({k if k != "ts" else ts_name: pa.array([r[k] for r in rows], t) for k, t in types.items()})
     landing.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, landing / f".e{seed}")
@@ -82,15 +85,15 @@ def test_small_parquet_inputs_upsert_from_the_driver(spark, tmp_path: Path, monk
     job = make_job(spark, tmp_path, declare)
     events: list[dict[str, object]] = []
     # delta merges at most 100 rows in the driver: its first load of 300 (at most 8 times that) is written by
-    # the driver from the source's rows, its upsert of 120 by Spark; a column named in another case: Spark reads
+    # the driver from the source's rows, its upsert of 120 by Spark; a BIGINT column of dates: Spark reads
     checkpoints = [
-        (300, "ts", ["delta", "parquet"]),
-        (80, "ts", ["delta", "parquet"]),
-        (50, "TS", []),
-        (120, "ts", ["parquet"]),
+        (300, "ts", pa.int64(), ["delta", "parquet"]),
+        (80, "TS", pa.int64(), ["delta", "parquet"]),
+        (50, "ts", pa.date32(), []),
+        (120, "ts", pa.int64(), ["parquet"]),
     ]
-    for i, (n, ts_name, on_driver) in enumerate(checkpoints, start=1):
-        events += land(tmp_path / "landing", n, seed=i, ts_name=ts_name)
+    for i, (n, ts_name, ts_type, on_driver) in enumerate(checkpoints, start=1):
+        events += land(tmp_path / "landing", n, seed=i, ts_name=ts_name, ts_type=ts_type)
         from_source.clear()
         before = set(tracker.getJobIdsForGroup())
         job.checkpoint()

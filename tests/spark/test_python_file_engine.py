@@ -109,3 +109,34 @@ def test_parquet_column_names_resolve_as_sparks_reader_resolves_them(spark, tmp_
         scans.read_parquet(spark, fs, [twice], DECLARED, engine="hadoop").collect()
     with pytest.raises(Exception, match=r"(?i)duplicate field"):
         scans.read_parquet(spark, fs, [twice], DECLARED, engine="python", sizes=[Path(twice).stat().st_size]).collect()
+
+
+ORACLE_SCHEMA = "day DATE, d DOUBLE, t TIMESTAMP, s STRING"
+ORACLE_LINES = {
+    "json": [
+        *(f'{{"day": "{v}"}}' for v in ("2020-1-2", "2020-01-02T10:00:00", "2020-01-02 x", "2020-01-02x", "2020")),
+        *(f'{{"day": "{v}"}}' for v in ("2020-01", " 2020-01-02 ", "+2020-01-02", "2020-02-30", "2020-W01-1")),
+        *(f'{{"d": "{v}"}}' for v in ("NaN", "Infinity", "+Infinity", "-Infinity", "+INF", "-INF", "INF", "nan")),
+        '{"t": -1}', '{"t": 1577934245}', '{"t": 1.5}', '{"t": "2020-01-02T03:04:05+02:00"}', '{"s": 12}',
+        '{"d": "x", "s": "kept"}', '{"day": [1], "d": 2}', "[1, 2]",
+    ],
+    "csv": ["day,d,t,s", "2020-1-2,,,", "2020-01-02T10:00:00,,,", "20200102,,,", "2020-W01-1,,,", ",NaN,,",
+            ",-Infinity,,", "2020-01-02,x,,s", "2020-01-02,1", "2020-01-02,1,,s,extra", ",", '"a,b"'],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("format", ["json", "csv"])
+def test_records_parse_as_sparks_permissive_readers_parse_them(spark, tmp_path, format) -> None:
+    """Values Python's parsers take otherwise than Spark's readers (lenient dates, non-numeric floats in JSON
+    strings, JSON numbers as epoch seconds, a malformed record's fields that convert, which Spark keeps):
+    the Python engine's rows equal Spark's, line by line."""
+    path = tmp_path / f"oracle.{format}"
+    path.write_text("".join(line + "\n" for line in ORACLE_LINES[format]), encoding="utf-8")
+    declared = StructType.fromDDL(ORACLE_SCHEMA)
+    assert isinstance(declared, StructType)
+    fs, size = fsspec.filesystem("file"), [path.stat().st_size]
+    rows = {}
+    for engine in ("hadoop", "python"):
+        df = scans.read_records(spark, fs, [str(path)], format, declared, {}, "_c", engine=engine, sizes=size)
+        rows[engine] = [repr(tuple(r)) for r in df.collect()]  # repr: NaN equals NaN
+    assert rows["python"] == rows["hadoop"]

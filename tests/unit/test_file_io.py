@@ -71,17 +71,13 @@ def test_json_lines_convert_by_column_and_malformed_records_keep_their_text() ->
         json.dumps(good),
     )
     assert got[1] == ([2, None, None, None, None, None, None], '{"id": 2, "extra": 1}')
-    assert [raw for values, raw in got if values is None] == [
-        '{"id": "3"}',
-        '{"id": 2147483648}',
-        '{"ok": 1}',
-        "[1, 2]",
-        "not json",
-    ]
+    assert [raw for values, raw in got if values is None] == ["[1, 2]", "not json"]  # not an object: all null
+    partly = [raw for values, raw in got if isinstance(values, text_records.PartlyMalformed)]
+    assert partly == ['{"id": "3"}', '{"id": 2147483648}', '{"ok": 1}']  # a value that does not convert
     assert got[-1][0] == [None, "7", None, None, None, None, None]  # a string column takes any JSON value's text
 
 
-def test_csv_skips_the_header_and_blank_lines_and_refuses_wrong_field_counts_and_types() -> None:
+def test_csv_skips_the_header_and_blank_lines_and_marks_wrong_field_counts_and_types_malformed() -> None:
     lines = [
         "id,name,price,ok,amount,day,at\n",
         '1,"a,b",2.5,TRUE,3,2026-01-02,2026-01-02 03:04:05\n',
@@ -103,7 +99,15 @@ def test_csv_skips_the_header_and_blank_lines_and_refuses_wrong_field_counts_and
         dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
     ]
     assert got[1][0] == [2, None, None, None, None, None, None]  # an empty field is null
-    assert [raw for values, raw in got if values is None] == [line.strip() for line in lines[4:]]
+    malformed = [(values, raw) for values, raw in got if isinstance(values, text_records.PartlyMalformed)]
+    assert [raw for _, raw in malformed] == [line.strip() for line in lines[4:]]
+    day, at = dt.date(2026, 1, 2), dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    assert [list(values) for values, _ in malformed] == [  # the fields that convert kept, as Spark keeps them
+        [3, "x", None, None, None, None, None],
+        [None, "a", 1.0, True, decimal.Decimal("1.00"), day, at],
+        [4, "a", 1.0, None, decimal.Decimal("1.00"), day, at],
+        [5, "a", 1.0, True, None, day, at],
+    ]
     assert len(got) == 6
 
 

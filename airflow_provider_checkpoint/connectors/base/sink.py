@@ -252,13 +252,6 @@ class TransactionalSink(Sink):
             return self.write_upsert(ctx, rows)
         return self.write(ctx, df)
 
-    def takes_source_rows(self) -> bool:
-        """Whether :meth:`stage` takes its input's rows from the driver when its source read them there
-        (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`): an upsert merged in
-        the driver (``upsert.driver_merge_rows`` above 0), without soft deletes (they rewrite the input)."""
-        upsert = getattr(self, "upsert", None)
-        return self.mode == "upsert" and self.soft_delete is None and bool(upsert and upsert.driver_merge_rows)
-
     def held_input(self, ctx: StepContext) -> pa.Table | None:
         """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
         them as they are, for a write from the driver: in append mode, or in upsert mode when they are

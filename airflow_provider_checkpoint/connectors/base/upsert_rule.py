@@ -193,6 +193,7 @@ class UpsertRows:
         import numpy as np
         import pyarrow as pa
 
+        from airflow_provider_checkpoint.dataflow.driver_rows import pmod as spark_pmod
         from airflow_provider_checkpoint.state.spark_hash import hashable, xxhash64
 
         rows = self.source
@@ -201,8 +202,8 @@ class UpsertRows:
         if pmod is not None:
             if not hashable(rows.schema, self.keys):
                 return None
-            hashes = xxhash64(rows, self.keys).view(np.int64)
-            rows = rows.append_column(pmod[0], pa.array(hashes % np.int64(pmod[1])))  # numpy's %: as pmod, >= 0
+            buckets = spark_pmod(xxhash64(rows, self.keys).view(np.int64), pmod[1])
+            rows = rows.append_column(pmod[0], pa.array(buckets))
         if self.reduce:
             rows = rows.append_column(_ORDER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         return self._reduced(rows)

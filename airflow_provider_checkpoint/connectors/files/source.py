@@ -359,8 +359,10 @@ class FileSource(Source):
         from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
         from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
 
+        if self.format != "parquet" or self.options or self.input_bytes(previous, barrier) > self.driver_read_bytes:
+            return None
         todo = self.split(previous, barrier)
-        if self.format != "parquet" or self.options or not todo or sum(todo.values()) > self.driver_read_bytes:
+        if not todo:
             return None
         fs, root = self.filesystem()
         names = sorted(todo)
