@@ -33,24 +33,6 @@ _NO_RETYPE = (
 )
 
 
-FOOTER_READ = 64 << 10
-"""The bytes read from a file's end for its footer: one ranged GET on an object store when the footer fits."""
-
-
-def footer_schema(fs: fsspec.AbstractFileSystem, path: str, size: int) -> pa.Schema:
-    """The schema in the footer of the Parquet file ``path`` of ``size`` bytes: its last :data:`FOOTER_READ`
-    bytes in one read, the whole footer read as pyarrow reads it when it is longer."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tail = fs.cat_file(path, start=max(0, size - FOOTER_READ), end=size)
-    footer = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else size
-    if footer > len(tail):
-        with fs.open(path, "rb") as f:
-            return pq.read_schema(f)
-    return pq.read_schema(pa.BufferReader(tail))
-
-
 def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> None:
     """Refuse (:class:`SinkSchemaError` naming the ``table``, the column and both types) input columns ``given``
     that differ from the table's (``footer``: its newest file's schema) by name or type, nullability aside, but
