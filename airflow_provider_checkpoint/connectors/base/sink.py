@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
+    from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,13 @@ class TransactionalSink(Sink):
     sequence_by: list[str]
     delete_when: str | None = None
     soft_delete: SoftDelete | None = None
+    upsert: BucketedUpsert | None = None
+    """The bucketed merge of an upsert table of files (:mod:`.bucketed`); ``None`` for a sink that merges otherwise."""
+
+    def takes_source_rows(self) -> bool:
+        """An upsert merged in the driver (``driver_merge_rows`` above 0) takes the rows its source read there,
+        unless soft deletes rewrite them first."""
+        return self.upsert is not None and self.upsert.driver_merge_rows > 0 and self.soft_delete is None
 
     def set_deletes(self, delete_when: str | None, deletes: str, deleted_column: str | None) -> None:
         """Set ``delete_when`` (deletes remove their key) or ``soft_delete`` (``deletes="soft"``: they keep it,

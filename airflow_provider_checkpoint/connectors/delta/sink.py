@@ -144,11 +144,6 @@ class DeltaTableSink(DeltaCommitter):
         evolution = {"schema_evolution": self.schema_evolution} if self.schema_evolution != "none" else {}
         return {**described, **evolution}
 
-    def takes_source_rows(self) -> bool:
-        """An upsert merged in the driver (``driver_merge_rows`` above 0) takes the rows its source read there,
-        unless soft deletes rewrite them first."""
-        return self.upsert is not None and self.upsert.driver_merge_rows > 0 and self.soft_delete is None
-
     def required_columns(self) -> dict[str, list[str]]:
         return {**super().required_columns(), "partition_by": self.partition_by}
 

@@ -182,11 +182,6 @@ class ParquetTableSink(TableDirectorySink):
         described = {"format": FORMAT, "path": self.path, "mode": self.mode, "keys": self.keys, **evolution}
         return {**super().describe(), **described}
 
-    def takes_source_rows(self) -> bool:
-        """An upsert merged in the driver (``driver_merge_rows`` above 0) takes the rows its source read there,
-        unless soft deletes rewrite them first."""
-        return self.upsert is not None and self.upsert.driver_merge_rows > 0 and self.soft_delete is None
-
     def claim_document(self, job_id: str) -> JsonDict:
         claim = {**super().claim_document(job_id), "mode": self.mode, "keys": self.keys}
         return {**claim, "buckets": self.buckets} if self.keys else claim
