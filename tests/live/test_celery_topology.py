@@ -149,6 +149,7 @@ def assert_nothing_left(live: LiveAirflow, runs: list[str]) -> None:
     assert stuck == {}, f"task instances not success: {stuck}"
 
 
+@pytest.mark.full  # about 300 s: make test-full
 def test_scheduler_and_worker_death_under_celery(metadata_database: str) -> None:
     if redis_binary() is None:
         if os.environ.get("CI") == "true":

@@ -48,7 +48,7 @@ def env(spark: Any, delta_spark: Any) -> Env:
     "config",
     [
         Config("delta", "append"),
-        Config("delta", "upsert", sequence_by=True, inline_dvs=True),
+        pytest.param(Config("delta", "upsert", sequence_by=True, inline_dvs=True), marks=pytest.mark.full),
         Config("delta", "upsert", sequence_by=True, deletes=True),
     ],
     ids=["append", "upsert-seq-inline-dvs", "upsert-seq-deletes-dv-files"],
@@ -155,7 +155,7 @@ def test_delta_spark_commands_on_our_table_and_our_sink_writing_on(env: Env) -> 
 @pytest.mark.parametrize(
     ("command", "operation"),
     [
-        ("DELETE FROM {at} WHERE k1 = 'cold3'", "DELETE"),
+        pytest.param("DELETE FROM {at} WHERE k1 = 'cold3'", "DELETE", marks=pytest.mark.full),
         pytest.param("OPTIMIZE {at}", "OPTIMIZE", marks=pytest.mark.full),
     ],
     ids=["delete", "optimize"],

@@ -99,6 +99,7 @@ COLUMNS = ["id", "v"]
 ROWS = "SELECT id, concat('v', id) AS v FROM range({})"
 
 
+@pytest.mark.full
 def test_deletion_vectors_from_delete_update_merge(spark, ds, tmp_path: Path) -> None:
     """A snapshot applies delta-spark's DVs; without the change data feed a commit removing rows is
     refused naming it; with it, the change rows equal delta-spark's own change data feed row for row —

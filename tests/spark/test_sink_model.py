@@ -5,7 +5,8 @@ column the readers read too; PostgreSQL with its dead-letter table), each
 table read after every step by independent readers (pyarrow; delta-rs and DuckDB; psycopg) and
 compared with the plain-Python model in ``sink_model``.
 
-CI runs the fixed seeds below; ``SINK_MODEL_ALL=1`` adds PostgreSQL with soft deletes;
+CI runs the fixed seeds below, two examples each (three in ``make test-full``); ``SINK_MODEL_ALL=1``
+adds PostgreSQL with soft deletes;
 ``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
 ``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure and
 ``SINK_MODEL_SHRINK_SECONDS`` (default 60) bounds it, and
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ci_or_full
 from tests.servers.postgres import PostgresServer
 from tests.spark.sink_machine import Env, run
 from tests.spark.sink_model import DELETE, POISON, Config, Model, scratch_root, sort_rows
@@ -45,7 +47,7 @@ if os.environ.get(
 ):  # soft deletes into PostgreSQL run in CI through CDC (test_postgres_cdc_chunk_restart)
     CONFIGS.append(Config("postgres", "upsert", deletes=True, soft_column="deleted"))
 SEEDS = [int(s) for s in os.environ.get("SINK_MODEL_SEEDS", "30").split(",")]
-EXAMPLES = int(os.environ.get("SINK_MODEL_EXAMPLES", "3"))
+EXAMPLES = int(ci_or_full("SINK_MODEL_EXAMPLES", "2", "3"))
 STEPS = int(os.environ.get("SINK_MODEL_STEPS", "8"))
 SHRINK = os.environ.get("SINK_MODEL_SHRINK", "1") != "0"
 SHRINK_SECONDS = int(os.environ.get("SINK_MODEL_SHRINK_SECONDS", "60"))
