@@ -169,6 +169,7 @@ def stop_classic_session() -> None:
         active.stop()
 
 
+@pytest.mark.full  # CI: the chaos test runs every step through a spark_connect connection
 def test_example_pipeline_through_a_spark_connect_connection(example_dag, tmp_path, monkeypatch):
     dag, base = example_dag.dag, tmp_path / "clickstream"
     landed: list[pd.DataFrame] = []
