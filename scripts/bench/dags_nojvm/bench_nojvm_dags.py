@@ -1,4 +1,4 @@
-"""The tasks-nojvm mode's jobs as they run by default: a step starts Spark only if it needs it
+"""Airflow DAGs: the tasks-nojvm mode's jobs as they run by default: a step starts Spark only if it needs it
 (:mod:`bench.nojvm_jobs`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The tasks-nojvm mode's jobs whose step tasks start their JVM before the step (:mod:`bench.nojvm_jobs`).
+"""Airflow DAGs: the tasks-nojvm mode's jobs whose step tasks start their JVM before the step (:mod:`bench.nojvm_jobs`).
 
 A task process parses only its own DAG's file, so the setting below reaches these DAGs' tasks alone.
 """
