@@ -14,6 +14,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py tasks --increments 6
     .venv/bin/python scripts/benchmark.py tasks-upsert --increments 4 --events 20000 --users 1000000
+    .venv/bin/python scripts/benchmark.py tasks-nojvm --increments 4 --events 20000 --users 100000
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py kafka-sink --increments 3 --events 1000000
     .venv/bin/python scripts/benchmark.py first-checkpoint --sizes 1000000,4000000 --increments 3 --rounds 3
@@ -51,6 +52,7 @@ from bench import (  # noqa: E402
     sinkupsert,
     stateio,
     tasks,
+    tasks_nojvm,
     tasks_upsert,
     windows,
 )
@@ -68,6 +70,11 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
     "tasks": (6, 200, 20_000),  # the state-io mode's small S3 pipeline as Airflow tasks (scheduler), S3 and local
     "tasks-upsert": (4, 20_000, 1_000_000),  # Delta upsert sink vs delta-rs MERGE as tasks: checkpoints, changed, rows
+    "tasks-nojvm": (
+        4,
+        20_000,
+        100_000,
+    ),  # driver-only steps with and without a JVM as tasks: checkpoints, changed, rows
     "kafka": (3, 1_000_000, 1),  # increments: rounds; events: records produced and read per round (no users)
     "kafka-sink": (3, 1_000_000, 1),  # increments: rounds; events: records landed and published per round
     "first-checkpoint": (3, 1_000_000, 1),  # per job of --sizes keys: the first checkpoint, then increments
@@ -141,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "state-io": "large-state",
         "tasks": "large-state",
         "tasks-upsert": "large-state",  # its own rows (bench.tasks_upsert); the spec gives the sizes
+        "tasks-nojvm": "large-state",  # its own rows and table (bench.tasks_nojvm); the spec gives the sizes
         "kafka": "large-state",
         "kafka-sink": "large-state",
         "first-checkpoint": "large-state",
@@ -204,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "tasks-upsert":
         result = tasks_upsert.run(spec, work)
         text = tasks_upsert.render(result)
+        ok = not result["problems"]
+    elif args.mode == "tasks-nojvm":
+        result = tasks_nojvm.run(spec, work)
+        text = tasks_nojvm.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":
         result = {**scheduler.run(spec, work), "title": args.workload}

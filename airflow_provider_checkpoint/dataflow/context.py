@@ -1,4 +1,4 @@
-"""What a running step knows: its Spark session, storage, plan and attempt."""
+"""What a running step knows: its Spark session (started on first use), storage, plan and attempt."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from airflow_provider_checkpoint.storage import JobStorage
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows, SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+    from airflow_provider_checkpoint.spark.session import SparkHandle
 
 
 @dataclass
@@ -23,7 +24,8 @@ class StepContext:
     retry never mixes files with an earlier attempt.
     """
 
-    spark: SparkSession
+    session: SparkHandle
+    """The step's Spark session, started the first time :attr:`spark` is used."""
     storage: JobStorage
     plan: CheckpointPlan
     step: str
@@ -31,10 +33,14 @@ class StepContext:
     metrics: JsonDict = field(default_factory=dict)
     in_driver: dict[str, DriverRows] = field(default_factory=dict)
     """By node uid: the output rows this attempt also holds in the driver (see :mod:`.driver_rows`)."""
-    source_rows: dict[str, SourceRows] = field(default_factory=dict)
-    """By source uid: its output read on the driver (:meth:`.graph.Source.read_in_driver`)."""
     output_rows: dict[str, int] = field(default_factory=dict)
     """By node uid: how many rows its output has, where the attempt knows it without a Spark job."""
+
+    @property
+    def spark(self) -> SparkSession:
+        """The step's Spark session (started now if it was not: a step that reads and merges on the driver
+        never asks)."""
+        return self.session.get()
 
     @property
     def checkpoint_id(self) -> int:

@@ -10,14 +10,14 @@ Spark in the job that collected the operator's input.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
 KEY_HASH = "__key_hash"
@@ -62,32 +62,20 @@ class DriverRows:
         return pmod(self.table[KEY_HASH].to_numpy(), divisor)
 
 
-@dataclass(frozen=True)
+@dataclass
 class SourceRows:
-    """A source's output read on the driver: ``df`` (what the step's nodes get, read by Spark only if a
-    consumer does not take ``rows``) and ``rows``, exactly ``df.toArrow()``, in ``df``'s order.
+    """A source's output read on the driver: ``rows``, exactly what the source's DataFrame gives as
+    ``toArrow()``, of Spark columns ``schema`` (what that DataFrame's ``schema`` is). The DataFrame itself
+    is made by ``build`` only if a consumer ends up not taking the rows on the driver (:meth:`frame`):
+    until then the step needs no Spark session."""
 
-    With ``build``, ``df`` only describes the columns (Spark fails evaluating it: :func:`unread_frame`)
-    and ``build()`` makes the DataFrame of ``rows`` (:meth:`frame`), for a consumer that ends up not
-    taking them on the driver."""
-
-    df: DataFrame
     rows: pa.Table
-    build: Callable[[], DataFrame] | None = None
+    schema: StructType
+    build: Callable[[], DataFrame]
+    _frame: DataFrame | None = field(default=None, init=False, repr=False)
 
     def frame(self) -> DataFrame:
-        """The DataFrame of :attr:`rows` Spark reads (``build()``, or ``df`` without it)."""
-        return self.build() if self.build is not None else self.df
-
-
-def _unread(_: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    raise RuntimeError(
-        "a DataFrame standing for rows held on the driver was evaluated; its consumer must read "
-        "SourceRows.frame() (a bug: please report it)"
-    )
-
-
-def unread_frame(spark: SparkSession, schema: StructType) -> DataFrame:
-    """A DataFrame of ``schema`` with no rows of its own, for :attr:`SourceRows.df` with ``build``: Spark
-    fails evaluating it (its rows are on the driver), so that no consumer takes it for an empty input."""
-    return spark.range(1, numPartitions=1).mapInArrow(_unread, schema)
+        """The DataFrame of :attr:`rows` (made on the first call, the same one after)."""
+        if self._frame is None:
+            self._frame = self.build()
+        return self._frame

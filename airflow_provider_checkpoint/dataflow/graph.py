@@ -329,6 +329,11 @@ class Sink(StepOutput):
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         raise NotImplementedError
 
+    def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """:meth:`stage` of the rows its source read on the driver (when :meth:`takes_source_rows`); here
+        their DataFrame staged."""
+        return self.stage(ctx, read.frame())
+
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         raise NotImplementedError
 

@@ -270,13 +270,13 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
         from airflow_provider_checkpoint.spark.execution import ExecutionMode, resolve_execution
-        from airflow_provider_checkpoint.spark.runner import run_step, step_input_bytes
-        from airflow_provider_checkpoint.spark.session import get_spark
+        from airflow_provider_checkpoint.spark.runner import may_skip_spark, run_step, step_input_bytes
+        from airflow_provider_checkpoint.spark.session import step_session
         from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
         execution = resolve_execution(self.job.spark_conn_id)
         self.log.info("step %s of checkpoint %d runs in %s", self.step, plan.checkpoint_id, execution.describe())
-        if execution.mode is ExecutionMode.SUBMIT:
+        if execution.mode is ExecutionMode.SUBMIT:  # spark-submit's driver is a JVM whatever the step needs
             assert execution.conn_id is not None and self.dag is not None
             self._submitted = SubmittedStep(
                 self.job, execution.conn_id, self.dag.fileloc, self.dag.dag_id, self.task_id
@@ -285,13 +285,17 @@ class SparkCheckpointOperator(BaseOperator):
         input_bytes = None if execution.remote else step_input_bytes(self.job.graph, self.step, plan)
         # The storage opens while the JVM starts (an object store's client library and first contact
         # cost a fresh task process about as much as its requests); pyspark is imported first so the
-        # two threads import disjoint modules.
+        # two threads import disjoint modules. A step that may read and merge on the driver starts the
+        # session only if it needs it (:class:`~airflow_provider_checkpoint.spark.session.SparkHandle`).
         import pyspark.sql  # noqa: F401
 
+        may_skip = may_skip_spark(self.job.graph, self.step)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="open-storage") as pool:
             opening = pool.submit(self.job.storage)
-            spark = get_spark(conf=self.job.spark_conf, remote=execution.remote, input_bytes=input_bytes)
+            spark = step_session(self.job.spark_conf, execution.remote, input_bytes, may_skip)
             storage = opening.result()
+        if not spark.started:
+            self.log.info("step %s starts Spark only if it needs it: its input may be read on the driver", self.step)
         settings = self.job.resolved_settings()
         return run_step(spark, storage, self.job.graph, self.step, plan, attempt, channels, settings)
 

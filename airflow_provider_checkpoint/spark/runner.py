@@ -27,6 +27,7 @@ from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
+from airflow_provider_checkpoint.spark.session import SparkHandle
 from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
@@ -34,6 +35,8 @@ from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,18 @@ def _read_in_driver(graph: PipelineGraph, step: str) -> set[str]:
     """Sources of ``step`` whose only consumer takes their rows from the driver (:meth:`Sink.takes_source_rows`)."""
     only = _only_consumers(graph, step)
     return {uid for uid, sink in only.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
+
+
+def may_skip_spark(graph: PipelineGraph, step: str) -> bool:
+    """Whether ``step`` may run without a Spark session: its every node a source whose only consumer takes
+    its rows on the driver (:func:`_read_in_driver`) or that consumer. It does when each of those sources
+    reads on the driver (:meth:`Source.read_in_driver`) and each sink merges there."""
+    nodes = graph.steps[step]
+    driver = _read_in_driver(graph, step)
+    return bool(driver) and all(
+        node.uid in driver if isinstance(node, Source) else isinstance(node, Sink) and node.inputs[0].uid in driver
+        for node in nodes
+    )
 
 
 def _count_records(ctx: StepContext, source: str, records: int) -> None:
@@ -211,16 +226,16 @@ class _StepRun(StepWalk):
         self.read_once = _read_once(graph, ctx.step)
         self.in_driver = _read_in_driver(graph, ctx.step)
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
+        self.read_on_driver: dict[str, SourceRows] = {}  # by source uid: its rows, for its only consumer
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
 
     def source(self, node: Source) -> None:
         ctx, barrier = self.ctx, self.ctx.plan.barrier.positions[node.uid]
         previous = restored_position(ctx.plan, node.uid)
         read = node.read_in_driver(ctx, previous, barrier) if node.uid in self.in_driver else None
-        if read is not None:
-            ctx.source_rows[node.uid] = read
+        if read is not None:  # its only consumer, a sink, takes the rows (or makes their DataFrame)
+            self.read_on_driver[node.uid] = read
             _count_records(ctx, node.uid, read.rows.num_rows)
-            self.outputs[node.uid] = read.df
             return
         if node.uid in self.read_once:
             df, count = node.read_once(ctx, previous, barrier)
@@ -284,7 +299,13 @@ class _StepRun(StepWalk):
         before = _counts(self.ctx.metrics)
         try:
             with node.storage_errors():
-                self.committables[node.uid] = node.stage(self.ctx, self.input_of(node))
+                read = self.read_on_driver.get(node.inputs[0].uid)
+                staged = (
+                    node.stage_source_rows(self.ctx, read)
+                    if read is not None
+                    else node.stage(self.ctx, self.input_of(node))
+                )
+                self.committables[node.uid] = staged
         except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
             self.refused.append(e)
             return
@@ -317,7 +338,7 @@ def step_input_bytes(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> i
 
 
 def run_step(
-    spark: SparkSession,
+    spark: SparkSession | SparkHandle,
     storage: JobStorage,
     graph: PipelineGraph,
     step: str,
@@ -327,11 +348,12 @@ def run_step(
     settings: CheckpointSettings | None = None,
 ) -> Ack:
     """Run ``step`` and return its ack; ``channels`` are the upstream steps' accepted channels
-    this step reads (channel uid → producer attempt directory and snapshot)."""
+    this step reads (channel uid → producer attempt directory and snapshot). ``spark``: the session, or a
+    handle starting it on first use (a step reading and merging on the driver may never start it)."""
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
-    ctx = StepContext(spark, storage, plan, step, attempt)
+    ctx = StepContext(spark if isinstance(spark, SparkHandle) else SparkHandle.of(spark), storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
     run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {})
     phases = _Phases(ctx)
@@ -340,12 +362,14 @@ def run_step(
     try:
         for node in graph.steps[step]:
             phases.next(node)
+            ctx.session.doing = f"{node.kind} {node.uid}"
             run.run(node)
         run.check_sinks()
         phases.next(None)
         fault_point("step.before_ack", checkpoint=ctx.checkpoint_id, step=step, attempt=attempt)
     finally:
-        spark.catalog.clearCache()
+        if ctx.session.started:
+            ctx.session.get().catalog.clearCache()
     ctx.metrics["seconds"] = round(time.monotonic() - started, 3)
     ctx.metrics["records_out"] = _records_out(ctx.metrics)
     return Ack(

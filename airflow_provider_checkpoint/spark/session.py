@@ -5,6 +5,10 @@ log4j output (warnings and errors only, :file:`log4j2.properties` next to this m
 goes to stdout, and so do the JVM's own start-up lines. Airflow records a task's stderr
 at ERROR level, so a healthy step shows nothing at ERROR. py4j's per-connection lines
 ("Closing down clientserver connection") are kept below WARNING out of the task log.
+
+A step task holds its session through a :class:`SparkHandle` (:func:`step_session`): a step that may read
+and merge on the driver alone starts it only when something first needs it, so such a step's task starts
+no JVM at all.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +26,8 @@ if TYPE_CHECKING:
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 CDS_ENV = "CHECKPOINT_SPARK_CDS"
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONF = {
     "spark.driver.host": "127.0.0.1",
@@ -124,7 +132,7 @@ def get_spark(
     )
     if SparkContext._active_spark_context is None:
         if full_jit(input_bytes):
-            logging.getLogger(__name__).info(
+            log.info(
                 "the step reads %d MiB: its JVM compiles hot code with C2 too (below %d MiB, C1 alone)",
                 (input_bytes or 0) >> 20,
                 FULL_JIT_INPUT_BYTES >> 20,
@@ -134,3 +142,114 @@ def get_spark(
         gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": 1})
         SparkContext(conf=spark_conf, gateway=gateway)
     return SparkSession.builder.config(conf=spark_conf).getOrCreate()
+
+
+SPARK_DEFAULTS = {
+    "spark.sql.timestampType": "TIMESTAMP_LTZ",
+    "spark.sql.execution.arrow.useLargeVarTypes": "false",
+}
+"""Spark's defaults of the settings a step reads before it needs a session (a test compares them with a
+session's)."""
+STEP_SPARK_ENV = "CHECKPOINT_STEP_SPARK"
+"""``eager``: a step task starts its session before the step runs, whether the step needs it or not."""
+
+
+def _caller() -> str:
+    """``module:function`` of the nearest frame outside this module and the step context."""
+    frame = sys._getframe(1)
+    skipped = (__file__, str(Path(__file__).parents[1] / "dataflow" / "context.py"))
+    while frame.f_back is not None and frame.f_code.co_filename in skipped:
+        frame = frame.f_back
+    module = frame.f_globals.get("__name__", "?").removeprefix("airflow_provider_checkpoint.")
+    return f"{module}:{frame.f_code.co_name}"
+
+
+class SparkHandle:
+    """A step's SparkSession, started on first use: a step whose every input is read and merged on the
+    driver (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`) runs without one, so
+    its task starts no JVM.
+
+    :meth:`get` starts the session the first time (one log line: what needed it, the start's seconds) and
+    gives the same session after; :meth:`conf` answers the settings the driver paths read from ``known``
+    (the configuration the session will start with, :func:`embedded_conf`, and :data:`SPARK_DEFAULTS`)
+    without starting it; any other setting, or all with ``known`` ``None``, from the session.
+    """
+
+    def __init__(self, start: Callable[[], SparkSession], known: Mapping[str, str] | None = None) -> None:
+        self._start = start
+        self._known = dict(known) if known is not None else None
+        self._session: SparkSession | None = None
+        self.doing = "the step"
+        """What the step is doing (the runner names the node), for the log line of the start."""
+
+    @classmethod
+    def of(cls, spark: SparkSession) -> SparkHandle:
+        """A handle of a session already started."""
+        handle = cls(lambda: spark)
+        handle._session = spark
+        return handle
+
+    def again(self) -> SparkHandle:
+        """A handle of the same session and configuration, not started (its start gives this one's session if
+        that is started: :func:`get_spark` reuses the active session)."""
+        return SparkHandle(self._start, self._known)
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def get(self) -> SparkSession:
+        """The session, started now if it was not (logged once, with the caller that needed it)."""
+        if self._session is None:
+            began = time.monotonic()
+            self._session = self._start()
+            log.info(
+                "Spark session started for %s (needed by %s) in %.1fs", self.doing, _caller(), time.monotonic() - began
+            )
+        return self._session
+
+    def known(self, key: str) -> str | None:
+        """The value ``key`` will have in the session, from its configuration alone (``None``: not known)."""
+        return None if self._known is None else self._known.get(key, SPARK_DEFAULTS.get(key))
+
+    def conf(self, key: str) -> str:
+        """The session's value of ``key``: from the known configuration while the session is not started,
+        else (or if not known) from the session, started if need be."""
+        if self._session is None:
+            value = self.known(key)
+            if value is not None:
+                return value
+        got = self.get().conf.get(key)
+        if got is None:
+            raise KeyError(f"Spark setting {key} has no value")
+        return got
+
+
+def _conf_files() -> bool:
+    """Whether a ``spark-defaults.conf`` or ``PYSPARK_SUBMIT_ARGS`` may set what :func:`embedded_conf` does not
+    show."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    directories = [os.environ.get("SPARK_CONF_DIR"), f"{_find_spark_home()}/conf"]
+    files = [Path(d) / "spark-defaults.conf" for d in directories if d]
+    return "PYSPARK_SUBMIT_ARGS" in os.environ or any(f.is_file() for f in files)
+
+
+def step_session(
+    conf: dict[str, str] | None, remote: str | None, input_bytes: int | None, may_skip: bool
+) -> SparkHandle:
+    """The session of a step task (:func:`get_spark`'s arguments): started on first use when the step
+    ``may_skip`` it (its inputs may all be read and merged on the driver) in ``local`` mode, unless
+    ``CHECKPOINT_STEP_SPARK=eager``; else started now, as is one active in the process already (its
+    settings may be other than ``conf``'s). A Spark Connect session (``remote``) is started now: its
+    settings are the server's."""
+
+    def start() -> SparkSession:
+        return get_spark(conf=conf, remote=remote, input_bytes=input_bytes)
+
+    from pyspark import SparkContext
+
+    eager = os.environ.get(STEP_SPARK_ENV, "").lower() == "eager"
+    if remote or not may_skip or eager or SparkContext._active_spark_context is not None:  # the last: no start
+        return SparkHandle.of(start())
+    return SparkHandle(start, None if _conf_files() else embedded_conf(conf, input_bytes))

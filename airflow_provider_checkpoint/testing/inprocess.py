@@ -21,6 +21,7 @@ from airflow_provider_checkpoint.dataflow.graph import collecting
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import InjectedFault
 from airflow_provider_checkpoint.spark.runner import run_step
+from airflow_provider_checkpoint.spark.session import SparkHandle
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ T0 = 1_800_000_000.0
 class Job:
     """A pipeline run checkpoint by checkpoint in-process: the coordinator, then every step, then finalize."""
 
-    spark: SparkSession
+    spark: SparkSession | SparkHandle
+    """The steps' session, or a handle of it: then each step run gets its own handle of the same session
+    (:meth:`SparkHandle.again`), started only if that step needs it (:attr:`started`)."""
     tmp: Path
     graph: PipelineGraph
     storage: JobStorage
@@ -43,6 +46,8 @@ class Job:
     step_runs: list[tuple[int, str, int]] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)
     """Per checkpoint: seconds spent in trigger, steps and finalize."""
+    started: dict[tuple[int, str], bool] = field(default_factory=dict)
+    """With a :class:`SparkHandle`: whether the step (checkpoint id, step) needed the session (its last attempt)."""
     plan: CheckpointPlan | None = None
     """The last checkpoint triggered (a test aborts it after a step that failed for good)."""
 
@@ -80,13 +85,17 @@ class Job:
             }
             for attempt in range(1, 4):
                 self.step_runs.append((plan.checkpoint_id, step, attempt))
+                session = self.spark.again() if isinstance(self.spark, SparkHandle) else self.spark
                 try:
                     acks[step] = run_step(
-                        self.spark, self.storage, self.graph, step, plan, attempt, channels, self.coordinator.settings
+                        session, self.storage, self.graph, step, plan, attempt, channels, self.coordinator.settings
                     )
                     break
                 except InjectedFault:
                     continue
+                finally:
+                    if isinstance(session, SparkHandle):
+                        self.started[(plan.checkpoint_id, step)] = session.started
         stepped = time.perf_counter()
         completed = self.coordinator.finalize(plan, list(acks.values()), now=now + 1)
         self.timings.append(
@@ -100,7 +109,7 @@ class Job:
 
 
 def make_job(
-    spark: SparkSession,
+    spark: SparkSession | SparkHandle,
     tmp: Path,
     declare: Callable[[Path], None],
     defaults: SourceDefaults | None = None,

@@ -55,6 +55,12 @@ def batches(spec: DataSpec) -> list[pd.DataFrame]:
     return [table, *changed]
 
 
+def begin(work: Path, prefix: str) -> tuple[list[float], Path]:
+    """The load average now, and a new directory under ``work`` for one run (``work/run`` made for its figures)."""
+    (work / "run").mkdir(parents=True, exist_ok=True)
+    return [os.getloadavg()[0]], Path(tempfile.mkdtemp(prefix=prefix, dir=work))
+
+
 def phase_seconds(logs: Path, dag_id: str, run_id: str) -> dict[str, float]:
     """The phases :data:`PHASES` the run's task logs name (a phase logged twice is summed)."""
     found: dict[str, float] = {}
@@ -77,14 +83,13 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.live.airflow_live import running_airflow
 
-    load = [os.getloadavg()[0]]
-    (work / "run").mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="tasks-upsert-", dir=work))
+    load, directory = begin(work, "tasks-upsert-")
     root = directory / "tables"
     (root / "landing").mkdir(parents=True)
     env = {"BENCH_UPSERT_ROOT": str(root), "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")])}
-    if "BENCH_DRIVER_READ_BYTES" in os.environ:  # the source's driver_read_bytes (0: Spark reads the landed file)
-        env["BENCH_DRIVER_READ_BYTES"] = os.environ["BENCH_DRIVER_READ_BYTES"]
+    # the source's driver_read_bytes (0: Spark reads the landed file); CHECKPOINT_STEP_SPARK=eager: the step task
+    # starts its JVM before the step, as before steps started Spark on first use
+    env.update({k: os.environ[k] for k in ("BENCH_DRIVER_READ_BYTES", "CHECKPOINT_STEP_SPARK") if k in os.environ})
     rows: list[dict[str, Any]] = []
     truth = pd.DataFrame()
     dags = Path(__file__).parent / "dags_upsert"

@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 
 from airflow_provider_checkpoint.core.model import Barrier, CheckpointPlan, CheckpointType
 from airflow_provider_checkpoint.dataflow.context import StepContext
+from airflow_provider_checkpoint.spark.session import SparkHandle
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ def step_context(spark: SparkSession, storage: JobStorage, checkpoint_id: int, a
         steps=("step",),
         timeout_seconds=600,
     )
-    return StepContext(spark, storage, plan, "step", attempt)
+    return StepContext(SparkHandle.of(spark), storage, plan, "step", attempt)
 
 
 def write_json(path: Path, rows: list[dict[str, Any]]) -> None:

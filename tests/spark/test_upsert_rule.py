@@ -12,6 +12,7 @@ import pytest
 from airflow_provider_checkpoint import FileSource, ParquetTableSink
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by, latest_per_key
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, Transform
+from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.helpers import table, write_json
@@ -56,8 +57,9 @@ def test_latest_per_key_matches_the_model(spark: SparkSession, seed: int, sequen
 
     rows = _rows(random.Random(seed), 300)
     df = spark.createDataFrame(rows, SCHEMA)  # several partitions, in list order
-    source = df.toArrow() if where == "source" else None
-    upsert = UpsertRows("sink", df, ["k1", "k2"], ["seq"] if sequence_by else [], reduce=True, source=source)
+    read = SourceRows(df.toArrow(), df.schema, lambda: df) if where == "source" else None
+    sequence = ["seq"] if sequence_by else []
+    upsert = UpsertRows("sink", None if read else df, ["k1", "k2"], sequence, reduce=True, read=read)
     if where == "spark":
         got = [tuple(r) for r in upsert.frame().collect()]
     else:

@@ -110,14 +110,13 @@ class BucketedUpsert:
     def first_load_in_driver(self, rows: UpsertRows) -> pa.Table | None:
         """The rows of a first load in the driver, with their ``_bucket``, collected in one Spark job when
         counted upstream at most :data:`FIRST_LOAD_FACTOR` times ``driver_merge_rows`` (:meth:`in_driver`
-        collects up to ``driver_merge_rows``) and estimated at most :data:`FIRST_LOAD_BYTES`; ``None``:
+        collects up to ``driver_merge_rows``) and at most :data:`FIRST_LOAD_BYTES` (Spark's estimate, or the
+        size of rows read on the driver); ``None``:
         Spark writes them."""
-        from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
-
         limit = FIRST_LOAD_FACTOR * self.driver_merge_rows
         if not limit or rows.count is None or rows.count > limit:
             return None
-        size = estimated_bytes(rows.df)
+        size = rows.estimated_bytes()
         if size is None or size > FIRST_LOAD_BYTES:
             return None
         return rows.collect(limit, (_BUCKET, self.buckets))

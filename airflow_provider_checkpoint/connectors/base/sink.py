@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +245,6 @@ class TransactionalSink(Sink):
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
             upstream = self.inputs[0].uid
-            read = ctx.source_rows.get(upstream)
-            source = read.rows if read is not None and read.df is df else None  # as the source read them
             rows = UpsertRows(
                 self.uid,
                 df,
@@ -253,12 +252,23 @@ class TransactionalSink(Sink):
                 self.sequence_by,
                 self.needs_source_order(),
                 None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
-                source.num_rows if source is not None else ctx.output_rows.get(upstream),
-                source,
-                read.build if read is not None and source is not None else None,
+                ctx.output_rows.get(upstream),
             )
             return self.write_upsert(ctx, rows)
         return self.write(ctx, df)
+
+    def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """:meth:`stage` of the rows the source read on the driver: an upsert merged there
+        (:meth:`takes_source_rows`) takes them as they are, its input's DataFrame made only if it falls back
+        to Spark."""
+        if not self.takes_source_rows():
+            return self.stage(ctx, read.frame())
+        self.check_target()
+        self.claim(ctx.plan.job_id)
+        rows = UpsertRows(
+            self.uid, None, self.keys, self.sequence_by, self.needs_source_order(), count=read.rows.num_rows, read=read
+        )
+        return self.write_upsert(ctx, rows)
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
         """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
@@ -293,7 +303,7 @@ class TransactionalSink(Sink):
         self.owned_claim(self.load_claim())
         df = self.written_input(df)
         if self.mode == "upsert":
-            check_key_columns(self.uid, df, self.keys, self.sequence_by)
+            check_key_columns(self.uid, df.columns, self.keys, self.sequence_by)
         self.check_columns(df.schema)
 
     def check_columns(self, schema: StructType) -> None:

@@ -26,7 +26,7 @@ the driver with pyarrow after one collect (:func:`latest_in_arrow`), with the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType, StructType
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows, SourceRows
 
 _ROW, _ORDER, _RANK = "__upsert_row", "__upsert_order", "__upsert_rank"
 
@@ -98,7 +98,7 @@ def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Se
     """
     from pyspark.sql import functions as F
 
-    check_key_columns(uid, df, keys, sequence_by)
+    check_key_columns(uid, df.columns, keys, sequence_by)
     ordered = df.withColumn(_ORDER, F.monotonically_increasing_id())
     row = F.struct(*[F.col(f"`{c}`") for c in df.columns])
     order = F.struct(*[F.col(f"`{c}`") for c in sequence_by], F.col(_ORDER))
@@ -106,13 +106,13 @@ def latest_per_key(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Se
     return latest.select(*[F.col(_ROW)[c].alias(c) for c in df.columns])
 
 
-def check_key_columns(uid: str, df: DataFrame, keys: Sequence[str], sequence_by: Sequence[str]) -> None:
-    """Refuse an upsert input without its keys' or ``sequence_by``'s columns."""
-    missing = [c for c in [*keys, *sequence_by] if c not in df.columns]
+def check_key_columns(uid: str, columns: list[str], keys: Sequence[str], sequence_by: Sequence[str]) -> None:
+    """Refuse an upsert input of ``columns`` without its keys' or ``sequence_by``'s columns."""
+    missing = [c for c in [*keys, *sequence_by] if c not in columns]
     if missing:
         raise SinkSchemaError(
             f"sink {uid}: the input has no column(s) {missing} (upsert keys {list(keys)}, sequence_by "
-            f"{list(sequence_by)}); its columns are {df.columns}"
+            f"{list(sequence_by)}); its columns are {columns}"
         )
 
 
@@ -134,23 +134,45 @@ class UpsertRows:
     input's rows when the driver holds them already (:mod:`~airflow_provider_checkpoint.dataflow.driver_rows`)."""
 
     uid: str
-    df: DataFrame
+    df: DataFrame | None
+    """The input, or ``None`` when it is :attr:`read` (its DataFrame made only if Spark needs it)."""
     keys: Sequence[str]
     sequence_by: Sequence[str]
     reduce: bool
     in_driver: DriverRows | None = None
     count: int | None = None
-    """How many rows ``df`` has, when known: :meth:`collect` then runs no job for more than its limit."""
-    source: pa.Table | None = None
-    """``df``'s rows, in its order, as ``df.toArrow()`` gives them, when the driver read them
-    (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`)."""
-    build: Callable[[], DataFrame] | None = None
-    """With :attr:`source`: ``df`` only describes the columns, ``build()`` makes the DataFrame of the rows
-    (:attr:`~airflow_provider_checkpoint.dataflow.driver_rows.SourceRows.build`)."""
+    """How many rows the input has, when known: :meth:`collect` then runs no job for more than its limit."""
+    read: SourceRows | None = None
+    """The input as its source read it on the driver
+    (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`), with ``df`` ``None``."""
+
+    def __post_init__(self) -> None:
+        if (self.df is None) == (self.read is None):
+            raise ValueError(f"sink {self.uid}: an upsert input is a DataFrame or rows read on the driver")
+
+    @property
+    def schema(self) -> StructType:
+        """The input's columns (no Spark session needed for rows read on the driver)."""
+        return self.read.schema if self.read is not None else self._df().schema
+
+    @property
+    def source(self) -> pa.Table | None:
+        """The input's rows, in its order, as ``toArrow()`` gives them, when its source read them on the driver."""
+        return None if self.read is None else self.read.rows
+
+    def _df(self) -> DataFrame:
+        assert self.df is not None  # __post_init__: one of the two
+        return self.df
 
     def data(self) -> DataFrame:
-        """The input as a DataFrame Spark reads: ``df``, or ``build()`` when ``df`` only describes it."""
-        return self.build() if self.build is not None else self.df
+        """The input as a DataFrame Spark reads (made now from rows read on the driver)."""
+        return self.read.frame() if self.read is not None else self._df()
+
+    def estimated_bytes(self) -> int | None:
+        """The input's size: of the rows read on the driver, else Spark's estimate (``None``: unknown)."""
+        from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
+
+        return self.read.rows.nbytes if self.read is not None else estimated_bytes(self._df())
 
     def frame(self) -> DataFrame:
         """The rows as a DataFrame, reduced by Spark (one aggregation by key)."""
@@ -168,8 +190,9 @@ class UpsertRows:
 
         if not limit or (self.count is not None and self.count > limit):
             return None
-        check_key_columns(self.uid, self.df, self.keys, self.sequence_by)
-        types = {f.name: f.dataType for f in self.df.schema.fields}
+        schema = self.schema
+        check_key_columns(self.uid, schema.fieldNames(), self.keys, self.sequence_by)
+        types = {f.name: f.dataType for f in schema.fields}
         if self.reduce and not (
             all(_comparable_in_arrow(types[k], floating=False) for k in self.keys)
             and all(_comparable_in_arrow(types[c], floating=True) for c in self.sequence_by)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 FORMAT = "delta_table"
 _DV_PROPERTY = "delta.enableDeletionVectors"
@@ -158,6 +159,11 @@ class DeltaTableSink(DeltaCommitter):
         return super().stage(ctx, df)
 
     @in_call
+    def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """:meth:`stage` of rows read on the driver: the table opened once (:mod:`.opened`)."""
+        return super().stage_source_rows(ctx, read)
+
+    @in_call
     def check_input(self, df: DataFrame) -> None:
         """:meth:`stage`'s checks without writing: the table opened once (:mod:`.opened`), only its log read."""
         super().check_input(df)
@@ -183,7 +189,7 @@ class DeltaTableSink(DeltaCommitter):
         return _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        fs, root, staging, added = self._prepare(ctx, df)
+        fs, root, staging, added = self._prepare(ctx, df.schema)
         written = write_parquet(df, fs, staging, self.partition_by, held=self.held_input(ctx))
         files = [(f.path, f.rows) for f in written]
         adds = [a for a in self._adds(fs, root, staging, files, {f.path: f.size for f in written}) if a.num_records]
@@ -191,9 +197,12 @@ class DeltaTableSink(DeltaCommitter):
         return self._committables(ctx, DeltaCommit(adds, [], [], added))
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
+        from pyspark.sql.types import StructType
+
         assert self.upsert is not None  # upsert mode
-        check_delete_column(self.uid, self.delete_when, rows.df.schema)
-        fs, root, staging, added = self._prepare(ctx, rows.df.drop(self.delete_when) if self.delete_when else rows.df)
+        check_delete_column(self.uid, self.delete_when, rows.schema)
+        written = StructType([f for f in rows.schema.fields if f.name != self.delete_when])
+        fs, root, staging, added = self._prepare(ctx, written)
         if live := self._upsert_files():
             staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
@@ -212,14 +221,14 @@ class DeltaTableSink(DeltaCommitter):
         return self._committables(ctx, DeltaCommit(self._adds(fs, root, staging, files), [], [], added))
 
     def _prepare(
-        self, ctx: StepContext, df: DataFrame
+        self, ctx: StepContext, columns: StructType
     ) -> tuple[fsspec.AbstractFileSystem, str, str, list[dict[str, Any]]]:
-        """Create the table if it has none, refuse input not matching it, clear the attempt's staging
-        directory: ``(filesystem, table root, staging directory, columns the commit adds)``."""
+        """Create the table if it has none, refuse input of ``columns`` not matching it, clear the attempt's
+        staging directory: ``(filesystem, table root, staging directory, columns the commit adds)``."""
         from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        schema = to_arrow_schema(df.schema, timezone="UTC")
+        schema = to_arrow_schema(columns, timezone="UTC")
         layout = self._existing_layout()
         if layout is None:
             table = self._table().created(

@@ -234,11 +234,11 @@ class ParquetTableSink(TableDirectorySink):
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
-        check_delete_column(self.uid, self.delete_when, rows.df.schema)
-        table = self._checked_table(rows.df.schema) if self.schema_evolution == "additive" else None
+        check_delete_column(self.uid, self.delete_when, rows.schema)
+        table = self._checked_table(rows.schema) if self.schema_evolution == "additive" else None
         fs, root = self._fs()
         staging = self.attempt_staging(ctx)
-        filled = self._filled_buckets(ctx, table, rows.df.schema, fs) if table is not None else []
+        filled = self._filled_buckets(ctx, table, rows.schema, fs) if table is not None else []
         copies = {f.bucket: (f.path, f.size) for f in filled}
 
         def existing(buckets: list[int]) -> dict[int, tuple[str, int]]:  # the filled copy of a bucket, if any

@@ -357,7 +357,8 @@ class FileSource(Source):
         driver where pyarrow gives exactly Spark's rows (:mod:`~airflow_provider_checkpoint.fileio.driver_read`),
         files by name, each file's rows in order; ``None``: Spark reads them."""
         from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-        from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
+        from airflow_provider_checkpoint.fileio.driver_read import declared_flat, expected_schema, read_exactly
+        from airflow_provider_checkpoint.fileio.scans import as_nullable
 
         if self.format != "parquet" or self.options or self.input_bytes(previous, barrier) > self.driver_read_bytes:
             return None
@@ -366,14 +367,16 @@ class FileSource(Source):
             return None
         fs, root = self.filesystem()
         names = sorted(todo)
-        large = ctx.spark.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
-        expected = expected_schema(self._declared(), large)
-        rows = read_exactly(fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], expected)
+        large = ctx.session.conf("spark.sql.execution.arrow.useLargeVarTypes") == "true"
+        declared = declared_flat(self.schema, ctx.session.conf("spark.sql.timestampType")) or self._declared()
+        rows = read_exactly(
+            fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], expected_schema(declared, large)
+        )
         if rows is None:
             return None
         checked = self._todo(ctx, previous, barrier)  # unchanged since the barrier, as Spark would read them
         log.info("source %s: %d files, %d rows read on the driver", self.uid, len(names), rows.num_rows)
-        return SourceRows(self.load(ctx, checked), rows)
+        return SourceRows(rows, as_nullable(declared), lambda: self.load(ctx, checked))
 
     def _declared(self) -> StructType:
         from pyspark.sql.types import StructType

@@ -366,7 +366,7 @@ class PostgresCdcSource(Source):
         if previous is None or {"snapshot", "chunk"} & set(barrier) or wal > self.driver_read_bytes:
             return None
         data = self._rows(ctx, previous, barrier)
-        return cdc_driver.source_rows(ctx.spark, data, lambda: self._frame(ctx, data))
+        return cdc_driver.source_rows(ctx.session.conf, data, lambda: self._frame(ctx, data))
 
     def _rows(self, ctx: StepContext, previous: Any, barrier: Any) -> pa.Table:
         slot, publication, end = self._position(barrier, "barrier")

@@ -3,8 +3,8 @@
 :class:`~.cdc.PostgresCdcSource` decodes a checkpoint's changes into Arrow on the driver in any case.
 When its only consumer is an upsert sink merged on the driver
 (:meth:`~airflow_provider_checkpoint.connectors.base.sink.Sink.takes_source_rows`), :func:`source_rows`
-hands it those rows as ``DataFrame.toArrow`` would give them (the sink reduces them to one row per key by
-its rule and buckets them by Spark's key hash computed on the driver:
+hands it those rows as ``DataFrame.toArrow`` would give them, without a Spark session (the sink reduces
+them to one row per key by its rule and buckets them by Spark's key hash computed on the driver:
 :meth:`~airflow_provider_checkpoint.connectors.base.upsert_rule.UpsertRows.collect`); the DataFrame of
 the same rows is made (``createDataFrame``) only if the sink falls back to Spark (more rows than it merges
 on the driver, keys the driver does not hash as Spark does): no Spark job otherwise.
@@ -19,7 +19,7 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
@@ -41,17 +41,18 @@ def checked_bytes(uid: str, driver_read_bytes: object) -> int:
     return driver_read_bytes
 
 
-def source_rows(spark: SparkSession, data: pa.Table, build: Callable[[], DataFrame]) -> SourceRows:
+def source_rows(conf: Callable[[str], str], data: pa.Table, build: Callable[[], DataFrame]) -> SourceRows:
     """``data`` as :class:`SourceRows`: ``rows`` exactly as ``arrow_frame(spark, data).toArrow()`` gives
-    them (the Spark types ``createDataFrame`` infers, timestamps localized as it does), ``df`` describing
-    their columns only (:func:`.unread_frame`), and ``build`` making the DataFrame of them (the source's
-    :meth:`read`), called only by a consumer that does not take the rows on the driver."""
+    them (the Spark types ``createDataFrame`` infers, timestamps localized as it does, under the session's
+    settings ``conf`` gives: :meth:`~airflow_provider_checkpoint.spark.session.SparkHandle.conf`), their
+    columns, and ``build`` making the DataFrame of them (the source's :meth:`read`), called only by a
+    consumer that does not take the rows on the driver."""
     from pyspark.sql.pandas.types import _check_arrow_table_timestamps_localize, from_arrow_schema, to_arrow_schema
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows, unread_frame
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
-    timestamp_type, timezone, large = (spark.conf.get(c) for c in _CONFS)
+    timestamp_type, timezone, large = (conf(c) for c in _CONFS)
     schema = from_arrow_schema(data.schema, prefer_timestamp_ntz=timestamp_type == "TIMESTAMP_NTZ")
     arrow = to_arrow_schema(schema, timezone="UTC", prefers_large_types=large == "true")
     rows = _check_arrow_table_timestamps_localize(data, schema, True, timezone).cast(arrow)
-    return SourceRows(unread_frame(spark, schema), rows, build)
+    return SourceRows(rows, schema, build)
