@@ -32,6 +32,9 @@ _CONFS = (
     "spark.sql.session.timeZone",
     "spark.sql.execution.arrow.useLargeVarTypes",
 )
+_STAND_INS: dict[tuple[SparkSession, str], DataFrame] = {}
+"""The stand-in frame (:func:`.unread_frame`) of each session and schema: made once (two calls into Spark),
+shared by the checkpoints that read those columns (it is never evaluated)."""
 
 
 def checked_bytes(uid: str, driver_read_bytes: object) -> int:
@@ -54,4 +57,9 @@ def source_rows(spark: SparkSession, data: pa.Table, build: Callable[[], DataFra
     schema = from_arrow_schema(data.schema, prefer_timestamp_ntz=timestamp_type == "TIMESTAMP_NTZ")
     arrow = to_arrow_schema(schema, timezone="UTC", prefers_large_types=large == "true")
     rows = _check_arrow_table_timestamps_localize(data, schema, True, timezone).cast(arrow)
-    return SourceRows(unread_frame(spark, schema), rows, build)
+    key = (spark, schema.json())
+    if key not in _STAND_INS:
+        if len(_STAND_INS) >= 16:  # sessions stopped, schemas changed: not kept for ever
+            _STAND_INS.clear()
+        _STAND_INS[key] = unread_frame(spark, schema)
+    return SourceRows(_STAND_INS[key], rows, build)
