@@ -1,5 +1,5 @@
 """pgoutput messages straight into the Arrow rows of :class:`~.cdc.PostgresCdcSource`, no object per change
-(the rows :func:`tests.unit.cdc_model.change_rows` gives from decoded transactions).
+(the rows the changes of decoded :class:`.pgoutput.Transaction`\\ s give, one at a time).
 
 What it keeps of the message stream: the transactions whose commit LSN lies in ``[start, end)`` (known at
 their Begin; the others' changes are skipped undecoded), each whole or not at all (a transaction without its
