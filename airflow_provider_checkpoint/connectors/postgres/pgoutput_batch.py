@@ -146,3 +146,19 @@ def tuple_columns(messages: Messages, index: np.ndarray, width: int) -> list[pa.
         out.append(array)
         at = np.where(text, start + length, at + 1)
     return out if np.all(at == ends) else None
+
+
+def decoded_codes(codes: np.ndarray, names: list[str]) -> pa.Array:
+    """``names[code]`` of each code, as a string array."""
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(
+        pa.array(codes.astype(np.int32)), pa.array(names, pa.string())
+    ).dictionary_decode()
+
+
+def positions(starts: list[int], stops: list[int]) -> np.ndarray:
+    """Every position of the ranges ``[starts[i], stops[i])``, in order."""
+    first, lengths = np.array(starts, np.int64), np.array(stops, np.int64) - np.array(starts, np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(first - offsets, lengths) + np.arange(int(lengths.sum()))

@@ -37,7 +37,12 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
     Transaction,
     tuple_values,
 )
-from airflow_provider_checkpoint.connectors.postgres.pgoutput_batch import Messages, tuple_columns
+from airflow_provider_checkpoint.connectors.postgres.pgoutput_batch import (
+    Messages,
+    decoded_codes,
+    positions,
+    tuple_columns,
+)
 from airflow_provider_checkpoint.exceptions import CdcSourceError
 
 if TYPE_CHECKING:
@@ -336,7 +341,7 @@ class _Rows:
 
         shape = part.shape
         if isinstance(part, _Runs):
-            index = _positions(part.starts, part.stops)
+            index = positions(part.starts, part.stops)
             arrays = tuple_columns(msgs, index, len(shape.targets))
             if arrays is not None:
                 kept: list[pa.Array | None] = [
@@ -376,23 +381,8 @@ class _Rows:
             [np.full(len(p.ops), p.shape.table, np.int32) for p in parsed] or [np.zeros(0, np.int32)]
         )
         return arrow_columns(
-            self.columns, texts, _strings(tables, self.tables_named), _strings(ops, list(OPS)), group.txns
+            self.columns, texts, decoded_codes(tables, self.tables_named), decoded_codes(ops, list(OPS)), group.txns
         )
-
-
-def _strings(codes: np.ndarray, names: list[str]) -> pa.Array:
-    import pyarrow as pa
-
-    return pa.DictionaryArray.from_arrays(
-        pa.array(codes.astype(np.int32)), pa.array(names, pa.string())
-    ).dictionary_decode()
-
-
-def _positions(starts: list[int], stops: list[int]) -> np.ndarray:
-    """Every position of the ranges ``[starts[i], stops[i])``, in order."""
-    first, lengths = np.array(starts, np.int64), np.array(stops, np.int64) - np.array(starts, np.int64)
-    offsets = np.cumsum(lengths) - lengths
-    return np.repeat(first - offsets, lengths) + np.arange(int(lengths.sum()))
 
 
 def _tuple(data: bytes, at: int, width: int) -> tuple[list[Any], int]:
