@@ -65,11 +65,9 @@ def _changes(db: Any, table: str, rows: int, changes: int) -> int:
 
 def _floor(db: Any, slot: str, publication: str) -> tuple[float, int, int]:
     """Seconds, messages and bytes of one plain read of the slot (peeked, pgoutput, nothing decoded)."""
-    from airflow_provider_checkpoint.connectors.postgres.cdc_slot import PEEK_BATCH
-
     started, count, size = time.perf_counter(), 0, 0
     with db.transaction(), db.cursor(name="floor") as cursor:
-        cursor.itersize = PEEK_BATCH
+        cursor.itersize = 5000
         cursor.execute(
             "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
             "'publication_names', %s)",

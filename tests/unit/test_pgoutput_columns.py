@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import arrow
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import TableColumn
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import UNCHANGED, Decoder, tuple_batch
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import UNCHANGED, Decoder
 from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.exceptions import CdcSourceError
 from tests.unit.cdc_model import change_rows
@@ -167,18 +167,3 @@ def test_a_change_of_a_table_not_in_the_catalog_is_refused():
     messages = [relation(16384, ["id"], b"d"), begin(0x100, 1), b"I" + o + b"N" + tuple_data(1), commit(0x100, 0x110)]
     with pytest.raises(CdcSourceError, match="not among the source's tables"):
         decode_rows("src", "slot", messages, COLUMNS, {}, (0, 0x1000))
-
-
-def test_changes_of_one_tuple_parse_as_a_batch_and_a_batch_that_does_not_parse_is_none():
-    o = struct.pack(">I", 16384)
-    batch = [b"I" + o + b"N" + tuple_data(1, "é", None), b"D" + o + b"K" + tuple_data(22, None, "")]
-    assert tuple_batch(batch, 3) == [["1", "22"], ["é", None], [None, ""]]
-    assert tuple_batch(batch, 2) is None  # not the relation's width
-    assert tuple_batch([*batch, b"U" + o + b"N" + tuple_data(3, UNCHANGED, "x")], 3) is None
-    assert tuple_batch([batch[0] + b"\0"], 3) is None  # bytes after its tuple
-    assert tuple_batch([batch[0][:-1]], 3) is None  # ends before its last value
-    cut = b"I" + o + b"N" + tuple_data(1, None, "abc")
-    assert tuple_batch([cut[:-1], cut], 3) is None  # ends inside a value
-    assert tuple_batch([cut, cut[:-1]], 3) is None  # the last ends inside a value
-    long = b"I" + o + b"N" + struct.pack(">h", 3) + b"nnt" + struct.pack(">i", 1000) + b"ab"
-    assert tuple_batch([cut, long], 3) is None  # a length past the end of every message

@@ -161,6 +161,8 @@ class KeySet:
         nulls = _any_null(self.table)
         self.with_nulls = {tuple(r.values()) for r in self.table.filter(nulls).to_pylist()}
         self.without_nulls = self.table.filter(pc.invert(nulls))
+        self.ints = sorted_ints(self.table, self.keys)
+        """A single integer key without nulls: its values sorted (looked up by binary search)."""
 
     def kept(self, table: pa.Table) -> pa.Table:
         """The rows of ``table`` whose key did not change."""
@@ -181,6 +183,11 @@ class KeySet:
             return np.zeros(table.num_rows, dtype=bool)
         if len(self.keys) == 1:  # is_in without skipping nulls is null-safe already
             (key,) = self.keys
+            column = table[key]
+            if self.ints is not None and column.null_count == 0 and column.type == self.table[key].type:
+                values = column.to_numpy()
+                at = np.minimum(np.searchsorted(self.ints, values), len(self.ints) - 1)
+                return np.asarray(self.ints[at] == values, dtype=bool)
             mask = pc.is_in(table[key], value_set=self.table[key], skip_nulls=False)
             return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
         keys = table.select(self.keys).append_column("__row", pa.array(np.arange(table.num_rows)))
@@ -192,6 +199,16 @@ class KeySet:
             partial = keys.filter(nulls).to_pylist()
             out[[r["__row"] for r in partial if tuple(r[k] for k in self.keys) in self.with_nulls]] = True
         return out
+
+
+def sorted_ints(table: pa.Table, keys: Sequence[str]) -> np.ndarray | None:
+    """The values of ``table``'s one integer key column, sorted, when it has no null; ``None`` otherwise."""
+    import numpy as np
+    import pyarrow as pa
+
+    if len(keys) != 1 or not pa.types.is_integer(table.schema.field(keys[0]).type) or table[keys[0]].null_count:
+        return None
+    return np.sort(table[keys[0]].to_numpy())
 
 
 def _any_null(table: pa.Table) -> pa.ChunkedArray:

@@ -180,6 +180,12 @@ def _repeated(table: pa.Table, keys: Sequence[str]) -> list[tuple[Any, ...]]:
 
     if table.num_rows < 2:
         return []
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import sorted_ints
+
+    ints = sorted_ints(table, keys)
+    if ints is not None:
+        twice = np.unique(ints[1:][ints[1:] == ints[:-1]])[:_SHOWN]
+        return [(int(v),) for v in twice]
     counts = table.select(list(keys)).group_by(list(keys), use_threads=False).aggregate([([], "count_all")])
     repeated = counts.filter(pc.greater(counts["count_all"], 1)).select(list(keys))
     return [tuple(r.values()) for r in repeated.slice(0, _SHOWN).to_pylist()]

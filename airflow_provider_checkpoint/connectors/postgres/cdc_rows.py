@@ -110,13 +110,13 @@ def _fields(columns: list[TableColumn]) -> list[pa.Field]:
 
 def arrow_columns(
     columns: list[TableColumn],
-    texts: list[list[Any]],
-    tables: list[str],
-    ops: list[str],
+    texts: list[pa.Array],
+    tables: pa.Array,
+    ops: pa.Array,
     txns: list[tuple[int, int, int, int]],
 ) -> pa.Table:
-    """The rows as :func:`arrow` gives them, from each column's texts, each row's table and op, and per
-    transaction (in row order) its commit LSN, commit time, id and number of rows."""
+    """The rows as :func:`arrow` gives them, from each column's texts (strings), each row's table and op, and
+    per transaction (in row order) its commit LSN, commit time, id and number of rows."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -124,8 +124,7 @@ def arrow_columns(
     fields = _fields(columns)
     counts = np.array([t[3] for t in txns], dtype=np.int64)
     arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
-    op = pa.array(ops, pa.string())
-    arrays += [pa.array(tables, pa.string()), op, pc.equal(op, "delete")]
+    arrays += [tables, ops, pc.equal(ops, "delete")]
     for i, field in ((0, fields[-3]), (1, fields[-2]), (2, fields[-1])):
         values = np.repeat(np.array([t[i] for t in txns], dtype=np.int64), counts)
         arrays.append(pa.array(values).cast(field.type))

@@ -5,18 +5,20 @@ checked before every use, peeked (never consumed) and advanced once no restorabl
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import quote
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput_batch import Messages
 from airflow_provider_checkpoint.exceptions import CdcSourceError
 
 log = logging.getLogger(__name__)
 
-PEEK_BATCH = 5000
-"""Messages fetched from the server per round trip while peeking."""
+PEEK_ONE_ROW = 64 << 20
+"""A peek of at most this much WAL comes as one row (its messages: one ``bytea`` value, at most 1 GiB)."""
+PEEK_BYTES = 64 << 20
+"""About how many bytes of messages one row of a longer peek holds."""
 
 
 @dataclass(frozen=True)
@@ -101,19 +103,31 @@ def advance(conn: Any, slot: str, lsn: int) -> bool:
     return True
 
 
-def peek(conn: Any, slot: str, publication: str, upto: int) -> Iterator[bytes]:
+def peek(conn: Any, slot: str, publication: str, upto: int) -> Messages:
     """Every pgoutput message the slot holds for transactions committed before ``upto`` (and possibly one
-    at or after it: callers filter by commit LSN), in commit order; the slot does not move. ``conn`` must
-    not be in autocommit mode (the rows stream through a server-side cursor)."""
-    query = (
-        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
-        "'proto_version', '1', 'publication_names', %s)"
+    at or after it: callers filter by commit LSN), in commit order; the slot does not move. The server joins
+    the messages (``string_agg``, in their order) and their lengths: one row when the slot holds at most
+    :data:`PEEK_ONE_ROW` of WAL before ``upto``, else a row per :data:`PEEK_BYTES` of messages or so; not a
+    row per message."""
+    import numpy as np
+
+    found = state(conn, slot)
+    changes = (
+        "pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s) "
+        "WITH ORDINALITY AS m(lsn, xid, data, n)"
     )
-    with conn.cursor(name=f"cdc_peek_{slot}") as cursor:
-        cursor.execute(query, (slot, int_to_lsn(upto), quote(publication)), binary=True)  # bytea as it is, not hex
-        while rows := cursor.fetchmany(PEEK_BATCH):
-            for (data,) in rows:
-                yield data
+    joined = "string_agg(int4send(length(data)), ''::bytea ORDER BY n), string_agg(data, ''::bytea ORDER BY n)"
+    if found is not None and upto - found.confirmed_flush <= PEEK_ONE_ROW:
+        query = f"SELECT {joined} FROM {changes}"
+    else:  # a bytea holds at most 1 GiB
+        query = (
+            f"SELECT {joined} FROM (SELECT n, data, sum(length(data)) OVER (ORDER BY n) / {PEEK_BYTES} AS part "
+            f"FROM {changes}) AS m GROUP BY part ORDER BY part"
+        )
+    params = (slot, int_to_lsn(upto), quote(publication))
+    rows = conn.execute(query, params, binary=True).fetchall()  # bytea as it is, not hex
+    sizes = np.frombuffer(b"".join(r[0] or b"" for r in rows), ">i4").astype(np.int64)
+    return Messages.framed(b"".join(r[1] or b"" for r in rows), sizes)
 
 
 def flush_lsn(conn: Any) -> int:

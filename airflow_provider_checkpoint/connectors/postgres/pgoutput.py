@@ -147,51 +147,6 @@ def tuple_values(data: bytes, at: int) -> tuple[list[Value], int]:
     return values, at
 
 
-def tuple_batch(messages: list[bytes], width: int) -> list[list[str | None]] | None:
-    """The values of change messages of one tuple each (kind, relation oid, marker, TupleData), all of
-    ``width`` values, as a list of texts per column, parsed together with numpy; ``None`` if any is not
-    made of text and null values only, or does not end where its tuple does (decode it alone: its error or
-    its unchanged values)."""
-    import numpy as np
-    import pyarrow as pa
-
-    sizes = np.fromiter((len(m) for m in messages), np.int64, len(messages))
-    ends = np.cumsum(sizes)
-    buf = np.frombuffer(b"".join(messages) + b"\0" * 5, np.uint8)
-    at = ends - sizes + 6
-    if np.any(sizes < 8) or np.any((buf[at].astype(np.int64) << 8 | buf[at + 1]) != width):
-        return None
-    at += 2
-    out: list[list[str | None]] = []
-    for _ in range(width):
-        if np.any(at >= ends):
-            return None
-        kind = buf[at]
-        text, null = kind == 0x74, kind == 0x6E
-        if not np.all(text | null):
-            return None
-        length = np.zeros(len(at), np.int64)
-        for i in range(1, 5):
-            length = length << 8 | buf[np.minimum(at + i, len(buf) - 1)]
-        length = np.where(text, length, 0)
-        start = at + 5
-        if np.any(length >= 1 << 31) or np.any(np.where(text, start + length, at + 1) > ends):
-            return None  # a negative length, a value past its message's end
-        offsets = np.zeros(len(at) + 1, np.int64)
-        np.cumsum(length, out=offsets[1:])
-        take = np.repeat(start - offsets[:-1], length) + np.arange(offsets[-1])
-        valid = pa.py_buffer(np.packbits(text, bitorder="little"))
-        data = pa.py_buffer(buf[take].tobytes())
-        array = pa.Array.from_buffers(pa.large_string(), len(at), [valid, pa.py_buffer(offsets), data])
-        try:
-            array.validate(full=True)  # UTF-8
-        except pa.ArrowInvalid:
-            return None
-        out.append(array.to_pylist())
-        at = np.where(text, start + length, at + 1)
-    return out if np.all(at == ends) else None
-
-
 class Decoder:
     """Turns pgoutput messages, in order, into committed :class:`Transaction`\\ s; keeps the relations seen."""
 
