@@ -132,6 +132,34 @@ def read_records(
     return _scan(spark, fs, paths, schema, parse, file_column, driver)
 
 
+def read_files(
+    spark: SparkSession,
+    fs: fsspec.AbstractFileSystem,
+    sizes: Mapping[str, int],
+    format: str,
+    declared: StructType,
+    options: dict[str, str],
+    corrupt: str,
+    file_column: FileColumn | None = None,
+    ordered: bool = False,
+) -> DataFrame:
+    """The files ``sizes`` (path → size in bytes, known beforehand) of ``format`` with the ``declared``
+    columns: Parquet by :func:`read_parquet`, JSON Lines or CSV parsed permissively by :func:`read_records`.
+    ``ordered``: the partitions hold the rows in source order, files by path, each file's rows in file order
+    (:func:`in_file_order`)."""
+
+    def scan(files: list[str], column: FileColumn | None) -> DataFrame:
+        counted = [sizes[f] for f in files]
+        if format == "parquet":
+            return read_parquet(spark, fs, files, declared, column, options=options, sizes=counted)
+        return read_records(spark, fs, files, format, declared, options, corrupt, column, sizes=counted)
+
+    paths = sorted(sizes)
+    if ordered and len(paths) > 1 and engine_for(spark, fs) == "hadoop":
+        return in_file_order(scan, fs, paths)
+    return scan(paths, file_column)
+
+
 def on_driver(sizes: Sequence[int] | None) -> bool:
     """Whether a Python read of files of these ``sizes`` runs on the driver (:data:`DRIVER_READ_BYTES`)."""
     return sizes is not None and sum(sizes) <= DRIVER_READ_BYTES
