@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet, table_writer
 from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
+from airflow_provider_checkpoint.connectors.base.table_files import Listing, list_names
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.storage.object_store import is_s3
 
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     import fsspec
     import pyarrow as pa
     from pyspark.sql.types import StructType
+
+    from airflow_provider_checkpoint.storage.job_storage import Location
 
 
 _NO_RETYPE = (
@@ -51,6 +54,20 @@ def footer_schema(fs: fsspec.AbstractFileSystem, path: str, size: int) -> pa.Sch
         with fs.open(path, "rb") as f:
             return pq.read_schema(f)
     return pq.read_schema(pa.BufferReader(tail))
+
+
+def table_schema(table: Location, listed: Listing | None = None) -> pa.Schema | None:
+    """The schema in the footer of the newest (last by name) committed Parquet file of the ``table`` (of
+    ``listed``, its files with their sizes, else of one listing); ``None`` for a table without files."""
+    if listed is None:
+        if not table.exists(""):
+            return None
+        listed = list_names(table.fs, table.base, "part-")
+    committed = sorted(p for p in listed if p.endswith(".parquet"))
+    if not committed:
+        return None
+    newest = table.path(table.relative(committed[-1]))
+    return footer_schema(table.fs, newest, listed[committed[-1]])
 
 
 def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> None:

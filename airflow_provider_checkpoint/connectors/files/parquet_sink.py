@@ -213,27 +213,13 @@ class ParquetTableSink(TableDirectorySink):
         """The schema of the table's newest committed file (its footer: one LIST, unless ``listed`` has the
         table's files, and one ranged read), ``None`` for a table without files, once the input's columns
         ``schema`` are checked against it (:func:`.parquet_schema.check_columns`)."""
-        footer = self._table_schema(listed)
+        footer = parquet_schema.table_schema(self.table(), listed)
         if footer is not None:
             additive = self.schema_evolution == "additive"
             parquet_schema.check_columns(
                 f"Parquet table {self.asset_uri()}", footer, schema, self.delete_when, additive
             )
         return footer
-
-    def _table_schema(self, listed: Listing | None = None) -> pa.Schema | None:
-        """The schema in the footer of the table's newest committed file (of ``listed``, else of one listing);
-        ``None`` for a table without files."""
-        table = self.table()
-        if listed is None:
-            if not table.exists(""):
-                return None
-            listed = list_names(table.fs, table.base, "part-")
-        committed = sorted(p for p in listed if p.endswith(".parquet"))
-        if not committed:
-            return None
-        newest = table.path(table.relative(committed[-1]))
-        return parquet_schema.footer_schema(table.fs, newest, listed[committed[-1]])
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         if self.schema_evolution == "additive":  # else the pipeline check compares the columns (one read fewer)
