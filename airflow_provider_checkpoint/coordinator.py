@@ -1,8 +1,8 @@
 """The checkpoint coordinator: triggers checkpoints and completes or aborts them.
 
-It decides; the pending checkpoint counts acks, storage writes, sinks commit. It imports
-neither Airflow nor Spark, so the Airflow operators, the tests and the demo drive the
-same protocol.
+It decides; the pending checkpoint counts acks, storage writes, sinks commit, and what follows the
+commit point is :mod:`.completion`'s. It imports neither Airflow nor Spark, so the Airflow operators,
+the tests and the demo drive the same protocol.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from airflow_provider_checkpoint.completion import CheckpointCompletion
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core import reasons, stats
 from airflow_provider_checkpoint.core.events import CheckpointEvents
@@ -44,7 +45,7 @@ from airflow_provider_checkpoint.exceptions import (
 from airflow_provider_checkpoint.restore.point import Restorer, RestoreSource
 from airflow_provider_checkpoint.restore.snapshot import verify_state
 from airflow_provider_checkpoint.state.ownership import keeps_restored_files
-from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
+from airflow_provider_checkpoint.state.savepoints import savepoint_target
 from airflow_provider_checkpoint.storage import JobStorage, Location
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
 from airflow_provider_checkpoint.storage.job_records import JobRecordStore
@@ -83,6 +84,20 @@ class CheckpointCoordinator:
         self.events = events
         for source in graph.sources:
             source.bind_storage(storage)
+
+    @property
+    def completion(self) -> CheckpointCompletion:
+        """What follows the commit point, with this coordinator's current settings, stores and events."""
+        return CheckpointCompletion(
+            self.storage,
+            self.graph,
+            self.settings,
+            self.allowed_roots,
+            self.store,
+            self.records,
+            self.sink_committer,
+            self._record,
+        )
 
     # -- trigger -----------------------------------------------------------------------
     def trigger(
@@ -181,8 +196,8 @@ class CheckpointCoordinator:
         # a pending restore sets the sinks to its own checkpoint: one of its earlier triggers may
         # have rolled them back past ``latest`` already, so ``latest`` is not committed to them again
         restore_requested = request is not None
-        if not self._finished(latest.checkpoint_id):
-            self._finish(latest, run_id, "trigger", commit_sinks=not restore_requested)
+        if not self.completion.finished(latest.checkpoint_id):
+            self.completion.finish(latest, run_id, "trigger", commit_sinks=not restore_requested)
             job = self._running_job()  # e.g. a stop-with-savepoint finished just now
         pause = self.settings.min_pause_between_checkpoints_seconds
         if periodic and now - latest.completion_time < pause:
@@ -275,7 +290,7 @@ class CheckpointCoordinator:
                 savepoint_target(plan.options, self.allowed_roots, self.storage)
                 completed, fresh = self._complete(plan, acks, now, declines or {})
             fault_point("finalize.after_metadata", checkpoint=checkpoint_id)
-            self._finish(completed, plan.run_id, "finalize", fresh=fresh)
+            self.completion.finish(completed, plan.run_id, "finalize", fresh=fresh)
         finally:
             self.records.release_lease(plan.run_id)
         log.info("completed checkpoint %d of job %s", checkpoint_id, plan.job_id)
@@ -361,55 +376,8 @@ class CheckpointCoordinator:
         self.records.save(job)
         self._record(checkpoint_id, stats.aborted(checkpoint_id, reason, message, counted, now, base))
 
-    # -- after the commit point ------------------------------------------------------
-    def _finish(
-        self, completed: CompletedCheckpoint, run_id: str, by: str, commit_sinks: bool = True, fresh: bool = False
-    ) -> None:
-        """Everything after ``_metadata``; idempotent, so recovery simply runs it again.
-
-        The stats record is written last, once: by run ``run_id``'s finalize, or (``by="trigger"``) by
-        the next run's trigger when finalize died before it; it names that task as the committer.
-        ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
-        if commit_sinks:
-            self.sink_committer.commit(completed)
-        self.store.discard_channels(completed.checkpoint_id)
-        fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
-        for source in self.graph.sources:
-            if source.uid in completed.source_positions:
-                source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
-        savepoint = savepoint_target(completed.options, self.allowed_roots, self.storage, completed)
-        target = savepoint.url() if savepoint else None
-        if savepoint:
-            write_savepoint(self.storage, completed, savepoint)
-        job = self.records.load()
-        job.failures.on_complete(completed.checkpoint_id)
-        if target:
-            entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
-            described = self.sink_committer.describe(completed.checkpoint_id)
-            job.record_savepoint(
-                {**entry, "sinks": described} if described else entry,
-                bool(completed.options.get("stop_after_savepoint")),
-            )
-        self.records.save(job)
-        if "restore_request_id" in completed.options:
-            self.records.clear_restore_request(completed.options["restore_request_id"])
-        self.store.retain(self.settings.retained_checkpoints or 3)
-        retained = self.store.checkpoints()
-        for source in self.graph.sources:
-            source.on_positions_retained(
-                [c.source_positions[source.uid] for c in retained if source.uid in c.source_positions]
-            )
-        if fresh or not self._finished(completed.checkpoint_id):
-            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
-            self._record(completed.checkpoint_id, stats.completed(completed, committed))
-
     def _record(self, checkpoint_id: int, record: JsonDict) -> None:
         """Write the stats record of a completed or aborted checkpoint, and tell ``events``."""
         self.stats_store.write(checkpoint_id, record)
         if self.events:
             self.events.recorded(record)
-
-    def _finished(self, checkpoint_id: int) -> bool:
-        """Whether everything after checkpoint ``checkpoint_id``'s ``_metadata`` is done: :meth:`_finish`
-        writes the stats record of a completed checkpoint last."""
-        return self.storage.has_file(self.storage.stats_path(checkpoint_id))

@@ -14,7 +14,7 @@ differ:
 - a file pyarrow cannot read (Spark then reads it and fails as it does).
 
 The file's columns are matched and converted as the Python engine reads them
-(:class:`~.scans.ParquetReader`): names ignoring case, types widened as Spark's reader widens them.
+(:class:`~.file_readers.ParquetReader`): names ignoring case, types widened as Spark's reader widens them.
 A declared column a file lacks is null, as Spark reads it.
 """
 
@@ -98,7 +98,7 @@ def declared_flat(ddl: str, timestamp_type: str) -> StructType | None:
 def _read_file(fs: fsspec.AbstractFileSystem, path: str, size: int, expected: pa.Schema) -> pa.Table:
     import pyarrow as pa
 
-    from airflow_provider_checkpoint.fileio.scans import ParquetReader
+    from airflow_provider_checkpoint.fileio.file_readers import ParquetReader
 
     # dates and timestamps Spark may rebase refused, whatever the session's mode (EXCEPTION: Spark's own
     # reader then fails or rebases as the file says)

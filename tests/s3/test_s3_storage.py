@@ -148,7 +148,7 @@ def test_a_file_of_known_size_is_read_in_one_request(storage: JobStorage) -> Non
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_checkpoint.fileio.scans import ParquetReader, RecordReader
+    from airflow_provider_checkpoint.fileio.file_readers import ParquetReader, RecordReader
 
     table = pa.table({"k": list(range(1000)), "v": [str(i) for i in range(1000)]})
     buffer = io.BytesIO()

@@ -88,9 +88,6 @@ def test_an_added_column_reaches_a_parquet_table_read_by_pyarrow_and_spark(
     job.checkpoint()
     assert len(files(upserts)) > 2 and all("note" in pq.read_schema(f).names for f in files(upserts)), "all filled"
     same(["n", "v", "note"])
-    import subprocess
-
-    print("DBG", subprocess.run(["python3", "/tmp/ms/dbg.py", str(upserts)], capture_output=True, text=True).stdout)
     half = sorted(churn.keys)[::2]  # the rows of the other keys are kept from the old files of their buckets
     conn.execute(f"UPDATE {table} SET n = n + 1, note = 'again' WHERE id = ANY(%s)", (half,))
     job.checkpoint()  # merges buckets the column's checkpoint filled: their values stay

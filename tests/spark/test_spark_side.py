@@ -162,42 +162,33 @@ def test_upsert_merges_alike_in_driver_and_in_spark(spark, tmp_path):
             pd.testing.assert_frame_equal(_sorted(got, ["k", "g"]), _sorted(want, ["k", "g"]), check_dtype=False)
 
 
-def test_upsert_with_a_new_column_falls_back_to_spark_and_keeps_old_rows(spark, tmp_path):
-    storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
-    table = tmp_path / "table"
-    sink = ParquetTableSink("t", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "upsert", ["k"], 2)
-    v1 = pd.DataFrame({"k": ["a", "b", "c"], "v": [1, 2, 3]})
-    sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(v1)))
-    v2 = pd.DataFrame({"k": ["b", "d"], "v": [20, 40], "w": ["x", "y"]})  # a column added since
-    ctx = step_context(spark, storage, 2)
-    sink.commit(2, sink.stage(ctx, spark.createDataFrame(v2)))
-    assert ctx.metrics["sink_rows"] == 2
-    truth = pd.DataFrame({"k": ["a", "b", "c", "d"], "v": [1, 20, 3, 40], "w": [None, "x", None, "y"]})
-    got = spark.read.option("mergeSchema", "true").parquet(str(table)).toPandas()
-    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
-
-
-def test_upsert_falls_back_to_spark_after_merging_some_buckets_in_the_driver(spark, tmp_path):
-    """Bucket 0, rewritten since a column was added, merges in the driver; the next bucket's older file
-    sends the whole upsert to Spark: what the driver staged is dropped, no row is counted twice."""
+@pytest.mark.parametrize("legacy", [0, 1])
+def test_upsert_of_bucket_files_of_two_schemas_falls_back_to_spark_and_keeps_every_column(spark, tmp_path, legacy):
+    """A table whose bucket files differ in columns (bucket ``legacy``'s lacks ``w``: written before the step
+    checked the input's columns, here by hand). The driver merges the buckets before it, then that bucket's
+    file sends the whole upsert to Spark: what the driver staged is dropped, no row is counted twice, and
+    Spark reads the old files with the input's columns: the kept rows of every file keep their ``w``."""
+    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
     storage = JobStorage.for_job(str(tmp_path / "chk"), "job")
     table = tmp_path / "table"
     sink = ParquetTableSink("t", FileSource("src", str(tmp_path), "json", "x STRING"), str(table), "upsert", ["k"], 4)
-    v1 = pd.DataFrame({"k": [f"k{i}" for i in range(40)], "v": range(40)})
+    v1 = pd.DataFrame({"k": [f"k{i}" for i in range(40)], "v": range(40), "w": "old"})
     sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(v1)))
+    old_file = table / f"part-b{legacy:05d}.parquet"
+    pq.write_table(pq.read_table(old_file).drop_columns(["w"]).replace_schema_metadata(None), old_file)
     buckets = spark.createDataFrame(v1).select("k", F.pmod(F.xxhash64("k"), F.lit(4)).alias("b")).toPandas()
-    v2 = pd.DataFrame({"k": buckets.k[buckets.b == 0], "v": -1, "w": "new"})  # bucket 0 gets the column (Spark)
-    sink.commit(2, sink.stage(step_context(spark, storage, 2), spark.createDataFrame(v2)))
-    v3 = v1.assign(v=v1.v + 1000, w="again")
-    ctx = step_context(spark, storage, 3)
-    sink.commit(3, sink.stage(ctx, spark.createDataFrame(v3)))
-    assert ctx.metrics["sink_rows"] == 40
+    truth = v1.assign(w=[None if b == legacy else "old" for b in buckets.b])
+    v2 = v1[v1.index % 2 == 0].assign(v=lambda d: d.v + 1000, w="again")  # half the keys of every bucket
+    ctx = step_context(spark, storage, 2)
+    sink.commit(2, sink.stage(ctx, spark.createDataFrame(v2)))
+    assert ctx.metrics["sink_rows"] == len(v2)
+    truth = pd.concat([truth[~truth.k.isin(v2.k)], v2])
     assert sorted(p.name for p in table.glob("part-*")) == [f"part-b{b:05d}.parquet" for b in range(4)]
     got = spark.read.option("mergeSchema", "true").parquet(str(table)).toPandas()
-    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(v3, ["k"]), check_dtype=False)
-    assert not (table / "_staging" / "chk-3").exists()
+    pd.testing.assert_frame_equal(_sorted(got, ["k"]), _sorted(truth, ["k"]), check_dtype=False)
+    assert not (table / "_staging" / "chk-2").exists()
 
 
 def test_append_sink_abort_discards_and_commit_once(spark, tmp_path):

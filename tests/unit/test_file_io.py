@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+from airflow_provider_checkpoint.fileio import file_readers
 from airflow_provider_checkpoint.fileio import records as text_records
 from airflow_provider_checkpoint.fileio import scans as file_scans
 from airflow_provider_checkpoint.fileio import writes as file_io
@@ -166,7 +167,7 @@ def test_written_by_spark_lists_data_files_with_their_partitions(tmp_path: Path)
 def test_parquet_reader_conforms_files_to_the_schema(tmp_path: Path) -> None:
     pq.write_table(pa.table({"b": [1, 2], "a": ["x", "y"]}), tmp_path / "f.parquet")
     schema = pa.schema([("a", pa.string()), ("b", pa.int64()), ("c", pa.float64())])
-    reader = file_scans.ParquetReader(fsspec.filesystem("file"), schema)
+    reader = file_readers.ParquetReader(fsspec.filesystem("file"), schema)
     (batch,) = list(reader(str(tmp_path / "f.parquet")))
     assert batch.schema == schema
     assert batch.to_pydict() == {"a": ["x", "y"], "b": [1, 2], "c": [None, None]}
@@ -175,7 +176,7 @@ def test_parquet_reader_conforms_files_to_the_schema(tmp_path: Path) -> None:
 def test_record_reader_yields_the_corrupt_column(tmp_path: Path) -> None:
     (tmp_path / "f.json").write_text('{"a": 1}\nbad\n')
     schema = pa.schema([("a", pa.int32()), ("_corrupt_record", pa.string())])
-    reader = file_scans.RecordReader(fsspec.filesystem("file"), "json", schema, {})
+    reader = file_readers.RecordReader(fsspec.filesystem("file"), "json", schema, {})
     (batch,) = list(reader(str(tmp_path / "f.json")))
     assert batch.to_pydict() == {"a": [1, None], "_corrupt_record": [None, "bad"]}
 
@@ -188,10 +189,10 @@ def test_record_reader_refuses_a_read_short_of_the_size_cut_into_the_barrier(tmp
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     schema = pa.schema([("a", pa.int32()), ("_corrupt_record", pa.string())])
     sizes = {str(plain): plain.stat().st_size, str(packed): packed.stat().st_size}
-    reader = file_scans.RecordReader(fsspec.filesystem("file"), "json", schema, {}, sizes)
+    reader = file_readers.RecordReader(fsspec.filesystem("file"), "json", schema, {}, sizes)
     for path in (plain, packed):  # the bytes read are the file's, compressed or not
         assert [b.to_pydict()["a"] for b in reader(str(path))] == [[1, 2]]
-    short = file_scans.RecordReader(fsspec.filesystem("file"), "json", schema, {}, {str(plain): 40})
+    short = file_readers.RecordReader(fsspec.filesystem("file"), "json", schema, {}, {str(plain): 40})
     with pytest.raises(OSError, match=r"read 18 of the 40 bytes of file://.*f\.json cut into the barrier"):
         list(short(str(plain)))
 
@@ -218,7 +219,7 @@ def test_executors_get_the_drivers_aws_environment_unless_the_filesystem_has_cre
     assert for_executors(own).storage_options == own.storage_options
     local = fsspec.filesystem("file")
     assert for_executors(local) is local
-    assert "env-secret" not in repr(file_scans.ParquetReader(bare, pa.schema([])))
+    assert "env-secret" not in repr(file_readers.ParquetReader(bare, pa.schema([])))
 
 
 def test_read_schemas_are_nullable_throughout() -> None:
@@ -237,6 +238,6 @@ def test_a_damaged_page_is_caught_by_its_crc_and_names_the_file(tmp_path: Path) 
     data = bytearray(Path(path).read_bytes())
     data[len(data) // 2] ^= 0x55  # inside the one data page
     Path(path).write_bytes(bytes(data))
-    reader = file_scans.ParquetReader(fs, pa.schema([("v", pa.int64())]))
+    reader = file_readers.ParquetReader(fs, pa.schema([("v", pa.int64())]))
     with pytest.raises(OSError, match=f"corrupt Parquet file file://{path}: .*CRC"):
         list(reader(path))

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "restore": 6,
     "spark": 7,
     "coordinator": 8,
+    "completion": 8,
     "jobs": 9,
     "metrics": 9,
     "hooks": 9,

@@ -192,7 +192,10 @@ class BucketedUpsert:
         old_files = [committed[b][0] for b in affected if b in committed]
         merged = changed
         if old_files:
-            old = read_parquet(ctx.spark, fs, old_files).withColumn(_BUCKET, self.bucket_of())
+            # the old rows read with the written columns: a column an old file lacks is null, never another
+            # file's columns dropped (a scan takes one file's schema when given none)
+            columns = self.kept(changed).drop(_BUCKET).schema
+            old = read_parquet(ctx.spark, fs, old_files, columns).withColumn(_BUCKET, self.bucket_of())
             kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
             merged = kept.unionByName(self.kept(changed), allowMissingColumns=True)
         else:

@@ -10,6 +10,11 @@ from typing import Any
 
 import fsspec
 
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, shorten
+
+CLEAN_SOURCE = ("off", "archive", "delete")
+"""What a file source does with a file once the checkpoint that read it committed."""
+
 
 def hidden(relative: str) -> bool:
     """Whether a relative name or one of its directories starts with ``.`` or ``_``."""
@@ -106,3 +111,27 @@ def clean_file(
     archive_fs.makedirs(posixpath.dirname(target), exist_ok=True)
     fs.mv(source, target)
     return "archived"
+
+
+def check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str | None) -> None:
+    """Refuse, when the pipeline is defined, a ``clean_source`` other than :data:`CLEAN_SOURCE`'s, an
+    ``archive_dir`` without ``"archive"`` or the reverse, and an archive on another filesystem than the landing
+    directory ``path`` or inside it, unless under a hidden name (its files would be read again)."""
+    if clean_source not in CLEAN_SOURCE:
+        raise PipelineDefinitionError(f"{uid}: clean_source must be one of {CLEAN_SOURCE}, got {clean_source!r}")
+    if (clean_source == "archive") != (archive_dir is not None):
+        raise PipelineDefinitionError(f"{uid}: archive_dir is required with clean_source='archive' and only then")
+    if archive_dir is None:
+        return
+    (landing_protocol, landing), (archive_protocol, archive) = map(fsspec.core.split_protocol, (path, archive_dir))
+    if (landing_protocol or "file") != (archive_protocol or "file"):
+        raise PipelineDefinitionError(
+            f"{uid}: archive_dir {shorten(archive_dir)} must be on the filesystem of {shorten(path)}"
+        )
+    landing, archive = posixpath.normpath(landing), posixpath.normpath(archive)
+    inside = posixpath.relpath(archive, landing) if archive.startswith(landing.rstrip("/") + "/") else None
+    if archive == landing or (inside is not None and not hidden(inside)):
+        raise PipelineDefinitionError(
+            f"{uid}: archive_dir {shorten(archive_dir)} lies in the landing directory, so archived files would be read "
+            "again; put it elsewhere or under a hidden name (starting with '.' or '_')"
+        )

@@ -7,6 +7,8 @@ files' schemas (Spark's ``mergeSchema``, ``pyarrow.unify_schemas``, DuckDB's ``u
 in it for their rows. In ``upsert`` mode that checkpoint first rewrites every committed bucket file lacking
 the column with it appended, null (:func:`filled_buckets`), and merges the changed rows into those copies:
 after its commit every bucket file has the table's whole schema again, so no merge ever reads files of two
+schemas. Without ``"additive"`` every upsert step refuses an input whose columns differ from the table's
+(:func:`check_columns`): taking an added column into the merged buckets alone would leave files of two
 schemas. No type changes: Spark's ``mergeSchema`` refuses files that disagree on a column's type (``int``
 and ``bigint`` among them), so a retyped column, widening included, is refused before anything is staged.
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet, table_writer
 from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
+from airflow_provider_checkpoint.connectors.base.table_files import Listing, list_names
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.storage.object_store import is_s3
 
@@ -26,11 +29,45 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
+    from airflow_provider_checkpoint.storage.job_storage import Location
+
 
 _NO_RETYPE = (
     "; a retyped column is refused, widening too (Spark's mergeSchema reads no table whose files disagree on a "
     "column's type): write to a new table path"
 )
+
+
+FOOTER_READ = 64 << 10
+"""The bytes read from a file's end for its footer: one ranged GET on an object store when the footer fits."""
+
+
+def footer_schema(fs: fsspec.AbstractFileSystem, path: str, size: int) -> pa.Schema:
+    """The schema in the footer of the Parquet file ``path`` of ``size`` bytes: its last :data:`FOOTER_READ`
+    bytes in one read, the whole footer read as pyarrow reads it when it is longer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tail = fs.cat_file(path, start=max(0, size - FOOTER_READ), end=size)
+    footer = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else size
+    if footer > len(tail):
+        with fs.open(path, "rb") as f:
+            return pq.read_schema(f)
+    return pq.read_schema(pa.BufferReader(tail))
+
+
+def table_schema(table: Location, listed: Listing | None = None) -> pa.Schema | None:
+    """The schema in the footer of the newest (last by name) committed Parquet file of the ``table`` (of
+    ``listed``, its files with their sizes, else of one listing); ``None`` for a table without files."""
+    if listed is None:
+        if not table.exists(""):
+            return None
+        listed = list_names(table.fs, table.base, "part-")
+    committed = sorted(p for p in listed if p.endswith(".parquet"))
+    if not committed:
+        return None
+    newest = table.path(table.relative(committed[-1]))
+    return footer_schema(table.fs, newest, listed[committed[-1]])
 
 
 def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> None:
@@ -86,7 +123,7 @@ def filled_buckets(
             lacking = [f for f in added if f.name not in old.names]
             if not lacking:
                 continue
-            grown = pa.schema([*old, *lacking], metadata=old.metadata)
+            grown = pa.schema([*old, *lacking], metadata=grown_metadata(old.metadata, lacking))
             out, written, rows = f"{directory}/{bucket_file(bucket)}", list[int](), 0
             with table_writer(fs, out, grown, written) as writer:
                 for batch in reader.iter_batches():
@@ -95,3 +132,25 @@ def filled_buckets(
                     rows += batch.num_rows
         filled.append(StagedBucket(bucket, out, rows, written[0]))
     return filled
+
+
+SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"
+"""The footer key under which a file Spark wrote keeps its Spark schema: Spark reads the file's columns from it."""
+
+
+def grown_metadata(metadata: dict[bytes, bytes] | None, lacking: list[pa.Field]) -> dict[bytes, bytes] | None:
+    """The footer ``metadata`` of a file given the columns ``lacking``: the Spark schema it holds, if any, with
+    them appended, nullable (else Spark, reading that file's footer for the table's columns, misses them)."""
+    import json
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from airflow_provider_checkpoint.fileio.scans import as_nullable
+
+    if not metadata or SPARK_SCHEMA not in metadata:
+        return metadata
+    schema = json.loads(metadata[SPARK_SCHEMA])
+    added = as_nullable(from_arrow_schema(pa.schema(lacking), prefer_timestamp_ntz=False))
+    schema["fields"] = [*schema["fields"], *added.jsonValue()["fields"]]
+    return {**metadata, SPARK_SCHEMA: json.dumps(schema).encode()}

@@ -17,7 +17,8 @@ table's :class:`~airflow_provider_checkpoint.storage.Location`: a symlink in the
 
 Requests on S3 per checkpoint (a commit of ``n`` files, an upsert touching ``b`` buckets):
 the step reads the claim (one GET), lists its staging directory and the bucket files (a
-LIST each), reads each affected bucket once (one GET up to 32 MiB) and writes it (one PUT);
+LIST each), reads one bucket file's footer (one ranged GET: the input's columns checked against
+the table's), reads each affected bucket once (one GET up to 32 MiB) and writes it (one PUT);
 the commit checks the log (one HEAD), lists the staging directory (one LIST), copies each
 file (``n`` copies), writes the log (one PUT) and deletes the staging directory (one bulk
 DELETE). No HEAD of a file whose size a listing or the writer already gave.
@@ -45,7 +46,13 @@ from airflow_provider_checkpoint.connectors.base.sink import (
     check_mode,
     check_schema_evolution,
 )
-from airflow_provider_checkpoint.connectors.base.table_files import list_names, list_tree, publish_all, read_document
+from airflow_provider_checkpoint.connectors.base.table_files import (
+    Listing,
+    list_names,
+    list_tree,
+    publish_all,
+    read_document,
+)
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_delete_column,
@@ -137,7 +144,8 @@ class ParquetTableSink(TableDirectorySink):
         insert of the key revives it (:mod:`~airflow_provider_checkpoint.connectors.base.soft_delete`).
     :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
         ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
-    :param schema_evolution: ``"none"`` (default): the input's columns must be the table's. ``"additive"``: an
+    :param schema_evolution: ``"none"`` (default): the input's columns must be the table's (checked by every
+        upsert step; for an append table by the pipeline check, one listing fewer a step). ``"additive"``: an
         input column the table lacks is written, nullable, from the checkpoint that brings it on; in upsert mode
         that checkpoint rewrites the bucket files it does not touch with the column null
         (:mod:`.parquet_schema`). A missing or retyped column (widening included) is refused either way.
@@ -201,30 +209,17 @@ class ParquetTableSink(TableDirectorySink):
         """The input's columns against those of the table's newest committed file (:meth:`_checked_table`)."""
         self._checked_table(schema)
 
-    def _checked_table(self, schema: StructType) -> pa.Schema | None:
-        """The schema of the table's newest committed file (its footer: one LIST and one small read), ``None``
-        for a table without files, once the input's columns ``schema`` are checked against it
-        (:func:`.parquet_schema.check_columns`)."""
-        footer = self._table_schema()
+    def _checked_table(self, schema: StructType, listed: Listing | None = None) -> pa.Schema | None:
+        """The schema of the table's newest committed file (its footer: one LIST, unless ``listed`` has the
+        table's files, and one ranged read), ``None`` for a table without files, once the input's columns
+        ``schema`` are checked against it (:func:`.parquet_schema.check_columns`)."""
+        footer = parquet_schema.table_schema(self.table(), listed)
         if footer is not None:
             additive = self.schema_evolution == "additive"
             parquet_schema.check_columns(
                 f"Parquet table {self.asset_uri()}", footer, schema, self.delete_when, additive
             )
         return footer
-
-    def _table_schema(self) -> pa.Schema | None:
-        """The schema in the footer of the table's newest committed file; ``None`` for a table without files."""
-        import pyarrow.parquet as pq
-
-        table = self.table()
-        if not table.exists(""):
-            return None
-        committed = sorted(p for p in list_names(table.fs, table.base, "part-") if p.endswith(".parquet"))
-        if not committed:
-            return None
-        with table.fs.open(table.path(table.relative(committed[-1])), "rb") as f:
-            return pq.read_schema(f)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         if self.schema_evolution == "additive":  # else the pipeline check compares the columns (one read fewer)
@@ -235,14 +230,17 @@ class ParquetTableSink(TableDirectorySink):
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
         check_delete_column(self.uid, self.delete_when, rows.schema)
-        table = self._checked_table(rows.schema) if self.schema_evolution == "additive" else None
+        listed = self._bucket_files()  # the step's one listing of the table
+        # always: a merge reading bucket files of two schemas would keep one schema's columns (rows lost)
+        table = self._checked_table(rows.schema, listed)
         fs, root = self._fs()
         staging = self.attempt_staging(ctx)
-        filled = self._filled_buckets(ctx, table, rows.schema, fs) if table is not None else []
+        additive = table is not None and self.schema_evolution == "additive"
+        filled = self._filled_buckets(ctx, table, rows.schema, fs, listed) if additive else []
         copies = {f.bucket: (f.path, f.size) for f in filled}
 
         def existing(buckets: list[int]) -> dict[int, tuple[str, int]]:  # the filled copy of a bucket, if any
-            committed = self._existing_buckets([b for b in buckets if b not in copies])
+            committed = self._existing_buckets([b for b in buckets if b not in copies], listed)
             return {**committed, **{b: copies[b] for b in buckets if b in copies}}
 
         staged = self.upsert.stage(ctx, rows, fs, staging, existing)
@@ -252,7 +250,7 @@ class ParquetTableSink(TableDirectorySink):
         return self._committables(ctx, [[s.path[len(root) + 1 :], bucket_file(s.bucket)] for s in staged])
 
     def _filled_buckets(
-        self, ctx: StepContext, table: pa.Schema, given: StructType, fs: fsspec.AbstractFileSystem
+        self, ctx: StepContext, table: pa.Schema, given: StructType, fs: fsspec.AbstractFileSystem, listed: Listing
     ) -> list[StagedBucket]:
         """Every committed bucket file, rewritten beside the attempt's staging directory with the input columns
         ``given`` that the ``table`` (its newest file's schema) lacks (:func:`.parquet_schema.filled_buckets`);
@@ -260,7 +258,7 @@ class ParquetTableSink(TableDirectorySink):
         added = parquet_schema.added_fields(table, given, self.delete_when)
         if not added:
             return []
-        committed = self._existing_buckets(list(range(self.buckets)))
+        committed = self._existing_buckets(list(range(self.buckets)), listed)
         directory = self.clear(f"_staging/{self.staging_name(ctx)}-filled")  # beside the merge's new directory
         filled = parquet_schema.filled_buckets(fs, directory, added, committed)
         ctx.add_metric("sink_buckets_filled", len(filled))
@@ -284,13 +282,15 @@ class ParquetTableSink(TableDirectorySink):
                 moves.append([file.path[len(root) + 1 :], target])
         return moves
 
-    def _existing_buckets(self, buckets: list[int]) -> dict[int, tuple[str, int]]:
-        """The committed files of ``buckets`` that exist, with their sizes, from one listing of the
-        table's bucket files (none for no buckets); refused if one resolves outside the table."""
-        if not buckets:
-            return {}
+    def _bucket_files(self) -> Listing:
+        """The table's committed bucket files with their sizes: one LIST."""
         table = self.table()
-        listed = list_names(table.fs, table.base, "part-b")
+        return list_names(table.fs, table.base, "part-b")
+
+    def _existing_buckets(self, buckets: list[int], listed: Listing) -> dict[int, tuple[str, int]]:
+        """The committed files of ``buckets`` that exist in ``listed`` (:meth:`_bucket_files`), with their
+        sizes; refused if one resolves outside the table."""
+        table = self.table()
         paths = {b: table.path(bucket_file(b)) for b in buckets}
         return {b: (path, listed[path]) for b, path in paths.items() if path in listed}
 

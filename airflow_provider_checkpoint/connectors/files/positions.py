@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from airflow_provider_checkpoint.exceptions import InvalidPositionError, shorten
+from airflow_provider_checkpoint.exceptions import InputChangedError, InvalidPositionError, shorten
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -112,3 +112,20 @@ def next_position(
 def split(previous: Mapping[str, int], barrier: Mapping[str, int]) -> dict[str, int]:
     """The files in ``[previous, barrier)``: in the barrier, not yet processed."""
     return {name: size for name, size in barrier.items() if name not in previous}
+
+
+def check_unchanged(uid: str, todo: Mapping[str, int], now: Mapping[str, int], url: Callable[[str], str]) -> None:
+    """Refuse (:class:`InputChangedError`) a file of ``todo`` (name → its size cut into the barrier) that is
+    not in ``now`` (name → size, listed just now) or has another size there; ``url`` names a file."""
+    for name, size in todo.items():
+        if name not in now:
+            raise InputChangedError(
+                f"source {uid}: {url(name)} was cut into this checkpoint's barrier but "
+                "has been removed; this checkpoint is aborted and the next one cuts a new barrier"
+            )
+        if now[name] != size:
+            raise InputChangedError(
+                f"source {uid}: {url(name)} changed size after the barrier "
+                f"({size} → {now[name]} bytes); land files under a hidden name (.x or _x) and "
+                "rename them when complete"
+            )

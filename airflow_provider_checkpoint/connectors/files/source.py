@@ -5,7 +5,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import logging
-import posixpath
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -15,16 +14,18 @@ import fsspec
 from airflow_provider_checkpoint.connectors.base.sink import known_table_url
 from airflow_provider_checkpoint.connectors.files import dead_letters
 from airflow_provider_checkpoint.connectors.files import positions as file_positions
-from airflow_provider_checkpoint.connectors.files.landing import Listing, clean_file, hidden, list_landing
+from airflow_provider_checkpoint.connectors.files.landing import (
+    Listing,
+    check_clean_source,
+    clean_file,
+    hidden,
+    list_landing,
+)
 from airflow_provider_checkpoint.connectors.files.malformed import CORRUPT, dead_letter_rows, good_records, judge
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
 from airflow_provider_checkpoint.dataflow.graph import Sink, Source
-from airflow_provider_checkpoint.exceptions import (
-    InputChangedError,
-    PipelineDefinitionError,
-    shorten,
-)
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.fileio import scans as file_scans
 from airflow_provider_checkpoint.fileio.driver_read import DRIVER_READ_BYTES
 from airflow_provider_checkpoint.fileio.scans import FileColumn
@@ -41,28 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _FORMATS = ("json", "csv", "parquet")
-_CLEAN_SOURCE = ("off", "archive", "delete")
-
-
-def _check_clean_source(uid: str, path: str, clean_source: str, archive_dir: str | None) -> None:
-    if clean_source not in _CLEAN_SOURCE:
-        raise PipelineDefinitionError(f"{uid}: clean_source must be one of {_CLEAN_SOURCE}, got {clean_source!r}")
-    if (clean_source == "archive") != (archive_dir is not None):
-        raise PipelineDefinitionError(f"{uid}: archive_dir is required with clean_source='archive' and only then")
-    if archive_dir is None:
-        return
-    (landing_protocol, landing), (archive_protocol, archive) = map(fsspec.core.split_protocol, (path, archive_dir))
-    if (landing_protocol or "file") != (archive_protocol or "file"):
-        raise PipelineDefinitionError(
-            f"{uid}: archive_dir {shorten(archive_dir)} must be on the filesystem of {shorten(path)}"
-        )
-    landing, archive = posixpath.normpath(landing), posixpath.normpath(archive)
-    inside = posixpath.relpath(archive, landing) if archive.startswith(landing.rstrip("/") + "/") else None
-    if archive == landing or (inside is not None and not hidden(inside)):
-        raise PipelineDefinitionError(
-            f"{uid}: archive_dir {shorten(archive_dir)} lies in the landing directory, so archived files would be read "
-            "again; put it elsewhere or under a hidden name (starting with '.' or '_')"
-        )
 
 
 class FileSource(Source):
@@ -159,7 +138,7 @@ class FileSource(Source):
         self.max_files_per_checkpoint = max_files_per_checkpoint
         self.clean_source = clean_source
         self.archive_dir = archive_dir
-        _check_clean_source(uid, path, clean_source, archive_dir)
+        check_clean_source(uid, path, clean_source, archive_dir)
         if partition_pattern is not None and (
             not partition_pattern or partition_pattern.startswith("/") or ".." in partition_pattern.split("/")
         ):
@@ -401,38 +380,14 @@ class FileSource(Source):
         rows in source order: files by name, each file's records in line order (what an upsert
         sink's "later record wins" rule means for this source)."""
         fs, root = self.filesystem()
-        paths = [f"{root}/{n}" for n in sorted(todo)]
+        sizes = {f"{root}/{name}": size for name, size in todo.items()}
+        ordered = self.in_source_order and file_column is None
         declared = self._declared()
-        sizes = dict(zip(paths, [todo[n] for n in sorted(todo)], strict=True))
-
-        def scan(files: list[str], column: FileColumn | None) -> DataFrame:
-            counted = [sizes[f] for f in files]
-            if self.format == "parquet":
-                return file_scans.read_parquet(
-                    ctx.spark, fs, files, declared, column, options=self.options, sizes=counted
-                )
-            return file_scans.read_records(
-                ctx.spark, fs, files, self.format, declared, self.options, CORRUPT, column, sizes=counted
-            )
-
-        ordered = self.in_source_order and file_column is None and len(paths) > 1
-        if ordered and file_scans.engine_for(ctx.spark, fs) == "hadoop":
-            return file_scans.in_file_order(scan, fs, paths)
-        return scan(paths, file_column)
+        return file_scans.read_files(
+            ctx.spark, fs, sizes, self.format, declared, self.options, CORRUPT, file_column, ordered
+        )
 
     def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
-        if not todo:
-            return
-        now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
-        for name, size in todo.items():
-            if name not in now:
-                raise InputChangedError(
-                    f"source {self.uid}: {self.url(name)} was cut into this checkpoint's barrier but "
-                    "has been removed; this checkpoint is aborted and the next one cuts a new barrier"
-                )
-            if now[name] != size:
-                raise InputChangedError(
-                    f"source {self.uid}: {self.url(name)} changed size after the barrier "
-                    f"({size} → {now[name]} bytes); land files under a hidden name (.x or _x) and "
-                    "rename them when complete"
-                )
+        if todo:
+            now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
+            file_positions.check_unchanged(self.uid, todo, now, self.url)

@@ -1,0 +1,96 @@
+"""What follows a checkpoint's commit point (its ``_metadata``): the sinks commit, the sources clean up, the
+savepoint and the job record are written, older checkpoints retired, and the stats record written last.
+
+It is idempotent: recovery (the next trigger) runs it again for a checkpoint whose finalize died past
+``_metadata``, and the stats record, written last and once, tells whether it is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
+from airflow_provider_checkpoint.core import stats
+from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
+from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
+from airflow_provider_checkpoint.storage.job_records import JobRecordStore
+
+StatsRecorder = Callable[[int, JsonDict], None]
+"""Writes a checkpoint's stats record (and tells whoever listens)."""
+
+
+class CheckpointCompletion:
+    """Finishes completed checkpoints of one job (:meth:`finish`), once each as its stats record tells
+    (:meth:`finished`); ``allowed_roots`` confine the savepoint target its options name. It shares the
+    coordinator's stores and its ``record`` of stats."""
+
+    def __init__(
+        self,
+        storage: JobStorage,
+        graph: PipelineGraph,
+        settings: CheckpointSettings,
+        allowed_roots: Sequence[str],
+        store: CompletedCheckpointStore,
+        records: JobRecordStore,
+        sink_committer: SinkCommitter,
+        record: StatsRecorder,
+    ) -> None:
+        self.storage = storage
+        self.graph = graph
+        self.settings = settings
+        self.allowed_roots = allowed_roots
+        self.store = store
+        self.records = records
+        self.sink_committer = sink_committer
+        self.record = record
+
+    def finish(
+        self, completed: CompletedCheckpoint, run_id: str, by: str, commit_sinks: bool = True, fresh: bool = False
+    ) -> None:
+        """Everything after ``_metadata``; idempotent, so recovery simply runs it again.
+
+        The stats record is written last, once: by run ``run_id``'s finalize, or (``by="trigger"``) by
+        the next run's trigger when finalize died before it; it names that task as the committer.
+        ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
+        if commit_sinks:
+            self.sink_committer.commit(completed)
+        self.store.discard_channels(completed.checkpoint_id)
+        fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
+        for source in self.graph.sources:
+            if source.uid in completed.source_positions:
+                source.on_checkpoint_committed(completed.checkpoint_id, completed.source_positions[source.uid])
+        savepoint = savepoint_target(completed.options, self.allowed_roots, self.storage, completed)
+        target = savepoint.url() if savepoint else None
+        if savepoint:
+            write_savepoint(self.storage, completed, savepoint)
+        job = self.records.load()
+        job.failures.on_complete(completed.checkpoint_id)
+        if target:
+            entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
+            described = self.sink_committer.describe(completed.checkpoint_id)
+            job.record_savepoint(
+                {**entry, "sinks": described} if described else entry,
+                bool(completed.options.get("stop_after_savepoint")),
+            )
+        self.records.save(job)
+        if "restore_request_id" in completed.options:
+            self.records.clear_restore_request(completed.options["restore_request_id"])
+        self.store.retain(self.settings.retained_checkpoints or 3)
+        retained = self.store.checkpoints()
+        for source in self.graph.sources:
+            source.on_positions_retained(
+                [c.source_positions[source.uid] for c in retained if source.uid in c.source_positions]
+            )
+        if fresh or not self.finished(completed.checkpoint_id):
+            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
+            self.record(completed.checkpoint_id, stats.completed(completed, committed))
+
+    def finished(self, checkpoint_id: int) -> bool:
+        """Whether everything after checkpoint ``checkpoint_id``'s ``_metadata`` is done: :meth:`finish`
+        writes the stats record of a completed checkpoint last."""
+        return self.storage.has_file(self.storage.stats_path(checkpoint_id))
