@@ -58,7 +58,7 @@ def model(batch: list[bytes], width: int) -> list[list[Any]] | None:
     return columns
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(st.integers(1, 5).flatmap(lambda w: st.tuples(st.just(w), st.lists(messages(w), max_size=8))), st.data())
 def test_the_batch_parse_equals_the_per_message_decoder(case, data):
     width, batch = case
