@@ -18,6 +18,10 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 _SIMPLE = {
     "boolean": "boolean",
@@ -286,3 +290,39 @@ def parse_schema(ddl: str) -> list[Column]:
     if parser.token.kind != "end":
         raise DdlError(f"unexpected {parser.token.text!r}", parser.token.position)
     return columns
+
+
+def declared_flat(ddl: str, timestamp_type: str) -> StructType | None:
+    """The columns of the schema ``ddl`` as ``StructType.fromDDL`` gives them (comments aside), parsed without
+    a Spark session (:func:`parse_schema`) when every column has a flat type; ``None`` otherwise, or when a
+    ``TIMESTAMP`` column's type depends on the session's ``spark.sql.timestampType`` (``timestamp_type``)
+    other than ``TIMESTAMP_LTZ``: ask Spark then."""
+    from pyspark.sql import types as T
+
+    simple: dict[str, T.DataType] = {
+        "boolean": T.BooleanType(),
+        "tinyint": T.ByteType(),
+        "smallint": T.ShortType(),
+        "int": T.IntegerType(),
+        "bigint": T.LongType(),
+        "float": T.FloatType(),
+        "double": T.DoubleType(),
+        "string": T.StringType(),
+        "binary": T.BinaryType(),
+        "date": T.DateType(),
+        "timestamp_ntz": T.TimestampNTZType(),
+    }
+    if timestamp_type == "TIMESTAMP_LTZ":
+        simple["timestamp"] = T.TimestampType()
+    try:
+        columns = parse_schema(ddl)
+    except DdlError:
+        return None  # Spark's parser gives its own message
+    fields = []
+    for column in columns:
+        decimal = re.fullmatch(r"decimal\((\d+),(\d+)\)", column.type)
+        found = T.DecimalType(int(decimal[1]), int(decimal[2])) if decimal else simple.get(column.type)
+        if found is None:
+            return None
+        fields.append(T.StructField(column.name, found, column.nullable))
+    return T.StructType(fields)

@@ -55,46 +55,6 @@ def expected_schema(declared: StructType, large_types: bool = False) -> pa.Schem
     return to_arrow_schema(as_nullable(declared), timezone="UTC", prefers_large_types=large_types)
 
 
-def declared_flat(ddl: str, timestamp_type: str) -> StructType | None:
-    """The columns of the schema ``ddl`` as ``StructType.fromDDL`` gives them (comments aside), parsed without
-    a Spark session (:mod:`~airflow_provider_checkpoint.dataflow.schema_ddl`) when every column has a flat type
-    (:func:`_flat`'s); ``None`` otherwise, or when a ``TIMESTAMP`` column's type depends on the session's
-    ``spark.sql.timestampType`` (``timestamp_type``) other than ``TIMESTAMP_LTZ``: ask Spark then."""
-    import re
-
-    from pyspark.sql import types as T
-
-    from airflow_provider_checkpoint.dataflow.schema_ddl import DdlError, parse_schema
-
-    simple: dict[str, T.DataType] = {
-        "boolean": T.BooleanType(),
-        "tinyint": T.ByteType(),
-        "smallint": T.ShortType(),
-        "int": T.IntegerType(),
-        "bigint": T.LongType(),
-        "float": T.FloatType(),
-        "double": T.DoubleType(),
-        "string": T.StringType(),
-        "binary": T.BinaryType(),
-        "date": T.DateType(),
-        "timestamp_ntz": T.TimestampNTZType(),
-    }
-    if timestamp_type == "TIMESTAMP_LTZ":
-        simple["timestamp"] = T.TimestampType()
-    try:
-        columns = parse_schema(ddl)
-    except DdlError:
-        return None  # Spark's parser gives its own message
-    fields = []
-    for column in columns:
-        decimal = re.fullmatch(r"decimal\((\d+),(\d+)\)", column.type)
-        found = T.DecimalType(int(decimal[1]), int(decimal[2])) if decimal else simple.get(column.type)
-        if found is None:
-            return None
-        fields.append(T.StructField(column.name, found, column.nullable))
-    return T.StructType(fields)
-
-
 def _read_file(fs: fsspec.AbstractFileSystem, path: str, size: int, expected: pa.Schema) -> pa.Table:
     import pyarrow as pa
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource, ParquetTableSink
-from airflow_provider_checkpoint.fileio.driver_read import declared_flat
+from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
 from airflow_provider_checkpoint.spark.session import SPARK_DEFAULTS, SparkHandle, embedded_conf
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.test_parquet_source_on_driver import KEYS, SCHEMA, land, normalized
@@ -100,7 +100,7 @@ from pathlib import Path
 import psutil
 from pyspark import SparkContext
 
-from airflow_provider_checkpoint.fileio.driver_read import declared_flat
+from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
 from airflow_provider_checkpoint.spark.session import SparkHandle, embedded_conf, get_spark
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.test_parquet_source_on_driver import land

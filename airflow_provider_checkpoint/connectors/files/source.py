@@ -336,7 +336,8 @@ class FileSource(Source):
         driver where pyarrow gives exactly Spark's rows (:mod:`~airflow_provider_checkpoint.fileio.driver_read`),
         files by name, each file's rows in order; ``None``: Spark reads them."""
         from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-        from airflow_provider_checkpoint.fileio.driver_read import declared_flat, expected_schema, read_exactly
+        from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
+        from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
         from airflow_provider_checkpoint.fileio.scans import as_nullable
 
         if self.format != "parquet" or self.options or self.input_bytes(previous, barrier) > self.driver_read_bytes:
