@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -30,17 +29,17 @@ import fsspec
 
 from airflow_provider_checkpoint.connectors.base.soft_delete import SoftDelete, check_deletes
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, delete_tree, list_tree, read_document
+from airflow_provider_checkpoint.connectors.base.table_urls import known_table_url as known_table_url
+from airflow_provider_checkpoint.connectors.base.table_urls import table_url, url_of
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_key_columns
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
 from airflow_provider_checkpoint.exceptions import (
-    CheckpointStorageError,
     PipelineDefinitionError,
     SinkClaimedError,
     SinkSchemaError,
     UnsafePathError,
-    shorten,
 )
 from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.object_store import check_reachable
@@ -59,52 +58,6 @@ CLAIM_FILE = "_table.json"
 
 
 MODES = ("append", "upsert")
-_LOCAL = ("file", "local")
-
-
-def _url(protocol: str | tuple[str, ...], path: str) -> str:
-    """``path`` of a filesystem speaking ``protocol`` as a URL (``file://`` for local paths)."""
-    name = protocol[0] if isinstance(protocol, tuple) else protocol
-    return f"{'file' if name in _LOCAL else name}://{path}"
-
-
-class _S3Paths(fsspec.AbstractFileSystem):
-    """S3 paths as ``s3fs.S3FileSystem`` strips them (fsspec's own rule, its protocols and root), without
-    importing s3fs: 0.4 s of aiobotocore and aiohttp in every DAG parse that declares an S3 sink."""
-
-    protocol = ("s3", "s3a")
-    root_marker = ""
-
-
-def _installed(package: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(package) is not None
-
-
-def table_url(uid: str, path: str) -> str:
-    """The URL of a table or directory ``path`` (a local path or fsspec URL) from the path alone, normalized
-    (absolute, no ``.``/``..`` or trailing ``/``): declaring a pipeline resolves no connection and opens no
-    filesystem (the DAG processor parses the file; only tasks reach storage)."""
-    protocol = fsspec.core.split_protocol(path)[0] or "file"
-    try:
-        kind = (
-            _S3Paths if protocol in _S3Paths.protocol and _installed("s3fs") else fsspec.get_filesystem_class(protocol)
-        )
-    except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
-        raise CheckpointStorageError(f"{uid}: no filesystem serves {shorten(path)}: {e}") from e
-    stripped = kind._strip_protocol(path)
-    normalized = posixpath.abspath(stripped) if protocol in _LOCAL else posixpath.normpath(stripped)
-    return _url(kind.protocol, normalized.rstrip("/"))
-
-
-def known_table_url(uid: str, path: str) -> str | None:
-    """:func:`table_url`, or ``None`` where no installed filesystem serves ``path`` (nothing to compare it with:
-    a sink there could not be declared)."""
-    try:
-        return table_url(uid, path)
-    except CheckpointStorageError:
-        return None
 
 
 def check_input_columns(table: str, table_columns: dict[str, str], input_columns: dict[str, str], evolve: str) -> None:
@@ -364,7 +317,7 @@ class TableDirectorySink(TransactionalSink):
 
     def url(self, path: str) -> str:
         """The URL of ``path`` (a path on the table's filesystem), for Spark and delta-rs."""
-        return _url(self._fs()[0].protocol, path)
+        return url_of(self._fs()[0].protocol, path)
 
     def asset_uri(self) -> str:
         """The table's URL, from its path alone (:func:`table_url`)."""

@@ -21,7 +21,8 @@
   ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
   the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
   committed checkpoints (older ones are purged by the commit that passes them).
-- **Claim**: a row in ``checkpoint_sink_claims`` gives the table to one (job, sink uid, mode, keys).
+- **Claim**: a row in ``checkpoint_sink_claims`` gives the table to one (job, sink uid, mode, keys)
+  (:mod:`.claims`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_sequence_by,
 )
-from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, staging, target, undo
+from airflow_provider_checkpoint.connectors.postgres import claims, dead_letters, partitions, staging, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
@@ -197,19 +198,9 @@ class PostgresTableSink(TransactionalSink):
 
     def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
         """The commit time of the marker row (the commit transaction's start), for the table and its dead letters."""
-        from psycopg import sql
-
         with self._tx() as db:
-            claim = self.owned_claim(self._read_claim(db))
-            if claim is None:
-                return {}
-            row = db.execute(
-                sql.SQL(
-                    "SELECT extract(epoch FROM committed_at)::float8 FROM {} "
-                    "WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id = %s"
-                ).format(self.table(pg.MARKERS)),
-                [claim["job_id"], claim["sink"], self.table_name, checkpoint_id],
-            ).fetchone()
+            claim = self.owned_claim(claims.read(self, db))
+            row = None if claim is None else claims.marker(self, db, claim, checkpoint_id, "committed_at")
         if row is None:
             return {}
         when = {"commit_time": float(row[0])}
@@ -231,33 +222,11 @@ class PostgresTableSink(TransactionalSink):
 
     def load_claim(self) -> JsonDict | None:
         with self._tx() as db:
-            return self._read_claim(db)
-
-    def _read_claim(self, db: psycopg.Connection[Any], lock: bool = False) -> JsonDict | None:
-        from psycopg import sql
-
-        exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{self.schema}"."{pg.CLAIMS}"']).fetchone()
-        if not exists or not exists[0]:
-            return None
-        row = db.execute(
-            sql.SQL("SELECT job_id, sink_uid, mode, keys FROM {} WHERE schema_name = %s AND table_name = %s{}").format(
-                self.table(pg.CLAIMS), sql.SQL(" FOR UPDATE" if lock else "")
-            ),
-            [self.schema, self.table_name],
-        ).fetchone()
-        return None if row is None else {"job_id": row[0], "sink": row[1], "mode": row[2], "keys": list(row[3])}
+            return claims.read(self, db)
 
     def store_claim(self, claim: JsonDict) -> None:
-        from psycopg import sql
-
         with self._tx() as db:
-            undo.ensure_bookkeeping(self, db)
-            db.execute(
-                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(
-                    self.table(pg.CLAIMS)
-                ),
-                [self.schema, self.table_name, claim["job_id"], claim["sink"], claim["mode"], claim["keys"]],
-            )
+            claims.insert(self, db, claim)
         if self.load_claim() != claim:  # another job claimed it between our read and insert
             self.claim(str(claim["job_id"]))
 
@@ -313,20 +282,11 @@ class PostgresTableSink(TransactionalSink):
             return self._marker(db, checkpoint_id) is not None
 
     def _marker(self, db: psycopg.Connection[Any], checkpoint_id: int, claim: JsonDict | None = None) -> Any:
-        from psycopg import sql
-
-        claim = claim or self.owned_claim(self._read_claim(db))
-        if claim is None:
-            return None
-        return db.execute(
-            sql.SQL(
-                "SELECT rows FROM {} WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id = %s"
-            ).format(self.table(pg.MARKERS)),
-            [claim["job_id"], claim["sink"], self.table_name, checkpoint_id],
-        ).fetchone()
+        claim = claim or self.owned_claim(claims.read(self, db))
+        return None if claim is None else claims.marker(self, db, claim, checkpoint_id)
 
     def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
-        claim = self.owned_claim(self._read_claim(db, lock=True))
+        claim = self.owned_claim(claims.read(self, db, lock=True))
         if claim is None:
             raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
         return claim
@@ -364,7 +324,7 @@ class PostgresTableSink(TransactionalSink):
         """Return the table to its state when ``checkpoint_id`` committed, in one transaction, and drop
         the staging tables of later checkpoints (the restored job never commits them)."""
         with self._tx() as db:
-            if self._read_claim(db) is None:
+            if claims.read(self, db) is None:
                 return
             claim = self._locked_claim(db)
             if self.partition_per_checkpoint:
