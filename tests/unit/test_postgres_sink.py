@@ -97,6 +97,10 @@ def test_types_without_a_mapping_and_bad_definitions_are_refused():
     assert _sink(partition_per_checkpoint=True).describe()["partition_per_checkpoint"] is True
     assert "partition_per_checkpoint" not in _sink().describe()
     assert _sink(dead_letter_table="ops.refused").dead_letters == ("ops", "refused")
+    for bad in (-1, True, 1.5):
+        with pytest.raises(PipelineDefinitionError, match="driver_rows must be an int >= 0"):
+            _sink(driver_rows=bad)
+    assert _sink().takes_source_rows() and not _sink(driver_rows=0).takes_source_rows()
 
 
 def test_a_missing_connection_or_another_type_is_refused(monkeypatch):

@@ -34,6 +34,7 @@ from airflow_provider_checkpoint.connectors.base.table_urls import table_url, ur
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_key_columns
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
 from airflow_provider_checkpoint.exceptions import (
     PipelineDefinitionError,
@@ -109,7 +110,8 @@ class TransactionalSink(Sink):
     (:func:`~.upsert_rule.check_sequence_by`), and ``delete_when`` where they apply deletes
     (:meth:`set_deletes`): in upsert mode :meth:`write_upsert` receives the input as
     :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`); with soft deletes
-    (:mod:`.soft_delete`) that input is rewritten first and ``delete_when`` is ``None``.
+    (:mod:`.soft_delete`) that input is rewritten first and ``delete_when`` is ``None``. An append of rows a
+    source read on the driver goes to :meth:`write_source_rows` (:meth:`takes_source_rows`).
     """
 
     mode: str
@@ -193,25 +195,44 @@ class TransactionalSink(Sink):
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         self.check_target()
-        df = self.written_input(df)  # its refusals before the claim
+        df, read = self.source_input(ctx, df)  # its refusals before the claim
         self.claim(ctx.plan.job_id)
-        if self.mode == "upsert":
-            upstream = self.inputs[0].uid
-            read = ctx.source_rows.get(upstream)
-            source = read.rows if read is not None and read.df is df else None  # as the source read them
-            rows = UpsertRows(
-                self.uid,
-                df,
-                self.keys,
-                self.sequence_by,
-                self.needs_source_order(),
-                None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
-                source.num_rows if source is not None else ctx.output_rows.get(upstream),
-                source,
-                read.build if read is not None and source is not None else None,
-            )
-            return self.write_upsert(ctx, rows)
-        return self.write(ctx, df)
+        if self.mode != "upsert":
+            return self.write(ctx, df) if read is None else self.write_source_rows(ctx, read)
+        upstream = self.inputs[0].uid
+        rows = UpsertRows(
+            self.uid,
+            df,
+            self.keys,
+            self.sequence_by,
+            self.needs_source_order(),
+            None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
+            read.rows.num_rows if read is not None else ctx.output_rows.get(upstream),
+            None if read is None else read.rows,
+            None if read is None else read.build,
+        )
+        return self.write_upsert(ctx, rows)
+
+    def source_input(self, ctx: StepContext, df: DataFrame) -> tuple[DataFrame, SourceRows | None]:
+        """The input as the sink writes it (:meth:`written_input`) and, when it is a source's output read on
+        the driver (:meth:`takes_source_rows`), those rows, marked alike with soft deletes
+        (:meth:`.SoftDelete.marked_rows`; where the two disagree on the columns, the rows are not taken)."""
+        read = ctx.source_rows.get(self.inputs[0].uid)
+        if read is None or read.df is not df:
+            return self.written_input(df), None
+        soft = self.soft_delete
+        if soft is None:
+            return df, read
+        marked, rows = soft.apply(self.uid, df), soft.marked_rows(read.rows)
+        if rows.column_names != marked.columns:
+            return self.written_input(read.frame()), None
+        build = None if read.build is None else lambda: soft.apply(self.uid, read.frame())
+        return marked, SourceRows(marked, rows, build)
+
+    def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """Stage an append whose rows its source read on the driver (:meth:`takes_source_rows`); by default
+        :meth:`write` of the DataFrame of them."""
+        return self.write(ctx, read.frame())
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
         """The input's rows when the driver holds them already (merged there) and :meth:`write` takes

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 DELETES = ("hard", "soft")
@@ -55,6 +56,17 @@ class SoftDelete:
             )
         marked = df.withColumn(self.column, F.coalesce(F.col(f"`{self.when}`"), F.lit(False)))
         return marked if self.column == self.when else marked.drop(self.when)
+
+    def marked_rows(self, rows: pa.Table) -> pa.Table:
+        """:meth:`apply` of rows held in Arrow (checked by :meth:`apply` of their DataFrame first): ``column`` in
+        ``when``'s place if it is ``when``, else last, as ``withColumn`` puts it."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        marked = pc.fill_null(rows[self.when], pa.scalar(False))
+        if self.column == self.when:
+            return rows.set_column(rows.schema.get_field_index(self.when), self.column, marked)
+        return rows.append_column(self.column, marked).drop_columns([self.when])
 
 
 def check_deletes(

@@ -2,7 +2,8 @@
 
 - **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging table
   unique to the checkpoint attempt (:func:`~.sql.staging_table`); rows the driver holds already (an
-  input merged there) go from the driver, in one stream, with no Spark job. A value PostgreSQL
+  input merged there, or read there by its source: ``driver_rows``) go from the driver, in one stream,
+  with no Spark job. A value PostgreSQL
   refuses fails the step, naming column and key, or with ``dead_letter_table`` its row goes there
   instead (:mod:`.dead_letters`). The committable is ``{"checkpoint_id", "staging_table", "rows"}``
   (and ``"dead_letters"``, a count, with a dead-letter table): names and counts only. Staging tables
@@ -53,12 +54,17 @@ from airflow_provider_checkpoint.exceptions import (
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 log = logging.getLogger(__name__)
+
+DRIVER_ROWS = 2_000_000
+"""A source's output read on the driver of at most this many rows is staged from the driver (``driver_rows``)."""
 
 
 class PostgresTableSink(TransactionalSink):
@@ -102,6 +108,10 @@ class PostgresTableSink(TransactionalSink):
         ``create_table`` types it) and a number column the input widens (smallint → integer → bigint,
         real → double precision) is widened (``ALTER COLUMN … TYPE``), both inside the checkpoint's commit
         transaction (:func:`~.target.follow_staged`); never a dropped, narrowed or otherwise retyped column.
+    :param driver_rows: a checkpoint's input that its source read on the driver (the source feeding only this
+        sink: :meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`) is staged from the
+        driver, with no Spark job, when it has at most this many rows (reduced there to one row per key by
+        :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`'s code); more go through Spark; ``0``: never.
     """
 
     def __init__(
@@ -123,6 +133,7 @@ class PostgresTableSink(TransactionalSink):
         deletes: str = "hard",
         deleted_column: str | None = None,
         schema_evolution: str = "none",
+        driver_rows: int = DRIVER_ROWS,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -150,6 +161,9 @@ class PostgresTableSink(TransactionalSink):
             raise PipelineDefinitionError(f"{uid}: partition_per_checkpoint is for append mode")
         self.partition_per_checkpoint = partition_per_checkpoint
         self.schema_evolution = check_schema_evolution(uid, schema_evolution)
+        if not isinstance(driver_rows, int) or isinstance(driver_rows, bool) or driver_rows < 0:
+            raise PipelineDefinitionError(f"{uid}: driver_rows must be an int >= 0, got {driver_rows!r}")
+        self.driver_rows = driver_rows
         if partition_per_checkpoint and schema_evolution != "none":
             raise PipelineDefinitionError(
                 f"{uid}: schema_evolution is not available with partition_per_checkpoint (a checkpoint's partition "
@@ -245,17 +259,38 @@ class PostgresTableSink(TransactionalSink):
         for f in schema.fields:
             pg.pg_type(self.uid, f.name, f.dataType)
 
+    def takes_source_rows(self) -> bool:
+        """A source's output read on the driver is staged from there (:meth:`write_source_rows`,
+        :meth:`write_upsert`), unless ``driver_rows`` is 0."""
+        return self.driver_rows > 0
+
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        staged = staging.stage(self, self._connection(), ctx, df, self.held_input(ctx), one_per_key=True)
+        return self._staged(ctx, df, self.held_input(ctx))
+
+    def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """An append of rows a source read on the driver: ``COPY`` from there, up to ``driver_rows`` of them."""
+        if read.rows.num_rows > self.driver_rows:
+            return self.write(ctx, read.frame())
+        return self._staged(ctx, read.df, read.rows)
+
+    def _staged(self, ctx: StepContext, df: DataFrame, held: pa.Table | None, reduced: bool = False) -> list[JsonDict]:
+        staged = staging.stage(self, self._connection(), ctx, df, held, one_per_key=True, reduced=reduced)
         assert staged is not None  # only an input that may repeat a key is declined
         return [staged]
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
-        """An input that may repeat a key is first staged as it is, without Spark's reduction to one row
-        per key (a shuffle of every row): the staging table then holds each key once, and no row was
+        """Rows a source read on the driver, at most ``driver_rows``, are reduced there to one row per key
+        (:meth:`UpsertRows.collect`: the rule's code, as Spark reduces them) and staged from there.
+
+        Otherwise an input that may repeat a key is first staged as it is, without Spark's reduction to one
+        row per key (a shuffle of every row): the staging table then holds each key once, and no row was
         refused, exactly when the reduction would have changed nothing, and that staging stands.
         Otherwise it is staged again, reduced (the rows as :meth:`UpsertRows.frame` gives them). Rows
-        the driver holds go from the driver, with no Spark job, as in :meth:`write`."""
+        the driver holds (a stateful operator merged there) go from the driver, with no Spark job, as in
+        :meth:`write`."""
+        reduced = rows.collect(self.driver_rows) if rows.source is not None else None
+        if reduced is not None:
+            return self._staged(ctx, rows.df, reduced, reduced=rows.reduce)
         held = rows.in_driver.rows() if rows.in_driver is not None else None
         if (
             rows.reduce

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.base.upsert_rule import check_delete_column
 from airflow_provider_checkpoint.connectors.postgres import dead_letters, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.connectors.postgres.load import LOAD_RESULT, copy_partitions, one_stream_per_core
+from airflow_provider_checkpoint.connectors.postgres.load import (
+    LOAD_RESULT,
+    copy_partitions,
+    from_driver,
+    one_stream_per_core,
+)
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -49,11 +54,18 @@ def check_names(uid: str, schema: StructType) -> None:
 
 
 def stage(
-    sink: pg.SinkTable, conn: PgConnection, ctx: StepContext, df: DataFrame, held: pa.Table | None, one_per_key: bool
+    sink: pg.SinkTable,
+    conn: PgConnection,
+    ctx: StepContext,
+    df: DataFrame,
+    held: pa.Table | None,
+    one_per_key: bool,
+    reduced: bool = False,
 ) -> JsonDict | None:
     """Stage ``df`` (from the driver: ``held``, its rows) for ``sink``, return the committable. With
     ``one_per_key`` false (an upsert input that may repeat a key), ``None`` if a key is staged twice or a
-    row was refused: the caller stages again."""
+    row was refused: the caller stages again. ``reduced``: ``held`` are one row per key by the driver's
+    reduction, so keys of exact types are checked there (:func:`~.target.check_reduced`), not in the server."""
     started = time.monotonic()
     staging = pg.staging_table(sink.digest, ctx.checkpoint_id, ctx.attempt_tag)
     check_names(sink.uid, df.schema)
@@ -69,8 +81,8 @@ def stage(
     load = copy_partitions(conn, sink.schema, staging, types, sink.keys, dead)
     if held is None:
         results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
-    else:  # merged on the driver: one stream from here, no Spark job, no Python worker
-        results = [r for batch in load(iter(held.to_batches())) for r in batch.to_pylist()]
+    else:  # held on the driver: streams from here, no Spark job, no Python worker
+        results = from_driver(load, held)
     failed = [r["error"] for r in results if r["error"]]
     rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
     if not one_per_key and (failed or refused or target.staged_twice(sink, conn, staging, null_keys)):
@@ -82,7 +94,9 @@ def stage(
     if failed:
         raise SinkValueError(f"sink {sink.uid}: PostgreSQL refused a value for {sink.target_name()}: {failed[0]}")
     dead_letters.check_refused(sink, conn, staging, rows, refused)
-    if one_per_key:
+    if reduced and held is not None and target.keys_exact(sink, types):
+        target.check_reduced(sink, conn, staging, held, null_keys, analyze=not born)
+    elif one_per_key:
         target.check_staged(sink, conn, staging, null_keys)
     ctx.add_metric("sink_rows", rows)
     committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
@@ -92,7 +106,7 @@ def stage(
     log.info(
         "sink %s: staged %d rows%s into %s.%s from %s in %.2fs",
         sink.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", sink.schema,
-        staging, "the driver" if held else f"{len(results)} partitions", time.monotonic() - started,
+        staging, "the driver" if held is not None else f"{len(results)} partitions", time.monotonic() - started,
     )  # fmt: skip
     return committable
 
