@@ -12,12 +12,10 @@ to the model.
 
 from __future__ import annotations
 
-import itertools
 import random
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -45,18 +43,7 @@ KEYS = ["k", "part"]
 SCHEMA = "k STRING, part INT, v BIGINT, seq BIGINT, deleted BOOLEAN, note STRING"
 COLUMNS = ["k", "part", "v", "seq", "deleted", "note"]
 TYPES = {"k": pa.string(), "part": pa.int32(), "v": pa.int64(), "seq": pa.int64(), "deleted": pa.bool_()}
-_schemas = itertools.count()
 Row = dict[str, Any]
-
-
-@pytest.fixture
-def target(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh schema for the tables, behind connection ``pg_test``."""
-    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
-    schema = f"drv{next(_schemas)}_{uuid.uuid4().hex[:6]}"
-    with postgres_server.connect() as db:
-        db.execute(f"CREATE SCHEMA {schema}")
-    yield schema
 
 
 def _latest(rows: list[Row], sequence_by: bool) -> dict[tuple[Any, ...], Row]:
@@ -118,19 +105,20 @@ def _land(landing: Path, n: int, seed: int) -> list[Row]:
     return rows
 
 
-def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, target, tmp_path, monkeypatch) -> None:
+def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg_schema, tmp_path, monkeypatch) -> None:
     def declare(base: Path) -> None:
         def source(name: str) -> FileSource:
             return FileSource(f"events_{name}", f"{base}/landing", "parquet", SCHEMA)
 
-        PostgresTableSink("appended", source("append"), "pg_test", f"{target}.appended")
+        PostgresTableSink("appended", source("append"), "pg_test", f"{pg_schema}.appended")
         PostgresTableSink(
-            "latest", source("latest"), "pg_test", f"{target}.latest", "upsert", KEYS,
+            "latest", source("latest"), "pg_test", f"{pg_schema}.latest", "upsert", KEYS,
             sequence_by=["seq"], delete_when="deleted", driver_rows=100,
         )  # fmt: skip
         PostgresTableSink(
-            "soft", source("soft"), "pg_test", f"{target}.soft", "upsert", KEYS, delete_when="deleted", deletes="soft"
-        )
+            "soft", source("soft"), "pg_test", f"{pg_schema}.soft", "upsert", KEYS,
+            delete_when="deleted", deletes="soft",
+        )  # fmt: skip
 
     from_driver: list[str] = []
     original = staging.stage
@@ -151,11 +139,11 @@ def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, ta
         on_driver = ["appended", "latest", "soft"] if n <= 100 else ["appended", "soft"]
         assert sorted(from_driver) == on_driver, (checkpoint_id, from_driver)
         assert bool(set(tracker.getJobIdsForGroup()) - before) == (n > 100), checkpoint_id  # only Spark's staging
-        appended = _select(postgres_server, f"{target}.appended", [*COLUMNS, "_checkpoint_id"])
+        appended = _select(postgres_server, f"{pg_schema}.appended", [*COLUMNS, "_checkpoint_id"])
         assert appended == sorted(model.appended, key=repr), checkpoint_id
-        latest = _select(postgres_server, f"{target}.latest", [c for c in COLUMNS if c != "deleted"])
+        latest = _select(postgres_server, f"{pg_schema}.latest", [c for c in COLUMNS if c != "deleted"])
         assert latest == sorted(model.latest.values(), key=repr), checkpoint_id
-        soft = _select(postgres_server, f"{target}.soft", [c for c in COLUMNS if c != "deleted"] + ["__deleted"])
+        soft = _select(postgres_server, f"{pg_schema}.soft", [c for c in COLUMNS if c != "deleted"] + ["__deleted"])
         assert soft == sorted(model.soft.values(), key=repr), checkpoint_id
 
 
@@ -192,7 +180,7 @@ def batches(draw: st.DrawFn) -> pa.Table:
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=batches(), mode=st.sampled_from(list(MODES)), sequence_by=st.booleans())
 def test_the_driver_path_stages_what_spark_stages(
-    spark, postgres_server, target, data: pa.Table, mode: str, sequence_by: bool
+    spark, postgres_server, pg_schema, data: pa.Table, mode: str, sequence_by: bool
 ) -> None:
     options = dict(MODES[mode])
     if sequence_by and options.get("mode") == "upsert":
@@ -202,14 +190,14 @@ def test_the_driver_path_stages_what_spark_stages(
     tables = {}
     for path in ("driver", "spark"):
         name = f"{path}_{uuid.uuid4().hex[:8]}"
-        sink = PostgresTableSink(path, Source("src"), "pg_test", f"{target}.{name}", driver_rows=1000, **options)
+        sink = PostgresTableSink(path, Source("src"), "pg_test", f"{pg_schema}.{name}", driver_rows=1000, **options)
         ctx = step_context(spark, storage, 1)
         if path == "driver":
             ctx.source_rows["src"] = SourceRows(df, df.toArrow())
         sink.prepare(ctx)
         sink.commit(1, sink.stage(ctx, df))
         with postgres_server.connect() as db:
-            cursor = db.execute(f"SELECT * FROM {target}.{name}")
+            cursor = db.execute(f"SELECT * FROM {pg_schema}.{name}")
             tables[path] = Counter(cursor.fetchall())
             columns = [c.name for c in cursor.description or []]
     assert tables["driver"] == tables["spark"]
