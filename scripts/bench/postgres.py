@@ -97,28 +97,38 @@ def _truth(mode: str, base: pd.DataFrame, later: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([kept, later]).sort_values("id").reset_index(drop=True)
 
 
-SINKS = {
+KINDS = {
     "append": {"mode": "append"},
     "append-partitions": {"mode": "append", "partition_per_checkpoint": True},
     "upsert": {"mode": "upsert", "keys": ["id"]},
 }
 """The sinks loaded per round: append (the commit copies the staged rows with ``INSERT … SELECT``),
 append with ``partition_per_checkpoint`` (the commit attaches them), upsert by ``id``."""
+DRIVER = "-driver"
+SINKS = {**KINDS, **{f"{name}{DRIVER}": options for name, options in KINDS.items()}}
+"""Each kind fed by a cached DataFrame (a stateful operator's output, through Spark), and as ``<kind>-driver``
+by the rows a source read on the driver (a Parquet ``FileSource`` or a CDC checkpoint feeding only the sink)."""
 
 
-def _load(sink: Any, spark: SparkSession, storage: Any, checkpoint_id: int, batch: pd.DataFrame) -> dict[str, Any]:
+def _load(
+    sink: Any, spark: SparkSession, storage: Any, checkpoint_id: int, batch: pd.DataFrame, driver: bool
+) -> dict[str, Any]:
     """One checkpoint through the sink as a step and finalize run it: ``prepare`` + ``stage`` (the step),
-    ``verify_staged`` (finalize, before ``_metadata``), ``commit``; seconds of each."""
+    ``verify_staged`` (finalize, before ``_metadata``), ``commit``; seconds of each. With ``driver``, the step
+    has the rows as a source read on the driver hands them (``stage_source_rows``, ``df.toArrow()``, made
+    before the clock starts)."""
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
     from tests.spark.helpers import step_context  # the step context the Spark tests build
 
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # as an aggregate's output arrives
     df = spark.createDataFrame(batch).repartition(partitions).cache()
     df.count()
-    spark._jvm.System.gc()  # type: ignore[union-attr]  # not the previous load's garbage in this one's time
     ctx = step_context(spark, storage, checkpoint_id)
+    read = SourceRows(df.toArrow(), df.schema, lambda: df) if driver else None
+    spark._jvm.System.gc()  # type: ignore[union-attr]  # not the previous load's garbage in this one's time
     started = time.perf_counter()
     sink.prepare(ctx)
-    committables = sink.stage(ctx, df)
+    committables = sink.stage(ctx, df) if read is None else sink.stage_source_rows(ctx, read)
     figures = {"rows": len(batch), "stage_s": elapsed(started)}
     started = time.perf_counter()
     sink.verify_staged(checkpoint_id, committables)
@@ -155,7 +165,8 @@ def _round(spark: SparkSession, server: Any, n: int, rows: int, changed: int, se
         storage = JobStorage.for_job(str(Path("/tmp/checkpoint-bench-pg") / schema), name)  # the sink writes no files
         later = _later(mode, rows, changed, seed)
         for checkpoint_id, batch in ((1, base), (2, later)):
-            figures = out[f"{name}_{checkpoint_id}"] = _load(sink, spark, storage, checkpoint_id, batch)
+            driver = name.endswith(DRIVER)
+            figures = out[f"{name}_{checkpoint_id}"] = _load(sink, spark, storage, checkpoint_id, batch, driver)
             log(f"round {n} {name} checkpoint {checkpoint_id}: {len(batch):,} rows, step {figures['stage_s']:.2f}s, "
                 f"verify {figures['verify_s']:.3f}s, commit {figures['commit_s']:.3f}s")  # fmt: skip
         if not _table(server, table).astype(str).equals(_truth(mode, base, later).astype(str)):
@@ -256,7 +267,11 @@ def render(result: dict[str, Any]) -> str:
         "before `_metadata` (a row count), **commit** = the commit transaction; **whole** = the three; "
         "**later commit**: checkpoint 2's commit into the table of checkpoint 1.",
         "- Sinks: `append` (the commit copies the staged rows, `INSERT … SELECT`), `append-partitions` "
-        "(`partition_per_checkpoint=True`: the commit attaches them), `upsert` by `id`.",
+        "(`partition_per_checkpoint=True`: the commit attaches them), `upsert` by `id`; each fed by the cached "
+        "DataFrame (a stateful operator's output: Spark's executors `COPY`), and as `<sink>-driver` by the same "
+        "rows held on the driver as a source that read them there hands them (a Parquet `FileSource` or a CDC "
+        "checkpoint feeding only the sink; `df.toArrow()` before the clock starts): the driver reduces and "
+        "`COPY`s them, no Spark job.",
         "",
         "| round | sink | CSV COPY s | binary COPY s | staging s | verify s | commit s | whole s "
         "| floor / whole (target ≥ 0.6) | floor / staging | later commit s |",

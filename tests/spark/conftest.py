@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -46,3 +48,16 @@ def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(incremental, "RANGE_ROWS", 10)
     monkeypatch.setattr(incremental, "MAX_DELTAS", 3)
     monkeypatch.setattr(incremental, "COMPACTION_RATIO", 1000.0)
+
+
+_pg_schemas = itertools.count()
+
+
+@pytest.fixture
+def pg_schema(postgres_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh PostgreSQL schema for a sink's table, its bookkeeping and dead letters, behind connection ``pg_test``."""
+    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
+    schema = f"s{next(_pg_schemas)}_{uuid.uuid4().hex[:6]}"
+    with postgres_server.connect() as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    return schema

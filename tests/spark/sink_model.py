@@ -64,6 +64,7 @@ class Config:
     deletes: bool = False  # upsert: rows valued DELETE delete their key (delete_when="deleted")
     inline_dvs: bool = False  # delta upsert: inline_deletion_vectors=True
     soft_column: str | None = None  # with deletes: deletes="soft", deleted_column=soft_column
+    driver: bool = False  # postgres: the input as a source that read it on the driver hands it (no Spark job)
 
     @property
     def name(self) -> str:
@@ -74,6 +75,7 @@ class Config:
             + ("-deletes" if self.deletes else "")
             + ("-inline-dvs" if self.inline_dvs else "")
             + (f"-soft{self.soft_column}" if self.soft_column else "")
+            + ("-driver" if self.driver else "")
         )
 
     @property
@@ -194,9 +196,14 @@ class Harness:
         ctx = step_context(self.spark, self.storage, checkpoint_id, attempt)
         self.sink.prepare(ctx)
         if not self.config.deletes:
-            return self.sink.stage(ctx, self.spark.createDataFrame(list(batch), SCHEMA))
-        rows = [(*r, r[3] == DELETE) for r in batch]
-        return self.sink.stage(ctx, self.spark.createDataFrame(rows, f"{SCHEMA}, deleted boolean"))
+            df = self.spark.createDataFrame(list(batch), SCHEMA)
+        else:
+            df = self.spark.createDataFrame([(*r, r[3] == DELETE) for r in batch], f"{SCHEMA}, deleted boolean")
+        if self.config.driver:
+            from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+
+            return self.sink.stage_source_rows(ctx, SourceRows(df.toArrow(), df.schema, lambda: df))
+        return self.sink.stage(ctx, df)
 
     def commit(self, checkpoint_id: int, committables: Any) -> None:
         self.sink.commit(checkpoint_id, committables)

@@ -1,13 +1,14 @@
 """PostgresCdcSource's rows to an upsert sink from the driver (:mod:`.cdc_driver`) and through Spark: the same tables.
 
 One random change stream (inserts, updates, key changes, deletes, TOASTed values left unchanged, single- and
-multi-row transactions, the same keys changed again and again, nulls) on the real server, read by three
+multi-row transactions, the same keys changed again and again, nulls) on the real server, read by four
 sources of one job, each with its own slot: one hands its rows to a Delta upsert table from the driver,
-one is forced through Spark (``driver_read_bytes=0``) into another, one goes into a PostgreSQL upsert
-table. After every checkpoint each table, read by delta-rs or psycopg, equals the source table as a plain
-``SELECT`` saw it at the barrier. Then Hypothesis varies the change rows themselves: the driver's rows
-equal ``createDataFrame(...).toArrow()``, and their reduction and bucketing equal Spark's and a plain
-Python "the last change of each key" oracle.
+one is forced through Spark (``driver_read_bytes=0``) into another, two go into PostgreSQL upsert tables
+from the driver (deletes removing their key, and soft deletes keeping it marked). After every checkpoint
+each table, read by delta-rs or psycopg, equals the source table as a plain ``SELECT`` saw it at the
+barrier (the soft-deleted table: its rows not marked deleted). Then Hypothesis varies the change rows
+themselves: the driver's rows equal ``createDataFrame(...).toArrow()``, and their reduction and bucketing
+equal Spark's and a plain Python "the last change of each key" oracle.
 """
 
 from __future__ import annotations
@@ -70,9 +71,9 @@ def _delta(path: Path) -> dict[int, tuple[Any, ...]]:
     return found
 
 
-def _postgres(server: PostgresServer, table: str) -> dict[int, tuple[Any, ...]]:
+def _postgres(server: PostgresServer, table: str, where: str = "true") -> dict[int, tuple[Any, ...]]:
     with server.connect() as db:
-        rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM {table}").fetchall()
+        rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM {table} WHERE {where}").fetchall()
     found = {r[0]: _normal(r) for r in rows}
     assert len(found) == len(rows), "one row per key"
     return found
@@ -87,13 +88,16 @@ def test_the_driver_path_and_spark_give_the_source_tables(spark, pg, tmp_path, m
     work.transactions(20)
 
     def declare(root: Path) -> None:
-        sinks = {"delta_driver": {}, "delta_spark": {"driver_read_bytes": 0}, "postgres": {}}
+        sinks = {"delta_driver": {}, "delta_spark": {"driver_read_bytes": 0}, "postgres": {}, "postgres_soft": {}}
         for name, options in sinks.items():
             source = PostgresCdcSource(
                 f"cdc_{name}", [table], postgres_conn_id="cdc_pg", slot_name=f"cdc_test_{name}_{tag}", **options
             )
             if name == "postgres":
                 PostgresTableSink(name, source, "pg_target", target, "upsert", ["id"], delete_when="deleted")
+            elif name == "postgres_soft":  # the deleted keys kept, marked
+                soft = {"delete_when": "deleted", "deletes": "soft", "deleted_column": "gone"}
+                PostgresTableSink(name, source, "pg_target", f"{target}_soft", "upsert", ["id"], **soft)
             else:
                 DeltaTableSink(name, source, str(root / name), "upsert", ["id"], delete_when="deleted", buckets=4)
 
@@ -120,7 +124,9 @@ def test_the_driver_path_and_spark_give_the_source_tables(spark, pg, tmp_path, m
         assert _delta(tmp_path / "delta_driver") == seen, checkpoint
         assert _delta(tmp_path / "delta_spark") == seen, checkpoint
         assert _postgres(pg, target) == seen, checkpoint
-        assert from_source == ([] if checkpoint == 0 else ["delta_driver"]), (checkpoint, from_source)
+        assert _postgres(pg, f"{target}_soft", "NOT gone") == seen, checkpoint
+        on_driver = [] if checkpoint == 0 else ["delta_driver", "postgres", "postgres_soft"]
+        assert sorted(from_source) == on_driver, (checkpoint, from_source)
         work.transactions(25)
 
 

@@ -4,10 +4,8 @@ psycopg equals the pandas rule (the greatest ``sequence_by``, then the later row
 
 from __future__ import annotations
 
-import itertools
 import logging
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -18,19 +16,6 @@ from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.storage import JobStorage
 from tests.servers.postgres import PostgresServer
 from tests.spark.helpers import step_context
-
-_schemas = itertools.count()
-
-
-@pytest.fixture
-def target(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A fresh schema ``u<n>`` for the table, its bookkeeping and dead letters, behind connection ``pg_test``."""
-    monkeypatch.setenv("AIRFLOW_CONN_PG_TEST", postgres_server.uri())
-    schema = f"u{next(_schemas)}"
-    with postgres_server.connect() as db:
-        db.execute(f"CREATE SCHEMA {schema}")
-    yield schema
-
 
 RESTAGED = "staging it again reduced"
 SMALLINT_OUT_OF_RANGE = 70000
@@ -73,13 +58,13 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_upsert_input_is_staged_unreduced_only_when_that_changes_nothing(
-    spark, postgres_server, target, caplog, case
+    spark, postgres_server, pg_schema, caplog, case
 ):
     data, sequence_by, restaged = CASES[case]
     with postgres_server.connect() as db:
-        db.execute(f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, v smallint, seq bigint)")
+        db.execute(f"CREATE TABLE {pg_schema}.narrow (k text PRIMARY KEY, v smallint, seq bigint)")
     sink = PostgresTableSink(
-        "narrow", Source("src"), "pg_test", f"{target}.narrow", "upsert", keys=["k"],
+        "narrow", Source("src"), "pg_test", f"{pg_schema}.narrow", "upsert", keys=["k"],
         sequence_by=["seq"] if sequence_by else None,
     )  # fmt: skip
     rows = pd.DataFrame(data, columns=["k", "v", "seq"])
@@ -88,26 +73,26 @@ def test_an_upsert_input_is_staged_unreduced_only_when_that_changes_nothing(
         committables = _load(spark, sink, 1, rows)
     assert committables[0]["rows"] == len(truth)
     assert (RESTAGED in caplog.text) == restaged
-    pd.testing.assert_frame_equal(_table(postgres_server, target), truth.sort_values("k").reset_index(drop=True))
+    pd.testing.assert_frame_equal(_table(postgres_server, pg_schema), truth.sort_values("k").reset_index(drop=True))
     later = pd.DataFrame([("b", 20, 0), ("e", 21, 0), ("b", 22, 0)], columns=["k", "v", "seq"])  # into rows
     _load(spark, sink, 2, later)
     both = _truth(pd.concat([truth, _truth(later, sequence_by)]), sequence_by=False)
-    pd.testing.assert_frame_equal(_table(postgres_server, target), both.sort_values("k").reset_index(drop=True))
+    pd.testing.assert_frame_equal(_table(postgres_server, pg_schema), both.sort_values("k").reset_index(drop=True))
 
 
 def test_a_refused_winner_goes_to_the_dead_letters_and_an_older_row_of_its_key_does_not_stand(
-    spark, postgres_server, target
+    spark, postgres_server, pg_schema
 ):
     """Unreduced, the older row of ``a`` would stage and its refused later row go to the dead letters:
     the table would hold a row the rule replaced. Reduced first, ``a`` is refused and absent."""
     with postgres_server.connect() as db:
-        db.execute(f"CREATE TABLE {target}.narrow (k text PRIMARY KEY, v smallint, seq bigint)")
+        db.execute(f"CREATE TABLE {pg_schema}.narrow (k text PRIMARY KEY, v smallint, seq bigint)")
     sink = PostgresTableSink(
-        "narrow", Source("src"), "pg_test", f"{target}.narrow", "upsert", keys=["k"], dead_letter_table="dead"
+        "narrow", Source("src"), "pg_test", f"{pg_schema}.narrow", "upsert", keys=["k"], dead_letter_table="dead"
     )
     rows = pd.DataFrame([("a", 1, 0), ("b", 2, 0), ("a", SMALLINT_OUT_OF_RANGE, 0)], columns=["k", "v", "seq"])
     committables = _load(spark, sink, 1, rows)
     assert (committables[0]["rows"], committables[0]["dead_letters"]) == (1, 1)
     pd.testing.assert_frame_equal(
-        _table(postgres_server, target), pd.DataFrame([("b", 2, 0)], columns=["k", "v", "seq"])
+        _table(postgres_server, pg_schema), pd.DataFrame([("b", 2, 0)], columns=["k", "v", "seq"])
     )

@@ -1,12 +1,13 @@
 """Model-based suite for every sink (issue #30 point 5): seeded keyed change streams, faults and
 restores against Parquet, Delta and PostgreSQL sinks in append and upsert mode (upsert with
 ``sequence_by`` also with deletes, ``delete_when``, and with soft deletes, ``deletes="soft"``, whose marking
-column the readers read too; PostgreSQL with its dead-letter table), each
+column the readers read too; PostgreSQL with its dead-letter table, and with its input held on the driver
+as a source that read it there hands it, ``-driver``), each
 table read after every step by independent readers (pyarrow; delta-rs and DuckDB; psycopg) and
 compared with the plain-Python model in ``sink_model``.
 
 CI runs the fixed seeds below, two examples each (three in ``make test-full``); ``SINK_MODEL_ALL=1``
-adds PostgreSQL with soft deletes;
+adds PostgreSQL with soft deletes (both paths) and its append from the driver;
 ``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
 ``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure and
 ``SINK_MODEL_SHRINK_SECONDS`` (default 60) bounds it, and
@@ -39,6 +40,7 @@ CONFIGS = [
     Config("postgres", "append", partition_per_checkpoint=True),
     Config("postgres", "upsert"),
     Config("postgres", "upsert", sequence_by=True, deletes=True),
+    Config("postgres", "upsert", sequence_by=True, deletes=True, driver=True),
     Config("parquet", "upsert", deletes=True, soft_column="__deleted"),
     Config("delta", "upsert", sequence_by=True, deletes=True, soft_column="__deleted"),
 ]
@@ -46,6 +48,8 @@ if os.environ.get(
     "SINK_MODEL_ALL"
 ):  # soft deletes into PostgreSQL run in CI through CDC (test_postgres_cdc_chunk_restart)
     CONFIGS.append(Config("postgres", "upsert", deletes=True, soft_column="deleted"))
+    CONFIGS.append(Config("postgres", "upsert", deletes=True, soft_column="deleted", driver=True))
+    CONFIGS.append(Config("postgres", "append", driver=True))
 SEEDS = [int(s) for s in os.environ.get("SINK_MODEL_SEEDS", "30").split(",")]
 EXAMPLES = int(ci_or_full("SINK_MODEL_EXAMPLES", "2", "3"))
 STEPS = int(os.environ.get("SINK_MODEL_STEPS", "8"))

@@ -97,6 +97,24 @@ def test_types_without_a_mapping_and_bad_definitions_are_refused():
     assert _sink(partition_per_checkpoint=True).describe()["partition_per_checkpoint"] is True
     assert "partition_per_checkpoint" not in _sink().describe()
     assert _sink(dead_letter_table="ops.refused").dead_letters == ("ops", "refused")
+    for bad in (-1, True, 1.5):
+        with pytest.raises(PipelineDefinitionError, match="driver_rows must be an int >= 0"):
+            _sink(driver_rows=bad)
+    assert _sink().takes_source_rows() and not _sink(driver_rows=0).takes_source_rows()
+
+
+def test_only_keys_compared_as_their_values_skip_the_servers_duplicate_key_check():
+    """Rows reduced on the driver are one per key as Arrow compares them: so are they in the server only for key
+    types whose equality is the values' own, not ``character(n)`` (trailing blanks ignored), a rounded timestamp
+    precision or ``citext``."""
+    from airflow_provider_checkpoint.connectors.postgres.target import keys_exact
+
+    sink = _sink(mode="upsert", keys=["a", "b"])
+    exact = ["text", "bigint", "numeric(10,2)", "character varying(8)", "timestamp with time zone", "date", "bytea"]
+    for kind in exact:
+        assert keys_exact(sink, {"a": kind, "b": "integer", "v": "citext"}), kind
+    for kind in ["character(3)", "citext", "timestamp(3) with time zone", "real", "jsonb"]:
+        assert not keys_exact(sink, {"a": "text", "b": kind}), kind
 
 
 def test_a_missing_connection_or_another_type_is_refused(monkeypatch):

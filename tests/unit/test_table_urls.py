@@ -9,7 +9,7 @@ import sys
 import fsspec
 import pytest
 
-from airflow_provider_checkpoint.connectors.base.sink import table_url
+from airflow_provider_checkpoint.connectors.base.table_urls import table_url
 
 S3_PATHS = [
     "s3://bucket/table",

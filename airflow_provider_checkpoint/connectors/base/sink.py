@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -30,17 +29,17 @@ import fsspec
 
 from airflow_provider_checkpoint.connectors.base.soft_delete import SoftDelete, check_deletes
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, delete_tree, list_tree, read_document
+from airflow_provider_checkpoint.connectors.base.table_urls import known_table_url as known_table_url
+from airflow_provider_checkpoint.connectors.base.table_urls import table_url, url_of
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_key_columns
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
 from airflow_provider_checkpoint.exceptions import (
-    CheckpointStorageError,
     PipelineDefinitionError,
     SinkClaimedError,
     SinkSchemaError,
     UnsafePathError,
-    shorten,
 )
 from airflow_provider_checkpoint.storage.job_storage import Location
 from airflow_provider_checkpoint.storage.object_store import check_reachable
@@ -60,52 +59,6 @@ CLAIM_FILE = "_table.json"
 
 
 MODES = ("append", "upsert")
-_LOCAL = ("file", "local")
-
-
-def _url(protocol: str | tuple[str, ...], path: str) -> str:
-    """``path`` of a filesystem speaking ``protocol`` as a URL (``file://`` for local paths)."""
-    name = protocol[0] if isinstance(protocol, tuple) else protocol
-    return f"{'file' if name in _LOCAL else name}://{path}"
-
-
-class _S3Paths(fsspec.AbstractFileSystem):
-    """S3 paths as ``s3fs.S3FileSystem`` strips them (fsspec's own rule, its protocols and root), without
-    importing s3fs: 0.4 s of aiobotocore and aiohttp in every DAG parse that declares an S3 sink."""
-
-    protocol = ("s3", "s3a")
-    root_marker = ""
-
-
-def _installed(package: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(package) is not None
-
-
-def table_url(uid: str, path: str) -> str:
-    """The URL of a table or directory ``path`` (a local path or fsspec URL) from the path alone, normalized
-    (absolute, no ``.``/``..`` or trailing ``/``): declaring a pipeline resolves no connection and opens no
-    filesystem (the DAG processor parses the file; only tasks reach storage)."""
-    protocol = fsspec.core.split_protocol(path)[0] or "file"
-    try:
-        kind = (
-            _S3Paths if protocol in _S3Paths.protocol and _installed("s3fs") else fsspec.get_filesystem_class(protocol)
-        )
-    except (ValueError, ImportError) as e:  # unknown scheme, or its filesystem package is missing
-        raise CheckpointStorageError(f"{uid}: no filesystem serves {shorten(path)}: {e}") from e
-    stripped = kind._strip_protocol(path)
-    normalized = posixpath.abspath(stripped) if protocol in _LOCAL else posixpath.normpath(stripped)
-    return _url(kind.protocol, normalized.rstrip("/"))
-
-
-def known_table_url(uid: str, path: str) -> str | None:
-    """:func:`table_url`, or ``None`` where no installed filesystem serves ``path`` (nothing to compare it with:
-    a sink there could not be declared)."""
-    try:
-        return table_url(uid, path)
-    except CheckpointStorageError:
-        return None
 
 
 def check_input_columns(table: str, table_columns: dict[str, str], input_columns: dict[str, str], evolve: str) -> None:
@@ -157,7 +110,8 @@ class TransactionalSink(Sink):
     (:func:`~.upsert_rule.check_sequence_by`), and ``delete_when`` where they apply deletes
     (:meth:`set_deletes`): in upsert mode :meth:`write_upsert` receives the input as
     :class:`~.upsert_rule.UpsertRows`, which yields one row per key (:mod:`.upsert_rule`); with soft deletes
-    (:mod:`.soft_delete`) that input is rewritten first and ``delete_when`` is ``None``.
+    (:mod:`.soft_delete`) that input is rewritten first and ``delete_when`` is ``None``. An append of rows a
+    source read on the driver goes to :meth:`write_source_rows` (:meth:`takes_source_rows`).
     """
 
     mode: str
@@ -258,17 +212,26 @@ class TransactionalSink(Sink):
         return self.write(ctx, df)
 
     def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
-        """:meth:`stage` of the rows the source read on the driver: an upsert merged there
-        (:meth:`takes_source_rows`) takes them as they are, its input's DataFrame made only if it falls back
-        to Spark."""
+        """:meth:`stage` of the rows the source read on the driver: a sink that takes them there
+        (:meth:`takes_source_rows`) gets them as they are (marked with soft deletes as :meth:`written_input`
+        marks a DataFrame: :meth:`.SoftDelete.marked`), their DataFrame made only if it falls back to Spark."""
         if not self.takes_source_rows():
             return self.stage(ctx, read.frame())
         self.check_target()
+        if self.soft_delete is not None:  # its refusals before the claim
+            read = self.soft_delete.marked(self.uid, read)
         self.claim(ctx.plan.job_id)
+        if self.mode != "upsert":
+            return self.write_source_rows(ctx, read)
         rows = UpsertRows(
             self.uid, None, self.keys, self.sequence_by, self.needs_source_order(), count=read.rows.num_rows, read=read
         )
         return self.write_upsert(ctx, rows)
+
+    def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """Stage an append whose rows its source read on the driver (:meth:`takes_source_rows`); by default
+        :meth:`write` of the DataFrame of them."""
+        return self.write(ctx, read.frame())
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
         """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
@@ -374,7 +337,7 @@ class TableDirectorySink(TransactionalSink):
 
     def url(self, path: str) -> str:
         """The URL of ``path`` (a path on the table's filesystem), for Spark and delta-rs."""
-        return _url(self._fs()[0].protocol, path)
+        return url_of(self._fs()[0].protocol, path)
 
     def asset_uri(self) -> str:
         """The table's URL, from its path alone (:func:`table_url`)."""

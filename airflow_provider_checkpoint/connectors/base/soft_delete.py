@@ -24,6 +24,9 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, Sink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 DELETES = ("hard", "soft")
 DELETED_COLUMN = "__deleted"
@@ -37,24 +40,53 @@ class SoftDelete:
     when: str
     column: str
 
-    def apply(self, uid: str, df: DataFrame) -> DataFrame:
-        """``df`` as the sink writes it: ``column`` true where ``when`` is, false elsewhere (a null too),
-        ``when`` dropped; refused if ``when`` is not a boolean column or ``column`` is another input column."""
-        from pyspark.sql import functions as F
-
-        types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    def check(self, uid: str, schema: StructType) -> None:
+        """Refuse an input of ``schema`` whose ``when`` is not a boolean column, or with ``column`` as another
+        of its columns."""
+        types = {f.name: f.dataType.simpleString() for f in schema.fields}
         if types.get(self.when) != "boolean":
             raise SinkSchemaError(
                 f"sink {uid}: delete_when column {self.when!r} must be boolean, the input has "
-                f"{types.get(self.when) or 'no such column'}; its columns are {df.columns}"
+                f"{types.get(self.when) or 'no such column'}; its columns are {schema.fieldNames()}"
             )
         if self.column != self.when and self.column in types:
             raise SinkSchemaError(
                 f"sink {uid}: deleted_column {self.column!r} is already an input column; name another "
                 f"(deleted_column=...) or drop it before the sink"
             )
+
+    def apply(self, uid: str, df: DataFrame) -> DataFrame:
+        """``df`` as the sink writes it: ``column`` true where ``when`` is, false elsewhere (a null too),
+        ``when`` dropped; refused as :meth:`check` refuses."""
+        from pyspark.sql import functions as F
+
+        self.check(uid, df.schema)
         marked = df.withColumn(self.column, F.coalesce(F.col(f"`{self.when}`"), F.lit(False)))
         return marked if self.column == self.when else marked.drop(self.when)
+
+    def marked(self, uid: str, read: SourceRows) -> SourceRows:
+        """:meth:`apply` of rows a source read on the driver, in Arrow (no Spark): the same columns in the
+        same places, ``column`` in ``when``'s place if it is ``when``, else last, as ``withColumn`` puts it;
+        the DataFrame of them, if a consumer needs it, :meth:`apply` of theirs."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark.sql.types import BooleanType, StructField, StructType
+
+        from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+
+        self.check(uid, read.schema)
+        rows, flags = read.rows, pc.fill_null(read.rows[self.when], pa.scalar(False))
+        field = StructField(self.column, BooleanType(), nullable=False)  # coalesce(..., false) is never null
+        fields = list(read.schema.fields)
+        if self.column == self.when:
+            at = rows.schema.get_field_index(self.when)
+            rows = rows.set_column(at, pa.field(self.column, pa.bool_(), nullable=False), flags)
+            fields[at] = field
+        else:
+            rows = rows.append_column(pa.field(self.column, pa.bool_(), nullable=False), flags)
+            rows = rows.drop_columns([self.when])
+            fields = [f for f in fields if f.name != self.when] + [field]
+        return SourceRows(rows, StructType(fields), lambda: self.apply(uid, read.frame()))
 
 
 def check_deletes(

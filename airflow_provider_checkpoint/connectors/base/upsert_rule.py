@@ -227,12 +227,13 @@ class UpsertRows:
                 return None
             buckets = spark_pmod(xxhash64(rows, self.keys).view(np.int64), pmod[1])
             rows = rows.append_column(pmod[0], pa.array(buckets))
-        if self.reduce:
+        if self.reduce and self.sequence_by:  # else the rows' own order is the source order
             rows = rows.append_column(_ORDER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
         return self._reduced(rows)
 
     def _reduced(self, rows: pa.Table) -> pa.Table | None:
-        """``rows`` (with ``_ORDER`` if :attr:`reduce`) one per key; ``None`` if a NaN orders them."""
+        """``rows`` one per key if :attr:`reduce`, their source order in ``_ORDER`` or, without it, their own
+        order; ``None`` if a NaN orders them."""
         import pyarrow.compute as pc
 
         if not self.reduce:
@@ -240,6 +241,8 @@ class UpsertRows:
         floats = [rows[c] for c in self.sequence_by if rows.schema.field(c).type in _float_types()]
         if any(pc.any(pc.is_nan(c)).as_py() for c in floats):  # Spark orders NaN above every value
             return None
+        if _ORDER not in rows.column_names:
+            return latest_in_arrow(rows, self.keys, [])
         return latest_in_arrow(rows, self.keys, [*self.sequence_by, _ORDER]).drop_columns([_ORDER])
 
     def held(self, pmod_column: str, divisor: int) -> pa.Table | None:
@@ -255,12 +258,16 @@ class UpsertRows:
 
 
 def latest_in_arrow(rows: pa.Table, keys: Sequence[str], order: Sequence[str]) -> pa.Table:
-    """One row of ``rows`` per key (null-safe): the greatest by the ``order`` columns, a null below any value."""
+    """One row of ``rows`` per key (null-safe): the greatest by the ``order`` columns, a null below any value, or
+    with no ``order`` the last in ``rows``' own order; in that order (``rows`` themselves when no key repeats)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    ranked = rows.take(pc.sort_indices(rows, sort_keys=[(c, "ascending", "at_start") for c in order]))
-    ranked = ranked.append_column(_RANK, pa.array(np.arange(ranked.num_rows, dtype=np.int64)))
-    last = ranked.select([*keys, _RANK]).group_by(list(keys), use_threads=False).aggregate([(_RANK, "max")])
-    return ranked.take(np.sort(last[f"{_RANK}_max"].to_numpy())).drop_columns([_RANK])
+    ranked = (
+        rows.take(pc.sort_indices(rows, sort_keys=[(c, "ascending", "at_start") for c in order])) if order else rows
+    )
+    rank = pa.array(np.arange(ranked.num_rows, dtype=np.int64))
+    by_key = pa.table([*(ranked[k] for k in keys), rank], names=[*keys, _RANK])
+    last = by_key.group_by(list(keys), use_threads=False).aggregate([(_RANK, "max")])
+    return ranked if last.num_rows == ranked.num_rows else ranked.take(np.sort(last[f"{_RANK}_max"].to_numpy()))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from airflow_provider_checkpoint.connectors.base.sink import known_table_url
+from airflow_provider_checkpoint.connectors.base.table_urls import known_table_url
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta.log import DataFile, Position

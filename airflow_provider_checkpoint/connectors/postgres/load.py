@@ -3,7 +3,7 @@
 :func:`copy_partitions` loads each partition in one transaction, one ``COPY`` per Arrow batch
 (binary where the column types allow, else CSV, else value by value), and returns one small row
 (counts, error) per partition. It runs in the executors (``mapInArrow``), or in the driver on rows
-the driver holds already.
+the driver holds already (:func:`from_driver`: a few slices in parallel, each a partition).
 """
 
 from __future__ import annotations
@@ -174,6 +174,35 @@ def one_stream_per_core(df: DataFrame) -> DataFrame:
     Spark Connect, where the client does not see the cores, ``df`` as it is."""
     context = getattr(df.sparkSession, "sparkContext", None)
     return df if context is None else df.coalesce(max(int(context.defaultParallelism), 1))
+
+
+DRIVER_STREAMS = 2
+"""Parallel ``COPY`` streams from the driver (threads, a connection and transaction each), as the executors
+send one per core: on two cores the server parses two streams in ≈ 0.7 of one's time (docs/benchmarks.md)."""
+STREAM_ROWS = 100_000
+"""Rows per extra stream from the driver at least: fewer go in fewer streams (each costs a connection)."""
+BATCH_ROWS = 65_536
+"""Rows per ``COPY`` from the driver: the next batch is encoded while the server parses the last one."""
+
+
+def from_driver(
+    load: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], rows: pa.Table
+) -> list[dict[str, Any]]:
+    """``load`` (:func:`copy_partitions`' function) over ``rows`` held on the driver, in up to
+    :data:`DRIVER_STREAMS` parallel slices, each one partition (one transaction): its :data:`LOAD_RESULT` rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    streams = max(1, min(DRIVER_STREAMS, rows.num_rows // STREAM_ROWS))
+    size = -(-rows.num_rows // streams)
+    parts = [rows.slice(i * size, size) for i in range(streams)]
+
+    def one(part: pa.Table) -> list[dict[str, Any]]:
+        return [r for batch in load(iter(part.to_batches(max_chunksize=BATCH_ROWS))) for r in batch.to_pylist()]
+
+    if streams == 1:
+        return one(parts[0])
+    with ThreadPoolExecutor(streams) as pool:
+        return [r for results in pool.map(one, parts) for r in results]
 
 
 LOAD_RESULT = "rows long, refused long, error string"

@@ -2,7 +2,8 @@
 
 - **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging table
   unique to the checkpoint attempt (:func:`~.sql.staging_table`); rows the driver holds already (an
-  input merged there) go from the driver, in one stream, with no Spark job. A value PostgreSQL
+  input merged there, or read there by its source: ``driver_rows``) go from the driver, in one stream,
+  with no Spark job. A value PostgreSQL
   refuses fails the step, naming column and key, or with ``dead_letter_table`` its row goes there
   instead (:mod:`.dead_letters`). The committable is ``{"checkpoint_id", "staging_table", "rows"}``
   (and ``"dead_letters"``, a count, with a dead-letter table): names and counts only. Staging tables
@@ -21,7 +22,8 @@
   ``_checkpoint_id`` column is newer than N; ``upsert`` puts back the before-images of every key
   the newer checkpoints changed, kept in ``_cks_<sink>_undo`` for the ``undo_checkpoints`` newest
   committed checkpoints (older ones are purged by the commit that passes them).
-- **Claim**: a row in ``checkpoint_sink_claims`` gives the table to one (job, sink uid, mode, keys).
+- **Claim**: a row in ``checkpoint_sink_claims`` gives the table to one (job, sink uid, mode, keys)
+  (:mod:`.claims`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
     check_sequence_by,
 )
-from airflow_provider_checkpoint.connectors.postgres import dead_letters, partitions, staging, target, undo
+from airflow_provider_checkpoint.connectors.postgres import claims, dead_letters, partitions, staging, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
@@ -52,12 +54,17 @@ from airflow_provider_checkpoint.exceptions import (
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 log = logging.getLogger(__name__)
+
+DRIVER_ROWS = 2_000_000
+"""A source's output read on the driver of at most this many rows is staged from the driver (``driver_rows``)."""
 
 
 class PostgresTableSink(TransactionalSink):
@@ -101,6 +108,10 @@ class PostgresTableSink(TransactionalSink):
         ``create_table`` types it) and a number column the input widens (smallint → integer → bigint,
         real → double precision) is widened (``ALTER COLUMN … TYPE``), both inside the checkpoint's commit
         transaction (:func:`~.target.follow_staged`); never a dropped, narrowed or otherwise retyped column.
+    :param driver_rows: a checkpoint's input that its source read on the driver (the source feeding only this
+        sink: :meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`) is staged from the
+        driver, with no Spark job, when it has at most this many rows (reduced there to one row per key by
+        :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`'s code); more go through Spark; ``0``: never.
     """
 
     def __init__(
@@ -122,6 +133,7 @@ class PostgresTableSink(TransactionalSink):
         deletes: str = "hard",
         deleted_column: str | None = None,
         schema_evolution: str = "none",
+        driver_rows: int = DRIVER_ROWS,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -149,6 +161,9 @@ class PostgresTableSink(TransactionalSink):
             raise PipelineDefinitionError(f"{uid}: partition_per_checkpoint is for append mode")
         self.partition_per_checkpoint = partition_per_checkpoint
         self.schema_evolution = check_schema_evolution(uid, schema_evolution)
+        if not isinstance(driver_rows, int) or isinstance(driver_rows, bool) or driver_rows < 0:
+            raise PipelineDefinitionError(f"{uid}: driver_rows must be an int >= 0, got {driver_rows!r}")
+        self.driver_rows = driver_rows
         if partition_per_checkpoint and schema_evolution != "none":
             raise PipelineDefinitionError(
                 f"{uid}: schema_evolution is not available with partition_per_checkpoint (a checkpoint's partition "
@@ -197,19 +212,9 @@ class PostgresTableSink(TransactionalSink):
 
     def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
         """The commit time of the marker row (the commit transaction's start), for the table and its dead letters."""
-        from psycopg import sql
-
         with self._tx() as db:
-            claim = self.owned_claim(self._read_claim(db))
-            if claim is None:
-                return {}
-            row = db.execute(
-                sql.SQL(
-                    "SELECT extract(epoch FROM committed_at)::float8 FROM {} "
-                    "WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id = %s"
-                ).format(self.table(pg.MARKERS)),
-                [claim["job_id"], claim["sink"], self.table_name, checkpoint_id],
-            ).fetchone()
+            claim = self.owned_claim(claims.read(self, db))
+            row = None if claim is None else claims.marker(self, db, claim, checkpoint_id, "committed_at")
         if row is None:
             return {}
         when = {"commit_time": float(row[0])}
@@ -231,33 +236,11 @@ class PostgresTableSink(TransactionalSink):
 
     def load_claim(self) -> JsonDict | None:
         with self._tx() as db:
-            return self._read_claim(db)
-
-    def _read_claim(self, db: psycopg.Connection[Any], lock: bool = False) -> JsonDict | None:
-        from psycopg import sql
-
-        exists = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{self.schema}"."{pg.CLAIMS}"']).fetchone()
-        if not exists or not exists[0]:
-            return None
-        row = db.execute(
-            sql.SQL("SELECT job_id, sink_uid, mode, keys FROM {} WHERE schema_name = %s AND table_name = %s{}").format(
-                self.table(pg.CLAIMS), sql.SQL(" FOR UPDATE" if lock else "")
-            ),
-            [self.schema, self.table_name],
-        ).fetchone()
-        return None if row is None else {"job_id": row[0], "sink": row[1], "mode": row[2], "keys": list(row[3])}
+            return claims.read(self, db)
 
     def store_claim(self, claim: JsonDict) -> None:
-        from psycopg import sql
-
         with self._tx() as db:
-            undo.ensure_bookkeeping(self, db)
-            db.execute(
-                sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(
-                    self.table(pg.CLAIMS)
-                ),
-                [self.schema, self.table_name, claim["job_id"], claim["sink"], claim["mode"], claim["keys"]],
-            )
+            claims.insert(self, db, claim)
         if self.load_claim() != claim:  # another job claimed it between our read and insert
             self.claim(str(claim["job_id"]))
 
@@ -276,24 +259,49 @@ class PostgresTableSink(TransactionalSink):
         for f in schema.fields:
             pg.pg_type(self.uid, f.name, f.dataType)
 
+    def takes_source_rows(self) -> bool:
+        """A source's output read on the driver is staged from there (:meth:`write_source_rows`,
+        :meth:`write_upsert`), unless ``driver_rows`` is 0."""
+        return self.driver_rows > 0
+
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        staged = staging.stage(self, self._connection(), ctx, df, self.held_input(ctx), one_per_key=True)
+        held = self.held_input(ctx)
+        return self._staged(ctx, df.schema, df if held is None else held)
+
+    def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
+        """An append of rows a source read on the driver: ``COPY`` from there, up to ``driver_rows`` of them."""
+        if read.rows.num_rows > self.driver_rows:
+            return self.write(ctx, read.frame())
+        return self._staged(ctx, read.schema, read.rows)
+
+    def _staged(
+        self, ctx: StepContext, schema: StructType, rows: DataFrame | pa.Table, reduced: bool = False
+    ) -> list[JsonDict]:
+        staged = staging.stage(self, self._connection(), ctx, schema, rows, one_per_key=True, reduced=reduced)
         assert staged is not None  # only an input that may repeat a key is declined
         return [staged]
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
-        """An input that may repeat a key is first staged as it is, without Spark's reduction to one row
-        per key (a shuffle of every row): the staging table then holds each key once, and no row was
+        """Rows a source read on the driver, at most ``driver_rows``, are reduced there to one row per key
+        (:meth:`UpsertRows.collect`: the rule's code, as Spark reduces them) and staged from there.
+
+        Otherwise an input that may repeat a key is first staged as it is, without Spark's reduction to one
+        row per key (a shuffle of every row): the staging table then holds each key once, and no row was
         refused, exactly when the reduction would have changed nothing, and that staging stands.
         Otherwise it is staged again, reduced (the rows as :meth:`UpsertRows.frame` gives them). Rows
-        the driver holds go from the driver, with no Spark job, as in :meth:`write`."""
+        the driver holds (a stateful operator merged there) go from the driver, with no Spark job, as in
+        :meth:`write`."""
+        reduced = rows.collect(self.driver_rows) if rows.source is not None else None
+        if reduced is not None:
+            return self._staged(ctx, rows.schema, reduced, reduced=rows.reduce)
         held = rows.in_driver.rows() if rows.in_driver is not None else None
-        if (
-            rows.reduce
-            and (staged := staging.stage(self, self._connection(), ctx, rows.data(), held, one_per_key=False))
-            is not None
-        ):
-            return [staged]
+        if rows.reduce:
+            data = rows.data()
+            staged = staging.stage(
+                self, self._connection(), ctx, data.schema, data if held is None else held, one_per_key=False
+            )
+            if staged is not None:
+                return [staged]
         return self.write(ctx, rows.frame())
 
     # -- committer (finalize / recovery side) ------------------------------------------
@@ -313,20 +321,11 @@ class PostgresTableSink(TransactionalSink):
             return self._marker(db, checkpoint_id) is not None
 
     def _marker(self, db: psycopg.Connection[Any], checkpoint_id: int, claim: JsonDict | None = None) -> Any:
-        from psycopg import sql
-
-        claim = claim or self.owned_claim(self._read_claim(db))
-        if claim is None:
-            return None
-        return db.execute(
-            sql.SQL(
-                "SELECT rows FROM {} WHERE job_id = %s AND sink_uid = %s AND table_name = %s AND checkpoint_id = %s"
-            ).format(self.table(pg.MARKERS)),
-            [claim["job_id"], claim["sink"], self.table_name, checkpoint_id],
-        ).fetchone()
+        claim = claim or self.owned_claim(claims.read(self, db))
+        return None if claim is None else claims.marker(self, db, claim, checkpoint_id)
 
     def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
-        claim = self.owned_claim(self._read_claim(db, lock=True))
+        claim = self.owned_claim(claims.read(self, db, lock=True))
         if claim is None:
             raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
         return claim
@@ -364,7 +363,7 @@ class PostgresTableSink(TransactionalSink):
         """Return the table to its state when ``checkpoint_id`` committed, in one transaction, and drop
         the staging tables of later checkpoints (the restored job never commits them)."""
         with self._tx() as db:
-            if self._read_claim(db) is None:
+            if claims.read(self, db) is None:
                 return
             claim = self._locked_claim(db)
             if self.partition_per_checkpoint:

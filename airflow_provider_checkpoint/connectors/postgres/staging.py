@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_checkpoint.connectors.base.upsert_rule import check_delete_column
 from airflow_provider_checkpoint.connectors.postgres import dead_letters, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.connectors.postgres.load import LOAD_RESULT, copy_partitions, one_stream_per_core
+from airflow_provider_checkpoint.connectors.postgres.load import (
+    LOAD_RESULT,
+    copy_partitions,
+    from_driver,
+    one_stream_per_core,
+)
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
@@ -49,28 +54,39 @@ def check_names(uid: str, schema: StructType) -> None:
 
 
 def stage(
-    sink: pg.SinkTable, conn: PgConnection, ctx: StepContext, df: DataFrame, held: pa.Table | None, one_per_key: bool
+    sink: pg.SinkTable,
+    conn: PgConnection,
+    ctx: StepContext,
+    schema: StructType,
+    rows: DataFrame | pa.Table,
+    one_per_key: bool,
+    reduced: bool = False,
 ) -> JsonDict | None:
-    """Stage ``df`` (from the driver: ``held``, its rows) for ``sink``, return the committable. With
-    ``one_per_key`` false (an upsert input that may repeat a key), ``None`` if a key is staged twice or a
-    row was refused: the caller stages again."""
+    """Stage ``rows`` of Spark columns ``schema`` for ``sink`` (a DataFrame: from the executors; Arrow held
+    on the driver: from there, no Spark job), return the committable. With ``one_per_key`` false (an upsert
+    input that may repeat a key), ``None`` if a key is staged twice or a row was refused: the caller stages
+    again. ``reduced``: Arrow rows one per key by the driver's reduction, so keys of exact types are checked
+    there (:func:`~.target.check_reduced`), not in the server."""
+    import pyarrow as pa
+
     started = time.monotonic()
     staging = pg.staging_table(sink.digest, ctx.checkpoint_id, ctx.attempt_tag)
-    check_names(sink.uid, df.schema)
-    check_delete_column(sink.uid, sink.delete_when, df.schema)
+    held = rows if isinstance(rows, pa.Table) else None
+    check_names(sink.uid, schema)
+    check_delete_column(sink.uid, sink.delete_when, schema)
     dead = pg.dead_letter_staging(staging) if sink.dead_letters else None
     with conn.connect() as db:
         born = target.born_in_commit(sink, db)  # then the commit makes the table of the staging table
-        types = target.new_types(sink, df.schema) if born else target.check_target(sink, db, df.schema)
+        types = target.new_types(sink, schema) if born else target.check_target(sink, db, schema)
         null_keys = sink.mode == "upsert" and (born or bool(target.unique_index(sink, db)))
         target.create_staging(sink, db, staging, types, ctx.checkpoint_id)
         if sink.dead_letters:
             dead_letters.prepare(sink, db, sink.dead_letters, staging)
     load = copy_partitions(conn, sink.schema, staging, types, sink.keys, dead)
-    if held is None:
-        results: list[Any] = one_stream_per_core(df).mapInArrow(load, LOAD_RESULT).collect()
-    else:  # merged on the driver: one stream from here, no Spark job, no Python worker
-        results = [r for batch in load(iter(held.to_batches())) for r in batch.to_pylist()]
+    if isinstance(rows, pa.Table):  # held on the driver: streams from here, no Spark job, no Python worker
+        results: list[Any] = from_driver(load, rows)
+    else:
+        results = one_stream_per_core(rows).mapInArrow(load, LOAD_RESULT).collect()
     failed = [r["error"] for r in results if r["error"]]
     rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
     if not one_per_key and (failed or refused or target.staged_twice(sink, conn, staging, null_keys)):
@@ -82,7 +98,9 @@ def stage(
     if failed:
         raise SinkValueError(f"sink {sink.uid}: PostgreSQL refused a value for {sink.target_name()}: {failed[0]}")
     dead_letters.check_refused(sink, conn, staging, rows, refused)
-    if one_per_key:
+    if reduced and held is not None and target.keys_exact(sink, types):
+        target.check_reduced(sink, conn, staging, held, null_keys, analyze=not born)
+    elif one_per_key:
         target.check_staged(sink, conn, staging, null_keys)
     ctx.add_metric("sink_rows", rows)
     committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
@@ -92,7 +110,7 @@ def stage(
     log.info(
         "sink %s: staged %d rows%s into %s.%s from %s in %.2fs",
         sink.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", sink.schema,
-        staging, "the driver" if held else f"{len(results)} partitions", time.monotonic() - started,
+        staging, "the driver" if held is not None else f"{len(results)} partitions", time.monotonic() - started,
     )  # fmt: skip
     return committable
 

@@ -21,6 +21,7 @@ from airflow_provider_checkpoint.exceptions import SinkSchemaError, SinkValueErr
 
 if TYPE_CHECKING:
     import psycopg
+    import pyarrow as pa
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
@@ -233,10 +234,45 @@ def staged_twice(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys
         return bad is not None
     key = ", ".join(f"{k}={v!r}" for k, v in zip(sink.keys, bad[:-1], strict=True))
     if bad[-1] == "a null key":
-        raise SinkValueError(
-            f"sink {sink.uid}: upsert key ({key}) is a null key, which the unique index of "
-            f"{sink.target_name()} on {sink.keys} does not match (nulls distinct, or a primary key): create "
-            "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
-            "null keys upstream"
-        )
+        raise _null_key(sink, key)
     raise SinkValueError(f"sink {sink.uid}: upsert key ({key}) is {bad[-1]} in this checkpoint")
+
+
+def _null_key(sink: pg.SinkTable, key: str) -> SinkValueError:
+    return SinkValueError(
+        f"sink {sink.uid}: upsert key ({key}) is a null key, which the unique index of "
+        f"{sink.target_name()} on {sink.keys} does not match (nulls distinct, or a primary key): create "
+        "it UNIQUE NULLS NOT DISTINCT (PostgreSQL 15+, as the sink creates tables), or fill or filter "
+        "null keys upstream"
+    )
+
+
+_EXACT = {"text", "bytea", "boolean", "smallint", "integer", "bigint", "date"}
+_EXACT |= {"timestamp with time zone", "timestamp without time zone"}
+
+
+def keys_exact(sink: pg.SinkTable, types: dict[str, str]) -> bool:
+    """Whether the staging types ``types`` of the keys compare values as they are, as Arrow and Spark group
+    them (not ``character(n)``'s padding, a timestamp's rounded precision, ``citext``, another type's operator)."""
+    return all(t in _EXACT or t.startswith(("numeric", "character varying")) for t in (types[k] for k in sink.keys))
+
+
+def check_reduced(
+    sink: pg.SinkTable, conn: PgConnection, staging: str, rows: pa.Table, null_keys: bool, analyze: bool
+) -> None:
+    """:func:`check_staged` of ``rows``, staged after the driver reduced them to one row per key
+    (:meth:`~airflow_provider_checkpoint.connectors.base.upsert_rule.UpsertRows.collect`) into keys of
+    :func:`keys_exact` types: a null key part is refused from ``rows`` where the unique index would not match
+    it (``null_keys`` false), and with ``analyze`` (a commit that joins the staging table with the table) the
+    staging table is analysed; no key is looked for twice in the server."""
+    import pyarrow.compute as pc
+    from psycopg import sql
+
+    if not null_keys:
+        nulls = [int(i) for k in sink.keys if (i := pc.index(pc.is_null(rows[k]), True).as_py()) >= 0]
+        if nulls:
+            row = rows.slice(min(nulls), 1).to_pylist()[0]
+            raise _null_key(sink, ", ".join(f"{k}={row[k]!r}" for k in sink.keys))
+    if analyze:
+        with conn.connect(autocommit=True) as db:
+            db.execute(sql.SQL("ANALYZE {}").format(sink.table(staging)))

@@ -1,0 +1,217 @@
+"""PostgresTableSink takes the rows a source read on the driver and ``COPY``s them from there, no Spark job.
+
+A Parquet ``FileSource`` feeding only a PostgreSQL sink is read by pyarrow on the driver; the sink reduces the
+rows to one row per key there (the upsert rule's own code) and stages them from the driver. Three sinks of one
+job, each fed by its own source over the same landing directory: an append, an upsert by ``sequence_by`` with
+deletes (``delete_when``) and an upsert with soft deletes; over checkpoints with repeated keys, null key parts,
+ties in ``sequence_by``, deletes and one checkpoint above a sink's ``driver_rows`` (Spark stages it). After every
+checkpoint each table, read with psycopg, equals a plain-Python model of the rule. Then Hypothesis feeds the same
+random rows to a sink through the driver path and to a twin through Spark: the two tables are equal, and equal
+to the model.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_checkpoint.connectors.postgres import staging
+from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
+from airflow_provider_checkpoint.dataflow import FileSource
+from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.fileio.frames import arrow_frame
+from airflow_provider_checkpoint.storage import JobStorage
+from airflow_provider_checkpoint.testing.inprocess import make_job
+from tests.servers.postgres import PostgresServer
+from tests.spark.helpers import step_context
+
+pytestmark = pytest.mark.spark
+
+KEYS = ["k", "part"]
+SCHEMA = "k STRING, part INT, v BIGINT, seq BIGINT, deleted BOOLEAN, note STRING"
+COLUMNS = ["k", "part", "v", "seq", "deleted", "note"]
+TYPES = {"k": pa.string(), "part": pa.int32(), "v": pa.int64(), "seq": pa.int64(), "deleted": pa.bool_()}
+Row = dict[str, Any]
+
+
+def _latest(rows: list[Row], sequence_by: bool) -> dict[tuple[Any, ...], Row]:
+    """The rule in plain Python: per key the greatest ``seq`` (a null below any value), then the later row."""
+    won: dict[tuple[Any, ...], Row] = {}
+    for row in rows:
+        key, old = (row["k"], row["part"]), won.get((row["k"], row["part"]))
+        if old is None or not sequence_by or _rank(row["seq"]) >= _rank(old["seq"]):
+            won[key] = row
+    return won
+
+
+def _rank(seq: int | None) -> tuple[bool, int]:
+    return (seq is not None, seq or 0)
+
+
+class Model:
+    """The three tables after each checkpoint: append (rows and their checkpoint), hard and soft upserts."""
+
+    def __init__(self) -> None:
+        self.appended: list[tuple[Any, ...]] = []
+        self.latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self.soft: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def checkpoint(self, checkpoint_id: int, rows: list[Row]) -> None:
+        self.appended += [(*(r[c] for c in COLUMNS), checkpoint_id) for r in rows]
+        for key, row in _latest(rows, sequence_by=True).items():
+            if row["deleted"]:
+                self.latest.pop(key, None)
+            else:
+                self.latest[key] = tuple(row[c] for c in COLUMNS if c != "deleted")
+        for key, row in _latest(rows, sequence_by=False).items():
+            self.soft[key] = (*(row[c] for c in COLUMNS if c != "deleted"), bool(row["deleted"]))
+
+
+def _select(server: PostgresServer, table: str, columns: list[str]) -> list[tuple[Any, ...]]:
+    with server.connect() as db:
+        return sorted(db.execute(f"SELECT {', '.join(columns)} FROM {table}").fetchall(), key=repr)
+
+
+def _land(landing: Path, n: int, seed: int) -> list[Row]:
+    """``n`` rows in a new Parquet file: few keys (repeats, null parts), ``seq`` ties and nulls, deletes."""
+    rng = random.Random(seed)
+    rows = [
+        {
+            "k": rng.choice([None, "", "a", "b", "é", 'x,"y"\n']),
+            "part": rng.choice([None, 1, 2]),
+            "v": rng.choice([None, seed * 1000 + i]),
+            "seq": rng.choice([None, 1, 2, 3]),
+            "deleted": rng.choice([None, False, False, True]),
+            "note": rng.choice([None, "", "plain", "tab\there", 'quote"d', "back\\slash"]),
+        }
+        for i in range(n)
+    ]
+    table = pa.table({c: pa.array([r[c] for r in rows], TYPES.get(c, pa.string())) for c in COLUMNS})
+    landing.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, landing / f".e{seed}")
+    (landing / f".e{seed}").rename(landing / f"events-{seed:03d}.parquet")
+    return rows
+
+
+def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg_schema, tmp_path, monkeypatch) -> None:
+    def declare(base: Path) -> None:
+        def source(name: str) -> FileSource:
+            return FileSource(f"events_{name}", f"{base}/landing", "parquet", SCHEMA)
+
+        PostgresTableSink("appended", source("append"), "pg_test", f"{pg_schema}.appended")
+        PostgresTableSink(
+            "latest", source("latest"), "pg_test", f"{pg_schema}.latest", "upsert", KEYS,
+            sequence_by=["seq"], delete_when="deleted", driver_rows=100,
+        )  # fmt: skip
+        PostgresTableSink(
+            "soft", source("soft"), "pg_test", f"{pg_schema}.soft", "upsert", KEYS,
+            delete_when="deleted", deletes="soft",
+        )  # fmt: skip
+
+    from_driver: list[str] = []
+    original = staging.stage
+
+    def spy(sink: Any, conn: Any, ctx: Any, df: Any, held: pa.Table | None, *args: Any, **kwargs: Any) -> Any:
+        from_driver.extend([] if held is None else [sink.uid])
+        return original(sink, conn, ctx, df, held, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "stage", spy)
+    tracker = spark.sparkContext.statusTracker()
+    job, model = make_job(spark, tmp_path, declare), Model()
+    for checkpoint_id, n in enumerate([60, 40, 150], start=1):  # the third: above latest's driver_rows
+        rows = _land(tmp_path / "landing", n, seed=checkpoint_id)
+        from_driver.clear()
+        before = set(tracker.getJobIdsForGroup())
+        job.checkpoint()
+        model.checkpoint(checkpoint_id, rows)
+        on_driver = ["appended", "latest", "soft"] if n <= 100 else ["appended", "soft"]
+        assert sorted(from_driver) == on_driver, (checkpoint_id, from_driver)
+        assert bool(set(tracker.getJobIdsForGroup()) - before) == (n > 100), checkpoint_id  # only Spark's staging
+        appended = _select(postgres_server, f"{pg_schema}.appended", [*COLUMNS, "_checkpoint_id"])
+        assert appended == sorted(model.appended, key=repr), checkpoint_id
+        latest = _select(postgres_server, f"{pg_schema}.latest", [c for c in COLUMNS if c != "deleted"])
+        assert latest == sorted(model.latest.values(), key=repr), checkpoint_id
+        soft = _select(postgres_server, f"{pg_schema}.soft", [c for c in COLUMNS if c != "deleted"] + ["__deleted"])
+        assert soft == sorted(model.soft.values(), key=repr), checkpoint_id
+
+
+MODES = {
+    "append": {},
+    "append, partitions": {"partition_per_checkpoint": True},
+    "upsert": {"mode": "upsert", "keys": KEYS},
+    "upsert, deletes": {"mode": "upsert", "keys": KEYS, "delete_when": "deleted"},
+    "upsert, soft deletes": {"mode": "upsert", "keys": KEYS, "delete_when": "deleted", "deletes": "soft"},
+}
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> pa.Table:
+    """Rows with few keys (repeats, null parts), ``seq`` ties and nulls, deletes, timestamps (staged as CSV)."""
+    n = draw(st.integers(0, 30))
+
+    def column(values: st.SearchStrategy[Any]) -> list[Any]:
+        return draw(st.lists(values, min_size=n, max_size=n))
+
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    return pa.table(
+        {
+            "k": pa.array(column(st.sampled_from([None, "", "a", "b", "é"])), pa.string()),
+            "part": pa.array(column(st.sampled_from([None, 1, 2])), pa.int32()),
+            "v": pa.array(column(st.none() | st.integers(-(2**40), 2**40)), pa.int64()),
+            "seq": pa.array(column(st.sampled_from([None, 1, 2])), pa.int64()),
+            "deleted": pa.array(column(st.sampled_from([None, False, True])), pa.bool_()),
+            "at": pa.array([start + timedelta(seconds=s) for s in column(st.integers(0, 10**6))], pa.timestamp("us")),
+        }
+    ).replace_schema_metadata(None)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=batches(), mode=st.sampled_from(list(MODES)), sequence_by=st.booleans())
+def test_the_driver_path_stages_what_spark_stages(
+    spark, postgres_server, pg_schema, data: pa.Table, mode: str, sequence_by: bool
+) -> None:
+    options = dict(MODES[mode])
+    if sequence_by and options.get("mode") == "upsert":
+        options["sequence_by"] = ["seq"]
+    df = arrow_frame(spark, data).coalesce(1)  # source order: the list's
+    storage = JobStorage.for_job(f"{tempfile.gettempdir()}/pg-driver-rows-jobs", "job")
+    tables = {}
+    for path in ("driver", "spark"):
+        name = f"{path}_{uuid.uuid4().hex[:8]}"
+        sink = PostgresTableSink(path, Source("src"), "pg_test", f"{pg_schema}.{name}", driver_rows=1000, **options)
+        ctx = step_context(spark, storage, 1)
+        sink.prepare(ctx)
+        read = SourceRows(df.toArrow(), df.schema, lambda: df)
+        sink.commit(1, sink.stage_source_rows(ctx, read) if path == "driver" else sink.stage(ctx, df))
+        with postgres_server.connect() as db:
+            cursor = db.execute(f"SELECT * FROM {pg_schema}.{name}")
+            tables[path] = Counter(cursor.fetchall())
+            columns = [c.name for c in cursor.description or []]
+    assert tables["driver"] == tables["spark"]
+
+    rows = df.toArrow().to_pylist()  # the model: every row in append mode, else the rule's winner of each key
+    if options.get("mode") != "upsert":
+        expected = [{**r, "_checkpoint_id": 1} for r in rows]
+    else:
+        won = _latest(rows, sequence_by=bool(options.get("sequence_by"))).values()
+        if "deletes" in options:
+            expected = [
+                {**{c: v for c, v in r.items() if c != "deleted"}, "__deleted": bool(r["deleted"])} for r in won
+            ]
+        elif "delete_when" in options:
+            expected = [{c: v for c, v in r.items() if c != "deleted"} for r in won if not r["deleted"]]
+        else:
+            expected = list(won)
+    assert tables["driver"] == Counter(tuple(r[c] for c in columns) for r in expected)
