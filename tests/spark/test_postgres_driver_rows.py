@@ -123,9 +123,9 @@ def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg
     from_driver: list[str] = []
     original = staging.stage
 
-    def spy(sink: Any, conn: Any, ctx: Any, df: Any, held: pa.Table | None, *args: Any, **kwargs: Any) -> Any:
-        from_driver.extend([] if held is None else [sink.uid])
-        return original(sink, conn, ctx, df, held, *args, **kwargs)
+    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        from_driver.extend([sink.uid] if isinstance(rows, pa.Table) else [])
+        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
 
     monkeypatch.setattr(staging, "stage", spy)
     tracker = spark.sparkContext.statusTracker()

@@ -76,12 +76,12 @@ class FileSource(Source):
     processed, and are no longer listed. This is a promise by the writer: a file landed
     in a closed partition is not read (land late data in an open partition).
 
-    **Small Parquet inputs on the driver.** When this source feeds only an upsert sink merged in the
-    driver (``DeltaTableSink``, ``ParquetTableSink``), Parquet files of at most ``driver_read_bytes`` in all
-    (16 MiB by default; ``0``: never) are read by pyarrow on the driver and handed to the sink: no Spark
-    job. Only where that gives exactly Spark's rows (flat declared types, the file's types equal to them,
-    names matching in case, no date or timestamp Spark would rebase;
-    :mod:`~airflow_provider_checkpoint.fileio.driver_read`), else Spark reads.
+    **Small Parquet inputs on the driver.** When this source feeds only a sink that takes rows on the
+    driver (a ``DeltaTableSink`` or ``ParquetTableSink`` upsert merged there, a ``PostgresTableSink``),
+    Parquet files of at most ``driver_read_bytes`` in all (16 MiB by default; ``0``: never) are read by
+    pyarrow on the driver and handed to the sink: no Spark job. Only where that gives exactly Spark's rows
+    (flat declared types, the file's types equal to them, names matching in case, no date or timestamp
+    Spark would rebase; :mod:`~airflow_provider_checkpoint.fileio.driver_read`), else Spark reads.
 
     **Malformed records** (not parseable, or not matching ``schema``; JSON and CSV) with
     ``on_malformed="fail"`` fail the step with an error naming the file and line; nothing of

@@ -86,8 +86,9 @@ class PostgresCdcSource(Source):
     followed as :mod:`.cdc_schema` says (columns added, dropped ones kept, types widened; others refused).
     TRUNCATE and a dropped, invalidated or released slot are refused with the way on, never skipped.
 
-    **To an upsert sink merged on the driver** (the only consumer: ``DeltaTableSink``, ``ParquetTableSink``), a
-    checkpoint of at most ``driver_read_bytes`` of WAL (256 MiB; ``0``: never) goes without Spark (:mod:`.cdc_driver`).
+    **To a sink that takes rows on the driver** (the only consumer: a ``DeltaTableSink`` or ``ParquetTableSink``
+    upsert merged there, a ``PostgresTableSink``), a checkpoint of at most ``driver_read_bytes`` of WAL (256 MiB;
+    ``0``: never) goes without Spark (:mod:`.cdc_driver`).
     """
 
     def __init__(
