@@ -366,11 +366,11 @@ class PostgresCdcSource(Source):
         start, end = span
         with self._pg().connect() as conn:
             conn.execute(SESSION)
-            cdc_slot.check(conn, self.uid, slot, start)
+            found = cdc_slot.check(conn, self.uid, slot, start)
             recorded = self._recorded(barrier, conn)
             columns = merged_columns(self.uid, recorded)
             catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
-            messages = cdc_slot.peek(conn, slot, publication, end)
+            messages = cdc_slot.peek(conn, slot, publication, end, found)
             data = decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
             conn.rollback()
         return data
