@@ -168,3 +168,24 @@ def test_a_key_set_finds_changed_keys_as_a_set_of_tuples_does(changed, rows, cha
     repeated = set(checks._repeated(pa.table({"k": pa.array(changed, changed_type)}), ["k"]))
     want = {(v,) for v in changed if changed.count(v) > 1}
     assert repeated == want if len(want) <= 5 else len(repeated) == 5 and repeated <= want
+
+
+def test_a_table_file_keeps_small_dictionaries_and_is_read_by_another_reader(tmp_path: Path) -> None:
+    """A column of few values stays dictionary-encoded; one of distinct values falls back to plain once its
+    dictionary passes :data:`bucket_merge.DICTIONARY_PAGE_BYTES`; DuckDB (not Arrow's reader) reads the rows."""
+    import duckdb
+
+    n = 20_000
+    labels = [f"{v:016x}" for v in np.random.default_rng(7).integers(0, 2**62, n)]  # distinct, incompressible
+    rows = pa.table({"id": pa.array(range(n), pa.int64()), "label": labels,
+                     "op": [("insert", "update", None)[i % 3] for i in range(n)]})  # fmt: skip
+    out = str(tmp_path / "t.parquet")
+    with bucket_merge.table_writer(FS, out, bucket_merge.target_schema(rows.schema)) as writer:
+        writer.write_table(rows)
+    chunk = pq.ParquetFile(out).metadata.row_group(0)
+    columns = {chunk.column(i).path_in_schema: chunk.column(i) for i in range(3)}
+    dictionary = {name: c.data_page_offset - c.dictionary_page_offset for name, c in columns.items()}
+    assert dictionary["label"] <= bucket_merge.DICTIONARY_PAGE_BYTES + 100  # 400 kB of distinct labels: cut short
+    assert dictionary["op"] < 100 and columns["op"].total_compressed_size < 1000  # two values, a dictionary
+    got = duckdb.sql(f"SELECT id, label, op FROM read_parquet('{out}') ORDER BY id").fetchall()
+    assert got == [tuple(r.values()) for r in rows.to_pylist()]

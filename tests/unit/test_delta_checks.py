@@ -11,7 +11,10 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors as dv
@@ -173,3 +176,23 @@ def test_one_live_row_per_key():
     delta_checks.check_rewrite("c", BUCKET, 10, 6, 4)
     with pytest.raises(DocumentError, match="holds 5 rows, not its 4 live ones"):
         delta_checks.check_rewrite("c", BUCKET, 10, 6, 5)
+
+
+_INT_KEYS = st.lists(st.one_of(st.integers(-4, 8), st.none()), max_size=10)
+
+
+@settings(max_examples=300)
+@given(_INT_KEYS, _INT_KEYS)
+def test_keys_checked_from_the_writers_key_set_as_from_the_table(added: list[Any], deleted: list[Any]) -> None:
+    """The upsert hands ``check_keys`` its :class:`KeySet` (the sort reused) or the keys as a table: the
+    same verdict either way, the one a plain Python model gives (each added key once, each deleted key at
+    most once and among the added ones; a null a key value)."""
+    table, gone = pa.table({"k": pa.array(added, pa.int64())}), pa.table({"k": pa.array(deleted, pa.int64())})
+    ok = len(set(added)) == len(added) and len(set(deleted)) == len(deleted) and set(deleted) <= set(added)
+    for given_as in (table, KeySet(table, ["k"])):
+        try:
+            delta_checks.check_keys("c", ["k"], given_as, gone)
+            refused = False
+        except DocumentError:
+            refused = True
+        assert refused == (not ok), (type(given_as).__name__, added, deleted)

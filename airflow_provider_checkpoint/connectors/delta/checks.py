@@ -35,6 +35,8 @@ from airflow_provider_checkpoint.exceptions import DocumentError, shorten
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet
+
 PositionsOf = Callable[[Mapping[str, Any], str], np.ndarray]
 """The sorted positions a raw ``deletionVector`` descriptor deletes, checked against its cardinality
 (a :class:`DocumentError` if its bytes do not decode); the second argument names it for messages."""
@@ -149,22 +151,27 @@ def _records(action: Mapping[str, Any]) -> int | None:
     return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
-def check_keys(document: str, keys: Sequence[str], added: pa.Table, deleted: pa.Table) -> None:
+def check_keys(document: str, keys: Sequence[str], added: pa.Table | KeySet, deleted: pa.Table) -> None:
     """Refuse a checkpoint that would not leave one live row per key: ``added`` (the key columns of the
-    rows it adds) must hold each key once, ``deleted`` (those of the live rows it deletes) each key at
-    most once, and only keys of ``added`` (null-safe: a null is a key value like any other)."""
+    rows it adds, or the writer's :class:`~.bucket_merge.KeySet` of them: their sort reused) must hold each
+    key once, ``deleted`` (those of the live rows it deletes) each key at most once, and only keys of
+    ``added`` (null-safe: a null is a key value like any other)."""
     import pyarrow as pa
 
-    from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet, sorted_ints
 
+    changed = added if isinstance(added, KeySet) else KeySet(added, keys)
     problems = []
-    for table, what in ((added, "the rows the checkpoint adds hold"), (deleted, "the table holds live rows of")):
-        twice = _repeated(table, keys)
+    for table, ints, what in (
+        (changed.table, changed.ints, "the rows the checkpoint adds hold"),
+        (deleted, sorted_ints(deleted, keys) if deleted.num_rows > 1 else None, "the table holds live rows of"),
+    ):
+        twice = _repeated(table, keys, ints)
         if twice:
             count = "some" if len(twice) == _SHOWN else len(twice)
             problems.append(f"{what} {count} key(s) more than once, e.g. {shorten(twice[0])}")
     if deleted.num_rows:
-        stray = deleted.filter(pa.array(np.logical_not(KeySet(added, keys).changed(deleted))))
+        stray = deleted.filter(pa.array(np.logical_not(changed.changed(deleted))))
         if stray.num_rows:
             example = tuple(stray.slice(0, 1).to_pylist()[0].values())
             problems.append(f"{stray.num_rows} deleted row(s) have keys the checkpoint does not add, e.g. {example}")
@@ -174,15 +181,16 @@ def check_keys(document: str, keys: Sequence[str], added: pa.Table, deleted: pa.
         )
 
 
-def _repeated(table: pa.Table, keys: Sequence[str]) -> list[tuple[Any, ...]]:
-    """The keys ``table`` holds more than once (nulls group together)."""
+def _repeated(table: pa.Table, keys: Sequence[str], ints: np.ndarray | None = None) -> list[tuple[Any, ...]]:
+    """The keys ``table`` holds more than once (nulls group together); ``ints``: its one integer key's
+    values sorted (:func:`~.bucket_merge.sorted_ints`), when known."""
     import pyarrow.compute as pc
 
     if table.num_rows < 2:
         return []
     from airflow_provider_checkpoint.connectors.base.bucket_merge import sorted_ints
 
-    ints = sorted_ints(table, keys)
+    ints = sorted_ints(table, keys) if ints is None else ints
     if ints is not None:
         twice = np.unique(ints[1:][ints[1:] == ints[:-1]])[:_SHOWN]
         return [(int(v),) for v in twice]

@@ -133,7 +133,7 @@ def stage(
     with ThreadPoolExecutor(THREADS) as pool:
         found = [f for f in pool.map(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
         deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
-        delta_checks.check_keys(document, upsert.keys, changed.table, deleted)
+        delta_checks.check_keys(document, upsert.keys, changed, deleted)
         updates = sorted(p for p in live if bucket_of_path(p) is None)
         merged = updates if len(updates) > MAX_UPDATE_FILES else []
         full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows and f.file.path not in merged]

@@ -9,7 +9,13 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.postgres import cdc_chunks, cdc_driver, cdc_schema, cdc_slot
+from airflow_provider_checkpoint.connectors.postgres import (
+    cdc_chunks,
+    cdc_driver,
+    cdc_publication,
+    cdc_schema,
+    cdc_slot,
+)
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     DELETED,
     METADATA_DDL,
@@ -22,8 +28,6 @@ from airflow_provider_checkpoint.connectors.postgres.cdc_snapshot import copy_ro
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import (
     SESSION,
     TableColumn,
-    quote,
-    quoted_table,
     table_columns,
 )
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
@@ -47,16 +51,6 @@ log = logging.getLogger(__name__)
 
 SLOT_MARKER = SOURCES_DIR + "/{uid}/slot.json"
 """In the job's storage: the slot the source created (written first), so that only our own slot is ever dropped."""
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
-
-
-def _qualified(uid: str, table: str) -> str:
-    parts = table.split(".")
-    if len(parts) == 1:
-        parts = ["public", *parts]
-    if len(parts) != 2 or not all(_NAME.match(p) for p in parts):
-        raise PipelineDefinitionError(f"{uid}: {table!r} is not a table name (schema.table, unquoted identifiers)")
-    return ".".join(p.lower() for p in parts)
 
 
 class PostgresCdcSource(Source):
@@ -121,7 +115,7 @@ class PostgresCdcSource(Source):
         for name, value in (("publication", publication), ("slot_name", slot_name)):
             if value is not None and not re.fullmatch(r"[a-z0-9_]{1,63}", value):
                 raise PipelineDefinitionError(f"{uid}: {name} must be 1-63 of a-z, 0-9 and _, got {value!r}")
-        self.tables = None if tables is None else sorted({_qualified(uid, t) for t in tables})
+        self.tables = None if tables is None else sorted({cdc_publication.qualified(uid, t) for t in tables})
         self.publication, self.slot_name = publication, slot_name
         self.postgres_conn_id = postgres_conn_id
         self.job_storage: JobStorage | None = None
@@ -191,14 +185,8 @@ class PostgresCdcSource(Source):
         captured = self._captured(previous)
         with self._pg().connect(autocommit=True) as conn:
             cdc_slot.check(conn, self.uid, slot, lsn)
-            now = self._published(conn, publication)
-            if now != captured or (self.tables or now) != captured:
-                added, removed = sorted(set(now) - set(captured)), sorted(set(captured) - set(now))
-                raise CdcSourceError(
-                    f"source {self.uid}: its tables changed since the snapshot (added {added}, removed {removed}): "
-                    "a table joins only with a snapshot of its own; "
-                    "capture it with another source (its own slot), or keep the tables as they were"
-                )
+            now = cdc_publication.published(conn, self.uid, publication)
+            cdc_publication.check_unchanged(self.uid, now, captured, self.tables)
             barrier = max(cdc_slot.flush_lsn(conn), lsn)
             columns = self._recorded(previous, conn)
             # read after the barrier: a DDL committed in between shows a step early, harmless (columns only grow)
@@ -221,31 +209,6 @@ class PostgresCdcSource(Source):
             raise InvalidPositionError(f"source {self.uid}: position {position!r} records no columns")
         return {t: cdc_schema.from_json(self.uid, t, recorded.get(t)) for t in self._captured(position)}
 
-    def _published(self, conn: Any, publication: str) -> list[str]:
-        """The tables publication ``publication`` lists now, sorted (``schema.name``)."""
-        rows = conn.execute(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1",
-            (publication,),
-        ).fetchall()
-        if not rows:
-            raise CdcSourceError(f"source {self.uid}: publication {publication} does not exist or has no table")
-        return sorted(str(r[0]) for r in rows)
-
-    def _ensure_publication(self, conn: Any, publication: str) -> None:
-        """Create publication ``publication`` for :attr:`tables`, or check an existing one lists exactly them."""
-        if self.tables is None:
-            return
-        exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
-        if not exists:
-            names = ", ".join(quoted_table(t) for t in self.tables)
-            conn.execute(f"CREATE PUBLICATION {quote(publication)} FOR TABLE {names}")
-            log.info("source %s: created publication %s for %s", self.uid, publication, ", ".join(self.tables))
-        elif self._published(conn, publication) != self.tables:
-            raise CdcSourceError(
-                f"source {self.uid}: publication {publication} lists {self._published(conn, publication)}, not "
-                f"the source's tables {self.tables}; drop it, or give the source another publication name"
-            )
-
     def _storage(self) -> JobStorage:
         if self.job_storage is None:
             raise RuntimeError(f"source {self.uid} has no job storage bound (bind_storage)")
@@ -259,13 +222,13 @@ class PostgresCdcSource(Source):
         publication = self.publication or slot
         owned = storage.read_if_present(SLOT_MARKER.format(uid=self.uid))
         with self._pg().connect(autocommit=True) as conn:
-            tables = self.tables or self._published(conn, publication)
+            tables = self.tables or cdc_publication.published(conn, self.uid, publication)
             if self.snapshot_chunk_rows:
                 for table in tables:
                     cdc_chunks.primary_key(conn, self.uid, table)
             check_tables(self.uid, conn, tables)
-            self._ensure_publication(conn, publication)
-            tables = self._published(conn, publication)
+            cdc_publication.ensure(conn, self.uid, publication, self.tables)
+            tables = cdc_publication.published(conn, self.uid, publication)
             if cdc_slot.state(conn, slot) is not None:
                 if owned is None or json.loads(owned).get("slot") != slot:
                     raise CdcSourceError(
@@ -403,11 +366,11 @@ class PostgresCdcSource(Source):
         start, end = span
         with self._pg().connect() as conn:
             conn.execute(SESSION)
-            cdc_slot.check(conn, self.uid, slot, start)
+            found = cdc_slot.check(conn, self.uid, slot, start)
             recorded = self._recorded(barrier, conn)
             columns = merged_columns(self.uid, recorded)
             catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
-            messages = cdc_slot.peek(conn, slot, publication, end)
+            messages = cdc_slot.peek(conn, slot, publication, end, found)
             data = decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
             conn.rollback()
         return data

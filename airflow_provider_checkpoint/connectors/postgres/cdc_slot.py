@@ -95,23 +95,25 @@ def drop(conn: Any, slot: str) -> None:
 
 
 def advance(conn: Any, slot: str, lsn: int) -> bool:
-    """Move the slot to ``lsn`` (its WAL before that is released) if it is behind; whether it moved."""
-    found = state(conn, slot)
-    if found is None or found.confirmed_flush >= lsn:
-        return False
-    conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, int_to_lsn(lsn)))
-    return True
+    """Move the slot to ``lsn`` (its WAL before that is released) if it is behind; whether it moved. One
+    statement: the server looks the slot up and advances it (no round trip between)."""
+    row = conn.execute(
+        "SELECT pg_replication_slot_advance(slot_name, %s::pg_lsn) FROM pg_replication_slots "
+        "WHERE slot_name = %s AND confirmed_flush_lsn < %s::pg_lsn",
+        (int_to_lsn(lsn), slot, int_to_lsn(lsn)),
+    ).fetchone()
+    return row is not None
 
 
-def peek(conn: Any, slot: str, publication: str, upto: int) -> Messages:
+def peek(conn: Any, slot: str, publication: str, upto: int, found: SlotState | None = None) -> Messages:
     """Every pgoutput message the slot holds for transactions committed before ``upto`` (and possibly one
     at or after it: callers filter by commit LSN), in commit order; the slot does not move. The server joins
     the messages (``string_agg``, in their order) and their lengths: one row when the slot holds at most
     :data:`PEEK_ONE_ROW` of WAL before ``upto``, else a row per :data:`PEEK_BYTES` of messages or so; not a
-    row per message."""
+    row per message. ``found``: the slot's state as the caller just read it on ``conn`` (else read here)."""
     import numpy as np
 
-    found = state(conn, slot)
+    found = found or state(conn, slot)
     changes = (
         "pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s) "
         "WITH ORDINALITY AS m(lsn, xid, data, n)"
