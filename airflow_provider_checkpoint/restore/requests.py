@@ -8,8 +8,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.files.parquet_files import check_table_committables
 from airflow_provider_checkpoint.connectors.files.parquet_sink import FORMAT as TABLE_FORMAT
-from airflow_provider_checkpoint.connectors.files.parquet_sink import check_table_committables
 from airflow_provider_checkpoint.core.documents import MAX_ID
 from airflow_provider_checkpoint.core.model import (
     RestoreRequest,

@@ -107,20 +107,21 @@ def _only_consumers(graph: PipelineGraph, step: str) -> dict[str, Node]:
     }
 
 
-def _read_once(graph: PipelineGraph, step: str) -> dict[str, str]:
-    """Sources of ``step`` read in one pass: source uid → its only consumer, an operator or a sink that
-    reads its input once (:attr:`StatefulOperator.reads_input_once`, :attr:`Sink.reads_input_once`)."""
+def _read_once(only_consumers: dict[str, Node]) -> dict[str, str]:
+    """Sources read in one pass, of those with one consumer (:func:`_only_consumers`): source uid → that
+    consumer, an operator or a sink that reads its input once (:attr:`StatefulOperator.reads_input_once`,
+    :attr:`Sink.reads_input_once`)."""
     return {
         uid: only.uid
-        for uid, only in _only_consumers(graph, step).items()
+        for uid, only in only_consumers.items()
         if isinstance(only, (StatefulOperator, Sink)) and only.reads_input_once
     }
 
 
-def _read_in_driver(graph: PipelineGraph, step: str) -> set[str]:
-    """Sources of ``step`` whose only consumer takes their rows from the driver (:meth:`Sink.takes_source_rows`)."""
-    only = _only_consumers(graph, step)
-    return {uid for uid, sink in only.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
+def _read_in_driver(only_consumers: dict[str, Node]) -> set[str]:
+    """Sources, of those with one consumer (:func:`_only_consumers`), whose consumer takes their rows from the
+    driver (:meth:`Sink.takes_source_rows`)."""
+    return {uid for uid, sink in only_consumers.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
 
 
 def may_skip_spark(graph: PipelineGraph, step: str) -> bool:
@@ -128,7 +129,7 @@ def may_skip_spark(graph: PipelineGraph, step: str) -> bool:
     its rows on the driver (:func:`_read_in_driver`) or that consumer. It does when each of those sources
     reads on the driver (:meth:`Source.read_in_driver`) and each sink merges there."""
     nodes = graph.steps[step]
-    driver = _read_in_driver(graph, step)
+    driver = _read_in_driver(_only_consumers(graph, step))
     return bool(driver) and all(
         node.uid in driver if isinstance(node, Source) else isinstance(node, Sink) and node.inputs[0].uid in driver
         for node in nodes
@@ -223,8 +224,9 @@ class _StepRun(StepWalk):
         self.committables: dict[str, list[JsonDict]] = {}
         self.produced: dict[str, ChannelSnapshot] = {}
         self.inputs: dict[str, str] = {}
-        self.read_once = _read_once(graph, ctx.step)
-        self.in_driver = _read_in_driver(graph, ctx.step)
+        only_consumers = _only_consumers(graph, ctx.step)  # one walk of the graph for both
+        self.read_once = _read_once(only_consumers)
+        self.in_driver = _read_in_driver(only_consumers)
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
         self.read_on_driver: dict[str, SourceRows] = {}  # by source uid: its rows, for its only consumer
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together

@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, Par
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
-from airflow_provider_checkpoint.spark.runner import _read_once
+from airflow_provider_checkpoint.spark.runner import _only_consumers, _read_once
 
 SCHEMA = "user STRING, page STRING, ts LONG"
 
@@ -87,7 +87,9 @@ def test_the_dead_letter_sink_runs_last_in_the_first_step_reading_its_source(tmp
     assert first[-1].uid == "events.dead_letters" and not any(isinstance(n, DeadLetterSink) for n in second)
     with_one_consumer = PipelineGraph([src, views, a], SourceDefaults(dead_letter_path=str(tmp_path / "dead")))
     (step,) = with_one_consumer.steps
-    assert _read_once(with_one_consumer, step) == {"events": "views"}, "the dead-letter sink does not stop it"
+    assert _read_once(_only_consumers(with_one_consumer, step)) == {"events": "views"}, (
+        "the dead-letter sink does not stop it"
+    )
 
 
 def test_locate_numbers_repeated_malformed_lines_and_leaves_unmatched_ones_without_a_line(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_checkpoint.connectors.files.parquet_sink import check_table_committables
+from airflow_provider_checkpoint.connectors.files.parquet_files import check_table_committables
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.documents import relative_path
 from airflow_provider_checkpoint.core.job_record import JobRecord
@@ -165,12 +165,15 @@ def moves(*pairs: tuple[str, str], checkpoint_id: int = 4) -> list[dict]:
 def test_table_committables_have_the_shape_the_sink_stages() -> None:
     good = moves(("_staging/chk-4/job/step/attempt-1/part-0.parquet", "part-c0000000004-00000.parquet"))
     assert check_table_committables(4, good, "append", "doc")
+    filled = moves(("_staging/chk-4/job/step/attempt-1-filled/x.parquet", "part-c0000000003-00000.parquet"))
+    assert check_table_committables(4, filled, "append", "doc"), "an earlier file rewritten with an added column"
     bucket = moves(("_staging/chk-4/job/s/attempt-1/_bucket=3/part-0.parquet", "part-b00003.parquet"))
     assert check_table_committables(4, bucket, "upsert", "doc")
     bad = [
         (moves(("_staging/chk-3/x.parquet", "part-c0000000004-00000.parquet")), "must lie under _staging/chk-4/"),
         (moves(("_staging/chk-4/../../x", "part-c0000000004-00000.parquet")), "not normalized"),
-        (moves(("_staging/chk-4/x", "part-c0000000003-00000.parquet")), "expected shape"),
+        (moves(("_staging/chk-4/x", "part-c0000000005-00000.parquet")), "a checkpoint after 4"),
+        (moves(("_staging/chk-4/x", "part-c0000000003-0000.parquet")), "expected shape"),
         (moves(("_staging/chk-4/x", "../part-c0000000004-00000.parquet")), "not normalized"),
         (moves(("_staging/chk-4/x", "part-b00001.parquet")), "expected shape"),  # an upsert name in append
         (moves(("_staging/chk-4/x", "p"), checkpoint_id=5), "checkpoint_id must be 4"),

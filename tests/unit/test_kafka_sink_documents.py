@@ -151,11 +151,11 @@ def test_a_source_feeding_only_the_sink_is_read_in_one_pass(tmp_path):
     from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
     from airflow_provider_checkpoint.connectors.files.source import FileSource
     from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
-    from airflow_provider_checkpoint.spark.runner import _read_once
+    from airflow_provider_checkpoint.spark.runner import _only_consumers, _read_once
 
     src = FileSource("events", str(tmp_path / "landing"), "json", "user STRING")
     out = KafkaSink("out", src, "events", step="s")
     (step,) = PipelineGraph([src, out]).steps
-    assert _read_once(PipelineGraph([src, out]), step) == {"events": "out"}
+    assert _read_once(_only_consumers(PipelineGraph([src, out]), step)) == {"events": "out"}
     table = ParquetTableSink("table", src, str(tmp_path / "t"), step="s")
-    assert _read_once(PipelineGraph([src, out, table]), step) == {}
+    assert _read_once(_only_consumers(PipelineGraph([src, out, table]), step)) == {}

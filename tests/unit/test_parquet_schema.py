@@ -21,7 +21,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from airflow_provider_checkpoint.connectors.files.parquet_schema import added_fields, check_columns, filled_buckets
+from airflow_provider_checkpoint.connectors.files.parquet_schema import (
+    added_fields,
+    check_columns,
+    filled_buckets,
+    filled_files,
+)
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 
 TYPES: dict[str, DataType] = {
@@ -84,3 +89,22 @@ def test_buckets_lacking_an_added_column_are_filled_with_nulls_and_keep_their_ro
     second = pq.read_table(filled[1].path)
     assert second.select(["id", "v", "note"]).equals(pq.read_table(committed[1][0])) and second["ts"].null_count == 5
     assert [f.size for f in filled] == [Path(f.path).stat().st_size for f in filled]
+
+
+def test_a_file_with_int96_timestamps_is_filled_with_int96_ones_read_back_as_before(tmp_path: Path) -> None:
+    """Spark writes INT96 timestamps: the filled copy keeps them INT96, so pyarrow reads the same type and values
+    from it as from the original and from Spark's other files (a microsecond copy would not unify with them)."""
+    fs = fsspec.filesystem("file")
+    old = pa.table({"id": [1, 2], "at": pa.array([1_700_000_000_123_456_000, None], pa.timestamp("ns"))})
+    pq.write_table(old, tmp_path / "old.parquet", use_deprecated_int96_timestamps=True)
+    committed = {
+        "part-c0000000001-00000.parquet": (str(tmp_path / "old.parquet"), (tmp_path / "old.parquet").stat().st_size)
+    }
+    filled = filled_files(fs, str(tmp_path / "filled"), pa.schema([("note", pa.string())]), committed)
+    path, rows, size = filled["part-c0000000001-00000.parquet"]
+    assert rows == 2 and size == Path(path).stat().st_size
+    assert pq.ParquetFile(path).schema.column(1).physical_type == "INT96"
+    copy = pq.read_table(path)
+    assert copy.schema == pa.schema([*pq.read_schema(tmp_path / "old.parquet"), ("note", pa.string())])
+    assert copy.select(["id", "at"]).equals(pq.read_table(tmp_path / "old.parquet"))
+    assert copy["note"].null_count == 2

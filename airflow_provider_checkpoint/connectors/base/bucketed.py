@@ -190,16 +190,14 @@ class BucketedUpsert:
             changed.unpersist()
             return []
         old_files = [committed[b][0] for b in affected if b in committed]
-        merged = changed
+        merged = self.kept(changed)  # built once: its schema and the union below share one plan
         if old_files:
             # the old rows read with the written columns: a column an old file lacks is null, never another
             # file's columns dropped (a scan takes one file's schema when given none)
-            columns = self.kept(changed).drop(_BUCKET).schema
+            columns = merged.drop(_BUCKET).schema
             old = read_parquet(ctx.spark, fs, old_files, columns).withColumn(_BUCKET, self.bucket_of())
             kept = old.join(other_side(changed.select(*self.keys)), keys_match(self.keys), "left_anti")
-            merged = kept.unionByName(self.kept(changed), allowMissingColumns=True)
-        else:
-            merged = self.kept(changed)
+            merged = kept.unionByName(merged, allowMissingColumns=True)
         # one file per bucket: every bucket's rows in one task (hashing, so no pass to sample range bounds)
         written = write_parquet(merged.repartition(len(affected), _BUCKET), fs, staging, (_BUCKET,))
         written += self._emptied(fs, staging, merged, written, affected)

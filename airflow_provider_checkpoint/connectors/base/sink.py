@@ -198,18 +198,17 @@ class TransactionalSink(Sink):
         df = self.written_input(df)  # its refusals before the claim
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
-            upstream = self.inputs[0].uid
-            rows = UpsertRows(
-                self.uid,
-                df,
-                self.keys,
-                self.sequence_by,
-                self.needs_source_order(),
-                None if self.soft_delete else ctx.in_driver.get(upstream),  # held unmarked
-                ctx.output_rows.get(upstream),
-            )
-            return self.write_upsert(ctx, rows)
+            return self.write_upsert(ctx, self._upsert_rows(ctx, df))
         return self.write(ctx, df)
+
+    def _upsert_rows(self, ctx: StepContext, df: DataFrame | None, read: SourceRows | None = None) -> UpsertRows:
+        """The input of :meth:`write_upsert`: ``df`` with the rows the driver holds of it (unless soft deletes
+        marked ``df``: those are held unmarked) and its row count where the step knows them, or the rows
+        ``read`` on the driver."""
+        upstream = self.inputs[0].uid
+        held = None if self.soft_delete or read is not None else ctx.in_driver.get(upstream)
+        count = read.rows.num_rows if read is not None else ctx.output_rows.get(upstream)
+        return UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order(), held, count, read)
 
     def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
         """:meth:`stage` of the rows the source read on the driver: a sink that takes them there
@@ -223,10 +222,7 @@ class TransactionalSink(Sink):
         self.claim(ctx.plan.job_id)
         if self.mode != "upsert":
             return self.write_source_rows(ctx, read)
-        rows = UpsertRows(
-            self.uid, None, self.keys, self.sequence_by, self.needs_source_order(), count=read.rows.num_rows, read=read
-        )
-        return self.write_upsert(ctx, rows)
+        return self.write_upsert(ctx, self._upsert_rows(ctx, None, read))
 
     def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
         """Stage an append whose rows its source read on the driver (:meth:`takes_source_rows`); by default

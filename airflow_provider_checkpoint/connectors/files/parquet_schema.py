@@ -2,22 +2,22 @@
 (``ParquetTableSink(schema_evolution="additive")``).
 
 A column of the input that the table lacks is written, nullable, by the files of the checkpoint that brings
-it. In ``append`` mode those are new files: the older files lack the column, and a reader that unifies the
-files' schemas (Spark's ``mergeSchema``, ``pyarrow.unify_schemas``, DuckDB's ``union_by_name``) reads null
-in it for their rows. In ``upsert`` mode that checkpoint first rewrites every committed bucket file lacking
-the column with it appended, null (:func:`filled_buckets`), and merges the changed rows into those copies:
-after its commit every bucket file has the table's whole schema again, so no merge ever reads files of two
-schemas. Without ``"additive"`` every upsert step refuses an input whose columns differ from the table's
-(:func:`check_columns`): taking an added column into the merged buckets alone would leave files of two
-schemas. No type changes: Spark's ``mergeSchema`` refuses files that disagree on a column's type (``int``
-and ``bigint`` among them), so a retyped column, widening included, is refused before anything is staged.
+it, and that checkpoint rewrites every committed file lacking it with it appended, null (:func:`filled_files`):
+in ``upsert`` mode the bucket files (:func:`filled_buckets`), the changed rows merged into those copies; in
+``append`` mode every earlier file. After its commit every file has the table's whole schema again, so no
+merge reads files of two schemas and a reader taking one file's schema (pyarrow ``dataset``, DuckDB, Spark
+without ``mergeSchema``) reads the column, null in the older rows: DuckDB refuses a directory whose later
+files lack a column of the first, and the others would drop a column the first file lacks. Without
+``"additive"`` every step refuses an input whose columns differ from the table's (:func:`check_columns`).
+No type changes: Spark's ``mergeSchema`` refuses files that disagree on a column's type (``int`` and
+``bigint`` among them), so a retyped column, widening included, is refused before anything is staged.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet, table_writer
+from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet
 from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, list_names
@@ -111,26 +111,41 @@ def filled_buckets(
     fs: fsspec.AbstractFileSystem, directory: str, added: pa.Schema, committed: dict[int, tuple[str, int]]
 ) -> list[StagedBucket]:
     """Each ``committed`` bucket file (bucket → path, size) lacking a column of ``added``, rewritten into
-    ``directory`` with its rows unchanged and the columns it lacks appended, null (batch by batch)."""
+    ``directory`` (:func:`filled_files`)."""
+    filled = filled_files(fs, directory, added, {bucket_file(b): file for b, file in committed.items()})
+    return [StagedBucket(b, *filled[bucket_file(b)]) for b in sorted(committed) if bucket_file(b) in filled]
+
+
+def filled_files(
+    fs: fsspec.AbstractFileSystem, directory: str, added: pa.Schema, committed: dict[str, tuple[str, int]]
+) -> dict[str, tuple[str, int, int]]:
+    """Each ``committed`` file (name → path, size) lacking a column of ``added``, rewritten into ``directory``
+    under its name with its rows unchanged and the columns it lacks appended, null (batch by batch): name →
+    (path, rows, size) of the copy. A file Spark wrote with INT96 timestamps is rewritten with INT96 ones, so
+    every reader types its columns as before and as Spark's other files of the table."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     if not is_s3(fs):  # object stores have no directories to make
         fs.makedirs(directory, exist_ok=True)
-    filled: list[StagedBucket] = []
-    for bucket, (path, size) in sorted(committed.items()):
+    filled: dict[str, tuple[str, int, int]] = {}
+    for name, (path, size) in sorted(committed.items()):
         with open_parquet(fs, path, size) as reader:
             old = reader.schema_arrow
             lacking = [f for f in added if f.name not in old.names]
             if not lacking:
                 continue
             grown = pa.schema([*old, *lacking], metadata=grown_metadata(old.metadata, lacking))
-            out, written, rows = f"{directory}/{bucket_file(bucket)}", list[int](), 0
-            with table_writer(fs, out, grown, written) as writer:
-                for batch in reader.iter_batches():
-                    nulls = [pa.nulls(batch.num_rows, f.type) for f in lacking]
-                    writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, *nulls], schema=grown))
-                    rows += batch.num_rows
-        filled.append(StagedBucket(bucket, out, rows, written[0]))
+            int96 = any(c.physical_type == "INT96" for c in reader.schema)
+            out, rows = f"{directory}/{name}", 0
+            with fs.open(out, "wb") as sink:
+                with pq.ParquetWriter(sink, grown, compression="zstd", use_deprecated_int96_timestamps=int96) as writer:
+                    for batch in reader.iter_batches():
+                        nulls = [pa.nulls(batch.num_rows, f.type) for f in lacking]
+                        writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, *nulls], schema=grown))
+                        rows += batch.num_rows
+                size = sink.tell()
+        filled[name] = (out, rows, size)
     return filled
 
 

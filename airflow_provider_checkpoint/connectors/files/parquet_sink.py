@@ -19,6 +19,9 @@ Requests on S3 per checkpoint (a commit of ``n`` files, an upsert touching ``b``
 the step reads the claim (one GET), lists its staging directory and the bucket files (a
 LIST each), reads one bucket file's footer (one ranged GET: the input's columns checked against
 the table's), reads each affected bucket once (one GET up to 32 MiB) and writes it (one PUT);
+an append step lists the files of the last ten checkpoints (one LIST, wider only after checkpoints
+that wrote nothing: :func:`~.parquet_files.newest_appended`) and reads the newest one's footer (one
+ranged GET) instead of the bucket files;
 the commit checks the log (one HEAD), lists the staging directory (one LIST), copies each
 file (``n`` copies), writes the log (one PUT) and deletes the staging directory (one bulk
 DELETE). No HEAD of a file whose size a listing or the writer already gave.
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +61,12 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     check_sequence_by,
 )
 from airflow_provider_checkpoint.connectors.files import parquet_schema
+from airflow_provider_checkpoint.connectors.files.parquet_files import (
+    APPEND_FILE,
+    check_table_committables,
+    newest_appended,
+    table_file_pattern,
+)
 from airflow_provider_checkpoint.core.documents import Fields, load_json, relative_path
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -79,42 +87,6 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
 FORMAT = "parquet_table"
-_APPEND_FILE = re.compile(r"^part-c(\d{10})-\d{5}\.parquet$")
-_BUCKET_FILE = re.compile(r"^part-b\d{5}\.parquet$")
-
-
-def table_file_pattern(mode: str, checkpoint_id: int) -> re.Pattern[str]:
-    """Names of the committed files of ``checkpoint_id`` in a table of ``mode``."""
-    return re.compile(rf"^part-c{checkpoint_id:010d}-\d{{5}}\.parquet$") if mode == "append" else _BUCKET_FILE
-
-
-def check_table_committables(
-    checkpoint_id: int, committables: Any, mode: str, document: str, field: str = "committables"
-) -> list[list[str]]:
-    """The moves of ``committables`` if they have exactly the shape :class:`ParquetTableSink` stages.
-
-    ``{"checkpoint_id": <id>, "moves": [[staged, target], ...]}``: ``staged`` lies under
-    ``_staging/chk-<id>/``, ``target`` is a file name of the table's own naming scheme for
-    ``mode``, and no target appears twice.
-    """
-    reader = Fields({field: committables}, document)
-    targets = table_file_pattern(mode, checkpoint_id)
-    moves: list[list[str]] = []
-    for i, item in enumerate(reader.items(field)):
-        c = Fields(item, document, f"{field}[{i}]")
-        if c.integer("checkpoint_id", 1) != checkpoint_id:
-            raise c.error("checkpoint_id", f"must be {checkpoint_id}", c.raw["checkpoint_id"])
-        for j, move in enumerate(c.items("moves")):
-            where = f"{field}[{i}].moves[{j}]"
-            if not isinstance(move, list) or len(move) != 2:
-                raise DocumentError(document, where, "must be [staged, target]", move)
-            staged = relative_path(move[0], document, f"{where}[0]", under=f"_staging/chk-{checkpoint_id}")
-            target = relative_path(move[1], document, f"{where}[1]", pattern=targets)
-            moves.append([staged, target])
-    names = [t for _, t in moves]
-    if len(set(names)) != len(names):
-        raise DocumentError(document, field, "name a target file twice")
-    return moves
 
 
 class ParquetTableSink(TableDirectorySink):
@@ -145,10 +117,11 @@ class ParquetTableSink(TableDirectorySink):
     :param deleted_column: Soft deletes: the table's boolean column marking a deleted key (default
         ``__deleted``, Debezium's name; it may be the ``delete_when`` column itself).
     :param schema_evolution: ``"none"`` (default): the input's columns must be the table's (checked by every
-        upsert step; for an append table by the pipeline check, one listing fewer a step). ``"additive"``: an
-        input column the table lacks is written, nullable, from the checkpoint that brings it on; in upsert mode
-        that checkpoint rewrites the bucket files it does not touch with the column null
-        (:mod:`.parquet_schema`). A missing or retyped column (widening included) is refused either way.
+        step against its newest file's footer, before anything is staged). ``"additive"``: an input column the
+        table lacks is written, nullable, from the checkpoint that brings it on, and that checkpoint rewrites
+        every other file of the table (the bucket files it does not touch; in append mode every earlier file)
+        with the column null (:mod:`.parquet_schema`), so every file has the table's whole schema. A missing
+        or retyped column (widening included) is refused either way.
     :param storage_options: fsspec options of the table's filesystem.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -222,10 +195,34 @@ class ParquetTableSink(TableDirectorySink):
         return footer
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        if self.schema_evolution == "additive":  # else the pipeline check compares the columns (one read fewer)
-            self._checked_table(df.schema)
+        # always: files of two schemas would be read with one file's columns (pyarrow, Spark) or not at all (DuckDB)
+        table = self._checked_table(df.schema, newest_appended(self.table(), ctx.checkpoint_id))
         fs, root = self._fs()
-        return self._committables(ctx, self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx)))
+        moves = self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx))
+        if table is not None and moves and self.schema_evolution == "additive":
+            moves += self._filled_appends(ctx, table, df.schema, fs, root)
+        return self._committables(ctx, moves)
+
+    def _filled_appends(
+        self, ctx: StepContext, table: pa.Schema, given: StructType, fs: fsspec.AbstractFileSystem, root: str
+    ) -> list[list[str]]:
+        """The moves of every committed file of an append table, rewritten beside the attempt's staging
+        directory with the input columns ``given`` that the ``table`` (its newest file's schema) lacks (one
+        listing of the table; :func:`.parquet_schema.filled_files`); none if it lacks none."""
+        added = parquet_schema.added_fields(table, given, None)
+        if not added:
+            return []
+        listed = list_names(fs, root, "part-c")
+        committed = {
+            posixpath.basename(path): (path, size)
+            for path, size in listed.items()
+            if (m := APPEND_FILE.match(posixpath.basename(path))) and int(m[1]) < ctx.checkpoint_id
+        }
+        directory = self.clear(f"_staging/{self.staging_name(ctx)}-filled")  # beside the attempt's directory
+        filled = parquet_schema.filled_files(fs, directory, added, committed)
+        ctx.add_metric("sink_files_filled", len(filled))
+        ctx.add_metric("sink_bytes_staged", sum(size for _, _, size in filled.values()))
+        return [[path[len(root) + 1 :], name] for name, (path, _, _) in sorted(filled.items())]
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         assert self.upsert is not None  # upsert mode
@@ -330,7 +327,9 @@ class ParquetTableSink(TableDirectorySink):
         refuse_links(table.fs, table.path(parked), [p for s, p, _ in resolved if s not in staged_files], what)
         sources = [(staged if staged in staged_files else parked, target) for staged, parked, target in resolved]
         publish_all(table.fs, [(source, listed[source], target) for source, target in sources if source in listed])
-        log = {"checkpoint_id": checkpoint_id, "files": [t for _, t in moves], "commit_time": time.time()}
+        own = table_file_pattern(self.mode, checkpoint_id)  # the others: earlier files rewritten with a new column
+        files = [t for _, t in moves if own.match(t)]
+        log = {"checkpoint_id": checkpoint_id, "files": files, "commit_time": time.time()}
         table.write_atomic(self._commit_log(checkpoint_id), json.dumps(log).encode())
         self._logged[checkpoint_id] = log
         self.clear(self.staging_dir(checkpoint_id), staged_files)
