@@ -46,11 +46,12 @@ TYPES = {"k": pa.string(), "part": pa.int32(), "v": pa.int64(), "seq": pa.int64(
 Row = dict[str, Any]
 
 
-def _latest(rows: list[Row], sequence_by: bool) -> dict[tuple[Any, ...], Row]:
+def _latest(rows: list[Row], sequence_by: bool, keys: list[str] = KEYS) -> dict[tuple[Any, ...], Row]:
     """The rule in plain Python: per key the greatest ``seq`` (a null below any value), then the later row."""
     won: dict[tuple[Any, ...], Row] = {}
     for row in rows:
-        key, old = (row["k"], row["part"]), won.get((row["k"], row["part"]))
+        key = tuple(row[k] for k in keys)
+        old = won.get(key)
         if old is None or not sequence_by or _rank(row["seq"]) >= _rank(old["seq"]):
             won[key] = row
     return won
@@ -151,6 +152,7 @@ MODES = {
     "append": {},
     "append, partitions": {"partition_per_checkpoint": True},
     "upsert": {"mode": "upsert", "keys": KEYS},
+    "upsert, one integer key": {"mode": "upsert", "keys": ["v"]},  # proven unique by a sort, or grouped
     "upsert, deletes": {"mode": "upsert", "keys": KEYS, "delete_when": "deleted"},
     "upsert, soft deletes": {"mode": "upsert", "keys": KEYS, "delete_when": "deleted", "deletes": "soft"},
 }
@@ -205,7 +207,7 @@ def test_the_driver_path_stages_what_spark_stages(
     if options.get("mode") != "upsert":
         expected = [{**r, "_checkpoint_id": 1} for r in rows]
     else:
-        won = _latest(rows, sequence_by=bool(options.get("sequence_by"))).values()
+        won = _latest(rows, sequence_by=bool(options.get("sequence_by")), keys=options["keys"]).values()
         if "deletes" in options:
             expected = [
                 {**{c: v for c, v in r.items() if c != "deleted"}, "__deleted": bool(r["deleted"])} for r in won
