@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.postgres import staging
@@ -179,8 +179,22 @@ def batches(draw: st.DrawFn) -> pa.Table:
     ).replace_schema_metadata(None)
 
 
+REPEATED_INTEGER_KEY = pa.table(
+    {
+        "k": pa.array(["a", "b", "c", "d", "e"], pa.string()),
+        "part": pa.array([1, 1, 2, 2, None], pa.int32()),
+        "v": pa.array([5, None, 5, None, 7], pa.int64()),  # a value and a null twice: not unique, grouped
+        "seq": pa.array([2, 1, 1, 2, None], pa.int64()),
+        "deleted": pa.array([False, False, True, False, None], pa.bool_()),
+        "at": pa.array([datetime(2025, 1, 1, tzinfo=UTC)] * 5, pa.timestamp("us")),
+    }
+)
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=batches(), mode=st.sampled_from(list(MODES)), sequence_by=st.booleans())
+@example(data=REPEATED_INTEGER_KEY, mode="upsert, one integer key", sequence_by=False)
+@example(data=REPEATED_INTEGER_KEY.slice(0, 2), mode="upsert, one integer key", sequence_by=True)  # unique
 def test_the_driver_path_stages_what_spark_stages(
     spark, postgres_server, pg_schema, data: pa.Table, mode: str, sequence_by: bool
 ) -> None:
