@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.postgres import staging
@@ -46,11 +46,12 @@ TYPES = {"k": pa.string(), "part": pa.int32(), "v": pa.int64(), "seq": pa.int64(
 Row = dict[str, Any]
 
 
-def _latest(rows: list[Row], sequence_by: bool) -> dict[tuple[Any, ...], Row]:
+def _latest(rows: list[Row], sequence_by: bool, keys: list[str] = KEYS) -> dict[tuple[Any, ...], Row]:
     """The rule in plain Python: per key the greatest ``seq`` (a null below any value), then the later row."""
     won: dict[tuple[Any, ...], Row] = {}
     for row in rows:
-        key, old = (row["k"], row["part"]), won.get((row["k"], row["part"]))
+        key = tuple(row[k] for k in keys)
+        old = won.get(key)
         if old is None or not sequence_by or _rank(row["seq"]) >= _rank(old["seq"]):
             won[key] = row
     return won
@@ -151,6 +152,7 @@ MODES = {
     "append": {},
     "append, partitions": {"partition_per_checkpoint": True},
     "upsert": {"mode": "upsert", "keys": KEYS},
+    "upsert, one integer key": {"mode": "upsert", "keys": ["v"]},  # proven unique by a sort, or grouped
     "upsert, deletes": {"mode": "upsert", "keys": KEYS, "delete_when": "deleted"},
     "upsert, soft deletes": {"mode": "upsert", "keys": KEYS, "delete_when": "deleted", "deletes": "soft"},
 }
@@ -177,8 +179,22 @@ def batches(draw: st.DrawFn) -> pa.Table:
     ).replace_schema_metadata(None)
 
 
+REPEATED_INTEGER_KEY = pa.table(
+    {
+        "k": pa.array(["a", "b", "c", "d", "e"], pa.string()),
+        "part": pa.array([1, 1, 2, 2, None], pa.int32()),
+        "v": pa.array([5, None, 5, None, 7], pa.int64()),  # a value and a null twice: not unique, grouped
+        "seq": pa.array([2, 1, 1, 2, None], pa.int64()),
+        "deleted": pa.array([False, False, True, False, None], pa.bool_()),
+        "at": pa.array([datetime(2025, 1, 1, tzinfo=UTC)] * 5, pa.timestamp("us")),
+    }
+)
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=batches(), mode=st.sampled_from(list(MODES)), sequence_by=st.booleans())
+@example(data=REPEATED_INTEGER_KEY, mode="upsert, one integer key", sequence_by=False)
+@example(data=REPEATED_INTEGER_KEY.slice(0, 2), mode="upsert, one integer key", sequence_by=True)  # unique
 def test_the_driver_path_stages_what_spark_stages(
     spark, postgres_server, pg_schema, data: pa.Table, mode: str, sequence_by: bool
 ) -> None:
@@ -205,7 +221,7 @@ def test_the_driver_path_stages_what_spark_stages(
     if options.get("mode") != "upsert":
         expected = [{**r, "_checkpoint_id": 1} for r in rows]
     else:
-        won = _latest(rows, sequence_by=bool(options.get("sequence_by"))).values()
+        won = _latest(rows, sequence_by=bool(options.get("sequence_by")), keys=options["keys"]).values()
         if "deletes" in options:
             expected = [
                 {**{c: v for c, v in r.items() if c != "deleted"}, "__deleted": bool(r["deleted"])} for r in won

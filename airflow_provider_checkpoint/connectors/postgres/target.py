@@ -206,23 +206,26 @@ def create_staging(
     db.execute(sql.SQL("CREATE TABLE {} ({})").format(sink.table(staging), definition))
 
 
-def check_staged(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys: bool) -> None:
-    """In upsert mode: ``ANALYZE`` the staging table (so the commit joins it with the table by
-    index) and refuse a key staged twice, or a null key part where the table's unique index would not
-    match it (``null_keys`` false): the commit could not succeed. An append commit reads the staging
-    table once, in order (or attaches it): nothing to check or plan."""
+def check_staged(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys: bool, analyze: bool = True) -> None:
+    """In upsert mode: with ``analyze`` ``ANALYZE`` the staging table (so the commit joins it with the table by
+    index; not for a commit that makes the table of it) and refuse a key staged twice, or a null key part where
+    the table's unique index would not match it (``null_keys`` false): the commit could not succeed. An append
+    commit reads the staging table once, in order (or attaches it): nothing to check or plan."""
     if sink.mode == "upsert":
-        staged_twice(sink, conn, staging, null_keys, refuse=True)
+        staged_twice(sink, conn, staging, null_keys, refuse=True, analyze=analyze)
 
 
-def staged_twice(sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys: bool, refuse: bool = False) -> bool:
-    """``ANALYZE`` the upsert staging table, refuse a null key part the table's unique index would not
-    match (``null_keys`` false), and tell whether a key is staged twice (with ``refuse``: refuse it).
+def staged_twice(
+    sink: pg.SinkTable, conn: PgConnection, staging: str, null_keys: bool, refuse: bool = False, analyze: bool = True
+) -> bool:
+    """With ``analyze`` ``ANALYZE`` the upsert staging table, refuse a null key part the table's unique index
+    would not match (``null_keys`` false), and tell whether a key is staged twice (with ``refuse``: refuse it).
     Keys are compared as the unique index compares them (nulls equal, as one row per key groups them)."""
     from psycopg import sql
 
     with conn.connect(autocommit=True) as db:
-        db.execute(sql.SQL("ANALYZE {}").format(sink.table(staging)))
+        if analyze:
+            db.execute(sql.SQL("ANALYZE {}").format(sink.table(staging)))
         keys = pg.idents(sink.keys)
         null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(pg.ident(k)) for k in sink.keys)
         refused = sql.SQL("false") if null_keys else null
