@@ -60,13 +60,12 @@ def run(
     (directory / "s3").mkdir()
     process, server = start_server(directory / "s3", access_log=True)
     s3 = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
-    roots = {"small@s3": server.url("bench"), "small@local": f"file://{directory}/local"}
-    if long_run:
-        del roots["small@local"]
+    local = f"file://{directory}/local"
+    roots = {"small@s3": server.url("bench"), **({} if long_run else {"small@local": local})}
     env = {
         **server.env(),
         "BENCH_S3_ROOT": roots["small@s3"],
-        "BENCH_LOCAL_ROOT": roots["small@local"],
+        "BENCH_LOCAL_ROOT": local,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")]),  # this checkout, whatever is installed
         "BENCH_CHAIN": "1" if chain else "0",
     }
