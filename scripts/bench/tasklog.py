@@ -36,8 +36,10 @@ def main() -> None:
     parser.add_argument("--task", default="", help="only tasks whose id contains this")
     parser.add_argument("--width", type=int, default=140)
     args = parser.parse_args()
-    for run in sorted((args.logs / f"dag_id={args.dag_id}").glob(f"run_id=*{args.run}*" if args.run else "run_id=*")):
-        for path in sorted(run.glob(f"task_id=*{args.task}*/attempt=*.log" if args.task else "task_id=*/attempt=*.log")):
+    runs = f"run_id=*{args.run}*" if args.run else "run_id=*"  # "**" is no pattern of one component
+    tasks = f"task_id=*{args.task}*/attempt=*.log" if args.task else "task_id=*/attempt=*.log"
+    for run in sorted((args.logs / f"dag_id={args.dag_id}").glob(runs)):
+        for path in sorted(run.glob(tasks)):
             events = lines(path)
             if not events:
                 continue
