@@ -13,6 +13,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py postgres --increments 2 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py tasks --increments 6
+    .venv/bin/python scripts/benchmark.py tasks-long-run --increments 200 --until 14:40
     .venv/bin/python scripts/benchmark.py tasks-upsert --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py tasks-nojvm --increments 4 --events 20000 --users 100000
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
@@ -33,6 +34,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,7 @@ DEFAULTS = {  # mode: (increments, events per increment, users)
     "postgres": (2, 20_000, 1_000_000),  # increments: rounds; events: changed keys; users: rows loaded
     "state-io": (6, 20_000, 1_000_000),  # the state write's keys and the large-state S3 run (+ a long S3 run)
     "tasks": (6, 200, 20_000),  # the state-io mode's small S3 pipeline as Airflow tasks (scheduler), S3 and local
+    "tasks-long-run": (200, 200, 20_000),  # the tasks mode's S3 DAG alone, checkpoint after checkpoint
     "tasks-upsert": (4, 20_000, 1_000_000),  # Delta upsert sink vs delta-rs MERGE as tasks: checkpoints, changed, rows
     "tasks-nojvm": (
         4,
@@ -113,6 +116,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sizes", default="1000000,4000000", help="first-checkpoint mode's keys (first checkpoint events) per job"
     )
+    parser.add_argument(
+        "--until", help="tasks-long-run mode: land no checkpoint after this UTC time (HH:MM), report those run"
+    )
+    parser.add_argument("--chain", action="store_true", help="tasks-long-run mode: a checkpoint in one task")
     parser.add_argument("--snapshot-rows", type=int, default=2_000_000, help="cdc mode's snapshotted table")
     parser.add_argument("--no-warmup", action="store_true", help="skip the unmeasured warm-up increment")
     parser.add_argument(
@@ -135,6 +142,15 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def deadline(until: str | None) -> float | None:
+    """``HH:MM`` (UTC, today) as a ``time.time()``."""
+    if until is None:
+        return None
+    hour, minute = (int(x) for x in until.split(":"))
+    now = datetime.now(UTC)
+    return now.replace(hour=hour, minute=minute, second=0, microsecond=0).timestamp()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -147,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "postgres": "large-state",
         "state-io": "large-state",
         "tasks": "large-state",
+        "tasks-long-run": "large-state",
         "tasks-upsert": "large-state",  # its own rows (bench.tasks_upsert); the spec gives the sizes
         "tasks-nojvm": "large-state",  # its own rows and table (bench.tasks_nojvm); the spec gives the sizes
         "kafka": "large-state",
@@ -208,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "tasks":
         result = tasks.run(spec, work)
         text = tasks.render(result)
+        ok = not result["problems"]
+    elif args.mode == "tasks-long-run":
+        result = tasks.run(spec, work, long_run=True, until=deadline(args.until), chain=args.chain)
+        text = tasks.render_long(result)
         ok = not result["problems"]
     elif args.mode == "tasks-upsert":
         result = tasks_upsert.run(spec, work)

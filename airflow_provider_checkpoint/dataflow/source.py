@@ -100,6 +100,14 @@ class Source(Node):
         what depends on it is not checked."""
         return None
 
+    def may_read_in_driver(self, previous: Any, barrier: Any) -> bool:
+        """Whether :meth:`read_in_driver` may take ``[previous, barrier)``, as the positions alone tell. ``False``
+        is sure (it gives ``None``): a step task of this source that would start Spark on first use
+        (:func:`~airflow_provider_checkpoint.spark.runner.may_skip_spark`) starts it at once, beside opening the
+        storage. ``True``: it may, or the source cannot tell before reading. Here: whether the source's class
+        has a :meth:`read_in_driver` of its own."""
+        return type(self).read_in_driver is not Source.read_in_driver
+
     def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
         """The records in ``[previous, barrier)`` read on the driver, exactly as Spark reads them, for a
         consumer that takes them there (:meth:`Sink.takes_source_rows`); ``None`` (nothing read, nothing

@@ -270,7 +270,7 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
         from airflow_provider_checkpoint.spark.execution import ExecutionMode, resolve_execution
-        from airflow_provider_checkpoint.spark.runner import may_skip_spark, run_step, step_input_bytes
+        from airflow_provider_checkpoint.spark.runner import run_step, spark_on_first_use, step_input_bytes
         from airflow_provider_checkpoint.spark.session import step_session
         from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
@@ -285,11 +285,11 @@ class SparkCheckpointOperator(BaseOperator):
         input_bytes = None if execution.remote else step_input_bytes(self.job.graph, self.step, plan)
         # The storage opens while the JVM starts (an object store's client library and first contact
         # cost a fresh task process about as much as its requests); pyspark is imported first so the
-        # two threads import disjoint modules. A step that may read and merge on the driver starts the
-        # session only if it needs it (:class:`~airflow_provider_checkpoint.spark.session.SparkHandle`).
+        # two threads import disjoint modules. A step that may read and merge on the driver in this checkpoint
+        # starts the session only if it needs it (:class:`~airflow_provider_checkpoint.spark.session.SparkHandle`).
         import pyspark.sql  # noqa: F401
 
-        may_skip = may_skip_spark(self.job.graph, self.step)
+        may_skip = spark_on_first_use(self.job.graph, self.step, plan)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="open-storage") as pool:
             opening = pool.submit(self.job.storage)
             spark = step_session(self.job.spark_conf, execution.remote, input_bytes, may_skip)

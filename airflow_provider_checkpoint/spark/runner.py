@@ -339,6 +339,17 @@ def step_input_bytes(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> i
     return None if all(k is None for k in known) else sum(k or 0 for k in known)
 
 
+def spark_on_first_use(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> bool:
+    """Whether ``step``'s task starts Spark only on first use in the checkpoint of ``plan``: it :func:`may_skip_spark`
+    and each of its sources may read its range on the driver (:meth:`Source.may_read_in_driver`, from the
+    positions alone). Otherwise the step surely needs Spark: its task starts it at once, beside the storage."""
+    return may_skip_spark(graph, step) and all(
+        node.may_read_in_driver(restored_position(plan, node.uid), plan.barrier.positions[node.uid])
+        for node in graph.steps[step]
+        if isinstance(node, Source)
+    )
+
+
 def run_step(
     spark: SparkSession | SparkHandle,
     storage: JobStorage,

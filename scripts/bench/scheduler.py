@@ -9,6 +9,7 @@ task is a fresh process starting its own SparkSession. Task durations and schedu
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from datetime import datetime
@@ -59,6 +60,7 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from tests.live.airflow_live import running_airflow
 
+    load = [os.getloadavg()[0]]
     files = generate(work / "data" / spec.workload, spec)
     root = work / "run" / "scheduler"
     if root.exists():
@@ -88,4 +90,11 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
             pd.testing.assert_frame_equal(normalized(read_parquet_dir(table)), truth)
         except AssertionError as e:
             problems[name] = str(e)
-    return {"spec": spec, "rows": rows, "problems": problems, "truth_rows": len(truth)}
+    load.append(os.getloadavg()[0])
+    return {
+        "spec": spec,
+        "rows": rows,
+        "problems": problems,
+        "truth_rows": len(truth),
+        "load": ", ".join(f"{x:.1f}" for x in load),
+    }

@@ -9,6 +9,10 @@ local alternating which goes first. Each task's duration comes from the REST API
 run sent, by kind, from the server's log (landing not counted). At the end both pipelines' tables are
 read back (pyarrow, delta-rs) and compared with a pandas ground truth; the task logs are kept under
 the work directory for the time budget (docs/benchmarks.md).
+
+The long run (``long_run``) runs ``bench_s3`` alone, checkpoint after checkpoint, until ``spec.increments``
+or ``until`` (a ``time.time()``), whichever comes first: its time and requests per checkpoint against the
+job's age (:func:`render_long`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,10 +37,17 @@ from bench.workloads import DataSpec
 REPO = Path(__file__).resolve().parents[2]
 DAG_IDS = ("bench_s3", "bench_local", "bench_empty")
 S3_OVER_LOCAL = 1.5
+FLAT = 1.2
+"""The long run: the last checkpoints' median time and requests over the first ones' (after the first): at most."""
+EDGE = 20
+"""The long run compares its first and last this many checkpoints (the first one, the whole key set, left out)."""
 
 
-def run(spec: DataSpec, work: Path) -> dict[str, Any]:
-    """``spec.increments`` checkpoints of each DAG; see the module's docstring."""
+def run(
+    spec: DataSpec, work: Path, long_run: bool = False, until: float | None = None, chain: bool = False
+) -> dict[str, Any]:
+    """``spec.increments`` checkpoints of each DAG, or of ``bench_s3`` alone for the ``long_run``; see the
+    module's docstring. ``chain``: each checkpoint one task (``BENCH_CHAIN``)."""
     import s3fs
 
     sys.path.insert(0, str(REPO))
@@ -48,12 +60,14 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     (directory / "s3").mkdir()
     process, server = start_server(directory / "s3", access_log=True)
     s3 = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **server.storage_options())
-    roots = {"small@s3": server.url("bench"), "small@local": f"file://{directory}/local"}
+    local = f"file://{directory}/local"
+    roots = {"small@s3": server.url("bench"), **({} if long_run else {"small@local": local})}
     env = {
         **server.env(),
         "BENCH_S3_ROOT": roots["small@s3"],
-        "BENCH_LOCAL_ROOT": roots["small@local"],
+        "BENCH_LOCAL_ROOT": local,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts")]),  # this checkout, whatever is installed
+        "BENCH_CHAIN": "1" if chain else "0",
     }
     access = AccessLog(directory / "s3")
     landed: list[pd.DataFrame] = []
@@ -66,8 +80,8 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
                 landed.append(events)
                 for root in roots.values():
                     land(s3, root, f"inc-{i:04d}.json", events.to_json(orient="records", lines=True).encode())
-                row: dict[str, Any] = {"checkpoint": i, "events": len(events)}
-                for dag_id in [*DAG_IDS[:2][:: 1 if i % 2 else -1], "bench_empty"]:
+                row: dict[str, Any] = {"checkpoint": i, "events": len(events), "load": os.getloadavg()[0]}
+                for dag_id in ["bench_s3"] if long_run else [*DAG_IDS[:2][:: 1 if i % 2 else -1], "bench_empty"]:
                     access.since()
                     run_id = live.trigger(dag_id, {"checkpoint": i})
                     live.wait_for_run(dag_id, run_id, timeout=900)
@@ -77,6 +91,9 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
                         row["requests"] = {k: counts.get(k, 0) for k in KINDS}
                 rows.append(row)
                 log(f"tasks: checkpoint {i}: {summary(row)}")
+                if until is not None and time.time() > until:
+                    log(f"tasks: stopped after checkpoint {i} of {spec.increments}: its deadline has passed")
+                    break
             shutil.copytree(live.home / "logs", directory / "task-logs", dirs_exist_ok=True)
         problems = check_tables(s3, server, roots, landed)
     finally:
@@ -84,7 +101,14 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
         process.wait(timeout=15)
     load.append(os.getloadavg()[0])
     log(f"tasks: logs and task logs under {directory}")
-    return {"users": spec.users, "events": spec.events, "rows": rows, "problems": problems, "load": load}
+    return {
+        "users": spec.users,
+        "events": spec.events,
+        "rows": rows,
+        "problems": problems,
+        "load": load,
+        "chain": chain,
+    }
 
 
 def summary(row: dict[str, Any]) -> str:
@@ -93,6 +117,7 @@ def summary(row: dict[str, Any]) -> str:
         + ", ".join(f"{t} {s:.1f}" for t, s in row[dag_id]["tasks"].items())
         + ")"
         for dag_id in DAG_IDS
+        if dag_id in row
     ]
     return ", ".join(parts) + f", requests {sum(row['requests'].values())}"
 
@@ -135,5 +160,58 @@ def render(result: dict[str, Any]) -> str:
             f"| {row['checkpoint']} | {row['events']:,} | "
             + " | ".join(f"{s:.2f}" for s in (*local, *s3))
             + f" | {sum(s3) / sum(local):.2f} | {empty:.2f} | {counts} | {total} |"
+        )
+    return "\n".join([*lines, ""])
+
+
+def render_long(result: dict[str, Any]) -> str:
+    """The long run: time (the tasks, the DAG run) and requests per checkpoint, the first :data:`EDGE` checkpoints
+    after the first against the last :data:`EDGE`."""
+    rows = result["rows"]
+    first, last = rows[1 : EDGE + 1], rows[-EDGE:]
+
+    def tasks_s(row: dict[str, Any]) -> float:
+        return sum(row["bench_s3"]["tasks"].values())
+
+    def figures(part: list[dict[str, Any]]) -> dict[str, float]:
+        return {
+            "tasks": statistics.median(tasks_s(r) for r in part),
+            "run": statistics.median(r["bench_s3"]["run_seconds"] for r in part),
+            "requests": statistics.median(sum(r["requests"].values()) for r in part),
+            "requests_max": max(sum(r["requests"].values()) for r in part),
+            "load": statistics.median(r["load"] for r in part),
+        }
+
+    early, late = figures(first), figures(last)
+    ratios = {k: late[k] / early[k] for k in ("tasks", "run", "requests", "requests_max")}
+    flat = all(ratios[k] <= FLAT for k in ("tasks", "requests", "requests_max"))
+    lines = [
+        f"### {len(rows)} checkpoints on S3 as Airflow tasks: time and requests against the job's age "
+        f"({result['users']:,} keys, then {result['events']:,} events a checkpoint)",
+        "",
+        f"- Last {len(last)} over first {len(first)} (checkpoints {first[0]['checkpoint']}–{first[-1]['checkpoint']} "
+        f"and {last[0]['checkpoint']}–{last[-1]['checkpoint']}), medians: tasks ×{ratios['tasks']:.2f}, "
+        f"DAG run ×{ratios['run']:.2f}, requests ×{ratios['requests']:.2f} (largest ×{ratios['requests_max']:.2f}) "
+        f"— {'flat: met' if flat else '**not flat**'} (target: ≤ ×{FLAT}).",
+        f"- Tables: {'; '.join(result['problems']) or 'equal the pandas ground truth'}.",
+        "",
+        f"Load average before and after the run (2 cores, shared with other jobs): "
+        f"{', '.join(f'{x:.1f}' for x in result['load'])}.",
+        "",
+        f"Each checkpoint a DAG run of {'one task (`chain=True`)' if result['chain'] else 'three tasks'}, "
+        "every task a fresh process under the real scheduler (LocalExecutor).",
+        "",
+        "| checkpoints | load (median) | trigger s | step s | finalize s | tasks s | DAG run s "
+        "| requests (median / max) |",
+        "|:--|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for part, figs in ((first, early), (last, late)):
+        kinds = [
+            statistics.median(task_seconds(r, "bench_s3", k) for r in part) for k in ("trigger", "step", "finalize")
+        ]
+        lines.append(
+            f"| {part[0]['checkpoint']}–{part[-1]['checkpoint']} | {figs['load']:.1f} | "
+            + " | ".join("—" if result["chain"] else f"{s:.2f}" for s in kinds)
+            + f" | {figs['tasks']:.2f} | {figs['run']:.2f} | {figs['requests']:.0f} / {figs['requests_max']} |"
         )
     return "\n".join([*lines, ""])

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource, ParquetTableSink
 from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
+from airflow_provider_checkpoint.spark.runner import spark_on_first_use
 from airflow_provider_checkpoint.spark.session import SPARK_DEFAULTS, SparkHandle, embedded_conf
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.test_parquet_source_on_driver import KEYS, SCHEMA, land, normalized
@@ -68,20 +69,40 @@ def tables(base: Path) -> dict[str, pd.DataFrame]:
 def test_driver_steps_start_no_session_and_fallbacks_start_it(spark, tmp_path: Path) -> None:
     job = make_job(SparkHandle(lambda: spark, embedded_conf(None)), tmp_path, declare)
     landing = tmp_path / "landing"
-    checkpoints = [  # rows landed, then which sinks' steps need Spark
-        (300, pa.int64(), set()),  # delta: a first load of at most 8 x 100 rows, written by the driver
-        (120, pa.int64(), {"delta"}),  # over delta's driver_merge_rows: read on the driver, merged by Spark
-        (1500, pa.int64(), {"delta", "parquet"}),  # over driver_read_bytes (parquet merges up to 2,000 rows)
-        (50, pa.date32(), {"delta", "parquet"}),  # dates in a BIGINT column: the driver does not read them
+    checkpoints = [  # rows landed, which sinks' steps need Spark, and of those which the plan shows it
+        (300, pa.int64(), set(), set()),  # delta: a first load of at most 8 x 100 rows, written by the driver
+        (120, pa.int64(), {"delta"}, set()),  # over delta's driver_merge_rows: read on the driver, merged by Spark
+        (1500, pa.int64(), {"delta", "parquet"}, {"delta", "parquet"}),  # over driver_read_bytes: from the listing
+        (50, pa.date32(), {"delta", "parquet"}, set()),  # dates in a BIGINT column: the driver does not read them
     ]
-    for i, (n, ts_type, spark_steps) in enumerate(checkpoints, start=1):
+    for i, (n, ts_type, spark_steps, planned) in enumerate(checkpoints, start=1):
         land(landing, n, seed=i, ts_type=ts_type)
         job.checkpoint()
         started = {step.removeprefix("step_") for (c, step), s in job.started.items() if c == i and s}
         assert started == spark_steps, (i, job.started)
+        assert job.plan is not None
+        eager = {
+            step.removeprefix("step_") for step in job.graph.steps if not spark_on_first_use(job.graph, step, job.plan)
+        }
+        assert eager == planned, (i, eager)  # a task starts the session at once for these, beside the storage
         expected = truth(landing)
         for name, got in tables(tmp_path).items():
             pd.testing.assert_frame_equal(got, expected, obj=f"{name} after checkpoint {i}")
+
+
+def test_a_source_that_never_reads_on_the_driver_starts_spark_at_once(tmp_path: Path) -> None:
+    """A JSON ``FileSource`` (read by Spark only) and a source class without a driver read of its own: the plan
+    shows their steps need Spark, whatever the range."""
+    from airflow_provider_checkpoint.dataflow.source import Source
+
+    class Plain(Source):
+        pass
+
+    parquet = FileSource("p", str(tmp_path), "parquet", SCHEMA)
+    position = {"files": {}}
+    assert parquet.may_read_in_driver(position, position)
+    assert not FileSource("j", str(tmp_path), "json", SCHEMA).may_read_in_driver(position, position)
+    assert not Plain("plain").may_read_in_driver(None, None)
 
 
 def test_an_unstarted_handle_knows_the_settings_the_session_has(spark) -> None:

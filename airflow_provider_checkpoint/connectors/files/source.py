@@ -331,6 +331,14 @@ class FileSource(Source):
 
         return (observed if self.format == "parquet" else good_records(self, observed)), records
 
+    def may_read_in_driver(self, previous: Any, barrier: Any) -> bool:
+        """Parquet files of at most ``driver_read_bytes`` in all, without reader ``options``."""
+        return (
+            self.format == "parquet"
+            and not self.options
+            and self.input_bytes(previous, barrier) <= self.driver_read_bytes
+        )
+
     def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
         """Parquet files of at most ``driver_read_bytes`` in all, without reader ``options``, read on the
         driver where pyarrow gives exactly Spark's rows (:mod:`~airflow_provider_checkpoint.fileio.driver_read`),
@@ -340,7 +348,7 @@ class FileSource(Source):
         from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
         from airflow_provider_checkpoint.fileio.scans import as_nullable
 
-        if self.format != "parquet" or self.options or self.input_bytes(previous, barrier) > self.driver_read_bytes:
+        if not self.may_read_in_driver(previous, barrier):
             return None
         todo = self.split(previous, barrier)
         if not todo:

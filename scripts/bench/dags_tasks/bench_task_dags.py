@@ -4,6 +4,8 @@
 and ``<root>/delta`` (append), checkpoints under ``<root>/checkpoints``, with ``<root>`` taken from
 ``BENCH_S3_ROOT`` (an ``s3://`` URL; credentials and endpoint from the AWS environment) and
 ``BENCH_LOCAL_ROOT`` (``file://``). ``bench_empty``: one task doing nothing, the floor of any task.
+``BENCH_CHAIN=1``: each pipeline's checkpoint is one task (``chain=True``: trigger, step and finalize in one
+process).
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ SCHEMA = "user STRING, page STRING, ts LONG"
 
 def pipeline(dag_id: str, root: str) -> CheckpointedPipeline:
     with CheckpointedPipeline(
-        dag_id=dag_id, schedule=None, retained_checkpoints=3, storage=f"{root}/checkpoints"
+        dag_id=dag_id,
+        schedule=None,
+        retained_checkpoints=3,
+        storage=f"{root}/checkpoints",
+        chain=os.environ.get("BENCH_CHAIN") == "1",
     ) as declared:
         events = FileSource(uid="events", path=f"{root}/landing", format="json", schema=SCHEMA)
         totals = KeyedAggregate(
