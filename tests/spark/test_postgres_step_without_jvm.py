@@ -3,8 +3,9 @@
 A CDC stream checkpoint (``PostgresCdcSource``) and a small Parquet ``FileSource``, each feeding only a
 PostgreSQL upsert table, hand their rows to the sink on the driver, which reduces and ``COPY``s them:
 their step handle (:class:`~airflow_provider_checkpoint.spark.session.SparkHandle`) is never started. The
-CDC source's first checkpoint (its snapshot, read by Spark) starts it. The tables are compared with a
-``SELECT`` of the source table at the barrier (CDC) and with pandas over the landed files (Parquet).
+CDC source's first checkpoint (its snapshot, read by Spark) starts it, at once: its plan shows it. The
+tables are compared with a ``SELECT`` of the source table at the barrier (CDC) and with pandas over the
+landed files (Parquet).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 from airflow_provider_checkpoint.dataflow import FileSource
+from airflow_provider_checkpoint.spark.runner import spark_on_first_use
 from airflow_provider_checkpoint.spark.session import SparkHandle, embedded_conf
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.servers.postgres import PostgresServer, cdc_connection
@@ -68,6 +70,9 @@ def test_driver_read_steps_into_postgres_start_no_session(spark, pg: PostgresSer
         job.checkpoint()
         started = {step.removeprefix("step_") for (c, step), s in job.started.items() if c == i and s}
         assert started == ({"cdc"} if i == 1 else set()), (i, job.started)  # the snapshot is read by Spark
+        assert job.plan is not None
+        eager = {step for step in job.graph.steps if not spark_on_first_use(job.graph, step, job.plan)}
+        assert eager == ({"step_cdc"} if i == 1 else set()), (i, eager)  # the snapshot's task starts it at once
         columns = "id, label, value"
         assert _rows(pg, f"SELECT {columns} FROM {cdc_target}") == _rows(pg, f"SELECT {columns} FROM {source_table}")
         with pg.connect() as db:

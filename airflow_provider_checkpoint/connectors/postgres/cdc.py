@@ -323,11 +323,18 @@ class PostgresCdcSource(Source):
         df = arrow_frame(ctx.spark, data)
         return (df.coalesce(1) if self.in_source_order else df).cache()
 
+    def may_read_in_driver(self, previous: Any, barrier: Any) -> bool:
+        """A stream checkpoint spanning at most ``driver_read_bytes`` of WAL; not the snapshot, a chunk or more
+        WAL (Spark reads those: the step's task starts it at once)."""
+        if previous is None or (isinstance(barrier, dict) and {"snapshot", "chunk"} & barrier.keys()):
+            return False
+        wal: int = self._position(barrier, "barrier")[2] - self._position(previous, "position")[2]
+        return wal <= self.driver_read_bytes
+
     def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
-        """A stream checkpoint spanning at most ``driver_read_bytes`` of WAL: its rows as :meth:`read` gives
-        them, kept on the driver (:mod:`.cdc_driver`); ``None`` (the snapshot, a chunk, more WAL): Spark."""
-        wal = previous and self._position(barrier, "barrier")[2] - self._position(previous, "position")[2]
-        if previous is None or {"snapshot", "chunk"} & set(barrier) or wal > self.driver_read_bytes:
+        """A stream checkpoint :meth:`may_read_in_driver` takes: its rows as :meth:`read` gives them, kept on
+        the driver (:mod:`.cdc_driver`); ``None`` (the snapshot, a chunk, more WAL): Spark."""
+        if not self.may_read_in_driver(previous, barrier):
             return None
         data = self._rows(ctx, previous, barrier)
         return cdc_driver.source_rows(ctx.session.conf, data, lambda: self._frame(ctx, data))
