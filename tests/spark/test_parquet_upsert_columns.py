@@ -130,8 +130,10 @@ def test_a_restore_to_a_checkpoint_before_an_added_column_replays_into_the_whole
     spark: Any, tmp_path: Path
 ) -> None:
     """Checkpoints 1 and 2 without ``w``; the pipeline redeployed with ``w`` declared, checkpoint 3 adds it
-    (every bucket file filled); a restore to checkpoint 2 replays checkpoint 3's file with the next ones:
-    the table keeps the column and, read back, equals the model of every file upserted in landing order."""
+    (every bucket file filled); a restore to checkpoint 2 with the pipeline of before the column (as after a
+    CDC ``ADD COLUMN`` undone upstream) replays checkpoint 3's file without ``w`` with the next one: the table
+    keeps the column and each key its value in it (Delta's ``MERGE … UPDATE SET *``), new keys null; then the
+    pipeline with ``w`` again. Read back, it equals the model of every file upserted in landing order."""
     landing, path = tmp_path / "landing", tmp_path / "table"
 
     def pipeline(columns: str) -> Any:
@@ -143,9 +145,10 @@ def test_a_restore_to_a_checkpoint_before_an_added_column_replays_into_the_whole
 
     model: Model = {}
 
-    def land(n: int, rows: list[dict[str, Any]]) -> None:
+    def land(n: int, rows: list[dict[str, Any]], columns: str = "k STRING, v LONG, w STRING") -> None:
         write_json(landing / f"f{n:02d}.json", rows)
-        model.update({r["k"]: (r["v"], r.get("w")) for r in rows})
+        kept = {k: w for k, (_, w) in model.items()} if "w" not in columns else {}  # the table's values
+        model.update({r["k"]: (r["v"], r.get("w", kept.get(r["k"]))) for r in rows})
 
     keys = [f"k{i:02d}" for i in range(32)]
     bucket = buckets_of(spark, keys)  # checkpoint 3 touches buckets 0 and 1, the later ones 0 to 2: 3 is filled
@@ -165,18 +168,50 @@ def test_a_restore_to_a_checkpoint_before_an_added_column_replays_into_the_whole
     assert_holds(spark, path, model)
 
     request_restore(evolved.storage, evolved.storage.url(evolved.storage.chk_dir(2)), False, False)
-    land(
-        4,
-        [
-            {"k": k, "v": 300 + i, "w": None if i % 2 else f"w4-{k}"}
-            for i, k in enumerate(bucket[1][1:] + bucket[2][:1])
-        ],
-    )
-    restored = evolved.checkpoint()
+    before = make_job(spark, tmp_path, pipeline("k STRING, v LONG"))
+    before.checkpoints = job.checkpoints
+    land(4, [{"k": k, "v": 300 + i} for i, k in enumerate(bucket[1][1:] + bucket[2][:1] + ["new"])], "k STRING, v LONG")
+    restored = before.checkpoint()
     assert restored.checkpoint_id == 4
-    assert_holds(spark, path, model)  # checkpoint 3's file replayed: the same values again
+    assert_holds(spark, path, model)  # checkpoint 3's file replayed without w: the values kept
     land(5, [{"k": k, "v": 400, "w": "w5"} for k in [bucket[0][0], bucket[2][-1]]])
     evolved.checkpoint()
     assert_holds(spark, path, model, merge_schema=True)
     assert model != before_column and all(k in model for k in before_column)
+    assert {tuple(pq.read_schema(f).names) for f in path.glob("part-*.parquet")} == {("k", "v", "w")}
+
+
+@pytest.mark.parametrize("driver_merge_rows", [1000, 0], ids=["driver-merge", "spark-merge"])
+def test_an_upsert_lacking_a_column_keeps_each_key_value_in_it_and_new_keys_null(
+    spark: Any, tmp_path: Path, driver_merge_rows: int
+) -> None:
+    """Checkpoint 2 brings ``w`` for keys of bucket 1 only (the other buckets filled null); 3 lacks ``w``:
+    an updated key of bucket 1 keeps its value, one of bucket 0 keeps null, a new key is null, a delete
+    deletes; 4 lacks it again (bucket 1's footers only are read past); 5 brings ``w`` again."""
+    path = tmp_path / "table"
+    storage = JobStorage.for_job(str(tmp_path / "jobs"), "job")
+    sink = ParquetTableSink(
+        "out", Source("src"), str(path), "upsert", ["k"], buckets=BUCKETS, driver_merge_rows=driver_merge_rows,
+        delete_when="gone", schema_evolution="additive",
+    )  # fmt: skip
+    keys = [f"k{i:02d}" for i in range(24)]
+    bucket = buckets_of(spark, keys)
+    checkpoints: list[tuple[str, list[tuple[Any, ...]]]] = [
+        ("k string, v long, gone boolean", [(k, i, False) for i, k in enumerate(keys)]),
+        ("k string, v long, w string, gone boolean", [(k, 200, f"w2-{k}", False) for k in bucket[1][:-1]]),
+        ("v long, gone boolean, k string", [(300, False, k) for k in [*bucket[1][:2], bucket[0][0], "new"]]
+         + [(0, True, bucket[1][2])]),
+        ("k string, v long, gone boolean", [(k, 400, False) for k in [bucket[1][-1], bucket[1][3], "new"]]),
+        ("k string, v long, w string, gone boolean", [(bucket[1][0], 500, "w5", False)]),
+    ]  # fmt: skip
+    model: Model = {}
+    for checkpoint_id, (schema, rows) in enumerate(checkpoints, start=1):
+        staged_and_committed(spark, sink, storage, checkpoint_id, rows, schema)
+        for row in (dict(zip([c.split()[0] for c in schema.split(", ")], r, strict=True)) for r in rows):
+            if row["gone"]:
+                model.pop(row["k"], None)
+            else:  # without w: the key's value in the table, null for a new key (Delta's MERGE with evolution)
+                model[row["k"]] = (row["v"], row["w"] if "w" in row else model.get(row["k"], (None, None))[1])
+        assert_holds(spark, path, model, merge_schema=checkpoint_id == len(checkpoints))
+    assert model[bucket[1][0]] == (500, "w5") and model[bucket[1][1]] == (300, f"w2-{bucket[1][1]}")
     assert {tuple(pq.read_schema(f).names) for f in path.glob("part-*.parquet")} == {("k", "v", "w")}

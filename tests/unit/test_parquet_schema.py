@@ -59,14 +59,24 @@ def test_an_added_column_passes_only_with_additive() -> None:
 
 
 @pytest.mark.parametrize("additive", [False, True])
-def test_a_widened_or_missing_column_is_refused_naming_both_types(additive: bool) -> None:
+def test_a_widened_column_is_refused_naming_both_types(additive: bool) -> None:
     wide = ddl("id INT, n BIGINT, at TIMESTAMP")
     with pytest.raises(
         SinkSchemaError, match=r"retyped column\(s\) n \(int in the table, bigint in the input\).*mergeS"
     ):
         check_columns("t", FOOTER, wide, None, additive)
+
+
+def test_a_missing_column_is_written_null_with_additive_if_nullable_and_refused_without() -> None:
     with pytest.raises(SinkSchemaError, match=r"missing column\(s\) \['at'\]"):
-        check_columns("t", FOOTER, ddl("id INT, n INT"), None, additive)
+        check_columns("t", FOOTER, ddl("id INT, n INT"), None, False)
+    missing = check_columns("t", FOOTER, ddl("n INT, id INT, note STRING"), None, True)
+    assert (missing.names, list(missing.order)) == (["at"], ["id", "n", "at"])
+    required = pa.schema([*FOOTER, pa.field("must", pa.int32(), nullable=False)])
+    with pytest.raises(
+        SinkSchemaError, match=r"^t: the input lacks column\(s\) \['must'\], which the table declares NOT NULL"
+    ):
+        check_columns("t", required, ddl("id INT, n INT, at TIMESTAMP"), None, True)
 
 
 def test_buckets_lacking_an_added_column_are_filled_with_nulls_and_keep_their_rows(tmp_path: Path) -> None:

@@ -7,17 +7,32 @@ earlier files' rows as null in it (the Delta protocol: a column absent from a da
 Refused: a table with column mapping (its new fields would need ids and physical names), and a column
 another writer added meanwhile with another type. No type is widened: that needs Delta's ``typeWidening``
 table feature, which this writer does not write.
+
+An input lacking a column of the table is written with it null when the column is nullable (:func:`missing`,
+:mod:`~airflow_provider_checkpoint.connectors.base.missing_columns`); refused with column mapping (a data
+file's physical column names differ), for a column with a default or a generation expression (Delta's writers
+compute those, not null).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.base.missing_columns import Missing, TableFile, missing_fields
+from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 
+if TYPE_CHECKING:
+    import fsspec
+
+    from airflow_provider_checkpoint.connectors.delta.log import DataFile
+
 _MAPPING = "delta.columnMapping.mode"
+_COMPUTED = ("CURRENT_DEFAULT", "delta.generationExpression")
+"""Column metadata keys of a value Delta's writers compute for a row that does not give it."""
 
 
 def added_columns(table_columns: dict[str, str], input_schema: Any) -> list[dict[str, Any]]:
@@ -73,3 +88,29 @@ def grown_metadata(table: str, metadata: dict[str, Any] | None, added: list[dict
         return None
     grown = {**schema, "fields": [*schema["fields"], *new]}
     return {**metadata, "schemaString": json.dumps(grown, separators=(",", ":"))}
+
+
+def missing(table: str, schema: str, configuration: dict[str, str], given: Iterable[str]) -> Missing:
+    """The columns of the table (``schema``: Delta's JSON, which is Spark's) the input's columns ``given``
+    lack, written null; refused (:class:`SinkSchemaError` naming the table and the columns) unless each is
+    nullable, without a default or generation expression, in a table without column mapping."""
+    from pyspark.sql.types import StructType
+
+    stored = StructType.fromJson(json.loads(schema))
+    fields = missing_fields(table, stored, given)
+    mapping = configuration.get(_MAPPING, "none")
+    computed = [f.name for f in fields if any(k in (f.metadata or {}) for k in _COMPUTED)]
+    if fields and (mapping != "none" or computed):
+        why = f"{_MAPPING}={mapping}" if mapping != "none" else f"Delta computes the value of {computed}"
+        raise SinkSchemaError(
+            f"{table}: the input lacks column(s) {[f.name for f in fields]} and {why}: schema_evolution writes "
+            "no null for them; give them in the input"
+        )
+    return Missing(stored.fieldNames(), fields)
+
+
+def table_file(fs: fsspec.AbstractFileSystem, root: str, file: DataFile) -> TableFile:
+    """A live data file of the table at ``root``, its deletion vector read only if the file is read."""
+    path, dv, what = f"{root}/{file.path}", file.deletion_vector, f"deletion vector of {file.path}"
+    deleted = None if dv is None else lambda: deletion_vectors.read_positions(fs, root, dv, what)
+    return TableFile(path, file.size or fs.size(path), deleted)

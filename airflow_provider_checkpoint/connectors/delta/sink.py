@@ -20,7 +20,9 @@ import posixpath
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
+from airflow_provider_checkpoint.connectors.base import missing_columns
 from airflow_provider_checkpoint.connectors.base.bucketed import DRIVER_MERGE_ROWS, BucketedUpsert, bucket_file
+from airflow_provider_checkpoint.connectors.base.missing_columns import NONE_MISSING, Missing
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns, check_mode, check_schema_evolution
 from airflow_provider_checkpoint.connectors.base.upsert_rule import (
     UpsertRows,
@@ -183,13 +185,11 @@ class DeltaTableSink(DeltaCommitter):
         """The table's layout from the log the log check replayed, else from delta-rs; ``None``: no table yet."""
         layout = _layout(self._table().state())
         table = self._delta() if layout is None else None
-        if table is None:
-            return layout
-        metadata = table.metadata()
-        return _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
+        return layout if table is None else _layout_of(table)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
-        fs, root, staging, added = self._prepare(ctx, df.schema)
+        fs, root, staging, added, missing = self._prepare(ctx, df.schema)
+        df = missing.frame(df)
         written = write_parquet(df, fs, staging, self.partition_by, held=self.held_input(ctx))
         files = [(f.path, f.rows) for f in written]
         adds = [a for a in self._adds(fs, root, staging, files, {f.path: f.size for f in written}) if a.num_records]
@@ -202,8 +202,12 @@ class DeltaTableSink(DeltaCommitter):
         assert self.upsert is not None  # upsert mode
         check_delete_column(self.uid, self.delete_when, rows.schema)
         written = StructType([f for f in rows.schema.fields if f.name != self.delete_when])
-        fs, root, staging, added = self._prepare(ctx, written)
-        if live := self._upsert_files():
+        fs, root, staging, added, missing = self._prepare(ctx, written)
+        live = self._upsert_files()
+        if missing.fields:  # a key keeps its values in them, as Delta's MERGE keeps them
+            held = [evolution.table_file(fs, root, f) for f in live.values()]
+            rows = missing_columns.upsert_rows(f"Delta table {self.asset_uri()}", fs, held, rows, missing)
+        if live:
             staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
@@ -222,9 +226,10 @@ class DeltaTableSink(DeltaCommitter):
 
     def _prepare(
         self, ctx: StepContext, columns: StructType
-    ) -> tuple[fsspec.AbstractFileSystem, str, str, list[dict[str, Any]]]:
+    ) -> tuple[fsspec.AbstractFileSystem, str, str, list[dict[str, Any]], Missing]:
         """Create the table if it has none, refuse input of ``columns`` not matching it, clear the attempt's
-        staging directory: ``(filesystem, table root, staging directory, columns the commit adds)``."""
+        staging directory: ``(filesystem, table root, staging directory, columns the commit adds, the table's
+        columns the input lacks)``."""
         from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -241,9 +246,8 @@ class DeltaTableSink(DeltaCommitter):
                     configuration={_DV_PROPERTY: "true"} if self.upsert else None,
                 )
             )
-            metadata = table.metadata()
-            layout = _Layout(_columns(table.schema()), list(metadata.partition_columns), dict(metadata.configuration))
-        added = self._check_input(layout, schema)
+            layout = _layout_of(table)
+        added, missing = self._check_input(layout, schema)
         if self.upsert and layout.configuration.get(_DV_PROPERTY) != "true":
             existing = self._delta()
             assert existing is not None  # the layout came from a table
@@ -251,7 +255,7 @@ class DeltaTableSink(DeltaCommitter):
         fs, root = self._fs()
         directory = self.table()
         directory.delete(self.staging_name(ctx))  # an earlier try's files; on S3 one listing when there are none
-        return fs, root, directory.path(self.staging_name(ctx)), added
+        return fs, root, directory.path(self.staging_name(ctx)), added, missing
 
     def _adds(
         self,
@@ -293,9 +297,10 @@ class DeltaTableSink(DeltaCommitter):
         partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
         return DeltaFile(full[len(root) + 1 :], size, rows, partition)
 
-    def _check_input(self, layout: _Layout, schema: Any) -> list[dict[str, Any]]:
+    def _check_input(self, layout: _Layout, schema: Any) -> tuple[list[dict[str, Any]], Missing]:
         """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning; the
-        input columns the commit adds (``schema_evolution="additive"``)."""
+        input columns the commit adds and the table's (nullable) ones it lacks, written null
+        (``schema_evolution="additive"``, :mod:`~.base.missing_columns`)."""
         from deltalake.schema import Schema
 
         url = self.asset_uri()
@@ -306,12 +311,16 @@ class DeltaTableSink(DeltaCommitter):
         delta_schema = Schema.from_arrow(schema)
         added = evolution.added_columns(layout.columns, delta_schema) if self.schema_evolution != "none" else []
         given = {c: t for c, t in _columns(delta_schema).items() if c not in {f["name"] for f in added}}
+        missing = NONE_MISSING
+        if self.schema_evolution != "none" and set(layout.columns) - set(given):
+            missing = evolution.missing(f"Delta table {url}", layout.schema, layout.configuration, given)
+            given.update({f.name: layout.columns[f.name] for f in missing.fields})
         check_input_columns(f"Delta table {url}", layout.columns, given, evolve)
         if layout.partition_by != self.partition_by:  # an upsert sink has none
             raise SinkSchemaError(
                 f"Delta table {url} is partitioned by {layout.partition_by}, the sink by {self.partition_by}"
             )
-        return added
+        return added, missing
 
     def _upsert_files(self) -> dict[str, DataFile]:
         """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another
@@ -362,6 +371,8 @@ class _Layout(NamedTuple):
     columns: dict[str, str]
     partition_by: list[str]
     configuration: dict[str, str]
+    schema: str
+    """The table's schema (Delta's JSON, which is Spark's)."""
 
 
 def _layout(state: LogState | None) -> _Layout | None:
@@ -381,7 +392,13 @@ def _layout(state: LogState | None) -> _Layout | None:
         columns = _columns(Schema.from_json(text))
     except ValueError:  # delta-rs refuses the schema when it opens the table
         return None
-    return _Layout(columns, partitions, config)
+    return _Layout(columns, partitions, config, text)
+
+
+def _layout_of(table: Any) -> _Layout:
+    """The layout of a delta-rs ``DeltaTable``."""
+    metadata, schema = table.metadata(), table.schema()
+    return _Layout(_columns(schema), list(metadata.partition_columns), dict(metadata.configuration), schema.to_json())
 
 
 def _columns(schema: Any) -> dict[str, str]:

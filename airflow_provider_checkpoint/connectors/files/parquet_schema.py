@@ -1,4 +1,4 @@
-"""The columns of a Parquet table: the input's checked against them, and added ones
+"""The columns of a Parquet table: the input's checked against them, and added or missing ones
 (``ParquetTableSink(schema_evolution="additive")``).
 
 A column of the input that the table lacks is written, nullable, by the files of the checkpoint that brings
@@ -7,8 +7,10 @@ in ``upsert`` mode the bucket files (:func:`filled_buckets`), the changed rows m
 ``append`` mode every earlier file. After its commit every file has the table's whole schema again, so no
 merge reads files of two schemas and a reader taking one file's schema (pyarrow ``dataset``, DuckDB, Spark
 without ``mergeSchema``) reads the column, null in the older rows: DuckDB refuses a directory whose later
-files lack a column of the first, and the others would drop a column the first file lacks. Without
-``"additive"`` every step refuses an input whose columns differ from the table's (:func:`check_columns`).
+files lack a column of the first, and the others would drop a column the first file lacks. An input lacking
+a nullable column of the table is written with it null, in upsert mode only while no row of the table holds
+a value in it (:mod:`~airflow_provider_checkpoint.connectors.base.missing_columns`). Without ``"additive"``
+every step refuses an input whose columns differ from the table's (:func:`check_columns`).
 No type changes: Spark's ``mergeSchema`` refuses files that disagree on a column's type (``int`` and
 ``bigint`` among them), so a retyped column, widening included, is refused before anything is staged.
 """
@@ -19,6 +21,13 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet
 from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
+from airflow_provider_checkpoint.connectors.base.missing_columns import (
+    NONE_MISSING,
+    Missing,
+    each_file,
+    footer,
+    missing_fields,
+)
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, list_names
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
@@ -38,22 +47,10 @@ _NO_RETYPE = (
 )
 
 
-FOOTER_READ = 64 << 10
-"""The bytes read from a file's end for its footer: one ranged GET on an object store when the footer fits."""
-
-
 def footer_schema(fs: fsspec.AbstractFileSystem, path: str, size: int) -> pa.Schema:
-    """The schema in the footer of the Parquet file ``path`` of ``size`` bytes: its last :data:`FOOTER_READ`
-    bytes in one read, the whole footer read as pyarrow reads it when it is longer."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    tail = fs.cat_file(path, start=max(0, size - FOOTER_READ), end=size)
-    footer = int.from_bytes(tail[-8:-4], "little") + 8 if len(tail) >= 8 else size
-    if footer > len(tail):
-        with fs.open(path, "rb") as f:
-            return pq.read_schema(f)
-    return pq.read_schema(pa.BufferReader(tail))
+    """The schema in the footer of the Parquet file ``path`` of ``size`` bytes (:func:`.missing_columns.footer`:
+    one ranged read when it fits)."""
+    return footer(fs, path, size).schema.to_arrow_schema()
 
 
 def table_schema(table: Location, listed: Listing | None = None) -> pa.Schema | None:
@@ -70,23 +67,27 @@ def table_schema(table: Location, listed: Listing | None = None) -> pa.Schema | 
     return footer_schema(table.fs, newest, listed[committed[-1]])
 
 
-def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> None:
+def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: str | None, additive: bool) -> Missing:
     """Refuse (:class:`SinkSchemaError` naming the ``table``, the column and both types) input columns ``given``
     that differ from the table's (``footer``: its newest file's schema) by name or type, nullability aside, but
-    ``left_out`` (a column not written); ``additive``: an added column passes. A missing or retyped one never
-    does. Nothing is compared for a footer of a type Spark does not read."""
+    ``left_out`` (a column not written); ``additive``: an added column passes, and a missing nullable one
+    (:func:`.missing_columns.missing_fields`), returned: the input is written with it null. A retyped column
+    never passes. Nothing is compared for a footer of a type Spark does not read."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from airflow_provider_checkpoint.fileio.scans import as_nullable
 
     try:
-        stored = as_nullable(from_arrow_schema(footer, prefer_timestamp_ntz=False))  # timestamps: UTC instants
+        declared = from_arrow_schema(footer, prefer_timestamp_ntz=False)  # timestamps: UTC instants
     except (TypeError, ValueError, NotImplementedError):
-        return
+        return NONE_MISSING
+    stored = as_nullable(declared)
     types = {f.name: f.dataType.simpleString() for f in stored.fields}
     written = {f.name: f.dataType.simpleString() for f in as_nullable(given).fields if f.name != left_out}
+    missing = missing_fields(table, declared, given.fieldNames()) if additive else []
     if additive:
         written = {name: kind for name, kind in written.items() if name in types}
+        written.update({f.name: types[f.name] for f in missing})
     evolve = "schema_evolution='additive' writes them from this checkpoint on; else drop them before the sink"
     try:
         check_input_columns(table, types, written, evolve)
@@ -94,6 +95,7 @@ def check_columns(table: str, footer: pa.Schema, given: StructType, left_out: st
         if any(types[c] != written[c] for c in set(types) & set(written)):
             raise SinkSchemaError(f"{e}{_NO_RETYPE}") from None
         raise
+    return Missing(footer.names, missing)
 
 
 def added_fields(table: pa.Schema, given: StructType, left_out: str | None) -> pa.Schema:
@@ -120,33 +122,41 @@ def filled_files(
     fs: fsspec.AbstractFileSystem, directory: str, added: pa.Schema, committed: dict[str, tuple[str, int]]
 ) -> dict[str, tuple[str, int, int]]:
     """Each ``committed`` file (name → path, size) lacking a column of ``added``, rewritten into ``directory``
-    under its name with its rows unchanged and the columns it lacks appended, null (batch by batch): name →
+    under its name with its rows unchanged and the columns it lacks appended, null (batch by batch), up to
+    :data:`~.missing_columns.FILE_THREADS` files at once (an object store's round trips overlap): name →
     (path, rows, size) of the copy. A file Spark wrote with INT96 timestamps is rewritten with INT96 ones, so
     every reader types its columns as before and as Spark's other files of the table."""
+    if not is_s3(fs):  # object stores have no directories to make
+        fs.makedirs(directory, exist_ok=True)
+    files = sorted(committed.items())
+    filled = each_file(lambda file: _filled_file(fs, directory, added, *file), files)
+    return {name: copy for (name, _), copy in zip(files, filled, strict=True) if copy is not None}
+
+
+def _filled_file(
+    fs: fsspec.AbstractFileSystem, directory: str, added: pa.Schema, name: str, file: tuple[str, int]
+) -> tuple[str, int, int] | None:
+    """:func:`filled_files` of one file: ``None`` if it lacks no column of ``added``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not is_s3(fs):  # object stores have no directories to make
-        fs.makedirs(directory, exist_ok=True)
-    filled: dict[str, tuple[str, int, int]] = {}
-    for name, (path, size) in sorted(committed.items()):
-        with open_parquet(fs, path, size) as reader:
-            old = reader.schema_arrow
-            lacking = [f for f in added if f.name not in old.names]
-            if not lacking:
-                continue
-            grown = pa.schema([*old, *lacking], metadata=grown_metadata(old.metadata, lacking))
-            int96 = any(c.physical_type == "INT96" for c in reader.schema)
-            out, rows = f"{directory}/{name}", 0
-            with fs.open(out, "wb") as sink:
-                with pq.ParquetWriter(sink, grown, compression="zstd", use_deprecated_int96_timestamps=int96) as writer:
-                    for batch in reader.iter_batches():
-                        nulls = [pa.nulls(batch.num_rows, f.type) for f in lacking]
-                        writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, *nulls], schema=grown))
-                        rows += batch.num_rows
-                size = sink.tell()
-        filled[name] = (out, rows, size)
-    return filled
+    path, size = file
+    with open_parquet(fs, path, size) as reader:
+        old = reader.schema_arrow
+        lacking = [f for f in added if f.name not in old.names]
+        if not lacking:
+            return None
+        grown = pa.schema([*old, *lacking], metadata=grown_metadata(old.metadata, lacking))
+        int96 = any(c.physical_type == "INT96" for c in reader.schema)
+        out, rows = f"{directory}/{name}", 0
+        with fs.open(out, "wb") as sink:
+            with pq.ParquetWriter(sink, grown, compression="zstd", use_deprecated_int96_timestamps=int96) as writer:
+                for batch in reader.iter_batches():
+                    nulls = [pa.nulls(batch.num_rows, f.type) for f in lacking]
+                    writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, *nulls], schema=grown))
+                    rows += batch.num_rows
+            size = sink.tell()
+    return out, rows, size
 
 
 SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import fsspec
 
+from airflow_provider_checkpoint.connectors.base import missing_columns
 from airflow_provider_checkpoint.connectors.base.bucketed import (
     DRIVER_MERGE_ROWS,
     BucketedUpsert,
@@ -120,8 +121,9 @@ class ParquetTableSink(TableDirectorySink):
         step against its newest file's footer, before anything is staged). ``"additive"``: an input column the
         table lacks is written, nullable, from the checkpoint that brings it on, and that checkpoint rewrites
         every other file of the table (the bucket files it does not touch; in append mode every earlier file)
-        with the column null (:mod:`.parquet_schema`), so every file has the table's whole schema. A missing
-        or retyped column (widening included) is refused either way.
+        with the column null (:mod:`.parquet_schema`), so every file has the table's whole schema; an input
+        lacking a nullable column is written with it null (upsert: only while every bucket file's footer counts
+        it all null, :mod:`~.base.missing_columns`). A retyped column (widening included) is refused either way.
     :param storage_options: fsspec options of the table's filesystem.
     :param step: Name of the step (Airflow task) the sink runs in.
     """
@@ -182,21 +184,24 @@ class ParquetTableSink(TableDirectorySink):
         """The input's columns against those of the table's newest committed file (:meth:`_checked_table`)."""
         self._checked_table(schema)
 
-    def _checked_table(self, schema: StructType, listed: Listing | None = None) -> pa.Schema | None:
+    def _checked_table(
+        self, schema: StructType, listed: Listing | None = None
+    ) -> tuple[pa.Schema | None, missing_columns.Missing]:
         """The schema of the table's newest committed file (its footer: one LIST, unless ``listed`` has the
         table's files, and one ranged read), ``None`` for a table without files, once the input's columns
-        ``schema`` are checked against it (:func:`.parquet_schema.check_columns`)."""
+        ``schema`` are checked against it (:func:`.parquet_schema.check_columns`); the table's columns the
+        input lacks, written null (``"additive"``)."""
         footer = parquet_schema.table_schema(self.table(), listed)
-        if footer is not None:
-            additive = self.schema_evolution == "additive"
-            parquet_schema.check_columns(
-                f"Parquet table {self.asset_uri()}", footer, schema, self.delete_when, additive
-            )
-        return footer
+        if footer is None:
+            return None, missing_columns.NONE_MISSING
+        additive = self.schema_evolution == "additive"
+        name = f"Parquet table {self.asset_uri()}"
+        return footer, parquet_schema.check_columns(name, footer, schema, self.delete_when, additive)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         # always: files of two schemas would be read with one file's columns (pyarrow, Spark) or not at all (DuckDB)
-        table = self._checked_table(df.schema, newest_appended(self.table(), ctx.checkpoint_id))
+        table, missing = self._checked_table(df.schema, newest_appended(self.table(), ctx.checkpoint_id))
+        df = missing.frame(df)
         fs, root = self._fs()
         moves = self._stage_append(ctx, df, fs, root, self.attempt_staging(ctx))
         if table is not None and moves and self.schema_evolution == "additive":
@@ -229,8 +234,14 @@ class ParquetTableSink(TableDirectorySink):
         check_delete_column(self.uid, self.delete_when, rows.schema)
         listed = self._bucket_files()  # the step's one listing of the table
         # always: a merge reading bucket files of two schemas would keep one schema's columns (rows lost)
-        table = self._checked_table(rows.schema, listed)
+        table, missing = self._checked_table(rows.schema, listed)
         fs, root = self._fs()
+        if missing.fields:  # a key keeps its values in them, as Delta's MERGE keeps them
+            files = [
+                missing_columns.TableFile(*f)
+                for f in self._existing_buckets(list(range(self.buckets)), listed).values()
+            ]
+            rows = missing_columns.upsert_rows(f"Parquet table {self.asset_uri()}", fs, files, rows, missing)
         staging = self.attempt_staging(ctx)
         additive = table is not None and self.schema_evolution == "additive"
         filled = self._filled_buckets(ctx, table, rows.schema, fs, listed) if additive else []
