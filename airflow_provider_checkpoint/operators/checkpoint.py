@@ -270,7 +270,7 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
         from airflow_provider_checkpoint.spark.execution import ExecutionMode, resolve_execution
-        from airflow_provider_checkpoint.spark.runner import run_step, spark_on_first_use, step_input_bytes
+        from airflow_provider_checkpoint.spark.runner import run_step, spark_on_first_use, step_input_bytes, step_reads
         from airflow_provider_checkpoint.spark.session import step_session
         from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
@@ -289,7 +289,8 @@ class SparkCheckpointOperator(BaseOperator):
         # starts the session only if it needs it (:class:`~airflow_provider_checkpoint.spark.session.SparkHandle`).
         import pyspark.sql  # noqa: F401
 
-        may_skip = spark_on_first_use(self.job.graph, self.step, plan)
+        reads = step_reads(self.job.graph, self.step)  # one walk of the graph: here and in run_step
+        may_skip = spark_on_first_use(self.job.graph, self.step, plan, reads)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="open-storage") as pool:
             opening = pool.submit(self.job.storage)
             spark = step_session(self.job.spark_conf, execution.remote, input_bytes, may_skip)
@@ -297,7 +298,7 @@ class SparkCheckpointOperator(BaseOperator):
         if not spark.started:
             self.log.info("step %s starts Spark only if it needs it: its input may be read on the driver", self.step)
         settings = self.job.resolved_settings()
-        return run_step(spark, storage, self.job.graph, self.step, plan, attempt, channels, settings)
+        return run_step(spark, storage, self.job.graph, self.step, plan, attempt, channels, settings, reads)
 
     def on_kill(self) -> None:
         """Kill the spark-submit driver of this attempt (``submit`` mode) through the Spark provider's hook."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
@@ -124,12 +124,27 @@ def _read_in_driver(only_consumers: dict[str, Node]) -> set[str]:
     return {uid for uid, sink in only_consumers.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
 
 
-def may_skip_spark(graph: PipelineGraph, step: str) -> bool:
+class StepReads(NamedTuple):
+    """How a step reads its sources, from one walk of the graph (:func:`step_reads`): source uid → the consumer
+    reading it in one pass (:func:`_read_once`), and the sources whose rows go to their consumer on the driver
+    (:func:`_read_in_driver`)."""
+
+    read_once: dict[str, str]
+    in_driver: set[str]
+
+
+def step_reads(graph: PipelineGraph, step: str) -> StepReads:
+    only_consumers = _only_consumers(graph, step)
+    return StepReads(_read_once(only_consumers), _read_in_driver(only_consumers))
+
+
+def may_skip_spark(graph: PipelineGraph, step: str, reads: StepReads | None = None) -> bool:
     """Whether ``step`` may run without a Spark session: its every node a source whose only consumer takes
-    its rows on the driver (:func:`_read_in_driver`) or that consumer. It does when each of those sources
-    reads on the driver (:meth:`Source.read_in_driver`) and each sink merges there."""
+    its rows on the driver (:func:`_read_in_driver`; ``reads``: the step's, else walked now) or that consumer.
+    It does when each of those sources reads on the driver (:meth:`Source.read_in_driver`) and each sink
+    merges there."""
     nodes = graph.steps[step]
-    driver = _read_in_driver(_only_consumers(graph, step))
+    driver = (reads or step_reads(graph, step)).in_driver
     return bool(driver) and all(
         node.uid in driver if isinstance(node, Source) else isinstance(node, Sink) and node.inputs[0].uid in driver
         for node in nodes
@@ -215,6 +230,7 @@ class _StepRun(StepWalk):
         graph: PipelineGraph,
         settings: CheckpointSettings,
         channels: Mapping[str, tuple[str, ChannelSnapshot]],
+        reads: StepReads,
     ) -> None:
         super().__init__()
         self.ctx, self.graph, self.settings, self.channels = ctx, graph, settings, channels
@@ -224,9 +240,7 @@ class _StepRun(StepWalk):
         self.committables: dict[str, list[JsonDict]] = {}
         self.produced: dict[str, ChannelSnapshot] = {}
         self.inputs: dict[str, str] = {}
-        only_consumers = _only_consumers(graph, ctx.step)  # one walk of the graph for both
-        self.read_once = _read_once(only_consumers)
-        self.in_driver = _read_in_driver(only_consumers)
+        self.read_once, self.in_driver = reads
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
         self.read_on_driver: dict[str, SourceRows] = {}  # by source uid: its rows, for its only consumer
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
@@ -339,11 +353,12 @@ def step_input_bytes(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> i
     return None if all(k is None for k in known) else sum(k or 0 for k in known)
 
 
-def spark_on_first_use(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> bool:
+def spark_on_first_use(graph: PipelineGraph, step: str, plan: CheckpointPlan, reads: StepReads | None = None) -> bool:
     """Whether ``step``'s task starts Spark only on first use in the checkpoint of ``plan``: it :func:`may_skip_spark`
-    and each of its sources may read its range on the driver (:meth:`Source.may_read_in_driver`, from the
-    positions alone). Otherwise the step surely needs Spark: its task starts it at once, beside the storage."""
-    return may_skip_spark(graph, step) and all(
+    (``reads``: the step's, passed on to :func:`run_step`) and each of its sources may read its range on the
+    driver (:meth:`Source.may_read_in_driver`, from the positions alone). Otherwise the step surely needs
+    Spark: its task starts it at once, beside the storage."""
+    return may_skip_spark(graph, step, reads) and all(
         node.may_read_in_driver(restored_position(plan, node.uid), plan.barrier.positions[node.uid])
         for node in graph.steps[step]
         if isinstance(node, Source)
@@ -359,16 +374,18 @@ def run_step(
     attempt: int,
     channels: Mapping[str, tuple[str, ChannelSnapshot]] | None = None,
     settings: CheckpointSettings | None = None,
+    reads: StepReads | None = None,
 ) -> Ack:
     """Run ``step`` and return its ack; ``channels`` are the upstream steps' accepted channels
     this step reads (channel uid → producer attempt directory and snapshot). ``spark``: the session, or a
-    handle starting it on first use (a step reading and merging on the driver may never start it)."""
+    handle starting it on first use (a step reading and merging on the driver may never start it);
+    ``reads``: :func:`step_reads` of the step when the caller walked the graph already."""
     if step not in graph.steps:
         raise ValueError(f"step {step!r} is not part of this pipeline (steps: {', '.join(graph.steps)})")
     started = time.monotonic()
     ctx = StepContext(spark if isinstance(spark, SparkHandle) else SparkHandle.of(spark), storage, plan, step, attempt)
     storage.delete(ctx.attempt_dir)
-    run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {})
+    run = _StepRun(ctx, graph, settings or CheckpointSettings(), channels or {}, reads or step_reads(graph, step))
     phases = _Phases(ctx)
     for sink in (n for n in graph.steps[step] if isinstance(n, Sink)):
         sink.prepare(ctx)
