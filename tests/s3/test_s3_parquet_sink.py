@@ -104,3 +104,53 @@ def test_a_rolled_back_checkpoint_commits_again_from_its_parked_files(
     sink.commit(2, second)  # restored to checkpoint 2: its staged files are gone, its parked ones are not
     assert visible(sink) == {target(1, 0): b"one", target(2, 0): b"two"}
     assert leftovers(s3_server, sink, "_rolled_back") == []
+
+
+def test_files_lacking_an_added_column_are_filled_at_once_one_get_and_one_put_each(
+    s3_server: S3Server, sink: ParquetTableSink
+) -> None:
+    """``schema_evolution="additive"`` rewrites every file lacking a new column (:func:`.filled_files`): on S3
+    one GET and one PUT per file, no HEAD, the files' requests in flight together; each copy holds its rows
+    and the column null, as pyarrow reads it back from the server."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_checkpoint.connectors.files import parquet_schema
+
+    table = sink.table()
+    committed = {}
+    for n in range(6):
+        out = io.BytesIO()
+        pq.write_table(pa.table({"k": [f"k{n}-{i}" for i in range(n + 1)], "v": list(range(n + 1))}), out)
+        table.fs.pipe_file(table.path(target(1, n)), out.getvalue())
+        committed[target(1, n)] = (table.path(target(1, n)), len(out.getvalue()))
+    added = pa.schema([pa.field("w", pa.string())])
+    in_flight, most = 0, 0
+    events = table.fs.s3.meta.events
+
+    def start(**_: Any) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+
+    def end(**_: Any) -> None:
+        nonlocal in_flight
+        in_flight -= 1
+
+    events.register("before-call.s3", start)
+    events.register("after-call.s3", end)
+    try:
+        with counted_requests(table) as counts:
+            filled = parquet_schema.filled_files(table.fs, table.path("_staging/filled"), added, committed)
+    finally:
+        events.unregister("before-call.s3", start)
+        events.unregister("after-call.s3", end)
+    assert counts == {"GetObject": 6, "PutObject": 6}
+    assert most > 1, "the files' requests overlap"
+    for n in range(6):
+        path, rows, _ = filled[target(1, n)]
+        got = pq.read_table(io.BytesIO(table.fs.cat_file(path)))
+        assert rows == n + 1 and got.column_names == ["k", "v", "w"]
+        assert got.to_pylist() == [{"k": f"k{n}-{i}", "v": i, "w": None} for i in range(n + 1)]
