@@ -21,10 +21,14 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_checkpoint.connectors.delta.sink import DeltaTableSink
+from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import DocumentError, SinkClaimedError
-from tests.spark.delta_spark import delta_spark_session, sql
+from airflow_provider_checkpoint.storage import JobStorage
+from tests.spark.delta_spark import delta_spark_rows, delta_spark_session, sql
+from tests.spark.helpers import staged_and_committed
 from tests.spark.sink_machine import Env, run
-from tests.spark.sink_model import Config, Harness, Model, scratch_root
+from tests.spark.sink_model import Config, Harness, Model, delta_rows, duckdb_delta_rows, scratch_root
 
 pytestmark = pytest.mark.spark
 
@@ -189,3 +193,42 @@ def test_another_writer_between_stage_and_commit_is_a_conflict_and_nothing_is_co
     table.harness.commit(c, staged)  # the finalize's next attempt
     table.model.commit(c, rows)
     table.check("the checkpoint committed after the RESTORE")
+
+
+@pytest.mark.full  # delta-spark runs four MERGEs and writes: minutes on a loaded machine
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_missing_column_is_written_as_delta_spark_writes_it(
+    spark: Any, delta_spark: Any, tmp_path: Path, mode: str
+) -> None:
+    """``schema_evolution="additive"`` and an input lacking ``w``: our table and delta-spark's twin given the
+    same inputs (an append; a ``MERGE … UPDATE SET * INSERT *`` with schema evolution) read the same with
+    delta-spark, delta-rs and DuckDB: an appended row and a new key null in ``w``, an updated key keeping its
+    value (key 1's in an update file, its bucket file's row deleted by a deletion vector)."""
+    full, lacking = "k long, v string, w string", "k long, v string"
+    inputs = [
+        (full, [(i, f"v{i}", f"w{i}" if i % 2 else None) for i in range(6)]),
+        (full, [(1, "u1", "w1-u"), (9, "v9", "w9")]),
+        (lacking, [(1, "x1"), (3, "x3"), (4, "x4"), (20, "x20")]),
+    ]
+    storage = JobStorage.for_job(str(tmp_path / "jobs"), "job")
+    delta_spark.conf.set("spark.databricks.delta.schema.autoMerge.enabled", "true")  # MERGE's schema evolution
+    ours, twin = tmp_path / "ours", tmp_path / "twin"
+    keys = ["k"] if mode == "upsert" else None
+    sink = DeltaTableSink("out", Source("src"), str(ours), mode, keys, schema_evolution="additive")
+    for checkpoint_id, (schema, rows) in enumerate(inputs, start=1):
+        staged_and_committed(spark, sink, storage, checkpoint_id, rows, schema)
+        given = delta_spark.createDataFrame(rows, schema)
+        if checkpoint_id == 1 or mode == "append":
+            given.write.format("delta").mode("append").save(str(twin))
+        else:
+            given.createOrReplaceTempView("given")
+            sql(delta_spark, f"MERGE INTO delta.`{twin}` t USING given s ON t.k = s.k "
+                             "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")  # fmt: skip
+    expected = delta_spark_rows(delta_spark, twin, ["k", "v", "w"])
+    assert {(3, "x3", "w3"), (1, "x1", "w1-u"), (20, "x20", None)} <= set(expected) or mode == "append"
+    for reader, rows in {
+        "delta-spark": delta_spark_rows(delta_spark, ours, ["k", "v", "w"]),
+        "delta-rs": delta_rows(ours, ["k", "v", "w"]),
+        "duckdb": duckdb_delta_rows(ours, ["k", "v", "w"]),
+    }.items():
+        assert sorted(rows, key=repr) == expected, f"{mode}: {reader} reads our table unlike delta-spark's twin"
