@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -111,3 +112,19 @@ def test_delta_writes_null_for_a_missing_plain_nullable_column_and_refuses_what_
             evolution.missing("T", schema, configuration, ["k"])
     with pytest.raises(SinkSchemaError, match=r"\['k'\], which the table declares NOT NULL"):
         evolution.missing("T", _delta_schema(), {}, ["w"])
+
+
+def test_rows_read_on_the_driver_are_filled_there_their_dataframe_made_only_if_asked() -> None:
+    from airflow_provider_checkpoint.connectors.base.missing_columns import filled_upsert_rows
+    from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+
+    def no_spark() -> Any:
+        raise AssertionError("no DataFrame made")
+
+    given = StructType([StructField("v", StringType()), StructField("k", LongType(), False)])
+    read = SourceRows(pa.table({"v": ["a"], "k": [1]}), given, no_spark)
+    rows = UpsertRows("out", None, ["k"], [], True, count=1, read=read)
+    filled = filled_upsert_rows(rows, STORED.fieldNames(), missing_fields("t", STORED, given.fieldNames()))
+    assert filled.schema.fieldNames() == ["k", "v", "w"] and filled.count == 1 and filled.reduce
+    assert filled.source is not None and filled.source.to_pylist() == [{"k": 1, "v": "a", "w": None}]
