@@ -4,8 +4,10 @@ against the real PostgreSQL server, read back with pyarrow (the files' schemas u
 
 Upsert: the checkpoint that brings the column rewrites the bucket files it does not touch with the column
 null, so every bucket file has it after the commit, and the next checkpoint's merge keeps every key's value.
-Append: the new files carry the column, and the checkpoint rewrites the earlier ones with it, null. An
-int4 → int8 widening is refused naming the table, the column and both types.
+Append: the new files carry the column, and the checkpoint rewrites the earlier ones with it, null. A
+restore to the checkpoint before the ``ADD COLUMN`` replays to the source's state (the replay's input has
+the column: its barrier takes the catalog's columns). An int4 → int8 widening is refused naming the table,
+the column and both types.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
+from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.servers.postgres import PostgresServer, cdc_connection
 from tests.spark.test_postgres_cdc_ddl import captured, refused, short
@@ -92,6 +95,10 @@ def test_an_added_column_reaches_a_parquet_table_read_by_pyarrow_and_spark(
     conn.execute(f"UPDATE {table} SET n = n + 1, note = 'again' WHERE id = ANY(%s)", (half,))
     job.checkpoint()  # merges buckets the column's checkpoint filled: their values stay
     same(["n", "v", "note"], by_spark=True)
+    # a restore to checkpoint 1, before the ADD COLUMN: the replay ends where the source is
+    request_restore(job.storage, job.storage.url(job.storage.chk_dir(1)), False, False)
+    job.checkpoint()
+    same(["n", "v", "note"])
 
     assert before and all("note" in pq.read_schema(f).names for f in files(appends)), "the earlier files filled"
     assert set(files(appends)) > before
