@@ -2,7 +2,7 @@
 written as Delta Lake writes it: an append, or a ``MERGE … INSERT *`` of a new key, has the column null; a
 ``MERGE … UPDATE SET *`` with schema evolution keeps the value the key's row holds in it (delta-io docs,
 "Automatic schema evolution": "updated with the new_value in the source leaving old_value unchanged"). E.g.
-a replay, after a restore to before a CDC ``ADD COLUMN``, of changes made before it.
+a pipeline redeployed without the column after a restore to a checkpoint before it.
 
 Refused (:class:`SinkSchemaError` naming the table and the column), nothing staged: a column the table
 declares not nullable (Delta refuses such a write too).
