@@ -103,7 +103,7 @@ class Source(Node):
     def may_read_in_driver(self, previous: Any, barrier: Any) -> bool:
         """Whether :meth:`read_in_driver` may take ``[previous, barrier)``, as the positions alone tell. ``False``
         is sure (it gives ``None``): a step task of this source that would start Spark on first use
-        (:func:`~airflow_provider_checkpoint.spark.runner.may_skip_spark`) starts it at once, beside opening the
+        (:func:`~airflow_provider_checkpoint.spark.step_reads.may_skip_spark`) starts it at once, beside opening the
         storage. ``True``: it may, or the source cannot tell before reading. Here: whether the source's class
         has a :meth:`read_in_driver` of its own."""
         return type(self).read_in_driver is not Source.read_in_driver

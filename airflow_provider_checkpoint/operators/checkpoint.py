@@ -270,8 +270,9 @@ class SparkCheckpointOperator(BaseOperator):
 
     def _run(self, plan: CheckpointPlan, attempt: int, channels: dict[str, tuple[str, ChannelSnapshot]]) -> Ack:
         from airflow_provider_checkpoint.spark.execution import ExecutionMode, resolve_execution
-        from airflow_provider_checkpoint.spark.runner import run_step, spark_on_first_use, step_input_bytes, step_reads
+        from airflow_provider_checkpoint.spark.runner import run_step
         from airflow_provider_checkpoint.spark.session import step_session
+        from airflow_provider_checkpoint.spark.step_reads import spark_on_first_use, step_input_bytes, step_reads
         from airflow_provider_checkpoint.spark.submitted import SubmittedStep
 
         execution = resolve_execution(self.job.spark_conn_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
@@ -28,6 +28,7 @@ from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.spark.channels import read_channel, write_channel
 from airflow_provider_checkpoint.spark.session import SparkHandle
+from airflow_provider_checkpoint.spark.step_reads import StepReads, restored_position, step_reads
 from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
@@ -89,66 +90,6 @@ class _Phases:
                 time.monotonic() - self.started,
             )
         self.node, self.started, self.before = node, time.monotonic(), self._numbers()
-
-
-def _only_consumers(graph: PipelineGraph, step: str) -> dict[str, Node]:
-    """Sources of ``step`` with one consumer in the step (a sink that reads no records of its input is none)."""
-    consumers: dict[str, list[Node]] = {}
-    for node in graph.nodes.values():
-        if isinstance(node, Sink) and node.follows_input:  # reads no records of its input
-            continue
-        for upstream in node.inputs:
-            consumers.setdefault(upstream.uid, []).append(node)
-    in_step = {node.uid for node in graph.steps[step]}
-    return {
-        node.uid: only[0]
-        for node in graph.steps[step]
-        if isinstance(node, Source) and len(only := consumers.get(node.uid, [])) == 1 and only[0].uid in in_step
-    }
-
-
-def _read_once(only_consumers: dict[str, Node]) -> dict[str, str]:
-    """Sources read in one pass, of those with one consumer (:func:`_only_consumers`): source uid → that
-    consumer, an operator or a sink that reads its input once (:attr:`StatefulOperator.reads_input_once`,
-    :attr:`Sink.reads_input_once`)."""
-    return {
-        uid: only.uid
-        for uid, only in only_consumers.items()
-        if isinstance(only, (StatefulOperator, Sink)) and only.reads_input_once
-    }
-
-
-def _read_in_driver(only_consumers: dict[str, Node]) -> set[str]:
-    """Sources, of those with one consumer (:func:`_only_consumers`), whose consumer takes their rows from the
-    driver (:meth:`Sink.takes_source_rows`)."""
-    return {uid for uid, sink in only_consumers.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
-
-
-class StepReads(NamedTuple):
-    """How a step reads its sources, from one walk of the graph (:func:`step_reads`): source uid → the consumer
-    reading it in one pass (:func:`_read_once`), and the sources whose rows go to their consumer on the driver
-    (:func:`_read_in_driver`)."""
-
-    read_once: dict[str, str]
-    in_driver: set[str]
-
-
-def step_reads(graph: PipelineGraph, step: str) -> StepReads:
-    only_consumers = _only_consumers(graph, step)
-    return StepReads(_read_once(only_consumers), _read_in_driver(only_consumers))
-
-
-def may_skip_spark(graph: PipelineGraph, step: str, reads: StepReads | None = None) -> bool:
-    """Whether ``step`` may run without a Spark session: its every node a source whose only consumer takes
-    its rows on the driver (:func:`_read_in_driver`; ``reads``: the step's, else walked now) or that consumer.
-    It does when each of those sources reads on the driver (:meth:`Source.read_in_driver`) and each sink
-    merges there."""
-    nodes = graph.steps[step]
-    driver = (reads or step_reads(graph, step)).in_driver
-    return bool(driver) and all(
-        node.uid in driver if isinstance(node, Source) else isinstance(node, Sink) and node.inputs[0].uid in driver
-        for node in nodes
-    )
 
 
 def _count_records(ctx: StepContext, source: str, records: int) -> None:
@@ -335,34 +276,6 @@ class _StepRun(StepWalk):
             raise self.refused[0]
         if self.refused:
             raise SinkSchemaError(f"{len(self.refused)} sinks refuse their input: " + "; ".join(map(str, self.refused)))
-
-
-def restored_position(plan: CheckpointPlan, uid: str) -> Any:
-    """Where source ``uid`` starts in the checkpoint of ``plan``: its position in the restore point (``None``: none)."""
-    return plan.restore_point.source_positions.get(uid) if plan.restore_point else None
-
-
-def step_input_bytes(graph: PipelineGraph, step: str, plan: CheckpointPlan) -> int | None:
-    """The bytes ``step``'s sources will read in the checkpoint of ``plan``, as far as they know them
-    before reading (:meth:`Source.input_bytes`); ``None`` when none does."""
-    known = [
-        node.input_bytes(restored_position(plan, node.uid), plan.barrier.positions[node.uid])
-        for node in graph.steps[step]
-        if isinstance(node, Source)
-    ]
-    return None if all(k is None for k in known) else sum(k or 0 for k in known)
-
-
-def spark_on_first_use(graph: PipelineGraph, step: str, plan: CheckpointPlan, reads: StepReads | None = None) -> bool:
-    """Whether ``step``'s task starts Spark only on first use in the checkpoint of ``plan``: it :func:`may_skip_spark`
-    (``reads``: the step's, passed on to :func:`run_step`) and each of its sources may read its range on the
-    driver (:meth:`Source.may_read_in_driver`, from the positions alone). Otherwise the step surely needs
-    Spark: its task starts it at once, beside the storage."""
-    return may_skip_spark(graph, step, reads) and all(
-        node.may_read_in_driver(restored_position(plan, node.uid), plan.barrier.positions[node.uid])
-        for node in graph.steps[step]
-        if isinstance(node, Source)
-    )
 
 
 def run_step(

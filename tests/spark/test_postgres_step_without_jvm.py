@@ -21,8 +21,8 @@ import pytest
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
 from airflow_provider_checkpoint.dataflow import FileSource
-from airflow_provider_checkpoint.spark.runner import spark_on_first_use
 from airflow_provider_checkpoint.spark.session import SparkHandle, embedded_conf
+from airflow_provider_checkpoint.spark.step_reads import spark_on_first_use
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.servers.postgres import PostgresServer, cdc_connection
 from tests.spark.test_parquet_source_on_driver import KEYS, SCHEMA, land, normalized, truth

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.dataflow import DeltaTableSink, FileSource, ParquetTableSink
 from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
-from airflow_provider_checkpoint.spark.runner import spark_on_first_use
 from airflow_provider_checkpoint.spark.session import SPARK_DEFAULTS, SparkHandle, embedded_conf
+from airflow_provider_checkpoint.spark.step_reads import spark_on_first_use
 from airflow_provider_checkpoint.testing.inprocess import make_job
 from tests.spark.test_parquet_source_on_driver import KEYS, SCHEMA, land, normalized
 

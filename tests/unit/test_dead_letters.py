@@ -13,7 +13,7 @@ from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, Par
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
-from airflow_provider_checkpoint.spark.runner import _only_consumers, _read_once
+from airflow_provider_checkpoint.spark.step_reads import _only_consumers, _read_once
 
 SCHEMA = "user STRING, page STRING, ts LONG"
 

@@ -151,7 +151,7 @@ def test_a_source_feeding_only_the_sink_is_read_in_one_pass(tmp_path):
     from airflow_provider_checkpoint.connectors.files.parquet_sink import ParquetTableSink
     from airflow_provider_checkpoint.connectors.files.source import FileSource
     from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
-    from airflow_provider_checkpoint.spark.runner import _only_consumers, _read_once
+    from airflow_provider_checkpoint.spark.step_reads import _only_consumers, _read_once
 
     src = FileSource("events", str(tmp_path / "landing"), "json", "user STRING")
     out = KafkaSink("out", src, "events", step="s")

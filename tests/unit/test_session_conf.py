@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_checkpoint.spark import session
-from airflow_provider_checkpoint.spark.runner import step_input_bytes
 from airflow_provider_checkpoint.spark.session import (
     C1_ONLY,
     CDS_ENV,
@@ -15,6 +14,7 @@ from airflow_provider_checkpoint.spark.session import (
     LOG4J2_PROPERTIES,
     embedded_conf,
 )
+from airflow_provider_checkpoint.spark.step_reads import step_input_bytes
 from tests.unit.helpers import STEP, make_ack, make_env
 
 
