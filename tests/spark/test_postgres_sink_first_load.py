@@ -45,6 +45,10 @@ def test_the_first_load_makes_the_table_of_its_staging_table_once(spark, postgre
     one, two = _rows(1, range(0, 30)), _rows(2, range(20, 45))
     staged = _stage(spark, sink, "job", 1, one)
     assert not _exists(postgres_server, target)  # readers see no table until the commit
+    index = f'{target}."{staged[0]["staging_table"]}_key"'  # upsert: the step built the key's index
+    with postgres_server.connect() as db:
+        [(built,)] = db.execute("SELECT to_regclass(%s)::oid", [index]).fetchall()
+    assert (built is not None) == (mode == "upsert")
     monkeypatch.setenv("CHECKPOINT_FAULTS", "finalize.inside_sink_commit:checkpoint=1")
     with pytest.raises(InjectedFault):
         sink.commit(1, staged)
@@ -54,6 +58,12 @@ def test_the_first_load_makes_the_table_of_its_staging_table_once(spark, postgre
     sink.commit(1, staged)
     sink.commit(1, staged)  # a finalize retry: nothing more
     pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [one]))
+    with postgres_server.connect() as db:
+        keys = db.execute(
+            "SELECT conindid::oid FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'u'",
+            [f"{target}.facts"],
+        ).fetchall()
+    assert keys == ([(built,)] if mode == "upsert" else [])  # the commit attached the step's index, built no other
     assert pg_sink._staging_tables(postgres_server, target) == []
 
     other = pg_sink._sink(target, mode)  # the table the step creates otherwise, as the oracle of the definition
