@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 from airflow_provider_checkpoint.connectors.postgres.load import as_binary, copy_partitions
+from airflow_provider_checkpoint.connectors.postgres.sql import DEAD_LETTER_STAGED
 from tests.servers.postgres import PostgresServer
 
 INT16, INT32, INT64 = (st.integers(-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (16, 32, 64))
@@ -64,6 +65,8 @@ def _same(column: str, got: Any, want: Any) -> bool:
 def test_every_form_loads_exactly_the_rows_drawn_or_refuses_a_nul_and_loads_none(
     load_target: tuple[PostgresServer, PgConnection], data: st.DataObject
 ) -> None:
+    """Without a dead-letter table a NUL fails the partition and loads nothing; with one, each row holding a NUL
+    goes there and every other row is loaded, in order, whichever batch of the ``COPY`` it is in."""
     server, conn = load_target
     exact = data.draw(st.booleans(), label="every type exact (binary)")
     types = {c: t[0] if exact else data.draw(st.sampled_from(t), label=c) for c, (_, _, t) in COLUMNS.items()}
@@ -71,23 +74,30 @@ def test_every_form_loads_exactly_the_rows_drawn_or_refuses_a_nul_and_loads_none
         st.lists(st.fixed_dictionaries({c: st.none() | v for c, (_, v, _) in COLUMNS.items()}), max_size=30),
         label="rows",
     )
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(rows)), max_size=2), label="batch cuts"))
+    for i in data.draw(st.sets(st.integers(0, len(rows) - 1), max_size=3) if rows else st.just(set()), label="NUL"):
+        rows[i] = {**rows[i], "t": "a\0b"}  # refused wherever it is, in any form
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(rows)), max_size=4), label="batch cuts"))
+    letters = data.draw(st.booleans(), label="dead letters")
     schema = pa.schema([(c, t) for c, (t, _, _) in COLUMNS.items()])
     bounds = zip([0, *cuts], [*cuts, len(rows)], strict=True)
     batches = [pa.RecordBatch.from_pylist(rows[a:b], schema) for a, b in bounds]
     table = f"t{next(_tables)}"
     with server.connect() as db:
         db.execute(f"CREATE TABLE copy_forms.{table} ({', '.join(f'{c} {t}' for c, t in types.items())}, n serial)")
-    load = copy_partitions(conn, "copy_forms", table, types, [], None)
+        db.execute(f"CREATE TABLE copy_forms.{table}_dl ({', '.join(f'{c} text' for c in DEAD_LETTER_STAGED)})")
+    load = copy_partitions(conn, "copy_forms", table, types, [], f"{table}_dl" if letters else None)
     [result] = [b.to_pylist() for b in load(iter(batches))][0]
     with server.connect() as db:
         got = db.execute(f"SELECT {', '.join(COLUMNS)} FROM copy_forms.{table} ORDER BY n").fetchall()
-    if any(r["t"] is not None and "\0" in r["t"] for r in rows):
+        refused = db.execute(f"SELECT record FROM copy_forms.{table}_dl").fetchall()
+    nul = [i for i, r in enumerate(rows) if r["t"] is not None and "\0" in r["t"]]
+    if nul and not letters:
         assert "NUL" in result["error"] and got == [], (result, got)
         return
-    assert result == {"rows": len(rows), "refused": 0, "error": ""}
-    assert len(got) == len(rows)
-    for n, (back, row) in enumerate(zip(got, rows, strict=True)):
+    kept = [r for i, r in enumerate(rows) if i not in nul]
+    assert result == {"rows": len(kept), "refused": len(nul), "error": ""}
+    assert len(got) == len(kept) and len(refused) == len(nul)
+    for n, (back, row) in enumerate(zip(got, kept, strict=True)):
         for column, value in zip(COLUMNS, back, strict=True):
             assert _same(column, value, row[column]), (n, column, value, row[column], types)
 
@@ -96,9 +106,9 @@ def test_the_binary_form_is_taken_only_where_every_type_matches_exactly() -> Non
     schema = pa.schema([(c, t) for c, (t, _, _) in COLUMNS.items()])
     batch = schema.empty_table().to_batches(max_chunksize=1) or [pa.RecordBatch.from_pylist([], schema)]
     exact = {c: t[0] for c, (_, _, t) in COLUMNS.items()}
-    assert as_binary(batch[0], exact) is not None
+    assert as_binary([batch[0]], exact) is not None
     for column, (_, _, choices) in COLUMNS.items():
         for other in choices[1:]:
-            assert as_binary(batch[0], {**exact, column: other}) is None, (column, other)
+            assert as_binary([batch[0]], {**exact, column: other}) is None, (column, other)
     zoned = pa.RecordBatch.from_pylist([], pa.schema([("ts", pa.timestamp("us", "UTC"))]))
-    assert as_binary(zoned, {"ts": "timestamp with time zone"}) is None
+    assert as_binary([zoned], {"ts": "timestamp with time zone"}) is None

@@ -189,3 +189,20 @@ def test_a_table_file_keeps_small_dictionaries_and_is_read_by_another_reader(tmp
     assert dictionary["op"] < 100 and columns["op"].total_compressed_size < 1000  # two values, a dictionary
     got = duckdb.sql(f"SELECT id, label, op FROM read_parquet('{out}') ORDER BY id").fetchall()
     assert got == [tuple(r.values()) for r in rows.to_pylist()]
+
+
+def test_one_integer_key_is_sorted_once_for_the_upsert_rule_and_the_lookups() -> None:
+    """The rows the upsert rule found one per key (a sort) are looked up with that sort; other memory (another
+    column, a slice) is sorted for itself."""
+    from airflow_provider_checkpoint.connectors.base.upsert_rule import unique_integer_key
+
+    rows = pa.table({"k": pa.array([5, 1, 3], pa.int64()), "v": ["a", "b", "c"]})
+    assert unique_integer_key(rows, ["k"])
+    found = bucket_merge.sorted_int_key(rows, ["k"])
+    assert found is not None and found[0].tolist() == [1, 3, 5]
+    assert bucket_merge.KeySet(rows.select(["k"]), ["k"]).ints is found[0]  # the same memory: not sorted again
+    other = bucket_merge.KeySet(pa.table({"k": pa.array([5, 1, 4], pa.int64())}), ["k"]).ints
+    assert other is not None and other.tolist() == [1, 4, 5]
+    sliced = bucket_merge.KeySet(rows.slice(1), ["k"]).ints
+    assert sliced is not None and sliced.tolist() == [1, 3]
+    assert bucket_merge.sorted_int_key(pa.table({"k": pa.array([2, None, 2])}), ["k"])[1] == 1  # type: ignore[index]

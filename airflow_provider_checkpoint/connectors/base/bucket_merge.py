@@ -208,14 +208,42 @@ class KeySet:
         return out
 
 
-def sorted_ints(table: pa.Table, keys: Sequence[str]) -> np.ndarray | None:
-    """The values of ``table``'s one integer key column, sorted, when it has no null; ``None`` otherwise."""
+_SORTED: list[tuple[pa.ChunkedArray, np.ndarray]] = []
+"""The last key column :func:`sorted_int_key` sorted, held (so its memory is not reused), with its sorted values."""
+
+
+def sorted_int_key(table: pa.Table, keys: Sequence[str]) -> tuple[np.ndarray, int] | None:
+    """``table``'s one integer key column: its non-null values sorted, and how many nulls it has; ``None`` for
+    other keys. The same column again (the same memory: the rows the upsert rule found one per key, then
+    looked up by :class:`KeySet`) is not sorted again: the last column sorted is kept, and held."""
     import numpy as np
     import pyarrow as pa
 
-    if len(keys) != 1 or not pa.types.is_integer(table.schema.field(keys[0]).type) or table[keys[0]].null_count:
+    if len(keys) != 1 or not pa.types.is_integer(table.schema.field(keys[0]).type):
         return None
-    return np.sort(table[keys[0]].to_numpy())
+    column = table[keys[0]]
+    where = _memory(column)
+    for held, values in list(_SORTED):
+        if held.type == column.type and _memory(held) == where:
+            return values, column.null_count
+    values = np.sort(column.drop_null().to_numpy())
+    _SORTED[:] = [(column, values)]
+    return values, column.null_count
+
+
+def sorted_ints(table: pa.Table, keys: Sequence[str]) -> np.ndarray | None:
+    """The values of ``table``'s one integer key column, sorted, when it has no null (:func:`sorted_int_key`);
+    ``None`` otherwise."""
+    found = sorted_int_key(table, keys)
+    return found[0] if found is not None and not found[1] else None
+
+
+def _memory(column: pa.ChunkedArray) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Where ``column``'s values are: per chunk its offset, length and buffers' addresses (immutable memory: the
+    same place holds the same values while a column using it is alive)."""
+    return tuple(
+        (c.offset, len(c), tuple(b.address if b is not None else 0 for b in c.buffers())) for c in column.chunks
+    )
 
 
 def _any_null(table: pa.Table) -> pa.ChunkedArray:

@@ -278,15 +278,15 @@ def latest_in_arrow(rows: pa.Table, keys: Sequence[str], order: Sequence[str]) -
 
 def unique_integer_key(rows: pa.Table, keys: Sequence[str]) -> bool:
     """Whether ``rows`` has one key column, of an integer type, holding no value twice (a null is a value, as
-    :func:`latest_in_arrow` groups it): one sort of the values, no hashing (≈ 20 ms for 1,000,000 keys against
-    0.2–0.5 s for pyarrow's ``group_by``). ``False`` when it repeats one, or for other keys (not checked here)."""
+    :func:`latest_in_arrow` groups it): one sort of the values (:func:`~.bucket_merge.sorted_int_key`, kept for
+    a later lookup of the same keys), no hashing (≈ 20 ms for 1,000,000 keys against 0.2–0.5 s for pyarrow's
+    ``group_by``). ``False`` when it repeats one, or for other keys (not checked here)."""
     import numpy as np
-    import pyarrow as pa
 
-    if len(keys) != 1 or not pa.types.is_integer(rows.schema.field(keys[0]).type):
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import sorted_int_key
+
+    found = sorted_int_key(rows, keys)
+    if found is None:
         return False
-    column = rows[keys[0]]
-    if column.null_count > 1:
-        return False
-    values = np.sort(column.drop_null().to_numpy())
-    return not bool(np.any(values[1:] == values[:-1]))
+    values, nulls = found
+    return nulls <= 1 and not bool(np.any(values[1:] == values[:-1]))

@@ -34,6 +34,7 @@ from airflow_provider_checkpoint.connectors.delta import evolution
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
+from airflow_provider_checkpoint.connectors.delta.columns import arrow_columns, json_columns
 from airflow_provider_checkpoint.connectors.delta.committer import DeltaCommitter
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaFile, is_upsert_file
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
@@ -230,12 +231,13 @@ class DeltaTableSink(DeltaCommitter):
         """Create the table if it has none, refuse input of ``columns`` not matching it, clear the attempt's
         staging directory: ``(filesystem, table root, staging directory, columns the commit adds, the table's
         columns the input lacks)``."""
-        from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
         schema = to_arrow_schema(columns, timezone="UTC")
         layout = self._existing_layout()
         if layout is None:
+            from deltalake import DeltaTable
+
             table = self._table().created(
                 DeltaTable.create(
                     self.asset_uri(),
@@ -301,16 +303,20 @@ class DeltaTableSink(DeltaCommitter):
         """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning; the
         input columns the commit adds and the table's (nullable) ones it lacks, written null
         (``schema_evolution="additive"``, :mod:`~.base.missing_columns`)."""
-        from deltalake.schema import Schema
-
         url = self.asset_uri()
         evolve = (
             "schema_evolution='additive' adds them in the checkpoint's commit; else add them to the table "
             "first, e.g. DeltaTable.alter.add_columns, then restart the job"
         )
-        delta_schema = Schema.from_arrow(schema)
-        added = evolution.added_columns(layout.columns, delta_schema) if self.schema_evolution != "none" else []
-        given = {c: t for c, t in _columns(delta_schema).items() if c not in {f["name"] for f in added}}
+        flat = arrow_columns(schema) if self.schema_evolution == "none" else None  # no delta-rs for flat columns
+        added: list[dict[str, Any]] = []
+        if flat is None:
+            from deltalake.schema import Schema
+
+            delta_schema = Schema.from_arrow(schema)
+            added = evolution.added_columns(layout.columns, delta_schema)
+            flat = _columns(delta_schema)
+        given = {c: t for c, t in flat.items() if c not in {f["name"] for f in added}}
         missing = NONE_MISSING
         if self.schema_evolution != "none" and set(layout.columns) - set(given):
             missing = evolution.missing(f"Delta table {url}", layout.schema, layout.configuration, given)
@@ -378,8 +384,6 @@ class _Layout(NamedTuple):
 def _layout(state: LogState | None) -> _Layout | None:
     """The layout of the table from the ``metaData`` the log check replayed; ``None`` when it did not
     replay one or it is not well-formed (delta-rs then reads the table, and refuses a damaged one)."""
-    from deltalake.schema import Schema
-
     metadata = state.metadata if state is not None and state.replayed else None
     if metadata is None:
         return None
@@ -388,10 +392,14 @@ def _layout(state: LogState | None) -> _Layout | None:
         return None
     if not all(isinstance(p, str) for p in partitions) or not all(isinstance(v, str) for v in config.values()):
         return None
-    try:
-        columns = _columns(Schema.from_json(text))
-    except ValueError:  # delta-rs refuses the schema when it opens the table
-        return None
+    columns = json_columns(text)  # flat columns without delta-rs
+    if columns is None:
+        from deltalake.schema import Schema
+
+        try:
+            columns = _columns(Schema.from_json(text))
+        except ValueError:  # delta-rs refuses the schema when it opens the table
+            return None
     return _Layout(columns, partitions, config, text)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import posixpath
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -109,29 +109,33 @@ def stage(
     import pyarrow as pa
 
     small = upsert.in_driver(rows)
-    if small is not None:
-        keys = small.select([*upsert.keys, _BUCKET])
-        adds = _write_rows(ctx.checkpoint_id, kept_rows(small, upsert.delete_when).drop_columns([_BUCKET]), fs, staging)
-    else:
-        df = rows.frame().cache()  # read twice: its keys, then its rows
-        try:
-            flag = [upsert.delete_when] if upsert.delete_when else []
-            changed = df.select(*upsert.keys, *flag).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
-            keys, kept = changed.select([*upsert.keys, _BUCKET]), kept_rows(changed, upsert.delete_when).num_rows
-            adds = _write_updates(ctx.checkpoint_id, upsert.kept(df), kept, fs, staging) if kept else []
-        finally:
-            df.unpersist()
-    ctx.add_metric("sink_rows", keys.num_rows)
-    if not keys.num_rows:
-        return StagedUpsert([], [], [])
-    fs.makedirs(staging, exist_ok=True)  # a checkpoint of deletes only writes no update file: compactions go there
-    affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
-    candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
-    changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
-    key_types = keys.drop_columns([_BUCKET]).schema
-    document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
+    adds: list[tuple[str, int | None]] = []
+    writing: Future[list[tuple[str, int | None]]] | None = None
     with ThreadPoolExecutor(THREADS) as pool:
+        if small is not None:  # the update file is written beside the lookups below
+            keys = small.select([*upsert.keys, _BUCKET])
+            kept = kept_rows(small, upsert.delete_when).drop_columns([_BUCKET])
+            writing = pool.submit(_write_rows, ctx.checkpoint_id, kept, fs, staging)
+        else:
+            df = rows.frame().cache()  # read twice: its keys, then its rows
+            try:
+                flag = [upsert.delete_when] if upsert.delete_when else []
+                changed = df.select(*upsert.keys, *flag).withColumn(_BUCKET, upsert.bucket_of()).toArrow()
+                keys, count = changed.select([*upsert.keys, _BUCKET]), kept_rows(changed, upsert.delete_when).num_rows
+                adds = _write_updates(ctx.checkpoint_id, upsert.kept(df), count, fs, staging) if count else []
+            finally:
+                df.unpersist()
+        ctx.add_metric("sink_rows", keys.num_rows)
+        if not keys.num_rows:
+            return StagedUpsert(writing.result() if writing is not None else [], [], [])
+        fs.makedirs(staging, exist_ok=True)  # a checkpoint of deletes only writes no update file: compactions go there
+        affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
+        candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
+        changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
+        key_types = keys.drop_columns([_BUCKET]).schema
+        document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
         found = [f for f in pool.map(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
+        adds = writing.result() if writing is not None else adds
         deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
         delta_checks.check_keys(document, upsert.keys, changed, deleted)
         updates = sorted(p for p in live if bucket_of_path(p) is None)

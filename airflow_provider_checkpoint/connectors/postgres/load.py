@@ -8,6 +8,7 @@ the driver holds already (:func:`from_driver`: a few slices in parallel, each a 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -78,13 +79,20 @@ def _json_value(value: Any) -> Any:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def _as_csv(batch: pa.RecordBatch) -> bytes | None:
-    """``batch`` as headerless CSV (Arrow's writer, no Python per row); ``None`` if a column has no CSV form."""
+def _as_csv(batches: list[pa.RecordBatch]) -> Iterator[bytes] | None:
+    """``batches`` as headerless CSV (Arrow's writer, no Python per row), a batch at a time; ``None`` if a column
+    has no CSV form."""
+    import pyarrow as pa
+
+    if any(pa.types.is_nested(f.type) or pa.types.is_binary(f.type) for f in batches[0].schema):
+        return None
+    return map(_csv_of, batches)
+
+
+def _csv_of(batch: pa.RecordBatch) -> bytes:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    if any(pa.types.is_nested(f.type) or pa.types.is_binary(f.type) for f in batch.schema):
-        return None
     out = pa.BufferOutputStream()
     pacsv.write_csv(batch, out, write_options=pacsv.WriteOptions(include_header=False))
     return bytes(out.getvalue())
@@ -107,16 +115,20 @@ BINARY_TYPES: dict[str, str] = {
 """Arrow type → the PostgreSQL type whose binary ``COPY`` form :mod:`pgpq` writes for it exactly."""
 
 
-def as_binary(batch: pa.RecordBatch, types: Mapping[str, str]) -> Iterator[bytes] | None:
-    """``batch`` in PostgreSQL's binary ``COPY`` form, written by :mod:`pgpq` (no Python per row), when
-    every column's staging type (``types``) is the one its Arrow type encodes to (:data:`BINARY_TYPES`),
-    else ``None``: a binary ``COPY`` must match the column types exactly, where text is converted."""
+def as_binary(batches: list[pa.RecordBatch], types: Mapping[str, str]) -> Iterator[bytes] | None:
+    """``batches`` (one schema) in PostgreSQL's binary ``COPY`` form, one stream written by :mod:`pgpq` (no Python
+    per row), when every column's staging type (``types``) is the one its Arrow type encodes to
+    (:data:`BINARY_TYPES`), else ``None``: a binary ``COPY`` must match the column types exactly, where text is
+    converted."""
     import pgpq
 
-    if any(BINARY_TYPES.get(str(f.type)) != types.get(f.name) for f in batch.schema):
+    schema = batches[0].schema
+    if any(BINARY_TYPES.get(str(f.type)) != types.get(f.name) for f in schema):
         return None
-    encoder = pgpq.ArrowToPostgresBinaryEncoder(batch.schema)  # one COPY each: header, rows, trailer
-    return iter((encoder.write_header(), encoder.write_batch(batch), encoder.finish()))
+    encoder = pgpq.ArrowToPostgresBinaryEncoder(schema)  # one COPY: header, rows, trailer
+    return itertools.chain(
+        [encoder.write_header()], map(encoder.write_batch, batches), (encoder.finish() for _ in range(1))
+    )
 
 
 def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[Any]) -> None:
@@ -124,6 +136,45 @@ def _write_rows(cur: psycopg.Cursor[Any], statement: sql.Composed, rows: list[An
     with cur.copy(statement) as copy:
         for row in rows:
             copy.write_row(tuple(row.values()) if isinstance(row, dict) else row)
+
+
+CHUNK_BYTES = 64 << 20
+"""Arrow bytes of consecutive batches sent in one ``COPY`` (one savepoint) at most: the server parses a batch while
+the next is encoded, with no round trip between them; a refused chunk is sent again a batch at a time."""
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], columns: list[str]) -> Iterator[list[pa.RecordBatch]]:
+    """``batches`` (their ``columns``) in runs of up to :data:`CHUNK_BYTES` (a larger batch alone)."""
+    chunk: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        batch = batch.select(columns)
+        if chunk and size + batch.nbytes > CHUNK_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(batch)
+        size += batch.nbytes
+    if chunk:
+        yield chunk
+
+
+def _copy(
+    cur: psycopg.Cursor[Any], batches: list[pa.RecordBatch], types: Mapping[str, str], target: sql.Composed
+) -> None:
+    """One ``COPY`` (``target``, a ``COPY … FROM STDIN``) of ``batches``: binary (:func:`as_binary`), else CSV
+    (:func:`_as_csv`), else value by value."""
+    from psycopg import sql
+
+    if (binary := as_binary(batches, types)) is not None:
+        with cur.copy(target + sql.SQL(" (FORMAT binary)")) as copy:
+            for part in binary:
+                copy.write(part)
+    elif (text := _as_csv(batches)) is not None:
+        with cur.copy(target + sql.SQL(" (FORMAT csv)")) as copy:
+            for part in text:
+                copy.write(part)
+    else:
+        _write_rows(cur, target, [row for batch in batches for row in batch.to_pylist()])
 
 
 ROW_BY_ROW_CHUNK = 1000
@@ -222,9 +273,10 @@ def copy_partitions(
     refused, and the first refusal (column, key, message) that fails the partition (its transaction
     rolled back).
 
-    A batch goes, under a savepoint, in PostgreSQL's binary form written by :mod:`pgpq` where every
-    column's type allows (:func:`as_binary`), else as CSV written by Arrow where its columns allow,
-    else value by value. A refused batch is sent again value by value to find the refused rows:
+    Consecutive batches of up to :data:`CHUNK_BYTES` go in one ``COPY`` under a savepoint (:func:`_copy`):
+    PostgreSQL's binary form written by :mod:`pgpq` where every column's type allows (:func:`as_binary`), else
+    CSV written by Arrow where its columns allow, else value by value. A refused chunk is sent again a batch
+    at a time, and a refused batch value by value to find the refused rows:
     without ``dead_letters`` the first one fails the partition; with it (a staging table of
     :data:`DEAD_LETTER_STAGED` columns) each refused row is skipped and staged there as a dead
     letter (:meth:`Refusal.dead_letter`), in the same transaction.
@@ -240,33 +292,29 @@ def copy_partitions(
         partition = task.partitionId() if task else 0
         columns = list(types)
         target = sql.SQL("COPY {} ({}) FROM STDIN").format(ident(schema, staging), idents(columns))
-        as_csv, in_binary = target + sql.SQL(" (FORMAT csv)"), target + sql.SQL(" (FORMAT binary)")
         loaded, letters, error = 0, [], ""
         with conn.connect(autocommit=True) as db, db.cursor() as cur, db.transaction():
-            for batch in batches:
-                batch = batch.select(columns)
-                try:
-                    with db.transaction():
-                        if (binary := as_binary(batch, types)) is not None:
-                            with cur.copy(in_binary) as copy:
-                                for part in binary:
-                                    copy.write(part)
-                        elif (text := _as_csv(batch)) is not None:
-                            with cur.copy(as_csv) as copy:
-                                copy.write(text)
-                        else:
-                            _write_rows(cur, target, batch.to_pylist())
-                    loaded += batch.num_rows
-                    continue
-                except psycopg.DataError:
-                    rows = batch.to_pylist()
-                loaded += len(rows)
-                for refused in _load_skipping_refused(cur, target, rows):
-                    row = rows[refused.index] if refused.index is not None else {}
-                    if dead_letters is None or refused.index is None:
-                        error = refused.describe(row, keys, partition)
-                        break
-                    letters.append(refused.dead_letter(row, keys))
+            for chunk in _chunks(batches, columns):
+                pieces = [chunk]
+                while pieces and not error:
+                    piece = pieces.pop(0)
+                    try:
+                        with db.transaction():
+                            _copy(cur, piece, types, target)
+                        loaded += sum(b.num_rows for b in piece)
+                        continue
+                    except psycopg.DataError:
+                        if len(piece) > 1:  # each batch again, alone: the refused rows are in one of them
+                            pieces[:0] = [[b] for b in piece]
+                            continue
+                        rows = piece[0].to_pylist()
+                    loaded += len(rows)
+                    for refused in _load_skipping_refused(cur, target, rows):
+                        row = rows[refused.index] if refused.index is not None else {}
+                        if dead_letters is None or refused.index is None:
+                            error = refused.describe(row, keys, partition)
+                            break
+                        letters.append(refused.dead_letter(row, keys))
                 if error:
                     break
             if error:

@@ -105,6 +105,34 @@ def undo_table(digest: str) -> str:
     return f"_cks_{digest}_undo"
 
 
+def staged_key_index(staging: str) -> str:
+    """The unique index on the keys the step builds on the upsert staging table a first load makes the table of."""
+    return f"{staging}_key"
+
+
+NAME_BYTES = 63
+"""PostgreSQL's longest identifier (``NAMEDATALEN - 1``)."""
+
+
+def object_name(name1: str, name2: str, label: str) -> str:
+    """``name1_name2_label`` shortened to :data:`NAME_BYTES` as PostgreSQL's ``makeObjectName`` does it (the
+    longer of ``name1`` and ``name2`` loses its last character until it fits); plain identifiers are ASCII."""
+    available = NAME_BYTES - len(label) - 2
+    first, second = len(name1), len(name2)
+    while first + second > available:
+        if first > second:
+            first -= 1
+        else:
+            second -= 1
+    return f"{name1[:first]}_{name2[:second]}_{label}"
+
+
+def key_constraint_candidates(table: str, keys: Sequence[str], tries: int = 10) -> list[str]:
+    """The names PostgreSQL tries, in order, for ``ALTER TABLE table ADD UNIQUE (keys)``'s constraint and index
+    (``ChooseRelationName``: ``<table>_<keys>_key``, then ``…_key1``, ``…_key2``, …, the first unused in the schema)."""
+    return [object_name(table, "_".join(keys), "key" + (str(i) if i else "")) for i in range(tries)]
+
+
 def pg_type(uid: str, column: str, data_type: DataType) -> str:
     """The PostgreSQL type of a Spark column; refused where there is none."""
     from pyspark.sql import types as T

@@ -89,7 +89,14 @@ def stage(
         results = one_stream_per_core(rows).mapInArrow(load, LOAD_RESULT).collect()
     failed = [r["error"] for r in results if r["error"]]
     rows, refused = sum(int(r["rows"]) for r in results), sum(int(r["refused"]) for r in results)
-    if not one_per_key and (failed or refused or target.staged_twice(sink, conn, staging, null_keys, analyze=not born)):
+    # the first load's table: its unique index built now (the commit attaches it), which refuses a key staged twice
+    keyed = born and sink.mode == "upsert" and not failed and (one_per_key or not refused)
+    indexed = time.monotonic()
+    twice = keyed and not index_keys(sink, conn, staging)
+    indexed = time.monotonic() - indexed
+    if not one_per_key and (
+        failed or refused or (twice if keyed else target.staged_twice(sink, conn, staging, null_keys, analyze=not born))
+    ):
         log.info(
             "sink %s: input staged unreduced has %s; staging it again reduced to one row per key",
             sink.uid, "refused rows" if failed or refused else "a key twice",
@@ -98,7 +105,12 @@ def stage(
     if failed:
         raise SinkValueError(f"sink {sink.uid}: PostgreSQL refused a value for {sink.target_name()}: {failed[0]}")
     dead_letters.check_refused(sink, conn, staging, rows, refused)
-    if reduced and held is not None and target.keys_exact(sink, types):
+    if twice:  # names the key (nulls equal, as the index compares them)
+        target.staged_twice(sink, conn, staging, null_keys, refuse=True, analyze=False)
+        raise SinkValueError(f"sink {sink.uid}: an upsert key is staged twice in this checkpoint")
+    if keyed:  # the index holds each key once; a null key part is a key value in the table the commit makes
+        pass
+    elif reduced and held is not None and target.keys_exact(sink, types):
         target.check_reduced(sink, conn, staging, held, null_keys, analyze=not born)
     elif one_per_key:
         target.check_staged(sink, conn, staging, null_keys, analyze=not born)
@@ -108,9 +120,10 @@ def stage(
         ctx.add_metric("sink_rows_refused", refused)
         committable["dead_letters"] = refused
     log.info(
-        "sink %s: staged %d rows%s into %s.%s from %s in %.2fs",
+        "sink %s: staged %d rows%s into %s.%s from %s in %.2fs%s",
         sink.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", sink.schema,
         staging, "the driver" if held is not None else f"{len(results)} partitions", time.monotonic() - started,
+        f" (its key index {indexed:.2f}s)" if keyed else "",
     )  # fmt: skip
     return committable
 
@@ -123,16 +136,67 @@ with the default 64 MB on keys in no order (docs/benchmarks.md). Used only as th
 commit."""
 
 
+def _index_memory(db: psycopg.Connection[Any]) -> None:
+    """:data:`INDEX_MEMORY_KB` for this transaction's index build (``SET LOCAL``)."""
+    db.execute(
+        "SELECT set_config('maintenance_work_mem', greatest(pg_size_bytes(current_setting('maintenance_work_mem'))"
+        " / 1024, %s)::text || 'kB', true)",
+        [INDEX_MEMORY_KB],
+    )
+
+
+def index_keys(sink: pg.SinkTable, conn: PgConnection, staging: str) -> bool:
+    """Build the unique ``NULLS NOT DISTINCT`` index on the keys of upsert staging table ``staging`` that a first
+    load makes the table of (:func:`~.sql.staged_key_index`; :func:`take_over` attaches it as the table's key):
+    ``False``, nothing built, if a key is staged twice (null key parts equal)."""
+    import psycopg
+    from psycopg import sql
+
+    index = pg.ident(pg.staged_key_index(staging))
+    try:
+        with conn.connect() as db:
+            _index_memory(db)
+            db.execute(
+                sql.SQL("CREATE UNIQUE INDEX {} ON {} ({}) NULLS NOT DISTINCT").format(
+                    index, sink.table(staging), pg.idents(sink.keys)
+                )
+            )
+    except psycopg.errors.UniqueViolation:
+        return False
+    return True
+
+
+def _key_constraint(db: psycopg.Connection[Any], schema: str, table: str, keys: list[str]) -> str:
+    """The name PostgreSQL gives ``ALTER TABLE table ADD UNIQUE (keys)``: the first of
+    :func:`~.sql.key_constraint_candidates` no relation or constraint of ``schema`` has."""
+    candidates = pg.key_constraint_candidates(table, keys)
+    taken = {
+        r[0]
+        for r in db.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = to_regnamespace(%s) AND relname = ANY(%s) "
+            "UNION SELECT conname FROM pg_constraint WHERE connamespace = to_regnamespace(%s) AND conname = ANY(%s)",
+            [f'"{schema}"', candidates, f'"{schema}"', candidates],
+        ).fetchall()
+    }
+    free = [c for c in candidates if c not in taken]
+    if not free:
+        raise CheckpointStorageError(f"no free name for the unique key of {schema}.{table} among {candidates}")
+    return free[0]
+
+
 def take_over(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, name: str, expected: int) -> int:
     """In the commit transaction of the first load into a table the sink makes (:func:`~.target.born_in_commit`):
     staging table ``name``, refused unless it holds the ``expected`` rows, becomes the table, as the sink
     creates it: renamed, then append: ``_checkpoint_id`` added, ``NOT NULL``, the checkpoint's in every row (a
-    catalog change); upsert: its ``UNIQUE NULLS NOT DISTINCT`` key (the index built from the rows) and the
-    undo row saying the table was empty before. No row is copied; readers see no table until the commit,
-    then the checkpoint's rows. The rows moved."""
+    catalog change); upsert: its ``UNIQUE NULLS NOT DISTINCT`` key, named as PostgreSQL names it (the index the
+    step built, :func:`index_keys`, attached: a catalog change; built now from the rows if the step found the
+    table there and built none), and the undo row saying the table was empty before. No row is copied; readers
+    see no table until the commit, then the checkpoint's rows. The rows moved."""
     from psycopg import sql
 
     undo.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id)
+    index = pg.staged_key_index(name)
+    built = sink.mode == "upsert" and db.execute("SELECT to_regclass(%s)", [f'"{sink.schema}"."{index}"']).fetchone()
     db.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sink.table(name), pg.ident(sink.table_name)))
     if sink.mode == "append":
         column = pg.ident(CHECKPOINT_COLUMN)
@@ -143,14 +207,20 @@ def take_over(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: in
         )
         db.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP DEFAULT").format(sink.table(), column))
     else:
-        db.execute(  # SET LOCAL: this transaction's index build only
-            "SELECT set_config('maintenance_work_mem', greatest(pg_size_bytes(current_setting('maintenance_work_mem'))"
-            " / 1024, %s)::text || 'kB', true)",
-            [INDEX_MEMORY_KB],
-        )
-        db.execute(
-            sql.SQL("ALTER TABLE {} ADD UNIQUE NULLS NOT DISTINCT ({})").format(sink.table(), pg.idents(sink.keys))
-        )
+        key = pg.ident(_key_constraint(db, sink.schema, sink.table_name, sink.keys))
+        if built and built[0] is not None:
+            db.execute(
+                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE USING INDEX {}").format(
+                    sink.table(), key, pg.ident(index)
+                )
+            )
+        else:
+            _index_memory(db)
+            db.execute(
+                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} UNIQUE NULLS NOT DISTINCT ({})").format(
+                    sink.table(), key, pg.idents(sink.keys)
+                )
+            )
         undo.record_empty(sink, db, checkpoint_id, list(pg.table_columns(db, sink.schema, sink.table_name)))
     log.info("sink %s: made %s of staging table %s (%d rows)", sink.uid, sink.target_name(), name, expected)
     return expected
