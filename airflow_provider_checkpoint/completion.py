@@ -1,5 +1,6 @@
-"""What follows a checkpoint's commit point (its ``_metadata``): the sinks commit, the sources clean up, the
-savepoint and the job record are written, older checkpoints retired, and the stats record written last.
+"""What follows a checkpoint's commit point (its ``_metadata``): the sinks commit (beside them the sources release
+the input no restore needs any more), the sources clean up, the savepoint and the job record are written, older
+checkpoints retired, and the stats record written last.
 
 It is idempotent: recovery (the next trigger) runs it again for a checkpoint whose finalize died past
 ``_metadata``, and the stats record, written last and once, tells whether it is done.
@@ -8,11 +9,13 @@ It is idempotent: recovery (the next trigger) runs it again for a checkpoint who
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
+from airflow_provider_checkpoint.core.retention import subsumed
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
 from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
@@ -57,8 +60,25 @@ class CheckpointCompletion:
         The stats record is written last, once: by run ``run_id``'s finalize, or (``by="trigger"``) by
         the next run's trigger when finalize died before it; it names that task as the committer.
         ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
-        if commit_sinks:
-            self.sink_committer.commit(completed)
+        kept = self.kept(completed)
+        earlier = [c for c in kept if c.checkpoint_id < completed.checkpoint_id]
+        with ThreadPoolExecutor(1, thread_name_prefix="release-input") as pool:
+            # beside the sinks' commits when an earlier checkpoint stays (the oldest position is one of those),
+            # else once they are committed, beside the rest: never up to a checkpoint whose sinks are not (a
+            # failed commit, a pending restore of an earlier one: its input stays)
+            released = [pool.submit(r) for r in self._releases(earlier)] if earlier else []
+            if commit_sinks:
+                self.sink_committer.commit(completed)
+                released += [] if earlier else [pool.submit(r) for r in self._releases(kept)]
+            self._after_commits(completed)
+            for release in released:
+                release.result()
+        if fresh or not self.finished(completed.checkpoint_id):
+            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
+            self.record(completed.checkpoint_id, stats.completed(completed, committed))
+
+    def _after_commits(self, completed: CompletedCheckpoint) -> None:
+        """The sources cleaned up, the savepoint and the job record written, older checkpoints retired."""
         self.store.discard_channels(completed.checkpoint_id)
         fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
         for source in self.graph.sources:
@@ -81,14 +101,22 @@ class CheckpointCompletion:
         if "restore_request_id" in completed.options:
             self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
-        retained = self.store.checkpoints()
-        for source in self.graph.sources:
-            source.on_positions_retained(
-                [c.source_positions[source.uid] for c in retained if source.uid in c.source_positions]
-            )
-        if fresh or not self.finished(completed.checkpoint_id):
-            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
-            self.record(completed.checkpoint_id, stats.completed(completed, committed))
+
+    def kept(self, completed: CompletedCheckpoint) -> list[CompletedCheckpoint]:
+        """The completed checkpoints retention keeps once ``completed`` is finished (it among them), oldest first:
+        a restore may start from any of them."""
+        every = self.store.checkpoints()
+        dropped = subsumed(every, self.settings.retained_checkpoints or 3)
+        return [c for c in every if c not in dropped]
+
+    def _releases(self, kept: Sequence[CompletedCheckpoint]) -> list[Callable[[], None]]:
+        """What each source does to release the input none of ``kept`` needs (:meth:`Source.release_input`: a
+        replication slot advanced to the oldest of their positions)."""
+        releases = (
+            source.release_input([c.source_positions[source.uid] for c in kept if source.uid in c.source_positions])
+            for source in self.graph.sources
+        )
+        return [r for r in releases if r is not None]
 
     def finished(self, checkpoint_id: int) -> bool:
         """Whether everything after checkpoint ``checkpoint_id``'s ``_metadata`` is done: :meth:`finish`

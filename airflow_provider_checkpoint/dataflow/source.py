@@ -138,7 +138,10 @@ class Source(Node):
         """Bind the job's storage (the coordinator does): a source that keeps files of its own there (a CDC
         source's initial snapshot) finds it. No-op here."""
 
-    def on_positions_retained(self, positions: Sequence[Any]) -> None:
-        """Called after retention with this source's positions in every retained completed checkpoint (a
-        restore may still start from any of them); idempotent. A source that holds input for restores (a
-        replication slot's WAL) releases what none of them needs. No-op here."""
+    def release_input(self, positions: Sequence[Any]) -> Callable[[], None] | None:
+        """Called as each checkpoint is finished, before its sinks commit, with this source's positions in the
+        completed checkpoints before it that a restore may still start from (retained, savepoints, and at least
+        the newest: their sinks are committed); idempotent. A source that holds input for restores (a replication
+        slot's WAL) returns what releases the input none of them needs: it runs beside the sinks' commits, on
+        another thread (so it looks nothing up in Airflow: do that here). ``None`` here: nothing to release."""
+        return None

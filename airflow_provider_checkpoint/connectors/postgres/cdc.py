@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.postgres import (
@@ -301,19 +301,29 @@ class PostgresCdcSource(Source):
         if position.get("chunk") is not None:
             self.job_storage.delete_files([cdc_chunks.parse_chunk(self.uid, position["chunk"]).file])
 
-    def on_positions_retained(self, positions: Sequence[Any]) -> None:
-        """Advance the slot to the oldest position a retained checkpoint holds: WAL no restore needs is freed."""
+    def release_input(self, positions: Sequence[Any]) -> Callable[[], None] | None:
+        """Advancing the slot to the oldest of ``positions`` (those of the completed checkpoints a restore may
+        still start from, never the one whose sinks are committing beside it): WAL no restore needs is freed."""
         ours = [self._position(p, "position") for p in positions if p is not None]
         if not ours:
-            return
+            return None
         slot = ours[-1][0]  # the newest checkpoint's slot (an older one may have read another, dropped since)
         oldest = min(lsn for name, _, lsn in ours if name == slot)
         try:
-            with self._pg().connect(autocommit=True) as conn:
-                if cdc_slot.advance(conn, slot, oldest):
-                    log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
-        except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
+            pg = self._pg()  # on the finalize's own thread: Airflow is asked here only
+        except Exception as e:
             log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
+            return None
+
+        def advance() -> None:
+            try:
+                with pg.connect(autocommit=True) as conn:
+                    if cdc_slot.advance(conn, slot, oldest):
+                        log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
+            except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
+                log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
+
+        return advance
 
     # -- reading (the step) --------------------------------------------------------------------
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
