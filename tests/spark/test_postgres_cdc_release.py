@@ -5,6 +5,7 @@ before it still finds its WAL (the oracle: plain ``SELECT``s of the source table
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,17 @@ from airflow_provider_checkpoint.dataflow import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import InjectedFault
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
-from tests.spark.test_postgres_cdc import DDL, Workload, pg, target  # noqa: F401 (pg: the fixture)
+from tests.servers.postgres import PostgresServer, cdc_connection
+from tests.spark.test_postgres_cdc import DDL, Workload, target
 
 pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def pg(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[PostgresServer]:
+    """The server, through Airflow connection ``cdc_pg``; the test's slot is dropped after it."""
+    with cdc_connection(postgres_server, monkeypatch, "cdc_release_") as server:
+        yield server
 
 
 def _job(tmp: Path, spark: Any, table: str, slot: str, retained: int) -> Job:
