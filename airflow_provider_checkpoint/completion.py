@@ -8,6 +8,7 @@ It is idempotent: recovery (the next trigger) runs it again for a checkpoint who
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +19,7 @@ from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.core.retention import subsumed
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+from airflow_provider_checkpoint.dataflow.source import Release
 from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
@@ -62,14 +64,26 @@ class CheckpointCompletion:
         ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
         kept = self.kept(completed)
         earlier = [c for c in kept if c.checkpoint_id < completed.checkpoint_id]
-        with ThreadPoolExecutor(1, thread_name_prefix="release-input") as pool:
-            # beside the sinks' commits when an earlier checkpoint stays (the oldest position is one of those),
-            # else once they are committed, beside the rest: never up to a checkpoint whose sinks are not (a
-            # failed commit, a pending restore of an earlier one: its input stays)
-            released = [pool.submit(r) for r in self._releases(earlier)] if earlier else []
-            if commit_sinks:
-                self.sink_committer.commit(completed)
-                released += [] if earlier else [pool.submit(r) for r in self._releases(kept)]
+        sinks_committed: list[bool] = []
+        decided = threading.Event()
+
+        def may_release() -> bool:
+            """When the oldest kept position is ``completed``'s own: whether its sinks are committed (waits)."""
+            decided.wait()
+            return bool(sinks_committed)
+
+        # beside the sinks' commits: up to an earlier checkpoint's position (the oldest kept is one of those) at
+        # once, else up to ``completed``'s only once its sinks are committed (never after a failed commit, nor
+        # under a pending restore of an earlier checkpoint: its input stays)
+        releases, ready = self._releases(earlier or kept), (lambda: True) if earlier else may_release
+        with ThreadPoolExecutor(max(1, len(releases)), thread_name_prefix="release-input") as pool:
+            released = [pool.submit(r, ready) for r in releases]
+            try:
+                if commit_sinks:
+                    self.sink_committer.commit(completed)
+                    sinks_committed.append(True)
+            finally:
+                decided.set()
             self._after_commits(completed)
             for release in released:
                 release.result()
@@ -109,7 +123,7 @@ class CheckpointCompletion:
         dropped = subsumed(every, self.settings.retained_checkpoints or 3)
         return [c for c in every if c not in dropped]
 
-    def _releases(self, kept: Sequence[CompletedCheckpoint]) -> list[Callable[[], None]]:
+    def _releases(self, kept: Sequence[CompletedCheckpoint]) -> list[Release]:
         """What each source does to release the input none of ``kept`` needs (:meth:`Source.release_input`: a
         replication slot advanced to the oldest of their positions)."""
         releases = (

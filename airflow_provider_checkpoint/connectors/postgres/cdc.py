@@ -35,6 +35,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn,
 from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.dataflow.source import Release
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
@@ -301,9 +302,10 @@ class PostgresCdcSource(Source):
         if position.get("chunk") is not None:
             self.job_storage.delete_files([cdc_chunks.parse_chunk(self.uid, position["chunk"]).file])
 
-    def release_input(self, positions: Sequence[Any]) -> Callable[[], None] | None:
+    def release_input(self, positions: Sequence[Any]) -> Release | None:
         """Advancing the slot to the oldest of ``positions`` (those of the completed checkpoints a restore may
-        still start from, never the one whose sinks are committing beside it): WAL no restore needs is freed."""
+        still start from) once allowed: WAL no restore needs is freed. It connects at once (beside the sinks'
+        commits), then waits to be allowed."""
         ours = [self._position(p, "position") for p in positions if p is not None]
         if not ours:
             return None
@@ -315,10 +317,10 @@ class PostgresCdcSource(Source):
             log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
             return None
 
-        def advance() -> None:
+        def advance(allowed: Callable[[], bool]) -> None:
             try:
                 with pg.connect(autocommit=True) as conn:
-                    if cdc_slot.advance(conn, slot, oldest):
+                    if allowed() and cdc_slot.advance(conn, slot, oldest):
                         log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
             except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
                 log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
