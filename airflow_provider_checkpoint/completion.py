@@ -1,5 +1,6 @@
-"""What follows a checkpoint's commit point (its ``_metadata``): the sinks commit, the sources clean up, the
-savepoint and the job record are written, older checkpoints retired, and the stats record written last.
+"""What follows a checkpoint's commit point (its ``_metadata``): the sinks commit (beside them the sources release
+the input no restore needs any more), the sources clean up, the savepoint and the job record are written, older
+checkpoints retired, and the stats record written last.
 
 It is idempotent: recovery (the next trigger) runs it again for a checkpoint whose finalize died past
 ``_metadata``, and the stats record, written last and once, tells whether it is done.
@@ -7,14 +8,18 @@ It is idempotent: recovery (the next trigger) runs it again for a checkpoint who
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core import stats
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
+from airflow_provider_checkpoint.core.retention import subsumed
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.planner import PipelineGraph
+from airflow_provider_checkpoint.dataflow.source import Release
 from airflow_provider_checkpoint.state.savepoints import savepoint_target, write_savepoint
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.storage.checkpoint_store import CompletedCheckpointStore
@@ -57,8 +62,37 @@ class CheckpointCompletion:
         The stats record is written last, once: by run ``run_id``'s finalize, or (``by="trigger"``) by
         the next run's trigger when finalize died before it; it names that task as the committer.
         ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
-        if commit_sinks:
-            self.sink_committer.commit(completed)
+        kept = self.kept(completed)
+        earlier = [c for c in kept if c.checkpoint_id < completed.checkpoint_id]
+        sinks_committed: list[bool] = []
+        decided = threading.Event()
+
+        def may_release() -> bool:
+            """When the oldest kept position is ``completed``'s own: whether its sinks are committed (waits)."""
+            decided.wait()
+            return bool(sinks_committed)
+
+        # beside the sinks' commits: up to an earlier checkpoint's position (the oldest kept is one of those) at
+        # once, else up to ``completed``'s only once its sinks are committed (never after a failed commit, nor
+        # under a pending restore of an earlier checkpoint: its input stays)
+        releases, ready = self._releases(earlier or kept), (lambda: True) if earlier else may_release
+        with ThreadPoolExecutor(max(1, len(releases)), thread_name_prefix="release-input") as pool:
+            released = [pool.submit(r, ready) for r in releases]
+            try:
+                if commit_sinks:
+                    self.sink_committer.commit(completed)
+                    sinks_committed.append(True)
+            finally:
+                decided.set()
+            self._after_commits(completed)
+            for release in released:
+                release.result()
+        if fresh or not self.finished(completed.checkpoint_id):
+            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
+            self.record(completed.checkpoint_id, stats.completed(completed, committed))
+
+    def _after_commits(self, completed: CompletedCheckpoint) -> None:
+        """The sources cleaned up, the savepoint and the job record written, older checkpoints retired."""
         self.store.discard_channels(completed.checkpoint_id)
         fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
         for source in self.graph.sources:
@@ -81,14 +115,22 @@ class CheckpointCompletion:
         if "restore_request_id" in completed.options:
             self.records.clear_restore_request(completed.options["restore_request_id"])
         self.store.retain(self.settings.retained_checkpoints or 3)
-        retained = self.store.checkpoints()
-        for source in self.graph.sources:
-            source.on_positions_retained(
-                [c.source_positions[source.uid] for c in retained if source.uid in c.source_positions]
-            )
-        if fresh or not self.finished(completed.checkpoint_id):
-            committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
-            self.record(completed.checkpoint_id, stats.completed(completed, committed))
+
+    def kept(self, completed: CompletedCheckpoint) -> list[CompletedCheckpoint]:
+        """The completed checkpoints retention keeps once ``completed`` is finished (it among them), oldest first:
+        a restore may start from any of them."""
+        every = self.store.checkpoints()
+        dropped = subsumed(every, self.settings.retained_checkpoints or 3)
+        return [c for c in every if c not in dropped]
+
+    def _releases(self, kept: Sequence[CompletedCheckpoint]) -> list[Release]:
+        """What each source does to release the input none of ``kept`` needs (:meth:`Source.release_input`: a
+        replication slot advanced to the oldest of their positions)."""
+        releases = (
+            source.release_input([c.source_positions[source.uid] for c in kept if source.uid in c.source_positions])
+            for source in self.graph.sources
+        )
+        return [r for r in releases if r is not None]
 
     def finished(self, checkpoint_id: int) -> bool:
         """Whether everything after checkpoint ``checkpoint_id``'s ``_metadata`` is done: :meth:`finish`

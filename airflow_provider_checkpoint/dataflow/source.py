@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.storage import JobStorage
 
 
+Release = Callable[[Callable[[], bool]], None]
+"""What :meth:`Source.release_input` returns: called with the function telling whether it may release (it waits)."""
+
+
 class Source(Node):
     """Reads input up to a barrier. Positions are JSON values defined by the source."""
 
@@ -138,7 +142,11 @@ class Source(Node):
         """Bind the job's storage (the coordinator does): a source that keeps files of its own there (a CDC
         source's initial snapshot) finds it. No-op here."""
 
-    def on_positions_retained(self, positions: Sequence[Any]) -> None:
-        """Called after retention with this source's positions in every retained completed checkpoint (a
-        restore may still start from any of them); idempotent. A source that holds input for restores (a
-        replication slot's WAL) releases what none of them needs. No-op here."""
+    def release_input(self, positions: Sequence[Any]) -> Release | None:
+        """Called as each checkpoint is finished, before its sinks commit, with this source's positions in the
+        completed checkpoints a restore may still start from once it is finished; idempotent. A source that holds
+        input for restores (a replication slot's WAL) returns what releases the input none of them needs: it runs
+        beside the sinks' commits, on another thread (so it looks nothing up in Airflow: do that here), and
+        calls its argument right before releasing anything: ``False`` (after waiting for the commits when a
+        position is the finishing checkpoint's own) means release nothing. ``None`` here: nothing to release."""
+        return None

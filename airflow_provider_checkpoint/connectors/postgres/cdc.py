@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.postgres import (
@@ -35,6 +35,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn,
 from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.dataflow.source import Release
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InvalidPositionError, PipelineDefinitionError
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.storage.job_storage import SOURCES_DIR
@@ -301,19 +302,30 @@ class PostgresCdcSource(Source):
         if position.get("chunk") is not None:
             self.job_storage.delete_files([cdc_chunks.parse_chunk(self.uid, position["chunk"]).file])
 
-    def on_positions_retained(self, positions: Sequence[Any]) -> None:
-        """Advance the slot to the oldest position a retained checkpoint holds: WAL no restore needs is freed."""
+    def release_input(self, positions: Sequence[Any]) -> Release | None:
+        """Advancing the slot to the oldest of ``positions`` (those of the completed checkpoints a restore may
+        still start from) once allowed: WAL no restore needs is freed. It connects at once (beside the sinks'
+        commits), then waits to be allowed."""
         ours = [self._position(p, "position") for p in positions if p is not None]
         if not ours:
-            return
+            return None
         slot = ours[-1][0]  # the newest checkpoint's slot (an older one may have read another, dropped since)
         oldest = min(lsn for name, _, lsn in ours if name == slot)
         try:
-            with self._pg().connect(autocommit=True) as conn:
-                if cdc_slot.advance(conn, slot, oldest):
-                    log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
-        except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
+            pg = self._pg()  # on the finalize's own thread: Airflow is asked here only
+        except Exception as e:
             log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
+            return None
+
+        def advance(allowed: Callable[[], bool]) -> None:
+            try:
+                with pg.connect(autocommit=True) as conn:
+                    if allowed() and cdc_slot.advance(conn, slot, oldest):
+                        log.info("source %s: slot %s advanced to %s", self.uid, slot, int_to_lsn(oldest))
+            except Exception as e:  # only WAL is kept longer: the next completed checkpoint advances it
+                log.warning("source %s: slot %s not advanced to %s: %s", self.uid, slot, int_to_lsn(oldest), e)
+
+        return advance
 
     # -- reading (the step) --------------------------------------------------------------------
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
