@@ -1,0 +1,89 @@
+"""Where a step's seconds go on a warm Spark Connect server: the scheduler mode's clickstream pipeline run
+checkpoint after checkpoint in this process, each step under ``cProfile``, against a server started once.
+
+    .venv/bin/python scripts/bench/connect_profile.py [--increments 4] [--events 50000] [--users 20000] [--top 25]
+
+Per checkpoint: the step's seconds, the gRPC calls the client made (``ExecutePlan``, ``AnalyzePlan``,
+``Config``...) with their seconds, and the functions of the provider with the most cumulative time. A fresh
+session per checkpoint, as each step task opens one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+
+def grpc_calls(stats: pstats.Stats) -> dict[str, tuple[int, float]]:
+    """Calls and cumulative seconds of the Connect client's RPC methods, from a profile."""
+    found: dict[str, tuple[int, float]] = {}
+    for (filename, _, name), (_, calls, _, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if filename.endswith("connect/client/core.py") and name in {
+            "_execute_and_fetch_as_iterator",
+            "_analyze",
+            "config",
+            "_execute",
+        }:
+            found[name] = (calls, cumulative)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--increments", type=int, default=4)
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--users", type=int, default=20_000)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "checkpoint-connect-profile")
+    args = parser.parse_args()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from bench.sides import Ours
+    from bench.workloads import DataSpec, generate, land
+    from pyspark.sql import SparkSession
+    from tests.live.spark_connect import spark_connect_server
+
+    from airflow_provider_checkpoint.spark.runner import run_step
+    from airflow_provider_checkpoint.spark.session import connect_server_conf
+
+    spec = DataSpec("clickstream", args.increments, args.events, args.users, 500, 42)
+    files = generate(args.work / "data", spec)
+    root = args.work / "run"
+    if root.exists():
+        import shutil
+
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    with spark_connect_server(root / "spark-connect.log", conf=connect_server_conf()) as url:
+        for i, data_file in enumerate(files, start=1):
+            land(data_file, root / "landing")
+            began = time.perf_counter()
+            spark = SparkSession.builder.remote(url).create()
+            ours = Ours(spark, root, root / "landing")
+            plan = ours.coordinator.trigger(f"profile-{i}")
+            profile = cProfile.Profile()
+            step_began = time.perf_counter()
+            profile.enable()
+            acks = [run_step(spark, ours.storage, ours.graph, s, plan, 1, settings=ours.coordinator.settings)
+                    for s in plan.steps]  # fmt: skip
+            profile.disable()
+            step = time.perf_counter() - step_began
+            ours.coordinator.finalize(plan, acks)
+            spark.stop()
+            stats = pstats.Stats(profile)
+            calls = ", ".join(f"{n} {c}× {s:.2f}s" for n, (c, s) in grpc_calls(stats).items())
+            print(f"== checkpoint {i}: step {step:.2f}s (whole {time.perf_counter() - began:.2f}s); {calls}")
+            stats.sort_stats("cumulative").print_stats(r"airflow_provider_checkpoint|connect/client", args.top)
+
+
+if __name__ == "__main__":
+    main()
