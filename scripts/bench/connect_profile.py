@@ -47,13 +47,13 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    from bench.sides import Ours
-    from bench.workloads import DataSpec, generate, land
     from pyspark.sql import SparkSession
-    from tests.live.spark_connect import spark_connect_server
 
     from airflow_provider_checkpoint.spark.runner import run_step
     from airflow_provider_checkpoint.spark.session import connect_server_conf
+    from bench.sides import Ours
+    from bench.workloads import DataSpec, generate, land
+    from tests.live.spark_connect import spark_connect_server
 
     spec = DataSpec("clickstream", args.increments, args.events, args.users, 500, 42)
     files = generate(args.work / "data", spec)
@@ -83,6 +83,7 @@ def main() -> None:
             calls = ", ".join(f"{n} {c}× {s:.2f}s" for n, (c, s) in grpc_calls(stats).items())
             print(f"== checkpoint {i}: step {step:.2f}s (whole {time.perf_counter() - began:.2f}s); {calls}")
             stats.sort_stats("cumulative").print_stats(r"airflow_provider_checkpoint|connect/client", args.top)
+            stats.print_callers(r"core.py:\d+\((to_table|execute_command|_analyze)\)")  # who asks the server
 
 
 if __name__ == "__main__":
