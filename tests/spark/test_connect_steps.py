@@ -3,7 +3,7 @@
 Over Spark Connect the client has no JVM side to read a plan's statistics from, so until this test the size
 estimate (:func:`~airflow_provider_checkpoint.dataflow.driver_rows.estimated_bytes`) was unknown there and
 every checkpoint of a small keyed state took the Spark path (state read, diffed and written by Spark jobs):
-4× slower on a warm server (docs/benchmarks.md, "Step tasks on a warm Spark Connect server"). The server's
+2–3× slower on a warm server (docs/benchmarks.md, "Step tasks on a warm Spark Connect server"). The server's
 cost explain gives it now. Checked here on a real server with the provider's
 :func:`~airflow_provider_checkpoint.spark.session.connect_server_conf`: the estimate of the landed files
 against their bytes; checkpoints after the first merged on the driver; the table against pandas over the
