@@ -7,6 +7,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py small-state --users 100000 --events 10000 --increments 8
     .venv/bin/python scripts/benchmark.py long-run --increments 100 --events 200 --users 20000
     .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000
+    .venv/bin/python scripts/benchmark.py scheduler --increments 4 --events 50000 --users 20000 --connect
     .venv/bin/python scripts/benchmark.py scheduler --workload large-state --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py sink-upsert --events 20000 --users 10000000
@@ -99,6 +100,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workload", choices=[*WORKLOADS, "small-state"], default="clickstream", help="scheduler mode's workload"
     )
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="scheduler mode: ours and SS on one warm Spark Connect server beside ours and SS embedded",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
         "--buckets", type=int, default=16, help="sink-upsert mode's bucket files per table (the Delta sink's default)"
@@ -173,9 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         "cdc": "large-state",  # its own tables (bench.cdc); the spec is unused
         "windows": "large-state",  # its own stream (bench.windows); the spec is unused
     }.get(args.mode, args.mode)
-    section = {"scheduler": f"scheduler-{args.workload}", "sink-upsert": f"sink-upsert-{args.users}"}.get(
-        args.mode, args.mode
-    )
+    scheduler_section = f"scheduler-{args.workload}" + ("-connect" if args.connect else "")
+    section = {"scheduler": scheduler_section, "sink-upsert": f"sink-upsert-{args.users}"}.get(args.mode, args.mode)
     workload = {"small-state": "large-state"}.get(workload, workload)
     spec = DataSpec(workload, args.increments, args.events, args.users, args.pages, args.seed)
     if args.mode == "long-run":
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         text = tasks_nojvm.render(result)
         ok = not result["problems"]
     elif args.mode == "scheduler":
-        result = {**scheduler.run(spec, work), "title": args.workload}
+        result = {**scheduler.run(spec, work, connect=args.connect), "title": args.workload}
         text = report.render_scheduler(result)
         ok = not result["problems"]
     else:

@@ -10,6 +10,8 @@ Spark in the job that collected the operator's input.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,9 +42,29 @@ def pmod(hashes: np.ndarray, divisor: int) -> np.ndarray:
 
 def estimated_bytes(df: DataFrame) -> int | None:
     """Spark's estimate of ``df``'s size (its optimized plan's statistics), before rows are collected into the
-    driver; ``None`` if unknown."""
-    jdf = getattr(df, "_jdf", None)  # a Spark Connect DataFrame has no JVM side here
-    return None if jdf is None else int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    driver; ``None`` if unknown. Over Spark Connect (no JVM side here) the server's, from its cost explain of the
+    plan (one ``AnalyzePlan`` call, :func:`explained_bytes`)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is not None:
+        return int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    explain = getattr(df, "_explain_string", None)
+    return None if explain is None else explained_bytes(explain(mode="cost"))
+
+
+_SIZE_UNITS = {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40, "PiB": 50, "EiB": 60}
+_PLAN_STATISTICS = re.compile(r"Statistics\(sizeInBytes=([0-9]+(?:\.[0-9]+)?) (B|KiB|MiB|GiB|TiB|PiB|EiB)[,)]")
+
+
+def explained_bytes(explained: str) -> int | None:
+    """The size of the root of the optimized plan in Spark's ``explain(mode="cost")`` text (printed to one
+    decimal of its unit: rounded up here, so a size at a limit is not taken for one below it); ``None``
+    without that section or its statistics."""
+    _, found, plan = explained.partition("== Optimized Logical Plan ==")
+    first = _PLAN_STATISTICS.search(plan.split("\n== ", 1)[0]) if found else None
+    if first is None:
+        return None
+    value, shift = float(first.group(1)), _SIZE_UNITS[first.group(2)]
+    return int(value) if shift == 0 else math.ceil((value + 0.05) * (1 << shift))
 
 
 @dataclass(frozen=True)

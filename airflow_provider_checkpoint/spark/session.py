@@ -99,6 +99,13 @@ def embedded_conf(conf: dict[str, str] | None = None, input_bytes: int | None = 
     return merged
 
 
+def connect_server_conf() -> dict[str, str]:
+    """The configuration the provider gives a Spark Connect server its steps run on (``--conf`` each, to
+    ``SparkConnectServer``): an embedded step's (:data:`DEFAULT_CONF`, the driver's Java options and class-data
+    archive) with the full JIT, since a server outlives many steps (docs/execution-modes.md)."""
+    return embedded_conf(input_bytes=FULL_JIT_INPUT_BYTES)
+
+
 def get_spark(
     master: str = "local[*]",
     conf: dict[str, str] | None = None,

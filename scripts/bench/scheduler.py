@@ -5,13 +5,23 @@ AIRFLOW_HOME, 127.0.0.1). Per increment the data is landed, then each DAG (ours 
 tasks, ours chained into one task, SS) runs once, the order rotating per increment; every
 task is a fresh process starting its own SparkSession. Task durations and scheduler gaps
 (run time not covered by any task) come from the REST API.
+
+``connect``: one Spark Connect server (``SparkConnectServer`` from the pyspark installation, loopback, the
+provider's :func:`~airflow_provider_checkpoint.spark.session.connect_server_conf`) started before the first
+increment and kept for the whole run, as an operator runs ``start-connect-server.sh``; ``bench_connect`` (ours,
+three tasks, its steps on the server) and ``bench_ss_connect`` (SS's query on it) run beside ``bench_ours`` and
+``bench_ss`` (``bench_chained`` is left out of such a run).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import sys
+import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +34,9 @@ from bench.workloads import DataSpec, generate, ground_truth, land, normalized, 
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_IDS = ("bench_ours", "bench_chained", "bench_ss")
+CONNECT_DAG_IDS = ("bench_ours", "bench_ss", "bench_connect", "bench_ss_connect")
+CONNECT_CONN_ID = "bench_spark_connect"
+"""The connection ``bench_connect``'s steps run through (its DAG file names it too)."""
 
 
 def seconds_covered(intervals: list[tuple[datetime, datetime]]) -> float:
@@ -55,8 +68,25 @@ def timings(live: Any, dag_id: str, run_id: str) -> dict[str, Any]:
     }
 
 
-def run(spec: DataSpec, work: Path) -> dict[str, Any]:
-    """Run both DAGs once per increment; their timings and whether both tables are correct."""
+@contextlib.contextmanager
+def warm_connect(root: Path) -> Iterator[dict[str, str]]:
+    """A Spark Connect server for the whole run: the environment its DAGs need (the connection, the URL)."""
+    from airflow_provider_checkpoint.spark.session import connect_server_conf
+    from tests.live.spark_connect import spark_connect_server
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the server's Python workers (foreachBatch, the daemon)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "scripts"), os.environ.get("PYTHONPATH")]))
+    began = time.monotonic()
+    with spark_connect_server(root / "spark-connect.log", conf=connect_server_conf()) as url:
+        log(f"Spark Connect server at {url} up in {time.monotonic() - began:.1f}s")
+        host, port = url.removeprefix("sc://").rsplit(":", 1)
+        conn = {"conn_type": "spark_connect", "host": host, "port": int(port)}
+        yield {"BENCH_CONNECT_URL": url, f"AIRFLOW_CONN_{CONNECT_CONN_ID.upper()}": json.dumps(conn)}
+
+
+def run(spec: DataSpec, work: Path, connect: bool = False) -> dict[str, Any]:
+    """Run the DAGs once per increment (with ``connect``, :data:`CONNECT_DAG_IDS` beside a warm Spark Connect
+    server); their timings and whether every table is correct."""
     sys.path.insert(0, str(REPO))
     from tests.live.airflow_live import running_airflow
 
@@ -68,24 +98,34 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     base = root / "bench"
     (base / "landing").mkdir(parents=True)
     env = {"BENCH_DIR": str(base), "PYTHONPATH": str(REPO / "scripts")}
+    dag_ids = CONNECT_DAG_IDS if connect else DAG_IDS
     rows: list[dict[str, Any]] = []
     frames: list[pd.DataFrame] = []
-    with running_airflow(root, dags_folder=Path(__file__).parent / "dags", dag_ids=DAG_IDS, extra_env=env) as live:
+    with contextlib.ExitStack() as stack:
+        if connect:
+            env.update(stack.enter_context(warm_connect(root)))
+        live = stack.enter_context(
+            running_airflow(root, dags_folder=Path(__file__).parent / "dags", dag_ids=dag_ids, extra_env=env)
+        )
         for i, data_file in enumerate(files, start=1):
             frames.append(spec.increment(i))
             land(data_file, base / "landing")
-            shift = (i - 1) % len(DAG_IDS)  # the order rotates by one per increment
-            order = DAG_IDS[shift:] + DAG_IDS[:shift]
+            shift = (i - 1) % len(dag_ids)  # the order rotates by one per increment
+            order = dag_ids[shift:] + dag_ids[:shift]
             row: dict[str, Any] = {"increment": i, "first": order[0]}
             for dag_id in order:
                 run_id = live.trigger(dag_id, {"increment": i})
                 live.wait_for_run(dag_id, run_id, timeout=900)
                 row[dag_id] = timings(live, dag_id, run_id)
             rows.append(row)
-            log(f"increment {i}: " + " | ".join(f"{d} {row[d]['run_seconds']:.1f}s" for d in DAG_IDS))
+            row["load"] = os.getloadavg()[0]
+            log(
+                f"increment {i} (load {row['load']:.1f}): "
+                + " | ".join(f"{d} {row[d]['run_seconds']:.1f}s" for d in dag_ids)
+            )
     truth = ground_truth(pd.concat(frames, ignore_index=True))
     problems: dict[str, str] = {}
-    for name, table in ((dag_id, base / dag_id.removeprefix("bench_") / "table") for dag_id in DAG_IDS):
+    for name, table in ((dag_id, base / dag_id.removeprefix("bench_") / "table") for dag_id in dag_ids):
         try:
             pd.testing.assert_frame_equal(normalized(read_parquet_dir(table)), truth)
         except AssertionError as e:
@@ -93,6 +133,7 @@ def run(spec: DataSpec, work: Path) -> dict[str, Any]:
     load.append(os.getloadavg()[0])
     return {
         "spec": spec,
+        "dag_ids": list(dag_ids),
         "rows": rows,
         "problems": problems,
         "truth_rows": len(truth),

@@ -7,6 +7,7 @@ increment with ``availableNow``, on the default or the RocksDB state store.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -207,9 +208,6 @@ class Streaming:
         self.table = self.published.table
         self.checkpoint.mkdir(parents=True, exist_ok=True)
 
-    def _merge(self, batch: DataFrame, batch_id: int) -> None:
-        self.published.merge(batch, batch_id, COLUMNS, 8)
-
     def run(self, i: int) -> SideResult:
         from pyspark.sql import functions as F
 
@@ -221,7 +219,8 @@ class Streaming:
             totals.writeStream.outputMode("update")
             .option("checkpointLocation", str(self.checkpoint))
             .trigger(availableNow=True)
-            .foreachBatch(self._merge)
+            # the table alone (no session) goes into the function: over Spark Connect it is pickled to the server
+            .foreachBatch(functools.partial(self.published.merge, columns=COLUMNS, files=8))
         )
         for key, value in STORES[self.store].items():
             self.spark.conf.set(key, value)

@@ -1,0 +1,57 @@
+"""Steps on a Spark Connect server take the driver's paths as embedded steps do.
+
+Over Spark Connect the client has no JVM side to read a plan's statistics from, so until this test the size
+estimate (:func:`~airflow_provider_checkpoint.dataflow.driver_rows.estimated_bytes`) was unknown there and
+every checkpoint of a small keyed state took the Spark path (state read, diffed and written by Spark jobs):
+2–3× slower on a warm server (docs/benchmarks.md, "Step tasks on a warm Spark Connect server"). The server's
+cost explain gives it now. Checked here on a real server with the provider's
+:func:`~airflow_provider_checkpoint.spark.session.connect_server_conf`: the estimate of the landed files
+against their bytes; checkpoints after the first merged on the driver; the table against pandas over the
+landed events. A server takes ~10 s to start: ``make test-full`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_checkpoint.spark.session import connect_server_conf
+from tests.live.spark_connect import spark_connect_server
+
+pytestmark = [pytest.mark.spark, pytest.mark.full]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_steps_over_spark_connect_merge_on_the_driver(tmp_path: Path) -> None:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    with spark_connect_server(tmp_path / "spark-connect.log", conf=connect_server_conf()) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.spark.connect_steps", url, str(tmp_path / "job"), "3"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [line["checkpoint"] for line in lines] == [1, 2, 3]
+    for line in lines:  # Spark prints the size to one decimal of its unit (KiB here): rounded up
+        assert line["file_bytes"] <= line["estimated_bytes"] <= line["file_bytes"] + 0.1 * 1024, line
+        (step,) = line["steps"].values()
+        if line["checkpoint"] > 1:
+            assert step["state_merged_on_driver"] and step["state_incremental"], step
+    landed = pd.concat(pd.read_json(p, lines=True) for p in sorted((tmp_path / "job" / "landing").glob("*.json")))
+    truth = (
+        landed.groupby("user")
+        .agg(events=("ts", "size"), first_seen=("ts", "min"), last_seen=("ts", "max"))
+        .reset_index()
+        .sort_values("user", ignore_index=True)
+    )
+    table = pq.read_table(tmp_path / "job" / "table").to_pandas()
+    got = table[["user", "events", "first_seen", "last_seen"]].sort_values("user", ignore_index=True)
+    pd.testing.assert_frame_equal(got, truth, check_dtype=False)
