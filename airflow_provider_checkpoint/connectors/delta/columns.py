@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,3 +74,8 @@ def json_columns(text: str) -> dict[str, str] | None:
             return None
         columns[name] = kind
     return columns
+
+
+def delta_rs_columns(schema: Any) -> dict[str, str]:
+    """Column name → Delta type of a delta-rs schema."""
+    return {f.name: f.type.to_json().strip('"') for f in schema.fields}

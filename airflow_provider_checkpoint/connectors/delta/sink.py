@@ -17,7 +17,7 @@ layout) lives in ``_table.json`` beside ``_delta_log``.
 from __future__ import annotations
 
 import posixpath
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from airflow_provider_checkpoint.connectors.base import missing_columns
@@ -34,11 +34,11 @@ from airflow_provider_checkpoint.connectors.delta import evolution
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
-from airflow_provider_checkpoint.connectors.delta.columns import arrow_columns, json_columns
+from airflow_provider_checkpoint.connectors.delta.columns import arrow_columns, delta_rs_columns
 from airflow_provider_checkpoint.connectors.delta.committer import DeltaCommitter
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaFile, is_upsert_file
+from airflow_provider_checkpoint.connectors.delta.layout import TableLayout, logged_layout, table_layout
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
-from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -182,11 +182,11 @@ class DeltaTableSink(DeltaCommitter):
             written = StructType([f for f in schema.fields if f.name != self.delete_when])
             self._check_input(layout, to_arrow_schema(written, timezone="UTC"))
 
-    def _existing_layout(self) -> _Layout | None:
+    def _existing_layout(self) -> TableLayout | None:
         """The table's layout from the log the log check replayed, else from delta-rs; ``None``: no table yet."""
-        layout = _layout(self._table().state())
+        layout = logged_layout(self._table().state())
         table = self._delta() if layout is None else None
-        return layout if table is None else _layout_of(table)
+        return layout if table is None else table_layout(table)
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         fs, root, staging, added, missing = self._prepare(ctx, df.schema)
@@ -248,7 +248,7 @@ class DeltaTableSink(DeltaCommitter):
                     configuration={_DV_PROPERTY: "true"} if self.upsert else None,
                 )
             )
-            layout = _layout_of(table)
+            layout = table_layout(table)
         added, missing = self._check_input(layout, schema)
         if self.upsert and layout.configuration.get(_DV_PROPERTY) != "true":
             existing = self._delta()
@@ -299,7 +299,7 @@ class DeltaTableSink(DeltaCommitter):
         partition = {k: None if v == _HIVE_NULL else unquote(v) for k, v in values.items()}
         return DeltaFile(full[len(root) + 1 :], size, rows, partition)
 
-    def _check_input(self, layout: _Layout, schema: Any) -> tuple[list[dict[str, Any]], Missing]:
+    def _check_input(self, layout: TableLayout, schema: Any) -> tuple[list[dict[str, Any]], Missing]:
         """Refuse input not matching the table: columns (:func:`check_input_columns`) and partitioning; the
         input columns the commit adds and the table's (nullable) ones it lacks, written null
         (``schema_evolution="additive"``, :mod:`~.base.missing_columns`)."""
@@ -315,7 +315,7 @@ class DeltaTableSink(DeltaCommitter):
 
             delta_schema = Schema.from_arrow(schema)
             added = evolution.added_columns(layout.columns, delta_schema)
-            flat = _columns(delta_schema)
+            flat = delta_rs_columns(delta_schema)
         given = {c: t for c, t in flat.items() if c not in {f["name"] for f in added}}
         missing = NONE_MISSING
         if self.schema_evolution != "none" and set(layout.columns) - set(given):
@@ -368,47 +368,3 @@ class DeltaTableSink(DeltaCommitter):
             f"rows may repeat keys, so the sink will not upsert over them. To go on: {way} "
             "(docs/delta-lake.md, 'Another writer in an upsert table')"
         )
-
-
-class _Layout(NamedTuple):
-    """What the writer checks its input against: the table's columns (name → Delta type), partition
-    columns and properties."""
-
-    columns: dict[str, str]
-    partition_by: list[str]
-    configuration: dict[str, str]
-    schema: str
-    """The table's schema (Delta's JSON, which is Spark's)."""
-
-
-def _layout(state: LogState | None) -> _Layout | None:
-    """The layout of the table from the ``metaData`` the log check replayed; ``None`` when it did not
-    replay one or it is not well-formed (delta-rs then reads the table, and refuses a damaged one)."""
-    metadata = state.metadata if state is not None and state.replayed else None
-    if metadata is None:
-        return None
-    text, partitions, config = (metadata.get(k) for k in ("schemaString", "partitionColumns", "configuration"))
-    if not (isinstance(text, str) and isinstance(partitions, list) and isinstance(config, dict)):
-        return None
-    if not all(isinstance(p, str) for p in partitions) or not all(isinstance(v, str) for v in config.values()):
-        return None
-    columns = json_columns(text)  # flat columns without delta-rs
-    if columns is None:
-        from deltalake.schema import Schema
-
-        try:
-            columns = _columns(Schema.from_json(text))
-        except ValueError:  # delta-rs refuses the schema when it opens the table
-            return None
-    return _Layout(columns, partitions, config, text)
-
-
-def _layout_of(table: Any) -> _Layout:
-    """The layout of a delta-rs ``DeltaTable``."""
-    metadata, schema = table.metadata(), table.schema()
-    return _Layout(_columns(schema), list(metadata.partition_columns), dict(metadata.configuration), schema.to_json())
-
-
-def _columns(schema: Any) -> dict[str, str]:
-    """Column name → Delta type of a delta-rs schema."""
-    return {f.name: f.type.to_json().strip('"') for f in schema.fields}
