@@ -249,7 +249,7 @@ class ApacheKafka(KafkaBroker):
         """Write the server properties and format the storage of a new cluster."""
         config = self.directory / "server.properties"
         config.write_text(self.properties() + "\n")
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster = cluster_id()
         formatted = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(config)),
             capture_output=True, text=True, timeout=120,
@@ -283,6 +283,14 @@ class ApacheKafka(KafkaBroker):
                 continue
         self.stop()
         raise RuntimeError(f"kafka did not answer on {self.servers}: {self.log.read_text()[-3000:]}")
+
+
+def cluster_id() -> str:
+    """A new KRaft cluster id as Kafka's ``Uuid.randomUuid`` makes one: URL-safe base64 of 16 random bytes, drawn
+    again while it starts with ``-`` (1 in 64), which the storage tool's argument parser takes for an option."""
+    while (cluster := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cluster
 
 
 def apache_kafka(directory: Path) -> ApacheKafka:
