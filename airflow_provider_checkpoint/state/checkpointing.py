@@ -151,21 +151,24 @@ def _checkpoint_operator(
     own = keeps_files_of(storage, restore_base)
     incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
     layout = StateLayout.of(restored) if restored is not None and own and incremental else None
-    if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
-        fault("step.during_compaction")  # a full version compacts all
-        layout = None
     closing = None if watermarks is None else closing_column(node, watermarks[1])
-    if layout is not None and restored is not None:
-        operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
+    if layout is not None and restored is not None and not layout.wants_more_ranges(restored.rows):
+        # a small state merges on the driver, compacting every range that is due (all of them too)
         before = None if watermarks is None else watermarks[0]
         partials = driver_partials(node, inputs, restored, settings.driver_merge_rows, before)
         if partials is not None:
             closes = None if watermarks is None else Closing.of(node, watermarks[1])
+            operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
             return OperatorCheckpoint(
                 *merge_on_driver(
                     storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault, closes
                 )
             )
+    if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
+        fault("step.during_compaction")  # a full version compacts all
+        layout = None
+    if layout is not None and restored is not None:
+        operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
         state = read_state(spark, storage, restored, verify=False, uid=node.uid)
         changelog, output = (node.changes(inputs, state, barrier, restored.rows) if forms else None), None
         if changelog is None and changes is not None:

@@ -109,13 +109,15 @@ class StateLayout:
         """Whether any range has a delta: the recent checkpoints changed few enough keys."""
         return any(r.deltas for r in self.ranges)
 
+    def wants_more_ranges(self, rows: int) -> bool:
+        """True when the state has grown to :data:`RELAYOUT_FACTOR` times the ranges it has: only a
+        full version rewritten in more ranges continues it."""
+        return ranges_for(rows, self.max_parallelism) >= self.parallelism * RELAYOUT_FACTOR
+
     def due_for_full_version(self, rows: int) -> bool:
-        """True when writing a full version is the cheaper way on: every range is due for
-        compaction (e.g. most keys change every checkpoint), or the state has grown to
-        :data:`RELAYOUT_FACTOR` times the ranges it has (a rewrite splits it into more)."""
-        if ranges_for(rows, self.max_parallelism) >= self.parallelism * RELAYOUT_FACTOR:
-            return True
-        return len(self.to_compact()) == self.parallelism
+        """True when a full version written by Spark is the cheaper way on: every range is due for
+        compaction (e.g. most keys change every checkpoint), or :meth:`wants_more_ranges`."""
+        return self.wants_more_ranges(rows) or len(self.to_compact()) == self.parallelism
 
     def to_compact(self, compaction_ratio: float | None = None, max_deltas: int | None = None) -> list[int]:
         """Indexes of the ranges this checkpoint compacts: every due one, and the most overdue

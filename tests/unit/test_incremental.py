@@ -89,6 +89,7 @@ def test_a_grown_state_is_rewritten_with_more_ranges(monkeypatch: pytest.MonkeyP
     layout = StateLayout.of(snapshot(handle(1, 0, 1)))
     assert layout is not None
     assert not layout.due_for_full_version(300) and layout.due_for_full_version(301)
+    assert not layout.wants_more_ranges(300) and layout.wants_more_ranges(301)
 
 
 def test_a_full_version_is_written_when_every_range_is_due() -> None:
@@ -97,6 +98,7 @@ def test_a_full_version_is_written_when_every_range_is_due() -> None:
     all_due = StateLayout.of(snapshot(*[handle(c, i, 2, size=200, delta=c == 2) for c in (1, 2) for i in (0, 1)]))
     assert one_due is not None and one_due.to_compact() == [1] and not one_due.due_for_full_version(1000)
     assert all_due is not None and all_due.due_for_full_version(1000)
+    assert not all_due.wants_more_ranges(1000)  # a small state's driver merge compacts them instead
 
 
 def test_merge_order_reads_full_versions_then_deltas_by_checkpoint() -> None:
