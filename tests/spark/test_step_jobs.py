@@ -51,6 +51,7 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
     (as ``driver_merge_rows=0`` does)."""
     if merge == "large input":
         monkeypatch.setattr(driver_state, "DRIVER_INPUT_BYTES", 1000)
+        monkeypatch.setattr(driver_state, "FIRST_STATE_INPUT_BYTES", 1000)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     tracker = spark.sparkContext.statusTracker()
     landed: list[pd.DataFrame] = []
@@ -76,6 +77,24 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
     # few keys change: deltas; then most keys (8,000 events over 800 users): one more delta
     # (its restore point had deltas), the compaction it makes due, then full versions
     assert deltas == [False, True, True, True, False, False], deltas
+
+
+@pytest.mark.parametrize("driver_merge_rows", [1_000_000, 10])
+def test_a_first_state_is_written_by_the_driver_while_its_rows_are_estimated_within_bound(
+    spark, tmp_path: Path, monkeypatch, driver_merge_rows: int
+) -> None:
+    """The driver collects and writes a first state from an input above the bound of a later merge's partials
+    (``DRIVER_INPUT_BYTES``, lowered here) while Spark estimates the state at most ``driver_merge_rows`` rows;
+    above that, Spark writes it. The table equals pandas either way."""
+    monkeypatch.setattr(driver_state, "DRIVER_INPUT_BYTES", 1000)
+    job = make_job(spark, tmp_path, declare, inline_state_threshold=0, driver_merge_rows=driver_merge_rows)
+    landed = land_events(tmp_path / "landing", "events-1.json", 4000, seed=1, users=800)
+    completed = job.checkpoint()
+    on_driver = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+    assert on_driver is (driver_merge_rows == 1_000_000), completed.stats["steps"]
+    truth = landed.groupby("user").agg(n=("ts", "size"), last=("ts", "max")).reset_index()
+    got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
 
 
 def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(spark, tmp_path: Path) -> None:
