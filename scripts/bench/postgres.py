@@ -264,7 +264,7 @@ def render(result: dict[str, Any]) -> str:
         "the four, the ratios use it.",
         "- Checkpoint 1 loads the rows into a new table: **staging** = `prepare` + `stage` (claim, table check and "
         "creation, staging table, the executors' COPY, checks), **verify** = finalize's check of the staging table "
-        "before `_metadata` (a row count), **commit** = the commit transaction; **whole** = the three; "
+        "before `_metadata` (its seal, a catalog look-up), **commit** = the commit transaction; **whole** = the three; "
         "**later commit**: checkpoint 2's commit into the table of checkpoint 1.",
         "- Sinks: `append` (the commit copies the staged rows, `INSERT … SELECT`), `append-partitions` "
         "(`partition_per_checkpoint=True`: the commit attaches them), `upsert` by `id`; each fed by the cached "

@@ -11,8 +11,10 @@ from decimal import Decimal
 from typing import Any
 
 import pandas as pd
+import psycopg
 import pytest
 
+from airflow_provider_checkpoint.connectors.postgres import seal
 from airflow_provider_checkpoint.connectors.postgres.sink import CHECKPOINT_COLUMN, PostgresTableSink
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import (
@@ -128,8 +130,10 @@ def test_checkpoints_match_pandas_and_commit_twice_is_once(spark, postgres_serve
     batches = [_rows(1, range(0, 40)), _rows(2, range(30, 70)), _rows(3, range(60, 65))]
     for checkpoint_id, batch in enumerate(batches, start=1):
         committables = _stage(spark, sink, "job", checkpoint_id, batch)
+        staged = committables[0]["staging_table"]
+        sealed = _seal(postgres_server, target, staged)
         assert committables == [
-            {"checkpoint_id": checkpoint_id, "staging_table": committables[0]["staging_table"], "rows": len(batch)}
+            {"checkpoint_id": checkpoint_id, "staging_table": staged, "rows": len(batch), "seal": sealed}
         ]
         if checkpoint_id == 1 and mode != "append-partitions":  # the first commit makes the table
             assert not _exists(postgres_server, target)
@@ -141,6 +145,15 @@ def test_checkpoints_match_pandas_and_commit_twice_is_once(spark, postgres_serve
         pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, batches[:checkpoint_id]))
     assert _staging_tables(postgres_server, target) == []
     assert sink.audit() == []
+    with postgres_server.connect() as db:  # no seal stays on the table (made of, or attached, staging tables)
+        assert db.execute("SELECT count(*) FROM pg_trigger WHERE tgname = %s", [seal.FUNCTION]).fetchone() == (0,)
+        db.execute(f"DELETE FROM {target}.facts WHERE v < 0")
+
+
+def _seal(server: PostgresServer, schema: str, table: str) -> str | None:
+    """The seal of staging table ``schema.table`` as the catalog holds it (:func:`seal.problem` compares it)."""
+    with server.connect() as db:
+        return seal.current(db, schema, table)
 
 
 @pytest.mark.parametrize("mode", ["append", "append-partitions"])
@@ -511,26 +524,96 @@ def test_a_table_partitioned_other_than_the_option_says_is_refused(spark, postgr
         _sink(target, "upsert", partition_per_checkpoint=True)
 
 
-@pytest.mark.parametrize("mode", ["append", "append-partitions"])
+WRITES_BY_HAND = {
+    "insert": "INSERT INTO {t} (k, v) SELECT k || '-x', v FROM {t}",
+    "delete": "DELETE FROM {t} WHERE v % 2 = 0",
+    "update": "UPDATE {t} SET v = v + 1",
+    "truncate": "TRUNCATE {t}",
+    "copy": "COPY {t} (k, v) FROM PROGRAM 'echo x,1' (FORMAT csv)",
+}
+CHANGES_BY_HAND = {  # each gets past the seal's trigger; the seal the catalog holds then is not the step's
+    "disabled, written, enabled": [
+        "ALTER TABLE {t} DISABLE TRIGGER ALL",
+        "DELETE FROM {t} WHERE v % 2 = 0",
+        f"ALTER TABLE {{t}} ENABLE ALWAYS TRIGGER {seal.FUNCTION}",
+    ],
+    "rewritten": ["ALTER TABLE {t} ALTER COLUMN v TYPE bigint USING v + 1"],
+    "seal re-created": [
+        f"DROP TRIGGER {seal.FUNCTION} ON {{t}}",
+        "UPDATE {t} SET v = -v",
+        f"CREATE TRIGGER {seal.FUNCTION} BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {{t}} FOR EACH STATEMENT "
+        f"EXECUTE FUNCTION {{s}}.{seal.FUNCTION}()",
+        f"ALTER TABLE {{t}} ENABLE ALWAYS TRIGGER {seal.FUNCTION}",
+    ],
+    "function replaced": [
+        f"CREATE OR REPLACE FUNCTION {{s}}.{seal.FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
+        "AS 'BEGIN RETURN NULL; END'",
+        "INSERT INTO {t} (k, v) VALUES ('x', 1)",
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_staging_table_changed_after_the_step_is_refused_and_nothing_commits(spark, postgres_server, target, mode):
-    """Rows added to the staging table by hand: the commit (the INSERT's row count, or the attach's
-    count) refuses it, its transaction rolled back, and commits once the table is as staged."""
+    """The step seals its staging table: a write by hand is refused, also as a replica would apply it; one that
+    gets past the seal (trigger disabled, table rewritten, seal or its function re-made) fails finalize's check
+    before ``_metadata`` and the commit, which rolls back: the table is as before. Another attempt commits."""
     sink = _sink_of(target, mode)
     batch = _rows(1, range(0, 9))
-    committables = _stage(spark, sink, "job", 1, batch)
-    staged = f"{target}.{committables[0]['staging_table']}"
-    with postgres_server.connect() as db:
-        db.execute(f"INSERT INTO {staged} (k, v) SELECT k || '-x', v FROM {staged}")
-    with pytest.raises(CheckpointStorageError, match=rf"staging table {staged} holds 18 rows, the checkpoint staged 9"):
-        sink.commit(1, committables)
-    assert not sink.is_committed(1)
-    assert (
-        _table(postgres_server, target).empty if mode == "append-partitions" else not _exists(postgres_server, target)
-    )
-    with postgres_server.connect() as db:
-        db.execute(f"DELETE FROM {staged} WHERE k LIKE '%-x'")
+    for n, (change, statements) in enumerate(CHANGES_BY_HAND.items(), start=1):
+        committables = _stage(spark, sink, "job", 1, batch, attempt=n)
+        staged = f"{target}.{committables[0]['staging_table']}"
+        with postgres_server.connect() as db:
+            db.execute("SET session_replication_role = replica")
+            for write in WRITES_BY_HAND.values():
+                with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match=f"{staged} is sealed"):
+                    db.execute(write.format(t=staged))
+            db.execute("RESET session_replication_role")
+            for statement in statements:
+                db.execute(statement.format(t=staged, s=target))
+        refused = rf"staging table {staged} of checkpoint 1 (was written|has lost)"
+        with pytest.raises(CheckpointStorageError, match=refused):
+            sink.verify_staged(1, committables)
+        with pytest.raises(CheckpointStorageError, match=rf"cannot commit checkpoint 1: its staging table {staged} "):
+            sink.commit(1, committables)
+        assert not sink.is_committed(1), change
+        made = mode != "append-partitions"  # else the partitioned table exists, empty
+        assert (not _exists(postgres_server, target)) if made else _table(postgres_server, target).empty, change
+        sink.abort(1)
+        if change == "function replaced":
+            with postgres_server.connect() as db:
+                db.execute(f"DROP FUNCTION {target}.{seal.FUNCTION}() CASCADE")
+    committables = _stage(spark, sink, "job", 1, batch, attempt=9)
+    sink.verify_staged(1, committables)
     sink.commit(1, committables)
-    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth("append", [batch]))
+    pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [batch]))
+
+
+def test_a_partition_loaded_twice_by_spark_task_attempts_fails_the_step(spark, postgres_server, target, monkeypatch):
+    """A Spark task attempt that committed its load and was lost before reporting it, and the retry that loaded
+    the partition again: the step counts the table under its seal and fails; nothing is committed."""
+    from airflow_provider_checkpoint.connectors.postgres import staging
+
+    real = staging.copy_partitions
+
+    def lost_then_retried(*args: Any, **kwargs: Any) -> Any:
+        load = real(*args, **kwargs)
+
+        def attempts(batches: Iterator[Any]) -> Iterator[Any]:
+            from pyspark import TaskContext
+
+            held = list(batches)
+            if TaskContext.get().partitionId() == 0:
+                list(load(iter(held)))  # committed; its report lost with its executor
+            yield from load(iter(held))
+
+        return attempts
+
+    monkeypatch.setattr(staging, "copy_partitions", lost_then_retried)
+    sink = _sink(target, "append")
+    with pytest.raises(CheckpointStorageError, match=r"holds [0-9]+ rows, its load reported 30 \(a Spark task"):
+        _stage(spark, sink, "job", 1, _rows(1, range(30)))
+    assert not _exists(postgres_server, target)
 
 
 def _facts_of(server: PostgresServer, schema: str, table: str) -> pd.DataFrame:

@@ -44,8 +44,10 @@ def test_committables_are_read_back_only_in_the_shape_the_step_writes():
     sink = _sink()
     name = pg.staging_table(sink.digest, 3, "job/step/attempt-1")
     good = [{"checkpoint_id": 3, "staging_table": name, "rows": 12}]
-    assert sink.read_committables(3, good, "doc") == [(name, 12, 0)]
-    assert sink.read_committables(3, [{**good[0], "dead_letters": 2}], "doc") == [(name, 12, 2)]
+    assert sink.read_committables(3, good, "doc") == [(name, 12, 0, None)]  # staged before seals: counted
+    assert sink.read_committables(3, [{**good[0], "dead_letters": 2}], "doc") == [(name, 12, 2, None)]
+    sealed = {**good[0], "seal": "812/745/16390"}
+    assert sink.read_committables(3, [sealed], "doc") == [(name, 12, 0, "812/745/16390")]
     forged = {
         "another checkpoint": [{**good[0], "checkpoint_id": 2}],
         "a table of the user": [{**good[0], "staging_table": "facts"}],
@@ -54,6 +56,8 @@ def test_committables_are_read_back_only_in_the_shape_the_step_writes():
         "a negative count": [{**good[0], "rows": -1}],
         "a negative dead-letter count": [{**good[0], "dead_letters": -1}],
         "a table twice": good * 2,
+        "a seal not the catalog's": [{**good[0], "seal": "1/2/3'; DROP TABLE facts; --"}],
+        "a seal of another type": [{**good[0], "seal": 812}],
         "not a list": good[0],
     }
     for why, committables in forged.items():

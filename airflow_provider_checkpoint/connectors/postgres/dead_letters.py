@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.postgres import seal
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.connectors.postgres import undo
 from airflow_provider_checkpoint.exceptions import CheckpointStorageError, SinkSchemaError, SinkValueError
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def move(
             "dead_letter_table any more: set it back to commit them"
         )
     name = pg.dead_letter_staging(staging)
-    undo.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id)
+    seal.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id)
     dead = sink.table(name)
     staged = pg.idents(list(pg.DEAD_LETTER_STAGED))
     db.execute(

@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.postgres import seal
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.connectors.postgres import undo
 from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 
@@ -88,11 +88,15 @@ def create_staging(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str
     db.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET DEFAULT {}").format(sink.table(staging), column, value))
 
 
-def attach(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, staging: str, expected: int) -> int:
-    """Attach ``staging`` (holding the ``expected`` rows, else refused) as the partition of ``checkpoint_id``."""
+def attach(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, staging: str, expected: int, sealed: str | None
+) -> int:
+    """Attach ``staging`` (holding the ``expected`` rows, or with ``sealed`` the table its step sealed, unwritten
+    since; else refused) as the partition of ``checkpoint_id``, its seal dropped."""
     from psycopg import sql
 
-    undo.check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
+    seal.check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id, sealed)
+    seal.unseal(db, sink.schema, staging)
     partition = partition_table(sink.digest, checkpoint_id)
     db.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sink.table(staging), pg.ident(partition)))
     db.execute(

@@ -305,8 +305,9 @@ class PostgresTableSink(TransactionalSink):
         return self.write(ctx, rows.frame())
 
     # -- committer (finalize / recovery side) ------------------------------------------
-    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[tuple[str, int, int]]:
-        """``[(staging table, rows, dead letters)]``: each table named by this sink's pattern for ``checkpoint_id``."""
+    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[staging.Staged]:
+        """``[(staging table, rows, dead letters, seal)]``: each table named by this sink's pattern for
+        ``checkpoint_id``."""
         return staging.read_committables(self, checkpoint_id, committables, document)
 
     def verify_staged(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
@@ -330,7 +331,7 @@ class PostgresTableSink(TransactionalSink):
             raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
         return claim
 
-    def commit_checked(self, checkpoint_id: int, committables: list[tuple[str, int, int]]) -> None:
+    def commit_checked(self, checkpoint_id: int, committables: list[staging.Staged]) -> None:
         """The one commit transaction (see the module docstring); a marker already there: nothing."""
         started = time.monotonic()
         with self._tx() as db:
@@ -339,15 +340,15 @@ class PostgresTableSink(TransactionalSink):
             if self._marker(db, checkpoint_id, claim) is not None:
                 return
             rows = 0
-            for i, (name, expected, refused) in enumerate(committables):
+            for i, (name, expected, refused, sealed) in enumerate(committables):
                 if self.partition_per_checkpoint and i == 0:  # one partition per checkpoint
-                    rows += partitions.attach(self, db, checkpoint_id, name, expected)
+                    rows += partitions.attach(self, db, checkpoint_id, name, expected, sealed)
                 elif i == 0 and target.born_in_commit(self, db):  # the first load makes the table: no copy
-                    rows += staging.take_over(self, db, checkpoint_id, name, expected)
+                    rows += staging.take_over(self, db, checkpoint_id, name, expected, sealed)
                 else:
                     target.follow_staged(self, db, name)
                     columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
-                    rows += undo.move_rows(self, db, checkpoint_id, name, expected, columns)
+                    rows += undo.move_rows(self, db, checkpoint_id, name, expected, columns, sealed)
                 dead_letters.move(self, db, claim, checkpoint_id, name, refused)
             fault_point("finalize.inside_sink_commit", checkpoint=checkpoint_id, sink=self.uid)
             undo.write_marker(self, db, claim, checkpoint_id, rows)

@@ -11,11 +11,12 @@ read back from a stored document is used only if it matches the sink's pattern f
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.base.upsert_rule import check_delete_column
-from airflow_provider_checkpoint.connectors.postgres import dead_letters, target, undo
+from airflow_provider_checkpoint.connectors.postgres import dead_letters, seal, target, undo
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.connectors.postgres.load import (
     LOAD_RESULT,
@@ -114,8 +115,9 @@ def stage(
         target.check_reduced(sink, conn, staging, held, null_keys, analyze=not born)
     elif one_per_key:
         target.check_staged(sink, conn, staging, null_keys, analyze=not born)
+    sealed = _seal(sink, conn, staging, rows, counted=held is None)
     ctx.add_metric("sink_rows", rows)
-    committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows}
+    committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows, "seal": sealed}
     if dead:
         ctx.add_metric("sink_rows_refused", refused)
         committable["dead_letters"] = refused
@@ -126,6 +128,29 @@ def stage(
         f" (its key index {indexed:.2f}s)" if keyed else "",
     )  # fmt: skip
     return committable
+
+
+def _seal(sink: pg.SinkTable, conn: PgConnection, staging: str, rows: int, counted: bool) -> str:
+    """Seal ``staging`` (:mod:`.seal`: finalize and the commit then check it in the catalog, counting no row) and
+    return the seal. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
+    attempt can commit its load and be lost before it reports it, and its retry (or a speculative copy) load that
+    partition again; a table holding other than the ``rows`` reported is refused and the step fails (its retry
+    stages again). Rows from the driver need no count: its streams are not retried, each reports what it
+    committed."""
+    from psycopg import sql
+
+    with conn.connect() as db:
+        sealed = seal.seal(db, sink.schema, staging)
+        found = (
+            db.execute(sql.SQL("SELECT count(*) FROM {}").format(sink.table(staging))).fetchone() if counted else None
+        )
+    if found is not None and found[0] != rows:
+        raise CheckpointStorageError(
+            f"sink {sink.uid}: staging table {sink.schema}.{staging} holds {found[0]} rows, its load reported {rows} "
+            "(a Spark task's partition loaded twice by a retried or speculative attempt): the step fails, and its "
+            "retry stages the checkpoint again"
+        )
+    return sealed
 
 
 INDEX_MEMORY_KB = 256 * 1024
@@ -184,17 +209,21 @@ def _key_constraint(db: psycopg.Connection[Any], schema: str, table: str, keys: 
     return free[0]
 
 
-def take_over(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, name: str, expected: int) -> int:
+def take_over(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, name: str, expected: int, sealed: str | None
+) -> int:
     """In the commit transaction of the first load into a table the sink makes (:func:`~.target.born_in_commit`):
-    staging table ``name``, refused unless it holds the ``expected`` rows, becomes the table, as the sink
-    creates it: renamed, then append: ``_checkpoint_id`` added, ``NOT NULL``, the checkpoint's in every row (a
-    catalog change); upsert: its ``UNIQUE NULLS NOT DISTINCT`` key, named as PostgreSQL names it (the index the
-    step built, :func:`index_keys`, attached: a catalog change; built now from the rows if the step found the
-    table there and built none), and the undo row saying the table was empty before. No row is copied; readers
-    see no table until the commit, then the checkpoint's rows. The rows moved."""
+    staging table ``name``, refused unless it holds the ``expected`` rows (with ``sealed``: unless it is the table
+    its step sealed, unwritten since), becomes the table, as the sink creates it: its seal dropped, renamed, then
+    append: ``_checkpoint_id`` added, ``NOT NULL``, the checkpoint's in every row (a catalog change); upsert: its
+    ``UNIQUE NULLS NOT DISTINCT`` key, named as PostgreSQL names it (the index the step built, :func:`index_keys`,
+    attached: a catalog change; built now from the rows if the step found the table there and built none), and
+    the undo row saying the table was empty before. No row is copied; readers see no table until the commit, then
+    the checkpoint's rows. The rows moved."""
     from psycopg import sql
 
-    undo.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id)
+    seal.check_staged_rows(db, sink.uid, sink.schema, name, expected, checkpoint_id, sealed)
+    seal.unseal(db, sink.schema, name)
     index = pg.staged_key_index(name)
     built = sink.mode == "upsert" and db.execute("SELECT to_regclass(%s)", [f'"{sink.schema}"."{index}"']).fetchone()
     db.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sink.table(name), pg.ident(sink.table_name)))
@@ -226,13 +255,17 @@ def take_over(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: in
     return expected
 
 
-def read_committables(
-    sink: pg.SinkTable, checkpoint_id: int, committables: Any, document: str
-) -> list[tuple[str, int, int]]:
-    """``[(staging table, rows, dead letters)]``: each table named by the sink's pattern for ``checkpoint_id``."""
+Staged = tuple[str, int, int, str | None]
+"""A committable as read back: staging table, rows, dead letters, the step's seal (``None``: staged unsealed, by
+an earlier version: its rows are counted)."""
+_SEAL = re.compile(r"^[0-9]{1,10}/[0-9]{1,10}/[0-9]{1,10}$")
+
+
+def read_committables(sink: pg.SinkTable, checkpoint_id: int, committables: Any, document: str) -> list[Staged]:
+    """:data:`Staged` committables: each table named by the sink's pattern for ``checkpoint_id``."""
     pattern = pg.staging_pattern(sink.digest, checkpoint_id)
     reader = Fields({"committables": committables}, document)
-    staged: list[tuple[str, int, int]] = []
+    staged: list[Staged] = []
     for i, item in enumerate(reader.items("committables")):
         c = Fields(item, document, f"committables[{i}]")
         if c.integer("checkpoint_id", 1) != checkpoint_id:
@@ -240,18 +273,20 @@ def read_committables(
         name = c.raw.get("staging_table")
         if not isinstance(name, str) or not pattern.match(name):
             raise c.error("staging_table", f"must be a staging table of sink {sink.uid} for this checkpoint", name)
-        staged.append((name, c.integer("rows", 0), c.integer("dead_letters", default=0)))
-    if len({n for n, _, _ in staged}) != len(staged):
+        sealed = c.raw.get("seal")
+        if sealed is not None and not (isinstance(sealed, str) and _SEAL.match(sealed)):
+            raise c.error("seal", "must be a staging table's seal", sealed)
+        staged.append((name, c.integer("rows", 0), c.integer("dead_letters", default=0), sealed))
+    if len({s[0] for s in staged}) != len(staged):
         raise DocumentError(document, "committables", "name a staging table twice")
     return staged
 
 
-def verify(
-    sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, staged: list[tuple[str, int, int]]
-) -> None:
-    """Each staging table still holds the rows the step staged, else :class:`CheckpointStorageError`."""
-    for name, expected, _ in staged:
-        if found := undo.staged_rows_problem(db, sink.schema, name, expected):
+def verify(sink: pg.SinkTable, db: psycopg.Connection[Any], checkpoint_id: int, staged: list[Staged]) -> None:
+    """Each staging table still holds the rows the step staged (is the table the step sealed, unwritten since: no
+    row counted), else :class:`CheckpointStorageError`."""
+    for name, expected, _, sealed in staged:
+        if found := seal.staged_rows_problem(db, sink.schema, name, expected, sealed):
             raise CheckpointStorageError(
                 f"sink {sink.uid}: staging table {sink.schema}.{name} of checkpoint {checkpoint_id} "
                 f"{found}, the step staged {expected} rows there; the checkpoint is aborted and the "

@@ -19,10 +19,11 @@ Undo, by mode:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
+from airflow_provider_checkpoint.connectors.postgres import seal
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.exceptions import CheckpointStorageError, RestoreError, how_to_restore
+from airflow_provider_checkpoint.exceptions import RestoreError
 
 if TYPE_CHECKING:
     import psycopg
@@ -41,43 +42,6 @@ UNDO_EXISTED = "_undo_existed"
 def _exists(db: psycopg.Connection[Any], schema: str, table: str) -> bool:
     found = db.execute("SELECT to_regclass(%s) IS NOT NULL", [f'"{schema}"."{table}"']).fetchone()
     return bool(found and found[0])
-
-
-def staged_rows_problem(db: psycopg.Connection[Any], schema: str, table: str, expected: int) -> str | None:
-    """How staging table ``schema.table`` differs from holding the ``expected`` rows; ``None`` if it holds them."""
-    from psycopg import sql
-
-    if not _exists(db, schema, table):
-        return "is gone"
-    counted = db.execute(sql.SQL("SELECT count(*) FROM {}").format(pg.ident(schema, table))).fetchone()
-    return None if counted and counted[0] == expected else f"holds {counted and counted[0]} rows"
-
-
-def check_staged_rows(
-    db: psycopg.Connection[Any], uid: str, schema: str, table: str, expected: int, checkpoint_id: int
-) -> None:
-    """Refuse to commit checkpoint ``checkpoint_id`` from staging table ``schema.table`` unless it
-    holds the ``expected`` rows (:func:`refuse_commit`)."""
-    if found := staged_rows_problem(db, schema, table, expected):
-        refuse_commit(uid, schema, table, expected, checkpoint_id, found)
-
-
-def refuse_commit(uid: str, schema: str, table: str, expected: int, checkpoint_id: int, found: str) -> NoReturn:
-    """The commit of ``checkpoint_id`` refused: its staging table ``schema.table`` ``found`` (is gone,
-    or holds another number of rows than the ``expected`` ones). Staging tables are logged, so a crash
-    of the server does not empty them, and finalize checks them just before ``_metadata``
-    (:meth:`~.sink.PostgresTableSink.verify_staged`): one gone or short now was dropped or changed by
-    hand after that (or the database lost committed transactions, e.g. a failover to a replica that
-    lagged). The message says how to get the job moving again; raised inside the commit transaction,
-    it rolls back whatever the caller moved."""
-    raise CheckpointStorageError(
-        f"sink {uid}: cannot commit checkpoint {checkpoint_id}: its staging table {schema}.{table} {found}, the "
-        f"checkpoint staged {expected} rows there (was it dropped or changed by hand?). Checkpoint {checkpoint_id} "
-        "is complete (its _metadata exists), so its finalize and every trigger of the job stop here until it is "
-        "moved past: restore the job to an earlier retained checkpoint "
-        f"({how_to_restore(f'<an id before {checkpoint_id}>')}): the restore rolls every sink back to it and the next "
-        f"run reads the input of checkpoint {checkpoint_id} again (see docs/postgres.md, 'A staging table is gone')"
-    )
 
 
 def ensure_bookkeeping(sink: pg.SinkTable, db: psycopg.Connection[Any]) -> None:
@@ -143,17 +107,21 @@ def move_rows(
     staging: str,
     expected: int,
     columns: list[str],
+    sealed: str | None = None,
 ) -> int:
     """Move the rows of ``staging`` into the table (recording before-images in upsert mode), then drop
-    it; refused unless it holds the ``expected`` rows (:func:`check_staged_rows`). An append reads the
-    staging table once: its ``INSERT``'s row count is the check."""
+    it; refused unless it holds the ``expected`` rows (:func:`~.seal.check_staged_rows`; with the step's seal
+    ``sealed``: unless it is the table the step sealed, unwritten since). An append reads the staging table
+    once: its ``INSERT``'s row count is also checked."""
     from psycopg import sql
 
     stg, target = sink.table(staging), sink.table()
     cols = pg.idents(columns)
     if sink.mode == "append":
-        if not _exists(db, sink.schema, staging):
-            refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, "is gone")
+        if sealed is not None:
+            seal.check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id, sealed)
+        elif not _exists(db, sink.schema, staging):
+            seal.refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, "is gone")
         moved = db.execute(
             sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, %s FROM {}").format(
                 target, cols, pg.ident(pg.CHECKPOINT_COLUMN), cols, stg
@@ -161,9 +129,9 @@ def move_rows(
             [checkpoint_id],
         ).rowcount
         if moved != expected:
-            refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, f"holds {moved} rows")
+            seal.refuse_commit(sink.uid, sink.schema, staging, expected, checkpoint_id, f"holds {moved} rows")
     elif _empty_and_locked(sink, db):  # a first load: every staged key is new, no row to update or delete
-        check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
+        seal.check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id, sealed)
         record_empty(sink, db, checkpoint_id, columns)
         db.execute(  # in key order: the unique index grows at its right edge, ≈ 2× faster than in staged order
             sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}{} ORDER BY {}").format(
@@ -171,7 +139,7 @@ def move_rows(
             )
         )
     else:
-        check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id)
+        seal.check_staged_rows(db, sink.uid, sink.schema, staging, expected, checkpoint_id, sealed)
         _record_before_images(sink, db, checkpoint_id, staging, columns)
         _delete_keys(sink, db, staging)
         others = [c for c in columns if c not in sink.keys]
