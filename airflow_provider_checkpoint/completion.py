@@ -63,8 +63,7 @@ class CheckpointCompletion:
         ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
         kept = self.kept(completed)
         earlier = [c for c in kept if c.checkpoint_id < completed.checkpoint_id]
-        sinks_committed: Future[bool] = Future()
-        """Whether ``completed``'s sinks are committed here, set once the commits ended."""
+        sinks_committed: Future[bool] = Future()  # whether ``completed``'s sinks are committed here, once they ended
         # beside the sinks' commits: up to an earlier checkpoint's position (the oldest kept is one of those, its
         # sinks committed) at once, else up to ``completed``'s only once its sinks are committed (never after a
         # failed commit, nor when they are not committed here: under a pending restore of an earlier checkpoint)
