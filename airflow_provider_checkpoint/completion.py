@@ -8,9 +8,8 @@ It is idempotent: recovery (the next trigger) runs it again for a checkpoint who
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from airflow_provider_checkpoint.connectors.base.committer import SinkCommitter
 from airflow_provider_checkpoint.core import stats
@@ -64,26 +63,20 @@ class CheckpointCompletion:
         ``fresh``: this task created ``_metadata`` just now, so no record exists yet (nothing is asked)."""
         kept = self.kept(completed)
         earlier = [c for c in kept if c.checkpoint_id < completed.checkpoint_id]
-        sinks_committed: list[bool] = []
-        decided = threading.Event()
-
-        def may_release() -> bool:
-            """When the oldest kept position is ``completed``'s own: whether its sinks are committed (waits)."""
-            decided.wait()
-            return bool(sinks_committed)
-
-        # beside the sinks' commits: up to an earlier checkpoint's position (the oldest kept is one of those) at
-        # once, else up to ``completed``'s only once its sinks are committed (never after a failed commit, nor
-        # under a pending restore of an earlier checkpoint: its input stays)
-        releases, ready = self._releases(earlier or kept), (lambda: True) if earlier else may_release
+        sinks_committed: Future[bool] = Future()  # whether ``completed``'s sinks are committed here, once they ended
+        # beside the sinks' commits: up to an earlier checkpoint's position (the oldest kept is one of those, its
+        # sinks committed) at once, else up to ``completed``'s only once its sinks are committed (never after a
+        # failed commit, nor when they are not committed here: under a pending restore of an earlier checkpoint)
+        releases, ready = self._releases(earlier or kept), (lambda: True) if earlier else sinks_committed.result
         with ThreadPoolExecutor(max(1, len(releases)), thread_name_prefix="release-input") as pool:
             released = [pool.submit(r, ready) for r in releases]
             try:
                 if commit_sinks:
                     self.sink_committer.commit(completed)
-                    sinks_committed.append(True)
-            finally:
-                decided.set()
+            except BaseException:
+                sinks_committed.set_result(False)
+                raise
+            sinks_committed.set_result(commit_sinks)
             self._after_commits(completed)
             for release in released:
                 release.result()

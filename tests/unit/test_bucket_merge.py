@@ -144,7 +144,10 @@ def test_rows_marked_by_delete_when_delete_their_key_and_the_column_is_not_writt
     assert rows == 0 and pq.read_table(tmp_path / "none.parquet").num_rows == 0, "a bucket of deletes only: empty"
 
 
-ints = st.lists(st.one_of(st.none(), st.integers(-3, 6), st.sampled_from([2**40, -(2**40)])), max_size=12)
+ints = st.lists(
+    st.one_of(st.none(), st.integers(-3, 6), st.sampled_from([2**40, -(2**40), 2**63 - 1, -(2**63), 2**31 - 1])),
+    max_size=12,
+)
 
 
 def fits(value: int | None, type_: pa.DataType) -> bool:
@@ -156,8 +159,9 @@ def fits(value: int | None, type_: pa.DataType) -> bool:
 @settings(max_examples=200)
 @given(ints, ints, st.sampled_from([pa.int64(), pa.int32(), pa.uint64()]), st.sampled_from([pa.int64(), pa.int32()]))
 def test_a_key_set_finds_changed_keys_as_a_set_of_tuples_does(changed, rows, changed_type, rows_type) -> None:
-    """One integer key without nulls by binary search, else (nulls, another type) by ``is_in``: either way
-    the rows whose key is among the changed ones, a null equal to a null; and the keys repeated."""
+    """One integer key without nulls in a bitmap over its span (a narrow one) or by binary search, else (nulls,
+    another type) by ``is_in``: either way the rows whose key is among the changed ones, a null equal to a null;
+    and the keys repeated."""
     rows_type = changed_type if changed_type == pa.uint64() else rows_type  # callers cast rows to the key types
     changed = [v for v in changed if fits(v, changed_type)]
     rows = [v for v in rows if fits(v, rows_type)]
@@ -165,6 +169,8 @@ def test_a_key_set_finds_changed_keys_as_a_set_of_tuples_does(changed, rows, cha
     got = keys.changed(pa.table({"k": pa.array(rows, rows_type)}))
     assert got.tolist() == [v in set(changed) for v in rows]
     assert (keys.ints is not None) == (None not in changed)  # the binary search where it applies
+    narrow = keys.ints is not None and changed and max(changed) - min(changed) < bucket_merge.DENSE_KEY_SPAN
+    assert (keys.dense is not None) == bool(narrow)  # the bitmap where it applies
     repeated = set(checks._repeated(pa.table({"k": pa.array(changed, changed_type)}), ["k"]))
     want = {(v,) for v in changed if changed.count(v) > 1}
     assert repeated == want if len(want) <= 5 else len(repeated) == 5 and repeated <= want

@@ -441,3 +441,29 @@ def test_a_deletion_vector_reached_through_a_link_is_never_read_or_committed(tmp
     with pytest.raises(UnsafePathError, match="outside the directory that owns it"):
         sink.commit(2, [{"checkpoint_id": 2, "adds": [], "removes": [], "deletes": [delete]}])
     assert not sink.is_committed(2) and DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+
+
+def test_the_steps_check_reuses_its_snapshot_only_while_no_commit_came_after_it(tmp_path):
+    """``check_staged`` takes the live files the step staged on while the log's latest version is theirs; a
+    commit after them (another writer's delete rewriting the file) is replayed, and the staged delete from the
+    file it removed is refused: nothing reaches the commit."""
+    import fsspec
+    import numpy as np
+    from deltalake import DeltaTable
+
+    from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
+    from airflow_provider_checkpoint.connectors.delta import deletion_vectors
+    from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaDeletes
+
+    table = tmp_path / "t"
+    sink = _sink(table, mode="upsert", keys=["k"], buckets=4)
+    sink.commit(1, _committables(1, _staged(table, 1, "part-b00000.parquet")))
+    seen = sink._upsert_snapshot()
+    (file,) = seen.files.values()
+    deletes = [DeltaDeletes(file.path, file.size or 0, 2, None, deletion_vectors.inline(np.array([0], np.uint64)))]
+    staged = DeltaCommit([], [], deletes)
+    fs = fsspec.filesystem("file")
+    delta_commit.check_staged(fs, str(table), "t", 2, staged, seen)  # staged on the latest version: passes
+    DeltaTable(str(table)).delete("k = 'b'")  # another writer: the file removed, its other row in a new one
+    with pytest.raises(DocumentError, match="does not hold live"):
+        delta_commit.check_staged(fs, str(table), "t", 2, staged, seen)

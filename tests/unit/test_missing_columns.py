@@ -6,6 +6,7 @@ and generated columns)."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from airflow_provider_checkpoint.connectors.base.file_threads import each_file
 from airflow_provider_checkpoint.connectors.base.missing_columns import (
     TableFile,
-    each_file,
+    check_held_once,
     filled_arrow,
     held_values,
     may_hold_values,
@@ -89,6 +93,26 @@ def test_each_file_keeps_the_order_and_raises_the_error() -> None:
 
     with pytest.raises(ValueError, match="seven"):
         each_file(fails, list(range(10)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.integers(-2, 3)), max_size=8),
+    st.lists(st.sampled_from(["a", "b", None]), max_size=8),
+)
+def test_held_rows_are_refused_when_they_hold_a_key_twice(ints: list[int | None], strings: list[str | None]) -> None:
+    """One integer key (checked by a sort) and two keys (grouped): refused exactly when a key (a null is a value)
+    repeats, as a Counter of the keys tells."""
+    for keys, held in (
+        (["k"], pa.table({"k": pa.array(ints, pa.int64())})),
+        (["k", "s"], pa.table({"k": pa.array(ints[: len(strings)], pa.int64()), "s": strings[: len(ints)]})),
+    ):
+        repeated = max(Counter(zip(*(held[k].to_pylist() for k in keys), strict=True)).values(), default=0) > 1
+        if repeated:
+            with pytest.raises(SinkSchemaError, match="holds a key"):
+                check_held_once("lake", keys, held)
+        else:
+            check_held_once("lake", keys, held)
 
 
 def _delta_schema(**metadata: object) -> str:

@@ -170,6 +170,9 @@ class KeySet:
         self.without_nulls = self.table.filter(pc.invert(nulls))
         self.ints = sorted_ints(self.table, self.keys)
         """A single integer key without nulls: its values sorted (looked up by binary search)."""
+        self.dense = _dense(self.ints)
+        """Those values as a bitmap over their span, when it is at most :data:`DENSE_KEY_SPAN`: ``(lowest,
+        bitmap)`` (looked up by index)."""
 
     def kept(self, table: pa.Table) -> pa.Table:
         """The rows of ``table`` whose key did not change."""
@@ -193,6 +196,8 @@ class KeySet:
             column = table[key]
             if self.ints is not None and column.null_count == 0 and column.type == self.table[key].type:
                 values = column.to_numpy()
+                if self.dense is not None:
+                    return _in_dense(values, *self.dense)
                 at = np.minimum(np.searchsorted(self.ints, values), len(self.ints) - 1)
                 return np.asarray(self.ints[at] == values, dtype=bool)
             mask = pc.is_in(table[key], value_set=self.table[key], skip_nulls=False)
@@ -206,6 +211,43 @@ class KeySet:
             partial = keys.filter(nulls).to_pylist()
             out[[r["__row"] for r in partial if tuple(r[k] for k in self.keys) in self.with_nulls]] = True
         return out
+
+
+DENSE_KEY_SPAN = 1 << 24
+"""The widest span of changed integer keys looked up in a bitmap of that many bytes (else by binary search)."""
+
+
+def _dense(ints: np.ndarray | None) -> tuple[int, np.ndarray] | None:
+    """``(lowest, bitmap)`` of the sorted integer keys ``ints`` (``bitmap[v - lowest]`` tells whether ``v`` is one),
+    when their span is at most :data:`DENSE_KEY_SPAN`."""
+    import numpy as np
+
+    if ints is None or not len(ints) or int(ints[-1]) - int(ints[0]) >= DENSE_KEY_SPAN:
+        return None
+    lowest = int(ints[0])
+    bitmap = np.zeros(int(ints[-1]) - lowest + 1, dtype=bool)
+    bitmap[_offsets(ints, lowest)] = True
+    return lowest, bitmap
+
+
+def _offsets(values: np.ndarray, lowest: int) -> np.ndarray:
+    """``values - lowest`` for integer ``values`` at least ``lowest`` and less than :data:`DENSE_KEY_SPAN` above
+    it, without overflow: in 64 bits of the values' signedness."""
+    import numpy as np
+
+    wide = np.uint64 if values.dtype.kind == "u" else np.int64
+    return (values.astype(wide) - wide(lowest)).astype(np.int64)
+
+
+def _in_dense(values: np.ndarray, lowest: int, bitmap: np.ndarray) -> np.ndarray:
+    """Per value of ``values`` (integers of the keys' type): whether ``bitmap`` (from :func:`_dense`) holds it."""
+    import numpy as np
+
+    inside = (values >= lowest) & (values <= lowest + len(bitmap) - 1)
+    out = np.zeros(len(values), dtype=bool)
+    at = np.flatnonzero(inside)
+    out[at] = bitmap[_offsets(values[at], lowest)]
+    return out
 
 
 _SORTED: list[tuple[pa.ChunkedArray, np.ndarray]] = []

@@ -17,11 +17,11 @@ the caller's listing), and the staged files' sizes are known from writing them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from airflow_provider_checkpoint.connectors.base.file_threads import each_file
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.fileio.scans import read_parquet
 from airflow_provider_checkpoint.fileio.writes import WrittenFile, write_parquet
@@ -155,11 +155,8 @@ class BucketedUpsert:
             return StagedBucket(b, out, merged, size)
 
         buckets = list(zip(affected.tolist(), starts.tolist(), counts.tolist(), strict=True))
-        if is_s3(fs) and len(buckets) > 1:  # each bucket's read and write are round trips: overlap them
-            with ThreadPoolExecutor(min(len(buckets), MERGE_THREADS)) as pool:
-                staged = list(pool.map(lambda bucket: merge(*bucket), buckets))
-        else:
-            staged = [merge(*bucket) for bucket in buckets]
+        # on an object store each bucket's read and write are round trips: overlap them
+        staged = each_file(lambda bucket: merge(*bucket), buckets, MERGE_THREADS if is_s3(fs) else 1)
         if any(bucket is None for bucket in staged):
             if fs.exists(staging):  # Spark writes a new directory
                 fs.rm(staging, recursive=True)

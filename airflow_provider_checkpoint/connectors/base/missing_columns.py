@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple
 
+from airflow_provider_checkpoint.connectors.base.file_threads import each_file
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
 from airflow_provider_checkpoint.storage.object_store import open_sized
 
@@ -40,21 +40,8 @@ if TYPE_CHECKING:
 
 FOOTER_READ = 64 << 10
 """The bytes read from a file's end for its footer: one ranged GET on an object store when the footer fits."""
-FILE_THREADS = 8
-"""Files read or written at once (footers, filled copies): an object store's round trips overlap."""
 
 log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-
-def each_file(work: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-    """``work`` of every item, at most :data:`FILE_THREADS` at once, results in the items' order; the first
-    error raised (the others still finish)."""
-    if len(items) <= 1:
-        return [work(i) for i in items]
-    with ThreadPoolExecutor(min(FILE_THREADS, len(items))) as pool:
-        return list(pool.map(work, items))
 
 
 def footer(fs: fsspec.AbstractFileSystem, path: str, size: int) -> pq.FileMetaData:
@@ -203,9 +190,9 @@ def _kept(rows: UpsertRows, missing: Missing, held: pa.Table) -> UpsertRows:
 
     from airflow_provider_checkpoint.fileio.frames import arrow_frame
 
-    df, keys = rows.frame(), list(rows.keys)
-    if held.group_by(keys).aggregate([]).num_rows != held.num_rows:
-        raise SinkSchemaError(f"sink {rows.uid}: the table holds a key {keys} twice; nothing staged")
+    keys = list(rows.keys)
+    check_held_once(rows.uid, keys, held)
+    df = rows.frame()
     renamed = [f"__held_key_{i}" for i in range(len(keys))]
     types = {f.name: f.dataType for f in df.schema.fields}
     schema = StructType([*[StructField(r, types[k]) for k, r in zip(keys, renamed, strict=True)], *missing.fields])
@@ -215,6 +202,15 @@ def _kept(rows: UpsertRows, missing: Missing, held: pa.Table) -> UpsertRows:
     order = _order(df.columns, missing.order, missing.names)
     out = joined.select(*[old[f"`{c}`"] if c in missing.names else df[f"`{c}`"] for c in order])
     return replace(rows, df=out, read=None, in_driver=None, reduce=False, count=None)
+
+
+def check_held_once(uid: str, keys: Sequence[str], held: pa.Table) -> None:
+    """Refuse (:class:`SinkSchemaError`) the live rows ``held`` of a table when they hold a key twice (null-safe),
+    by the upsert rule's own check (:func:`~.upsert_rule.latest_in_arrow`: one integer key by a sort)."""
+    from airflow_provider_checkpoint.connectors.base.upsert_rule import latest_in_arrow
+
+    if latest_in_arrow(held.select(list(keys)), keys, ()).num_rows != held.num_rows:
+        raise SinkSchemaError(f"sink {uid}: the table holds a key {list(keys)} twice; nothing staged")
 
 
 def may_hold_values(fs: fsspec.AbstractFileSystem, file: TableFile, columns: Sequence[str]) -> bool:

@@ -234,15 +234,29 @@ def _check(
 
 
 def check_staged(
-    fs: fsspec.AbstractFileSystem, root: str, table: str, checkpoint_id: int, changes: DeltaCommit
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    table: str,
+    checkpoint_id: int,
+    changes: DeltaCommit,
+    seen: delta_log.Snapshot | None = None,
+    known: Mapping[str, np.ndarray] | None = None,
 ) -> None:
     """The checks of :func:`commit` in the step, on the staged changes and the table's latest version: a
     version the writer gets wrong is refused before the checkpoint completes (its step fails, the
-    checkpoint is aborted), not only when its commit is about to be written."""
-    _, latest, state = _latest(fs, root, table)
-    live = state.adds
+    checkpoint is aborted), not only when its commit is about to be written. ``seen``: the snapshot the step
+    staged on, its live files used while the log's latest version is still its version (the log listed once:
+    a commit since, another writer's too, is replayed and checked against); ``known``: the positions of the
+    table's DVs the step decoded, by DV id (a DV file is never rewritten), the staged DVs decoded from their
+    files."""
+    listed = listing(fs, root)
+    if seen is not None and delta_log.commit_versions(fs, root, listed)[-1:] == [seen.version]:
+        latest, live = seen.version, seen.actions
+    else:
+        _, latest, state = _latest(fs, root, table, listed)
+        live = state.adds
     where = f"Delta table {table}, staged on version {latest} (checkpoint {checkpoint_id})"
-    _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {})
+    _check_version(fs, root, where, _actions("staged", checkpoint_id, changes), live, {}, known or {})
 
 
 def _check_version(
@@ -252,11 +266,15 @@ def _check_version(
     actions: list[dict[str, Any]],
     live: dict[tuple[str, str | None], delta_log.RawFile],
     dv_files: dict[str, bytes],
+    known: Mapping[str, np.ndarray] | None = None,
 ) -> None:
     """:func:`.checks.check_version` with the DVs the actions name decoded from the table
-    (``dv_files``: each DV file read once, kept across calls)."""
+    (``dv_files``: each DV file read once, kept across calls; ``known``: positions already decoded, by DV id)."""
 
     def positions(dv: Mapping[str, Any], name: str) -> np.ndarray:
+        found = known.get(delta_log.dv_id(dv) or "") if known else None
+        if found is not None:
+            return found
         descriptor = deletion_vectors.read_descriptor(Fields(dv, name))
         return deletion_vectors.read_positions(fs, root, descriptor, name, dv_files)
 

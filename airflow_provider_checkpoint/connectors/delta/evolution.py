@@ -42,15 +42,18 @@ def added_columns(table_columns: dict[str, str], input_schema: Any) -> list[dict
 
 
 def read_added(c: Fields) -> list[dict[str, Any]]:
-    """A committable's ``add_columns``: Delta fields, each with a name, a type and ``nullable`` true."""
-    from deltalake.schema import Schema
-
+    """A committable's ``add_columns``: Delta fields, each with a name, a type and ``nullable`` true (delta-rs
+    parses them, imported only when there are any)."""
     fields = c.items("add_columns", default=[])
+    if not fields:
+        return []
     for f in fields:
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or f.get("nullable") is not True:
             raise c.error("add_columns", "must be nullable Delta fields, each with a name and a type", f)
     if len({f["name"] for f in fields}) != len(fields):
         raise c.error("add_columns", "name a column twice")
+    from deltalake.schema import Schema
+
     try:
         Schema.from_json(json.dumps({"type": "struct", "fields": fields}))
     except (ValueError, TypeError) as e:

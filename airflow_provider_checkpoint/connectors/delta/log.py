@@ -306,13 +306,30 @@ def _key(raw: dict[str, Any]) -> tuple[str, str | None]:
     return unquote(path) if isinstance(path, str) else "", dv_id(raw.get("deletionVector"))
 
 
-def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None) -> dict[str, DataFile]:
-    """The live files of the table at ``version`` (default: the latest) by path, with their DVs, validated."""
+class Snapshot(NamedTuple):
+    """The table at ``version``: its live ``add`` actions as the log holds them (:func:`live_actions`) and its
+    live files by path, validated."""
+
+    version: int
+    actions: dict[tuple[str, str | None], RawFile]
+    files: dict[str, DataFile]
+
+
+def snapshot_at(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None) -> Snapshot:
+    """The :class:`Snapshot` of the table at ``version`` (default: the latest); one listing of the log."""
+    listed = listing(fs, root)
+    versions = commit_versions(fs, root, listed)
+    actions = live_actions(fs, root, table, version, files=listed)
     files = {}
-    for i, (v, raw) in enumerate(live_actions(fs, root, table, version).values()):
+    for i, (v, raw) in enumerate(actions.values()):
         f = data_file(Fields(raw, f"{table}/{LOG_DIR} at version {v}", f"live add[{i}]"), None, v)
         files[f.path] = f
-    return files
+    return Snapshot(versions[-1] if version is None else version, actions, files)
+
+
+def snapshot(fs: fsspec.AbstractFileSystem, root: str, table: str, version: int | None = None) -> dict[str, DataFile]:
+    """The live files of the table at ``version`` (default: the latest) by path, with their DVs, validated."""
+    return snapshot_at(fs, root, table, version).files
 
 
 def added_in(fs: fsspec.AbstractFileSystem, root: str, table: str, paths: set[str], latest: int) -> dict[str, int]:

@@ -204,7 +204,8 @@ class DeltaTableSink(DeltaCommitter):
         check_delete_column(self.uid, self.delete_when, rows.schema)
         written = StructType([f for f in rows.schema.fields if f.name != self.delete_when])
         fs, root, staging, added, missing = self._prepare(ctx, written)
-        live = self._upsert_files()
+        seen = self._upsert_snapshot()
+        live = seen.files
         if missing.fields:  # a key keeps its values in them, as Delta's MERGE keeps them
             held = [evolution.table_file(fs, root, f) for f in live.values()]
             rows = missing_columns.upsert_rows(f"Delta table {self.asset_uri()}", fs, held, rows, missing)
@@ -212,7 +213,7 @@ class DeltaTableSink(DeltaCommitter):
             staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
-                delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit)
+                delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit, seen, staged.known)
             return self._committables(ctx, commit)
         files = []  # the first load: one file per bucket
         for staged_bucket in self.upsert.stage(ctx, rows, fs, staging, lambda _: {}):
@@ -329,9 +330,14 @@ class DeltaTableSink(DeltaCommitter):
         return added, missing
 
     def _upsert_files(self) -> dict[str, DataFile]:
-        """The live files of an upsert table; :class:`SinkClaimedError` naming the way back if another
+        """The live files of an upsert table (:meth:`_upsert_snapshot`)."""
+        return self._upsert_snapshot().files
+
+    def _upsert_snapshot(self) -> delta_log.Snapshot:
+        """The latest snapshot of an upsert table; :class:`SinkClaimedError` naming the way back if another
         writer added files (they may repeat keys: the sink keeps one row per key over its own files only)."""
-        live = self._files()
+        snapshot = self._snapshot()
+        live = snapshot.files
         paths = {p for p in live if not is_upsert_file(p)}
         if paths:
             fs, root = self._fs()
@@ -339,7 +345,7 @@ class DeltaTableSink(DeltaCommitter):
             added = delta_log.added_in(fs, root, self.asset_uri(), paths, latest)
             foreign = sorted((added.get(p, live[p].commit_version or 0), p) for p in paths)
             raise SinkClaimedError(self._foreign_files_message(foreign))
-        return live
+        return snapshot
 
     def _foreign_files_message(self, foreign: list[tuple[int, str]]) -> str:
         """What another writer's files in the upsert table are and how to go on (docs/delta-lake.md)."""

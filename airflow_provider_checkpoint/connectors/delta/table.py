@@ -118,10 +118,14 @@ class DeltaTableBase(TableDirectorySink):
 
     def _files(self, version: int | None = None) -> dict[str, DataFile]:
         """The live files of the table (at ``version``) with their deletion vectors, from its log."""
+        return self._snapshot(version).files
+
+    def _snapshot(self, version: int | None = None) -> delta_log.Snapshot:
+        """The table (at ``version``) from its log: :func:`.log.snapshot_at`, its files' links checked."""
         fs, root = self._fs()
-        live = delta_log.snapshot(fs, root, self.asset_uri(), version)
-        delta_storage.check_links(fs, root, self.asset_uri(), live.values())
-        return live
+        snapshot = delta_log.snapshot_at(fs, root, self.asset_uri(), version)
+        delta_storage.check_links(fs, root, self.asset_uri(), snapshot.files.values())
+        return snapshot
 
     @in_call
     def committed_versions(self) -> dict[int, int]:

@@ -22,6 +22,7 @@ requests of a checkpoint on an object store, stay bounded however old the table 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +34,7 @@ import numpy as np
 
 from airflow_provider_checkpoint.connectors.base.bucket_merge import BATCH_ROWS, KeySet, kept_rows, table_writer
 from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
+from airflow_provider_checkpoint.connectors.base.file_threads import each_file
 from airflow_provider_checkpoint.connectors.delta import checks as delta_checks
 from airflow_provider_checkpoint.connectors.delta import deletion_vectors
 from airflow_provider_checkpoint.connectors.delta.files import (
@@ -41,7 +43,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     bucket_of_path,
     update_file,
 )
-from airflow_provider_checkpoint.connectors.delta.log import DataFile
+from airflow_provider_checkpoint.connectors.delta.log import DataFile, dv_id
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.object_store import open_sized
 
@@ -64,8 +66,6 @@ ones into the checkpoint's DV file. Inline DVs spare a reader one file read per 
 delta-spark 4.4's ``VACUUM`` fails on them (``scala.MatchError``): DV files are the default."""
 MAX_UPDATE_FILES = 8
 """Update files an upsert table has at most after a checkpoint, but for that checkpoint's own."""
-THREADS = 8
-"""Files whose keys are looked up (and compacted) at once."""
 _BUCKET = "_bucket"
 
 
@@ -76,6 +76,8 @@ class StagedUpsert:
     adds: list[tuple[str, int | None]]
     removes: list[DeltaFile]
     deletes: list[DeltaDeletes]
+    known: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """The positions of the table's DVs the lookups decoded, by DV id (:func:`.log.dv_id`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,6 +86,8 @@ class _Found:
     rows: int
     deleted: np.ndarray
     """Every deleted position of the file after this checkpoint (sorted, unique)."""
+    old: np.ndarray
+    """Those its DV in the table deletes."""
     keys: pa.Table
     """The keys of the live rows this checkpoint deletes from the file."""
 
@@ -111,11 +115,11 @@ def stage(
     small = upsert.in_driver(rows)
     adds: list[tuple[str, int | None]] = []
     writing: Future[list[tuple[str, int | None]]] | None = None
-    with ThreadPoolExecutor(THREADS) as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="update-file") as writer:
         if small is not None:  # the update file is written beside the lookups below
             keys = small.select([*upsert.keys, _BUCKET])
             kept = kept_rows(small, upsert.delete_when).drop_columns([_BUCKET])
-            writing = pool.submit(_write_rows, ctx.checkpoint_id, kept, fs, staging)
+            writing = writer.submit(_write_rows, ctx.checkpoint_id, kept, fs, staging)
         else:
             df = rows.frame().cache()  # read twice: its keys, then its rows
             try:
@@ -133,17 +137,15 @@ def stage(
         candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
         changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
         key_types = keys.drop_columns([_BUCKET]).schema
-        document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
-        found = [f for f in pool.map(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
+        found = [f for f in each_file(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
         adds = writing.result() if writing is not None else adds
-        deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
-        delta_checks.check_keys(document, upsert.keys, changed, deleted)
-        updates = sorted(p for p in live if bucket_of_path(p) is None)
-        merged = updates if len(updates) > MAX_UPDATE_FILES else []
-        full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows and f.file.path not in merged]
-        rewritten = list(
-            pool.map(lambda f: _compact(fs, root, f, f"{staging}/{posixpath.basename(f.file.path)}"), full)
-        )
+    document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
+    deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
+    delta_checks.check_keys(document, upsert.keys, changed, deleted)
+    updates = sorted(p for p in live if bucket_of_path(p) is None)
+    merged = updates if len(updates) > MAX_UPDATE_FILES else []
+    full = [f for f in found if len(f.deleted) >= COMPACT_FRACTION * f.rows and f.file.path not in merged]
+    rewritten = each_file(lambda f: _compact(fs, root, f, f"{staging}/{posixpath.basename(f.file.path)}"), full)
     for f, (_, written) in zip(full, rewritten, strict=True):
         delta_checks.check_rewrite(document, f.file.path, f.rows, len(f.deleted), written)
     removes = [_remove(f.file) for f in full]
@@ -159,7 +161,8 @@ def stage(
     deletes = _write_dvs(fs, root, staging, partial, inline_dv_bytes)
     ctx.add_metric("sink_files_deleted_from", len(deletes))
     ctx.add_metric("sink_files_compacted", len(full) + len(merged))
-    return StagedUpsert(adds, removes, deletes)
+    known = {dv_id(f.file.deletion_vector.to_json()) or "": f.old for f in found if f.file.deletion_vector}
+    return StagedUpsert(adds, removes, deletes, known)
 
 
 def _write_updates(
@@ -211,14 +214,23 @@ def _lookup(
         for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
             keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
             at = np.flatnonzero(changed.changed(keys))
-            live = ~np.isin(at.astype(np.uint64) + np.uint64(rows), old)
+            live = ~_among(at.astype(np.uint64) + np.uint64(rows), old)
             hits.append(at[live].astype(np.uint64) + np.uint64(rows))
             deleted_keys.append(keys.take(at[live]))
             rows += batch.num_rows
     new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
     if not len(new):
         return None
-    return _Found(file, rows, np.union1d(old, new), pa.concat_tables(deleted_keys))
+    # both sorted, none in both (the hits are live rows): their union sorted
+    return _Found(file, rows, np.sort(np.concatenate([old, new])), old, pa.concat_tables(deleted_keys))
+
+
+def _among(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Per value of ``values``: whether the sorted ``positions`` (uint64, as a DV gives them) hold it."""
+    if not len(positions):
+        return np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(positions, values), len(positions) - 1)
+    return np.asarray(positions[at] == values, dtype=bool)
 
 
 def _deleted(fs: fsspec.AbstractFileSystem, root: str, file: DataFile) -> np.ndarray:

@@ -21,13 +21,8 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.base.bucket_merge import open_parquet
 from airflow_provider_checkpoint.connectors.base.bucketed import StagedBucket, bucket_file
-from airflow_provider_checkpoint.connectors.base.missing_columns import (
-    NONE_MISSING,
-    Missing,
-    each_file,
-    footer,
-    missing_fields,
-)
+from airflow_provider_checkpoint.connectors.base.file_threads import each_file
+from airflow_provider_checkpoint.connectors.base.missing_columns import NONE_MISSING, Missing, footer, missing_fields
 from airflow_provider_checkpoint.connectors.base.sink import check_input_columns
 from airflow_provider_checkpoint.connectors.base.table_files import Listing, list_names
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
@@ -123,7 +118,7 @@ def filled_files(
 ) -> dict[str, tuple[str, int, int]]:
     """Each ``committed`` file (name → path, size) lacking a column of ``added``, rewritten into ``directory``
     under its name with its rows unchanged and the columns it lacks appended, null (batch by batch), up to
-    :data:`~.missing_columns.FILE_THREADS` files at once (an object store's round trips overlap): name →
+    :data:`~.file_threads.FILE_THREADS` files at once (an object store's round trips overlap): name →
     (path, rows, size) of the copy. A file Spark wrote with INT96 timestamps is rewritten with INT96 ones, so
     every reader types its columns as before and as Spark's other files of the table."""
     if not is_s3(fs):  # object stores have no directories to make
