@@ -26,7 +26,7 @@ import pytest
 from airflow_provider_checkpoint.connectors.postgres import cdc_slot
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_columns
-from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, int_to_lsn, lsn_to_int
 from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
 from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault
@@ -268,6 +268,34 @@ def test_the_decoder_reads_the_real_servers_messages(pg, version):
     assert [(c.op, c.values) for c in second.changes] == [("delete", ("2", None))]
     assert first.commit_lsn < second.commit_lsn and first.xid != second.xid
     assert abs(first.commit_time_micros / 1e6 - datetime.now(UTC).timestamp()) < 600
+
+
+def test_a_peek_the_server_joins_holds_every_message_in_order(pg, monkeypatch):
+    table, slot = f"cdc_peek_{uuid.uuid4().hex[:6]}", f"cdc_peek_{uuid.uuid4().hex[:6]}"
+    with pg.connect() as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v text); CREATE PUBLICATION {slot} FOR TABLE {table}")
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        for i in range(3):
+            with conn.transaction():
+                conn.execute(
+                    f"INSERT INTO {table} SELECT g, repeat('é', g % 40) "
+                    f"FROM generate_series({i * 100}, {i * 100 + 99}) AS g"
+                )
+                conn.execute(f"DELETE FROM {table} WHERE id % 7 = 0")
+        upto = cdc_slot.flush_lsn(conn) + 1
+        want = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', "
+            "'publication_names', %s)",
+            (slot, int_to_lsn(upto), slot),
+        ).fetchall()
+        one_row = cdc_slot.peek(conn, slot, slot, upto)
+        monkeypatch.setattr(cdc_slot, "PEEK_ONE_ROW", 0)  # a row per 1,000 bytes of messages
+        monkeypatch.setattr(cdc_slot, "PEEK_BYTES", 1000)
+        rows = cdc_slot.peek(conn, slot, slot, upto)
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    assert len(want) > 300
+    for got in (one_row, rows):
+        assert [got.message(i) for i in range(len(got))] == [bytes(r[0]) for r in want]
 
 
 def test_a_slot_the_job_did_not_create_is_never_taken_its_own_is_taken_anew(spark, pg, tmp_path):

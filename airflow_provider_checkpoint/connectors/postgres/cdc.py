@@ -15,7 +15,6 @@ from airflow_provider_checkpoint.connectors.postgres import (
     cdc_publication,
     cdc_schema,
     cdc_slot,
-    cdc_stream,
 )
 from airflow_provider_checkpoint.connectors.postgres.cdc_rows import (
     DELETED,
@@ -69,10 +68,9 @@ class PostgresCdcSource(Source):
 
     **The barrier** is the server's WAL flush position (LSN) at trigger time. A checkpoint holds exactly the
     transactions whose commit record lies in ``[previous position, barrier)``, each whole, in commit order;
-    a transaction still open at the barrier belongs to a later checkpoint. A step reads the slot over the
-    streaming replication protocol (:mod:`.cdc_stream`; the slot never moves while reading); once a
-    checkpoint completes, the slot is advanced to the oldest position a retained checkpoint holds, so the WAL
-    every restorable checkpoint needs stays on the server.
+    a transaction still open at the barrier belongs to a later checkpoint. A step peeks the slot (the slot
+    never moves while reading); once a checkpoint completes, the slot is advanced to the oldest position a
+    retained checkpoint holds, so the WAL every restorable checkpoint needs stays on the server.
 
     **Rows**: the tables' columns (typed from the catalog; see :mod:`.cdc_types` for the types converted,
     others are refused naming the column) and :data:`METADATA`: ``source_table`` (``schema.name``), ``op``
@@ -387,11 +385,11 @@ class PostgresCdcSource(Source):
         start, end = span
         with self._pg().connect() as conn:
             conn.execute(SESSION)
-            cdc_slot.check(conn, self.uid, slot, start)
+            found = cdc_slot.check(conn, self.uid, slot, start)
             recorded = self._recorded(barrier, conn)
-            flushed = cdc_slot.flush_lsn(conn)
+            columns = merged_columns(self.uid, recorded)
+            catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
+            messages = cdc_slot.peek(conn, slot, publication, end, found)
+            data = decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
             conn.rollback()
-        columns = merged_columns(self.uid, recorded)
-        catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
-        messages = cdc_stream.stream(self._pg(), self.uid, slot, publication, span, flushed)
-        return decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
+        return data

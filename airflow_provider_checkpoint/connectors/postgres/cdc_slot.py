@@ -1,6 +1,6 @@
 """The logical replication slot of :class:`~.cdc.PostgresCdcSource`: created (with an exported snapshot, or
-without for the chunked snapshot), checked before every use, read without being consumed (:mod:`.cdc_stream`)
-and advanced once no restorable checkpoint needs its WAL."""
+without for the chunked snapshot),
+checked before every use, peeked (never consumed) and advanced once no restorable checkpoint needs its WAL."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ from typing import Any
 
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import quote
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import int_to_lsn, lsn_to_int
+from airflow_provider_checkpoint.connectors.postgres.pgoutput_batch import Messages
 from airflow_provider_checkpoint.exceptions import CdcSourceError
 
 log = logging.getLogger(__name__)
+
+PEEK_ONE_ROW = 64 << 20
+"""A peek of at most this much WAL comes as one row (its messages: one ``bytea`` value, at most 1 GiB)."""
+PEEK_BYTES = 64 << 20
+"""About how many bytes of messages one row of a longer peek holds."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,33 @@ def advance(conn: Any, slot: str, lsn: int) -> bool:
         (int_to_lsn(lsn), slot, int_to_lsn(lsn)),
     ).fetchone()
     return row is not None
+
+
+def peek(conn: Any, slot: str, publication: str, upto: int, found: SlotState | None = None) -> Messages:
+    """Every pgoutput message the slot holds for transactions committed before ``upto`` (and possibly one
+    at or after it: callers filter by commit LSN), in commit order; the slot does not move. The server joins
+    the messages (``string_agg``, in their order) and their lengths: one row when the slot holds at most
+    :data:`PEEK_ONE_ROW` of WAL before ``upto``, else a row per :data:`PEEK_BYTES` of messages or so; not a
+    row per message. ``found``: the slot's state as the caller just read it on ``conn`` (else read here)."""
+    import numpy as np
+
+    found = found or state(conn, slot)
+    changes = (
+        "pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, 'proto_version', '1', 'publication_names', %s) "
+        "WITH ORDINALITY AS m(lsn, xid, data, n)"
+    )
+    joined = "string_agg(int4send(length(data)), ''::bytea ORDER BY n), string_agg(data, ''::bytea ORDER BY n)"
+    if found is not None and upto - found.confirmed_flush <= PEEK_ONE_ROW:
+        query = f"SELECT {joined} FROM {changes}"
+    else:  # a bytea holds at most 1 GiB
+        query = (
+            f"SELECT {joined} FROM (SELECT n, data, sum(length(data)) OVER (ORDER BY n) / {PEEK_BYTES} AS part "
+            f"FROM {changes}) AS m GROUP BY part ORDER BY part"
+        )
+    params = (slot, int_to_lsn(upto), quote(publication))
+    rows = conn.execute(query, params, binary=True).fetchall()  # bytea as it is, not hex
+    sizes = np.frombuffer(b"".join(r[0] or b"" for r in rows), ">i4").astype(np.int64)
+    return Messages.framed(b"".join(r[1] or b"" for r in rows), sizes)
 
 
 def flush_lsn(conn: Any) -> int:
