@@ -26,10 +26,11 @@ import pytest
 from airflow_provider_checkpoint.connectors.postgres import cdc_slot
 from airflow_provider_checkpoint.connectors.postgres.cdc import PostgresCdcSource
 from airflow_provider_checkpoint.connectors.postgres.cdc_types import table_columns
+from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
 from airflow_provider_checkpoint.connectors.postgres.pgoutput import Decoder, int_to_lsn, lsn_to_int
 from airflow_provider_checkpoint.connectors.postgres.pgoutput_columns import decode_rows
 from airflow_provider_checkpoint.dataflow import ParquetTableSink
-from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault
+from airflow_provider_checkpoint.exceptions import CdcSourceError, InjectedFault, SinkConnectionError
 from airflow_provider_checkpoint.jobs.audit import audit_job
 from airflow_provider_checkpoint.restore.requests import request_restore
 from airflow_provider_checkpoint.storage import JobStorage
@@ -402,3 +403,20 @@ def test_a_table_without_row_identity_is_refused_before_anything_is_created(pg, 
         assert not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (slot,)).fetchone()
         assert cdc_slot.state(conn, slot) is None
         conn.execute(f"DELETE FROM {table}")  # the application's deletes still work: nothing was published
+
+
+def test_a_role_that_may_not_replicate_is_refused_not_retried(pg, postgres_server):
+    """The server refuses a replication connection (the slot's creation) to a role without REPLICATION with
+    a FATAL line then a DETAIL line: a refusal (:class:`SinkConnectionError`), never retried as unavailable,
+    and the message says why without the password."""
+    role, password = f"cdc_norepl_{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    with pg.connect() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    try:
+        source = PgConnection("c", "127.0.0.1", postgres_server.port, role, "postgres", password)
+        with pytest.raises(SinkConnectionError, match="REPLICATION attribute") as refused:
+            source.connect(autocommit=True, replication=True)
+        assert password not in str(refused.value)
+    finally:
+        with pg.connect() as conn:
+            conn.execute(f"DROP ROLE {role}")

@@ -19,6 +19,10 @@ PEEK_ONE_ROW = 64 << 20
 """A peek of at most this much WAL comes as one row (its messages: one ``bytea`` value, at most 1 GiB)."""
 PEEK_BYTES = 64 << 20
 """About how many bytes of messages one row of a longer peek holds."""
+PEEK_WORK_MEM = "64MB"
+"""``work_mem`` of a one-row peek's transaction: the server's list of the span's messages (the function's
+result) and the joins' sort stay in memory instead of temporary files (at the default 4 MB, 100,000 messages
+of 50 bytes go through 7 MB of them); bounded as the joined row is (:data:`PEEK_ONE_ROW`)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ def peek(conn: Any, slot: str, publication: str, upto: int, found: SlotState | N
     joined = "string_agg(int4send(length(data)), ''::bytea ORDER BY n), string_agg(data, ''::bytea ORDER BY n)"
     if found is not None and upto - found.confirmed_flush <= PEEK_ONE_ROW:
         query = f"SELECT {joined} FROM {changes}"
+        conn.execute(f"SET LOCAL work_mem = '{PEEK_WORK_MEM}'")  # until the caller's transaction ends
     else:  # a bytea holds at most 1 GiB
         query = (
             f"SELECT {joined} FROM (SELECT n, data, sum(length(data)) OVER (ORDER BY n) / {PEEK_BYTES} AS part "

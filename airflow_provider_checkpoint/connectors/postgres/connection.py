@@ -89,7 +89,8 @@ class PgConnection:
                 f"cannot connect to PostgreSQL {self.host}:{self.port}/{self.dbname} as {self.user!r} "
                 f"(Airflow connection {self.conn_id!r}): {lines[-1] if lines else type(e).__name__}"
             )
-            refused = "FATAL:" in message and not any(t in message for t in _TRANSIENT)
+            text = "\n".join(lines)  # the FATAL line may come before a DETAIL line
+            refused = "FATAL:" in text and not any(t in text for t in _TRANSIENT)
             raise (SinkConnectionError if refused else SinkUnavailableError)(message) from None
 
 
