@@ -6,7 +6,8 @@ Each checkpoint lands events (:func:`~airflow_provider_checkpoint.testing.clicks
 trigger, step and finalize in this process on the remote session, and prints one JSON line: the checkpoint's
 step metrics and, for the landing directory, Spark's size estimate as the driver sees it
 (:func:`~airflow_provider_checkpoint.dataflow.driver_rows.estimated_bytes`) beside the files' bytes, and its
-row estimate (:func:`~airflow_provider_checkpoint.state.spark_backend.estimated_rows`).
+row estimate (:func:`~airflow_provider_checkpoint.state.spark_backend.estimated_rows`) and the server's task slots
+(:func:`~airflow_provider_checkpoint.dataflow.driver_rows.task_slots`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
-from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
+from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes, task_slots
 from airflow_provider_checkpoint.state.spark_backend import estimated_rows
 from airflow_provider_checkpoint.testing.clickstream import land_events
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -51,6 +52,7 @@ def main(url: str, base: Path, checkpoints: int, spark_only: bool) -> None:
             files = sum(p.stat().st_size for p in (base / "landing").glob("events-*.json"))
             line = {"checkpoint": completed.checkpoint_id, "steps": completed.stats["steps"]}
             line |= {"estimated_bytes": estimated_bytes(landing), "estimated_rows": estimated_rows(landing)}
+            line["task_slots"] = task_slots(spark)
             print(json.dumps({**line, "file_bytes": files}), flush=True)
     finally:
         spark.stop()

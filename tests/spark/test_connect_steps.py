@@ -68,6 +68,7 @@ def test_steps_over_spark_connect_merge_on_the_driver(tmp_path: Path) -> None:
         assert line["file_bytes"] <= line["estimated_bytes"] <= line["file_bytes"] + 0.1 * 1024, line
         # rows as Spark estimates them: bytes over 8 + the row's default size (STRING 20, STRING 20, LONG 8)
         assert line["estimated_rows"] == line["estimated_bytes"] // (8 + 48), line
+        assert line["task_slots"] == 2, line  # the server runs local[2]
         (step,) = line["steps"].values()
         assert step["state_merged_on_driver"], step  # the first state too: its rows are estimated
         if line["checkpoint"] > 1:
