@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
-    from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import StructType
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import DataType, StructType
 
 KEY_HASH = "__key_hash"
 """Spark's ``xxhash64`` of the key columns, in the order of :attr:`DriverRows.keys`."""
@@ -51,6 +51,22 @@ def estimated_bytes(df: DataFrame) -> int | None:
     return None if explain is None else explained_bytes(explain(mode="cost"))
 
 
+_RANGE_SPLITS = re.compile(r"\bRange \(0, 1, step=1, splits=([0-9]+)\)")
+
+
+def task_slots(spark: SparkSession) -> int:
+    """The task slots of ``spark``'s cluster: its ``defaultParallelism``. Over Spark Connect (no JVM in this
+    process) the server's, as the splits Spark plans for a range it is given no count of (one ``AnalyzePlan``
+    call, no job); 1 if the plan does not show them."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except AttributeError:  # pyspark's Connect session refuses the JVM-only attribute with an AttributeError
+        pass
+    explained = getattr(spark.range(1), "_explain_string")(mode="simple")  # noqa: B009  # Connect's DataFrame
+    found = _RANGE_SPLITS.search(explained)
+    return max(int(found.group(1)), 1) if found else 1
+
+
 _SIZE_UNITS = {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40, "PiB": 50, "EiB": 60}
 _PLAN_STATISTICS = re.compile(r"Statistics\(sizeInBytes=([0-9]+(?:\.[0-9]+)?) (B|KiB|MiB|GiB|TiB|PiB|EiB)[,)]")
 
@@ -65,6 +81,30 @@ def explained_bytes(explained: str) -> int | None:
         return None
     value, shift = float(first.group(1)), _SIZE_UNITS[first.group(2)]
     return int(value) if shift == 0 else math.ceil((value + 0.05) * (1 << shift))
+
+
+_DEFAULT_SIZES = {
+    "boolean": 1, "byte": 1, "short": 2, "integer": 4, "long": 8, "float": 4, "double": 8, "date": 4,
+    "timestamp": 8, "timestamp_ntz": 8, "string": 20, "binary": 100, "void": 1, "interval": 16,
+}  # fmt: skip
+
+
+def default_size(data_type: DataType) -> int | None:
+    """Spark's ``DataType.defaultSize`` of ``data_type`` (the bytes its plan statistics assume a value takes),
+    for the types a state or its input has; ``None`` for any other (a caller then knows no estimate)."""
+    from pyspark.sql.types import ArrayType, DecimalType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        sizes = [default_size(f.dataType) for f in data_type.fields]
+        return None if None in sizes else sum(s or 0 for s in sizes)
+    if isinstance(data_type, ArrayType):
+        return default_size(data_type.elementType)
+    if isinstance(data_type, MapType):
+        key, value = default_size(data_type.keyType), default_size(data_type.valueType)
+        return None if key is None or value is None else key + value
+    if isinstance(data_type, DecimalType):
+        return 8 if data_type.precision <= 18 else 16
+    return _DEFAULT_SIZES.get(data_type.typeName())
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, estimated_bytes, key_hash
+from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, estimated_bytes, key_hash, task_slots
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
@@ -139,7 +139,7 @@ def _ranged_first_state(
     its range (:data:`RANGE`) of as many ranges as ``estimate`` rows want, or a multiple of that which keeps
     every task slot busy (:func:`balanced_parallelism`); and that number of ranges."""
     max_parallelism = node.max_parallelism
-    slots = inputs[node.inputs[0].uid].sparkSession.sparkContext.defaultParallelism
+    slots = task_slots(inputs[node.inputs[0].uid].sparkSession)
     ranges = balanced_parallelism(ranges_for(estimate, max_parallelism), slots, max_parallelism)
     return node.first_state(inputs, range_index(node.keys, max_parallelism, ranges), RANGE, ranges), ranges
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.dataflow.driver_rows import default_size, estimated_bytes
 from airflow_provider_checkpoint.dataflow.keyed_join import keys_match, other_side
 from airflow_provider_checkpoint.dataflow.operator import DELETED
 from airflow_provider_checkpoint.exceptions import StateFileError, StateTooLargeError
@@ -194,15 +195,19 @@ def first_state_rows(inputs: Sequence[DataFrame], inline_threshold: int) -> int 
 
 def estimated_rows(df: DataFrame) -> int | None:
     """Spark's estimate of ``df``'s rows: the size its plan's statistics give (for files, their bytes)
-    over the default size of one of its rows. ``None`` where Spark knows no size or the plan cannot be
-    seen (Spark Connect)."""
+    over the default size of one of its rows, as Spark's own row estimates take it. Over Spark Connect the
+    size from the server's cost explain (:func:`.estimated_bytes`) and the row's default size from the schema
+    (:func:`.default_size`). ``None`` where Spark knows no size, or the row has a type whose default size is
+    not known here."""
     jdf = getattr(df, "_jdf", None)
-    if jdf is None:
+    if jdf is not None:
+        size: int | None = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+        row: int | None = int(jdf.schema().defaultSize())
+    else:
+        size, row = estimated_bytes(df), default_size(df.schema)
+    if size is None or row is None or size >= (1 << 63) - 1:  # spark.sql.defaultSizeInBytes: unknown
         return None
-    size = int(str(jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
-    if size >= (1 << 63) - 1:  # spark.sql.defaultSizeInBytes: unknown
-        return None
-    return size // (8 + int(jdf.schema().defaultSize()))
+    return size // (8 + row)
 
 
 def _parquet_bytes(state: DataFrame) -> bytes:

@@ -45,7 +45,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000)
     parser.add_argument("--users", type=int, default=20_000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--workload", choices=["clickstream", "large-state"], default="clickstream")
     parser.add_argument("--ab", action="store_true", help="beside a job whose steps take the Spark path")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a second job: its sessions with these settings",
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "checkpoint-connect-profile")
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -54,7 +62,8 @@ def main() -> None:
     from bench.workloads import DataSpec, generate, land
     from tests.live.spark_connect import spark_connect_server
 
-    spec = DataSpec("clickstream", args.increments, args.events, args.users, 500, 42)
+    confs = dict(c.split("=", 1) for c in args.conf)
+    spec = DataSpec(args.workload, args.increments, args.events, args.users, 500, 42)
     files = generate(args.work / "data", spec)
     root = args.work / "run"
     if root.exists():
@@ -66,27 +75,34 @@ def main() -> None:
         for i, data_file in enumerate(files, start=1):
             land(data_file, root / "landing")
             sides = [("driver", root), *([("spark", root / "spark-path")] if args.ab else [])]
+            sides += [("conf", root / "conf")] if confs else []
             timed = {}
             for name, job_root in sides if i % 2 else sides[::-1]:
-                timed[name], stats = one_step(url, job_root, root / "landing", i, unknown_sizes=name == "spark")
+                conf = confs if name == "conf" else {}
+                timed[name], stats = one_step(url, job_root, root / "landing", i, name == "spark", conf)
                 calls = ", ".join(f"{n} {c}× {s:.2f}s" for n, (c, s) in grpc_calls(stats).items())
                 print(f"== checkpoint {i} {name}: step {timed[name]:.2f}s; {calls} (load {os.getloadavg()[0]:.1f})")
-                if not args.ab:
+                if not args.ab and not confs:
                     stats.sort_stats("cumulative").print_stats(r"airflow_provider_checkpoint|connect/client", args.top)
                     stats.print_callers(r"core.py:\d+\((to_table|execute_command|_analyze)\)")  # who asks the server
             if args.ab:
                 print(f"== checkpoint {i}: driver / spark path {timed['driver'] / timed['spark']:.2f}", flush=True)
+            if confs:
+                print(f"== checkpoint {i}: with {confs} / without {timed['conf'] / timed['driver']:.2f}", flush=True)
 
 
-def one_step(url: str, root: Path, landing: Path, i: int, unknown_sizes: bool) -> tuple[float, pstats.Stats]:
-    """Checkpoint ``i`` of the job under ``root`` on a fresh session: its step's seconds and profile."""
+def one_step(
+    url: str, root: Path, landing: Path, i: int, unknown_sizes: bool, conf: dict[str, str]
+) -> tuple[float, pstats.Stats]:
+    """Checkpoint ``i`` of the job under ``root`` on a fresh session (with ``conf``): its step's seconds and
+    profile."""
     from pyspark.sql import SparkSession
 
     from airflow_provider_checkpoint.spark.runner import run_step
     from airflow_provider_checkpoint.state import driver_merge
     from bench.sides import Ours
 
-    spark = SparkSession.builder.remote(url).create()
+    spark = SparkSession.builder.remote(url).config(map=conf).create()
     ours = Ours(spark, root, landing)
     plan = ours.coordinator.trigger(f"profile-{i}")
     estimate = driver_merge.estimated_bytes

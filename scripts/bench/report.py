@@ -229,6 +229,7 @@ SCHEDULER_NAMES = {
     "bench_ours": "ours",
     "bench_chained": "chained",
     "bench_connect": "connect",
+    "bench_connect_chained": "connect-chained",
     "bench_ss": "SS",
     "bench_ss_connect": "SS-connect",
 }
@@ -237,6 +238,8 @@ SCHEDULER_RATIOS = (
     ("bench_chained", "bench_ss"),
     ("bench_connect", "bench_ss"),
     ("bench_connect", "bench_ss_connect"),
+    ("bench_connect_chained", "bench_ss"),
+    ("bench_connect_chained", "bench_ss_connect"),
 )
 """Ours (embedded, chained, on a warm Spark Connect server) over SS as users run it, and over SS on the same server."""
 
@@ -285,6 +288,8 @@ def render_scheduler(result: dict[str, Any]) -> str:
         "bench_chained": "chained = `bench_chained` (`chain=True`: one task)",
         "bench_connect": "connect = `bench_ours` with its steps on one warm Spark Connect server (loopback, "
         "started once for the run)",
+        "bench_connect_chained": "connect-chained = the same with `chain=True` (trigger, step and finalize in one "
+        "task)",
         "bench_ss": "SS = `bench_ss` (RocksDB + changelog checkpointing, one task, the same JVM options)",
         "bench_ss_connect": "SS-connect = `bench_ss`'s query on the same Spark Connect server",
     }

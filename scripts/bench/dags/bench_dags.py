@@ -8,7 +8,8 @@ checkpointing, in the provider's embedded session (``get_spark``: same JVM optio
 
 With a warm Spark Connect server (``--connect``: the benchmark starts one for the whole run and sets
 ``BENCH_CONNECT_URL`` and the ``bench_spark_connect`` connection): ``bench_connect``, ``bench_ours`` whose
-steps run on that server (``spark_conn_id``), and ``bench_ss_connect``, ``bench_ss``'s query on it.
+steps run on that server (``spark_conn_id``), ``bench_connect_chained``, the same in one task (``chain=True``),
+and ``bench_ss_connect``, ``bench_ss``'s query on it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def pipeline(dag_id: str, chain: bool, spark_conn_id: str | None = None) -> Chec
 bench_ours = pipeline("bench_ours", chain=False).dag
 bench_chained = pipeline("bench_chained", chain=True).dag
 bench_connect = pipeline("bench_connect", chain=False, spark_conn_id=CONNECT_CONN_ID).dag
+bench_connect_chained = pipeline("bench_connect_chained", chain=True, spark_conn_id=CONNECT_CONN_ID).dag
 
 
 def streaming_dag(dag_id: str, remote_env: str | None) -> None:
