@@ -51,9 +51,10 @@ if TYPE_CHECKING:
 DRIVER_INPUT_BYTES = 64 << 20
 """The largest input (Spark's size estimate) whose per-key partials the driver collects."""
 FIRST_STATE_INPUT_BYTES = 4 * DRIVER_INPUT_BYTES
-"""The largest input (Spark's size estimate) whose first state the driver collects and writes, that state
-estimated at most ``driver_merge_rows`` rows (the bound of every later merge on the driver): a first state
-is collected alone, where a later merge holds the state and collects the input's partials beside it."""
+"""The largest input (Spark's size estimate) whose first state the driver collects and writes when that state
+is estimated at most ``driver_merge_rows`` rows (the bound of every later merge on the driver; an input of at most
+:data:`DRIVER_INPUT_BYTES` needs no estimate): a first state is collected alone, where a later merge holds the
+state and collects the input's partials beside it."""
 _RANGE = "__kgr"
 ARROW_MERGEABLE = {"string", "byte", "short", "integer", "long", "boolean", "date", "timestamp", "timestamp_ntz"}
 ARROW_MERGEABLE |= {"decimal"}

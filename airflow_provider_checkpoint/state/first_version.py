@@ -77,8 +77,9 @@ def first_version_on_driver(
     settings: CheckpointSettings,
     where: Mapping[str, object],
 ) -> OperatorCheckpoint | None:
-    """An operator's first state written by the driver when Spark estimates it at most ``driver_merge_rows``
-    rows from an input of at most :data:`.FIRST_STATE_INPUT_BYTES`: aggregated as :func:`first_full_version`
+    """An operator's first state written by the driver from an input of at most :data:`.DRIVER_INPUT_BYTES` (as
+    the partials of a later merge), or of at most :data:`.FIRST_STATE_INPUT_BYTES` while Spark estimates the
+    state at most ``driver_merge_rows`` rows (the bound of every later merge): aggregated as :func:`first_full_version`
     aggregates it (one shuffle by range, no partial aggregation) but collected as Arrow with Spark's hash of
     the keys, then each range's file written with pyarrow (as the driver merge writes a compacted range) and
     the output held in the driver, so an upsert sink on the same keys writes it with no Spark job. The
@@ -94,9 +95,12 @@ def first_version_on_driver(
         return None
     estimate = first_state_rows([inputs[n.uid] for n in node.inputs], settings.inline_state_threshold)
     sizes = [estimated_bytes(inputs[n.uid]) for n in node.inputs]
-    if estimate is None or estimate > settings.driver_merge_rows or None in sizes:
+    if estimate is None or None in sizes:
         return None
-    if sum(s or 0 for s in sizes) > driver_merge.FIRST_STATE_INPUT_BYTES:
+    size = sum(s or 0 for s in sizes)
+    if size > driver_merge.DRIVER_INPUT_BYTES and (
+        size > driver_merge.FIRST_STATE_INPUT_BYTES or estimate > settings.driver_merge_rows
+    ):
         return None
     max_parallelism = node.max_parallelism
     state, ranges = _ranged_first_state(node, inputs, estimate)
