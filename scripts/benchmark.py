@@ -15,6 +15,7 @@ Modes (see docs/benchmarks.md):
     .venv/bin/python scripts/benchmark.py state-io --users 1000000 --s3-long-run 70
     .venv/bin/python scripts/benchmark.py tasks --increments 6
     .venv/bin/python scripts/benchmark.py tasks-long-run --increments 200 --until 14:40
+    .venv/bin/python scripts/benchmark.py tasks-long-run --increments 200 --until 23:58 --chain --connect
     .venv/bin/python scripts/benchmark.py tasks-upsert --increments 4 --events 20000 --users 1000000
     .venv/bin/python scripts/benchmark.py tasks-nojvm --increments 4 --events 20000 --users 100000
     .venv/bin/python scripts/benchmark.py kafka --increments 3 --events 1000000
@@ -103,7 +104,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--connect",
         action="store_true",
-        help="scheduler mode: ours and SS on one warm Spark Connect server beside ours and SS embedded",
+        help="scheduler mode: ours and SS on one warm Spark Connect server beside ours and SS embedded; "
+        "tasks-long-run mode: the steps on one warm Spark Connect server",
     )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
@@ -232,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         text = tasks.render(result)
         ok = not result["problems"]
     elif args.mode == "tasks-long-run":
-        result = tasks.run(spec, work, long_run=True, until=deadline(args.until), chain=args.chain)
+        result = tasks.run(
+            spec, work, long_run=True, until=deadline(args.until), chain=args.chain, connect=args.connect
+        )
         text = tasks.render_long(result)
         ok = not result["problems"]
     elif args.mode == "tasks-upsert":

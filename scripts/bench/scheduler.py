@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,11 +70,14 @@ def timings(live: Any, dag_id: str, run_id: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def warm_connect(root: Path) -> Iterator[dict[str, str]]:
-    """A Spark Connect server for the whole run: the environment its DAGs need (the connection, the URL)."""
+def warm_connect(root: Path, server_env: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """A Spark Connect server for the whole run, with ``server_env`` in its environment (e.g. the S3 server's
+    credentials and endpoint, which its executors read through fsspec); yield the environment its DAGs need (the
+    connection :data:`CONNECT_CONN_ID`, the URL)."""
     from airflow_provider_checkpoint.spark.session import connect_server_conf
     from tests.live.spark_connect import spark_connect_server
 
+    os.environ.update(server_env or {})
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the server's Python workers (foreachBatch, the daemon)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "scripts"), os.environ.get("PYTHONPATH")]))
     began = time.monotonic()

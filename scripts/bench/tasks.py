@@ -12,11 +12,14 @@ the work directory for the time budget (docs/benchmarks.md).
 
 The long run (``long_run``) runs ``bench_s3`` alone, checkpoint after checkpoint, until ``spec.increments``
 or ``until`` (a ``time.time()``), whichever comes first: its time and requests per checkpoint against the
-job's age (:func:`render_long`).
+job's age (:func:`render_long`). With ``connect`` its steps run on one warm Spark Connect server started before
+the first checkpoint and kept for the whole run (the scheduler mode's :func:`~bench.scheduler.warm_connect`,
+the S3 server's credentials in its environment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -24,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,7 @@ import pandas as pd
 
 from bench.measure import log
 from bench.objectstore import KINDS, check_tables, land
-from bench.scheduler import timings
+from bench.scheduler import CONNECT_CONN_ID, timings, warm_connect
 from bench.workloads import DataSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +46,33 @@ FLAT = 1.2
 EDGE = 20
 """The long run compares its first and last this many checkpoints (the first one, the whole key set, left out)."""
 
+COMPACT_EVERY = 10
+"""A state range's deltas are compacted every this many checkpoints (``MAX_DELTAS``): checkpoints 11, 21, …"""
+
+
+def every_tenth(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float]) -> list[float]:
+    """For each checkpoint 11, 21, … (:data:`COMPACT_EVERY`) with all of its nine predecessors (from checkpoint 2)
+    in ``rows``: its ``value`` over the median of theirs, so a load that drifts during the run cancels out."""
+    by_number = {r["checkpoint"]: r for r in rows}
+    ratios = []
+    for n in sorted(by_number):
+        before = [by_number.get(m) for m in range(n - COMPACT_EVERY + 1, n)]
+        if n % COMPACT_EVERY == 1 and n > COMPACT_EVERY and all(before):
+            ratios.append(value(by_number[n]) / statistics.median(value(r) for r in before if r))
+    return ratios
+
 
 def run(
-    spec: DataSpec, work: Path, long_run: bool = False, until: float | None = None, chain: bool = False
+    spec: DataSpec,
+    work: Path,
+    long_run: bool = False,
+    until: float | None = None,
+    chain: bool = False,
+    connect: bool = False,
 ) -> dict[str, Any]:
     """``spec.increments`` checkpoints of each DAG, or of ``bench_s3`` alone for the ``long_run``; see the
-    module's docstring. ``chain``: each checkpoint one task (``BENCH_CHAIN``)."""
+    module's docstring. ``chain``: each checkpoint one task (``BENCH_CHAIN``); ``connect``: the steps on a warm
+    Spark Connect server (``BENCH_SPARK_CONN_ID``)."""
     import s3fs
 
     sys.path.insert(0, str(REPO))
@@ -74,7 +99,13 @@ def run(
     rows: list[dict[str, Any]] = []
     dags = Path(__file__).parent / "dags_tasks"
     try:
-        with running_airflow(directory / "airflow", dags_folder=dags, dag_ids=DAG_IDS, extra_env=env) as live:
+        with contextlib.ExitStack() as stack:
+            if connect:
+                env.update(stack.enter_context(warm_connect(directory, server.env())))
+                env["BENCH_SPARK_CONN_ID"] = CONNECT_CONN_ID
+            live = stack.enter_context(
+                running_airflow(directory / "airflow", dags_folder=dags, dag_ids=DAG_IDS, extra_env=env)
+            )
             for i in range(1, spec.increments + 1):
                 events = spec.increment(i)
                 landed.append(events)
@@ -108,6 +139,7 @@ def run(
         "problems": problems,
         "load": load,
         "chain": chain,
+        "connect": connect,
     }
 
 
@@ -183,6 +215,8 @@ def render_long(result: dict[str, Any]) -> str:
         }
 
     early, late = figures(first), figures(last)
+    spike_time = every_tenth(rows, tasks_s)
+    spike_requests = every_tenth(rows, lambda r: sum(r["requests"].values()))
     ratios = {k: late[k] / early[k] for k in ("tasks", "run", "requests", "requests_max")}
     flat = all(ratios[k] <= FLAT for k in ("tasks", "requests", "requests_max"))
     lines = [
@@ -193,13 +227,15 @@ def render_long(result: dict[str, Any]) -> str:
         f"and {last[0]['checkpoint']}–{last[-1]['checkpoint']}), medians: tasks ×{ratios['tasks']:.2f}, "
         f"DAG run ×{ratios['run']:.2f}, requests ×{ratios['requests']:.2f} (largest ×{ratios['requests_max']:.2f}) "
         f"— {'flat: met' if flat else '**not flat**'} (target: ≤ ×{FLAT}).",
+        spike_line(spike_time, spike_requests),
         f"- Tables: {'; '.join(result['problems']) or 'equal the pandas ground truth'}.",
         "",
         f"Load average before and after the run (2 cores, shared with other jobs): "
         f"{', '.join(f'{x:.1f}' for x in result['load'])}.",
         "",
         f"Each checkpoint a DAG run of {'one task (`chain=True`)' if result['chain'] else 'three tasks'}, "
-        "every task a fresh process under the real scheduler (LocalExecutor).",
+        "every task a fresh process under the real scheduler (LocalExecutor)"
+        + (", its step on one warm Spark Connect server started before the first." if result.get("connect") else "."),
         "",
         "| checkpoints | load (median) | trigger s | step s | finalize s | tasks s | DAG run s "
         "| requests (median / max) |",
@@ -215,3 +251,16 @@ def render_long(result: dict[str, Any]) -> str:
             + f" | {figs['tasks']:.2f} | {figs['run']:.2f} | {figs['requests']:.0f} / {figs['requests_max']} |"
         )
     return "\n".join([*lines, ""])
+
+
+def spike_line(time_ratios: list[float], request_ratios: list[float]) -> str:
+    """The every-tenth-checkpoint line: each such checkpoint's tasks time and requests over its nine predecessors'."""
+    if not time_ratios:
+        return f"- Every tenth checkpoint: none with its {COMPACT_EVERY - 1} predecessors in this run."
+    gone = statistics.median(time_ratios) <= FLAT
+    return (
+        f"- Every tenth checkpoint (11, 21, …; {len(time_ratios)} of them) over its {COMPACT_EVERY - 1} predecessors: "
+        f"tasks ×{statistics.median(time_ratios):.2f} median (×{min(time_ratios):.2f}–×{max(time_ratios):.2f}), "
+        f"requests ×{statistics.median(request_ratios):.2f} (largest ×{max(request_ratios):.2f}) — "
+        + ("no time spike." if gone else f"**a time spike** (over ×{FLAT}).")
+    )

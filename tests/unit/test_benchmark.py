@@ -38,3 +38,14 @@ def test_write_doc_replaces_only_its_own_section(tmp_path: Path) -> None:
     text = doc.read_text()
     assert "new a" in text and "old a" not in text and "old b" in text and "## tail" in text
     assert text.index("## tail") < text.index("new c")  # a missing section is appended
+
+
+def test_every_tenth_compares_each_compaction_checkpoint_with_its_nine_predecessors() -> None:
+    from bench.tasks import every_tenth
+
+    # checkpoint 1 (the whole key set) is slow and left out; 11 and 21 over checkpoints 2-10 and 12-20
+    seconds = {1: 50.0, **{n: 2.0 for n in range(2, 26)}, 11: 4.0, 21: 5.0}
+    rows = [{"checkpoint": n, "s": s} for n, s in seconds.items()]
+    assert every_tenth(rows, lambda r: r["s"]) == pytest.approx([2.0, 2.5])
+    # a checkpoint missing one of its predecessors gives no ratio
+    assert every_tenth([r for r in rows if r["checkpoint"] != 15], lambda r: r["s"]) == pytest.approx([2.0])

@@ -5,7 +5,8 @@ and ``<root>/delta`` (append), checkpoints under ``<root>/checkpoints``, with ``
 ``BENCH_S3_ROOT`` (an ``s3://`` URL; credentials and endpoint from the AWS environment) and
 ``BENCH_LOCAL_ROOT`` (``file://``). ``bench_empty``: one task doing nothing, the floor of any task.
 ``BENCH_CHAIN=1``: each pipeline's checkpoint is one task (``chain=True``: trigger, step and finalize in one
-process).
+process). ``BENCH_SPARK_CONN_ID``: the ``spark_connect`` connection the steps run through (on a warm Spark
+Connect server the benchmark starts); unset, they run embedded.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def pipeline(dag_id: str, root: str) -> CheckpointedPipeline:
         retained_checkpoints=3,
         storage=f"{root}/checkpoints",
         chain=os.environ.get("BENCH_CHAIN") == "1",
+        spark_conn_id=os.environ.get("BENCH_SPARK_CONN_ID") or None,
     ) as declared:
         events = FileSource(uid="events", path=f"{root}/landing", format="json", schema=SCHEMA)
         totals = KeyedAggregate(
