@@ -161,8 +161,8 @@ def _seal(
     staged twice. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
     attempt can commit its load and be lost before it reports it, and its retry (or a speculative copy) load that
     partition again; a table holding other than the ``rows`` reported is refused and the step fails (its retry
-    stages again). Rows from the driver need no count: its streams are not retried, each reports what it
-    committed."""
+    stages again); with ``index`` no count: such a partition stages its keys twice, which the index refuses. Rows
+    from the driver need no count: its streams are not retried, each reports what it committed."""
     import psycopg
     from psycopg import sql
 
@@ -173,7 +173,7 @@ def _seal(
                 index_keys(sink, db, staging)
             found = (
                 db.execute(sql.SQL("SELECT count(*) FROM {}").format(sink.table(staging))).fetchone()
-                if counted
+                if counted and not index
                 else None
             )
     except psycopg.errors.UniqueViolation:
