@@ -124,12 +124,14 @@ def _load(
     df = spark.createDataFrame(batch).repartition(partitions).cache()
     df.count()
     ctx = step_context(spark, storage, checkpoint_id)
+    started = time.perf_counter()
     read = SourceRows(df.toArrow(), df.schema, lambda: df) if driver else None
+    to_arrow = elapsed(started)
     spark._jvm.System.gc()  # type: ignore[union-attr]  # not the previous load's garbage in this one's time
     started = time.perf_counter()
     sink.prepare(ctx)
     committables = sink.stage(ctx, df) if read is None else sink.stage_source_rows(ctx, read)
-    figures = {"rows": len(batch), "stage_s": elapsed(started)}
+    figures = {"rows": len(batch), "stage_s": elapsed(started), **({"to_arrow_s": to_arrow} if driver else {})}
     started = time.perf_counter()
     sink.verify_staged(checkpoint_id, committables)
     figures["verify_s"] = elapsed(started)
@@ -244,6 +246,11 @@ def run(rows: int, changed: int, rounds: int, work: Path, seed: int) -> dict[str
     }
 
 
+def _whole(figures: dict[str, Any]) -> float:
+    """Seconds of a checkpoint's whole load: staging, verify, commit."""
+    return float(figures["stage_s"] + figures["verify_s"] + figures["commit_s"])
+
+
 def render(result: dict[str, Any]) -> str:
     from bench.report import machine_lines
 
@@ -281,19 +288,31 @@ def render(result: dict[str, Any]) -> str:
         floor = min(*r["floor_s"], *r["binary_floor_s"])
         for name in SINKS:
             one, later = r[f"{name}_1"], r[f"{name}_2"]
-            whole = one["stage_s"] + one["verify_s"] + one["commit_s"]
+            whole = _whole(one)
             lines.append(
                 f"| {r['round']} | {name} | {min(r['floor_s']):.2f} | {min(r['binary_floor_s']):.2f} | "
                 f"{one['stage_s']:.2f} | {one['verify_s']:.2f} | "
                 f"{one['commit_s']:.2f} | {whole:.2f} | {floor / whole:.2f} | {floor / one['stage_s']:.2f} | "
                 f"{later['commit_s']:.3f} |"
             )
-    jdbc = [f"{r['jdbc_s']:.2f}" for r in rounds if "jdbc_s" in r]
+    to_arrow = [f"{r[f'{name}_1']['to_arrow_s']:.2f}" for r in rounds for name in SINKS if name.endswith(DRIVER)]
+    lines += [
+        "",
+        "`df.toArrow()` of the cached DataFrame (its rows brought to the driver: what a step through Spark would pay "
+        f"before a load from the driver), per round and driver sink: {', '.join(to_arrow)} s.",
+    ]
+    jdbc = [r for r in rounds if "jdbc_s" in r]
     if jdbc:
+        ratios = "; ".join(
+            f"round {r['round']}: {r['jdbc_s']:.2f} s, "
+            + ", ".join(f"{name} {r['jdbc_s'] / _whole(r[f'{name}_1']):.2f}" for name in KINDS)
+            for r in jdbc
+        )
         lines += [
             "",
-            f"Spark's JDBC writer (Debian's pgjdbc, `batchsize=10000`, `reWriteBatchedInserts=true`, one stream per "
-            f"core) loading the same rows into a plain table, per round: {', '.join(jdbc)} s.",
+            "Spark's JDBC writer (Debian's pgjdbc, `batchsize=10000`, `reWriteBatchedInserts=true`, one stream per "
+            "core) loading the same rows into a plain table, and its time ÷ our whole load through Spark: "
+            f"{ratios}.",
         ]
     lines += [
         "",

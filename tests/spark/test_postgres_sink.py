@@ -589,9 +589,13 @@ def test_a_staging_table_changed_after_the_step_is_refused_and_nothing_commits(s
     pd.testing.assert_frame_equal(_table(postgres_server, target), _truth(mode, [batch]))
 
 
-def test_a_partition_loaded_twice_by_spark_task_attempts_fails_the_step(spark, postgres_server, target, monkeypatch):
+@pytest.mark.parametrize("mode", ["append", "upsert"])
+def test_a_partition_loaded_twice_by_spark_task_attempts_fails_the_step(
+    spark, postgres_server, target, monkeypatch, mode
+):
     """A Spark task attempt that committed its load and was lost before reporting it, and the retry that loaded
-    the partition again: the step counts the table under its seal and fails; nothing is committed."""
+    the partition again: the step counts the table under its seal (the first upsert load: its key index refuses
+    the partition's keys staged twice) and fails; nothing is committed."""
     from airflow_provider_checkpoint.connectors.postgres import staging
 
     real = staging.copy_partitions
@@ -610,8 +614,9 @@ def test_a_partition_loaded_twice_by_spark_task_attempts_fails_the_step(spark, p
         return attempts
 
     monkeypatch.setattr(staging, "copy_partitions", lost_then_retried)
-    sink = _sink(target, "append")
-    with pytest.raises(CheckpointStorageError, match=r"holds [0-9]+ rows, its load reported 30 \(a Spark task"):
+    sink = _sink_of(target, mode)
+    refused = r"holds [0-9]+ rows, its load reported 30 \(a Spark task" if mode == "append" else "staged twice"
+    with pytest.raises(CheckpointStorageError if mode == "append" else SinkValueError, match=refused):
         _stage(spark, sink, "job", 1, _rows(1, range(30)))
     assert not _exists(postgres_server, target)
 

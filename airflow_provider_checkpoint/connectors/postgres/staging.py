@@ -64,15 +64,13 @@ def stage(
     reduced: bool = False,
 ) -> JsonDict | None:
     """Stage ``rows`` of Spark columns ``schema`` for ``sink`` (a DataFrame: from the executors; Arrow held
-    on the driver: from there, no Spark job), return the committable. With ``one_per_key`` false (an upsert
-    input that may repeat a key), ``None`` if a key is staged twice or a row was refused: the caller stages
-    again. ``reduced``: Arrow rows one per key by the driver's reduction, so keys of exact types are checked
-    there (:func:`~.target.check_reduced`), not in the server."""
-    import pyarrow as pa
-
+    on the driver: from there, no Spark job), return the committable. One driver connection makes the staging
+    table and, after the load, seals it (and builds the first load's key index) in one transaction. With
+    ``one_per_key`` false (an upsert input that may repeat a key), ``None`` if a key is staged twice or a row was
+    refused: the caller stages again. ``reduced``: Arrow rows one per key by the driver's reduction, so keys of
+    exact types are checked there (:func:`~.target.check_reduced`), not in the server."""
     started = time.monotonic()
     staging = pg.staging_table(sink.digest, ctx.checkpoint_id, ctx.attempt_tag)
-    held = rows if isinstance(rows, pa.Table) else None
     check_names(sink.uid, schema)
     check_delete_column(sink.uid, sink.delete_when, schema)
     dead = pg.dead_letter_staging(staging) if sink.dead_letters else None
@@ -83,6 +81,29 @@ def stage(
         target.create_staging(sink, db, staging, types, ctx.checkpoint_id)
         if sink.dead_letters:
             dead_letters.prepare(sink, db, sink.dead_letters, staging)
+        db.commit()
+        return _load(sink, conn, db, ctx, staging, types, rows, one_per_key, reduced, null_keys, born, dead, started)
+
+
+def _load(
+    sink: pg.SinkTable,
+    conn: PgConnection,
+    db: psycopg.Connection[Any],
+    ctx: StepContext,
+    staging: str,
+    types: dict[str, str],
+    rows: DataFrame | pa.Table,
+    one_per_key: bool,
+    reduced: bool,
+    null_keys: bool,
+    born: bool,
+    dead: str | None,
+    started: float,
+) -> JsonDict | None:
+    """:func:`stage` after ``staging`` is made: the load, the checks, the seal on ``db`` (:func:`_seal`)."""
+    import pyarrow as pa
+
+    held = rows if isinstance(rows, pa.Table) else None
     load = copy_partitions(conn, sink.schema, staging, types, sink.keys, dead)
     if isinstance(rows, pa.Table):  # held on the driver: streams from here, no Spark job, no Python worker
         results: list[Any] = from_driver(load, rows)
@@ -93,8 +114,8 @@ def stage(
     # the first load's table: its unique index built now (the commit attaches it), which refuses a key staged twice
     keyed = born and sink.mode == "upsert" and not failed and (one_per_key or not refused)
     indexed = time.monotonic()
-    twice = keyed and not index_keys(sink, conn, staging)
-    indexed = time.monotonic() - indexed
+    sealed = _seal(sink, db, staging, rows, counted=held is None, index=True) if keyed else None
+    twice, indexed = keyed and sealed is None, time.monotonic() - indexed
     if not one_per_key and (
         failed or refused or (twice if keyed else target.staged_twice(sink, conn, staging, null_keys, analyze=not born))
     ):
@@ -115,7 +136,8 @@ def stage(
         target.check_reduced(sink, conn, staging, held, null_keys, analyze=not born)
     elif one_per_key:
         target.check_staged(sink, conn, staging, null_keys, analyze=not born)
-    sealed = _seal(sink, conn, staging, rows, counted=held is None)
+    sealed = sealed if keyed else _seal(sink, db, staging, rows, counted=held is None)
+    assert sealed is not None
     ctx.add_metric("sink_rows", rows)
     committable: JsonDict = {"checkpoint_id": ctx.checkpoint_id, "staging_table": staging, "rows": rows, "seal": sealed}
     if dead:
@@ -125,25 +147,39 @@ def stage(
         "sink %s: staged %d rows%s into %s.%s from %s in %.2fs%s",
         sink.uid, rows, f" (and {refused} refused rows as dead letters)" if refused else "", sink.schema,
         staging, "the driver" if held is not None else f"{len(results)} partitions", time.monotonic() - started,
-        f" (its key index {indexed:.2f}s)" if keyed else "",
+        f" (its key index and seal {indexed:.2f}s)" if keyed else "",
     )  # fmt: skip
     return committable
 
 
-def _seal(sink: pg.SinkTable, conn: PgConnection, staging: str, rows: int, counted: bool) -> str:
-    """Seal ``staging`` (:mod:`.seal`: finalize and the commit then check it in the catalog, counting no row) and
-    return the seal. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
+def _seal(
+    sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str, rows: int, counted: bool, index: bool = False
+) -> str | None:
+    """Seal ``staging`` in one transaction on ``db`` (:mod:`.seal`: finalize and the commit then check it in the
+    catalog, counting no row) and return the seal. With ``index`` (the first load's upsert table) the unique key
+    index is built in that transaction too (:func:`index_keys`): ``None``, nothing built nor sealed, if a key is
+    staged twice. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
     attempt can commit its load and be lost before it reports it, and its retry (or a speculative copy) load that
     partition again; a table holding other than the ``rows`` reported is refused and the step fails (its retry
-    stages again). Rows from the driver need no count: its streams are not retried, each reports what it
-    committed."""
+    stages again); with ``index`` no count: such a partition stages its keys twice, which the index refuses. Rows
+    from the driver need no count: its streams are not retried, each reports what it committed."""
+    import psycopg
     from psycopg import sql
 
-    with conn.connect() as db:
-        sealed = seal.seal(db, sink.schema, staging)
-        found = (
-            db.execute(sql.SQL("SELECT count(*) FROM {}").format(sink.table(staging))).fetchone() if counted else None
-        )
+    try:
+        with db.transaction():
+            sealed = seal.seal(db, sink.schema, staging)
+            if index:
+                index_keys(sink, db, staging)
+            found = (
+                db.execute(sql.SQL("SELECT count(*) FROM {}").format(sink.table(staging))).fetchone()
+                if counted and not index
+                else None
+            )
+    except psycopg.errors.UniqueViolation:
+        if not index:
+            raise
+        return None  # the transaction rolled back: no index, no seal
     if found is not None and found[0] != rows:
         raise CheckpointStorageError(
             f"sink {sink.uid}: staging table {sink.schema}.{staging} holds {found[0]} rows, its load reported {rows} "
@@ -170,25 +206,19 @@ def _index_memory(db: psycopg.Connection[Any]) -> None:
     )
 
 
-def index_keys(sink: pg.SinkTable, conn: PgConnection, staging: str) -> bool:
-    """Build the unique ``NULLS NOT DISTINCT`` index on the keys of upsert staging table ``staging`` that a first
-    load makes the table of (:func:`~.sql.staged_key_index`; :func:`take_over` attaches it as the table's key):
-    ``False``, nothing built, if a key is staged twice (null key parts equal)."""
-    import psycopg
+def index_keys(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) -> None:
+    """Build, in the caller's transaction, the unique ``NULLS NOT DISTINCT`` index on the keys of upsert staging
+    table ``staging`` that a first load makes the table of (:func:`~.sql.staged_key_index`; :func:`take_over`
+    attaches it as the table's key): ``psycopg.errors.UniqueViolation`` if a key is staged twice (null key parts
+    equal)."""
     from psycopg import sql
 
-    index = pg.ident(pg.staged_key_index(staging))
-    try:
-        with conn.connect() as db:
-            _index_memory(db)
-            db.execute(
-                sql.SQL("CREATE UNIQUE INDEX {} ON {} ({}) NULLS NOT DISTINCT").format(
-                    index, sink.table(staging), pg.idents(sink.keys)
-                )
-            )
-    except psycopg.errors.UniqueViolation:
-        return False
-    return True
+    _index_memory(db)
+    db.execute(
+        sql.SQL("CREATE UNIQUE INDEX {} ON {} ({}) NULLS NOT DISTINCT").format(
+            pg.ident(pg.staged_key_index(staging)), sink.table(staging), pg.idents(sink.keys)
+        )
+    )
 
 
 def _key_constraint(db: psycopg.Connection[Any], schema: str, table: str, keys: list[str]) -> str:
