@@ -48,6 +48,8 @@ def xxhash64(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
     """Spark's ``xxhash64(*keys)`` of every row of ``table``, as uint64 (its bits; Spark shows them signed)."""
     import numpy as np
 
+    from airflow_provider_checkpoint.fileio.arrow_numpy import numpy_of
+
     hashes = np.full(len(table), SEED, np.uint64)
     with np.errstate(over="ignore"):
         for key in keys:
@@ -55,7 +57,7 @@ def xxhash64(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
             kind = _kind(column.type)
             if kind is None:
                 raise TypeError(f"column {key!r} of type {column.type} is not hashed on the driver")
-            valid = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False), np.bool_)
+            valid = numpy_of(column.is_valid())
             if kind == "bytes":
                 new = _hash_strings(column, hashes)
             else:
@@ -82,11 +84,13 @@ def _numbers(column: pa.Array, kind: str) -> np.ndarray:
     import numpy as np
     import pyarrow as pa
 
+    from airflow_provider_checkpoint.fileio.arrow_numpy import numpy_of
+
     if pa.types.is_boolean(column.type):
         column = column.cast(pa.int32())
     elif pa.types.is_date32(column.type) or pa.types.is_timestamp(column.type):
         column = column.view(pa.int32() if kind == "int" else pa.int64())
-    values = column.fill_null(0).to_numpy(zero_copy_only=False)
+    values = numpy_of(column.fill_null(0) if column.null_count else column)  # pa.scalar(0) imports pandas
     if kind == "int":
         return values.astype(np.int32).view(np.uint32).astype(np.uint64)  # a byte or short: sign-extended first
     return values.astype(np.int64).view(np.uint64)

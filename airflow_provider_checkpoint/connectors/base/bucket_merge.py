@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 from airflow_provider_checkpoint.storage.object_store import read_object
 
 if TYPE_CHECKING:
@@ -177,16 +178,14 @@ class KeySet:
     def kept(self, table: pa.Table) -> pa.Table:
         """The rows of ``table`` whose key did not change."""
         import numpy as np
-        import pyarrow as pa
 
         if not self.table.num_rows:
             return table
-        return table.filter(pa.array(np.logical_not(self.changed(table))))
+        return table.filter(arrow_of(np.logical_not(self.changed(table))))
 
     def changed(self, table: pa.Table) -> np.ndarray:
         """Per row of ``table`` (which holds at least the key columns): whether its key changed."""
         import numpy as np
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         if not self.table.num_rows:
@@ -195,18 +194,18 @@ class KeySet:
             (key,) = self.keys
             column = table[key]
             if self.ints is not None and column.null_count == 0 and column.type == self.table[key].type:
-                values = column.to_numpy()
+                values = numpy_of(column)
                 if self.dense is not None:
                     return _in_dense(values, *self.dense)
                 at = np.minimum(np.searchsorted(self.ints, values), len(self.ints) - 1)
                 return np.asarray(self.ints[at] == values, dtype=bool)
             mask = pc.is_in(table[key], value_set=self.table[key], skip_nulls=False)
-            return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
-        keys = table.select(self.keys).append_column("__row", pa.array(np.arange(table.num_rows)))
+            return np.asarray(numpy_of(mask), dtype=bool)
+        keys = table.select(self.keys).append_column("__row", arrow_of(np.arange(table.num_rows)))
         nulls = _any_null(keys)
         out = np.zeros(table.num_rows, dtype=bool)
         plain = keys.filter(pc.invert(nulls)).join(self.without_nulls, self.keys, join_type="left semi")
-        out[plain["__row"].to_numpy()] = True
+        out[numpy_of(plain["__row"])] = True
         if self.with_nulls:
             partial = keys.filter(nulls).to_pylist()
             out[[r["__row"] for r in partial if tuple(r[k] for k in self.keys) in self.with_nulls]] = True
@@ -268,7 +267,7 @@ def sorted_int_key(table: pa.Table, keys: Sequence[str]) -> tuple[np.ndarray, in
     for held, values in list(_SORTED):
         if held.type == column.type and _memory(held) == where:
             return values, column.null_count
-    values = np.sort(column.drop_null().to_numpy())
+    values = np.sort(numpy_of(column.drop_null()))
     _SORTED[:] = [(column, values)]
     return values, column.null_count
 

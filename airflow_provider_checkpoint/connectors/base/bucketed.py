@@ -134,11 +134,12 @@ class BucketedUpsert:
         import numpy as np
 
         from airflow_provider_checkpoint.connectors.base import bucket_merge
+        from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 
         if not bucket_merge.keys_mergeable(changed.schema, self.keys):
             return None
-        changed = changed.take(np.argsort(changed[_BUCKET].to_numpy(), kind="stable"))
-        affected, starts, counts = np.unique(changed[_BUCKET].to_numpy(), return_index=True, return_counts=True)
+        changed = changed.take(arrow_of(np.argsort(numpy_of(changed[_BUCKET]), kind="stable")))
+        affected, starts, counts = np.unique(numpy_of(changed[_BUCKET]), return_index=True, return_counts=True)
         changed = changed.drop_columns([_BUCKET])
         written = changed.drop_columns([self.delete_when]) if self.delete_when else changed
         old = existing(affected.tolist())

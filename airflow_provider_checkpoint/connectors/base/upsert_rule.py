@@ -214,9 +214,9 @@ class UpsertRows:
         """:meth:`collect` from :attr:`source` (in source order), or ``None`` if too many rows or keys the
         driver does not hash as Spark does."""
         import numpy as np
-        import pyarrow as pa
 
         from airflow_provider_checkpoint.dataflow.driver_rows import pmod as spark_pmod
+        from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of
         from airflow_provider_checkpoint.state.spark_hash import hashable, xxhash64
 
         rows = self.source
@@ -226,9 +226,9 @@ class UpsertRows:
             if not hashable(rows.schema, self.keys):
                 return None
             buckets = spark_pmod(xxhash64(rows, self.keys).view(np.int64), pmod[1])
-            rows = rows.append_column(pmod[0], pa.array(buckets))
+            rows = rows.append_column(pmod[0], arrow_of(buckets))
         if self.reduce and self.sequence_by:  # else the rows' own order is the source order
-            rows = rows.append_column(_ORDER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+            rows = rows.append_column(_ORDER, arrow_of(np.arange(rows.num_rows, dtype=np.int64)))
         return self._reduced(rows)
 
     def _reduced(self, rows: pa.Table) -> pa.Table | None:
@@ -265,15 +265,19 @@ def latest_in_arrow(rows: pa.Table, keys: Sequence[str], order: Sequence[str]) -
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
+
     if unique_integer_key(rows, keys):
         return rows
     ranked = (
         rows.take(pc.sort_indices(rows, sort_keys=[(c, "ascending", "at_start") for c in order])) if order else rows
     )
-    rank = pa.array(np.arange(ranked.num_rows, dtype=np.int64))
+    rank = arrow_of(np.arange(ranked.num_rows, dtype=np.int64))
     by_key = pa.table([*(ranked[k] for k in keys), rank], names=[*keys, _RANK])
     last = by_key.group_by(list(keys), use_threads=False).aggregate([(_RANK, "max")])
-    return ranked if last.num_rows == ranked.num_rows else ranked.take(np.sort(last[f"{_RANK}_max"].to_numpy()))
+    if last.num_rows == ranked.num_rows:
+        return ranked
+    return ranked.take(arrow_of(np.sort(numpy_of(last[f"{_RANK}_max"]))))
 
 
 def unique_integer_key(rows: pa.Table, keys: Sequence[str]) -> bool:

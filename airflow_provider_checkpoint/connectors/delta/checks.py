@@ -31,6 +31,7 @@ import numpy as np
 
 from airflow_provider_checkpoint.connectors.delta.log import RawFile, dv_id
 from airflow_provider_checkpoint.exceptions import DocumentError, shorten
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -156,7 +157,6 @@ def check_keys(document: str, keys: Sequence[str], added: pa.Table | KeySet, del
     rows it adds, or the writer's :class:`~.bucket_merge.KeySet` of them: their sort reused) must hold each
     key once, ``deleted`` (those of the live rows it deletes) each key at most once, and only keys of
     ``added`` (null-safe: a null is a key value like any other)."""
-    import pyarrow as pa
 
     from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet, sorted_ints
 
@@ -171,7 +171,7 @@ def check_keys(document: str, keys: Sequence[str], added: pa.Table | KeySet, del
             count = "some" if len(twice) == _SHOWN else len(twice)
             problems.append(f"{what} {count} key(s) more than once, e.g. {shorten(twice[0])}")
     if deleted.num_rows:
-        stray = deleted.filter(pa.array(np.logical_not(changed.changed(deleted))))
+        stray = deleted.filter(arrow_of(np.logical_not(changed.changed(deleted))))
         if stray.num_rows:
             example = tuple(stray.slice(0, 1).to_pylist()[0].values())
             problems.append(f"{stray.num_rows} deleted row(s) have keys the checkpoint does not add, e.g. {example}")

@@ -44,6 +44,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     update_file,
 )
 from airflow_provider_checkpoint.connectors.delta.log import DataFile, dv_id
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.object_store import open_sized
 
@@ -133,7 +134,7 @@ def stage(
         if not keys.num_rows:
             return StagedUpsert(writing.result() if writing is not None else [], [], [])
         fs.makedirs(staging, exist_ok=True)  # a checkpoint of deletes only writes no update file: compactions go there
-        affected = set(np.unique(keys[_BUCKET].to_numpy()).tolist())
+        affected = set(np.unique(numpy_of(keys[_BUCKET])).tolist())
         candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
         changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
         key_types = keys.drop_columns([_BUCKET]).schema
@@ -216,7 +217,7 @@ def _lookup(
             at = np.flatnonzero(changed.changed(keys))
             live = ~_among(at.astype(np.uint64) + np.uint64(rows), old)
             hits.append(at[live].astype(np.uint64) + np.uint64(rows))
-            deleted_keys.append(keys.take(at[live]))
+            deleted_keys.append(keys.take(arrow_of(at[live])))
             rows += batch.num_rows
     new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
     if not len(new):
@@ -293,7 +294,7 @@ def _live_rows(reader: pq.ParquetFile, deleted: np.ndarray, writer: pq.ParquetWr
         for field in writer.schema:  # a column added to the table after the file was written: null
             if field.name not in rows.column_names:
                 rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
-        kept = rows.select(writer.schema.names).cast(writer.schema).filter(pa.array(~np.isin(positions, deleted)))
+        kept = rows.select(writer.schema.names).cast(writer.schema).filter(arrow_of(~np.isin(positions, deleted)))
         at += batch.num_rows
         if kept.num_rows:
             writer.write_table(kept)

@@ -18,6 +18,11 @@ from typing import Any
 
 from airflow.sdk import dag, task
 
+if profile_dir := os.environ.get("BENCH_TASK_PROFILE"):
+    from bench.task_profile import install
+
+    install(profile_dir)
+
 from airflow_provider_checkpoint import CheckpointedPipeline, DeltaTableSink, FileSource
 
 ROOT = os.environ.get("BENCH_UPSERT_ROOT", "/tmp/checkpoint-bench/upsert")

@@ -1,0 +1,78 @@
+"""``fileio.arrow_numpy`` against pyarrow's own conversions (the model), and without importing pandas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
+
+TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+TYPES += [pa.float32(), pa.float64(), pa.bool_()]
+
+
+def _values(type_: pa.DataType) -> st.SearchStrategy[object]:
+    if pa.types.is_boolean(type_):
+        return st.booleans()
+    if pa.types.is_floating(type_):
+        return st.floats(width=type_.bit_width, allow_nan=False)
+    info = np.iinfo(np.dtype(f"{'u' if pa.types.is_unsigned_integer(type_) else 'i'}{type_.bit_width // 8}"))
+    return st.integers(int(info.min), int(info.max))
+
+
+@st.composite
+def arrays(draw: st.DrawFn) -> pa.Array | pa.ChunkedArray:
+    """An array of one type, maybe with nulls, maybe a slice (an offset into its buffers), maybe chunked."""
+    type_ = draw(st.sampled_from(TYPES))
+    chunks = []
+    for _ in range(draw(st.integers(1, 3))):
+        values = draw(st.lists(st.one_of(st.none(), _values(type_)) if draw(st.booleans()) else _values(type_)))
+        array = pa.array(values, type_)
+        start = draw(st.integers(0, len(array)))
+        chunks.append(array.slice(start, draw(st.integers(0, len(array) - start))))
+    return pa.chunked_array(chunks, type_) if draw(st.booleans()) else chunks[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(arrays())
+def test_numpy_of_is_pyarrows_to_numpy(array: pa.Array | pa.ChunkedArray) -> None:
+    want = array.to_numpy() if isinstance(array, pa.ChunkedArray) else array.to_numpy(zero_copy_only=False)
+    got = numpy_of(array)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(arrays().map(lambda a: a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a), st.integers(1, 3))
+def test_arrow_of_is_pa_array(array: pa.Array, step: int) -> None:
+    values = array.drop_null().to_numpy(zero_copy_only=False)[::step]  # a strided view too
+    got = arrow_of(values)
+    want = pa.array(values)
+    got.validate(full=True)
+    assert got.type == want.type and got.equals(want)
+
+
+def test_arrow_of_refuses_what_it_does_not_convert() -> None:
+    for values in (np.array(["a"]), np.zeros((2, 2)), np.array([1.5], dtype=object)):
+        try:
+            arrow_of(values)
+        except TypeError:
+            continue
+        raise AssertionError(values)
+
+
+def test_neither_imports_pandas() -> None:
+    code = (
+        "import sys, numpy as np, pyarrow as pa\n"
+        "from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of\n"
+        "a = arrow_of(np.arange(10)); b = arrow_of(np.arange(10) % 2 == 0)\n"
+        "assert numpy_of(pa.chunked_array([a, a])).sum() == 90 and numpy_of(b.slice(1)).sum() == 4\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
