@@ -2,11 +2,10 @@
 PostgreSQL, the GIL free): the table's log checked, its live files listed, the key columns the lookups will read
 read, as the stage would first do itself a moment later. Nothing is written.
 
-The stage of the same step attempt takes them (:func:`take`) once: what it stages is what it would have staged
-on its own reads, since they are the same immutable files; a commit by another writer after the preparation is
-found as one after the stage is (the staged deletes are checked against the log's latest version:
-:func:`.commit.check_staged`, and the commit against the version it saw). A preparation that failed is
-dropped: the stage then reads everything itself and raises its own error. The key columns are read ahead only
+The stage of the same step attempt takes them (:func:`take`) once, if the log's latest version is still the one
+prepared: what it stages is then what it would have staged on its own reads (the same version, the same
+immutable files). A preparation that failed, or that a commit (another writer's) has made stale, is dropped: the
+stage reads everything itself, as without one, and raises its own errors. The key columns are read ahead only
 for a table of at most :data:`PREPARED_KEY_ROWS` live rows (memory: those columns)."""
 
 from __future__ import annotations
@@ -70,12 +69,19 @@ def start(sink: Any, ctx: StepContext, read_keys: Any, key_names: list[str]) -> 
 
 
 def take(sink: Any, ctx: StepContext) -> Prepared | None:
-    """The preparation of ``sink``'s stage of ``ctx``'s attempt, once it is done; ``None`` if there is none or it
-    failed (the stage reads for itself)."""
+    """The preparation of ``sink``'s stage of ``ctx``'s attempt, once it is done, while its snapshot is still the
+    table's latest version (one listing of the log); ``None`` if there is none, it failed, the table had no version
+    or has a newer one (the stage reads for itself, as without a preparation)."""
+    from airflow_provider_checkpoint.connectors.delta import log as delta_log
+
     tag, future = _PREPARING.pop(id(sink), ("", None))
     if future is None or tag != _tag(ctx):
         return None
     try:
-        return future.result()
+        prepared = future.result()
     except Exception:  # the stage's own reads raise it again, or pass
         return None
+    fs, root = prepared.table.fs, prepared.table.root
+    if prepared.snapshot is None or delta_log.commit_versions(fs, root)[-1:] != [prepared.snapshot.version]:
+        return None
+    return prepared
