@@ -10,6 +10,7 @@ for a table of at most :data:`PREPARED_KEY_ROWS` live rows (memory: those column
 
 from __future__ import annotations
 
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,8 +38,8 @@ class Prepared:
     keys: dict[str, list[pa.Table]] = field(default_factory=dict)
 
 
-_PREPARING: dict[int, tuple[str, Future[Prepared]]] = {}
-"""By sink (``id``): the step attempt (checkpoint and attempt tag) prepared for, and its preparation."""
+_PREPARING: weakref.WeakKeyDictionary[Any, tuple[str, Future[Prepared]]] = weakref.WeakKeyDictionary()
+"""By sink (gone with it): the step attempt (checkpoint and attempt tag) prepared for, and its preparation."""
 
 
 def _tag(ctx: StepContext) -> str:
@@ -63,7 +64,7 @@ def start(sink: Any, ctx: StepContext, read_keys: Any, key_names: list[str]) -> 
 
     pool = ThreadPoolExecutor(1, thread_name_prefix="delta-prepare")
     try:
-        _PREPARING[id(sink)] = (_tag(ctx), pool.submit(prepare))
+        _PREPARING[sink] = (_tag(ctx), pool.submit(prepare))
     finally:
         pool.shutdown(wait=False)
 
@@ -74,7 +75,7 @@ def take(sink: Any, ctx: StepContext) -> Prepared | None:
     or has a newer one (the stage reads for itself, as without a preparation)."""
     from airflow_provider_checkpoint.connectors.delta import log as delta_log
 
-    tag, future = _PREPARING.pop(id(sink), ("", None))
+    tag, future = _PREPARING.pop(sink, ("", None))
     if future is None or tag != _tag(ctx):
         return None
     try:
