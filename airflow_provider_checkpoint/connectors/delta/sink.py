@@ -17,6 +17,8 @@ layout) lives in ``_table.json`` beside ``_delta_log``.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -32,6 +34,7 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import (
 from airflow_provider_checkpoint.connectors.delta import commit as delta_commit
 from airflow_provider_checkpoint.connectors.delta import evolution
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta import prepared as delta_prepared
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta import upsert as delta_upsert
 from airflow_provider_checkpoint.connectors.delta.columns import arrow_columns, delta_rs_columns
@@ -156,15 +159,32 @@ class DeltaTableSink(DeltaCommitter):
         return {**claim, "buckets": self.upsert.buckets} if self.upsert else claim
 
     # -- writer (in the step) ------------------------------------------------------------
-    @in_call
+    _ready: delta_prepared.Prepared | None = None
+
+    def prepare(self, ctx: StepContext) -> None:
+        """An upsert's stage prepared on a thread while the step reads its input (:mod:`.prepared`)."""
+        if self.upsert is not None:
+            delta_prepared.start(self, ctx, delta_upsert.read_keys, self.keys)
+
+    @contextmanager
+    def _staging(self, ctx: StepContext) -> Iterator[None]:
+        """The stage's call: in the table :meth:`prepare` opened for it, if it did (:mod:`.opened`)."""
+        self._ready = delta_prepared.take(self, ctx)
+        try:
+            with self.opened(self._ready.table if self._ready else None):
+                yield
+        finally:
+            self._ready = None
+
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Check the target, claim it, stage the checkpoint's files: the table opened once (:mod:`.opened`)."""
-        return super().stage(ctx, df)
+        with self._staging(ctx):
+            return super().stage(ctx, df)
 
-    @in_call
     def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
         """:meth:`stage` of rows read on the driver: the table opened once (:mod:`.opened`)."""
-        return super().stage_source_rows(ctx, read)
+        with self._staging(ctx):
+            return super().stage_source_rows(ctx, read)
 
     @in_call
     def check_input(self, df: DataFrame) -> None:
@@ -210,7 +230,8 @@ class DeltaTableSink(DeltaCommitter):
             held = [evolution.table_file(fs, root, f) for f in live.values()]
             rows = missing_columns.upsert_rows(f"Delta table {self.asset_uri()}", fs, held, rows, missing)
         if live:
-            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes)
+            keys = self._ready.keys if self._ready and self._ready.snapshot is seen else {}
+            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes, keys)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
                 delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit, seen, staged.known)
@@ -336,7 +357,8 @@ class DeltaTableSink(DeltaCommitter):
     def _upsert_snapshot(self) -> delta_log.Snapshot:
         """The latest snapshot of an upsert table; :class:`SinkClaimedError` naming the way back if another
         writer added files (they may repeat keys: the sink keeps one row per key over its own files only)."""
-        snapshot = self._snapshot()
+        ready = self._ready.snapshot if self._ready else None
+        snapshot = ready or self._snapshot()
         live = snapshot.files
         paths = {p for p in live if not is_upsert_file(p)}
         if paths:

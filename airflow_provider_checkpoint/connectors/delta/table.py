@@ -50,14 +50,15 @@ class DeltaTableBase(TableDirectorySink):
     _call: OpenedTable | None = None
 
     @contextmanager
-    def opened(self) -> Iterator[OpenedTable]:
-        """The table of the current call of the sink: opened by the outermost call, dropped when it returns."""
+    def opened(self, prepared: OpenedTable | None = None) -> Iterator[OpenedTable]:
+        """The table of the current call of the sink: opened by the outermost call (``prepared``: as a
+        :mod:`.prepared` stage opened it), dropped when it returns."""
         if self._call is not None:
             yield self._call
             return
         fs, root = self._fs()
         options = delta_storage.delta_rs_options(fs, self.storage_options, self.delta_only)
-        self._call = OpenedTable(fs, root, self.asset_uri(), options)
+        self._call = prepared or OpenedTable(fs, root, self.asset_uri(), options)
         try:
             yield self._call
         finally:

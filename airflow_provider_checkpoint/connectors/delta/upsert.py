@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import posixpath
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ def stage(
     staging: str,
     live: dict[str, DataFile],
     inline_dv_bytes: int = 0,
+    keys_read: dict[str, list[pa.Table]] | None = None,
 ) -> StagedUpsert:
     """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
     (:mod:`.checks`) unless it leaves one live row per key. A row deleting its key (``upsert.delete_when``)
@@ -110,7 +112,8 @@ def stage(
     Changed rows the driver holds already (:meth:`BucketedUpsert.in_driver`), or up to
     ``upsert.driver_merge_rows`` collected in one Spark job, are written by the driver (pyarrow); more
     are written by the executors (Spark). New DVs up to ``inline_dv_bytes`` go inline into the log, the
-    others into one DV file of the checkpoint."""
+    others into one DV file of the checkpoint. ``keys_read``: the key columns of live files read already
+    (:func:`read_keys`, by path), the others are read here."""
     import pyarrow as pa
 
     small = upsert.in_driver(rows)
@@ -138,7 +141,10 @@ def stage(
         candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
         changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
         key_types = keys.drop_columns([_BUCKET]).schema
-        found = [f for f in each_file(lambda c: _lookup(fs, root, c, changed, key_types), candidates) if f]
+        read = keys_read or {}
+        found = [
+            f for f in each_file(lambda c: _lookup(fs, root, c, changed, key_types, read.get(c.path)), candidates) if f
+        ]
         adds = writing.result() if writing is not None else adds
     document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
     deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
@@ -196,8 +202,26 @@ def _write_rows(
     return [(named, rows.num_rows)]
 
 
+def read_keys(fs: fsspec.AbstractFileSystem, root: str, file: DataFile, names: list[str]) -> list[pa.Table]:
+    """The columns ``names`` of ``file``, batch by batch as :func:`_lookup` reads them."""
+    with open_sized(fs, f"{root}/{file.path}", file.size) as source:
+        return list(_key_batches(source, names))
+
+
+def _key_batches(source: object, names: list[str]) -> Iterator[pa.Table]:
+    import pyarrow as pa
+
+    for batch in _pq_file(source).iter_batches(batch_size=BATCH_ROWS, columns=names):
+        yield pa.Table.from_batches([batch])
+
+
 def _lookup(
-    fs: fsspec.AbstractFileSystem, root: str, file: DataFile, changed: KeySet, key_types: pa.Schema
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    file: DataFile,
+    changed: KeySet,
+    key_types: pa.Schema,
+    read: Iterable[pa.Table] | None = None,
 ) -> _Found | None:
     """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
     ``None`` if no live row of the file changed (its DV stays as it is).
@@ -205,15 +229,17 @@ def _lookup(
     A key changed before has a row in this file that the file's DV deletes already (the key's live row
     is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
     get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
-    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
+    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30).
+    ``read``: the file's key columns read already (:func:`read_keys`), else read here."""
     import pyarrow as pa
 
     old = _deleted(fs, root, file)
     hits, deleted_keys, rows = [], [], 0
-    with open_sized(fs, f"{root}/{file.path}", file.size) as source:
-        reader = _pq_file(source)
-        for batch in reader.iter_batches(batch_size=BATCH_ROWS, columns=key_types.names):
-            keys = pa.Table.from_batches([batch]).select(key_types.names).cast(key_types)
+    with ExitStack() as stack:
+        if read is None:
+            read = _key_batches(stack.enter_context(open_sized(fs, f"{root}/{file.path}", file.size)), key_types.names)
+        for batch in read:
+            keys = batch.select(key_types.names).cast(key_types)
             at = np.flatnonzero(changed.changed(keys))
             live = ~_among(at.astype(np.uint64) + np.uint64(rows), old)
             hits.append(at[live].astype(np.uint64) + np.uint64(rows))

@@ -390,6 +390,5 @@ class PostgresCdcSource(Source):
             columns = merged_columns(self.uid, recorded)
             catalog = {t: {c.name: c for c in table} for t, table in recorded.items()}
             messages = cdc_slot.peek(conn, slot, publication, end, found)
-            data = decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
-            conn.rollback()
-        return data
+            conn.close()  # read only: the server ends the transaction as the connection closes, not waited for
+        return decode_rows(self.uid, slot, messages, columns, catalog, span, None if seen is None else seen.sees)
