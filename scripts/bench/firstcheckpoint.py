@@ -7,9 +7,10 @@ catch-up after downtime), each later one ``events`` events over random keys. Our
 step → finalize in process; the other side is Structured Streaming ``availableNow`` on RocksDB with
 changelog checkpointing. Both sides' sessions are the provider's embedded one with the JIT a step
 reading the first checkpoint's input gets, and each process first warms up its own side with a
-small increment. Every output is checked against a pandas ground truth. Our first checkpoint of the
-first size in round 1 is profiled (:mod:`bench.breakdown`; the profiler adds a little to it), or its
-increment ``BENCH_PROFILE`` (environment, counted from 1) when set.
+small increment. Every output is checked against a pandas ground truth. Every one of our checkpoints
+is profiled (:mod:`bench.breakdown`; the profiler adds a little to our side's time): its nodes' and Spark
+jobs' seconds per checkpoint, and the whole breakdown of the first size's first checkpoint in round 1, or
+of its increment ``BENCH_PROFILE`` (environment, counted from 1) when set.
 """
 
 from __future__ import annotations
@@ -44,9 +45,8 @@ def run(
     files = {spec.users: generate(work / "data" / f"first-checkpoint-{spec.users}", spec) for spec in specs}
     run_dir = work / "run" / "first-checkpoint"
     load_before, cpu_all, started = os.getloadavg(), CpuMeter(), time.perf_counter()
-    profiled = int(os.environ.get("BENCH_PROFILE", 1))
     jobs, facts = [], {}
-    for n, spec in enumerate(specs):
+    for spec in specs:
         rounds = []
         for r in range(repeats):
             order = SIDES if r % 2 == 0 else SIDES[::-1]
@@ -54,7 +54,7 @@ def run(
             for side in order:
                 log(f"job of {spec.users:,} keys, round {r + 1} of {repeats}: {side} in a fresh process")
                 root = run_dir / f"keys-{spec.users}-{r}-{side}"
-                by_side[side] = _fresh_process(spec, files[spec.users], side, root, profiled if n == r == 0 else 0)
+                by_side[side] = _fresh_process(spec, files[spec.users], side, root)
                 facts = facts or by_side[side]["machine"]
             rows = [
                 {
@@ -83,11 +83,11 @@ def run(
     }
 
 
-def _fresh_process(spec: DataSpec, files: list[Path], side: str, root: Path, profiled: int) -> dict[str, Any]:
+def _fresh_process(spec: DataSpec, files: list[Path], side: str, root: Path) -> dict[str, Any]:
     """Run ``side``'s job in a new Python process (and JVM); its figures."""
     args = {"spec": asdict(spec), "files": [str(f) for f in files], "side": side, "root": str(root)}
     out = subprocess.run(
-        [sys.executable, __file__, json.dumps({**args, "profiled": profiled})],
+        [sys.executable, __file__, json.dumps(args)],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
         stdout=subprocess.PIPE,
         text=True,
@@ -105,7 +105,7 @@ def _child(args: dict[str, Any]) -> None:
     root = Path(args["root"])
     measured = start_run(root, input_bytes=files[0].stat().st_size)
     warm_up(measured.spark, root, files[0], stores, ours)
-    job = run_job(measured.spark, spec, files, root / "job", args["profiled"], stores, ours=ours)
+    job = run_job(measured.spark, spec, files, root / "job", -1, stores, ours=ours)
     job["rows"] = [{**row, args["side"]: asdict(row[args["side"]])} for row in job["rows"]]
     print(json.dumps({**job, **measured.finish()}, default=str))
 
@@ -134,6 +134,17 @@ def render(result: dict[str, Any]) -> str:
             f"{', '.join(f'{v:.2f}' for v in firsts)}): {verdict(med(firsts), TARGET)}"
         )
     first = result["jobs"][0]
+    phases = [
+        "| keys | round | inc | ours: source / state / sink s | JVM GC s "
+        "| Spark jobs: s each (call site of the longest) |",
+        "|---:|---:|---:|---:|---:|:--|",
+        *(
+            _phases(job["spec"].users, r, row)
+            for job in result["jobs"]
+            for r, rnd in enumerate(job["rounds"], start=1)
+            for row in rnd["rows"]
+        ),
+    ]
     if later:
         targets.append(
             f"- Increments of {first['spec'].events:,} events, ours/{SS} (median of {len(later)}: "
@@ -170,11 +181,26 @@ def render(result: dict[str, Any]) -> str:
             "",
             *table,
             "",
+            "**Where our checkpoints' time goes, run by run** (each one profiled)",
+            "",
+            *phases,
+            "",
             breakdown.render(profiled.info["breakdown"], 1, profiled.parts).replace(
                 "(increment 1,", f"(the first checkpoint of {first['spec'].users:,} keys,", 1
             ),
         ]
     )
+
+
+def _phases(keys: int, r: int, row: dict[str, Any]) -> str:
+    """One table row: our checkpoint's node seconds and its Spark jobs' seconds."""
+    found = row["ours"].info.get("breakdown", {})
+    nodes = " / ".join(f"{n['seconds']:.2f}" for n in found.get("nodes", []))
+    jobs = found.get("jobs", [])
+    longest = max(jobs, key=lambda j: j["seconds"])["site"] if jobs else ""
+    each = " + ".join(f"{j['seconds']:.2f}" for j in jobs)
+    gc = found.get("gc_seconds", 0.0)
+    return f"| {keys:,} | {r} | {row['increment']} | {nodes} | {gc:.2f} | {each} (`{longest}`) |"
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def run_job(
 ) -> dict[str, Any]:
     """One fresh job per side over ``files`` (the increments of ``spec``), the sides alternating.
 
-    Our checkpoint of increment ``profiled`` records where its time goes (:mod:`bench.breakdown`).
+    Our checkpoint of increment ``profiled`` (every one: -1) records where its time goes (:mod:`bench.breakdown`).
     ``rotate`` shifts which side starts each increment (:func:`run_round`); ``ours`` false leaves our side out.
     The figures: per increment every side's result, each side's footprint, and every side whose
     final output differs from the pandas ground truth (``problems``).
@@ -145,7 +145,7 @@ def run_job(
         changed = set(frame["user"].unique())
         seen |= changed
         land(data_file, landing)
-        sides[0].profile = ours and i == profiled  # type: ignore[attr-defined]
+        sides[0].profile = ours and profiled in (i, -1)  # type: ignore[attr-defined]
         results = run_round(sides, i + rotate, spark)
         wrong = {name: r.records_in for name, r in results.items() if r.records_in != len(frame)}
         if wrong:
