@@ -53,7 +53,7 @@ def recorded(spark: SparkSession) -> Iterator[dict[str, Any]]:
     handler, level = _Lines(), runner.level
     runner.addHandler(handler)
     runner.setLevel(logging.INFO)
-    first_job = spark_jobs(spark)
+    first_job, gc_before = spark_jobs(spark), _gc_seconds(spark)
     profile = cProfile.Profile()
     profile.enable()
     try:
@@ -66,7 +66,14 @@ def recorded(spark: SparkSession) -> Iterator[dict[str, Any]]:
         nodes=[_node(line) for line in handler.lines if _PHASE.match(line)],
         jobs=_jobs(spark, first_job),
         driver=_driver(pstats.Stats(profile)),
+        gc_seconds=round(_gc_seconds(spark) - gc_before, 2),
     )
+
+
+def _gc_seconds(spark: SparkSession) -> float:
+    """The JVM's garbage collections so far, in seconds (driver and, in ``local`` mode, executors)."""
+    beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()  # type: ignore[union-attr]
+    return sum(max(int(bean.getCollectionTime()), 0) for bean in beans) / 1000
 
 
 def _node(line: str) -> dict[str, Any]:

@@ -25,13 +25,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def start_spark(conf: dict[str, str] | None = None) -> tuple[SparkSession, float]:
-    """The provider's embedded session (same builder and options as a step task, ``conf`` over them)
-    and its start time."""
+def start_spark(conf: dict[str, str] | None = None, input_bytes: int | None = None) -> tuple[SparkSession, float]:
+    """The provider's embedded session (same builder and options as a step task, ``conf`` over them;
+    the JIT a step reading ``input_bytes`` gets) and its start time."""
     from airflow_provider_checkpoint.spark.session import get_spark
 
     started = time.perf_counter()
-    spark = get_spark(master="local[2]", conf=conf)
+    spark = get_spark(master="local[2]", conf=conf, input_bytes=input_bytes)
     spark.sparkContext.setLogLevel("ERROR")  # SS warns about AQE and state-store loading on every start
     return spark, elapsed(started)
 
@@ -59,21 +59,24 @@ class BenchRun:
         }
 
 
-def start_run(run_dir: Path, conf: dict[str, str] | None = None) -> BenchRun:
+def start_run(run_dir: Path, conf: dict[str, str] | None = None, input_bytes: int | None = None) -> BenchRun:
     """Clear ``run_dir``, note the load, start measuring every process's CPU and the wall time, start the session
-    (``conf`` over the provider's options)."""
+    (``conf`` over the provider's options, the JIT of a step reading ``input_bytes``)."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     load_before = os.getloadavg()
     cpu_all = CpuMeter()
     started = time.perf_counter()
-    spark, session_seconds = start_spark(conf)
+    spark, session_seconds = start_spark(conf, input_bytes)
     return BenchRun(spark, machine_facts(spark, session_seconds), load_before, cpu_all, started)
 
 
-def make_sides(spark: SparkSession, root: Path, landing: Path, stores: tuple[str, ...] = tuple(STORES)) -> list[Side]:
-    """Our side first, then Structured Streaming on each of ``stores``."""
-    return [Ours(spark, root / "ours", landing), *(Streaming(spark, root / f"ss-{s}", landing, s) for s in stores)]
+def make_sides(
+    spark: SparkSession, root: Path, landing: Path, stores: tuple[str, ...] = tuple(STORES), ours: bool = True
+) -> list[Side]:
+    """Our side first (unless ``ours`` is false), then Structured Streaming on each of ``stores``."""
+    mine: list[Side] = [Ours(spark, root / "ours", landing)] if ours else []
+    return [*mine, *(Streaming(spark, root / f"ss-{s}", landing, s) for s in stores)]
 
 
 def run_round(sides: list[Side], i: int, spark: SparkSession) -> dict[str, SideResult]:
@@ -87,7 +90,9 @@ def run_round(sides: list[Side], i: int, spark: SparkSession) -> dict[str, SideR
     return results
 
 
-def warm_up(spark: SparkSession, run_dir: Path, data_file: Path, stores: tuple[str, ...] = tuple(STORES)) -> None:
+def warm_up(
+    spark: SparkSession, run_dir: Path, data_file: Path, stores: tuple[str, ...] = tuple(STORES), ours: bool = True
+) -> None:
     """One small increment through every side, so none pays the JVM's warm-up in the figures."""
     started = time.perf_counter()
     root = run_dir / "warmup"
@@ -95,7 +100,7 @@ def warm_up(spark: SparkSession, run_dir: Path, data_file: Path, stores: tuple[s
     landing.mkdir(parents=True)
     with data_file.open() as f:
         (landing / "warmup.json").write_text("".join(line for _, line in zip(range(20_000), f, strict=False)))
-    run_round(make_sides(spark, root, landing, stores), 1, spark)
+    run_round(make_sides(spark, root, landing, stores, ours), 1, spark)
     shutil.rmtree(root)
     log(f"warm-up: {elapsed(started):.1f}s")
 
@@ -119,17 +124,18 @@ def run_job(
     profiled: int,
     stores: tuple[str, ...] = tuple(STORES),
     rotate: int = 0,
+    ours: bool = True,
 ) -> dict[str, Any]:
     """One fresh job per side over ``files`` (the increments of ``spec``), the sides alternating.
 
-    Our checkpoint of increment ``profiled`` records where its time goes (:mod:`bench.breakdown`).
-    ``rotate`` shifts which side starts each increment (:func:`run_round`).
+    Our checkpoint of increment ``profiled`` (every one: -1) records where its time goes (:mod:`bench.breakdown`).
+    ``rotate`` shifts which side starts each increment (:func:`run_round`); ``ours`` false leaves our side out.
     The figures: per increment every side's result, each side's footprint, and every side whose
     final output differs from the pandas ground truth (``problems``).
     """
     landing = run_dir / "landing"
     landing.mkdir(parents=True)
-    sides = make_sides(spark, run_dir, landing, stores)
+    sides = make_sides(spark, run_dir, landing, stores, ours)
     seen: set[str] = set()
     frames: list[pd.DataFrame] = []
     rows: list[dict[str, Any]] = []
@@ -139,7 +145,7 @@ def run_job(
         changed = set(frame["user"].unique())
         seen |= changed
         land(data_file, landing)
-        sides[0].profile = i == profiled  # type: ignore[attr-defined]
+        sides[0].profile = ours and profiled in (i, -1)  # type: ignore[attr-defined]
         results = run_round(sides, i + rotate, spark)
         wrong = {name: r.records_in for name, r in results.items() if r.records_in != len(frame)}
         if wrong:
