@@ -44,7 +44,8 @@ def default_savepoint_roots() -> list[str]:
     return [f"file://{os.path.abspath(home)}/savepoints"]
 
 
-SERVED_SCHEMES = frozenset({"file", "local", "memory", *S3_PROTOCOLS})
+LOCAL_SCHEMES = frozenset({"file", "local"})
+SERVED_SCHEMES = frozenset({*LOCAL_SCHEMES, "memory", *S3_PROTOCOLS})
 """Schemes the provider opens without being told: local files, fsspec's in-memory filesystem and S3."""
 
 
@@ -86,7 +87,9 @@ def storage_location(url: str, conn_id: str | None = None) -> Location:
     (:func:`~.object_store.aws_connection_options`), else from the standard environment
     (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``). Not through the
     Amazon provider's filesystem: it caches listings and holds a boto session that does not
-    travel to Spark executors. Another scheme takes any connection ObjectStoragePath accepts;
+    travel to Spark executors. A local path without a connection opens fsspec's local filesystem directly:
+    ObjectStoragePath would first load every provider's filesystems (the Amazon provider's imports
+    ``boto3``, 0.5 s of every task process). Another scheme takes any connection ObjectStoragePath accepts;
     one no provider registers is served by fsspec directly. An object store is probed once
     (:func:`~.object_store.check_reachable`). A URL :func:`storage_url_problem` refuses raises
     :class:`RefusedInputError` before anything is opened.
@@ -96,7 +99,8 @@ def storage_location(url: str, conn_id: str | None = None) -> Location:
     problem = storage_url_problem(url)
     if problem is not None:
         raise RefusedInputError(f"storage URL {problem}")
-    if split_protocol(url)[0] in S3_PROTOCOLS:
+    scheme = split_protocol(url)[0]
+    if scheme in S3_PROTOCOLS or (conn_id is None and (scheme or "file") in LOCAL_SCHEMES):
         location = Location.from_url(url, **({} if conn_id is None else {"conn_id": conn_id}))
     else:
         if conn_id is not None:
