@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
@@ -28,6 +30,7 @@ from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.inprocess import Job
 from tests.s3.s3_job import s3fs_of
 from tests.servers.s3 import AccessLog, S3Server
+from tests.spark.helpers import staged_and_committed, step_context
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,16 +56,21 @@ def events(checkpoint: int) -> pd.DataFrame:
     )
 
 
+def _logged(logged_s3: tuple[S3Server, AccessLog], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The logged server's environment set, and its storage options: given too, not only its environment (fsspec
+    reuses a filesystem made with the same arguments, which in this process may reach the session's other S3
+    server)."""
+    for name, value in logged_s3[0].env().items():
+        monkeypatch.setenv(name, value)
+    return logged_s3[0].storage_options()
+
+
 def test_a_small_checkpoint_on_s3_makes_few_requests_and_no_more_as_the_job_ages(
     spark: SparkSession, logged_s3: tuple[S3Server, AccessLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, access = logged_s3
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
+    options = _logged(logged_s3, monkeypatch)
     root = server.url(f"small-{uuid.uuid4().hex[:8]}")
-    # this server's options given, not only its environment: fsspec reuses a filesystem made with the same
-    # arguments, which in this process may reach the session's other S3 server
-    options = server.storage_options()
     with collecting() as nodes:
         landing = FileSource("events", f"{root}/landing", "json", SCHEMA, storage_options=options)
         totals = KeyedAggregate("totals", landing, ["user"], AGGS)
@@ -95,3 +103,37 @@ def test_a_small_checkpoint_on_s3_makes_few_requests_and_no_more_as_the_job_ages
     # checkpoint 3 reads one more kept state delta than 2, checkpoint 4 two more, and its retention has
     # a first checkpoint to delete (one bulk request): nothing else grows with the job's age
     assert counts[4] - counts[2] <= 3, counts
+
+
+UPSERT_STEP_REQUESTS = 20
+"""Requests of a Delta upsert step changing 2 keys of a 16-bucket table (its prepared stage, then the stage): at
+most this. Measured 17: the log (listing, ``_last_checkpoint``, log checkpoint), its replay, the claim, the
+staging listings, the update file and DV file written, and the key columns of the one bucket file both keys
+hash to. A preparation reading the key columns of all 16 bucket files made 32."""
+
+
+def test_a_small_delta_upsert_on_s3_reads_only_the_files_its_changed_keys_can_be_in(
+    spark: SparkSession, logged_s3: tuple[S3Server, AccessLog], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake import DeltaTable
+
+    server, access = logged_s3
+    options = _logged(logged_s3, monkeypatch)
+    url = f"{server.url(f'upsert-{uuid.uuid4().hex[:8]}')}/delta"
+    source = FileSource("events", str(tmp_path / "none"), "json", "user STRING, v LONG")
+    sink = DeltaTableSink("delta", source, url, "upsert", ["user"], buckets=16, storage_options=options)
+    storage = JobStorage.for_job(str(tmp_path / "checkpoints"), "job")
+    first = pd.DataFrame({"user": [f"u{i:04d}" for i in range(2000)], "v": range(2000)})
+    staged_and_committed(spark, sink, storage, 1, first, "user STRING, v LONG")
+    changed = pd.DataFrame({"user": ["u0007", "u1234"], "v": [-7, -1234]})
+    df = spark.createDataFrame(changed, "user STRING, v LONG")
+    ctx = step_context(spark, storage, 2)
+    access.since()
+    sink.prepare(ctx)
+    committables = sink.stage(ctx, df)
+    step = access.since()
+    sink.commit(2, committables)
+    model = dict(zip(first.user, first.v, strict=True)) | dict(zip(changed.user, changed.v, strict=True))
+    got = pa.table(DeltaTable(url, storage_options=sink.delta_options()).scan()).to_pylist()  # DVs applied
+    assert {r["user"]: r["v"] for r in got} == model and len(got) == len(model)
+    assert len(step) <= UPSERT_STEP_REQUESTS, Counter(r.kind for r in step)

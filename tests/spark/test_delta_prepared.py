@@ -5,6 +5,7 @@ refused as one after the stage is."""
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
 import pandas as pd
@@ -72,6 +73,7 @@ def test_another_writers_commit_after_the_preparation_is_refused(spark, tmp_path
     sink.commit(1, sink.stage(step_context(spark, storage, 1), spark.createDataFrame(base, SCHEMA)))
     ctx = step_context(spark, storage, 2)
     sink.prepare(ctx)
+    assert all(t.daemon for t in threading.enumerate() if t.name == "delta-prepare")  # exit waits for none
     assert delta_prepared.take(sink, ctx) is not None  # prepared, and taken once
     sink.prepare(ctx)
     DeltaTable(str(path)).delete("a = 'k3'")  # another writer

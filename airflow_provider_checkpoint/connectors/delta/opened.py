@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     import fsspec
     from deltalake import DeltaTable
 
+    from airflow_provider_checkpoint.connectors.delta.prepared import Prepared
+
 _LOG_DAMAGE = ("Kernel error", "Invalid", "JSON", "Parquet error", "Arrow error", "Protocol")
 """Words of delta-rs errors about the log's content (not its storage)."""
 _UNSET: Any = object()
@@ -41,6 +43,8 @@ class OpenedTable:
         self._state: LogState | None = None
         self._checked = False
         self._whole = False
+        self.prepared: Prepared | None = None
+        """What a preparation of this call's stage read ahead (:mod:`.prepared`), if the stage took one."""
 
     def has_claim(self) -> bool:
         return self.claim is not _UNSET

@@ -42,6 +42,7 @@ from airflow_provider_checkpoint.connectors.delta.committer import DeltaCommitte
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaFile, is_upsert_file
 from airflow_provider_checkpoint.connectors.delta.layout import TableLayout, logged_layout, table_layout
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
+from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable
 from airflow_provider_checkpoint.connectors.delta.table import in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -159,22 +160,20 @@ class DeltaTableSink(DeltaCommitter):
         return {**claim, "buckets": self.upsert.buckets} if self.upsert else claim
 
     # -- writer (in the step) ------------------------------------------------------------
-    _ready: delta_prepared.Prepared | None = None
-
     def prepare(self, ctx: StepContext) -> None:
-        """An upsert's stage prepared on a thread while the step reads its input (:mod:`.prepared`)."""
+        """An upsert's stage prepared on a thread while the step reads its input (:mod:`.prepared`): the log
+        and the live files; the key columns too for a table on local storage (on an object store the stage
+        reads only those of the files its changed keys can be in)."""
         if self.upsert is not None:
-            delta_prepared.start(self, ctx, delta_upsert.read_keys, self.keys)
+            fs, root = self._fs()
+            table = OpenedTable(fs, root, self.asset_uri(), self.delta_options())
+            delta_prepared.start(self, ctx, table, self._snapshot, self.keys)
 
     @contextmanager
     def _staging(self, ctx: StepContext) -> Iterator[None]:
         """The stage's call: in the table :meth:`prepare` opened for it, if it did (:mod:`.opened`)."""
-        self._ready = delta_prepared.take(self, ctx)
-        try:
-            with self.opened(self._ready.table if self._ready else None):
-                yield
-        finally:
-            self._ready = None
+        with self.opened(delta_prepared.take(self, ctx)):
+            yield
 
     def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Check the target, claim it, stage the checkpoint's files: the table opened once (:mod:`.opened`)."""
@@ -224,13 +223,14 @@ class DeltaTableSink(DeltaCommitter):
         check_delete_column(self.uid, self.delete_when, rows.schema)
         written = StructType([f for f in rows.schema.fields if f.name != self.delete_when])
         fs, root, staging, added, missing = self._prepare(ctx, written)
-        seen = self._upsert_snapshot()
+        ahead = self._table().prepared
+        seen = self._upsert_snapshot(ahead)
         live = seen.files
         if missing.fields:  # a key keeps its values in them, as Delta's MERGE keeps them
             held = [evolution.table_file(fs, root, f) for f in live.values()]
             rows = missing_columns.upsert_rows(f"Delta table {self.asset_uri()}", fs, held, rows, missing)
         if live:
-            keys = self._ready.keys if self._ready and self._ready.snapshot is seen else {}
+            keys = ahead.keys if ahead else {}
             staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes, keys)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
@@ -354,11 +354,11 @@ class DeltaTableSink(DeltaCommitter):
         """The live files of an upsert table (:meth:`_upsert_snapshot`)."""
         return self._upsert_snapshot().files
 
-    def _upsert_snapshot(self) -> delta_log.Snapshot:
-        """The latest snapshot of an upsert table; :class:`SinkClaimedError` naming the way back if another
-        writer added files (they may repeat keys: the sink keeps one row per key over its own files only)."""
-        ready = self._ready.snapshot if self._ready else None
-        snapshot = ready or self._snapshot()
+    def _upsert_snapshot(self, ahead: delta_prepared.Prepared | None = None) -> delta_log.Snapshot:
+        """The latest snapshot of an upsert table (``ahead``'s, as a preparation read it); :class:`SinkClaimedError`
+        naming the way back if another writer added files (they may repeat keys: the sink keeps one row per key
+        over its own files only)."""
+        snapshot = ahead.snapshot if ahead else self._snapshot()
         live = snapshot.files
         paths = {p for p in live if not is_upsert_file(p)}
         if paths:
