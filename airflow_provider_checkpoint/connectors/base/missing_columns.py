@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from airflow_provider_checkpoint.connectors.base.file_threads import each_file
 from airflow_provider_checkpoint.exceptions import SinkSchemaError
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 from airflow_provider_checkpoint.storage.object_store import open_sized
 
 if TYPE_CHECKING:
@@ -249,8 +250,8 @@ def held_values(fs: fsspec.AbstractFileSystem, file: TableFile, keys: list[str],
             at += batch.num_rows
             valued = np.zeros(batch.num_rows, dtype=bool)
             for c in present:
-                valued |= pc.is_valid(batch.column(c)).to_numpy(zero_copy_only=False)
-            kept = pa.Table.from_batches([batch]).filter(pa.array(live & valued))
+                valued |= numpy_of(pc.is_valid(batch.column(c)))
+            kept = pa.Table.from_batches([batch]).filter(arrow_of(live & valued))
             for c in columns:
                 if c not in present:
                     kept = kept.append_column(c, pa.nulls(kept.num_rows))
