@@ -70,13 +70,15 @@ class CheckpointCompletion:
         releases, ready = self._releases(earlier or kept), (lambda: True) if earlier else sinks_committed.result
         with ThreadPoolExecutor(max(1, len(releases)), thread_name_prefix="release-input") as pool:
             released = [pool.submit(r, ready) for r in releases]
-            try:
+            try:  # told once every sink committed: the sinks' housekeeping (a Delta log checkpoint) runs beside
                 if commit_sinks:
-                    self.sink_committer.commit(completed)
+                    self.sink_committer.commit(completed, lambda: sinks_committed.set_result(True))
             except BaseException:
-                sinks_committed.set_result(False)
+                if not sinks_committed.done():  # not once committed (the housekeeping failed)
+                    sinks_committed.set_result(False)
                 raise
-            sinks_committed.set_result(commit_sinks)
+            if not sinks_committed.done():
+                sinks_committed.set_result(False)
             self._after_commits(completed)
             for release in released:
                 release.result()

@@ -5,7 +5,7 @@ finalize, roll back on restore)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, ClassVar
 
@@ -127,6 +127,12 @@ class Sink(StepOutput):
 
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         raise NotImplementedError
+
+    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Callable[[], None] | None:
+        """:meth:`commit`, returning the housekeeping it left for the caller to run once every sink of the
+        checkpoint committed (work no guarantee depends on: e.g. a Delta log checkpoint); here none."""
+        self.commit(checkpoint_id, committables)
+        return None
 
     def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
         """Raise :class:`~airflow_provider_checkpoint.exceptions.DocumentError` unless ``committables``

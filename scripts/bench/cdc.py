@@ -12,6 +12,8 @@ Rows are narrow: ``(id bigint primary key, label text, value double precision)``
   run it (trigger, the step reading the slot and upserting into Delta from the driver, finalize), and
   checkpoint 2 of a second job on its own slot forced through Spark (``driver_read_bytes=0``), the two
   in alternating order. Each Delta table (read by delta-rs) is compared with a ``SELECT`` of the source table.
+  Then the floor again (what the order costs it) and the server's decoding alone (the floor's peek counted on
+  the server: what the floor's client adds).
 - **snapshot**: a table of ``snapshot_rows`` rows; the source's first barrier (slot with an exported
   snapshot, every row read under it, Parquet into the job's storage) vs one ``COPY table TO STDOUT``
   read by psycopg (bytes counted), the floor of reading the table at all; and the chunked snapshot
@@ -76,6 +78,18 @@ def _floor(db: Any, slot: str, publication: str) -> tuple[float, int, int]:
         for (data,) in cursor:
             count, size = count + 1, size + len(data)
     return elapsed(started), count, size
+
+
+def _bare_floor(db: Any, slot: str, publication: str) -> float:
+    """Seconds of the server's decoding alone: the floor's peek counted on the server, no message sent."""
+    started = time.perf_counter()
+    with db.transaction():
+        db.execute(
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+            "'publication_names', %s)",
+            (slot, publication),
+        ).fetchone()
+    return elapsed(started)
 
 
 def _check(db: Any, table: str, delta: Path) -> list[str]:
@@ -143,6 +157,7 @@ def _stream(server: Any, spark: Any, work: Path, r: int, rows: int, changes: int
                 problems.append(f"{name}: {made} changes made, {second.stats['records_in']} read")
         if decoded.num_rows != made:
             problems.append(f"{made} changes made, {decoded.num_rows} decoded")
+        again, bare = _floor(db, floor_slot, slot)[0], _bare_floor(db, floor_slot, slot)  # after: the order's share
         for name in (slot, f"{slot}_spark", floor_slot):
             db.execute("SELECT pg_drop_replication_slot(%s)", (name,))
         db.execute(f"DROP TABLE {table}; DROP PUBLICATION {slot}; DROP PUBLICATION {slot}_spark")
@@ -156,6 +171,8 @@ def _stream(server: Any, spark: Any, work: Path, r: int, rows: int, changes: int
         "messages": floor[1],
         "wal_bytes": floor[2],
         "floor_s": floor[0],
+        "floor_again_s": again,
+        "bare_floor_s": bare,
         "decode_s": decode,
         "checkpoint_s": seconds["driver"],
         "spark_checkpoint_s": seconds["spark"],
@@ -305,6 +322,11 @@ def render(result: dict[str, Any]) -> str:
             f"{_fmt(ckpt, '', 0)} | {_fmt([c / f for c, f in zip(ckpt, floor, strict=True)])} |",
             f"| checkpoint 2 through Spark (`driver_read_bytes=0`: createDataFrame, Spark's reduction) | "
             f"{_fmt(through, '', 0)} | {_fmt([c / f for c, f in zip(through, floor, strict=True)])} |",
+            "",
+            "The floor read again after the checkpoints: "
+            f"{_fmt([s['changes'] / s.get('floor_again_s', s['floor_s']) for s in stream], '', 0)} changes/s; the "
+            "server's decoding alone (the same peek counted on the server, no message sent): "
+            f"{_fmt([s['changes'] / s.get('bare_floor_s', s['floor_s']) for s in stream], '', 0)} changes/s.",
             "",
             f"WAL read: {stream[0]['messages']:,} pgoutput messages, {stream[0]['wal_bytes'] / 1e6:,.0f} MB. "
             "Checkpoint 2's phases (s, first round): "

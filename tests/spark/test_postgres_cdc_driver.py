@@ -71,6 +71,13 @@ def _delta(path: Path) -> dict[int, tuple[Any, ...]]:
     return found
 
 
+def _log_checkpointed(path: Path) -> bool:
+    """Whether the Delta table's latest version has its log checkpoint (finalize's housekeeping wrote it)."""
+    log = path / "_delta_log"
+    latest = max(int(p.stem) for p in log.glob("*.json") if p.stem.isdigit())
+    return (log / f"{latest:020d}.checkpoint.parquet").exists()
+
+
 def _postgres(server: PostgresServer, table: str, where: str = "true") -> dict[int, tuple[Any, ...]]:
     with server.connect() as db:
         rows = db.execute(f"SELECT {', '.join(COLUMNS)} FROM {table} WHERE {where}").fetchall()
@@ -123,6 +130,7 @@ def test_the_driver_path_and_spark_give_the_source_tables(spark, pg, tmp_path, m
         job.checkpoint(during=during)
         assert _delta(tmp_path / "delta_driver") == seen, checkpoint
         assert _delta(tmp_path / "delta_spark") == seen, checkpoint
+        assert _log_checkpointed(tmp_path / "delta_driver") and _log_checkpointed(tmp_path / "delta_spark")
         assert _postgres(pg, target) == seen, checkpoint
         assert _postgres(pg, f"{target}_soft", "NOT gone") == seen, checkpoint
         on_driver = [] if checkpoint == 0 else ["delta_driver", "postgres", "postgres_soft"]

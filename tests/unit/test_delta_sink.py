@@ -283,6 +283,25 @@ def test_an_append_table_gets_a_log_checkpoint_every_interval_and_the_version_is
     assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2 * 12
 
 
+def test_commit_then_leaves_the_log_checkpoint_and_leftovers_to_its_caller(tmp_path):
+    """Finalize's form of the commit (``commit_then``): the new version is durable and read at once (delta-rs),
+    its log checkpoint and another attempt's leftover file come only with the housekeeping returned."""
+    from deltalake import DeltaTable
+
+    table = tmp_path / "t"
+    sink = _sink(table)
+    leftover = _staged(table, 1, "part-other-attempt.parquet")["path"]
+    after = sink.commit_then(1, _committables(1, _staged(table, 1)))
+    assert sink.is_committed(1) and DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+    log_checkpoint = table / "_delta_log" / f"{1:020d}.checkpoint.parquet"
+    assert not log_checkpoint.exists() and (table / leftover).exists()
+    assert after is not None
+    after()
+    assert log_checkpoint.exists() and not (table / leftover).exists()
+    assert DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+    assert sink.commit_then(1, _committables(1, _staged(table, 1))) is None, "committed already: nothing to do"
+
+
 def _once_before_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -> list[bool]:
     """Run ``action`` once, inside the next commit of any sink, after its idempotence check and before
     it writes (``DeltaTableSink._staged``); the returned list is non-empty once it ran."""

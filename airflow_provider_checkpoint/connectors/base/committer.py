@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
@@ -59,9 +59,12 @@ class SinkCommitter:
                 log.warning("sink %s: commit of checkpoint %d not described: %r", uid, checkpoint_id, e)
         return records
 
-    def commit(self, completed: CompletedCheckpoint) -> None:
-        """Commit every sink transaction of ``completed``; output for a sink the pipeline lost is skipped."""
+    def commit(self, completed: CompletedCheckpoint, committed: Callable[[], None] = lambda: None) -> None:
+        """Commit every sink transaction of ``completed``; output for a sink the pipeline lost is skipped.
+        ``committed`` is called once all are committed, before the sinks' housekeeping
+        (:meth:`Sink.commit_then`); not after a failed commit."""
         self.check(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")
+        housekeeping: list[tuple[Sink, Callable[[], None]]] = []
         for uid, committables in sorted(completed.sinks.items()):
             if uid not in self.sinks:
                 log.warning(
@@ -71,5 +74,11 @@ class SinkCommitter:
                 )
                 continue
             with self.sinks[uid].storage_errors():
-                self.sinks[uid].commit(completed.checkpoint_id, committables)
+                after = self.sinks[uid].commit_then(completed.checkpoint_id, committables)
+            if after is not None:
+                housekeeping.append((self.sinks[uid], after))
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
+        committed()
+        for sink, after in housekeeping:
+            with sink.storage_errors():
+                after()

@@ -4,8 +4,9 @@
 vectors) and a ``txn`` action with app id ``airflow-checkpoint:<job>:<sink uid>`` and version
 = checkpoint id; a checkpoint whose id is at most the table's ``transaction_version(app id)`` is
 not committed again, so a finalize retry and recovery may both commit. Every commit is followed
-by a log checkpoint (:data:`.commit.CHECKPOINT_INTERVAL`). Restore to checkpoint N
-(:meth:`DeltaCommitter.rollback`) is one ``RESTORE`` commit back to the version N committed.
+by a log checkpoint (:data:`.commit.CHECKPOINT_INTERVAL`); in finalize it is written once every sink of the
+checkpoint committed (:meth:`DeltaCommitter.commit_then`), beside what waits for that (a slot's advance).
+Restore to checkpoint N (:meth:`DeltaCommitter.rollback`) is one ``RESTORE`` commit back to the version N committed.
 Each entry point opens the table once (:mod:`.opened`); a commit is written with our own log replay
 (:mod:`.commit`), delta-rs is opened only after it, for the log checkpoint.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -47,6 +49,8 @@ class DeltaCommitter(DeltaTableBase):
 
     record_kind = "delta"
     _records: dict[int, JsonDict]
+    _deferred: list[Callable[[], None]] | None = None
+    """While :meth:`commit_then` runs: where the commit leaves its housekeeping."""
     """What this sink committed in this process: checkpoint id → its Delta version and commit time (dropped
     by a restore)."""
 
@@ -114,7 +118,6 @@ class DeltaCommitter(DeltaTableBase):
         version = done.version if done else None
         if done is not None:  # the version and time the table's history gives it (:meth:`_record`)
             self._records[checkpoint_id] = {"delta_version": done.version, "commit_time": done.timestamp / 1000}
-            delta_commit.log_checkpoint(fs, root, self.asset_uri(), done, opened.advance)
         log.info(
             "sink %s: checkpoint %d committed as Delta version %s (%d adds, %d removes, %d files with new deletes) "
             "in %.3fs",
@@ -126,7 +129,32 @@ class DeltaCommitter(DeltaTableBase):
             len(commit.deletes),
             time.monotonic() - started,
         )
-        self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit), staged)
+
+        def housekeeping() -> None:  # the log checkpoint (readers' shortcut) and the leftovers: no guarantee's
+            if done is not None:
+                delta_commit.log_checkpoint(fs, root, self.asset_uri(), done, opened.advance)
+            self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit), staged)
+
+        if self._deferred is None:
+            housekeeping()
+        else:
+            self._deferred.append(housekeeping)
+
+    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Callable[[], None] | None:
+        """:meth:`commit` with its log checkpoint and the deletion of the attempt's leftovers returned, not run:
+        the commit is durable without them (a reader replays the commits since the last log checkpoint)."""
+        deferred: list[Callable[[], None]] = []
+        self._deferred = deferred
+        try:
+            self.commit(checkpoint_id, committables)
+        finally:
+            self._deferred = None
+
+        def run() -> None:
+            for after in deferred:
+                after()
+
+        return run if deferred else None
 
     def _refuse_links(self, checkpoint_id: int, paths: list[str]) -> None:
         """Refuse a staged data or DV file (table-relative ``paths``) that is a link or is reached through one
