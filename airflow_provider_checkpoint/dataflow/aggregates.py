@@ -20,7 +20,7 @@ same state. A state column named like the output column is visible in the output
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -268,6 +268,42 @@ class Aggregate:
         best = rows.take(pc.take(pc.sort_indices(ranked, sort), starts))
         chosen = pc.is_valid(best[by])
         return {value: pc.if_else(chosen, best[value], None), by: best[by]}
+
+
+DRIVER_PARTIALS = ("count", "min", "max")
+"""The aggregates :func:`partials_arrow` computes."""
+
+
+def partials_arrow(aggs: Mapping[str, Aggregate], keys: Sequence[str], rows: pa.Table) -> pa.Table | None:
+    """The state columns per key of input ``rows`` (one row per key, a null key being a key), as
+    :meth:`Aggregate.partial` gives them in Spark: the keys, then every aggregate's state columns. Only
+    ``count``, ``count(col)``, ``min(col)`` and ``max(col)`` of strings, integers or booleans (pyarrow counts
+    and orders those as Spark does); ``None`` for any other aggregate or type (Spark computes them)."""
+    import pyarrow as pa
+
+    def ordered(kind: pa.DataType) -> bool:
+        return bool(pa.types.is_string(kind) or pa.types.is_integer(kind) or pa.types.is_boolean(kind))
+
+    if not all(k in rows.column_names and ordered(rows.schema.field(k).type) for k in keys):
+        return None
+    specs: dict[str, tuple[str | list[str], str]] = {}  # by the column pyarrow names the aggregate
+    names: dict[str, str] = {}
+    for out, agg in aggs.items():
+        if agg.fn == "count" and agg.column is None:
+            names[out] = "count_all"
+            specs["count_all"] = ([], "count_all")
+        elif agg.fn in DRIVER_PARTIALS and agg.column is not None and agg.column in rows.column_names:
+            if agg.fn != "count" and not ordered(rows.schema.field(agg.column).type):
+                return None
+            names[out] = f"{agg.column}_{agg.fn}"
+            specs[names[out]] = (agg.column, agg.fn)
+        else:
+            return None
+    if set(specs) & set(keys):
+        return None  # a key named like pyarrow's result column
+    grouped = rows.group_by(list(keys), use_threads=False).aggregate(list(specs.values()))
+    states = {out: grouped[name] for out, name in names.items()}
+    return pa.table({**{k: grouped[k] for k in keys}, **states})
 
 
 ARROW_COMBINE = {"count": "sum", "sum": "sum", "avg": "sum", "min": "min", "max": "max"}

@@ -136,6 +136,16 @@ class StatefulOperator(Node):
         form, and its state is merged by Spark only."""
         return None
 
+    def takes_source_rows(self) -> bool:
+        """Whether :meth:`partials_arrow` may reduce input rows its source read on the driver
+        (:meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_for_operator`); ``False`` here."""
+        return False
+
+    def partials_arrow(self, rows: pa.Table) -> pa.Table | None:
+        """:meth:`partials` of the input ``rows`` the driver holds (read there by its source), in pyarrow,
+        where that gives Spark's values; ``None`` (the default): Spark reduces the input."""
+        return None
+
     def first_state(
         self, inputs: Mapping[str, DataFrame], range_column: Column, name: str, ranges: int
     ) -> DataFrame | None:

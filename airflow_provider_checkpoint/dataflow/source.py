@@ -118,6 +118,13 @@ class Source(Node):
         counted): :meth:`read_counted` reads them. None here."""
         return None
 
+    def read_for_operator(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
+        """The records in ``[previous, barrier)`` read on the driver, exactly as :meth:`read` gives them (its
+        DataFrame made by :meth:`SourceRows.frame`), for a stateful consumer that reduces them there
+        (:meth:`StatefulOperator.partials_arrow`); counted and checked as :meth:`read_counted` does. ``None``
+        (nothing read, nothing counted): :meth:`read_counted` reads them. None here."""
+        return None
+
     def read_counted(self, ctx: StepContext, previous: Any, barrier: Any) -> tuple[DataFrame, int]:
         """:meth:`read` and its number of records; a source that can count while it reads overrides it."""
         df = self.read(ctx, previous, barrier)

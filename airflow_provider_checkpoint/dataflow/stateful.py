@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.core.event_time import WatermarkProgress, WatermarkSpec
 from airflow_provider_checkpoint.core.model import Barrier
 from airflow_provider_checkpoint.core.ttl import EXPIRES_AT, TTL, Clocks
-from airflow_provider_checkpoint.dataflow.aggregates import ARROW_COMBINE, Aggregate, key_order
+from airflow_provider_checkpoint.dataflow.aggregates import (
+    ARROW_COMBINE,
+    DRIVER_PARTIALS,
+    Aggregate,
+    key_order,
+    partials_arrow,
+)
 from airflow_provider_checkpoint.dataflow.expiry import TS_MS_UP, advance, live_state, with_event_time
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.dataflow.keyed_join import OTHER, keys_match, other_side
@@ -286,6 +292,14 @@ class KeyedAggregate(StatefulOperator):
         if self.ttl is not None or not all(agg.arrow_mergeable() for agg in self.aggs.values()):
             return None
         return self._partial(inputs[self.inputs[0].uid])
+
+    def takes_source_rows(self) -> bool:
+        """Without ``ttl``, when every aggregate is one :func:`~.aggregates.partials_arrow` computes."""
+        return self.ttl is None and all(agg.fn in DRIVER_PARTIALS for agg in self.aggs.values())
+
+    def partials_arrow(self, rows: pa.Table) -> pa.Table | None:
+        """:meth:`partials` in pyarrow (:func:`~.aggregates.partials_arrow`: counts, minima and maxima)."""
+        return None if self.ttl is not None else partials_arrow(self.aggs, self.keys, rows)
 
     def merge_arrow(self, state: pa.Table, partials: pa.Table) -> pa.Table:
         """The keys of ``partials`` with their aggregates combined with their ``state`` rows, as

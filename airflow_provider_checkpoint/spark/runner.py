@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
@@ -30,11 +30,13 @@ from airflow_provider_checkpoint.spark.channels import read_channel, write_chann
 from airflow_provider_checkpoint.spark.session import SparkHandle
 from airflow_provider_checkpoint.spark.step_reads import StepReads, restored_position, step_reads
 from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
+from airflow_provider_checkpoint.state.driver_merge import may_take_source_rows
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
 from airflow_provider_checkpoint.storage import JobStorage
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
@@ -181,7 +183,8 @@ class _StepRun(StepWalk):
         self.committables: dict[str, list[JsonDict]] = {}
         self.produced: dict[str, ChannelSnapshot] = {}
         self.inputs: dict[str, str] = {}
-        self.read_once, self.in_driver = reads
+        self.read_once, self.in_driver, self.for_operator = reads
+        self.held: dict[str, pa.Table] = {}  # by source uid: its rows read on the driver for its operator
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
         self.read_on_driver: dict[str, SourceRows] = {}  # by source uid: its rows, for its only consumer
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
@@ -194,6 +197,13 @@ class _StepRun(StepWalk):
             self.read_on_driver[node.uid] = read
             _count_records(ctx, node.uid, read.rows.num_rows)
             return
+        if node.uid in self.for_operator and self._operator_takes_rows(node, previous, barrier):
+            read = node.read_for_operator(ctx, previous, barrier)
+            if read is not None:  # its operator reduces the rows on the driver, or reads their DataFrame
+                self.held[node.uid] = read.rows
+                self.outputs[node.uid] = read.frame()
+                _count_records(ctx, node.uid, read.rows.num_rows)
+                return
         if node.uid in self.read_once:
             df, count = node.read_once(ctx, previous, barrier)
             self.counting[self.read_once[node.uid]] = (node.uid, count)
@@ -201,6 +211,13 @@ class _StepRun(StepWalk):
             df, records = node.read_counted(ctx, previous, barrier)
             _count_records(ctx, node.uid, records)
         self.outputs[node.uid] = df
+
+    def _operator_takes_rows(self, node: Source, previous: Any, barrier: Any) -> bool:
+        """Whether the stateful consumer of ``node`` may merge this checkpoint on the driver from the rows the
+        source reads there (:func:`~airflow_provider_checkpoint.state.driver_merge.may_take_source_rows`)."""
+        operator = self.for_operator[node.uid]
+        restored = self.restore.operators.get(operator.uid) if self.restore else None
+        return may_take_source_rows(restored, self.settings, node.input_bytes(previous, barrier))
 
     def stateful(self, node: StatefulOperator) -> None:
         ctx = self.ctx
@@ -216,6 +233,7 @@ class _StepRun(StepWalk):
             self.restore_base,
             self.settings,
             {"step": ctx.step, "attempt": ctx.attempt},
+            {uid: self.held[uid] for uid in (n.uid for n in node.inputs) if uid in self.held},
         )
         self.snapshots[node.uid] = result.snapshot
         for name, value in result.metrics.items():

@@ -44,19 +44,30 @@ def _read_in_driver(only_consumers: dict[str, Node]) -> set[str]:
     return {uid for uid, sink in only_consumers.items() if isinstance(sink, Sink) and sink.takes_source_rows()}
 
 
+def _for_operator(only_consumers: dict[str, Node]) -> dict[str, StatefulOperator]:
+    """Sources, of those with one consumer (:func:`_only_consumers`), whose consumer is a stateful operator that may
+    reduce their rows on the driver (:meth:`StatefulOperator.takes_source_rows`): source uid → that operator."""
+    return {
+        uid: only
+        for uid, only in only_consumers.items()
+        if isinstance(only, StatefulOperator) and only.takes_source_rows()
+    }
+
+
 class StepReads(NamedTuple):
     """How a step reads its sources, from one walk of the graph (:func:`step_reads`): source uid → the consumer
-    reading it in one pass (:func:`_read_once`), and the sources whose rows go to their consumer on the driver
-    (:func:`_read_in_driver`)."""
+    reading it in one pass (:func:`_read_once`), the sources whose rows go to their consumer on the driver
+    (:func:`_read_in_driver`), and those whose operator may reduce their rows there (:func:`_for_operator`)."""
 
     read_once: dict[str, str]
     in_driver: set[str]
+    for_operator: dict[str, StatefulOperator] = {}  # noqa: RUF012  # a NamedTuple's default, never changed
 
 
 def step_reads(graph: PipelineGraph, step: str) -> StepReads:
     """How ``step`` reads its sources: one walk of the graph for the operator's plan and the run."""
     only_consumers = _only_consumers(graph, step)
-    return StepReads(_read_once(only_consumers), _read_in_driver(only_consumers))
+    return StepReads(_read_once(only_consumers), _read_in_driver(only_consumers), _for_operator(only_consumers))
 
 
 def may_skip_spark(graph: PipelineGraph, step: str, reads: StepReads | None = None) -> bool:

@@ -28,6 +28,7 @@ from airflow_provider_checkpoint.state.driver_merge import (
     closing_column,
     driver_partials,
     first_on_driver,
+    held_partials,
     merge_on_driver,
 )
 from airflow_provider_checkpoint.state.first_version import first_full_version, first_version_on_driver
@@ -51,6 +52,7 @@ from airflow_provider_checkpoint.state.spark_backend import (
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, Row, SparkSession
 
 
@@ -70,10 +72,13 @@ def checkpoint_operator(
     restore_base: Location,
     settings: CheckpointSettings,
     where: Mapping[str, object],
+    held: Mapping[str, pa.Table] | None = None,
 ) -> OperatorCheckpoint:
     """Run ``node`` over ``inputs`` from the ``restored`` state and write its new state under ``directory``.
 
-    ``where`` names the step attempt at fault points (``step`` and ``attempt``). An operator with
+    ``where`` names the step attempt at fault points (``step`` and ``attempt``). ``held``: by source uid, the
+    rows of an input its source read on the driver (the same as its DataFrame in ``inputs``), which a merge on
+    the driver reduces there with no Spark job (:func:`held_partials`). An operator with
     event time (:meth:`StatefulOperator.event_time`) advances the watermark of its restore point,
     and its snapshot records the one reached.
     """
@@ -108,6 +113,7 @@ def checkpoint_operator(
             process,
             changes,
             None if timed is None else (before, timed[0]),
+            held,
         )
     except Exception as e:  # a state file refused on the driver or in a Spark task: say which checkpoint read it
         refused = e if isinstance(e, StateFileError) else raised_in_spark(e)
@@ -136,6 +142,7 @@ def _checkpoint_operator(
     process: Process | None = None,
     changes: Changes | None = None,
     watermarks: tuple[WatermarkProgress, WatermarkProgress] | None = None,
+    held: Mapping[str, pa.Table] | None = None,
 ) -> OperatorCheckpoint:
     """:func:`checkpoint_operator`; ``process`` given (event time), it runs in place of the operator's
     :meth:`~StatefulOperator.process` and of its other forms (changelog, driver merge, first state),
@@ -161,7 +168,16 @@ def _checkpoint_operator(
             operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
             return OperatorCheckpoint(
                 *merge_on_driver(
-                    storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault, closes
+                    storage,
+                    directory,
+                    checkpoint_id,
+                    node,
+                    partials,
+                    restored,
+                    layout,
+                    operator.fault,
+                    closes,
+                    None if closes is not None else held_partials(node, held),
                 )
             )
     if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
@@ -184,7 +200,7 @@ def _checkpoint_operator(
             return OperatorCheckpoint(*merged)
     if restored is None and forms:
         at = {**where, "checkpoint": checkpoint_id}
-        first = first_version_on_driver(storage, directory, node, inputs, settings, at)
+        first = first_version_on_driver(storage, directory, node, inputs, settings, at, held_partials(node, held))
         first = first or first_full_version(storage, directory, node, inputs, settings, at)
         if first is not None:
             return first

@@ -37,7 +37,7 @@ from airflow_provider_checkpoint.state.files import DELETED, merged_rows, overla
 from airflow_provider_checkpoint.state.handles import OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import FULL_VERSION_SHARE, StateLayout, ranges_for
 from airflow_provider_checkpoint.state.spark_backend import SEQ, first_state_rows, range_index, state_schema
-from airflow_provider_checkpoint.state.spark_hash import hashable, range_indexes
+from airflow_provider_checkpoint.state.spark_hash import hashable, range_indexes, ranges_of, xxhash64
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
@@ -98,8 +98,10 @@ def merge_on_driver(
     layout: StateLayout,
     fault: Callable[[str], None],
     closing: Closing | None = None,
+    rows: pa.Table | None = None,
 ) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows | None]:
-    """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`), into
+    """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`; ``rows``: those the
+    driver computed already, :func:`held_partials`, with no Spark job), into
     ``restored`` and write the deltas (and the ranges :meth:`StateLayout.to_compact` picks, or
     every range when most keys changed) under ``directory``: the new snapshot, the output (as a
     DataFrame, :meth:`StatefulOperator.output_of`), the ack metrics, and that output as the driver
@@ -119,9 +121,12 @@ def merge_on_driver(
     struct = state_schema(restored)
     schema = _arrow_schema(struct)
     columns = schema.names
-    batch = partials.withColumns(
-        {_RANGE: range_index(node.keys, node.max_parallelism, layout.parallelism), KEY_HASH: key_hash(node.keys)}
-    ).toArrow()
+    if rows is not None:
+        batch = hashed(rows, node.keys, node.max_parallelism, layout.parallelism, _RANGE)
+    else:
+        batch = partials.withColumns(
+            {_RANGE: range_index(node.keys, node.max_parallelism, layout.parallelism), KEY_HASH: key_hash(node.keys)}
+        ).toArrow()
     touched = {int(i) for i in pc.unique(batch[_RANGE]).to_pylist()}
     compact = set(layout.to_compact())
     if not layout.has_deltas and len(batch) >= FULL_VERSION_SHARE * restored.rows:
@@ -192,6 +197,42 @@ def merge_on_driver(
     shown_rows = node.output_arrow(new_rows)
     held = None if shown_rows is None else DriverRows(shown_rows.append_column(KEY_HASH, shown[KEY_HASH]), node.keys)
     return snapshot, output, metrics, held
+
+
+def may_take_source_rows(
+    restored: OperatorSnapshot | None, settings: CheckpointSettings, input_bytes: int | None
+) -> bool:
+    """Whether a checkpoint of an operator from ``restored`` may merge on the driver an input of ``input_bytes``
+    its source would read there: at most :data:`FIRST_STATE_INPUT_BYTES` for a first state, else at most
+    :data:`DRIVER_INPUT_BYTES` into a state of at most ``driver_merge_rows`` rows (the bounds of
+    :func:`driver_partials` and :func:`~.first_version.first_version_on_driver`)."""
+    if input_bytes is None or not settings.driver_merge_rows or not settings.incremental_state:
+        return False
+    if settings.max_inline_state is not None:
+        return False
+    if restored is None:
+        return input_bytes <= FIRST_STATE_INPUT_BYTES
+    return restored.rows <= settings.driver_merge_rows and input_bytes <= DRIVER_INPUT_BYTES
+
+
+def held_partials(node: StatefulOperator, held: Mapping[str, pa.Table] | None) -> pa.Table | None:
+    """The per-key partials of ``node``'s one input computed by the driver (:meth:`StatefulOperator.partials_arrow`)
+    from the rows its source read there (``held``, by source uid), when the driver hashes its keys as Spark does
+    (:func:`~airflow_provider_checkpoint.state.spark_hash.hashable`); ``None``: Spark computes them."""
+    if not held or len(node.inputs) != 1 or node.inputs[0].uid not in held:
+        return None
+    partials = node.partials_arrow(held[node.inputs[0].uid])
+    return partials if partials is not None and hashable(partials, node.keys) else None
+
+
+def hashed(rows: pa.Table, keys: Sequence[str], max_parallelism: int, parallelism: int, range_name: str) -> pa.Table:
+    """``rows`` with their key-group range (of ``parallelism``) in ``range_name`` and :data:`KEY_HASH`, as Spark's
+    :func:`~airflow_provider_checkpoint.state.spark_backend.range_index` and :func:`key_hash` give them."""
+    from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of
+
+    hashes = xxhash64(rows, keys).view("int64")
+    ranges = ranges_of(hashes, max_parallelism, parallelism)
+    return rows.append_column(range_name, arrow_of(ranges)).append_column(KEY_HASH, arrow_of(hashes))
 
 
 def first_on_driver(

@@ -23,6 +23,7 @@ from airflow_provider_checkpoint.state.spark_backend import RANGE, first_state_r
 from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 
@@ -76,13 +77,15 @@ def first_version_on_driver(
     inputs: Mapping[str, DataFrame],
     settings: CheckpointSettings,
     where: Mapping[str, object],
+    held: pa.Table | None = None,
 ) -> OperatorCheckpoint | None:
     """An operator's first state written by the driver from an input of at most :data:`.DRIVER_INPUT_BYTES` (as
     the partials of a later merge), or of at most :data:`.FIRST_STATE_INPUT_BYTES` while Spark estimates the
     state at most ``driver_merge_rows`` rows (the bound of every later merge): aggregated as :func:`first_full_version`
     aggregates it (one shuffle by range, no partial aggregation) but collected as Arrow with Spark's hash of
     the keys, then each range's file written with pyarrow (as the driver merge writes a compacted range) and
-    the output held in the driver, so an upsert sink on the same keys writes it with no Spark job. The
+    the output held in the driver, so an upsert sink on the same keys writes it with no Spark job. ``held``: the
+    input's partials the driver computed already (:func:`~.driver_merge.held_partials`): no Spark job at all. The
     ranges, their grouping and the handles are those of :func:`first_full_version`; either continues the
     other. ``None``: not small, or not that form.
     """
@@ -110,7 +113,10 @@ def first_version_on_driver(
     if any(f.dataType.typeName() not in ARROW_MERGEABLE for f in struct.fields):
         return None
     schema = to_arrow_schema(struct, timezone="UTC")
-    batch = state.withColumn(KEY_HASH, key_hash(node.keys)).toArrow()
+    if held is not None:
+        batch = driver_merge.hashed(held, node.keys, max_parallelism, ranges, RANGE)
+    else:
+        batch = state.withColumn(KEY_HASH, key_hash(node.keys)).toArrow()
     order = np.argsort(batch[RANGE].to_numpy(), kind="stable")
     batch = batch.take(order)
     indexes, starts, counts = np.unique(batch[RANGE].to_numpy(), return_index=True, return_counts=True)

@@ -40,8 +40,16 @@ def range_indexes(table: pa.Table, keys: Sequence[str], max_parallelism: int, pa
     import numpy as np
     import pyarrow as pa
 
-    groups = xxhash64(table, keys).view(np.int64) % max_parallelism  # Spark's pmod: never negative
-    return pa.array((groups * parallelism // max_parallelism).astype(np.int32))
+    return pa.array(ranges_of(xxhash64(table, keys).view(np.int64), max_parallelism, parallelism))
+
+
+def ranges_of(hashes: np.ndarray, max_parallelism: int, parallelism: int) -> np.ndarray:
+    """The index of the key-group range (of ``parallelism``) of each of Spark's ``xxhash64`` ``hashes`` (int64),
+    as :func:`~airflow_provider_checkpoint.state.spark_backend.range_index` gives it (int32)."""
+    import numpy as np
+
+    groups = hashes % max_parallelism  # Spark's pmod: never negative
+    return (groups * parallelism // max_parallelism).astype(np.int32)
 
 
 def xxhash64(table: pa.Table, keys: Sequence[str]) -> np.ndarray:

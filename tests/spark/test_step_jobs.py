@@ -21,18 +21,18 @@ from airflow_provider_checkpoint.testing.inprocess import make_job
 
 pytestmark = pytest.mark.spark
 
-FIRST_JOBS = {"driver": 2, "large input": 3}
-"""The first checkpoint: read the input and aggregate it by key-group range (two jobs: the shuffle
-stage runs as one). ``driver`` (a small input): the rows are collected, the driver writes the state,
-and the upsert takes the rows from the driver (no job). ``large input``: each task writes its range's
-file, then the upsert collects those rows back from the files (a small first load, merged in the driver)."""
-INCREMENTAL_JOBS = {"driver": 2, "large input": 5}
-"""A later checkpoint. ``driver`` (a small state, merged with pyarrow): read and aggregate the
-input (two jobs: the shuffle stage runs as one); the upsert takes the merged rows from the driver
-(no job). ``large input`` (Spark): read the input
+FIRST_JOBS = {"driver": 0, "large input": 3}
+"""The first checkpoint. ``driver`` (a small input): the driver reads the JSON lines (Spark's rows exactly,
+:mod:`~airflow_provider_checkpoint.connectors.files.json_driver`), aggregates them, writes the state, and the upsert
+takes the rows from the driver: no job. ``large input``: read the input and aggregate it by key-group range (the
+shuffle stage runs as a job of its own), each task writing its range's file, then the upsert collects those rows back
+from the files (a small first load, merged in the driver)."""
+INCREMENTAL_JOBS = {"driver": 0, "large input": 5}
+"""A later checkpoint. ``driver`` (a small state, merged with pyarrow): the driver reads and aggregates the input
+too; the upsert takes the merged rows from the driver: no job. ``large input`` (Spark): read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
-SWITCH_JOBS = {"driver": 2, "large input": 6}
+SWITCH_JOBS = {"driver": 0, "large input": 6}
 """Where few changed keys turn into most: a delta as large as the state, then the compaction of
 every range it makes due. ``driver``: the driver merges and compacts them (no more jobs than an
 increment); ``large input``: a full version, the state read with its deltas merged by Spark."""

@@ -83,6 +83,12 @@ class FileSource(Source):
     (flat declared types, the file's types equal to them, names matching in case, no date or timestamp
     Spark would rebase; :mod:`~airflow_provider_checkpoint.fileio.driver_read`), else Spark reads.
 
+    **JSON inputs of a keyed aggregate on the driver.** When this source feeds only an operator that reduces
+    its rows on the driver (:meth:`~airflow_provider_checkpoint.dataflow.operator.StatefulOperator.takes_source_rows`)
+    and the checkpoint merges there, JSON files are parsed by pyarrow on the driver where that gives exactly
+    Spark's rows with none malformed (:mod:`~airflow_provider_checkpoint.connectors.files.json_driver`), else
+    Spark reads them.
+
     **Malformed records** (not parseable, or not matching ``schema``; JSON and CSV) with
     ``on_malformed="fail"`` fail the step with an error naming the file and line; nothing of
     that checkpoint is committed, and the next run proceeds once the file is fixed or
@@ -356,7 +362,7 @@ class FileSource(Source):
         fs, root = self.filesystem()
         names = sorted(todo)
         large = ctx.session.conf("spark.sql.execution.arrow.useLargeVarTypes") == "true"
-        declared = declared_flat(self.schema, ctx.session.conf("spark.sql.timestampType")) or self._declared()
+        declared = declared_flat(self.schema, ctx.session.conf("spark.sql.timestampType")) or self.declared()
         rows = read_exactly(
             fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], expected_schema(declared, large)
         )
@@ -366,7 +372,16 @@ class FileSource(Source):
         log.info("source %s: %d files, %d rows read on the driver", self.uid, len(names), rows.num_rows)
         return SourceRows(rows, as_nullable(declared), lambda: self.load(ctx, checked))
 
-    def _declared(self) -> StructType:
+    def read_for_operator(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
+        """JSON files without reader ``options`` parsed on the driver where pyarrow gives exactly Spark's rows and
+        none is malformed (:func:`~airflow_provider_checkpoint.connectors.files.json_driver.source_rows`);
+        ``None``: Spark reads them (and judges malformed records as ever)."""
+        from airflow_provider_checkpoint.connectors.files.json_driver import source_rows
+
+        return source_rows(self, ctx, previous, barrier)
+
+    def declared(self) -> StructType:
+        """The declared ``schema`` as Spark's columns."""
         from pyspark.sql.types import StructType
 
         declared = StructType.fromDDL(self.schema)
@@ -376,7 +391,7 @@ class FileSource(Source):
     def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
         """The files to read, checked unchanged since the barrier was cut."""
         todo = self.split(previous, barrier)
-        self._check_unchanged(todo, barrier)
+        self.check_unchanged(todo, barrier)
         ctx.add_metric("files_in", len(todo))
         return todo
 
@@ -391,12 +406,13 @@ class FileSource(Source):
         fs, root = self.filesystem()
         sizes = {f"{root}/{name}": size for name, size in todo.items()}
         ordered = self.in_source_order and file_column is None
-        declared = self._declared()
+        declared = self.declared()
         return file_scans.read_files(
             ctx.spark, fs, sizes, self.format, declared, self.options, CORRUPT, file_column, ordered
         )
 
-    def _check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
+    def check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
+        """Raise if a file of ``todo`` changed size since the barrier was cut (it would break exactly-once)."""
         if todo:
             now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
             file_positions.check_unchanged(self.uid, todo, now, self.url)
