@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
     from airflow_provider_checkpoint.storage import JobStorage
 
+Housekeeping = Callable[[], None]
+"""What a sink's commit leaves to run once every sink of the checkpoint committed: work no guarantee depends
+on (e.g. a Delta log checkpoint, the deletion of an attempt's leftovers)."""
+
 
 def redact_url(url: str) -> str:
     """``url`` without a ``user:password@`` in its authority (``s3://key:secret@bucket`` → ``s3://bucket``);
@@ -128,7 +132,7 @@ class Sink(StepOutput):
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         raise NotImplementedError
 
-    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Callable[[], None] | None:
+    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Housekeeping | None:
         """:meth:`commit`, returning the housekeeping it left for the caller to run once every sink of the
         checkpoint committed (work no guarantee depends on: e.g. a Delta log checkpoint); here none."""
         self.commit(checkpoint_id, committables)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Sink
+from airflow_provider_checkpoint.dataflow.sink import Housekeeping
 from airflow_provider_checkpoint.storage import JobStorage
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class SinkCommitter:
         ``committed`` is called once all are committed, before the sinks' housekeeping
         (:meth:`Sink.commit_then`); not after a failed commit."""
         self.check(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")
-        housekeeping: list[tuple[Sink, Callable[[], None]]] = []
+        housekeeping: list[tuple[Sink, Housekeeping]] = []
         for uid, committables in sorted(completed.sinks.items()):
             if uid not in self.sinks:
                 log.warning(

@@ -35,6 +35,7 @@ from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, 
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
+from airflow_provider_checkpoint.dataflow.sink import Housekeeping
 from airflow_provider_checkpoint.exceptions import (
     PipelineDefinitionError,
     SinkClaimedError,
@@ -292,16 +293,23 @@ class TransactionalSink(Sink):
         raise NotImplementedError
 
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
+        """Commit checkpoint ``checkpoint_id`` exactly once (:meth:`commit_then`), its housekeeping after it."""
+        housekeeping = self.commit_then(checkpoint_id, committables)
+        if housekeeping is not None:
+            housekeeping()
+
+    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Housekeeping | None:
         """Commit checkpoint ``checkpoint_id`` exactly once: a committed one is skipped, then every
-        committable is validated before the first effect."""
+        committable is validated before the first effect. Returns the commit's housekeeping, not run."""
         if self.is_committed(checkpoint_id):
             log.info("sink %s: checkpoint %d already committed, skipped", self.uid, checkpoint_id)
-            return
+            return None
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
-        self.commit_checked(checkpoint_id, self.read_committables(checkpoint_id, committables, document))
+        return self.commit_checked(checkpoint_id, self.read_committables(checkpoint_id, committables, document))
 
-    def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
-        """Commit validated committables (as :meth:`read_committables` returns them)."""
+    def commit_checked(self, checkpoint_id: int, committables: Any) -> Housekeeping | None:
+        """Commit validated committables (as :meth:`read_committables` returns them); the work left that no
+        guarantee depends on (:data:`~airflow_provider_checkpoint.dataflow.sink.Housekeeping`), if any."""
         raise NotImplementedError
 
     def abort(self, checkpoint_id: int) -> None:

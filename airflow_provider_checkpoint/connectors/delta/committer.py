@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import posixpath
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -32,6 +31,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
 from airflow_provider_checkpoint.connectors.delta.log_checks import LogState
 from airflow_provider_checkpoint.connectors.delta.table import DeltaTableBase, in_call
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.sink import Housekeeping
 from airflow_provider_checkpoint.exceptions import DocumentError, RestoreError
 from airflow_provider_checkpoint.storage.paths import is_local, refuse_links
 
@@ -49,8 +49,6 @@ class DeltaCommitter(DeltaTableBase):
 
     record_kind = "delta"
     _records: dict[int, JsonDict]
-    _deferred: list[Callable[[], None]] | None = None
-    """While :meth:`commit_then` runs: where the commit leaves its housekeeping."""
     """What this sink committed in this process: checkpoint id → its Delta version and commit time (dropped
     by a restore)."""
 
@@ -63,6 +61,10 @@ class DeltaCommitter(DeltaTableBase):
     @in_call
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         super().commit(checkpoint_id, committables)
+
+    @in_call
+    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Housekeeping | None:
+        return super().commit_then(checkpoint_id, committables)
 
     @in_call
     def is_committed(self, checkpoint_id: int) -> bool:
@@ -79,10 +81,12 @@ class DeltaCommitter(DeltaTableBase):
         return version is not None and version >= checkpoint_id
 
     @in_call
-    def commit_checked(self, checkpoint_id: int, committables: Any) -> None:
+    def commit_checked(self, checkpoint_id: int, committables: Any) -> Housekeeping:
         """One Delta commit: the adds, the removes, the new DVs and ``txn(app id, checkpoint id)``; retried
         on conflicts with other writers. Every added file must exist with the size its committable names
-        (one listing of ``chk-<id>/``), every DV file must exist, every removed file must be in the table."""
+        (one listing of ``chk-<id>/``), every DV file must exist, every removed file must be in the table.
+        Returns its housekeeping: the log checkpoint and the deletion of the attempt's leftovers (the commit
+        is durable without them: a reader replays the commits since the last log checkpoint)."""
         commit: DeltaCommit = committables
         opened = self._table()
         app_id, state = self.app_id(), opened.state()
@@ -135,26 +139,7 @@ class DeltaCommitter(DeltaTableBase):
                 delta_commit.log_checkpoint(fs, root, self.asset_uri(), done, opened.advance)
             self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit), staged)
 
-        if self._deferred is None:
-            housekeeping()
-        else:
-            self._deferred.append(housekeeping)
-
-    def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Callable[[], None] | None:
-        """:meth:`commit` with its log checkpoint and the deletion of the attempt's leftovers returned, not run:
-        the commit is durable without them (a reader replays the commits since the last log checkpoint)."""
-        deferred: list[Callable[[], None]] = []
-        self._deferred = deferred
-        try:
-            self.commit(checkpoint_id, committables)
-        finally:
-            self._deferred = None
-
-        def run() -> None:
-            for after in deferred:
-                after()
-
-        return run if deferred else None
+        return housekeeping
 
     def _refuse_links(self, checkpoint_id: int, paths: list[str]) -> None:
         """Refuse a staged data or DV file (table-relative ``paths``) that is a link or is reached through one
