@@ -243,7 +243,7 @@ class PostgresTableSink(TransactionalSink):
             claims.insert(self, db, claim)
 
     def claim(self, job_id: str) -> None:
-        """As :meth:`~.base.sink.Sink.claim`, on one connection: the stored claim read; if none, this job's
+        """As :meth:`TransactionalSink.claim`, on one connection: the stored claim read; if none, this job's
         inserted (unless another is there by then: ``ON CONFLICT DO NOTHING``), committed and read again, so
         the claim that won is the one checked."""
         self.bind_job(job_id)

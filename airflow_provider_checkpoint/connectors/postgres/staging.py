@@ -157,14 +157,14 @@ def _seal(
     sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str, rows: int, counted: bool, index: bool = False
 ) -> str | None:
     """Seal ``staging`` in one transaction on ``db`` (:mod:`.seal`: finalize and the commit then check it in the
-        catalog, counting no row) and return the seal. With ``index`` (the first load's upsert table) the unique key
-        index is built in that transaction too (:func:`index_keys`): ``None``, nothing built nor sealed, if a key is
-        staged twice. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
-        attempt can commit its load and be lost before it reports it, and its retry (or a speculative copy) load that
-        partition again; a table holding other than the ``rows`` reported is refused and the step fails (its retry
-        stages again); with ``index`` no count: such a partition stages its keys twice, which the index refuses (then
-    :func:`_load` counts the table, to tell that from an input repeating a key). Rows
-        from the driver need no count: its streams are not retried, each reports what it committed."""
+    catalog, counting no row) and return the seal. With ``index`` (the first load's upsert table) the unique key
+    index is built in that transaction too (:func:`index_keys`): ``None``, nothing built nor sealed, if a key is
+    staged twice. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
+    attempt can commit its load and be lost before it reports it, and its retry (or a speculative copy) load that
+    partition again; a table holding other than the ``rows`` reported is refused and the step fails (its retry
+    stages again); with ``index`` no count: such a partition stages its keys twice, which the index refuses (then
+    :func:`_load` counts the table, telling that from an input repeating a key). Rows from the driver need no
+    count: its streams are not retried, each reports what it committed."""
     import psycopg
 
     try:
