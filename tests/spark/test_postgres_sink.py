@@ -315,6 +315,30 @@ def test_another_jobs_table_is_refused_before_any_spark_work(spark, postgres_ser
     assert _table(postgres_server, target).shape[0] == 3
 
 
+def test_a_claim_stored_by_another_job_between_the_read_and_the_insert_is_refused(postgres_server, target, monkeypatch):
+    """Two jobs claiming one table at once: the one whose insert finds the other's claim there reads it back
+    and is refused; the stored claim stays the other's."""
+    from airflow_provider_checkpoint.connectors.postgres import claims
+
+    real, other = claims.read, _sink(target)
+    other.claim("job-a")  # the bookkeeping tables made
+    with postgres_server.connect() as db:
+        db.execute(f"DELETE FROM {target}.checkpoint_sink_claims")
+    reads: list[object] = []
+
+    def read_then_raced(*args: Any, **kwargs: Any) -> Any:
+        reads.append(found := real(*args, **kwargs))
+        if len(reads) == 1:
+            monkeypatch.setattr(claims, "read", real)
+            other.claim("job-a")  # on its own connection, committed before ours inserts
+        return found
+
+    monkeypatch.setattr(claims, "read", read_then_raced)
+    with pytest.raises(SinkClaimedError, match="job-a"):
+        _sink(target).claim("job-b")
+    assert reads == [None] and other.load_claim() == other.claim_document("job-a")
+
+
 @pytest.mark.parametrize("mode", ["append", "upsert"])
 def test_a_claim_row_naming_another_job_is_refused_before_a_second_commit(spark, postgres_server, target, mode):
     """The claims table is untrusted: a row edited to name another job would make the commit look for that
@@ -594,8 +618,9 @@ def test_a_partition_loaded_twice_by_spark_task_attempts_fails_the_step(
     spark, postgres_server, target, monkeypatch, mode
 ):
     """A Spark task attempt that committed its load and was lost before reporting it, and the retry that loaded
-    the partition again: the step counts the table under its seal (the first upsert load: its key index refuses
-    the partition's keys staged twice) and fails; nothing is committed."""
+    the partition again: the step counts the table under its seal (the first upsert load: once its key index
+    refused the partition's keys staged twice, telling that from an input repeating a key) and fails, to be retried;
+    nothing is committed."""
     from airflow_provider_checkpoint.connectors.postgres import staging
 
     real = staging.copy_partitions
@@ -615,8 +640,7 @@ def test_a_partition_loaded_twice_by_spark_task_attempts_fails_the_step(
 
     monkeypatch.setattr(staging, "copy_partitions", lost_then_retried)
     sink = _sink_of(target, mode)
-    refused = r"holds [0-9]+ rows, its load reported 30 \(a Spark task" if mode == "append" else "staged twice"
-    with pytest.raises(CheckpointStorageError if mode == "append" else SinkValueError, match=refused):
+    with pytest.raises(CheckpointStorageError, match=r"holds [0-9]+ rows, its load reported 30 \(a Spark task"):
         _stage(spark, sink, "job", 1, _rows(1, range(30)))
     assert not _exists(postgres_server, target)
 

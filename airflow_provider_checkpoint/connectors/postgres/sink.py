@@ -238,11 +238,24 @@ class PostgresTableSink(TransactionalSink):
         with self._tx() as db:
             return claims.read(self, db)
 
-    def store_claim(self, claim: JsonDict) -> None:
+    def store_claim(self, claim: JsonDict) -> None:  # :meth:`claim` inserts it itself, then reads the winner
         with self._tx() as db:
             claims.insert(self, db, claim)
-        if self.load_claim() != claim:  # another job claimed it between our read and insert
-            self.claim(str(claim["job_id"]))
+
+    def claim(self, job_id: str) -> None:
+        """As :meth:`TransactionalSink.claim`, on one connection: the stored claim read; if none, this job's
+        inserted (unless another is there by then: ``ON CONFLICT DO NOTHING``), committed and read again, so
+        the claim that won is the one checked."""
+        self.bind_job(job_id)
+        with self._tx() as db:
+            stored = claims.read(self, db)
+            if stored is None:
+                claims.insert(self, db, self.claim_document(job_id))
+                db.commit()
+                stored = claims.read(self, db)
+        if stored is None:
+            raise CheckpointStorageError(f"sink {self.uid}: the claim of {self.target_name()} was not stored")
+        self.owned_claim(stored)
 
     def prepare(self, ctx: StepContext) -> None:
         """Before any Spark work of the step: the connection works, the table is this job's."""

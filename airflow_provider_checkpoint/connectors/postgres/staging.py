@@ -116,6 +116,8 @@ def _load(
     indexed = time.monotonic()
     sealed = _seal(sink, db, staging, rows, counted=held is None, index=True) if keyed else None
     twice, indexed = keyed and sealed is None, time.monotonic() - indexed
+    if twice and held is None:  # a partition loaded twice, not the input, repeats the key: the step is retried
+        _check_count(sink, staging, _count(sink, db, staging), rows)
     if not one_per_key and (
         failed or refused or (twice if keyed else target.staged_twice(sink, conn, staging, null_keys, analyze=not born))
     ):
@@ -127,14 +129,13 @@ def _load(
     if failed:
         raise SinkValueError(f"sink {sink.uid}: PostgreSQL refused a value for {sink.target_name()}: {failed[0]}")
     dead_letters.check_refused(sink, conn, staging, rows, refused)
-    if twice:  # names the key (nulls equal, as the index compares them)
+    if twice:  # the input repeats the key (the rows staged are the rows loaded): named, nulls equal as in the index
         target.staged_twice(sink, conn, staging, null_keys, refuse=True, analyze=False)
         raise SinkValueError(f"sink {sink.uid}: an upsert key is staged twice in this checkpoint")
-    if keyed:  # the index holds each key once; a null key part is a key value in the table the commit makes
-        pass
-    elif reduced and held is not None and target.keys_exact(sink, types):
+    # keyed: the index holds each key once; a null key part is a key value in the table the commit makes
+    if not keyed and reduced and held is not None and target.keys_exact(sink, types):
         target.check_reduced(sink, conn, staging, held, null_keys, analyze=not born)
-    elif one_per_key:
+    elif not keyed and one_per_key:
         target.check_staged(sink, conn, staging, null_keys, analyze=not born)
     sealed = sealed if keyed else _seal(sink, db, staging, rows, counted=held is None)
     assert sealed is not None
@@ -161,32 +162,41 @@ def _seal(
     staged twice. With ``counted`` (rows loaded by Spark tasks) the table is counted once, under the seal: a task
     attempt can commit its load and be lost before it reports it, and its retry (or a speculative copy) load that
     partition again; a table holding other than the ``rows`` reported is refused and the step fails (its retry
-    stages again); with ``index`` no count: such a partition stages its keys twice, which the index refuses. Rows
-    from the driver need no count: its streams are not retried, each reports what it committed."""
+    stages again); with ``index`` no count: such a partition stages its keys twice, which the index refuses (then
+    :func:`_load` counts the table, telling that from an input repeating a key). Rows from the driver need no
+    count: its streams are not retried, each reports what it committed."""
     import psycopg
-    from psycopg import sql
 
     try:
         with db.transaction():
             sealed = seal.seal(db, sink.schema, staging)
             if index:
                 index_keys(sink, db, staging)
-            found = (
-                db.execute(sql.SQL("SELECT count(*) FROM {}").format(sink.table(staging))).fetchone()
-                if counted and not index
-                else None
-            )
+            found = _count(sink, db, staging) if counted and not index else None
     except psycopg.errors.UniqueViolation:
         if not index:
             raise
         return None  # the transaction rolled back: no index, no seal
-    if found is not None and found[0] != rows:
+    if found is not None:
+        _check_count(sink, staging, found, rows)
+    return sealed
+
+
+def _count(sink: pg.SinkTable, db: psycopg.Connection[Any], staging: str) -> int:
+    from psycopg import sql
+
+    found = db.execute(sql.SQL("SELECT count(*) FROM {}").format(sink.table(staging))).fetchone()
+    return int(found[0]) if found else 0
+
+
+def _check_count(sink: pg.SinkTable, staging: str, found: int, rows: int) -> None:
+    """Refuse a staging table of Spark-loaded rows holding other than the ``rows`` its tasks reported."""
+    if found != rows:
         raise CheckpointStorageError(
-            f"sink {sink.uid}: staging table {sink.schema}.{staging} holds {found[0]} rows, its load reported {rows} "
+            f"sink {sink.uid}: staging table {sink.schema}.{staging} holds {found} rows, its load reported {rows} "
             "(a Spark task's partition loaded twice by a retried or speculative attempt): the step fails, and its "
             "retry stages the checkpoint again"
         )
-    return sealed
 
 
 INDEX_MEMORY_KB = 256 * 1024
