@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
@@ -23,13 +24,23 @@ from airflow_provider_checkpoint.exceptions import DocumentError
 
 if TYPE_CHECKING:
     import fsspec
+    import pyarrow as pa
     from deltalake import DeltaTable
 
-    from airflow_provider_checkpoint.connectors.delta.prepared import Prepared
+    from airflow_provider_checkpoint.connectors.delta.log import Snapshot
 
 _LOG_DAMAGE = ("Kernel error", "Invalid", "JSON", "Parquet error", "Arrow error", "Protocol")
 """Words of delta-rs errors about the log's content (not its storage)."""
 _UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a stage's preparation read ahead (:mod:`.prepared`): the latest snapshot and the key columns of live
+    files (by path: the file's batches, as the lookups read them; none if not read ahead)."""
+
+    snapshot: Snapshot
+    keys: dict[str, list[pa.Table]] = field(default_factory=dict)
 
 
 class OpenedTable:

@@ -25,10 +25,11 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable, Prepared
 from airflow_provider_checkpoint.connectors.delta.upsert import read_keys
 from airflow_provider_checkpoint.storage.paths import is_local
 
@@ -36,21 +37,11 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_provider_checkpoint.connectors.delta.log import Snapshot
-    from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
 PREPARED_KEY_ROWS = 1_000_000
 """Live rows of a table whose key columns are read ahead at most (memory: those columns; time: a thread's
 reading them, when the stage looks up only some of the files)."""
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What the stage takes: the latest snapshot and the key columns of live files read ahead (by path: the
-    file's batches, as the lookups read them; none if not read ahead)."""
-
-    snapshot: Snapshot
-    keys: dict[str, list[pa.Table]] = field(default_factory=dict)
 
 
 @dataclass

@@ -42,7 +42,7 @@ from airflow_provider_checkpoint.connectors.delta.committer import DeltaCommitte
 from airflow_provider_checkpoint.connectors.delta.files import DeltaCommit, DeltaFile, is_upsert_file
 from airflow_provider_checkpoint.connectors.delta.layout import TableLayout, logged_layout, table_layout
 from airflow_provider_checkpoint.connectors.delta.log import DataFile
-from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable
+from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable, Prepared
 from airflow_provider_checkpoint.connectors.delta.table import in_call
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
@@ -354,7 +354,7 @@ class DeltaTableSink(DeltaCommitter):
         """The live files of an upsert table (:meth:`_upsert_snapshot`)."""
         return self._upsert_snapshot().files
 
-    def _upsert_snapshot(self, ahead: delta_prepared.Prepared | None = None) -> delta_log.Snapshot:
+    def _upsert_snapshot(self, ahead: Prepared | None = None) -> delta_log.Snapshot:
         """The latest snapshot of an upsert table (``ahead``'s, as a preparation read it); :class:`SinkClaimedError`
         naming the way back if another writer added files (they may repeat keys: the sink keeps one row per key
         over its own files only)."""

@@ -23,21 +23,15 @@ answer that is not ``None`` equals Spark's rows, and Spark finds no malformed re
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import fsspec
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from airflow_provider_checkpoint.connectors.files.source import FileSource
-    from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-
-log = logging.getLogger(__name__)
 
 EXACT_TYPES = {"string": "string", "long": "int64", "boolean": "bool"}
 """Spark types (``typeName``) of declared columns read on the driver, and their Arrow types."""
@@ -57,34 +51,6 @@ def arrow_schema(declared: StructType) -> pa.Schema | None:
     if not names or None in types or len({n.lower() for n in names}) < len(names):
         return None
     return pa.schema([pa.field(n, t) for n, t in zip(names, types, strict=True)])
-
-
-def source_rows(source: FileSource, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
-    """The records of ``source`` in ``[previous, barrier)`` read on the driver (:func:`read_json_exactly`), files by
-    name, each file's lines in order, counted and judged as Spark's read counts them (no malformed one), their
-    DataFrame the one Spark's read gives; ``None`` (nothing counted) unless ``source`` is JSON without reader
-    ``options`` that Spark's own reader reads (the Python engine has its own parser) and pyarrow reads exactly."""
-    from airflow_provider_checkpoint.connectors.files.malformed import good_records, judge
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-    from airflow_provider_checkpoint.fileio.scans import as_nullable
-    from airflow_provider_checkpoint.fileio.writes import engine_for
-
-    if source.format != "json" or source.options:
-        return None
-    todo = source.split(previous, barrier)
-    fs, root = source.filesystem()
-    if not todo or engine_for(ctx.spark, fs) != "hadoop":
-        return None
-    source.check_unchanged(todo, barrier)
-    names = sorted(todo)
-    declared = source.declared()
-    rows = read_json_exactly(fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], declared)
-    if rows is None:
-        return None
-    ctx.add_metric("files_in", len(todo))
-    judge(source, ctx, todo, rows.num_rows, 0)  # none malformed: the dead-letter metrics say so
-    log.info("source %s: %d files, %d rows read on the driver for its operator", source.uid, len(names), len(rows))
-    return SourceRows(rows, as_nullable(declared), lambda: good_records(source, source.load(ctx, todo)))
 
 
 def read_json_exactly(
