@@ -38,9 +38,10 @@ def range_indexes(table: pa.Table, keys: Sequence[str], max_parallelism: int, pa
     """Per row of ``table``, the index of the key-group range (of ``parallelism``) of its ``keys``, as
     :func:`~airflow_provider_checkpoint.state.spark_backend.range_index` gives it in Spark (int32)."""
     import numpy as np
-    import pyarrow as pa
 
-    return pa.array(ranges_of(xxhash64(table, keys).view(np.int64), max_parallelism, parallelism))
+    from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of
+
+    return arrow_of(ranges_of(xxhash64(table, keys).view(np.int64), max_parallelism, parallelism))
 
 
 def ranges_of(hashes: np.ndarray, max_parallelism: int, parallelism: int) -> np.ndarray:

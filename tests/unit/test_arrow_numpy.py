@@ -76,8 +76,9 @@ def test_arrow_of_refuses_what_it_does_not_convert() -> None:
 
 
 def test_neither_imports_pandas_nor_does_the_schema_evolution_read(tmp_path: Path) -> None:
-    """In a fresh process: the conversions, and reading the values a file holds in columns an upsert's input
-    lacks (:func:`~.missing_columns.held_values`, its row 1 deleted), import no pandas."""
+    """In a fresh process: the conversions, reading the values a file holds in columns an upsert's input
+    lacks (:func:`~.missing_columns.held_values`, its row 1 deleted), and the key-group ranges of string keys
+    a driver merge files its rows by (:func:`~.spark_hash.range_indexes`), import no pandas."""
     path = tmp_path / "held.parquet"
     pq.write_table(pa.table({"k": pa.array([1, 2, 3]), "c": pa.array([None, 2, 3])}), path)
     code = (
@@ -89,6 +90,10 @@ def test_neither_imports_pandas_nor_does_the_schema_evolution_read(tmp_path: Pat
         f"file = TableFile({str(path)!r}, {path.stat().st_size}, lambda: np.array([1], dtype=np.uint64))\n"
         "held = held_values(fsspec.filesystem('file'), file, ['k'], ['c', 'd'])\n"
         "assert held.to_pylist() == [{'k': 3, 'c': 3, 'd': None}], held\n"
+        "import pyarrow.json as pj\n"
+        "from airflow_provider_checkpoint.state.spark_hash import range_indexes\n"
+        'keys = pj.read_json(pa.py_buffer(b\'{"k": "a"}\\n{"k": null}\\n\'))\n'
+        "assert range_indexes(keys, ['k'], 128, 8).type == pa.int32()\n"
         "print('pandas' in sys.modules)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
