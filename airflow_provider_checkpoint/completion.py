@@ -68,26 +68,25 @@ class CheckpointCompletion:
         # sinks committed) at once, else up to ``completed``'s only once its sinks are committed (never after a
         # failed commit, nor when they are not committed here: under a pending restore of an earlier checkpoint)
         releases, ready = self._releases(earlier or kept), (lambda: True) if earlier else sinks_committed.result
+        failed: list[str] = []  # the sinks whose housekeeping failed
         with ThreadPoolExecutor(max(1, len(releases)), thread_name_prefix="release-input") as pool:
             released = [pool.submit(r, ready) for r in releases]
             try:  # told once every sink committed: the sinks' housekeeping (a Delta log checkpoint) runs beside
                 if commit_sinks:
-                    self.sink_committer.commit(completed, lambda: sinks_committed.set_result(True))
-            except BaseException:
-                if not sinks_committed.done():  # not once committed (the housekeeping failed)
+                    failed = self.sink_committer.commit(completed, lambda: sinks_committed.set_result(True))
+            finally:
+                if not sinks_committed.done():  # a sink's commit failed, or none were committed here
                     sinks_committed.set_result(False)
-                raise
-            if not sinks_committed.done():
-                sinks_committed.set_result(False)
-            self._after_commits(completed)
+            self._after_commits(completed, failed)
             for release in released:
                 release.result()
         if fresh or not self.finished(completed.checkpoint_id):
             committed = stats.Committed(by, run_id, self.sink_committer.commit_records(completed))
             self.record(completed.checkpoint_id, stats.completed(completed, committed))
 
-    def _after_commits(self, completed: CompletedCheckpoint) -> None:
-        """The sources cleaned up, the savepoint and the job record written, older checkpoints retired."""
+    def _after_commits(self, completed: CompletedCheckpoint, failed: Sequence[str]) -> None:
+        """The sources cleaned up, the savepoint and the job record written (with the housekeeping still due: the
+        ``failed`` sinks' of ``completed``, and the earlier failures, run again here), older checkpoints retired."""
         self.store.discard_channels(completed.checkpoint_id)
         fault_point("finalize.before_clean_source", checkpoint=completed.checkpoint_id)
         for source in self.graph.sources:
@@ -99,6 +98,8 @@ class CheckpointCompletion:
             write_savepoint(self.storage, completed, savepoint)
         job = self.records.load()
         job.failures.on_complete(completed.checkpoint_id)
+        due = self.sink_committer.catch_up(job.housekeeping)
+        job.keep_housekeeping(due | {uid: [*due.get(uid, []), completed.checkpoint_id] for uid in failed})
         if target:
             entry = {"checkpoint_id": completed.checkpoint_id, "path": target, "time": completed.completion_time}
             described = self.sink_committer.describe(completed.checkpoint_id)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_checkpoint.core.documents import JOB_ID, Fields, JsonDict, enum_value, load_json
+from airflow_provider_checkpoint.core.documents import JOB_ID, MAX_ID, Fields, JsonDict, enum_value, load_json
 from airflow_provider_checkpoint.core.failures import FailureAccounting
 from airflow_provider_checkpoint.core.status import AbortReason, JobStatus
 from airflow_provider_checkpoint.exceptions import DocumentError, JobRecordError
 
 JOB_FORMAT_VERSION = 1
+HOUSEKEEPING_DUE = 10
+"""How many checkpoints' failed housekeeping a job record keeps per sink, to run again."""
 
 
 @dataclass
@@ -32,6 +34,10 @@ class JobRecord:
     savepoints: list[JsonDict] = field(default_factory=list)
     checked_version: str = ""
     """The version of the pipeline's definition that last passed the pipeline check ("": none yet)."""
+    housekeeping: dict[str, list[int]] = field(default_factory=dict)
+    """Sink uid → the checkpoints whose housekeeping after the commit failed (a Delta log checkpoint, the deletion
+    of other attempts' files), run again after the next checkpoint's commit; at most :data:`HOUSEKEEPING_DUE`
+    each, the newest (the storage audit reports what older ones left)."""
 
     def allocate_checkpoint_id(self) -> int:
         self.last_checkpoint_id += 1
@@ -72,9 +78,16 @@ class JobRecord:
         """Never hand out an id at or below one that exists in storage."""
         self.last_checkpoint_id = max(self.last_checkpoint_id, checkpoint_id)
 
+    def keep_housekeeping(self, due: Mapping[str, Iterable[int]]) -> None:
+        """Set :attr:`housekeeping` to ``due`` (sink uid → checkpoint ids), the newest :data:`HOUSEKEEPING_DUE` ids
+        of each sink."""
+        self.housekeeping = {uid: sorted(set(ids))[-HOUSEKEEPING_DUE:] for uid, ids in sorted(due.items()) if ids}
+
     def encode(self) -> bytes:
+        housekeeping = {"housekeeping": self.housekeeping} if self.housekeeping else {}
         return json.dumps(
             {
+                **housekeeping,
                 "version": JOB_FORMAT_VERSION,
                 "job_id": self.job_id,
                 "topology": self.topology,
@@ -112,9 +125,24 @@ class JobRecord:
                 failures=FailureAccounting.from_dict(f.raw.get("failures", {}), source, "failures"),
                 savepoints=f.each("savepoints", _savepoint_entry(source), default=[]),
                 checked_version=f.text("checked_version", max_length=64, default=""),
+                housekeeping=f.mapping("housekeeping", _checkpoint_ids(source), default={}),
             )
         except DocumentError as e:
             raise JobRecordError(str(e)) from None
+
+
+def _checkpoint_ids(source: str) -> Callable[[Any, str], list[int]]:
+    def read(value: Any, name: str) -> list[int]:
+        if not (isinstance(value, list) and len(value) <= HOUSEKEEPING_DUE and all(_is_id(i) for i in value)):
+            problem = f"must be a list of at most {HOUSEKEEPING_DUE} checkpoint ids (integers in [1, {MAX_ID}])"
+            raise DocumentError(source, name, problem, value)
+        return list(value)
+
+    return read
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is int and 1 <= value <= MAX_ID
 
 
 def _savepoint_entry(source: str) -> Callable[[Any, str], JsonDict]:

@@ -138,6 +138,11 @@ class Sink(StepOutput):
         self.commit(checkpoint_id, committables)
         return None
 
+    def housekeeping(self, checkpoint_id: int) -> Housekeeping | None:
+        """The housekeeping of committed checkpoint ``checkpoint_id``'s commit once more, from the target alone:
+        its first run failed, or the finalize that committed it died before it; here none."""
+        return None
+
     def check_committables(self, checkpoint_id: int, committables: list[JsonDict], document: str) -> None:
         """Raise :class:`~airflow_provider_checkpoint.exceptions.DocumentError` unless ``committables``
         have exactly the shape this sink's ``stage`` writes for ``checkpoint_id``.

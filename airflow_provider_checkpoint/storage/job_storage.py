@@ -28,6 +28,7 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_checkpoint.core import metadata
 from airflow_provider_checkpoint.core.checksums import checksum_of
+from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,
@@ -183,6 +184,8 @@ class Location:
         paths = [self.path(rel) for rel in sorted(set(relatives))]
         if not paths:
             return
+        for path in paths:
+            fault_point("storage.delete", file=posixpath.basename(path))
         if is_s3(self.fs):
             ancestors = {a for p in paths for a in _ancestors(p, self.base)}  # stores with directories keep them
             delete_listed(self.fs, {p: {"type": "file"} for p in paths}, sorted(ancestors, key=lambda a: -a.count("/")))

@@ -46,8 +46,12 @@ def test_round_trip() -> None:
     job.observe_checkpoint_id(9)
     job.failures.on_complete(7)
     job.failures.on_abort(8, AbortReason.DECLINED)
+    job.keep_housekeeping({"lake": range(1, 30), "gone": []})
+    assert job.housekeeping == {"lake": list(range(20, 30))}, "the newest ten of a sink; none: no entry"
     back = JobRecord.decode(job.encode())
     assert back == job
+    job.keep_housekeeping({})
+    assert "housekeeping" not in json.loads(job.encode()), "a record without failed housekeeping is as before"
 
 
 @pytest.mark.parametrize(
@@ -57,6 +61,11 @@ def test_round_trip() -> None:
         b"[]",
         json.dumps({"version": 1}).encode(),
         json.dumps({"version": 1, "job_id": "j", "status": "EXPLODED"}).encode(),
+        *(
+            json.dumps({"version": 1, "job_id": "j", "housekeeping": {"lake": ids}}).encode()
+            for ids in ([0], [True], ["1"], list(range(1, 12)), 3)
+        ),
+        json.dumps({"version": 1, "job_id": "j", "housekeeping": {"../x": [1]}}).encode(),
     ],
 )
 def test_unreadable_records_are_refused(data: bytes) -> None:

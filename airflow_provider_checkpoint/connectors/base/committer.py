@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
+from airflow_provider_checkpoint.core import reasons
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.model import CompletedCheckpoint, JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Sink
@@ -60,12 +61,13 @@ class SinkCommitter:
                 log.warning("sink %s: commit of checkpoint %d not described: %r", uid, checkpoint_id, e)
         return records
 
-    def commit(self, completed: CompletedCheckpoint, committed: Callable[[], None] = lambda: None) -> None:
+    def commit(self, completed: CompletedCheckpoint, committed: Callable[[], None] = lambda: None) -> list[str]:
         """Commit every sink transaction of ``completed``; output for a sink the pipeline lost is skipped.
         ``committed`` is called once all are committed, before the sinks' housekeeping
-        (:meth:`Sink.commit_then`); not after a failed commit."""
+        (:meth:`Sink.commit_then`); not after a failed commit. Returns the uids of the sinks whose housekeeping
+        failed: work no guarantee depends on, so a failure is logged, not raised (:meth:`catch_up` retries it)."""
         self.check(completed.checkpoint_id, completed.sinks, f"checkpoint {completed.checkpoint_id}")
-        housekeeping: list[tuple[Sink, Housekeeping]] = []
+        housekeeping: list[tuple[str, Housekeeping]] = []
         for uid, committables in sorted(completed.sinks.items()):
             if uid not in self.sinks:
                 log.warning(
@@ -77,9 +79,36 @@ class SinkCommitter:
             with self.sinks[uid].storage_errors():
                 after = self.sinks[uid].commit_then(completed.checkpoint_id, committables)
             if after is not None:
-                housekeeping.append((self.sinks[uid], after))
+                housekeeping.append((uid, after))
             fault_point("finalize.between_sink_commits", checkpoint=completed.checkpoint_id, sink=uid)
         committed()
-        for sink, after in housekeeping:
-            with sink.storage_errors():
+        return [uid for uid, after in housekeeping if not self._housekeep(uid, completed.checkpoint_id, after)]
+
+    def catch_up(self, due: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+        """Run again the housekeeping that failed after the commits of earlier checkpoints (``due``: sink uid →
+        checkpoint ids, :attr:`~airflow_provider_checkpoint.core.job_record.JobRecord.housekeeping`); what is
+        still due (a sink the pipeline no longer has is dropped)."""
+        still: dict[str, list[int]] = {}
+        for uid, ids in sorted(due.items()):
+            for checkpoint_id in ids if uid in self.sinks else ():
+                after = self.sinks[uid].housekeeping(checkpoint_id)
+                if after is not None and not self._housekeep(uid, checkpoint_id, after):
+                    still.setdefault(uid, []).append(checkpoint_id)
+        return still
+
+    def _housekeep(self, uid: str, checkpoint_id: int, after: Housekeeping) -> bool:
+        """Run sink ``uid``'s housekeeping ``after`` of checkpoint ``checkpoint_id``'s commit; whether it ran
+        through (a failure is one warning: the commit stands)."""
+        try:
+            with self.sinks[uid].storage_errors():
                 after()
+        except Exception as e:  # work no guarantee depends on: retried after the next checkpoint's commit
+            log.warning(
+                "sink %s: housekeeping after the commit of checkpoint %d failed, retried after the next "
+                "checkpoint's commit (the commit stands): %s",
+                uid,
+                checkpoint_id,
+                reasons.reason(e),
+            )
+            return False
+        return True

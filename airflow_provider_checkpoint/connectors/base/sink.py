@@ -300,10 +300,11 @@ class TransactionalSink(Sink):
 
     def commit_then(self, checkpoint_id: int, committables: list[JsonDict]) -> Housekeeping | None:
         """Commit checkpoint ``checkpoint_id`` exactly once: a committed one is skipped, then every
-        committable is validated before the first effect. Returns the commit's housekeeping, not run."""
+        committable is validated before the first effect. Returns the commit's housekeeping, not run; for a
+        committed one (a finalize retried, the trigger's recovery) :meth:`housekeeping`, which it may have missed."""
         if self.is_committed(checkpoint_id):
             log.info("sink %s: checkpoint %d already committed, skipped", self.uid, checkpoint_id)
-            return None
+            return self.housekeeping(checkpoint_id)
         document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
         return self.commit_checked(checkpoint_id, self.read_committables(checkpoint_id, committables, document))
 

@@ -5,7 +5,8 @@ vectors) and a ``txn`` action with app id ``airflow-checkpoint:<job>:<sink uid>`
 = checkpoint id; a checkpoint whose id is at most the table's ``transaction_version(app id)`` is
 not committed again, so a finalize retry and recovery may both commit. Every commit is followed
 by a log checkpoint (:data:`.commit.CHECKPOINT_INTERVAL`); in finalize it is written once every sink of the
-checkpoint committed (:meth:`DeltaCommitter.commit_then`), beside what waits for that (a slot's advance).
+checkpoint committed (:meth:`DeltaCommitter.commit_then`), beside what waits for that (a slot's advance), with
+the deletion of the other attempts' files; a failure of either is retried (:meth:`DeltaCommitter.housekeeping`).
 Restore to checkpoint N (:meth:`DeltaCommitter.rollback`) is one ``RESTORE`` commit back to the version N committed.
 Each entry point opens the table once (:mod:`.opened`); a commit is written with our own log replay
 (:mod:`.commit`), delta-rs is opened only after it, for the log checkpoint.
@@ -13,6 +14,7 @@ Each entry point opens the table once (:mod:`.opened`); a commit is written with
 
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
 import time
@@ -140,6 +142,23 @@ class DeltaCommitter(DeltaTableBase):
             self._delete_all_but(checkpoint_id, {a.path for a in commit.adds} | dv_files(commit), staged)
 
         return housekeeping
+
+    def housekeeping(self, checkpoint_id: int) -> Housekeeping:
+        """The deletion of committed checkpoint ``checkpoint_id``'s leftovers once more (its log checkpoint is
+        the next commit's: it checkpoints the whole log)."""
+        return functools.partial(self._delete_leftovers, checkpoint_id)
+
+    @in_call
+    def _delete_leftovers(self, checkpoint_id: int) -> None:
+        """Delete every file under ``chk-<id>/`` that the version committing ``checkpoint_id`` does not reference,
+        as its history tells (nothing when it does not tell: the log no longer holds the commit)."""
+        version = self.committed_versions().get(checkpoint_id)
+        if version is None:
+            log.info(
+                "sink %s: no commit of checkpoint %d in the Delta log: its files are kept", self.uid, checkpoint_id
+            )
+            return
+        self._delete_all_but(checkpoint_id, kept_files(self._files(version)))
 
     def _refuse_links(self, checkpoint_id: int, paths: list[str]) -> None:
         """Refuse a staged data or DV file (table-relative ``paths``) that is a link or is reached through one
