@@ -49,7 +49,7 @@ def assert_quiet_step_logs(live: LiveAirflow, run_id: str) -> None:
         assert any(re.match(r"source events: .*records_in \d+ in [\d.]+s", e) for e in events), f"{path}: {events}"
 
 
-@pytest.mark.full  # the UI savepoint and the installed wheel's restore run in CI
+@pytest.mark.full  # CI: the UI savepoint test, and the chaos test restores through the restore DAG
 def test_savepoint_then_restore_is_exactly_once(live_airflow: LiveAirflow, clickstream: Clickstream) -> None:
     live, job = live_airflow, live_airflow.job_dir
     deadline = Deadline(TEST_BUDGET)
