@@ -210,7 +210,8 @@ class LiveAirflow:
             return state if state in TERMINAL_RUN_STATES else None
 
         try:
-            state = poll(f"run {dag_id}/{run_id} to finish", terminal, timeout, interval=2.0)
+            # every 0.5 s: a run's end is seen 0.75 s sooner on average than at 2 s (one small GET each)
+            state = poll(f"run {dag_id}/{run_id} to finish", terminal, timeout, interval=0.5)
         except ServiceError as e:
             raise ServiceError(f"{e}\ntask states: {self._safe_task_states(dag_id, run_id)}") from e
         if state != "success" and expect_success:
