@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSi
 from airflow_provider_checkpoint.dataflow import FileSource
 from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.exceptions import SinkValueError
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -231,3 +233,105 @@ def test_the_driver_path_stages_what_spark_stages(
         else:
             expected = list(won)
     assert tables["driver"] == Counter(tuple(r[c] for c in columns) for r in expected)
+
+
+class _Keyed(Source):
+    """A source whose rows hold each ``k`` once (as a stateful operator's output by ``k``): no reduction."""
+
+    def unique_keys(self) -> tuple[str, ...]:
+        return ("k",)
+
+
+MESSY = "k STRING, v BIGINT, seq BIGINT, amount DECIMAL(12,2), at TIMESTAMP, note STRING"
+
+
+def _messy(spark: Any, checkpoint_id: int, unique: bool) -> Any:
+    """Unicode, nulls (a null key too), zoned timestamps, decimals, NUL bytes (refused), keys repeated (``seq``
+    ties: source order decides) unless ``unique``; in the slices of the list Spark makes (source order: the list's),
+    cached, so Spark's estimate of its size is known (as of a stateful operator's output, read from its files)."""
+    start = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # a daylight-saving change in many zones
+    keys = ["é✓𝄞", None, "", "a", 'x,"y"\n', "tab\t"] + [f"k{i}" for i in range(40)]
+    rows = [
+        (
+            keys[i % len(keys)] if not unique else (keys[i] if i < len(keys) else f"u{i}"),
+            None if i % 7 == 0 else checkpoint_id * 1000 + i,
+            None if i % 5 == 0 else i % 3,
+            None if i % 6 == 0 else Decimal(f"{i * 37 - 500}.{i % 100:02d}"),
+            None if i % 8 == 0 else start + timedelta(minutes=37 * i),
+            "nul\0here" if i % 11 == 3 else (None if i % 4 == 0 else f'ü-{i}-\\-"q"'),
+        )
+        for i in range(120)
+    ]
+    df = spark.createDataFrame(rows, MESSY).cache()
+    df.count()
+    return df
+
+
+DATAFRAME_CASES = {
+    "append": {},
+    "append, partitions": {"partition_per_checkpoint": True},
+    "upsert, repeated keys": {"mode": "upsert", "keys": ["k"], "sequence_by": ["seq"]},
+    "upsert, unique keys": {"mode": "upsert", "keys": ["k"]},
+}
+
+
+@pytest.mark.parametrize("case", list(DATAFRAME_CASES))
+def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
+    spark, postgres_server, pg_schema, monkeypatch, case: str
+) -> None:
+    """The same DataFrame (a stateful operator's output, its row count known to the step) into two sinks, over
+    a first load and a load into the table: one collects it into the driver and ``COPY``s it from there, its twin
+    (``driver_bytes=1``: Spark estimates it larger) has the executors ``COPY`` it. Read back with psycopg, tables
+    and dead letters are equal, and so are the staged counts."""
+    options: dict[str, Any] = dict(DATAFRAME_CASES[case])
+    unique = case.endswith("unique keys")
+    node = _Keyed("src") if unique else Source("src")
+    collected: list[str] = []
+    original = staging.stage
+
+    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        collected.extend([sink.uid] if isinstance(rows, pa.Table) else [])
+        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "stage", spy)
+    storage = JobStorage.for_job(f"{tempfile.gettempdir()}/pg-collected-jobs", "job")
+    sinks = {
+        path: PostgresTableSink(
+            path, node, "pg_test", f"{pg_schema}.{path}", dead_letter_table=f"dead_{path}", max_refused_fraction=1.0,
+            driver_bytes=1 if path == "executors" else 1 << 30, **options,
+        )
+        for path in ("driver", "executors")
+    }  # fmt: skip
+    staged: dict[str, list[tuple[int, int]]] = {path: [] for path in sinks}
+    checkpoints = (1, 2) if "upsert" in case else (1,)  # a first load, then (upsert) rows into the table
+    for checkpoint_id in checkpoints:
+        df = _messy(spark, checkpoint_id, unique)
+        for path, sink in sinks.items():
+            ctx = step_context(spark, storage, checkpoint_id)
+            ctx.output_rows["src"] = 120
+            sink.prepare(ctx)
+            [committable] = sink.stage(ctx, df)
+            staged[path].append((committable["rows"], committable["dead_letters"]))
+            sink.commit(checkpoint_id, [committable])
+        assert collected == ["driver"], (checkpoint_id, collected)
+        collected.clear()
+    assert staged["driver"] == staged["executors"], staged
+    winners = 46 if case == "upsert, repeated keys" else 120  # its keys, or its rows
+    assert all(rows + refused == winners and refused for rows, refused in staged["driver"]), staged
+    tables = {}
+    with postgres_server.connect() as db:
+        for path in sinks:
+            rows = db.execute(f"SELECT * FROM {pg_schema}.{path}").fetchall()
+            dead = db.execute(
+                f"SELECT checkpoint_id, column_name, key, record, error FROM {pg_schema}.dead_{path}"
+            ).fetchall()
+            tables[path] = (Counter(rows), Counter(dead))
+    assert tables["driver"] == tables["executors"]
+    if unique:  # an input said to hold each key once repeats one: refused, and no retried Spark task is blamed
+        df = _messy(spark, 3, unique=False)
+        for sink in sinks.values():
+            ctx = step_context(spark, storage, 3)
+            ctx.output_rows["src"] = 120
+            with pytest.raises(SinkValueError, match="staged twice"):
+                sink.stage(ctx, df)
+        assert collected == ["driver"], collected

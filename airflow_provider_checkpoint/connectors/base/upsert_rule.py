@@ -183,9 +183,9 @@ class UpsertRows:
         """The rows in the driver, reduced there, with ``pmod`` ``(column, divisor)``'s column =
         ``pmod(xxhash64(keys), divisor)`` as Spark computes it (e.g. a bucket): from :attr:`source` without a
         Spark job when it has them and the driver hashes the keys' types as Spark does
-        (:mod:`~airflow_provider_checkpoint.state.spark_hash`), else in one Spark job (no shuffle). ``None``
-        if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot compare
-        as Spark does: use :meth:`frame` then."""
+        (:mod:`~airflow_provider_checkpoint.state.spark_hash`), else in one Spark job (with :attr:`count` known, no
+        ``limit``, which gathers the rows into one partition first). ``None`` if the input has more than ``limit``
+        rows, or key or ``sequence_by`` values pyarrow cannot compare as Spark does: use :meth:`frame` then."""
         from pyspark.sql import functions as F
 
         if not limit or (self.count is not None and self.count > limit):
@@ -207,7 +207,7 @@ class UpsertRows:
             df = df.withColumn(pmod[0], F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(pmod[1])))
         if self.reduce:
             df = df.withColumn(_ORDER, F.monotonically_increasing_id())
-        rows = df.limit(limit + 1).toArrow()
+        rows = (df if self.count is not None else df.limit(limit + 1)).toArrow()  # a limit: one more shuffle
         return None if rows.num_rows > limit else self._reduced(rows)
 
     def _from_source(self, limit: int, pmod: tuple[str, int] | None) -> pa.Table | None:
