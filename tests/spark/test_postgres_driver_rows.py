@@ -255,7 +255,7 @@ def _messy(spark: Any, checkpoint_id: int, unique: bool) -> Any:
         (
             keys[i % len(keys)] if not unique else (keys[i] if i < len(keys) else f"u{i}"),
             None if i % 7 == 0 else checkpoint_id * 1000 + i,
-            None if i % 5 == 0 else i % 3,
+            None if i % 5 == 0 else i % 2,  # a key's rows (i, i + 46, i + 92) tie: source order decides
             None if i % 6 == 0 else Decimal(f"{i * 37 - 500}.{i % 100:02d}"),
             None if i % 8 == 0 else start + timedelta(minutes=37 * i),
             "nul\0here" if i % 11 == 3 else (None if i % 4 == 0 else f'ü-{i}-\\-"q"'),
