@@ -108,7 +108,21 @@ def _land(landing: Path, n: int, seed: int) -> list[Row]:
     return rows
 
 
-def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg_schema, tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def from_driver(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The uids of the sinks staging rows from the driver (Arrow, not a DataFrame) while the test runs."""
+    staged: list[str] = []
+    original = staging.stage
+
+    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        staged.extend([sink.uid] if isinstance(rows, pa.Table) else [])
+        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "stage", spy)
+    return staged
+
+
+def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg_schema, tmp_path, from_driver) -> None:
     def declare(base: Path) -> None:
         def source(name: str) -> FileSource:
             return FileSource(f"events_{name}", f"{base}/landing", "parquet", SCHEMA)
@@ -123,14 +137,6 @@ def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg
             delete_when="deleted", deletes="soft",
         )  # fmt: skip
 
-    from_driver: list[str] = []
-    original = staging.stage
-
-    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
-        from_driver.extend([sink.uid] if isinstance(rows, pa.Table) else [])
-        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
-
-    monkeypatch.setattr(staging, "stage", spy)
     tracker = spark.sparkContext.statusTracker()
     job, model = make_job(spark, tmp_path, declare), Model()
     for checkpoint_id, n in enumerate([60, 40, 150], start=1):  # the third: above latest's driver_rows
@@ -277,7 +283,7 @@ DATAFRAME_CASES = {
 
 @pytest.mark.parametrize("case", list(DATAFRAME_CASES))
 def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
-    spark, postgres_server, pg_schema, monkeypatch, case: str
+    spark, postgres_server, pg_schema, from_driver, case: str
 ) -> None:
     """The same DataFrame (a stateful operator's output, its row count known to the step) into two sinks, over
     a first load and a load into the table: one collects it into the driver and ``COPY``s it from there, its twin
@@ -286,14 +292,6 @@ def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
     options: dict[str, Any] = dict(DATAFRAME_CASES[case])
     unique = case.endswith("unique keys")
     node = _Keyed("src") if unique else Source("src")
-    collected: list[str] = []
-    original = staging.stage
-
-    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
-        collected.extend([sink.uid] if isinstance(rows, pa.Table) else [])
-        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
-
-    monkeypatch.setattr(staging, "stage", spy)
     storage = JobStorage.for_job(f"{tempfile.gettempdir()}/pg-collected-jobs", "job")
     sinks = {
         path: PostgresTableSink(
@@ -313,8 +311,8 @@ def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
             [committable] = sink.stage(ctx, df)
             staged[path].append((committable["rows"], committable["dead_letters"]))
             sink.commit(checkpoint_id, [committable])
-        assert collected == ["driver"], (checkpoint_id, collected)
-        collected.clear()
+        assert from_driver == ["driver"], (checkpoint_id, from_driver)
+        from_driver.clear()
     assert staged["driver"] == staged["executors"], staged
     winners = 46 if case == "upsert, repeated keys" else 120  # its keys, or its rows
     assert all(rows + refused == winners and refused for rows, refused in staged["driver"]), staged
@@ -334,4 +332,4 @@ def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
             ctx.output_rows["src"] = 120
             with pytest.raises(SinkValueError, match="staged twice"):
                 sink.stage(ctx, df)
-        assert collected == ["driver"], collected
+        assert from_driver == ["driver"], from_driver

@@ -18,21 +18,11 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
 
-class PostgresTableBase(TransactionalSink):
-    """The table side of :class:`~.sink.PostgresTableSink` (see there)."""
+class PostgresTableBase(TransactionalSink, pg.SinkTable):
+    """The table side of :class:`~.sink.PostgresTableSink` (see there); what the SQL modules need of it is
+    :class:`~.sql.SinkTable`'s."""
 
     conn_id: str
-    schema: str
-    table_name: str
-    mode: str
-    keys: list[str]
-    digest: str
-    undo_checkpoints: int
-    dead_letters: tuple[str, str] | None
-    max_refused_fraction: float
-    create_table: bool
-    partition_per_checkpoint: bool
-    schema_evolution: str
 
     def targets(self) -> list[str]:
         """``postgres://<conn_id>/<schema>.<table>`` of the table, and of the dead-letter table."""
