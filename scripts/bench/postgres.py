@@ -8,7 +8,9 @@ in a fresh schema, with narrow rows ``(id bigint, label text, value double preci
 - **append**, **append-partitions** (``partition_per_checkpoint``): checkpoint 1 stages ``rows`` rows,
   finalize verifies and commits them (each phase timed); checkpoint 2 appends ``changed`` rows
   (finalize time into a ``rows``-row table);
-- **upsert**: the same, keyed by ``id``; checkpoint 2 changes ``changed`` existing keys.
+- **upsert**: the same, keyed by ``id``; checkpoint 2 changes ``changed`` existing keys;
+- each fed three ways (:data:`FEEDS`): a DataFrame whose row count the step knows (collected into the driver),
+  the same DataFrame with its count unknown (the executors ``COPY`` it), the rows a source read on the driver.
 
 Every table is compared with a pandas ground truth at the end of every round.
 
@@ -104,19 +106,23 @@ KINDS = {
 }
 """The sinks loaded per round: append (the commit copies the staged rows with ``INSERT … SELECT``),
 append with ``partition_per_checkpoint`` (the commit attaches them), upsert by ``id``."""
-DRIVER = "-driver"
-SINKS = {**KINDS, **{f"{name}{DRIVER}": options for name, options in KINDS.items()}}
-"""Each kind fed by a cached DataFrame (a stateful operator's output, through Spark), and as ``<kind>-driver``
-by the rows a source read on the driver (a Parquet ``FileSource`` or a CDC checkpoint feeding only the sink)."""
+DRIVER, EXECUTORS = "-driver", "-executors"
+FEEDS = ("", EXECUTORS, DRIVER)
+"""How a sink's input arrives: ``<kind>``: a cached DataFrame whose row count the step knows (a stateful
+operator's output, through Spark: collected into the driver, ``toArrow()``); ``<kind>-executors``: the same
+DataFrame, its count unknown to the step (a stateless transform's output: Spark's executors ``COPY`` it);
+``<kind>-driver``: the rows a source read on the driver (a Parquet ``FileSource`` or a CDC checkpoint feeding only
+the sink)."""
+SINKS = {f"{name}{feed}": options for feed in FEEDS for name, options in KINDS.items()}
 
 
 def _load(
-    sink: Any, spark: SparkSession, storage: Any, checkpoint_id: int, batch: pd.DataFrame, driver: bool
+    sink: Any, spark: SparkSession, storage: Any, checkpoint_id: int, batch: pd.DataFrame, feed: str
 ) -> dict[str, Any]:
     """One checkpoint through the sink as a step and finalize run it: ``prepare`` + ``stage`` (the step),
-    ``verify_staged`` (finalize, before ``_metadata``), ``commit``; seconds of each. With ``driver``, the step
-    has the rows as a source read on the driver hands them (``stage_source_rows``, ``df.toArrow()``, made
-    before the clock starts)."""
+    ``verify_staged`` (finalize, before ``_metadata``), ``commit``; seconds of each. The step has the rows as
+    ``feed`` (:data:`FEEDS`) gives them: with :data:`DRIVER`, as a source read on the driver hands them
+    (``stage_source_rows``, ``df.toArrow()``, made before the clock starts)."""
     from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
     from tests.spark.helpers import step_context  # the step context the Spark tests build
 
@@ -124,6 +130,9 @@ def _load(
     df = spark.createDataFrame(batch).repartition(partitions).cache()
     df.count()
     ctx = step_context(spark, storage, checkpoint_id)
+    if feed == "":  # as the step knows a stateful operator's output rows
+        ctx.output_rows["src"] = len(batch)
+    driver = feed == DRIVER
     started = time.perf_counter()
     read = SourceRows(df.toArrow(), df.schema, lambda: df) if driver else None
     to_arrow = elapsed(started)
@@ -166,9 +175,9 @@ def _round(spark: SparkSession, server: Any, n: int, rows: int, changed: int, se
         sink = PostgresTableSink(name, Source("src"), CONN_ID, table, **options)
         storage = JobStorage.for_job(str(Path("/tmp/checkpoint-bench-pg") / schema), name)  # the sink writes no files
         later = _later(mode, rows, changed, seed)
+        feed = next(f for f in FEEDS[1:] + FEEDS[:1] if name.endswith(f))
         for checkpoint_id, batch in ((1, base), (2, later)):
-            driver = name.endswith(DRIVER)
-            figures = out[f"{name}_{checkpoint_id}"] = _load(sink, spark, storage, checkpoint_id, batch, driver)
+            figures = out[f"{name}_{checkpoint_id}"] = _load(sink, spark, storage, checkpoint_id, batch, feed)
             log(f"round {n} {name} checkpoint {checkpoint_id}: {len(batch):,} rows, step {figures['stage_s']:.2f}s, "
                 f"verify {figures['verify_s']:.3f}s, commit {figures['commit_s']:.3f}s")  # fmt: skip
         if not _table(server, table).astype(str).equals(_truth(mode, base, later).astype(str)):
@@ -256,6 +265,21 @@ def _to_arrow(r: dict[str, Any]) -> float:
     return min(float(r[f"{name}_1"]["to_arrow_s"]) for name in SINKS if name.endswith(DRIVER))
 
 
+def _summary(rounds: list[dict[str, Any]]) -> str:
+    """Per sink fed a DataFrame, the range over the rounds of floor / whole and DataFrame floor / whole."""
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.2f}–{max(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+    parts = []
+    for name in (n for n in SINKS if not n.endswith(DRIVER)):
+        wholes = [(r, _whole(r[f"{name}_1"])) for r in rounds]
+        floor = [min(*r["floor_s"], *r["binary_floor_s"]) / whole for r, whole in wholes]
+        frame = [(min(*r["floor_s"], *r["binary_floor_s"]) + _to_arrow(r)) / whole for r, whole in wholes]
+        parts.append(f"{name} {span(floor)} ({span(frame)})")
+    return "Fed a DataFrame, floor / whole (DataFrame floor / whole) over the rounds: " + "; ".join(parts) + "."
+
+
 def render(result: dict[str, Any]) -> str:
     from bench.report import machine_lines
 
@@ -275,15 +299,19 @@ def render(result: dict[str, Any]) -> str:
         "column types), each measured before and after the sinks in the same round; **floor** is the fastest of "
         "the four, the ratios use it.",
         "- Checkpoint 1 loads the rows into a new table: **staging** = `prepare` + `stage` (claim, table check and "
-        "creation, staging table, the executors' COPY, checks), **verify** = finalize's check of the staging table "
-        "before `_metadata` (its seal, a catalog look-up), **commit** = the commit transaction; **whole** = the three; "
+        "creation, staging table, the collect or the executors' COPY, checks), **verify** = finalize's check of the "
+        "staging table before `_metadata` (its seal, a catalog look-up), **commit** = the commit transaction; "
+        "**whole** = the three; "
         "**later commit**: checkpoint 2's commit into the table of checkpoint 1.",
         "- Sinks: `append` (the commit copies the staged rows, `INSERT … SELECT`), `append-partitions` "
         "(`partition_per_checkpoint=True`: the commit attaches them), `upsert` by `id`; each fed by the cached "
-        "DataFrame (a stateful operator's output: Spark's executors `COPY`), and as `<sink>-driver` by the same "
-        "rows held on the driver as a source that read them there hands them (a Parquet `FileSource` or a CDC "
-        "checkpoint feeding only the sink; `df.toArrow()` before the clock starts): the driver reduces and "
-        "`COPY`s them, no Spark job.",
+        "DataFrame with its row count known to the step (a stateful operator's output: at most `driver_rows`, "
+        "Spark's estimate at most `driver_bytes`, so it is collected with one `toArrow()` in the clock and the "
+        "driver reduces and `COPY`s it), as `<sink>-executors` by the same DataFrame with its count unknown (a "
+        "stateless transform's output: Spark's executors `COPY` it, as every DataFrame before), and as "
+        "`<sink>-driver` by the same rows held on the driver as a source that read them there hands them (a "
+        "Parquet `FileSource` or a CDC checkpoint feeding only the sink; `df.toArrow()` before the clock starts): "
+        "the driver reduces and `COPY`s them, no Spark job.",
         "- **DataFrame floor** (sinks fed by a DataFrame): `df.toArrow()` of the same cached rows (the fastest of "
         "the round's three) + the floor: what any load out of a Spark DataFrame pays at least, rows leaving the "
         "JVM before one `COPY` sends them.",
@@ -306,6 +334,7 @@ def render(result: dict[str, Any]) -> str:
                 f"{later['commit_s']:.3f} |"
             )
     to_arrow = [f"{r[f'{name}_1']['to_arrow_s']:.2f}" for r in rounds for name in SINKS if name.endswith(DRIVER)]
+    lines += ["", _summary(rounds)]
     lines += [
         "",
         "`df.toArrow()` of the cached DataFrame (its rows brought to the driver: what a step through Spark would pay "

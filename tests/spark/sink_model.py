@@ -65,6 +65,7 @@ class Config:
     inline_dvs: bool = False  # delta upsert: inline_deletion_vectors=True
     soft_column: str | None = None  # with deletes: deletes="soft", deleted_column=soft_column
     driver: bool = False  # postgres: the input as a source that read it on the driver hands it (no Spark job)
+    collected: bool = False  # postgres: a DataFrame whose row count the step knows, collected into the driver
 
     @property
     def name(self) -> str:
@@ -76,6 +77,7 @@ class Config:
             + ("-inline-dvs" if self.inline_dvs else "")
             + (f"-soft{self.soft_column}" if self.soft_column else "")
             + ("-driver" if self.driver else "")
+            + ("-collected" if self.collected else "")
         )
 
     @property
@@ -203,6 +205,9 @@ class Harness:
             from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
             return self.sink.stage_source_rows(ctx, SourceRows(df.toArrow(), df.schema, lambda: df))
+        if self.config.collected:  # as a stateful operator's output: its count known, Spark's estimate of its size
+            df = df.cache()
+            ctx.output_rows["src"] = df.count()
         return self.sink.stage(ctx, df)
 
     def commit(self, checkpoint_id: int, committables: Any) -> None:

@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSi
 from airflow_provider_checkpoint.dataflow import FileSource
 from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 from airflow_provider_checkpoint.dataflow.graph import Source
+from airflow_provider_checkpoint.exceptions import SinkValueError
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.storage import JobStorage
 from airflow_provider_checkpoint.testing.inprocess import make_job
@@ -106,7 +108,21 @@ def _land(landing: Path, n: int, seed: int) -> list[Row]:
     return rows
 
 
-def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg_schema, tmp_path, monkeypatch) -> None:
+@pytest.fixture
+def from_driver(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The uids of the sinks staging rows from the driver (Arrow, not a DataFrame) while the test runs."""
+    staged: list[str] = []
+    original = staging.stage
+
+    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        staged.extend([sink.uid] if isinstance(rows, pa.Table) else [])
+        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
+
+    monkeypatch.setattr(staging, "stage", spy)
+    return staged
+
+
+def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg_schema, tmp_path, from_driver) -> None:
     def declare(base: Path) -> None:
         def source(name: str) -> FileSource:
             return FileSource(f"events_{name}", f"{base}/landing", "parquet", SCHEMA)
@@ -121,14 +137,6 @@ def test_a_file_source_loads_postgres_from_the_driver(spark, postgres_server, pg
             delete_when="deleted", deletes="soft",
         )  # fmt: skip
 
-    from_driver: list[str] = []
-    original = staging.stage
-
-    def spy(sink: Any, conn: Any, ctx: Any, schema: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
-        from_driver.extend([sink.uid] if isinstance(rows, pa.Table) else [])
-        return original(sink, conn, ctx, schema, rows, *args, **kwargs)
-
-    monkeypatch.setattr(staging, "stage", spy)
     tracker = spark.sparkContext.statusTracker()
     job, model = make_job(spark, tmp_path, declare), Model()
     for checkpoint_id, n in enumerate([60, 40, 150], start=1):  # the third: above latest's driver_rows
@@ -231,3 +239,96 @@ def test_the_driver_path_stages_what_spark_stages(
         else:
             expected = list(won)
     assert tables["driver"] == Counter(tuple(r[c] for c in columns) for r in expected)
+
+
+class _Keyed(Source):
+    """A source whose rows hold each ``k`` once (as a stateful operator's output by ``k``): no reduction."""
+
+    def unique_keys(self) -> tuple[str, ...]:
+        return ("k",)
+
+
+MESSY = "k STRING, v BIGINT, seq BIGINT, amount DECIMAL(12,2), at TIMESTAMP, note STRING"
+
+
+def _messy(spark: Any, checkpoint_id: int, unique: bool) -> Any:
+    """Unicode, nulls (a null key too), zoned timestamps, decimals, NUL bytes (refused), keys repeated (``seq``
+    ties: source order decides) unless ``unique``; in the slices of the list Spark makes (source order: the list's),
+    cached, so Spark's estimate of its size is known (as of a stateful operator's output, read from its files)."""
+    start = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # a daylight-saving change in many zones
+    keys = ["é✓𝄞", None, "", "a", 'x,"y"\n', "tab\t"] + [f"k{i}" for i in range(40)]
+    rows = [
+        (
+            keys[i % len(keys)] if not unique else (keys[i] if i < len(keys) else f"u{i}"),
+            None if i % 7 == 0 else checkpoint_id * 1000 + i,
+            None if i % 5 == 0 else i % 2,  # a key's rows (i, i + 46, i + 92) tie: source order decides
+            None if i % 6 == 0 else Decimal(f"{i * 37 - 500}.{i % 100:02d}"),
+            None if i % 8 == 0 else start + timedelta(minutes=37 * i),
+            "nul\0here" if i % 11 == 3 else (None if i % 4 == 0 else f'ü-{i}-\\-"q"'),
+        )
+        for i in range(120)
+    ]
+    df = spark.createDataFrame(rows, MESSY).cache()
+    df.count()
+    return df
+
+
+DATAFRAME_CASES = {  # partition_per_checkpoint stages as append does (the model suite's -collected runs it)
+    "append": {},
+    "upsert, repeated keys": {"mode": "upsert", "keys": ["k"], "sequence_by": ["seq"]},
+    "upsert, unique keys": {"mode": "upsert", "keys": ["k"]},
+}
+
+
+@pytest.mark.parametrize("case", list(DATAFRAME_CASES))
+def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
+    spark, postgres_server, pg_schema, from_driver, case: str
+) -> None:
+    """The same DataFrame (a stateful operator's output, its row count known to the step) into two sinks, over
+    a first load and a load into the table: one collects it into the driver and ``COPY``s it from there, its twin
+    (``driver_bytes=1``: Spark estimates it larger) has the executors ``COPY`` it. Read back with psycopg, tables
+    and dead letters are equal, and so are the staged counts."""
+    options: dict[str, Any] = dict(DATAFRAME_CASES[case])
+    unique = case.endswith("unique keys")
+    node = _Keyed("src") if unique else Source("src")
+    storage = JobStorage.for_job(f"{tempfile.gettempdir()}/pg-collected-jobs", "job")
+    sinks = {
+        path: PostgresTableSink(
+            path, node, "pg_test", f"{pg_schema}.{path}", dead_letter_table=f"dead_{path}", max_refused_fraction=1.0,
+            driver_bytes=1 if path == "executors" else 1 << 30, **options,
+        )
+        for path in ("driver", "executors")
+    }  # fmt: skip
+    staged: dict[str, list[tuple[int, int]]] = {path: [] for path in sinks}
+    checkpoints = (1, 2) if "upsert" in case else (1,)  # a first load, then (upsert) rows into the table
+    for checkpoint_id in checkpoints:
+        df = _messy(spark, checkpoint_id, unique)
+        for path, sink in sinks.items():
+            ctx = step_context(spark, storage, checkpoint_id)
+            ctx.output_rows["src"] = 120
+            sink.prepare(ctx)
+            [committable] = sink.stage(ctx, df)
+            staged[path].append((committable["rows"], committable["dead_letters"]))
+            sink.commit(checkpoint_id, [committable])
+        assert from_driver == ["driver"], (checkpoint_id, from_driver)
+        from_driver.clear()
+    assert staged["driver"] == staged["executors"], staged
+    winners = 46 if case == "upsert, repeated keys" else 120  # its keys, or its rows
+    assert all(rows + refused == winners and refused for rows, refused in staged["driver"]), staged
+    tables = {}
+    with postgres_server.connect() as db:
+        for path in sinks:
+            rows = db.execute(f"SELECT * FROM {pg_schema}.{path}").fetchall()
+            dead = db.execute(
+                f"SELECT checkpoint_id, column_name, key, record, error FROM {pg_schema}.dead_{path}"
+            ).fetchall()
+            tables[path] = (Counter(rows), Counter(dead))
+    assert tables["driver"] == tables["executors"]
+    if unique:  # an input said to hold each key once repeats one: refused, and no retried Spark task is blamed
+        df = _messy(spark, 3, unique=False)
+        for sink in sinks.values():
+            ctx = step_context(spark, storage, 3)
+            ctx.output_rows["src"] = 120
+            with pytest.raises(SinkValueError, match="staged twice"):
+                sink.stage(ctx, df)
+        assert from_driver == ["driver"], from_driver

@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from airflow_provider_checkpoint.connectors.postgres import seal
-from airflow_provider_checkpoint.connectors.postgres.sink import CHECKPOINT_COLUMN, PostgresTableSink
+from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
+from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import (
     CheckpointStorageError,

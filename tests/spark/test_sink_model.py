@@ -7,7 +7,8 @@ table read after every step by independent readers (pyarrow; delta-rs and DuckDB
 compared with the plain-Python model in ``sink_model``.
 
 CI runs the fixed seeds below, two examples each (three in ``make test-full``); ``SINK_MODEL_ALL=1``
-adds PostgreSQL with soft deletes (both paths) and its append from the driver;
+adds PostgreSQL with soft deletes (both paths), its append from the driver, and an upsert and an append fed a
+DataFrame whose row count the step knows (``-collected``: into the driver, then its ``COPY``);
 ``SINK_MODEL_SEEDS=1,2,3``, ``SINK_MODEL_EXAMPLES`` and
 ``SINK_MODEL_STEPS`` change them, ``SINK_MODEL_SHRINK=0`` skips shrinking a failure and
 ``SINK_MODEL_SHRINK_SECONDS`` (default 60) bounds it, and
@@ -50,6 +51,8 @@ if os.environ.get(
     CONFIGS.append(Config("postgres", "upsert", deletes=True, soft_column="deleted"))
     CONFIGS.append(Config("postgres", "upsert", deletes=True, soft_column="deleted", driver=True))
     CONFIGS.append(Config("postgres", "append", driver=True))
+    CONFIGS.append(Config("postgres", "upsert", sequence_by=True, deletes=True, collected=True))
+    CONFIGS.append(Config("postgres", "append", partition_per_checkpoint=True, collected=True))
 SEEDS = [int(s) for s in os.environ.get("SINK_MODEL_SEEDS", "30").split(",")]
 EXAMPLES = int(ci_or_full("SINK_MODEL_EXAMPLES", "2", "3"))
 STEPS = int(os.environ.get("SINK_MODEL_STEPS", "8"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -101,10 +102,25 @@ def test_types_without_a_mapping_and_bad_definitions_are_refused():
     assert _sink(partition_per_checkpoint=True).describe()["partition_per_checkpoint"] is True
     assert "partition_per_checkpoint" not in _sink().describe()
     assert _sink(dead_letter_table="ops.refused").dead_letters == ("ops", "refused")
-    for bad in (-1, True, 1.5):
-        with pytest.raises(PipelineDefinitionError, match="driver_rows must be an int >= 0"):
-            _sink(driver_rows=bad)
+    for name in ("driver_rows", "driver_bytes"):
+        for bad in (-1, True, 1.5):
+            with pytest.raises(PipelineDefinitionError, match=f"{name} must be an int >= 0"):
+                _sink(**{name: bad})
     assert _sink().takes_source_rows() and not _sink(driver_rows=0).takes_source_rows()
+
+
+def test_a_dataframe_is_collected_only_with_its_count_known_small_and_its_estimate_small() -> None:
+    """Spark's estimate is asked for only once the count allows the collect (no job is run for either)."""
+    sink, asked = _sink(driver_rows=10, driver_bytes=100), []
+
+    def size(estimate: int | None) -> Callable[[], int | None]:
+        return lambda: asked.append(estimate) or estimate
+
+    assert sink._collects(10, size(100)) and sink._collects(0, size(0))
+    assert not sink._collects(10, size(101)) and not sink._collects(10, size(None))
+    asked.clear()
+    assert not sink._collects(None, size(1)) and not sink._collects(11, size(1)) and asked == []
+    assert not _sink(driver_rows=0)._collects(0, size(0)) and not _sink(driver_bytes=0)._collects(1, size(0))
 
 
 def test_only_keys_compared_as_their_values_skip_the_servers_duplicate_key_check():

@@ -183,9 +183,13 @@ class UpsertRows:
         """The rows in the driver, reduced there, with ``pmod`` ``(column, divisor)``'s column =
         ``pmod(xxhash64(keys), divisor)`` as Spark computes it (e.g. a bucket): from :attr:`source` without a
         Spark job when it has them and the driver hashes the keys' types as Spark does
-        (:mod:`~airflow_provider_checkpoint.state.spark_hash`), else in one Spark job (no shuffle). ``None``
-        if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot compare
-        as Spark does: use :meth:`frame` then."""
+        (:mod:`~airflow_provider_checkpoint.state.spark_hash`), else in one Spark job: with :attr:`count` known,
+        ``toArrow()`` of the rows as they are, in the DataFrame's order (its partitions' in turn, as
+        ``monotonically_increasing_id`` orders them; no ``limit``, which gathers the rows into one partition
+        first, and no order column, which makes the JVM's hand-off twice as long: 1,000,000 narrow rows 0.32 s
+        against 0.65 s with it, 0.57 s with the limit); else ``limit(limit + 1)`` with the order column.
+        ``None`` if the input has more than ``limit`` rows, or key or ``sequence_by`` values pyarrow cannot
+        compare as Spark does: use :meth:`frame` then."""
         from pyspark.sql import functions as F
 
         if not limit or (self.count is not None and self.count > limit):
@@ -205,6 +209,9 @@ class UpsertRows:
         df = self.data()
         if pmod is not None:
             df = df.withColumn(pmod[0], F.pmod(F.xxhash64(*[F.col(k) for k in self.keys]), F.lit(pmod[1])))
+        if self.count is not None:
+            rows = df.toArrow()
+            return None if rows.num_rows > limit else self._reduced(self._ordered(rows))
         if self.reduce:
             df = df.withColumn(_ORDER, F.monotonically_increasing_id())
         rows = df.limit(limit + 1).toArrow()
@@ -227,9 +234,18 @@ class UpsertRows:
                 return None
             buckets = spark_pmod(xxhash64(rows, self.keys).view(np.int64), pmod[1])
             rows = rows.append_column(pmod[0], arrow_of(buckets))
-        if self.reduce and self.sequence_by:  # else the rows' own order is the source order
-            rows = rows.append_column(_ORDER, arrow_of(np.arange(rows.num_rows, dtype=np.int64)))
-        return self._reduced(rows)
+        return self._reduced(self._ordered(rows))
+
+    def _ordered(self, rows: pa.Table) -> pa.Table:
+        """``rows`` (in source order) with their position in ``_ORDER`` where the reduction orders by ``sequence_by``
+        first (else their own order is the source order)."""
+        import numpy as np
+
+        from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of
+
+        if self.reduce and self.sequence_by:
+            return rows.append_column(_ORDER, arrow_of(np.arange(rows.num_rows, dtype=np.int64)))
+        return rows
 
     def _reduced(self, rows: pa.Table) -> pa.Table | None:
         """``rows`` one per key if :attr:`reduce`, their source order in ``_ORDER`` or, without it, their own

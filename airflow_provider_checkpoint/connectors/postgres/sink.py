@@ -1,16 +1,17 @@
 """Exactly-once into a PostgreSQL table through an Airflow ``postgres`` connection.
 
-- **Step** (writer): the executors ``COPY`` the checkpoint's rows in parallel into a staging table
+- **Step** (writer, this module): the executors ``COPY`` the checkpoint's rows in parallel into a staging table
   unique to the checkpoint attempt (:func:`~.sql.staging_table`); rows the driver holds already (an
-  input merged there, or read there by its source: ``driver_rows``) go from the driver, in one stream,
-  with no Spark job. A value PostgreSQL
+  input merged there, or read there by its source: ``driver_rows``) go from the driver, with no Spark
+  job, and so does a DataFrame whose row count the step knows to be small (a stateful operator's output:
+  ``driver_rows``, ``driver_bytes``), collected first in one ``toArrow()``. A value PostgreSQL
   refuses fails the step, naming column and key, or with ``dead_letter_table`` its row goes there
   instead (:mod:`.dead_letters`). The committable is ``{"checkpoint_id", "staging_table", "rows"}``
   (and ``"dead_letters"``, a count, with a dead-letter table): names and counts only. Staging tables
   are ordinary, WAL-logged tables (never UNLOGGED, which crash recovery empties): once the step's
   load has committed, what ``_metadata`` will name survives a crash of the server and reaches its
   replicas, so a completed checkpoint can always commit.
-- **Finalize** (committer): ONE transaction moves the staged rows into the table (``INSERT``,
+- **Finalize** (committer, :mod:`.committer`): ONE transaction moves the staged rows into the table (``INSERT``,
   or, upsert, ``DELETE … USING`` the staged rows that delete their key, then ``INSERT … ON CONFLICT
   (keys) DO UPDATE`` of the others), inserts the marker row ``(job, sink uid, table,
   checkpoint id)`` into ``checkpoint_sink_markers`` and drops the staging table. A retry, or
@@ -30,30 +31,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_checkpoint.connectors.base.sink import TransactionalSink, check_mode, check_schema_evolution
-from airflow_provider_checkpoint.connectors.base.upsert_rule import (
-    UpsertRows,
-    check_sequence_by,
-)
-from airflow_provider_checkpoint.connectors.postgres import claims, dead_letters, partitions, staging, target, undo
+from airflow_provider_checkpoint.connectors.base.sink import check_mode, check_schema_evolution
+from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_sequence_by
 from airflow_provider_checkpoint.connectors.postgres import sql as pg
-from airflow_provider_checkpoint.connectors.postgres.connection import PgConnection
-from airflow_provider_checkpoint.connectors.postgres.sql import CHECKPOINT_COLUMN
-from airflow_provider_checkpoint.core.faults import fault_point
+from airflow_provider_checkpoint.connectors.postgres import staging, target
+from airflow_provider_checkpoint.connectors.postgres.committer import PostgresCommitter
 from airflow_provider_checkpoint.core.model import JsonDict
 from airflow_provider_checkpoint.dataflow.graph import Node
-from airflow_provider_checkpoint.exceptions import (
-    CheckpointStorageError,
-    PipelineDefinitionError,
-    SinkConnectionError,
-    SinkUnavailableError,
-)
+from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    import psycopg
     import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
@@ -64,10 +54,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DRIVER_ROWS = 2_000_000
-"""A source's output read on the driver of at most this many rows is staged from the driver (``driver_rows``)."""
+"""Rows of a checkpoint's input staged from the driver at most (``driver_rows``)."""
+DRIVER_BYTES = 128 << 20
+"""Spark's estimate of a DataFrame input's size at most, for it to be collected into the driver (``driver_bytes``)."""
 
 
-class PostgresTableSink(TransactionalSink):
+class PostgresTableSink(PostgresCommitter):
     """Exactly-once PostgreSQL table in ``append`` or ``upsert`` (by ``keys``) mode; one short
     transaction per checkpoint, no lock held across it, no prepared transactions.
 
@@ -111,7 +103,12 @@ class PostgresTableSink(TransactionalSink):
     :param driver_rows: a checkpoint's input that its source read on the driver (the source feeding only this
         sink: :meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`) is staged from the
         driver, with no Spark job, when it has at most this many rows (reduced there to one row per key by
-        :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`'s code); more go through Spark; ``0``: never.
+        :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`'s code); so is a DataFrame input
+        whose row count the step knows (a stateful operator's output) to be at most this many, collected
+        first (``driver_bytes``); more go through Spark's executors; ``0``: never.
+    :param driver_bytes: a DataFrame input (not held by the driver) of at most ``driver_rows`` rows is collected
+        into the driver (one ``df.toArrow()``) and staged from there only when Spark's estimate of its size
+        (its plan's statistics, no job) is at most this many bytes; ``0``: never, its executors ``COPY`` it.
     """
 
     def __init__(
@@ -134,6 +131,7 @@ class PostgresTableSink(TransactionalSink):
         deleted_column: str | None = None,
         schema_evolution: str = "none",
         driver_rows: int = DRIVER_ROWS,
+        driver_bytes: int = DRIVER_BYTES,
     ) -> None:
         super().__init__(uid, input, step)
         check_mode(uid, mode)
@@ -161,9 +159,10 @@ class PostgresTableSink(TransactionalSink):
             raise PipelineDefinitionError(f"{uid}: partition_per_checkpoint is for append mode")
         self.partition_per_checkpoint = partition_per_checkpoint
         self.schema_evolution = check_schema_evolution(uid, schema_evolution)
-        if not isinstance(driver_rows, int) or isinstance(driver_rows, bool) or driver_rows < 0:
-            raise PipelineDefinitionError(f"{uid}: driver_rows must be an int >= 0, got {driver_rows!r}")
-        self.driver_rows = driver_rows
+        for name, value in (("driver_rows", driver_rows), ("driver_bytes", driver_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise PipelineDefinitionError(f"{uid}: {name} must be an int >= 0, got {value!r}")
+        self.driver_rows, self.driver_bytes = driver_rows, driver_bytes
         if partition_per_checkpoint and schema_evolution != "none":
             raise PipelineDefinitionError(
                 f"{uid}: schema_evolution is not available with partition_per_checkpoint (a checkpoint's partition "
@@ -184,83 +183,6 @@ class PostgresTableSink(TransactionalSink):
             described["schema_evolution"] = self.schema_evolution
         return {**described, "dead_letters": ".".join(self.dead_letters)} if self.dead_letters else described
 
-    def targets(self) -> list[str]:
-        """``postgres://<conn_id>/<schema>.<table>`` of the table, and of the dead-letter table."""
-        tables = [(self.schema, self.table_name), *([self.dead_letters] if self.dead_letters else [])]
-        return [f"postgres://{self.conn_id}/{schema}.{name}" for schema, name in tables]
-
-    def target_name(self) -> str:
-        return f"{self.schema}.{self.table_name} (connection {self.conn_id})"
-
-    record_kind = "postgres"
-
-    def record_target(self) -> str:
-        return f"{self.schema}.{self.table_name}"
-
-    def _dead_letters_uid(self) -> str:
-        return f"{self.uid}.dead_letters"
-
-    def staged_records(self, grown: Mapping[str, int]) -> dict[str, JsonDict]:
-        """Rows staged (no files, no bytes: a table), and with a dead-letter table the rows refused into it."""
-        entry = {"kind": self.record_kind, "target": self.record_target(), "files": None, "bytes": None}
-        records = {self.uid: {**entry, "rows": int(grown.get("sink_rows", 0))}}
-        if self.dead_letters:
-            target = ".".join(self.dead_letters)
-            refused = int(grown.get("sink_rows_refused", 0))
-            records[self._dead_letters_uid()] = {**entry, "kind": "dead_letters", "target": target, "rows": refused}
-        return records
-
-    def commit_record(self, checkpoint_id: int) -> dict[str, JsonDict]:
-        """The commit time of the marker row (the commit transaction's start), for the table and its dead letters."""
-        with self._tx() as db:
-            claim = self.owned_claim(claims.read(self, db))
-            row = None if claim is None else claims.marker(self, db, claim, checkpoint_id, "committed_at")
-        if row is None:
-            return {}
-        when = {"commit_time": float(row[0])}
-        return {self.uid: when, **({self._dead_letters_uid(): when} if self.dead_letters else {})}
-
-    def _connection(self) -> PgConnection:
-        return PgConnection.from_airflow(self.conn_id)
-
-    def _tx(self) -> psycopg.Connection[Any]:
-        return self._connection().connect()
-
-    def table(self, name: str | None = None) -> Any:
-        """This sink's table, or ``name`` in its schema, as a quoted SQL identifier."""
-        return pg.ident(self.schema, name or self.table_name)
-
-    # -- bookkeeping tables and claim -------------------------------------------------
-    def claim_document(self, job_id: str) -> JsonDict:
-        return {"job_id": job_id, "sink": self.uid, "mode": self.mode, "keys": self.keys}
-
-    def load_claim(self) -> JsonDict | None:
-        with self._tx() as db:
-            return claims.read(self, db)
-
-    def store_claim(self, claim: JsonDict) -> None:  # :meth:`claim` inserts it itself, then reads the winner
-        with self._tx() as db:
-            claims.insert(self, db, claim)
-
-    def claim(self, job_id: str) -> None:
-        """As :meth:`TransactionalSink.claim`, on one connection: the stored claim read; if none, this job's
-        inserted (unless another is there by then: ``ON CONFLICT DO NOTHING``), committed and read again, so
-        the claim that won is the one checked."""
-        self.bind_job(job_id)
-        with self._tx() as db:
-            stored = claims.read(self, db)
-            if stored is None:
-                claims.insert(self, db, self.claim_document(job_id))
-                db.commit()
-                stored = claims.read(self, db)
-        if stored is None:
-            raise CheckpointStorageError(f"sink {self.uid}: the claim of {self.target_name()} was not stored")
-        self.owned_claim(stored)
-
-    def prepare(self, ctx: StepContext) -> None:
-        """Before any Spark work of the step: the connection works, the table is this job's."""
-        self.claim(ctx.plan.job_id)
-
     # -- writer (step side) ------------------------------------------------------------
     def check_columns(self, schema: StructType) -> None:
         """The input's column names, then the table as the step checks it (:func:`~.target.check_target`), not
@@ -278,8 +200,39 @@ class PostgresTableSink(TransactionalSink):
         return self.driver_rows > 0
 
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+        """Stage ``df`` by its executors' ``COPY``, or from the driver: the rows it holds (:meth:`held_input`), or,
+        an append of a small input (:meth:`_collects`), ``df`` collected there."""
+        from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
+
         held = self.held_input(ctx)
+        count = ctx.output_rows.get(self.inputs[0].uid)
+        if held is None and self.mode == "append" and self._collects(count, lambda: estimated_bytes(df)):
+            held = self._collected(df.toArrow)
         return self._staged(ctx, df.schema, df if held is None else held)
+
+    def _collects(self, count: int | None, size: Callable[[], int | None]) -> bool:
+        """Whether a DataFrame input of ``count`` rows (as the step knows them: a stateful operator's output;
+        ``None``: unknown) is collected into the driver and staged from there: at most ``driver_rows`` rows
+        and, by Spark's estimate (``size``, asked only then; ``None``: unknown), at most ``driver_bytes``. One
+        ``toArrow()`` then one ``COPY`` stream per driver thread cost less than the executors' ``COPY``, whose
+        Python workers take the rows in Arrow batches from the JVM too and each open a connection
+        (docs/benchmarks.md)."""
+        if not self.driver_rows or not self.driver_bytes or count is None or count > self.driver_rows:
+            return False
+        estimate = size()
+        return estimate is not None and estimate <= self.driver_bytes
+
+    def _collected(self, collect: Callable[[], pa.Table | None]) -> pa.Table | None:
+        """The rows of a DataFrame input in the driver, in its order, by ``collect`` (one Spark job, ``toArrow()``),
+        logged with their time; ``None`` if ``collect`` declines them."""
+        started = time.monotonic()
+        rows = collect()
+        if rows is not None:
+            log.info(
+                "sink %s: collected %d rows (%d bytes in Arrow) into the driver in %.2fs",
+                self.uid, rows.num_rows, rows.nbytes, time.monotonic() - started,
+            )  # fmt: skip
+        return rows
 
     def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
         """An append of rows a source read on the driver: ``COPY`` from there, up to ``driver_rows`` of them."""
@@ -296,7 +249,8 @@ class PostgresTableSink(TransactionalSink):
 
     def write_upsert(self, ctx: StepContext, rows: UpsertRows) -> list[JsonDict]:
         """Rows a source read on the driver, at most ``driver_rows``, are reduced there to one row per key
-        (:meth:`UpsertRows.collect`: the rule's code, as Spark reduces them) and staged from there.
+        (:meth:`UpsertRows.collect`: the rule's code, as Spark reduces them) and staged from there; so is a
+        DataFrame input the driver does not hold, collected first (one Spark job), when :meth:`_collects`.
 
         Otherwise an input that may repeat a key is first staged as it is, without Spark's reduction to one
         row per key (a shuffle of every row): the staging table then holds each key once, and no row was
@@ -304,10 +258,12 @@ class PostgresTableSink(TransactionalSink):
         Otherwise it is staged again, reduced (the rows as :meth:`UpsertRows.frame` gives them). Rows
         the driver holds (a stateful operator merged there) go from the driver, with no Spark job, as in
         :meth:`write`."""
+        held = rows.in_driver.rows() if rows.in_driver is not None else None
         reduced = rows.collect(self.driver_rows) if rows.source is not None else None
+        if rows.source is None and held is None and self._collects(rows.count, rows.estimated_bytes):
+            reduced = self._collected(lambda: rows.collect(self.driver_rows))
         if reduced is not None:
             return self._staged(ctx, rows.schema, reduced, reduced=rows.reduce)
-        held = rows.in_driver.rows() if rows.in_driver is not None else None
         if rows.reduce:
             data = rows.data()
             staged = staging.stage(
@@ -316,95 +272,3 @@ class PostgresTableSink(TransactionalSink):
             if staged is not None:
                 return [staged]
         return self.write(ctx, rows.frame())
-
-    # -- committer (finalize / recovery side) ------------------------------------------
-    def read_committables(self, checkpoint_id: int, committables: Any, document: str) -> list[staging.Staged]:
-        """``[(staging table, rows, dead letters, seal)]``: each table named by this sink's pattern for
-        ``checkpoint_id``."""
-        return staging.read_committables(self, checkpoint_id, committables, document)
-
-    def verify_staged(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
-        """Each staging table still holds the rows the step staged (before ``_metadata``: a table lost
-        now aborts the checkpoint, and the next one stages its input again)."""
-        document = f"committables of sink {self.uid} for checkpoint {checkpoint_id}"
-        with self._tx() as db:
-            staging.verify(self, db, checkpoint_id, self.read_committables(checkpoint_id, committables, document))
-
-    def is_committed(self, checkpoint_id: int) -> bool:
-        with self._tx() as db:
-            return self._marker(db, checkpoint_id) is not None
-
-    def _marker(self, db: psycopg.Connection[Any], checkpoint_id: int, claim: JsonDict | None = None) -> Any:
-        claim = claim or self.owned_claim(claims.read(self, db))
-        return None if claim is None else claims.marker(self, db, claim, checkpoint_id)
-
-    def _locked_claim(self, db: psycopg.Connection[Any]) -> JsonDict:
-        claim = self.owned_claim(claims.read(self, db, lock=True))
-        if claim is None:
-            raise CheckpointStorageError(f"sink {self.uid}: {self.target_name()} is not claimed by this sink")
-        return claim
-
-    def commit_checked(self, checkpoint_id: int, committables: list[staging.Staged]) -> None:
-        """The one commit transaction (see the module docstring); a marker already there: nothing."""
-        started = time.monotonic()
-        with self._tx() as db:
-            undo.key_markers_by_table(self, db)
-            claim = self._locked_claim(db)
-            if self._marker(db, checkpoint_id, claim) is not None:
-                return
-            rows = 0
-            for i, (name, expected, refused, sealed) in enumerate(committables):
-                if self.partition_per_checkpoint and i == 0:  # one partition per checkpoint
-                    rows += partitions.attach(self, db, checkpoint_id, name, expected, sealed)
-                elif i == 0 and target.born_in_commit(self, db):  # the first load makes the table: no copy
-                    rows += staging.take_over(self, db, checkpoint_id, name, expected, sealed)
-                else:
-                    target.follow_staged(self, db, name)
-                    columns = [c for c in pg.table_columns(db, self.schema, self.table_name) if c != CHECKPOINT_COLUMN]
-                    rows += undo.move_rows(self, db, checkpoint_id, name, expected, columns, sealed)
-                dead_letters.move(self, db, claim, checkpoint_id, name, refused)
-            fault_point("finalize.inside_sink_commit", checkpoint=checkpoint_id, sink=self.uid)
-            undo.write_marker(self, db, claim, checkpoint_id, rows)
-            staging.drop(
-                self, db, staging.tables(self, db, checkpoint_id)
-            )  # the staging tables of the checkpoint's other attempts
-        log.info(
-            "sink %s: committed checkpoint %d (%d rows) into %s in %.2fs",
-            self.uid, checkpoint_id, rows, self.target_name(), time.monotonic() - started,
-        )  # fmt: skip
-
-    def rollback(self, checkpoint_id: int) -> None:
-        """Return the table to its state when ``checkpoint_id`` committed, in one transaction, and drop
-        the staging tables of later checkpoints (the restored job never commits them)."""
-        with self._tx() as db:
-            if claims.read(self, db) is None:
-                return
-            claim = self._locked_claim(db)
-            if self.partition_per_checkpoint:
-                partitions.drop_newer(self, db, checkpoint_id)
-            undone = undo.undo_newer(self, db, claim, checkpoint_id)
-            dead_letters.delete_newer(self, db, claim, checkpoint_id)
-            later = staging.drop(
-                self, db, [n for n in staging.tables(self, db) if pg.staged_checkpoint(n) > checkpoint_id]
-            )
-        if undone or later:
-            log.info(
-                "sink %s: rolled back checkpoints %s of %s, dropped %d staging tables of later checkpoints",
-                self.uid, undone, self.target_name(), later,
-            )  # fmt: skip
-
-    def abort(self, checkpoint_id: int) -> None:
-        """Drop every attempt's staging table of ``checkpoint_id``. Best effort: when the server cannot
-        be reached (the reason a checkpoint often aborts), they stay behind and :meth:`audit` lists them."""
-        try:
-            with self._tx() as db:
-                dropped = staging.drop(self, db, staging.tables(self, db, checkpoint_id))
-        except (SinkConnectionError, SinkUnavailableError) as e:
-            log.warning("sink %s: staging tables of checkpoint %d not dropped: %s", self.uid, checkpoint_id, e)
-            return
-        if dropped:
-            log.info("sink %s: dropped %d staging tables of checkpoint %d", self.uid, dropped, checkpoint_id)
-
-    def audit(self) -> list[str]:
-        with self._tx() as db:
-            return [f"staging table left behind: {self.schema}.{name}" for name in staging.tables(self, db)]
