@@ -234,14 +234,15 @@ class _Rows:
     ) -> tuple[int, CdcSourceError] | None:
         """The changes at positions ``[start, stop)`` of the open transaction into its ``parts``: runs of one
         tuple as positions, the others decoded; the first refused change (``failed`` if already one)."""
-        simple, oids, stops = msgs.simple_list, msgs.oid_list, msgs.run_stops
+        simple, oids, stops = msgs.simple, msgs.oids, msgs.run_stops
         i = start
         while i < stop:
             last = parts[-1] if parts else None
-            j = min(stops[i], stop) if simple[i] else i + 1
+            j = min(int(stops[i]), stop) if simple[i] else i + 1
             try:
                 if simple[i]:
-                    shape = self.shapes.get(oids[i]) or self._shape(oids[i], msgs.message(i))
+                    oid = int(oids[i])
+                    shape = self.shapes.get(oid) or self._shape(oid, msgs.message(i))
                     if isinstance(last, _Runs) and last.shape is shape:
                         last.starts.append(i)
                         last.stops.append(j)
