@@ -119,8 +119,8 @@ def tuple_columns(messages: Messages, index: np.ndarray, width: int) -> list[pa.
     if np.any((buf[at].astype(np.int64) << 8 | buf[at + 1]) != width):
         return None
     at += 2
-    every = messages.strings
-    odd = pa.py_buffer(np.arange(0, 2 * len(index), 2, dtype=np.int64))
+    whole = messages.strings
+    every_other = pa.py_buffer(np.arange(0, 2 * len(index), 2, dtype=np.int64))
     out: list[pa.Array] = []
     for _ in range(width):
         if np.any(at >= ends):
@@ -137,8 +137,8 @@ def tuple_columns(messages: Messages, index: np.ndarray, width: int) -> list[pa.
         bounds = np.empty(2 * len(index) + 1, np.int64)  # text, bytes up to the next text, text, ...
         bounds[0:-1:2], bounds[1::2] = start, stop
         bounds[-1] = stop[-1] if len(stop) else 0
-        cut = pa.Array.from_buffers(pa.large_string(), 2 * len(index), [None, pa.py_buffer(bounds), every])
-        texts = cut.take(pa.Array.from_buffers(pa.int64(), len(index), [None, odd]))
+        cut = pa.Array.from_buffers(pa.large_string(), 2 * len(index), [None, pa.py_buffer(bounds), whole])
+        texts = cut.take(pa.Array.from_buffers(pa.int64(), len(index), [None, every_other]))
         valid = pa.py_buffer(np.packbits(text, bitorder="little"))
         array = pa.Array.from_buffers(pa.large_string(), len(index), [valid, *texts.buffers()[1:]])
         try:
