@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, strings_of
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -154,9 +156,7 @@ def decoded_codes(codes: np.ndarray, names: list[str]) -> pa.Array:
     """``names[code]`` of each code, as a string array."""
     import pyarrow as pa
 
-    return pa.DictionaryArray.from_arrays(
-        pa.array(codes.astype(np.int32)), pa.array(names, pa.string())
-    ).dictionary_decode()
+    return pa.DictionaryArray.from_arrays(arrow_of(codes.astype(np.int32)), strings_of(names)).dictionary_decode()
 
 
 def positions(starts: list[int], stops: list[int]) -> np.ndarray:

@@ -44,6 +44,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput_batch import (
     tuple_columns,
 )
 from airflow_provider_checkpoint.exceptions import CdcSourceError
+from airflow_provider_checkpoint.fileio.arrow_numpy import strings_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -376,7 +377,7 @@ class _Rows:
                     chunks[j].append(array)
             for j in part.shape.missing:
                 chunks[j].append(pa.nulls(len(part.ops), pa.large_string()))
-        texts = [pa.concat_arrays(c).cast(pa.string()) if c else pa.array([], pa.string()) for c in chunks]
+        texts = [pa.concat_arrays(c).cast(pa.string()) if c else strings_of([]) for c in chunks]
         ops = np.concatenate([p.ops for p in parsed]) if parsed else np.zeros(0, np.int8)
         tables = np.concatenate(
             [np.full(len(p.ops), p.shape.table, np.int32) for p in parsed] or [np.zeros(0, np.int32)]
