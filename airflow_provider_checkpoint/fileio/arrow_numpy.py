@@ -1,9 +1,10 @@
-"""Arrow arrays of numbers and booleans to numpy and back, without pyarrow's pandas bridge.
+"""Arrow arrays of numbers and booleans to numpy and back, and of a list of strings, without pyarrow's pandas bridge.
 
 pyarrow converts with ``Array.to_numpy``, ``np.asarray(array)`` and ``pa.array(ndarray)`` through its pandas
 layer, which imports pandas on first use: 0.3–0.6 s of a fresh task process that needs no pandas (a step
 task's upsert stage paid it in the middle of its work). :func:`numpy_of` and :func:`arrow_of` read and write
-the arrays' buffers directly for the types they take, and give exactly what pyarrow's conversions give.
+the arrays' buffers directly for the types they take, and give exactly what pyarrow's conversions give
+(``pa.array`` of a Python list imports pandas too: :func:`strings_of`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ def arrow_of(values: np.ndarray) -> pa.Array:
         bits = np.packbits(values, bitorder="little")
         return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+
+
+def strings_of(values: list[str]) -> pa.Array:
+    """``pa.array(values, pa.string())`` for a list of strings (no ``None``), without pandas."""
+    import numpy as np
+    import pyarrow as pa
+
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    data = pa.py_buffer(b"".join(encoded))
+    return pa.Array.from_buffers(pa.string(), len(encoded), [None, pa.py_buffer(offsets), data])
 
 
 def _dtype(type_: pa.DataType) -> np.dtype | None:

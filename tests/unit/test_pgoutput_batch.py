@@ -1,8 +1,9 @@
 """The vectorized TupleData parse (:func:`.pgoutput_batch.tuple_columns`) against the per-message decoder
 (:func:`.pgoutput.tuple_values`) on random change messages: random widths, nulls, unchanged TOASTed values,
 texts (empty, multi-byte UTF-8, bytes that are not UTF-8), and messages cut short, lengthened, with a
-wrong value count or a length past their end. Either both give the same values, or the batch is ``None``
-and some message does not decode alone into ``width`` text-or-null values ending where it does."""
+wrong value count or a length past their end, with other messages around and between them. Either both give
+the same values, or the batch is ``None`` and some message does not decode alone into ``width`` text-or-null
+values ending where it does."""
 
 from __future__ import annotations
 
@@ -62,10 +63,13 @@ def model(batch: list[bytes], width: int) -> list[list[Any]] | None:
 @given(st.integers(1, 5).flatmap(lambda w: st.tuples(st.just(w), st.lists(messages(w), max_size=8))), st.data())
 def test_the_batch_parse_equals_the_per_message_decoder(case, data):
     width, batch = case
-    others = data.draw(st.lists(st.binary(max_size=12), max_size=3))  # messages around the batch, not in it
-    buffer = Messages.of([*others, *batch, *others])
-    index = np.arange(len(others), len(others) + len(batch))
-    got = tuple_columns(buffer, index, width)
+    stream, index = [], []  # messages around and between the batch's, not in it
+    for message in batch:
+        stream += data.draw(st.lists(st.binary(max_size=12), max_size=2))
+        index.append(len(stream))
+        stream.append(message)
+    stream += data.draw(st.lists(st.binary(max_size=12), max_size=2))
+    got = tuple_columns(Messages.of(stream), np.array(index, np.int64), width)
     want = model(batch, width)
     if want is None or got is None:
         assert got is None and want is None
@@ -79,6 +83,8 @@ def test_a_batch_that_does_not_parse_is_none():
     got = parse(batch)
     assert got is not None and [a.to_pylist() for a in got] == [["1", "22"], ["é", None], [None, ""]]
     assert parse(batch, 2) is None  # not the relation's width
+    for index in ([1, 0], [0, 0]):  # not ascending: the texts are cut out of the buffer in its order
+        assert tuple_columns(Messages.of(batch), np.array(index), 3) is None
     assert parse([*batch, b"U" + OID + b"N" + tuple_data(3, UNCHANGED, "x")]) is None
     assert parse([batch[0] + b"\0"]) is None  # bytes after its tuple
     assert parse([batch[0][:-1]]) is None  # ends before its last value

@@ -122,7 +122,8 @@ def kept_rows(changed: pa.Table, delete_when: str | None) -> pa.Table:
 
     if delete_when is None:
         return changed
-    return changed.filter(pc.invert(pc.fill_null(changed[delete_when], False))).drop_columns([delete_when])
+    flag = changed[delete_when]  # kept: false or null (no Python scalar: pyarrow would import pandas for it)
+    return changed.filter(pc.or_kleene(pc.invert(flag), pc.is_null(flag))).drop_columns([delete_when])
 
 
 def merge_bucket(

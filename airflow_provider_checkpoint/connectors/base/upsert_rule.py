@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError, SinkSchemaError
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType, StructType
@@ -288,12 +289,33 @@ def latest_in_arrow(rows: pa.Table, keys: Sequence[str], order: Sequence[str]) -
     ranked = (
         rows.take(pc.sort_indices(rows, sort_keys=[(c, "ascending", "at_start") for c in order])) if order else rows
     )
-    rank = arrow_of(np.arange(ranked.num_rows, dtype=np.int64))
-    by_key = pa.table([*(ranked[k] for k in keys), rank], names=[*keys, _RANK])
-    last = by_key.group_by(list(keys), use_threads=False).aggregate([(_RANK, "max")])
-    if last.num_rows == ranked.num_rows:
+    lasts = _last_of_integer_keys(ranked, keys)
+    if lasts is None:  # other keys: grouped by pyarrow (its group_by imports pyarrow.acero and pandas)
+        rank = arrow_of(np.arange(ranked.num_rows, dtype=np.int64))
+        by_key = pa.table([*(ranked[k] for k in keys), rank], names=[*keys, _RANK])
+        last = by_key.group_by(list(keys), use_threads=False).aggregate([(_RANK, "max")])
+        lasts = np.sort(numpy_of(last[f"{_RANK}_max"]))
+    if len(lasts) == ranked.num_rows:
         return ranked
-    return ranked.take(arrow_of(np.sort(numpy_of(last[f"{_RANK}_max"]))))
+    return ranked.take(arrow_of(lasts))
+
+
+def _last_of_integer_keys(rows: pa.Table, keys: Sequence[str]) -> np.ndarray | None:
+    """The positions of each key's last row in ``rows``, ascending, for one integer key column without nulls (a
+    stable sort of the values, no hashing); ``None`` for other keys."""
+    import numpy as np
+    import pyarrow as pa
+
+    from airflow_provider_checkpoint.fileio.arrow_numpy import numpy_of
+
+    if len(keys) != 1 or not pa.types.is_integer(rows.schema.field(keys[0]).type) or rows[keys[0]].null_count:
+        return None
+    values = numpy_of(rows[keys[0]])
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    last = np.ones(len(values), bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    return np.sort(order[last])
 
 
 def unique_integer_key(rows: pa.Table, keys: Sequence[str]) -> bool:

@@ -18,6 +18,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput import (
     int_to_lsn,
 )
 from airflow_provider_checkpoint.exceptions import CdcSourceError
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, strings_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -124,10 +125,10 @@ def arrow_columns(
     fields = _fields(columns)
     counts = np.array([t[3] for t in txns], dtype=np.int64)
     arrays = [typed(c, t) for c, t in zip(columns, texts, strict=True)]
-    arrays += [tables, ops, pc.equal(ops, "delete")]
+    arrays += [tables, ops, pc.equal(ops, strings_of(["delete"])[0])]
     for i, field in ((0, fields[-3]), (1, fields[-2]), (2, fields[-1])):
         values = np.repeat(np.array([t[i] for t in txns], dtype=np.int64), counts)
-        arrays.append(pa.array(values).cast(field.type))
+        arrays.append(arrow_of(values).cast(field.type))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 

@@ -1,6 +1,8 @@
 """Many pgoutput messages at once: the messages in one buffer (:class:`Messages`), and the TupleData of many
 change messages of one tuple parsed together with numpy into Arrow string arrays (:func:`tuple_columns`):
-positions advance column by column across all the messages at once; no Python per message or value."""
+positions advance column by column across all the messages at once; no Python per message or value. A
+column's texts are cut out of the buffer by Arrow (``take`` of every other value of the buffer read as
+strings whose bounds alternate between a text and the bytes up to the next one), not gathered byte by byte."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, strings_of
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
 PAD = 8
 """Zero bytes after the last message: a read of a few bytes just past a message's end stays in the buffer."""
 _I, _U, _D, _N, _K = b"IUDNK"
-_LENGTH = np.arange(1, 5)
 
 
 @dataclass(frozen=True)
@@ -51,12 +54,20 @@ class Messages:
         return np.frombuffer(self.data, np.uint8)
 
     @cached_property
-    def _bounds(self) -> tuple[list[int], list[int]]:
-        return self.starts.tolist(), self.ends.tolist()
+    def words(self) -> np.ndarray:
+        """The big-endian unsigned 32-bit int at each byte of ``data`` (``words[i]``: bytes ``i`` to ``i + 3``): a
+        view, no copy."""
+        return np.ndarray((len(self.data) - 3,), ">u4", self.data, strides=(1,))
+
+    @cached_property
+    def strings(self) -> pa.Buffer:
+        """``data`` as an Arrow buffer (no copy)."""
+        import pyarrow as pa
+
+        return pa.py_buffer(self.data)
 
     def message(self, i: int) -> bytes:
-        starts, ends = self._bounds
-        return self.data[starts[i] : ends[i]]
+        return self.data[int(self.starts[i]) : int(self.ends[i])]
 
     @cached_property
     def kinds(self) -> np.ndarray:
@@ -78,49 +89,40 @@ class Messages:
         return (kinds == _I) | (kinds == _U) | (kinds == _D)
 
     @cached_property
-    def simple_list(self) -> list[bool]:
-        return self.simple.tolist()  # type: ignore[no-any-return]
-
-    @cached_property
-    def oid_list(self) -> list[int]:
-        return self.oids.tolist()  # type: ignore[no-any-return]
-
-    @cached_property
     def oids(self) -> np.ndarray:
         """Each message's bytes 1 to 4 as a big-endian unsigned int (a change's relation oid)."""
-        return _word(self.array, self.starts)
+        return self.words[self.starts + 1].astype(np.int64)
 
     @cached_property
-    def run_stops(self) -> list[int]:
+    def run_stops(self) -> np.ndarray:
         """For each message, the index after the last of its run: the changes of one tuple of one relation
         that follow one another (the message alone if it is no such change)."""
         simple, oids = self.simple, self.oids
         if not len(simple):
-            return []
+            return np.zeros(0, np.int64)
         new = np.ones(len(simple), bool)
         new[1:] = ~(simple[1:] & simple[:-1] & (oids[1:] == oids[:-1]))
         firsts = np.flatnonzero(new)
         stops = np.append(firsts[1:], len(simple))
-        return np.repeat(stops, stops - firsts).tolist()  # type: ignore[no-any-return]
-
-
-def _word(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The big-endian unsigned 32-bit ints at ``at + 1`` (``buf`` holds 5 bytes past every ``at``)."""
-    return np.ascontiguousarray(buf[at[:, None] + _LENGTH]).view(">u4").ravel().astype(np.int64)
+        return np.repeat(stops, stops - firsts)
 
 
 def tuple_columns(messages: Messages, index: np.ndarray, width: int) -> list[pa.Array] | None:
-    """The values of change messages ``index`` of one tuple each (kind, relation oid, marker, TupleData),
-    all of ``width`` values, as one string array per column; ``None`` if any is not made of text and null
-    values only (valid UTF-8), or does not end where its tuple does (decode it alone: its error or its
-    unchanged values)."""
+    """The values of change messages ``index`` (ascending) of one tuple each (kind, relation oid, marker,
+    TupleData), all of ``width`` values, as one string array per column; ``None`` if any is not made of text
+    and null values only (valid UTF-8), or does not end where its tuple does (decode it alone: its error or its
+    unchanged values), or ``index`` is not ascending."""
     import pyarrow as pa
 
-    buf, starts, ends = messages.array, messages.starts[index], messages.ends[index]
+    buf, words, starts, ends = messages.array, messages.words, messages.starts[index], messages.ends[index]
+    if len(index) and (np.any(ends - starts < 8) or np.any(np.diff(index) <= 0)):
+        return None
     at = starts + 6
-    if np.any(ends - starts < 8) or np.any((buf[at].astype(np.int64) << 8 | buf[at + 1]) != width):
+    if np.any((buf[at].astype(np.int64) << 8 | buf[at + 1]) != width):
         return None
     at += 2
+    whole = messages.strings
+    every_other = pa.py_buffer(np.arange(0, 2 * len(index), 2, dtype=np.int64))
     out: list[pa.Array] = []
     for _ in range(width):
         if np.any(at >= ends):
@@ -129,22 +131,24 @@ def tuple_columns(messages: Messages, index: np.ndarray, width: int) -> list[pa.
         text = kind == 0x74
         if not np.all(text | (kind == 0x6E)):
             return None
-        length = np.where(text, _word(buf, at), 0)
-        start = at + 5
-        if np.any(length >= 1 << 31) or np.any(np.where(text, start + length, at + 1) > ends):
+        length = np.where(text, words[at + 1], 0).astype(np.int64)
+        start = np.where(text, at + 5, at)  # a null: no bytes, where it is
+        stop = start + length
+        if np.any(length >= 1 << 31) or np.any(np.where(text, stop, at + 1) > ends):
             return None  # a negative length, a value past its message's end
-        offsets = np.zeros(len(at) + 1, np.int64)
-        np.cumsum(length, out=offsets[1:])
-        take = np.repeat(start - offsets[:-1], length) + np.arange(offsets[-1])
+        bounds = np.empty(2 * len(index) + 1, np.int64)  # text, bytes up to the next text, text, ...
+        bounds[0:-1:2], bounds[1::2] = start, stop
+        bounds[-1] = stop[-1] if len(stop) else 0
+        cut = pa.Array.from_buffers(pa.large_string(), 2 * len(index), [None, pa.py_buffer(bounds), whole])
+        texts = cut.take(pa.Array.from_buffers(pa.int64(), len(index), [None, every_other]))
         valid = pa.py_buffer(np.packbits(text, bitorder="little"))
-        data = pa.py_buffer(buf[take].tobytes())
-        array = pa.Array.from_buffers(pa.large_string(), len(at), [valid, pa.py_buffer(offsets), data])
+        array = pa.Array.from_buffers(pa.large_string(), len(index), [valid, *texts.buffers()[1:]])
         try:
             array.validate(full=True)  # UTF-8
         except pa.ArrowInvalid:
             return None
         out.append(array)
-        at = np.where(text, start + length, at + 1)
+        at = np.where(text, stop, at + 1)
     return out if np.all(at == ends) else None
 
 
@@ -152,9 +156,7 @@ def decoded_codes(codes: np.ndarray, names: list[str]) -> pa.Array:
     """``names[code]`` of each code, as a string array."""
     import pyarrow as pa
 
-    return pa.DictionaryArray.from_arrays(
-        pa.array(codes.astype(np.int32)), pa.array(names, pa.string())
-    ).dictionary_decode()
+    return pa.DictionaryArray.from_arrays(arrow_of(codes.astype(np.int32)), strings_of(names)).dictionary_decode()
 
 
 def positions(starts: list[int], stops: list[int]) -> np.ndarray:

@@ -44,6 +44,7 @@ from airflow_provider_checkpoint.connectors.postgres.pgoutput_batch import (
     tuple_columns,
 )
 from airflow_provider_checkpoint.exceptions import CdcSourceError
+from airflow_provider_checkpoint.fileio.arrow_numpy import strings_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -234,14 +235,15 @@ class _Rows:
     ) -> tuple[int, CdcSourceError] | None:
         """The changes at positions ``[start, stop)`` of the open transaction into its ``parts``: runs of one
         tuple as positions, the others decoded; the first refused change (``failed`` if already one)."""
-        simple, oids, stops = msgs.simple_list, msgs.oid_list, msgs.run_stops
+        simple, oids, stops = msgs.simple, msgs.oids, msgs.run_stops
         i = start
         while i < stop:
             last = parts[-1] if parts else None
-            j = min(stops[i], stop) if simple[i] else i + 1
+            j = min(int(stops[i]), stop) if simple[i] else i + 1
             try:
                 if simple[i]:
-                    shape = self.shapes.get(oids[i]) or self._shape(oids[i], msgs.message(i))
+                    oid = int(oids[i])
+                    shape = self.shapes.get(oid) or self._shape(oid, msgs.message(i))
                     if isinstance(last, _Runs) and last.shape is shape:
                         last.starts.append(i)
                         last.stops.append(j)
@@ -375,7 +377,7 @@ class _Rows:
                     chunks[j].append(array)
             for j in part.shape.missing:
                 chunks[j].append(pa.nulls(len(part.ops), pa.large_string()))
-        texts = [pa.concat_arrays(c).cast(pa.string()) if c else pa.array([], pa.string()) for c in chunks]
+        texts = [pa.concat_arrays(c).cast(pa.string()) if c else strings_of([]) for c in chunks]
         ops = np.concatenate([p.ops for p in parsed]) if parsed else np.zeros(0, np.int8)
         tables = np.concatenate(
             [np.full(len(p.ops), p.shape.table, np.int32) for p in parsed] or [np.zeros(0, np.int32)]
