@@ -125,6 +125,23 @@ class DriverRows:
 
 
 @dataclass
+class LazyFrame:
+    """A node's output whose DataFrame is made by ``build`` only when a consumer asks for it (:meth:`frame`), its
+    columns (``schema``, what that DataFrame's ``schema`` is) known before: e.g. an operator merged on the driver,
+    whose rows the driver holds (:class:`DriverRows`) for a sink that takes them from there and never asks."""
+
+    schema: StructType
+    build: Callable[[], DataFrame]
+    _frame: DataFrame | None = field(default=None, init=False, repr=False)
+
+    def frame(self) -> DataFrame:
+        """The DataFrame (made on the first call, the same one after)."""
+        if self._frame is None:
+            self._frame = self.build()
+        return self._frame
+
+
+@dataclass
 class SourceRows:
     """A source's output read on the driver: ``rows``, exactly what the source's DataFrame gives as
     ``toArrow()``, of Spark columns ``schema`` (what that DataFrame's ``schema`` is). The DataFrame itself

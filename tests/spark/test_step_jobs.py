@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
@@ -29,7 +30,8 @@ shuffle stage runs as a job of its own), each task writing its range's file, the
 from the files (a small first load, merged in the driver)."""
 INCREMENTAL_JOBS = {"driver": 0, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): the driver reads and aggregates the input
-too; the upsert takes the merged rows from the driver: no job. ``large input`` (Spark): read the input
+too; the upsert takes the merged rows from the driver: no job, and no DataFrame made of them (no rows handed to
+the JVM). ``large input`` (Spark): read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
 SWITCH_JOBS = {"driver": 0, "large input": 6}
@@ -54,6 +56,15 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
         monkeypatch.setattr(driver_state, "FIRST_STATE_INPUT_BYTES", 1000)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     tracker = spark.sparkContext.statusTracker()
+    sent: list[int] = []  # rows of every Arrow table handed to the JVM (createDataFrame)
+    create = spark.createDataFrame
+
+    def counted(data: object, *args: object, **kwargs: object) -> object:
+        if isinstance(data, pa.Table):
+            sent.append(data.num_rows)
+        return create(data, *args, **kwargs)
+
+    monkeypatch.setattr(spark, "createDataFrame", counted)
     landed: list[pd.DataFrame] = []
     jobs: list[int] = []
     deltas: list[bool] = []
@@ -71,6 +82,8 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
         pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
     print("jobs per checkpoint", jobs, "deltas", deltas)
+    # the merged rows go from the driver to the upsert: their DataFrame (a LazyFrame) is never made
+    assert merge != "driver" or not any(sent), sent
     assert jobs[0] <= FIRST_JOBS[merge], jobs
     assert max(jobs[1], jobs[2], jobs[5]) <= INCREMENTAL_JOBS[merge], jobs
     assert max(jobs[3], jobs[4]) <= SWITCH_JOBS[merge], jobs
