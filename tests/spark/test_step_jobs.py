@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pytest
+from pyspark.sql import DataFrame
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import MalformedInputError
@@ -65,6 +66,14 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
         return create(data, *args, **kwargs)
 
     monkeypatch.setattr(spark, "createDataFrame", counted)
+    planned: list[str] = []  # operators whose partials Spark planned
+    partials = KeyedAggregate.partials
+
+    def spied(self: KeyedAggregate, inputs: dict[str, DataFrame]) -> DataFrame | None:
+        planned.append(self.uid)
+        return partials(self, inputs)
+
+    monkeypatch.setattr(KeyedAggregate, "partials", spied)
     landed: list[pd.DataFrame] = []
     jobs: list[int] = []
     deltas: list[bool] = []
@@ -84,6 +93,7 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
     print("jobs per checkpoint", jobs, "deltas", deltas)
     # the merged rows go from the driver to the upsert: their DataFrame (a LazyFrame) is never made
     assert merge != "driver" or not any(sent), sent
+    assert merge != "driver" or not planned, planned  # the driver reduced the rows it read: no Spark plan of them
     assert jobs[0] <= FIRST_JOBS[merge], jobs
     assert max(jobs[1], jobs[2], jobs[5]) <= INCREMENTAL_JOBS[merge], jobs
     assert max(jobs[3], jobs[4]) <= SWITCH_JOBS[merge], jobs
