@@ -120,21 +120,35 @@ def test_a_first_state_is_written_by_the_driver_while_its_rows_are_estimated_wit
     pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
 
 
-def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(spark, tmp_path: Path) -> None:
+def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A source feeding only a keyed aggregate is read once, uncached: its count and its
     malformed-record check come from that pass, and a bad record still fails the step before
-    anything is committed — also in a declared column the pipeline does not use."""
+    anything is committed — also in a declared column the pipeline does not use. The step lists the landing
+    directory once, also where the driver's read of the lines declines (a bad line) and Spark reads them."""
+    listings: list[str] = []  # the step's listings of the landing directory (its files checked unchanged)
+    check_unchanged = FileSource.check_unchanged
+
+    def listed(self: FileSource, todo: dict[str, int], barrier: object) -> None:
+        listings.append(self.uid)
+        check_unchanged(self, todo, barrier)
+
+    monkeypatch.setattr(FileSource, "check_unchanged", listed)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     landing = tmp_path / "landing"
     good = land_events(landing, "events-1.json", 300, seed=1)
     assert job.checkpoint().stats["records_in"] == 300
+    assert listings == ["events"], listings
     for name, line in (
         ("broken.json", '{"user": "u1", "page"\n'),
         ("typed.json", '{"user": "u2", "ts": 5, "amount": "lots"}\n'),
     ):
         (landing / name).write_text('{"user": "u9", "page": "/p", "ts": 1}\n' + line)
+        listings.clear()
         with pytest.raises(MalformedInputError, match=rf"{name.replace('.', r'[.]')} line 2"):
             job.checkpoint()
+        assert listings == ["events"], listings  # the driver's read declined, Spark's read lists no more
         JobRecordStore(job.storage).release_lease(f"run-{job.checkpoints}")  # as the failed run's finalize does
         (landing / name).unlink()
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from airflow_provider_checkpoint.connectors.base.sink import known_table_url
-from airflow_provider_checkpoint.connectors.files import dead_letters
+from airflow_provider_checkpoint.connectors.files import dead_letters, driver_reads
 from airflow_provider_checkpoint.connectors.files import positions as file_positions
 from airflow_provider_checkpoint.connectors.files.landing import (
     Listing,
@@ -299,7 +299,7 @@ class FileSource(Source):
         """
         from pyspark.sql import functions as F
 
-        todo = self._todo(ctx, previous, barrier)
+        todo = self.files_to_read(ctx, previous, barrier)
         if not todo:
             return self.empty(ctx.spark).cache(), judge(self, ctx, todo, 0, 0)
         df = self.load(ctx, todo).cache()
@@ -320,7 +320,7 @@ class FileSource(Source):
 
         from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 
-        todo = self._todo(ctx, previous, barrier)
+        todo = self.files_to_read(ctx, previous, barrier)
         if not todo:
             return self.empty(ctx.spark), lambda: judge(self, ctx, todo, 0, 0)
         observation = Observation()
@@ -346,57 +346,12 @@ class FileSource(Source):
         )
 
     def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
-        """Parquet files of at most ``driver_read_bytes`` in all, without reader ``options``, read on the
-        driver where pyarrow gives exactly Spark's rows (:mod:`~airflow_provider_checkpoint.fileio.driver_read`),
-        files by name, each file's rows in order; ``None``: Spark reads them."""
-        from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-        from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
-        from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
-        from airflow_provider_checkpoint.fileio.scans import as_nullable
-
-        if not self.may_read_in_driver(previous, barrier):
-            return None
-        todo = self.split(previous, barrier)
-        if not todo:
-            return None
-        fs, root = self.filesystem()
-        names = sorted(todo)
-        large = ctx.session.conf("spark.sql.execution.arrow.useLargeVarTypes") == "true"
-        declared = declared_flat(self.schema, ctx.session.conf("spark.sql.timestampType")) or self.declared()
-        rows = read_exactly(
-            fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], expected_schema(declared, large)
-        )
-        if rows is None:
-            return None
-        checked = self._todo(ctx, previous, barrier)  # unchanged since the barrier, as Spark would read them
-        log.info("source %s: %d files, %d rows read on the driver", self.uid, len(names), rows.num_rows)
-        return SourceRows(rows, as_nullable(declared), lambda: self.load(ctx, checked))
+        """:func:`.driver_reads.read_in_driver`: small Parquet inputs for a sink that takes them on the driver."""
+        return driver_reads.read_in_driver(self, ctx, previous, barrier)
 
     def read_for_operator(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
-        """JSON files without reader ``options`` parsed on the driver where pyarrow gives exactly Spark's rows and
-        none is malformed (:func:`~airflow_provider_checkpoint.connectors.files.json_driver.read_json_exactly`), files
-        by name, counted and judged as Spark's read counts them, their DataFrame the one Spark's read gives;
-        ``None``: Spark reads them (and judges malformed records as ever)."""
-        from airflow_provider_checkpoint.connectors.files.json_driver import read_json_exactly
-        from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-        from airflow_provider_checkpoint.fileio.writes import engine_for
-
-        if self.format != "json" or self.options:
-            return None
-        todo = self.split(previous, barrier)
-        fs, root = self.filesystem()
-        if not todo or engine_for(ctx.spark, fs) != "hadoop":  # the Python engine has its own parser
-            return None
-        self.check_unchanged(todo, barrier)
-        names = sorted(todo)
-        declared = self.declared()
-        rows = read_json_exactly(fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], declared)
-        if rows is None:
-            return None
-        ctx.add_metric("files_in", len(todo))
-        judge(self, ctx, todo, rows.num_rows, 0)  # none malformed: the dead-letter metrics say so
-        log.info("source %s: %d files, %d rows read on the driver for its operator", self.uid, len(names), len(rows))
-        return SourceRows(rows, file_scans.as_nullable(declared), lambda: good_records(self, self.load(ctx, todo)))
+        """:func:`.driver_reads.read_for_operator`: JSON Lines for an operator that reduces them on the driver."""
+        return driver_reads.read_for_operator(self, ctx, previous, barrier)
 
     def declared(self) -> StructType:
         """The declared ``schema`` as Spark's columns."""
@@ -406,11 +361,18 @@ class FileSource(Source):
         assert isinstance(declared, StructType)
         return declared
 
-    def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
-        """The files to read, checked unchanged since the barrier was cut."""
-        todo = self.split(previous, barrier)
-        self.check_unchanged(todo, barrier)
+    def files_to_read(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
+        """The files to read, checked unchanged since the barrier was cut (:meth:`checked`), counted."""
+        todo = self.checked(ctx, self.split(previous, barrier), barrier)
         ctx.add_metric("files_in", len(todo))
+        return todo
+
+    def checked(self, ctx: StepContext, todo: dict[str, int], barrier: Any) -> dict[str, int]:
+        """``todo``, its files checked unchanged since the barrier was cut (:meth:`check_unchanged`) by one listing
+        per step attempt: a read after another (Spark's, after the driver's declined) lists no more."""
+        if ctx.unchanged.get(self.uid) != todo:
+            self.check_unchanged(todo, barrier)
+            ctx.unchanged[self.uid] = dict(todo)
         return todo
 
     def load(self, ctx: StepContext, todo: dict[str, int], file_column: FileColumn | None = None) -> DataFrame:
