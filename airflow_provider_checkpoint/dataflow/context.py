@@ -35,6 +35,9 @@ class StepContext:
     """By node uid: the output rows this attempt also holds in the driver (see :mod:`.driver_rows`)."""
     output_rows: dict[str, int] = field(default_factory=dict)
     """By node uid: how many rows its output has, where the attempt knows it without a Spark job."""
+    unchanged: dict[str, object] = field(default_factory=dict)
+    """By source uid: the range this attempt checked unchanged since the barrier (a file source: its files' names
+    and sizes, by one listing), so another read of it (Spark's, after the driver's declined) checks it no more."""
 
     @property
     def spark(self) -> SparkSession:

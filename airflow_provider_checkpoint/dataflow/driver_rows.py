@@ -125,19 +125,28 @@ class DriverRows:
 
 
 @dataclass
-class SourceRows:
-    """A source's output read on the driver: ``rows``, exactly what the source's DataFrame gives as
-    ``toArrow()``, of Spark columns ``schema`` (what that DataFrame's ``schema`` is). The DataFrame itself
-    is made by ``build`` only if a consumer ends up not taking the rows on the driver (:meth:`frame`):
-    until then the step needs no Spark session."""
+class LazyFrame:
+    """A node's output whose DataFrame is made by ``build`` only when a consumer asks for it (:meth:`frame`), its
+    columns (``schema``, what that DataFrame's ``schema`` is) known before: e.g. an operator merged on the driver,
+    whose rows the driver holds (:class:`DriverRows`) for a sink that takes them from there and never asks."""
 
-    rows: pa.Table
     schema: StructType
     build: Callable[[], DataFrame]
     _frame: DataFrame | None = field(default=None, init=False, repr=False)
 
     def frame(self) -> DataFrame:
-        """The DataFrame of :attr:`rows` (made on the first call, the same one after)."""
+        """The DataFrame (made on the first call, the same one after)."""
         if self._frame is None:
             self._frame = self.build()
         return self._frame
+
+
+class SourceRows(LazyFrame):
+    """A source's output read on the driver: ``rows``, exactly what the source's DataFrame gives as
+    ``toArrow()``, of Spark columns ``schema`` (what that DataFrame's ``schema`` is). The DataFrame itself
+    is made by ``build`` only if a consumer ends up not taking the rows on the driver (:meth:`frame`):
+    until then the step needs no Spark session."""
+
+    def __init__(self, rows: pa.Table, schema: StructType, build: Callable[[], DataFrame]) -> None:
+        super().__init__(schema, build)
+        self.rows = rows

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
     from airflow_provider_checkpoint.storage import JobStorage
 
 Housekeeping = Callable[[], None]
@@ -128,6 +128,11 @@ class Sink(StepOutput):
         """:meth:`stage` of the rows its source read on the driver (when :meth:`takes_source_rows`); here
         their DataFrame staged."""
         return self.stage(ctx, read.frame())
+
+    def stage_output(self, ctx: StepContext, output: LazyFrame) -> list[JsonDict]:
+        """:meth:`stage` of an input whose DataFrame is made only if asked for (an operator merged on the driver,
+        whose rows the driver holds: :attr:`StepContext.in_driver`); here made and staged."""
+        return self.stage(ctx, output.frame())
 
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         raise NotImplementedError

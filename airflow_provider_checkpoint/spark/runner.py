@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.core.faults import fault_point
@@ -16,6 +17,7 @@ from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.context import StepContext
+from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
 from airflow_provider_checkpoint.dataflow.graph import (
     Node,
     Sink,
@@ -30,7 +32,7 @@ from airflow_provider_checkpoint.spark.channels import read_channel, write_chann
 from airflow_provider_checkpoint.spark.session import SparkHandle
 from airflow_provider_checkpoint.spark.step_reads import StepReads, restored_position, step_reads
 from airflow_provider_checkpoint.state.checkpointing import checkpoint_operator
-from airflow_provider_checkpoint.state.driver_merge import may_take_source_rows
+from airflow_provider_checkpoint.state.driver_merge import within_driver_bounds
 from airflow_provider_checkpoint.state.handles import ChannelSnapshot, OperatorSnapshot
 from airflow_provider_checkpoint.state.ownership import restore_base
 from airflow_provider_checkpoint.storage import JobStorage
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
 log = logging.getLogger(__name__)
 
@@ -125,20 +126,24 @@ class StepWalk:
                 return
         raise TypeError(f"{node!r}: unsupported node type")
 
+    def output(self, uid: str) -> DataFrame:
+        """Node ``uid``'s output DataFrame."""
+        return self.outputs[uid]
+
     def input_of(self, node: Node) -> DataFrame:
-        return self.outputs[node.inputs[0].uid]
+        return self.output(node.inputs[0].uid)
 
     def inputs_of(self, node: StatefulOperator) -> dict[str, DataFrame]:
         """The records of ``node``'s inputs, and of the inputs of a union among them when it reads those
         (:attr:`StatefulOperator.reads_union_inputs`), by uid."""
         unions = [u for n in node.inputs if isinstance(n, Union) for u in n.inputs] if node.reads_union_inputs else []
-        return {n.uid: self.outputs[n.uid] for n in (*unions, *node.inputs)}
+        return {n.uid: self.output(n.uid) for n in (*unions, *node.inputs)}
 
     def transform(self, node: Transform) -> None:
         self.outputs[node.uid] = node.apply(self.input_of(node))
 
     def union(self, node: Union) -> None:
-        self.outputs[node.uid] = node.apply([self.outputs[n.uid] for n in node.inputs])
+        self.outputs[node.uid] = node.apply([self.output(n.uid) for n in node.inputs])
 
     def source(self, node: Source) -> None:
         raise NotImplementedError
@@ -187,6 +192,7 @@ class _StepRun(StepWalk):
         self.held: dict[str, pa.Table] = {}  # by source uid: its rows read on the driver for its operator
         self.counting: dict[str, tuple[str, Callable[[], int]]] = {}  # consumer → source and its record count
         self.read_on_driver: dict[str, SourceRows] = {}  # by source uid: its rows, for its only consumer
+        self.lazy: dict[str, LazyFrame] = {}  # by node uid: its output, its DataFrame made when first asked for
         self.refused: list[SinkSchemaError] = []  # every sink the input does not fit, reported together
 
     def source(self, node: Source) -> None:
@@ -214,10 +220,14 @@ class _StepRun(StepWalk):
 
     def _operator_takes_rows(self, node: Source, previous: Any, barrier: Any) -> bool:
         """Whether the stateful consumer of ``node`` may merge this checkpoint on the driver from the rows the
-        source reads there (:func:`~airflow_provider_checkpoint.state.driver_merge.may_take_source_rows`)."""
+        source reads there, within the bounds of a merge there
+        (:func:`~airflow_provider_checkpoint.state.driver_merge.within_driver_bounds`, by the sizes the barrier
+        recorded)."""
         operator = self.for_operator[node.uid]
         restored = self.restore.operators.get(operator.uid) if self.restore else None
-        return may_take_source_rows(restored, self.settings, node.input_bytes(previous, barrier))
+        rows = None if restored is None else restored.rows
+        size = partial(node.input_bytes, previous, barrier)
+        return within_driver_bounds(self.settings, rows, size, first=restored is None)
 
     def stateful(self, node: StatefulOperator) -> None:
         ctx = self.ctx
@@ -239,11 +249,18 @@ class _StepRun(StepWalk):
         for name, value in result.metrics.items():
             ctx.add_metric(name, value)
         self._counted(node.uid)
-        self.outputs[node.uid] = result.output
+        if isinstance(result.output, LazyFrame):
+            self.lazy[node.uid] = result.output
+        else:
+            self.outputs[node.uid] = result.output
         if result.in_driver is not None:
             ctx.in_driver[node.uid] = result.in_driver
         if result.output_rows is not None:
             ctx.output_rows[node.uid] = result.output_rows
+
+    def output(self, uid: str) -> DataFrame:
+        """Node ``uid``'s output DataFrame, made now if it was lazy (:class:`LazyFrame`)."""
+        return self.lazy[uid].frame() if uid in self.lazy else self.outputs[uid]
 
     def _counted(self, consumer: str) -> None:
         """After ``consumer``'s one pass over a source read once: that source counted and checked."""
@@ -274,12 +291,14 @@ class _StepRun(StepWalk):
         before = _counts(self.ctx.metrics)
         try:
             with node.storage_errors():
-                read = self.read_on_driver.get(node.inputs[0].uid)
-                staged = (
-                    node.stage_source_rows(self.ctx, read)
-                    if read is not None
-                    else node.stage(self.ctx, self.input_of(node))
-                )
+                upstream = node.inputs[0].uid
+                read, lazy = self.read_on_driver.get(upstream), self.lazy.get(upstream)
+                if read is not None:
+                    staged = node.stage_source_rows(self.ctx, read)
+                elif lazy is not None:  # the sink makes its DataFrame only if it does not take the driver's rows
+                    staged = node.stage_output(self.ctx, lazy)
+                else:
+                    staged = node.stage(self.ctx, self.input_of(node))
                 self.committables[node.uid] = staged
         except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
             self.refused.append(e)

@@ -161,23 +161,14 @@ def _checkpoint_operator(
     closing = None if watermarks is None else closing_column(node, watermarks[1])
     if layout is not None and restored is not None and not layout.wants_more_ranges(restored.rows):
         # a small state merges on the driver, compacting every range that is due (all of them too)
-        before = None if watermarks is None else watermarks[0]
-        partials = driver_partials(node, inputs, restored, settings.driver_merge_rows, before)
+        before, closes = (None, None) if watermarks is None else (watermarks[0], Closing.of(node, watermarks[1]))
+        computed = None if closes is not None else held_partials(node, held)
+        partials = driver_partials(node, inputs, restored, settings, before, computed)
         if partials is not None:
-            closes = None if watermarks is None else Closing.of(node, watermarks[1])
             operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
             return OperatorCheckpoint(
                 *merge_on_driver(
-                    storage,
-                    directory,
-                    checkpoint_id,
-                    node,
-                    partials,
-                    restored,
-                    layout,
-                    operator.fault,
-                    closes,
-                    None if closes is not None else held_partials(node, held),
+                    spark, storage, directory, checkpoint_id, node, partials, restored, layout, operator.fault, closes
                 )
             )
     if layout is not None and restored is not None and layout.due_for_full_version(restored.rows):
@@ -195,7 +186,7 @@ def _checkpoint_operator(
         if changelog is not None and _same_columns(changelog, restored):
             return operator.incremental(layout, changelog, output)
     if restored is None and watermarks is not None and own and incremental:
-        merged = first_on_driver(storage, directory, checkpoint_id, node, inputs, settings, watermarks, fault)
+        merged = first_on_driver(spark, storage, directory, checkpoint_id, node, inputs, settings, watermarks, fault)
         if merged is not None:
             return OperatorCheckpoint(*merged)
     if restored is None and forms:

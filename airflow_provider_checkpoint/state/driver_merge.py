@@ -24,12 +24,12 @@ file the sessions their merge makes by Spark's key hash computed on the driver
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, estimated_bytes, key_hash
+from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, LazyFrame, estimated_bytes, key_hash
 from airflow_provider_checkpoint.dataflow.operator import NEW, Ranges, StatefulOperator
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.scans import as_nullable
@@ -42,7 +42,7 @@ from airflow_provider_checkpoint.storage import Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.core.event_time import WatermarkProgress
@@ -62,50 +62,81 @@ ARROW_MERGEABLE |= {"decimal"}
 (not floating point: Spark orders NaN above every number, pyarrow skips it)."""
 
 
+def within_driver_bounds(
+    settings: CheckpointSettings, state_rows: int | None, input_bytes: Callable[[], int | None], first: bool
+) -> bool:
+    """Whether a checkpoint's state may merge on the driver, by size: the one bound of a first state written there
+    (:func:`~.first_version.first_version_on_driver`), of a later merge (:func:`driver_partials`) and of a source
+    reading its rows there for the operator (the step runner). ``state_rows``: the restored state's rows, or for a
+    ``first`` state Spark's estimate of its rows (``None``: not known yet, bound by the input alone);
+    ``input_bytes``: the input's size (asked last; ``None``: unknown, then Spark merges). A later merge takes an
+    input of at most :data:`DRIVER_INPUT_BYTES` into a state of at most ``driver_merge_rows`` rows; a first state an
+    input of at most :data:`DRIVER_INPUT_BYTES`, or of at most :data:`FIRST_STATE_INPUT_BYTES` into at most
+    ``driver_merge_rows`` rows. Never with ``driver_merge_rows`` 0, without incremental state or with inline state."""
+    if not settings.driver_merge_rows or not settings.incremental_state or settings.max_inline_state is not None:
+        return False
+    if not first and (state_rows is None or state_rows > settings.driver_merge_rows):
+        return False
+    size = input_bytes()
+    if size is None:
+        return False
+    if size <= DRIVER_INPUT_BYTES or not first:
+        return size <= DRIVER_INPUT_BYTES
+    return size <= FIRST_STATE_INPUT_BYTES and (state_rows is None or state_rows <= settings.driver_merge_rows)
+
+
+def input_size(inputs: Iterable[DataFrame]) -> int | None:
+    """The sum of Spark's estimates of ``inputs``' sizes (:func:`estimated_bytes`); ``None`` if one is unknown."""
+    sizes = [estimated_bytes(df) for df in inputs]
+    return None if None in sizes else sum(s or 0 for s in sizes)
+
+
 def driver_partials(
     node: StatefulOperator,
     inputs: Mapping[str, DataFrame],
     restored: OperatorSnapshot,
-    max_rows: int,
+    settings: CheckpointSettings,
     before: WatermarkProgress | None = None,
-) -> DataFrame | None:
+    held: pa.Table | None = None,
+) -> DataFrame | pa.Table | None:
     """The input's per-key partials (:meth:`StatefulOperator.partials`; with the watermark ``before`` this
     checkpoint, :meth:`StatefulOperator.partials_at`) when this checkpoint of ``node`` is merged on the
-    driver: its state has at most ``max_rows`` rows of simple types and its input is small (by Spark's
-    estimate; none over Spark Connect). ``None``: Spark merges."""
-    if restored.rows > max_rows:
-        return None
-    partials = node.partials(inputs) if before is None else node.partials_at(inputs, before)
-    if partials is None:
-        return None
+    driver: its state's columns are of simple types and it is within bounds (:func:`within_driver_bounds`, the input
+    by Spark's estimate; none over Spark Connect). ``held``: the partials the driver computed already from the rows
+    its source read there (:func:`held_partials`), which it reads only within those bounds (by the sizes its barrier
+    recorded): those, with no Spark plan and no estimate. ``None``: Spark merges."""
     struct = state_schema(restored)
     if any(f.dataType.typeName() not in ARROW_MERGEABLE for f in struct.fields):
         return None  # e.g. a struct key: pyarrow cannot group by it
+    if held is not None:
+        return held
     if node.moves_keys and not hashable(_arrow_schema(struct), node.keys):
         return None  # e.g. a decimal key: the driver cannot file the keys it makes
-    sizes = [estimated_bytes(df) for df in inputs.values()]
-    small = all(size is not None for size in sizes) and sum(s or 0 for s in sizes) <= DRIVER_INPUT_BYTES
-    return partials if small else None
+    partials: DataFrame | None = None
+    if within_driver_bounds(settings, restored.rows, lambda: input_size(inputs.values()), first=False):
+        partials = node.partials(inputs) if before is None else node.partials_at(inputs, before)
+    return partials
 
 
 def merge_on_driver(
+    spark: SparkSession,
     storage: Location,
     directory: str,
     checkpoint_id: int,
     node: StatefulOperator,
-    partials: DataFrame,
+    partials: DataFrame | pa.Table,
     restored: OperatorSnapshot,
     layout: StateLayout,
     fault: Callable[[str], None],
     closing: Closing | None = None,
-    rows: pa.Table | None = None,
-) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows | None]:
-    """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`; ``rows``: those the
-    driver computed already, :func:`held_partials`, with no Spark job), into
+) -> tuple[OperatorSnapshot, LazyFrame, dict[str, int], DriverRows | None]:
+    """Merge this checkpoint's input, its per-key ``partials`` (:func:`driver_partials`: a DataFrame collected in
+    one Spark job, or a table the driver computed already, :func:`held_partials`), into
     ``restored`` and write the deltas (and the ranges :meth:`StateLayout.to_compact` picks, or
-    every range when most keys changed) under ``directory``: the new snapshot, the output (as a
-    DataFrame, :meth:`StatefulOperator.output_of`), the ack metrics, and that output as the driver
-    holds it (``None`` where only Spark computes it).
+    every range when most keys changed) under ``directory``: the new snapshot, the output
+    (:meth:`StatefulOperator.output_of`, its DataFrame made only if a consumer asks: a sink taking the rows the
+    driver holds never does), the ack metrics, and that output as the driver holds it (``None`` where only Spark
+    computes it).
 
     Without ``closing``, the output is the new rows of the keys in ``partials``
     (:meth:`StatefulOperator.merge_arrow`), and only the ranges they touch (and those compacted) are
@@ -117,12 +148,11 @@ def merge_on_driver(
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    spark = partials.sparkSession
     struct = state_schema(restored)
     schema = _arrow_schema(struct)
     columns = schema.names
-    if rows is not None:
-        batch = hashed(rows, node.keys, node.max_parallelism, layout.parallelism, _RANGE)
+    if isinstance(partials, pa.Table):
+        batch = hashed(partials, node.keys, node.max_parallelism, layout.parallelism, _RANGE)
     else:
         batch = partials.withColumns(
             {_RANGE: range_index(node.keys, node.max_parallelism, layout.parallelism), KEY_HASH: key_hash(node.keys)}
@@ -191,28 +221,15 @@ def merge_on_driver(
         "state_incremental": int(bool(restored.handles)),  # else a first state
     }
     new_rows = shown.select(columns)
-    output = node.output_of(arrow_frame(spark, new_rows, struct))
+    output = LazyFrame(
+        node.output_of(arrow_frame(spark, new_rows.slice(0, 0), struct)).schema,  # no rows: no data to the JVM
+        lambda: node.output_of(arrow_frame(spark, new_rows, struct)),
+    )
     if closing is not None:
         return snapshot, output, metrics, None
     shown_rows = node.output_arrow(new_rows)
     held = None if shown_rows is None else DriverRows(shown_rows.append_column(KEY_HASH, shown[KEY_HASH]), node.keys)
     return snapshot, output, metrics, held
-
-
-def may_take_source_rows(
-    restored: OperatorSnapshot | None, settings: CheckpointSettings, input_bytes: int | None
-) -> bool:
-    """Whether a checkpoint of an operator from ``restored`` may merge on the driver an input of ``input_bytes``
-    its source would read there: at most :data:`FIRST_STATE_INPUT_BYTES` for a first state, else at most
-    :data:`DRIVER_INPUT_BYTES` into a state of at most ``driver_merge_rows`` rows (the bounds of
-    :func:`driver_partials` and :func:`~.first_version.first_version_on_driver`)."""
-    if input_bytes is None or not settings.driver_merge_rows or not settings.incremental_state:
-        return False
-    if settings.max_inline_state is not None:
-        return False
-    if restored is None:
-        return input_bytes <= FIRST_STATE_INPUT_BYTES
-    return restored.rows <= settings.driver_merge_rows and input_bytes <= DRIVER_INPUT_BYTES
 
 
 def held_partials(node: StatefulOperator, held: Mapping[str, pa.Table] | None) -> pa.Table | None:
@@ -236,6 +253,7 @@ def hashed(rows: pa.Table, keys: Sequence[str], max_parallelism: int, parallelis
 
 
 def first_on_driver(
+    spark: SparkSession,
     storage: Location,
     directory: str,
     checkpoint_id: int,
@@ -244,7 +262,7 @@ def first_on_driver(
     settings: CheckpointSettings,
     watermarks: tuple[WatermarkProgress, WatermarkProgress],
     fault: Callable[[str], None],
-) -> tuple[OperatorSnapshot, DataFrame, dict[str, int], DriverRows | None] | None:
+) -> tuple[OperatorSnapshot, LazyFrame, dict[str, int], DriverRows | None] | None:
     """An event-time operator's first state merged on the driver as its later checkpoints are
     (:func:`merge_on_driver` into an empty state: every range written whole), when that merge applies
     (:func:`driver_partials`) and Spark expects more input rows than ``inline_state_threshold`` bytes
@@ -252,15 +270,14 @@ def first_on_driver(
     estimate = first_state_rows([inputs[n.uid] for n in node.inputs], settings.inline_state_threshold)
     if estimate is None:
         return None
-    spark = inputs[node.inputs[0].uid].sparkSession
     schema = as_nullable(node.initial_state(spark, inputs).schema).json()  # as state files read back
     empty = OperatorSnapshot(handles=(), schema=schema, keys=node.keys, max_parallelism=node.max_parallelism, rows=0)
-    partials = driver_partials(node, inputs, empty, settings.driver_merge_rows, watermarks[0])
+    partials = driver_partials(node, inputs, empty, settings, watermarks[0])
     if partials is None:
         return None
     layout = StateLayout.empty(node.max_parallelism, ranges_for(estimate, node.max_parallelism))
     closing = Closing.of(node, watermarks[1])
-    return merge_on_driver(storage, directory, checkpoint_id, node, partials, empty, layout, fault, closing)
+    return merge_on_driver(spark, storage, directory, checkpoint_id, node, partials, empty, layout, fault, closing)
 
 
 @dataclass(frozen=True)

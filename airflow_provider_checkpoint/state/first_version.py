@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.core.faults import fault_point
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
-from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, estimated_bytes, key_hash, task_slots
+from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, key_hash, task_slots
 from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 from airflow_provider_checkpoint.dataflow.operator import StatefulOperator
 from airflow_provider_checkpoint.fileio.scans import as_nullable, read_parquet
@@ -79,9 +79,9 @@ def first_version_on_driver(
     where: Mapping[str, object],
     held: pa.Table | None = None,
 ) -> OperatorCheckpoint | None:
-    """An operator's first state written by the driver from an input of at most :data:`.DRIVER_INPUT_BYTES` (as
-    the partials of a later merge), or of at most :data:`.FIRST_STATE_INPUT_BYTES` while Spark estimates the
-    state at most ``driver_merge_rows`` rows (the bound of every later merge): aggregated as :func:`first_full_version`
+    """An operator's first state written by the driver within the bounds of a merge there
+    (:func:`~.driver_merge.within_driver_bounds`, with Spark's estimates of the input's size and of the state's
+    rows): aggregated as :func:`first_full_version`
     aggregates it (one shuffle by range, no partial aggregation) but collected as Arrow with Spark's hash of
     the keys, then each range's file written with pyarrow (as the driver merge writes a compacted range) and
     the output held in the driver, so an upsert sink on the same keys writes it with no Spark job. ``held``: the
@@ -92,17 +92,12 @@ def first_version_on_driver(
     import numpy as np
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    if settings.max_inline_state is not None or not settings.incremental_state or not node.one_row_per_key:
+    if not node.one_row_per_key:
         return None
-    if not settings.driver_merge_rows:  # 0: no merge on the driver
-        return None
-    estimate = first_state_rows([inputs[n.uid] for n in node.inputs], settings.inline_state_threshold)
-    sizes = [estimated_bytes(inputs[n.uid]) for n in node.inputs]
-    if estimate is None or None in sizes:
-        return None
-    size = sum(s or 0 for s in sizes)
-    if size > driver_merge.DRIVER_INPUT_BYTES and (
-        size > driver_merge.FIRST_STATE_INPUT_BYTES or estimate > settings.driver_merge_rows
+    frames = [inputs[n.uid] for n in node.inputs]
+    estimate = first_state_rows(frames, settings.inline_state_threshold)
+    if estimate is None or not driver_merge.within_driver_bounds(
+        settings, estimate, lambda: driver_merge.input_size(frames), first=True
     ):
         return None
     max_parallelism = node.max_parallelism

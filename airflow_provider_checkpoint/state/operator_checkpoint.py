@@ -11,17 +11,17 @@ from airflow_provider_checkpoint.state.keygroups import index_for_key_group
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows, LazyFrame
 
 
 @dataclass(frozen=True)
 class OperatorCheckpoint:
-    """What checkpointing an operator gave: its snapshot, its output, and metrics for the ack;
-    ``in_driver``: the output's rows when the driver holds them too (merged there); ``output_rows``:
-    how many rows the output has, when known."""
+    """What checkpointing an operator gave: its snapshot, its output (a :class:`LazyFrame` when the driver merged
+    it: its DataFrame made only if a consumer asks), and metrics for the ack; ``in_driver``: the output's rows
+    when the driver holds them too (merged there); ``output_rows``: how many rows the output has, when known."""
 
     snapshot: OperatorSnapshot
-    output: DataFrame
+    output: DataFrame | LazyFrame
     metrics: dict[str, int]
     in_driver: DriverRows | None = None
     output_rows: int | None = None

@@ -39,8 +39,8 @@ def main(url: str, base: Path, checkpoints: int, spark_only: bool) -> None:
 
     from airflow_provider_checkpoint.state import driver_merge
 
-    if spark_only:
-        driver_merge.DRIVER_INPUT_BYTES = -1
+    if spark_only:  # no input is within the driver's bounds (driver_merge.within_driver_bounds)
+        driver_merge.DRIVER_INPUT_BYTES = driver_merge.FIRST_STATE_INPUT_BYTES = -1
 
     spark = SparkSession.builder.remote(url).create()
     try:

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from pyspark.sql import DataFrame
 
 from airflow_provider_checkpoint.connectors.base import bucketed
 from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
@@ -29,6 +30,7 @@ from airflow_provider_checkpoint.dataflow import (
     ParquetTableSink,
     PostgresTableSink,
 )
+from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame
 from airflow_provider_checkpoint.state import checkpointing
 from airflow_provider_checkpoint.testing.inprocess import Job, make_job
 
@@ -95,6 +97,15 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
         return collected
 
     monkeypatch.setattr(BucketedUpsert, "first_load_in_driver", first_load_spy)
+    made, checked = LazyFrame.frame, []
+
+    def made_as_declared(self: LazyFrame) -> DataFrame:  # the sinks read the columns before the DataFrame is made
+        df = made(self)
+        assert df.schema == self.schema, (df.schema, self.schema)
+        checked.append(df)
+        return df
+
+    monkeypatch.setattr(LazyFrame, "frame", made_as_declared)
     monkeypatch.setattr(bucketed, "FIRST_LOAD_FACTOR", 1000)  # the first load, ~400 rows, fits the driver
     monkeypatch.setattr(checkpointing, "first_version_on_driver", lambda *args: None)  # the first state by Spark
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
@@ -120,6 +131,7 @@ def test_held_rows_upsert_like_spark(spark, tmp_path: Path, monkeypatch) -> None
         assert sorted(set(through_spark)) == (["swapped"] if on_driver else ["delta", "parquet", "swapped"]), i
         assert sorted(first_loads) == (["delta", "parquet", "swapped"] if i == 1 else []), (i, first_loads)
     assert merged_on_driver.count(True) >= 4, merged_on_driver
+    assert checked  # "swapped" made the DataFrame of the merged rows (their hash is of other keys)
 
 
 @pytest.fixture

@@ -117,11 +117,26 @@ def written(directory: Path, contents: list[bytes]) -> list[str]:
     return paths
 
 
+def unchanged(i: int, size: int) -> None:
+    raise AssertionError(f"file {i} has {size} bytes, not its size at the barrier")
+
+
 def driver_rows(paths: list[str]) -> list[dict[str, object]] | None:
     read = read_json_exactly(
-        fsspec.filesystem("file"), paths, [os.path.getsize(p) for p in paths], StructType.fromDDL(DECLARED)
+        fsspec.filesystem("file"), paths, [os.path.getsize(p) for p in paths], StructType.fromDDL(DECLARED), unchanged
     )
     return None if read is None else read.to_pylist()
+
+
+def test_a_file_of_another_size_than_at_the_barrier_is_refused(spark: SparkSession, tmp_path: Path) -> None:
+    """A file grown after its listing is refused (the caller raises), not left to a Spark read of its new rows."""
+    paths = written(tmp_path / "grown", [b'{"user":"a"}\n', b'{"user":"b"}\n{"user":"c"}\n'])
+    seen: list[tuple[int, int]] = []
+    sizes = [os.path.getsize(paths[0]), os.path.getsize(paths[1]) - 13]  # the second grew by a line
+    read = read_json_exactly(
+        fsspec.filesystem("file"), paths, sizes, StructType.fromDDL(DECLARED), lambda *c: seen.append(c)
+    )
+    assert read is None and seen == [(1, sizes[1] + 13)]
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -205,7 +220,7 @@ def test_partials_and_hashes_on_the_driver_are_sparks(
         tmp_path_factory.mktemp("agg"), [b"\n".join(json.dumps(r, ensure_ascii=False).encode() for r in rows)]
     )
     declared = StructType.fromDDL(DECLARED)
-    read = read_json_exactly(fsspec.filesystem("file"), paths, [os.path.getsize(p) for p in paths], declared)
+    read = read_json_exactly(fsspec.filesystem("file"), paths, [os.path.getsize(p) for p in paths], declared, unchanged)
     assert read is not None
     aggs = {out: Aggregate.parse("t", out, spec) for out, spec in AGGS.items()}
     partials = partials_arrow(aggs, keys, read)

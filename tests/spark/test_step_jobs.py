@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pytest
+from pyspark.sql import DataFrame
 
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate, ParquetTableSink
 from airflow_provider_checkpoint.exceptions import MalformedInputError
@@ -29,7 +31,8 @@ shuffle stage runs as a job of its own), each task writing its range's file, the
 from the files (a small first load, merged in the driver)."""
 INCREMENTAL_JOBS = {"driver": 0, "large input": 5}
 """A later checkpoint. ``driver`` (a small state, merged with pyarrow): the driver reads and aggregates the input
-too; the upsert takes the merged rows from the driver: no job. ``large input`` (Spark): read the input
+too; the upsert takes the merged rows from the driver: no job, and no DataFrame made of them (no rows handed to
+the JVM). ``large input`` (Spark): read the input
 with the state, cache the changelog, write a delta (or, when most keys changed, count them and
 write a full version), upsert the table."""
 SWITCH_JOBS = {"driver": 0, "large input": 6}
@@ -54,6 +57,23 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
         monkeypatch.setattr(driver_state, "FIRST_STATE_INPUT_BYTES", 1000)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     tracker = spark.sparkContext.statusTracker()
+    sent: list[int] = []  # rows of every Arrow table handed to the JVM (createDataFrame)
+    create = spark.createDataFrame
+
+    def counted(data: object, *args: object, **kwargs: object) -> object:
+        if isinstance(data, pa.Table):
+            sent.append(data.num_rows)
+        return create(data, *args, **kwargs)
+
+    monkeypatch.setattr(spark, "createDataFrame", counted)
+    planned: list[str] = []  # operators whose partials Spark planned
+    partials = KeyedAggregate.partials
+
+    def spied(self: KeyedAggregate, inputs: dict[str, DataFrame]) -> DataFrame | None:
+        planned.append(self.uid)
+        return partials(self, inputs)
+
+    monkeypatch.setattr(KeyedAggregate, "partials", spied)
     landed: list[pd.DataFrame] = []
     jobs: list[int] = []
     deltas: list[bool] = []
@@ -71,6 +91,9 @@ def test_a_checkpoint_runs_a_pinned_number_of_spark_jobs(spark, tmp_path: Path, 
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)
         pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
     print("jobs per checkpoint", jobs, "deltas", deltas)
+    # the merged rows go from the driver to the upsert: their DataFrame (a LazyFrame) is never made
+    assert merge != "driver" or not any(sent), sent
+    assert merge != "driver" or not planned, planned  # the driver reduced the rows it read: no Spark plan of them
     assert jobs[0] <= FIRST_JOBS[merge], jobs
     assert max(jobs[1], jobs[2], jobs[5]) <= INCREMENTAL_JOBS[merge], jobs
     assert max(jobs[3], jobs[4]) <= SWITCH_JOBS[merge], jobs
@@ -97,21 +120,35 @@ def test_a_first_state_is_written_by_the_driver_while_its_rows_are_estimated_wit
     pd.testing.assert_frame_equal(got[["user", "n", "last"]], truth, check_dtype=False)
 
 
-def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(spark, tmp_path: Path) -> None:
+def test_one_pass_read_counts_and_refuses_malformed_records_before_the_ack(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A source feeding only a keyed aggregate is read once, uncached: its count and its
     malformed-record check come from that pass, and a bad record still fails the step before
-    anything is committed — also in a declared column the pipeline does not use."""
+    anything is committed — also in a declared column the pipeline does not use. The step lists the landing
+    directory once, also where the driver's read of the lines declines (a bad line) and Spark reads them."""
+    listings: list[str] = []  # the step's listings of the landing directory (its files checked unchanged)
+    check_unchanged = FileSource.check_unchanged
+
+    def listed(self: FileSource, todo: dict[str, int], barrier: object) -> None:
+        listings.append(self.uid)
+        check_unchanged(self, todo, barrier)
+
+    monkeypatch.setattr(FileSource, "check_unchanged", listed)
     job = make_job(spark, tmp_path, declare, inline_state_threshold=0)
     landing = tmp_path / "landing"
     good = land_events(landing, "events-1.json", 300, seed=1)
     assert job.checkpoint().stats["records_in"] == 300
+    assert listings == ["events"], listings
     for name, line in (
         ("broken.json", '{"user": "u1", "page"\n'),
         ("typed.json", '{"user": "u2", "ts": 5, "amount": "lots"}\n'),
     ):
         (landing / name).write_text('{"user": "u9", "page": "/p", "ts": 1}\n' + line)
+        listings.clear()
         with pytest.raises(MalformedInputError, match=rf"{name.replace('.', r'[.]')} line 2"):
             job.checkpoint()
+        assert listings == ["events"], listings  # the driver's read declined, Spark's read lists no more
         JobRecordStore(job.storage).release_lease(f"run-{job.checkpoints}")  # as the failed run's finalize does
         (landing / name).unlink()
         got = read_table(tmp_path / "totals").sort_values("user").reset_index(drop=True)

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
     from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,19 @@ class TransactionalSink(Sink):
             return self.write_upsert(ctx, self._upsert_rows(ctx, df))
         return self.write(ctx, df)
 
-    def _upsert_rows(self, ctx: StepContext, df: DataFrame | None, read: SourceRows | None = None) -> UpsertRows:
+    def stage_output(self, ctx: StepContext, output: LazyFrame) -> list[JsonDict]:
+        """:meth:`stage` of an input whose DataFrame is made only if asked for: an upsert without soft deletes
+        takes it as it is (:class:`UpsertRows`), so a writer that merges the rows the driver holds
+        (:meth:`UpsertRows.held`) never makes it; otherwise the DataFrame is made and staged."""
+        if self.mode != "upsert" or self.soft_delete is not None:
+            return self.stage(ctx, output.frame())
+        self.check_target()
+        self.claim(ctx.plan.job_id)
+        return self.write_upsert(ctx, self._upsert_rows(ctx, output))
+
+    def _upsert_rows(
+        self, ctx: StepContext, df: DataFrame | LazyFrame | None, read: SourceRows | None = None
+    ) -> UpsertRows:
         """The input of :meth:`write_upsert`: ``df`` with the rows the driver holds of it (unless soft deletes
         marked ``df``: those are held unmarked) and its row count where the step knows them, or the rows
         ``read`` on the driver."""

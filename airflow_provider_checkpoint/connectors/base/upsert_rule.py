@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import DataType, StructType
 
-    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows, SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import DriverRows, LazyFrame, SourceRows
 
 _ROW, _ORDER, _RANK = "__upsert_row", "__upsert_order", "__upsert_rank"
 
@@ -135,8 +135,10 @@ class UpsertRows:
     input's rows when the driver holds them already (:mod:`~airflow_provider_checkpoint.dataflow.driver_rows`)."""
 
     uid: str
-    df: DataFrame | None
-    """The input, or ``None`` when it is :attr:`read` (its DataFrame made only if Spark needs it)."""
+    df: DataFrame | LazyFrame | None
+    """The input (a :class:`LazyFrame`: its DataFrame made only if Spark needs it, e.g. an operator's output the
+    driver holds in :attr:`in_driver`), or ``None`` when it is :attr:`read` (its DataFrame made only if Spark
+    needs it too)."""
     keys: Sequence[str]
     sequence_by: Sequence[str]
     reduce: bool
@@ -154,7 +156,10 @@ class UpsertRows:
     @property
     def schema(self) -> StructType:
         """The input's columns (no Spark session needed for rows read on the driver)."""
-        return self.read.schema if self.read is not None else self._df().schema
+        if self.read is not None:
+            return self.read.schema
+        assert self.df is not None  # __post_init__: one of the two
+        return self.df.schema  # a LazyFrame's known without its DataFrame
 
     @property
     def source(self) -> pa.Table | None:
@@ -162,8 +167,10 @@ class UpsertRows:
         return None if self.read is None else self.read.rows
 
     def _df(self) -> DataFrame:
+        from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame
+
         assert self.df is not None  # __post_init__: one of the two
-        return self.df
+        return self.df.frame() if isinstance(self.df, LazyFrame) else self.df
 
     def data(self) -> DataFrame:
         """The input as a DataFrame Spark reads (made now from rows read on the driver)."""

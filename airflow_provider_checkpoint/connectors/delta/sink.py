@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
 
 FORMAT = "delta_table"
 _DV_PROPERTY = "delta.enableDeletionVectors"
@@ -184,6 +184,12 @@ class DeltaTableSink(DeltaCommitter):
         """:meth:`stage` of rows read on the driver: the table opened once (:mod:`.opened`)."""
         with self._staging(ctx):
             return super().stage_source_rows(ctx, read)
+
+    def stage_output(self, ctx: StepContext, output: LazyFrame) -> list[JsonDict]:
+        """:meth:`stage` of an input whose DataFrame is made only if asked for: the table opened once
+        (:mod:`.opened`)."""
+        with self._staging(ctx):
+            return super().stage_output(ctx, output)
 
     @in_call
     def check_input(self, df: DataFrame) -> None:

@@ -9,10 +9,10 @@ does) unless every one of these holds, and otherwise pyarrow's own parse raises:
 - every declared column is a string, a long or a boolean (no number Spark and pyarrow could convert
   differently, no date or timestamp with its time zones and formats);
 - no file name ends like a compressed file (Spark decompresses by the name);
-- each file has exactly the size the barrier recorded, is valid UTF-8 with no byte-order mark and no
-  control character but the line feed (a tab or carriage return, even between tokens, sends it to Spark),
-  holds no escaped surrogate, and each of its lines starts with ``{`` and ends with ``}`` (no blank line,
-  no space around a record);
+- each file has exactly the size the barrier recorded (else the caller refuses it), is valid UTF-8 with no
+  byte-order mark and no control character but the line feed (a tab or carriage return, even between tokens,
+  sends it to Spark), holds no escaped surrogate, and each of its lines starts with ``{`` and ends with ``}``
+  (no blank line, no space around a record);
 - pyarrow parses every line into exactly one row, with no field the schema does not declare (a name that
   differs from a declared one only in case is such a field), and no value of another type than declared
   (pyarrow raises where Spark would keep a malformed record or convert a number into a string).
@@ -24,7 +24,7 @@ answer that is not ``None`` equals Spark's rows, and Spark finds no malformed re
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,21 +54,27 @@ def arrow_schema(declared: StructType) -> pa.Schema | None:
 
 
 def read_json_exactly(
-    fs: fsspec.AbstractFileSystem, paths: Sequence[str], sizes: Sequence[int], declared: StructType
+    fs: fsspec.AbstractFileSystem,
+    paths: Sequence[str],
+    sizes: Sequence[int],
+    declared: StructType,
+    changed: Callable[[int, int], None],
 ) -> pa.Table | None:
     """The rows of the JSON Lines files ``paths`` (in this order, each file's lines in order) as Spark's JSON
     reader gives them with ``declared`` (``toArrow``'s types, no ``_corrupt_record``), when none is malformed;
     ``None`` wherever pyarrow's answer could differ from Spark's (module doc). ``sizes``: each file's size at
-    the barrier: a file of another size is left to Spark (whose read the caller checks)."""
+    the barrier; ``changed(i, size)`` is called when file ``i`` has another ``size`` (it raises: the file changed
+    after the barrier, whoever reads it), else that file is left to Spark."""
     import pyarrow as pa
 
     schema = arrow_schema(declared)
     if schema is None or any(p.lower().endswith(CODEC_SUFFIXES) for p in paths):
         return None
     tables = []
-    for path, size in zip(paths, sizes, strict=True):
+    for i, (path, size) in enumerate(zip(paths, sizes, strict=True)):
         data = fs.cat_file(path)
         if len(data) != size:
+            changed(i, len(data))
             return None
         table = parse_lines(data, schema)
         if table is None:

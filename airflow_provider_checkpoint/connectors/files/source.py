@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from airflow_provider_checkpoint.connectors.base.sink import known_table_url
-from airflow_provider_checkpoint.connectors.files import dead_letters
-from airflow_provider_checkpoint.connectors.files import positions as file_positions
-from airflow_provider_checkpoint.connectors.files.landing import (
-    Listing,
-    check_clean_source,
-    clean_file,
-    hidden,
-    list_landing,
-)
+from airflow_provider_checkpoint.connectors.files import dead_letters, driver_reads
+from airflow_provider_checkpoint.connectors.files.landing import check_clean_source, hidden
+from airflow_provider_checkpoint.connectors.files.landing_source import LandingFiles
 from airflow_provider_checkpoint.connectors.files.malformed import CORRUPT, dead_letter_rows, good_records, judge
 from airflow_provider_checkpoint.core.documents import JsonDict
 from airflow_provider_checkpoint.dataflow.defaults import SourceDefaults, check_malformed_policy, resolve_malformed
@@ -29,8 +20,6 @@ from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 from airflow_provider_checkpoint.fileio import scans as file_scans
 from airflow_provider_checkpoint.fileio.driver_read import DRIVER_READ_BYTES
 from airflow_provider_checkpoint.fileio.scans import FileColumn
-from airflow_provider_checkpoint.storage.job_storage import Location
-from airflow_provider_checkpoint.storage.paths import owned_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -39,12 +28,10 @@ if TYPE_CHECKING:
     from airflow_provider_checkpoint.dataflow.context import StepContext
     from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
-log = logging.getLogger(__name__)
-
 _FORMATS = ("json", "csv", "parquet")
 
 
-class FileSource(Source):
+class FileSource(LandingFiles, Source):
     """Files landing in a directory (recursively), in ``json`` (JSON Lines), ``csv`` or ``parquet``.
 
     The barrier adds the files visible at trigger time to the files already processed;
@@ -202,88 +189,7 @@ class FileSource(Source):
         options = self.storage_options if table == self.dead_letter_path else None  # the pipeline's: its own
         return [dead_letters.DeadLetterSink(self, table, functools.partial(dead_letter_rows, self), options)]
 
-    # -- positions (no Spark) ----------------------------------------------------------
-    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        """The filesystem of the landing directory and its path on it."""
-        landing = Location.from_url(self.path, **self.storage_options)
-        return landing.fs, landing.base
-
-    def listing(self, partition_floor: datetime | None = None) -> Listing:
-        """Visible files now present (partitions before ``partition_floor`` not listed)."""
-        fs, root = self.filesystem()
-        missing = FileNotFoundError(f"source {self.uid}: landing directory {self.path} does not exist")
-        try:
-            listing = list_landing(fs, root, self.pattern, self.partition_pattern, partition_floor)
-        except FileNotFoundError as e:
-            raise missing from e
-        if not listing.files and not listing.partitions and not fs.exists(root):  # asked only when it matters
-            raise missing
-        return listing
-
-    def list_files(self, partition_floor: datetime | None = None) -> dict[str, int]:
-        """Visible files now present, relative name → size."""
-        return {name: size for name, (size, _) in self.listing(partition_floor).files.items()}
-
-    def initial_position(self) -> dict[str, Any]:
-        return {"files": {}}
-
-    def barrier_position(self, previous: Any) -> dict[str, Any]:
-        processed = file_positions.validate_position(self.uid, previous)
-        listing = self.listing(processed.partition_floor)
-        return file_positions.next_position(
-            processed,
-            listing.files,
-            self.max_files_per_checkpoint,
-            listing.partitions if self.partition_pattern else None,
-            self.partition_lateness,
-        )
-
-    def split(self, previous: Any, barrier: Any) -> dict[str, int]:
-        """The files in ``[previous, barrier)``: in the barrier, not yet processed (validated)."""
-        return file_positions.split(
-            file_positions.validate_position(self.uid, previous).files,
-            file_positions.validate_position(self.uid, barrier).files,
-        )
-
-    def input_bytes(self, previous: Any, barrier: Any) -> int:
-        """The sizes of the files in ``[previous, barrier)``, as the barrier recorded them."""
-        return sum(self.split(previous, barrier).values())
-
-    def on_checkpoint_committed(self, checkpoint_id: int, position: Any) -> None:
-        """``clean_source``: archive or delete the processed files of a committed position.
-
-        Only files still present with the size they were read at are touched, so running
-        it again (recovery after a crash) or for an older position changes nothing. A file
-        or archive path that resolves (through a link) out of its directory is refused.
-        """
-        if self.clean_source == "off":
-            return
-        processed = file_positions.validate_position(self.uid, position)
-        visible = self.listing(processed.partition_floor).files
-        fs, root = self.filesystem()
-        done: dict[str, int] = {}
-        for name, size in processed.files.items():
-            if name in visible and visible[name][0] == size:
-                outcome = clean_file(fs, owned_path(fs, root, name), size, self._archive_target(name))
-                done[outcome] = done.get(outcome, 0) + 1
-        if done.pop("kept", 0):
-            log.warning("source %s: files whose archive copy differs were left in %s", self.uid, self.path)
-        for outcome, count in done.items():
-            log.info("source %s: %s %d file(s) read up to checkpoint %d", self.uid, outcome, count, checkpoint_id)
-
-    def _archive_target(self, name: str) -> tuple[fsspec.AbstractFileSystem, str] | None:
-        if self.archive_dir is None:
-            return None
-        archive = Location.from_url(self.archive_dir, **self.storage_options)
-        return archive.fs, archive.path(name)
-
     # -- reading (Spark) ---------------------------------------------------------------
-    def url(self, relative: str) -> str:
-        fs, root = self.filesystem()
-        protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
-        protocol = "file" if protocol in ("file", "local") else protocol
-        return f"{protocol}://{root}/{relative}"
-
     def read(self, ctx: StepContext, previous: Any, barrier: Any) -> DataFrame:
         return self.read_counted(ctx, previous, barrier)[0]
 
@@ -299,7 +205,7 @@ class FileSource(Source):
         """
         from pyspark.sql import functions as F
 
-        todo = self._todo(ctx, previous, barrier)
+        todo = self.files_to_read(ctx, previous, barrier)
         if not todo:
             return self.empty(ctx.spark).cache(), judge(self, ctx, todo, 0, 0)
         df = self.load(ctx, todo).cache()
@@ -320,7 +226,7 @@ class FileSource(Source):
 
         from airflow_provider_checkpoint.dataflow.observation import observed_metrics
 
-        todo = self._todo(ctx, previous, barrier)
+        todo = self.files_to_read(ctx, previous, barrier)
         if not todo:
             return self.empty(ctx.spark), lambda: judge(self, ctx, todo, 0, 0)
         observation = Observation()
@@ -346,57 +252,12 @@ class FileSource(Source):
         )
 
     def read_in_driver(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
-        """Parquet files of at most ``driver_read_bytes`` in all, without reader ``options``, read on the
-        driver where pyarrow gives exactly Spark's rows (:mod:`~airflow_provider_checkpoint.fileio.driver_read`),
-        files by name, each file's rows in order; ``None``: Spark reads them."""
-        from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-        from airflow_provider_checkpoint.dataflow.schema_ddl import declared_flat
-        from airflow_provider_checkpoint.fileio.driver_read import expected_schema, read_exactly
-        from airflow_provider_checkpoint.fileio.scans import as_nullable
-
-        if not self.may_read_in_driver(previous, barrier):
-            return None
-        todo = self.split(previous, barrier)
-        if not todo:
-            return None
-        fs, root = self.filesystem()
-        names = sorted(todo)
-        large = ctx.session.conf("spark.sql.execution.arrow.useLargeVarTypes") == "true"
-        declared = declared_flat(self.schema, ctx.session.conf("spark.sql.timestampType")) or self.declared()
-        rows = read_exactly(
-            fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], expected_schema(declared, large)
-        )
-        if rows is None:
-            return None
-        checked = self._todo(ctx, previous, barrier)  # unchanged since the barrier, as Spark would read them
-        log.info("source %s: %d files, %d rows read on the driver", self.uid, len(names), rows.num_rows)
-        return SourceRows(rows, as_nullable(declared), lambda: self.load(ctx, checked))
+        """:func:`.driver_reads.read_in_driver`: small Parquet inputs for a sink that takes them on the driver."""
+        return driver_reads.read_in_driver(self, ctx, previous, barrier)
 
     def read_for_operator(self, ctx: StepContext, previous: Any, barrier: Any) -> SourceRows | None:
-        """JSON files without reader ``options`` parsed on the driver where pyarrow gives exactly Spark's rows and
-        none is malformed (:func:`~airflow_provider_checkpoint.connectors.files.json_driver.read_json_exactly`), files
-        by name, counted and judged as Spark's read counts them, their DataFrame the one Spark's read gives;
-        ``None``: Spark reads them (and judges malformed records as ever)."""
-        from airflow_provider_checkpoint.connectors.files.json_driver import read_json_exactly
-        from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
-        from airflow_provider_checkpoint.fileio.writes import engine_for
-
-        if self.format != "json" or self.options:
-            return None
-        todo = self.split(previous, barrier)
-        fs, root = self.filesystem()
-        if not todo or engine_for(ctx.spark, fs) != "hadoop":  # the Python engine has its own parser
-            return None
-        self.check_unchanged(todo, barrier)
-        names = sorted(todo)
-        declared = self.declared()
-        rows = read_json_exactly(fs, [f"{root}/{n}" for n in names], [todo[n] for n in names], declared)
-        if rows is None:
-            return None
-        ctx.add_metric("files_in", len(todo))
-        judge(self, ctx, todo, rows.num_rows, 0)  # none malformed: the dead-letter metrics say so
-        log.info("source %s: %d files, %d rows read on the driver for its operator", self.uid, len(names), len(rows))
-        return SourceRows(rows, file_scans.as_nullable(declared), lambda: good_records(self, self.load(ctx, todo)))
+        """:func:`.driver_reads.read_for_operator`: JSON Lines for an operator that reduces them on the driver."""
+        return driver_reads.read_for_operator(self, ctx, previous, barrier)
 
     def declared(self) -> StructType:
         """The declared ``schema`` as Spark's columns."""
@@ -406,10 +267,9 @@ class FileSource(Source):
         assert isinstance(declared, StructType)
         return declared
 
-    def _todo(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
-        """The files to read, checked unchanged since the barrier was cut."""
-        todo = self.split(previous, barrier)
-        self.check_unchanged(todo, barrier)
+    def files_to_read(self, ctx: StepContext, previous: Any, barrier: Any) -> dict[str, int]:
+        """The files to read, checked unchanged since the barrier was cut (:meth:`checked`), counted."""
+        todo = self.checked(ctx, self.split(previous, barrier), barrier)
         ctx.add_metric("files_in", len(todo))
         return todo
 
@@ -428,9 +288,3 @@ class FileSource(Source):
         return file_scans.read_files(
             ctx.spark, fs, sizes, self.format, declared, self.options, CORRUPT, file_column, ordered
         )
-
-    def check_unchanged(self, todo: dict[str, int], barrier: Any) -> None:
-        """Raise if a file of ``todo`` changed size since the barrier was cut (it would break exactly-once)."""
-        if todo:
-            now = self.list_files(file_positions.validate_position(self.uid, barrier).partition_floor)
-            file_positions.check_unchanged(self.uid, todo, now, self.url)

@@ -271,4 +271,6 @@ class PostgresTableSink(PostgresCommitter):
             )
             if staged is not None:
                 return [staged]
+        elif held is not None:  # one row per key, held: as :meth:`write` stages them, its DataFrame never made
+            return self._staged(ctx, rows.schema, held)
         return self.write(ctx, rows.frame())
