@@ -161,10 +161,11 @@ def _checkpoint_operator(
     closing = None if watermarks is None else closing_column(node, watermarks[1])
     if layout is not None and restored is not None and not layout.wants_more_ranges(restored.rows):
         # a small state merges on the driver, compacting every range that is due (all of them too)
-        before, closes = (None, None) if watermarks is None else (watermarks[0], Closing.of(node, watermarks[1]))
-        computed = None if closes is not None else held_partials(node, held)
+        before = None if watermarks is None else watermarks[0]
+        computed = held_partials(node, held) if watermarks is None else None
         partials = driver_partials(node, inputs, restored, settings, before, computed)
-        if partials is not None:
+        if partials is not None:  # only then the operator's closing (a KeyedProcess has none to merge at)
+            closes = None if watermarks is None else Closing.of(node, watermarks[1])
             operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
             return OperatorCheckpoint(
                 *merge_on_driver(
