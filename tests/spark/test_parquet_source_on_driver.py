@@ -6,7 +6,8 @@ Checked against pandas (the later row in source order wins per key, null keys in
 read back with delta-rs and pyarrow, over checkpoints that read on the driver (one of a file naming a
 column in another case, matched as Spark matches it) and one that Spark reads (a BIGINT column of dates,
 which Spark reads as their days and the driver does not read), a first load above ``driver_merge_rows``
-written by the driver from the source's rows, and an upsert above it by Spark.
+written by the driver from the source's rows, and an upsert above it merged on the driver too (that bound is
+for rows collected out of Spark).
 """
 
 from __future__ import annotations
@@ -84,13 +85,13 @@ def test_small_parquet_inputs_upsert_from_the_driver(spark, tmp_path: Path, monk
     tracker = spark.sparkContext.statusTracker()
     job = make_job(spark, tmp_path, declare)
     events: list[dict[str, object]] = []
-    # delta merges at most 100 rows in the driver: its first load of 300 (at most 8 times that) is written by
-    # the driver from the source's rows, its upsert of 120 by Spark; a BIGINT column of dates: Spark reads
+    # delta collects at most 100 rows out of Spark: its first load of 300 (at most 8 times that) and its upsert
+    # of 120 are merged by the driver from the source's rows; a BIGINT column of dates: Spark reads the files
     checkpoints = [
         (300, "ts", pa.int64(), ["delta", "parquet"]),
         (80, "TS", pa.int64(), ["delta", "parquet"]),
         (50, "ts", pa.date32(), []),
-        (120, "ts", pa.int64(), ["parquet"]),
+        (120, "ts", pa.int64(), ["delta", "parquet"]),
     ]
     for i, (n, ts_name, ts_type, on_driver) in enumerate(checkpoints, start=1):
         events += land(tmp_path / "landing", n, seed=i, ts_name=ts_name, ts_type=ts_type)

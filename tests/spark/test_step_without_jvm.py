@@ -3,9 +3,10 @@
 A Parquet ``FileSource`` feeding only an upsert sink merged on the driver (``DeltaTableSink``,
 ``ParquetTableSink``) reads and merges its checkpoint with pyarrow: its session handle
 (:class:`~airflow_provider_checkpoint.spark.session.SparkHandle`) is never started, and in a fresh process no
-JVM starts for the trigger, the steps or the finalize. Where the driver cannot take the input (more rows
-than ``driver_merge_rows``: mid-step, after the driver read them; more bytes than ``driver_read_bytes``; a
-column the driver does not read as Spark does) the step starts the session and commits the same rows.
+JVM starts for the trigger, the steps or the finalize; also for more rows than ``driver_merge_rows`` (that
+bounds what a sink collects out of Spark, not what a source read on the driver already). Where the driver
+cannot take the input (more bytes than ``driver_read_bytes``; a column the driver does not read as Spark does)
+the step starts the session and commits the same rows.
 Every table is read back (delta-rs, pyarrow) and compared with pandas over the landed files.
 """
 
@@ -71,7 +72,7 @@ def test_driver_steps_start_no_session_and_fallbacks_start_it(spark, tmp_path: P
     landing = tmp_path / "landing"
     checkpoints = [  # rows landed, which sinks' steps need Spark, and of those which the plan shows it
         (300, pa.int64(), set(), set()),  # delta: a first load of at most 8 x 100 rows, written by the driver
-        (120, pa.int64(), {"delta"}, set()),  # over delta's driver_merge_rows: read on the driver, merged by Spark
+        (120, pa.int64(), set(), set()),  # over delta's driver_merge_rows: read on the driver, merged there too
         (1500, pa.int64(), {"delta", "parquet"}, {"delta", "parquet"}),  # over driver_read_bytes: from the listing
         (50, pa.date32(), {"delta", "parquet"}, set()),  # dates in a BIGINT column: the driver does not read them
     ]

@@ -66,7 +66,8 @@ def test_latest_per_key_matches_the_model(spark: SparkSession, seed: int, sequen
         collected = upsert.collect(len(rows), ("b", 7))
         assert collected is not None and collected.column_names == [*df.columns, "b"]
         if where == "source":
-            assert upsert._from_source(len(rows), ("b", 7)) is not None, "read from the source's rows"
+            assert upsert._from_source(("b", 7)) is not None, "read from the source's rows"
+            assert upsert.collect(1, ("b", 7)) is not None, "a source's rows whatever their number"
         buckets = spark.createDataFrame(collected.drop_columns(["b"])).select(F.pmod(F.xxhash64("k1", "k2"), F.lit(7)))
         assert collected["b"].to_pylist() == [r[0] for r in buckets.collect()], "Spark's bucket of each row"
         got = [tuple(r.values()) for r in collected.drop_columns(["b"]).to_pylist()]

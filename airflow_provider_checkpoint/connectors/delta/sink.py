@@ -85,9 +85,9 @@ class DeltaTableSink(DeltaCommitter):
     :param keys: The key columns of an upsert table.
     :param partition_by: Partition columns of an append table (created with them).
     :param buckets: Number of bucket files of an upsert table's first load (1 to 4096; fixed once written).
-    :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job (none
-        when its Parquet ``FileSource`` read them on the driver) and written by the driver (pyarrow): a first
-        load bucketed, a later checkpoint's update file; ``0``: Spark.
+    :param driver_merge_rows: An upsert of at most this many input rows is collected in one Spark job (none,
+        and any number, when its source read them on the driver: a Parquet ``FileSource``, a CDC stream) and
+        written by the driver (pyarrow): a first load bucketed, a later checkpoint's update file; ``0``: Spark.
     :param storage_options: Options of the table's storage: ``s3fs``'s, or an Airflow ``aws`` connection as
         ``conn_id``; delta-rs's are derived from them (:mod:`.storage`).
     :param step: Name of the step (Airflow task) the sink runs in.

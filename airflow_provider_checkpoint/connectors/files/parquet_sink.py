@@ -108,7 +108,8 @@ class ParquetTableSink(TableDirectorySink):
     :param sequence_by: Upsert mode: the column(s) that order several rows of one key in a
         checkpoint, greatest wins; ``None``: the later row in source order (:mod:`.upsert_rule`).
     :param driver_merge_rows: Upserts of at most this many changed rows merge in the driver
-        with pyarrow (no shuffle); ``0`` always merges with Spark.
+        with pyarrow (no shuffle), and of any number that its source read on the driver; ``0`` always
+        merges with Spark.
     :param delete_when: Upsert mode: a boolean input column; a key whose winning row (the rule of
         :mod:`.upsert_rule`) has it true is deleted from the table, and the column is not written
         (e.g. ``"tombstone"`` of a ``KafkaSource(upsert=True)``: Flink's upsert-kafka deletes).

@@ -102,10 +102,10 @@ class PostgresTableSink(PostgresCommitter):
         transaction (:func:`~.target.follow_staged`); never a dropped, narrowed or otherwise retyped column.
     :param driver_rows: a checkpoint's input that its source read on the driver (the source feeding only this
         sink: :meth:`~airflow_provider_checkpoint.dataflow.graph.Source.read_in_driver`) is staged from the
-        driver, with no Spark job, when it has at most this many rows (reduced there to one row per key by
-        :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`'s code); so is a DataFrame input
-        whose row count the step knows (a stateful operator's output) to be at most this many, collected
-        first (``driver_bytes``); more go through Spark's executors; ``0``: never.
+        driver, with no Spark job, whatever its number of rows (the source bounds them; reduced there to one row
+        per key by :mod:`~airflow_provider_checkpoint.connectors.base.upsert_rule`'s code), unless this is ``0``;
+        so is a DataFrame input whose row count the step knows (a stateful operator's output) to be at most this
+        many, collected first (``driver_bytes``); more go through Spark's executors; ``0``: never.
     :param driver_bytes: a DataFrame input (not held by the driver) of at most ``driver_rows`` rows is collected
         into the driver (one ``df.toArrow()``) and staged from there only when Spark's estimate of its size
         (its plan's statistics, no job) is at most this many bytes; ``0``: never, its executors ``COPY`` it.
