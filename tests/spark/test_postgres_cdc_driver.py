@@ -208,7 +208,8 @@ def test_a_sink_falling_back_to_spark_builds_the_frame_only_then(spark) -> None:
 
     held = source_rows(session_conf(spark), data, build)
     rows = UpsertRows("sink", None, ["k"], [], True, count=4, read=held)
-    assert rows.collect(2) is None and not built  # more rows than the sink merges on the driver
+    assert rows.collect(2) is not None and not built  # more than the limit: the driver holds them already
+    assert rows.collect(0) is None and not built  # a sink that never merges on the driver (driver_merge_rows=0)
     assert sorted(rows.frame().toArrow().to_pylist(), key=repr) == sorted(
         [
             {"k": "a", "v": 3, "deleted": True},
