@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
+from airflow_provider_checkpoint.connectors.delta.lookups import read_keys
 from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable, Prepared
-from airflow_provider_checkpoint.connectors.delta.upsert import read_keys
 from airflow_provider_checkpoint.storage.paths import is_local
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ is rewritten, so the bytes written grow with the changed keys, not the table.
 
 Where a changed key can be: the bucket file (``part-b<bucket>``) of its bucket and any
 update file. Their key columns are read with pyarrow, a few files at a time, batch by
-batch (memory: the changed keys plus one batch per thread); the table is never loaded.
+batch (memory: the changed keys plus one batch per thread; :mod:`.lookups`); the table is never loaded.
 
 Compaction: a file whose deleted rows reach :data:`COMPACT_FRACTION` of its rows is
 rewritten with its live rows in the same checkpoint (remove + add, no DV), so a read never
@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import posixpath
-from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     update_file,
 )
 from airflow_provider_checkpoint.connectors.delta.log import DataFile, dv_id
+from airflow_provider_checkpoint.connectors.delta.lookups import Found, deleted_positions, lookups, pq_file
 from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.object_store import open_sized
@@ -80,18 +80,6 @@ class StagedUpsert:
     deletes: list[DeltaDeletes]
     known: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     """The positions of the table's DVs the lookups decoded, by DV id (:func:`.log.dv_id`)."""
-
-
-@dataclass(frozen=True, eq=False)
-class _Found:
-    file: DataFile
-    rows: int
-    deleted: np.ndarray
-    """Every deleted position of the file after this checkpoint (sorted, unique)."""
-    old: np.ndarray
-    """Those its DV in the table deletes."""
-    keys: pa.Table
-    """The keys of the live rows this checkpoint deletes from the file."""
 
 
 def stage(
@@ -141,10 +129,7 @@ def stage(
         candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
         changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
         key_types = keys.drop_columns([_BUCKET]).schema
-        read = keys_read or {}
-        found = [
-            f for f in each_file(lambda c: _lookup(fs, root, c, changed, key_types, read.get(c.path)), candidates) if f
-        ]
+        found = lookups(fs, root, candidates, changed, key_types, keys_read or {})
         adds = writing.result() if writing is not None else adds
     document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
     deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
@@ -159,7 +144,7 @@ def stage(
     adds += [(out, rows) for out, rows in rewritten if rows]
     if merged:
         hits = {f.file.path: f.deleted for f in found}
-        sources = [(live[p], hits[p] if p in hits else _deleted(fs, root, live[p])) for p in merged]
+        sources = [(live[p], hits[p] if p in hits else deleted_positions(fs, root, live[p])) for p in merged]
         out = f"{staging}/{update_file(ctx.checkpoint_id, len(adds))}"
         written = _merge(fs, root, sources, out, document)
         removes += [_remove(live[p]) for p in merged]
@@ -202,76 +187,11 @@ def _write_rows(
     return [(named, rows.num_rows)]
 
 
-def read_keys(fs: fsspec.AbstractFileSystem, root: str, file: DataFile, names: list[str]) -> list[pa.Table]:
-    """The columns ``names`` of ``file``, batch by batch as :func:`_lookup` reads them."""
-    with open_sized(fs, f"{root}/{file.path}", file.size) as source:
-        return list(_key_batches(source, names))
-
-
-def _key_batches(source: object, names: list[str]) -> Iterator[pa.Table]:
-    import pyarrow as pa
-
-    for batch in _pq_file(source).iter_batches(batch_size=BATCH_ROWS, columns=names):
-        yield pa.Table.from_batches([batch])
-
-
-def _lookup(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    file: DataFile,
-    changed: KeySet,
-    key_types: pa.Schema,
-    read: Iterable[pa.Table] | None = None,
-) -> _Found | None:
-    """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
-    ``None`` if no live row of the file changed (its DV stays as it is).
-
-    A key changed before has a row in this file that the file's DV deletes already (the key's live row
-    is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
-    get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
-    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30).
-    ``read``: the file's key columns read already (:func:`read_keys`), else read here."""
-    import pyarrow as pa
-
-    old = _deleted(fs, root, file)
-    hits, deleted_keys, rows = [], [], 0
-    with ExitStack() as stack:
-        if read is None:
-            read = _key_batches(stack.enter_context(open_sized(fs, f"{root}/{file.path}", file.size)), key_types.names)
-        for batch in read:
-            keys = batch.select(key_types.names).cast(key_types)
-            at = np.flatnonzero(changed.changed(keys))
-            live = ~_among(at.astype(np.uint64) + np.uint64(rows), old)
-            hits.append(at[live].astype(np.uint64) + np.uint64(rows))
-            deleted_keys.append(keys.take(arrow_of(at[live])))
-            rows += batch.num_rows
-    new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
-    if not len(new):
-        return None
-    # both sorted, none in both (the hits are live rows): their union sorted
-    return _Found(file, rows, np.sort(np.concatenate([old, new])), old, pa.concat_tables(deleted_keys))
-
-
-def _among(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Per value of ``values``: whether the sorted ``positions`` (uint64, as a DV gives them) hold it."""
-    if not len(positions):
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(np.searchsorted(positions, values), len(positions) - 1)
-    return np.asarray(positions[at] == values, dtype=bool)
-
-
-def _deleted(fs: fsspec.AbstractFileSystem, root: str, file: DataFile) -> np.ndarray:
-    """The positions ``file``'s DV in the table deletes (none without a DV)."""
-    if file.deletion_vector is None:
-        return np.zeros(0, dtype=np.uint64)
-    return deletion_vectors.read_positions(fs, root, file.deletion_vector, f"deletion vector of {file.path}")
-
-
-def _compact(fs: fsspec.AbstractFileSystem, root: str, found: _Found, out: str) -> tuple[str, int]:
+def _compact(fs: fsspec.AbstractFileSystem, root: str, found: Found, out: str) -> tuple[str, int]:
     """Write ``found.file``'s live rows to ``out``, streamed batch by batch; ``(out, rows written)``."""
     with ExitStack() as stack:
         source = stack.enter_context(open_sized(fs, f"{root}/{found.file.path}", found.file.size))
-        reader = _pq_file(source)
+        reader = pq_file(source)
         writer = stack.enter_context(table_writer(fs, out, _rewrite_schema(reader)))
         written = _live_rows(reader, found.deleted, writer)
     if not written:
@@ -288,25 +208,19 @@ def _merge(
     schemas = []
     for file, _ in sources:
         with open_sized(fs, f"{root}/{file.path}", file.size) as source:
-            schemas.append(_rewrite_schema(_pq_file(source)))
+            schemas.append(_rewrite_schema(pq_file(source)))
     with ExitStack() as stack:
         writer = stack.enter_context(table_writer(fs, out, _union(schemas)))
         written = 0
         for file, deleted in sources:
             with open_sized(fs, f"{root}/{file.path}", file.size) as source:
-                reader = _pq_file(source)
+                reader = pq_file(source)
                 kept = _live_rows(reader, deleted, writer)
                 delta_checks.check_rewrite(document, file.path, reader.metadata.num_rows, len(deleted), kept)
                 written += kept
     if not written:
         fs.rm(out)
     return written
-
-
-def _pq_file(source: object) -> pq.ParquetFile:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(source, coerce_int96_timestamp_unit="us")
 
 
 def _live_rows(reader: pq.ParquetFile, deleted: np.ndarray, writer: pq.ParquetWriter) -> int:
@@ -358,7 +272,7 @@ def _remove(file: DataFile) -> DeltaFile:
 
 
 def _write_dvs(
-    fs: fsspec.AbstractFileSystem, root: str, staging: str, found: list[_Found], inline_dv_bytes: int
+    fs: fsspec.AbstractFileSystem, root: str, staging: str, found: list[Found], inline_dv_bytes: int
 ) -> list[DeltaDeletes]:
     """The new DV of every file in ``found``: inline in the log up to ``inline_dv_bytes``, the larger ones
     in one DV file under ``staging``."""
