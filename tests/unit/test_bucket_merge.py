@@ -168,9 +168,11 @@ def test_a_key_set_finds_changed_keys_as_a_set_of_tuples_does(changed, rows, cha
     keys = bucket_merge.KeySet(pa.table({"k": pa.array(changed, changed_type)}), ["k"])
     got = keys.changed(pa.table({"k": pa.array(rows, rows_type)}))
     assert got.tolist() == [v in set(changed) for v in rows]
-    assert (keys.ints is not None) == (None not in changed)  # the binary search where it applies
-    narrow = keys.ints is not None and changed and max(changed) - min(changed) < bucket_merge.DENSE_KEY_SPAN
-    assert (keys.dense is not None) == bool(narrow)  # the bitmap where it applies
+    assert (keys.index is not None) == (None not in changed)  # indexed where it applies
+    narrow = keys.index is not None and changed and max(changed) - min(changed) < bucket_merge.DENSE_KEY_SPAN
+    assert (keys.index is not None and keys.index.bitmap is not None) == bool(narrow)  # the bitmap where it applies
+    if keys.index is not None:
+        assert keys.index.repeats == (len(set(changed)) < len(changed))
     repeated = set(checks._repeated(pa.table({"k": pa.array(changed, changed_type)}), ["k"]))
     want = {(v,) for v in changed if changed.count(v) > 1}
     assert repeated == want if len(want) <= 5 else len(repeated) == 5 and repeated <= want
@@ -197,18 +199,23 @@ def test_a_table_file_keeps_small_dictionaries_and_is_read_by_another_reader(tmp
     assert got == [tuple(r.values()) for r in rows.to_pylist()]
 
 
-def test_one_integer_key_is_sorted_once_for_the_upsert_rule_and_the_lookups() -> None:
-    """The rows the upsert rule found one per key (a sort) are looked up with that sort; other memory (another
-    column, a slice) is sorted for itself."""
+def test_one_integer_key_is_indexed_once_for_the_upsert_rule_and_the_lookups() -> None:
+    """The rows the upsert rule found one per key (a bitmap over their span, no sort) are looked up with that
+    index; other memory (another column, a slice) is indexed for itself; a wide span is sorted."""
     from airflow_provider_checkpoint.connectors.base.upsert_rule import unique_integer_key
 
     rows = pa.table({"k": pa.array([5, 1, 3], pa.int64()), "v": ["a", "b", "c"]})
     assert unique_integer_key(rows, ["k"])
-    found = bucket_merge.sorted_int_key(rows, ["k"])
-    assert found is not None and found[0].tolist() == [1, 3, 5]
-    assert bucket_merge.KeySet(rows.select(["k"]), ["k"]).ints is found[0]  # the same memory: not sorted again
-    other = bucket_merge.KeySet(pa.table({"k": pa.array([5, 1, 4], pa.int64())}), ["k"]).ints
-    assert other is not None and other.tolist() == [1, 4, 5]
-    sliced = bucket_merge.KeySet(rows.slice(1), ["k"]).ints
-    assert sliced is not None and sliced.tolist() == [1, 3]
-    assert bucket_merge.sorted_int_key(pa.table({"k": pa.array([2, None, 2])}), ["k"])[1] == 1  # type: ignore[index]
+    found = bucket_merge.int_keys(rows, ["k"])
+    assert found is not None and found.bitmap is not None and found.lowest == 1
+    assert np.flatnonzero(found.bitmap).tolist() == [0, 2, 4] and not found.repeats
+    assert bucket_merge.KeySet(rows.select(["k"]), ["k"]).index is found  # the same memory: not indexed again
+    other = bucket_merge.KeySet(pa.table({"k": pa.array([5, 1, 4], pa.int64())}), ["k"]).index
+    assert other is not None and other is not found and other.holds(np.array([4, 3])).tolist() == [True, False]
+    sliced = bucket_merge.KeySet(rows.slice(1), ["k"]).index
+    assert sliced is not None and sliced.holds(np.array([5, 1, 3])).tolist() == [False, True, True]
+    nulls = bucket_merge.int_keys(pa.table({"k": pa.array([2, None, 2])}), ["k"])
+    assert nulls is not None and nulls.nulls == 1 and nulls.repeats
+    wide = bucket_merge.int_keys(pa.table({"k": pa.array([1 << 40, 0, 5], pa.int64())}), ["k"])
+    assert wide is not None and wide.bitmap is None and wide.ordered is not None
+    assert wide.ordered.tolist() == [0, 5, 1 << 40] and not wide.repeats

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
@@ -170,11 +171,10 @@ class KeySet:
         nulls = _any_null(self.table)
         self.with_nulls = {tuple(r.values()) for r in self.table.filter(nulls).to_pylist()}
         self.without_nulls = self.table.filter(pc.invert(nulls))
-        self.ints = sorted_ints(self.table, self.keys)
-        """A single integer key without nulls: its values sorted (looked up by binary search)."""
-        self.dense = _dense(self.ints)
-        """Those values as a bitmap over their span, when it is at most :data:`DENSE_KEY_SPAN`: ``(lowest,
-        bitmap)`` (looked up by index)."""
+        index = int_keys(self.table, self.keys)
+        self.index = index if index is not None and not index.nulls else None
+        """A single integer key without nulls: its values indexed (:class:`IntKeys`: looked up in a bitmap over
+        their span, or by binary search)."""
 
     def kept(self, table: pa.Table) -> pa.Table:
         """The rows of ``table`` whose key did not change."""
@@ -194,12 +194,8 @@ class KeySet:
         if len(self.keys) == 1:  # is_in without skipping nulls is null-safe already
             (key,) = self.keys
             column = table[key]
-            if self.ints is not None and column.null_count == 0 and column.type == self.table[key].type:
-                values = numpy_of(column)
-                if self.dense is not None:
-                    return _in_dense(values, *self.dense)
-                at = np.minimum(np.searchsorted(self.ints, values), len(self.ints) - 1)
-                return np.asarray(self.ints[at] == values, dtype=bool)
+            if self.index is not None and column.null_count == 0 and column.type == self.table[key].type:
+                return self.index.holds(numpy_of(column))
             mask = pc.is_in(table[key], value_set=self.table[key], skip_nulls=False)
             return np.asarray(numpy_of(mask), dtype=bool)
         keys = table.select(self.keys).append_column("__row", arrow_of(np.arange(table.num_rows)))
@@ -214,20 +210,64 @@ class KeySet:
 
 
 DENSE_KEY_SPAN = 1 << 24
-"""The widest span of changed integer keys looked up in a bitmap of that many bytes (else by binary search)."""
+"""The widest span of integer keys indexed by a bitmap of that many bytes (else sorted, looked up by binary search)."""
 
 
-def _dense(ints: np.ndarray | None) -> tuple[int, np.ndarray] | None:
-    """``(lowest, bitmap)`` of the sorted integer keys ``ints`` (``bitmap[v - lowest]`` tells whether ``v`` is one),
-    when their span is at most :data:`DENSE_KEY_SPAN`."""
+@dataclass(frozen=True)
+class IntKeys:
+    """One integer key column's non-null values, indexed for lookups: a bitmap over their span (``bitmap[v -
+    lowest]`` tells whether ``v`` is one) when it is at most :data:`DENSE_KEY_SPAN`, made without a sort; else the
+    values sorted."""
+
+    nulls: int
+    repeats: bool
+    """Whether a non-null value is there twice."""
+    lowest: int
+    bitmap: np.ndarray | None
+    ordered: np.ndarray | None
+
+    def holds(self, values: np.ndarray) -> np.ndarray:
+        """Per value of ``values`` (integers of the keys' type): whether it is one of the keys."""
+        import numpy as np
+
+        if self.bitmap is not None:
+            return _in_dense(values, self.lowest, self.bitmap)
+        assert self.ordered is not None  # one of the two
+        if not len(self.ordered):
+            return np.zeros(len(values), dtype=bool)
+        at = np.minimum(np.searchsorted(self.ordered, values), len(self.ordered) - 1)
+        return np.asarray(self.ordered[at] == values, dtype=bool)
+
+
+_INDEXED: list[tuple[pa.ChunkedArray, IntKeys]] = []
+"""The last key column :func:`int_keys` indexed, held (so its memory is not reused), with its index."""
+
+
+def int_keys(table: pa.Table, keys: Sequence[str]) -> IntKeys | None:
+    """``table``'s one integer key column indexed (:class:`IntKeys`); ``None`` for other keys. The same column
+    again (the same memory: the rows the upsert rule found one per key, then looked up by :class:`KeySet`) is
+    not indexed again: the last column indexed is kept, and held."""
     import numpy as np
+    import pyarrow as pa
 
-    if ints is None or not len(ints) or int(ints[-1]) - int(ints[0]) >= DENSE_KEY_SPAN:
+    if len(keys) != 1 or not pa.types.is_integer(table.schema.field(keys[0]).type):
         return None
-    lowest = int(ints[0])
-    bitmap = np.zeros(int(ints[-1]) - lowest + 1, dtype=bool)
-    bitmap[_offsets(ints, lowest)] = True
-    return lowest, bitmap
+    column = table[keys[0]]
+    where = _memory(column)
+    for held, known in list(_INDEXED):
+        if held.type == column.type and _memory(held) == where:
+            return known
+    values = numpy_of(column.drop_null())
+    lowest, highest = (int(values.min()), int(values.max())) if len(values) else (0, -1)
+    if len(values) and highest - lowest < DENSE_KEY_SPAN:
+        bitmap = np.zeros(highest - lowest + 1, dtype=bool)
+        bitmap[_offsets(values, lowest)] = True
+        index = IntKeys(column.null_count, int(np.count_nonzero(bitmap)) < len(values), lowest, bitmap, None)
+    else:
+        ordered = np.sort(values)
+        index = IntKeys(column.null_count, bool(np.any(ordered[1:] == ordered[:-1])), 0, None, ordered)
+    _INDEXED[:] = [(column, index)]
+    return index
 
 
 def _offsets(values: np.ndarray, lowest: int) -> np.ndarray:
@@ -240,7 +280,7 @@ def _offsets(values: np.ndarray, lowest: int) -> np.ndarray:
 
 
 def _in_dense(values: np.ndarray, lowest: int, bitmap: np.ndarray) -> np.ndarray:
-    """Per value of ``values`` (integers of the keys' type): whether ``bitmap`` (from :func:`_dense`) holds it."""
+    """Per value of ``values`` (integers of the keys' type): whether ``bitmap`` (an :class:`IntKeys`') holds it."""
     import numpy as np
 
     inside = (values >= lowest) & (values <= lowest + len(bitmap) - 1)
@@ -248,36 +288,6 @@ def _in_dense(values: np.ndarray, lowest: int, bitmap: np.ndarray) -> np.ndarray
     at = np.flatnonzero(inside)
     out[at] = bitmap[_offsets(values[at], lowest)]
     return out
-
-
-_SORTED: list[tuple[pa.ChunkedArray, np.ndarray]] = []
-"""The last key column :func:`sorted_int_key` sorted, held (so its memory is not reused), with its sorted values."""
-
-
-def sorted_int_key(table: pa.Table, keys: Sequence[str]) -> tuple[np.ndarray, int] | None:
-    """``table``'s one integer key column: its non-null values sorted, and how many nulls it has; ``None`` for
-    other keys. The same column again (the same memory: the rows the upsert rule found one per key, then
-    looked up by :class:`KeySet`) is not sorted again: the last column sorted is kept, and held."""
-    import numpy as np
-    import pyarrow as pa
-
-    if len(keys) != 1 or not pa.types.is_integer(table.schema.field(keys[0]).type):
-        return None
-    column = table[keys[0]]
-    where = _memory(column)
-    for held, values in list(_SORTED):
-        if held.type == column.type and _memory(held) == where:
-            return values, column.null_count
-    values = np.sort(numpy_of(column.drop_null()))
-    _SORTED[:] = [(column, values)]
-    return values, column.null_count
-
-
-def sorted_ints(table: pa.Table, keys: Sequence[str]) -> np.ndarray | None:
-    """The values of ``table``'s one integer key column, sorted, when it has no null (:func:`sorted_int_key`);
-    ``None`` otherwise."""
-    found = sorted_int_key(table, keys)
-    return found[0] if found is not None and not found[1] else None
 
 
 def _memory(column: pa.ChunkedArray) -> tuple[tuple[int, int, tuple[int, ...]], ...]:

@@ -31,12 +31,12 @@ import numpy as np
 
 from airflow_provider_checkpoint.connectors.delta.log import RawFile, dv_id
 from airflow_provider_checkpoint.exceptions import DocumentError, shorten
-from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of
+from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import IntKeys, KeySet
 
 PositionsOf = Callable[[Mapping[str, Any], str], np.ndarray]
 """The sorted positions a raw ``deletionVector`` descriptor deletes, checked against its cardinality
@@ -154,19 +154,19 @@ def _records(action: Mapping[str, Any]) -> int | None:
 
 def check_keys(document: str, keys: Sequence[str], added: pa.Table | KeySet, deleted: pa.Table) -> None:
     """Refuse a checkpoint that would not leave one live row per key: ``added`` (the key columns of the
-    rows it adds, or the writer's :class:`~.bucket_merge.KeySet` of them: their sort reused) must hold each
+    rows it adds, or the writer's :class:`~.bucket_merge.KeySet` of them: their index reused) must hold each
     key once, ``deleted`` (those of the live rows it deletes) each key at most once, and only keys of
     ``added`` (null-safe: a null is a key value like any other)."""
 
-    from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet, sorted_ints
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import KeySet
 
     changed = added if isinstance(added, KeySet) else KeySet(added, keys)
     problems = []
-    for table, ints, what in (
-        (changed.table, changed.ints, "the rows the checkpoint adds hold"),
-        (deleted, sorted_ints(deleted, keys) if deleted.num_rows > 1 else None, "the table holds live rows of"),
+    for table, index, what in (
+        (changed.table, changed.index, "the rows the checkpoint adds hold"),
+        (deleted, None, "the table holds live rows of"),
     ):
-        twice = _repeated(table, keys, ints)
+        twice = _repeated(table, keys, index)
         if twice:
             count = "some" if len(twice) == _SHOWN else len(twice)
             problems.append(f"{what} {count} key(s) more than once, e.g. {shorten(twice[0])}")
@@ -181,17 +181,20 @@ def check_keys(document: str, keys: Sequence[str], added: pa.Table | KeySet, del
         )
 
 
-def _repeated(table: pa.Table, keys: Sequence[str], ints: np.ndarray | None = None) -> list[tuple[Any, ...]]:
-    """The keys ``table`` holds more than once (nulls group together); ``ints``: its one integer key's
-    values sorted (:func:`~.bucket_merge.sorted_ints`), when known."""
+def _repeated(table: pa.Table, keys: Sequence[str], index: IntKeys | None = None) -> list[tuple[Any, ...]]:
+    """The keys ``table`` holds more than once (nulls group together); ``index``: its one integer key's
+    :class:`~.bucket_merge.IntKeys`, when known (else made here: one integer key is checked without grouping)."""
     import pyarrow.compute as pc
 
     if table.num_rows < 2:
         return []
-    from airflow_provider_checkpoint.connectors.base.bucket_merge import sorted_ints
+    from airflow_provider_checkpoint.connectors.base.bucket_merge import int_keys
 
-    ints = sorted_ints(table, keys) if ints is None else ints
-    if ints is not None:
+    index = int_keys(table, keys) if index is None else index
+    if index is not None and not index.nulls:
+        if not index.repeats:
+            return []
+        ints = np.sort(numpy_of(table[keys[0]]))  # a refusal: which keys, sorted once
         twice = np.unique(ints[1:][ints[1:] == ints[:-1]])[:_SHOWN]
         return [(int(v),) for v in twice]
     counts = table.select(list(keys)).group_by(list(keys), use_threads=False).aggregate([([], "count_all")])
