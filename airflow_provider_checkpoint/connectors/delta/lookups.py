@@ -5,7 +5,7 @@ go. A row its DV deletes already is no hit."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,7 +39,7 @@ class Found:
 
 
 def read_keys(fs: fsspec.AbstractFileSystem, root: str, file: DataFile, names: list[str]) -> list[pa.Table]:
-    """The columns ``names`` of ``file``, batch by batch as :func:`_lookup` reads them."""
+    """The columns ``names`` of ``file``, batch by batch as :meth:`Lookup._file` reads them."""
     with open_sized(fs, f"{root}/{file.path}", file.size) as source:
         return list(_key_batches(source, names))
 
@@ -51,88 +51,83 @@ def _key_batches(source: object, names: list[str]) -> Iterator[pa.Table]:
         yield pa.Table.from_batches([batch])
 
 
-def lookups(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    candidates: list[DataFile],
-    changed: KeySet,
-    key_types: pa.Schema,
-    read: dict[str, list[pa.Table]],
-) -> list[Found]:
-    """:func:`_lookup` of every candidate file, in their order, those without a live changed row left out. The
-    files whose key columns ``read`` holds are looked up together (:func:`_lookup_read`), the others one by one."""
-    ahead = [c for c in candidates if c.path in read]
-    found = {f.file.path: f for f in _lookup_read(fs, root, ahead, changed, key_types, read)}
-    others = [c for c in candidates if c.path not in read]
-    found |= {f.file.path: f for f in each_file(lambda c: _lookup(fs, root, c, changed, key_types), others) if f}
-    return [found[c.path] for c in candidates if c.path in found]
+@dataclass(frozen=True)
+class Lookup:
+    """The changed keys ``changed`` (of the types ``key_types``) looked up in files of the table at ``root`` on
+    ``fs``."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    changed: KeySet
+    key_types: pa.Schema
+
+    def files(self, candidates: list[DataFile], read: dict[str, list[pa.Table]]) -> list[Found]:
+        """Every candidate file holding live rows whose key changed, in their order. The files whose key columns
+        ``read`` holds are looked up together (:meth:`_read_ahead`), the others one by one (:meth:`_file`)."""
+        ahead = [c for c in candidates if c.path in read]
+        found = {f.file.path: f for f in self._read_ahead(ahead, read)}
+        others = [c for c in candidates if c.path not in read]
+        found |= {f.file.path: f for f in each_file(self._file, others) if f}
+        return [found[c.path] for c in candidates if c.path in found]
+
+    def _read_ahead(self, files: list[DataFile], read: dict[str, list[pa.Table]]) -> list[Found]:
+        """:meth:`_file` of ``files``, whose key columns ``read`` holds: their keys looked up in one go (one
+        :meth:`KeySet.changed` of them all, not one per file and batch), then each file with a hit against its
+        DV."""
+        import pyarrow as pa
+
+        types = self.key_types
+        tables = [
+            pa.concat_tables([b.select(types.names).cast(types) for b in read[f.path]])
+            if read[f.path]
+            else types.empty_table()
+            for f in files
+        ]
+        bounds = np.cumsum([0, *(t.num_rows for t in tables)], dtype=np.int64)
+        at = np.flatnonzero(self.changed.changed(pa.concat_tables(tables))) if tables else np.zeros(0, np.int64)
+        cuts = np.searchsorted(at, bounds)  # file i's hits: at[cuts[i]:cuts[i + 1]]
+
+        def found(i: int) -> Found | None:
+            hits = (at[cuts[i] : cuts[i + 1]] - bounds[i]).astype(np.uint64)
+            old = deleted_positions(self.fs, self.root, files[i])
+            new = hits[~among(hits, old)]
+            return _found(
+                files[i], tables[i].num_rows, old, new, lambda: tables[i].take(arrow_of(new.astype(np.int64)))
+            )
+
+        return [f for f in each_file(found, [i for i in range(len(files)) if cuts[i + 1] > cuts[i]]) if f]
+
+    def _file(self, file: DataFile) -> Found | None:
+        """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
+        ``None`` if no live row of the file changed (its DV stays as it is). Read batch by batch.
+
+        A key changed before has a row in this file that the file's DV deletes already (the key's live row
+        is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
+        get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
+        DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
+        import pyarrow as pa
+
+        old = deleted_positions(self.fs, self.root, file)
+        hits, deleted_keys, rows = [], [], 0
+        with open_sized(self.fs, f"{self.root}/{file.path}", file.size) as source:
+            for batch in _key_batches(source, self.key_types.names):
+                keys = batch.select(self.key_types.names).cast(self.key_types)
+                at = np.flatnonzero(self.changed.changed(keys))
+                live = ~among(at.astype(np.uint64) + np.uint64(rows), old)
+                hits.append(at[live].astype(np.uint64) + np.uint64(rows))
+                deleted_keys.append(keys.take(arrow_of(at[live])))
+                rows += batch.num_rows
+        new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
+        return _found(file, rows, old, new, lambda: pa.concat_tables(deleted_keys))
 
 
-def _lookup_read(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    files: list[DataFile],
-    changed: KeySet,
-    key_types: pa.Schema,
-    read: dict[str, list[pa.Table]],
-) -> list[Found]:
-    """:func:`_lookup` of ``files``, whose key columns ``read`` holds: their keys looked up in one go (one
-    :meth:`KeySet.changed` of them all, not one per file and batch), then each file with a hit against its DV."""
-    import pyarrow as pa
-
-    tables = [
-        pa.concat_tables([b.select(key_types.names).cast(key_types) for b in read[f.path]])
-        if read[f.path]
-        else key_types.empty_table()
-        for f in files
-    ]
-    bounds = np.cumsum([0, *(t.num_rows for t in tables)], dtype=np.int64)
-    at = np.flatnonzero(changed.changed(pa.concat_tables(tables))) if tables else np.zeros(0, np.int64)
-    cuts = np.searchsorted(at, bounds)  # file i's hits: at[cuts[i]:cuts[i + 1]]
-
-    def found(i: int) -> Found | None:
-        hits = (at[cuts[i] : cuts[i + 1]] - bounds[i]).astype(np.uint64)
-        old = deleted_positions(fs, root, files[i])
-        new = hits[~among(hits, old)]
-        if not len(new):
-            return None
-        keys = tables[i].take(arrow_of(new.astype(np.int64)))
-        return Found(files[i], tables[i].num_rows, np.sort(np.concatenate([old, new])), old, keys)
-
-    return [f for f in each_file(found, [i for i in range(len(files)) if cuts[i + 1] > cuts[i]]) if f]
-
-
-def _lookup(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    file: DataFile,
-    changed: KeySet,
-    key_types: pa.Schema,
-) -> Found | None:
-    """The positions of ``file``'s *live* rows whose key changed, with those its DV deleted already;
-    ``None`` if no live row of the file changed (its DV stays as it is).
-
-    A key changed before has a row in this file that the file's DV deletes already (the key's live row
-    is in a later file): that row is no hit. Counting it made a file whose only hits were deleted rows
-    get a "new" DV equal to its old one, committed as a ``remove`` and an ``add`` of the same path and
-    DV, which the Delta protocol forbids and readers resolve by dropping the whole file (issue #30)."""
-    import pyarrow as pa
-
-    old = deleted_positions(fs, root, file)
-    hits, deleted_keys, rows = [], [], 0
-    with open_sized(fs, f"{root}/{file.path}", file.size) as source:
-        for batch in _key_batches(source, key_types.names):
-            keys = batch.select(key_types.names).cast(key_types)
-            at = np.flatnonzero(changed.changed(keys))
-            live = ~among(at.astype(np.uint64) + np.uint64(rows), old)
-            hits.append(at[live].astype(np.uint64) + np.uint64(rows))
-            deleted_keys.append(keys.take(arrow_of(at[live])))
-            rows += batch.num_rows
-    new = np.concatenate(hits) if hits else np.zeros(0, dtype=np.uint64)
+def _found(file: DataFile, rows: int, old: np.ndarray, new: np.ndarray, keys: Callable[[], pa.Table]) -> Found | None:
+    """``file`` of ``rows`` rows, whose DV deletes ``old``, with live rows ``new`` (sorted) whose key changed (their
+    keys: ``keys()``); ``None`` without such rows."""
     if not len(new):
         return None
     # both sorted, none in both (the hits are live rows): their union sorted
-    return Found(file, rows, np.sort(np.concatenate([old, new])), old, pa.concat_tables(deleted_keys))
+    return Found(file, rows, np.sort(np.concatenate([old, new])), old, keys())
 
 
 def among(values: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     update_file,
 )
 from airflow_provider_checkpoint.connectors.delta.log import DataFile, dv_id
-from airflow_provider_checkpoint.connectors.delta.lookups import Found, deleted_positions, lookups, pq_file
+from airflow_provider_checkpoint.connectors.delta.lookups import Found, Lookup, deleted_positions, pq_file
 from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.object_store import open_sized
@@ -129,7 +129,7 @@ def stage(
         candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
         changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
         key_types = keys.drop_columns([_BUCKET]).schema
-        found = lookups(fs, root, candidates, changed, key_types, keys_read or {})
+        found = Lookup(fs, root, changed, key_types).files(candidates, keys_read or {})
         adds = writing.result() if writing is not None else adds
     document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
     deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
