@@ -6,7 +6,7 @@ go. A row its DV deletes already is no hit."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +38,15 @@ class Found:
     """The keys of the live rows this checkpoint deletes from the file."""
 
 
+@dataclass(frozen=True)
+class ReadAhead:
+    """What was read of live files before the stage (:mod:`.prepared`), by path: their key columns, batch by batch as
+    :meth:`Lookup._file` reads them (:func:`read_keys`), and the positions their DVs delete."""
+
+    keys: dict[str, list[pa.Table]] = field(default_factory=dict)
+    deleted: dict[str, np.ndarray] = field(default_factory=dict)
+
+
 def read_keys(fs: fsspec.AbstractFileSystem, root: str, file: DataFile, names: list[str]) -> list[pa.Table]:
     """The columns ``names`` of ``file``, batch by batch as :meth:`Lookup._file` reads them."""
     with open_sized(fs, f"{root}/{file.path}", file.size) as source:
@@ -61,25 +70,25 @@ class Lookup:
     changed: KeySet
     key_types: pa.Schema
 
-    def files(self, candidates: list[DataFile], read: dict[str, list[pa.Table]]) -> list[Found]:
+    def files(self, candidates: list[DataFile], read: ReadAhead) -> list[Found]:
         """Every candidate file holding live rows whose key changed, in their order. The files whose key columns
         ``read`` holds are looked up together (:meth:`_read_ahead`), the others one by one (:meth:`_file`)."""
-        ahead = [c for c in candidates if c.path in read]
+        ahead = [c for c in candidates if c.path in read.keys]
         found = {f.file.path: f for f in self._read_ahead(ahead, read)}
-        others = [c for c in candidates if c.path not in read]
+        others = [c for c in candidates if c.path not in read.keys]
         found |= {f.file.path: f for f in each_file(self._file, others) if f}
         return [found[c.path] for c in candidates if c.path in found]
 
-    def _read_ahead(self, files: list[DataFile], read: dict[str, list[pa.Table]]) -> list[Found]:
+    def _read_ahead(self, files: list[DataFile], read: ReadAhead) -> list[Found]:
         """:meth:`_file` of ``files``, whose key columns ``read`` holds: their keys looked up in one go (one
         :meth:`KeySet.changed` of them all, not one per file and batch), then each file with a hit against its
-        DV."""
+        DV (as ``read`` holds it, else read now)."""
         import pyarrow as pa
 
         types = self.key_types
         tables = [
-            pa.concat_tables([b.select(types.names).cast(types) for b in read[f.path]])
-            if read[f.path]
+            pa.concat_tables([b.select(types.names).cast(types) for b in read.keys[f.path]])
+            if read.keys[f.path]
             else types.empty_table()
             for f in files
         ]
@@ -89,7 +98,8 @@ class Lookup:
 
         def found(i: int) -> Found | None:
             hits = (at[cuts[i] : cuts[i + 1]] - bounds[i]).astype(np.uint64)
-            old = deleted_positions(self.fs, self.root, files[i])
+            old = read.deleted.get(files[i].path)
+            old = deleted_positions(self.fs, self.root, files[i]) if old is None else old
             new = hits[~among(hits, old)]
             return _found(
                 files[i], tables[i].num_rows, old, new, lambda: tables[i].take(arrow_of(new.astype(np.int64)))

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_checkpoint.connectors.delta import storage as delta_storage
 from airflow_provider_checkpoint.connectors.delta.log_checks import LOG_DIR, LogState
+from airflow_provider_checkpoint.connectors.delta.lookups import ReadAhead
 from airflow_provider_checkpoint.exceptions import DocumentError
 
 if TYPE_CHECKING:
     import fsspec
-    import pyarrow as pa
     from deltalake import DeltaTable
 
     from airflow_provider_checkpoint.connectors.delta.log import Snapshot
@@ -36,11 +36,11 @@ _UNSET: Any = object()
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a stage's preparation read ahead (:mod:`.prepared`): the latest snapshot and the key columns of live
-    files (by path: the file's batches, as the lookups read them; none if not read ahead)."""
+    """What a stage's preparation read ahead (:mod:`.prepared`): the latest snapshot and what it read of live files
+    (none if not read ahead)."""
 
     snapshot: Snapshot
-    keys: dict[str, list[pa.Table]] = field(default_factory=dict)
+    read: ReadAhead = field(default_factory=ReadAhead)
 
 
 class OpenedTable:

@@ -2,7 +2,8 @@
 PostgreSQL, the GIL free). Nothing is written.
 
 What is prepared is what every upsert stage reads first: the table's log checked (:meth:`.OpenedTable.state`)
-and its latest snapshot (the live files, their links checked). The key columns of the live files are read ahead
+and its latest snapshot (the live files, their links checked). The key columns of the live files, and the positions
+their DVs delete, are read ahead
 for a table on local storage of at most :data:`PREPARED_KEY_ROWS` live rows. Which files the stage looks up (the
 bucket files of the changed keys' buckets, and the update files) is known only once the input is read; read
 ahead, the others are read for nothing. On local storage that costs a thread's bounded reading beside the
@@ -29,13 +30,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_provider_checkpoint.connectors.delta import log as delta_log
-from airflow_provider_checkpoint.connectors.delta.lookups import read_keys
+from airflow_provider_checkpoint.connectors.delta.lookups import ReadAhead, deleted_positions, read_keys
 from airflow_provider_checkpoint.connectors.delta.opened import OpenedTable, Prepared
 from airflow_provider_checkpoint.storage.paths import is_local
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from airflow_provider_checkpoint.connectors.delta.log import Snapshot
     from airflow_provider_checkpoint.dataflow.context import StepContext
 
@@ -82,12 +81,13 @@ def start(
         rows = [f.num_records for f in live]
         if not ahead or None in rows or sum(r or 0 for r in rows) > PREPARED_KEY_ROWS:
             return Prepared(latest)
-        keys: dict[str, list[pa.Table]] = {}
+        read = ReadAhead()
         for f in live:
             if stop.is_set():
-                return Prepared(latest, keys)
-            keys[f.path] = read_keys(table.fs, table.root, f, key_names)
-        return Prepared(latest, keys)
+                return Prepared(latest, read)
+            read.keys[f.path] = read_keys(table.fs, table.root, f, key_names)
+            read.deleted[f.path] = deleted_positions(table.fs, table.root, f)
+        return Prepared(latest, read)
 
     def run() -> None:
         try:

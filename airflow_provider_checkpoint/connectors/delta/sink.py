@@ -236,8 +236,8 @@ class DeltaTableSink(DeltaCommitter):
             held = [evolution.table_file(fs, root, f) for f in live.values()]
             rows = missing_columns.upsert_rows(f"Delta table {self.asset_uri()}", fs, held, rows, missing)
         if live:
-            keys = ahead.keys if ahead else {}
-            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes, keys)
+            read = ahead.read if ahead else None
+            staged = delta_upsert.stage(ctx, self.upsert, rows, fs, root, staging, live, self.inline_dv_bytes, read)
             commit = DeltaCommit(self._adds(fs, root, staging, staged.adds), staged.removes, staged.deletes, added)
             if commit.removes or commit.deletes:  # refused here, the checkpoint is aborted
                 delta_commit.check_staged(fs, root, self.asset_uri(), ctx.checkpoint_id, commit, seen, staged.known)

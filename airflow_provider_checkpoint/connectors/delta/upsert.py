@@ -44,7 +44,7 @@ from airflow_provider_checkpoint.connectors.delta.files import (
     update_file,
 )
 from airflow_provider_checkpoint.connectors.delta.log import DataFile, dv_id
-from airflow_provider_checkpoint.connectors.delta.lookups import Found, Lookup, deleted_positions, pq_file
+from airflow_provider_checkpoint.connectors.delta.lookups import Found, Lookup, ReadAhead, deleted_positions, pq_file
 from airflow_provider_checkpoint.fileio.arrow_numpy import arrow_of, numpy_of
 from airflow_provider_checkpoint.fileio.writes import write_parquet
 from airflow_provider_checkpoint.storage.object_store import open_sized
@@ -91,7 +91,7 @@ def stage(
     staging: str,
     live: dict[str, DataFile],
     inline_dv_bytes: int = 0,
-    keys_read: dict[str, list[pa.Table]] | None = None,
+    read: ReadAhead | None = None,
 ) -> StagedUpsert:
     """Stage the upsert of ``rows`` (the changed rows) into a table whose files are ``live``; refused
     (:mod:`.checks`) unless it leaves one live row per key. A row deleting its key (``upsert.delete_when``)
@@ -100,8 +100,8 @@ def stage(
     Changed rows the driver holds already (:meth:`BucketedUpsert.in_driver`), or up to
     ``upsert.driver_merge_rows`` collected in one Spark job, are written by the driver (pyarrow); more
     are written by the executors (Spark). New DVs up to ``inline_dv_bytes`` go inline into the log, the
-    others into one DV file of the checkpoint. ``keys_read``: the key columns of live files read already
-    (:func:`read_keys`, by path), the others are read here."""
+    others into one DV file of the checkpoint. ``read``: what was read of live files already (their key columns,
+    their DVs: :class:`.lookups.ReadAhead`), the others are read here."""
     import pyarrow as pa
 
     small = upsert.in_driver(rows)
@@ -129,7 +129,7 @@ def stage(
         candidates = [f for p, f in sorted(live.items()) if bucket_of_path(p) in affected or bucket_of_path(p) is None]
         changed = KeySet(keys.drop_columns([_BUCKET]), upsert.keys)
         key_types = keys.drop_columns([_BUCKET]).schema
-        found = Lookup(fs, root, changed, key_types).files(candidates, keys_read or {})
+        found = Lookup(fs, root, changed, key_types).files(candidates, read or ReadAhead())
         adds = writing.result() if writing is not None else adds
     document = f"Delta table {root}, checkpoint {ctx.checkpoint_id}"
     deleted = pa.concat_tables([f.keys for f in found]) if found else key_types.empty_table()
