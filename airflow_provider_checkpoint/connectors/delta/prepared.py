@@ -1,14 +1,13 @@
 """A Delta upsert sink's stage prepared on a thread while the step reads its input (a CDC source's peek waits on
 PostgreSQL, the GIL free). Nothing is written.
 
-What is prepared is what every upsert stage reads first: the table's log checked (:meth:`.OpenedTable.state`)
-and its latest snapshot (the live files, their links checked). The key columns of the live files, and the positions
-their DVs delete, are read ahead
-for a table on local storage of at most :data:`PREPARED_KEY_ROWS` live rows. Which files the stage looks up (the
-bucket files of the changed keys' buckets, and the update files) is known only once the input is read; read
-ahead, the others are read for nothing. On local storage that costs a thread's bounded reading beside the
-input's; on an object store it costs requests and bytes (all the bucket files where the stage may read one), so
-there the stage reads the files it looks up itself, and a preparation reads no data file.
+What is prepared is what every upsert stage reads first: the table's log checked (:meth:`.OpenedTable.state`) and
+its latest snapshot (the live files, their links checked). The key columns of the live files, and the positions
+their DVs delete, are read ahead for a table on local storage of at most :data:`PREPARED_KEY_ROWS` live rows. Which
+files the stage looks up (the bucket files of the changed keys' buckets, and the update files) is known only once
+the input is read; read ahead, the others are read for nothing. On local storage that costs a thread's bounded
+reading beside the input's; on an object store it costs requests and bytes (all the bucket files where the stage may
+read one), so there the stage reads the files it looks up itself, and a preparation reads no data file.
 
 The stage of the same step attempt takes the preparation (:func:`take`) once, if the log's latest version is
 still the one prepared: what it stages is then what it would have staged on its own reads (the same version, the
