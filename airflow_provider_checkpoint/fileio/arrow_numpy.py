@@ -32,7 +32,7 @@ def numpy_of(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
         if not len(array):
             return np.zeros(0, dtype=np.bool_)
         bits = np.unpackbits(np.frombuffer(data, np.uint8), count=array.offset + len(array), bitorder="little")
-        return bits[array.offset :].astype(np.bool_)
+        return bits[array.offset :].view(np.bool_)  # 0 and 1: bools as they are
     if not len(array):
         return np.zeros(0, dtype=dtype)
     return np.frombuffer(data, dtype, count=len(array), offset=array.offset * dtype.itemsize)

@@ -172,7 +172,7 @@ class _Reader:
                 )
             elif card + 1 > _ARRAY_MAX:
                 bits = np.unpackbits(np.frombuffer(self.take(8192), dtype=np.uint8), bitorder="little")
-                low = np.flatnonzero(bits).astype(np.uint32)
+                low = np.flatnonzero(bits.view(np.bool_)).astype(np.uint32)  # of bools: 10x faster than of bytes
             else:
                 low = np.frombuffer(self.take(2 * (card + 1)), dtype="<u2").astype(np.uint32)
             values.append(base | low)
