@@ -141,6 +141,11 @@ class LazyFrame:
         return self._frame
 
 
+def frame_of(data: DataFrame | LazyFrame) -> DataFrame:
+    """``data``'s DataFrame: a :class:`LazyFrame`'s made now (:meth:`LazyFrame.frame`)."""
+    return data.frame() if isinstance(data, LazyFrame) else data
+
+
 class SourceRows(LazyFrame):
     """A source's output read on the driver: ``rows``, exactly what the source's DataFrame gives as
     ``toArrow()``, of Spark columns ``schema`` (what that DataFrame's ``schema`` is). The DataFrame itself

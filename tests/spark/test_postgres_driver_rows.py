@@ -218,7 +218,7 @@ def test_the_driver_path_stages_what_spark_stages(
         ctx = step_context(spark, storage, 1)
         sink.prepare(ctx)
         read = SourceRows(df.toArrow(), df.schema, lambda: df)
-        sink.commit(1, sink.stage_source_rows(ctx, read) if path == "driver" else sink.stage(ctx, df))
+        sink.commit(1, sink.stage(ctx, read if path == "driver" else df))
         with postgres_server.connect() as db:
             cursor = db.execute(f"SELECT * FROM {pg_schema}.{name}")
             tables[path] = Counter(cursor.fetchall())
