@@ -232,11 +232,15 @@ def merge_on_driver(
     return snapshot, output, metrics, held
 
 
-def held_partials(node: StatefulOperator, held: Mapping[str, pa.Table] | None) -> pa.Table | None:
+def held_partials(
+    node: StatefulOperator, held: Mapping[str, pa.Table] | None, before: WatermarkProgress | None
+) -> pa.Table | None:
     """The per-key partials of ``node``'s one input computed by the driver (:meth:`StatefulOperator.partials_arrow`)
     from the rows its source read there (``held``, by source uid), when the driver hashes its keys as Spark does
-    (:func:`~airflow_provider_checkpoint.state.spark_hash.hashable`); ``None``: Spark computes them."""
-    if not held or len(node.inputs) != 1 or node.inputs[0].uid not in held:
+    (:func:`~airflow_provider_checkpoint.state.spark_hash.hashable`); ``None``: Spark computes them, as it does for an
+    operator with event time (``before``: the watermark before this checkpoint), whose partials leave out the rows late
+    by it (:meth:`StatefulOperator.partials_at`)."""
+    if before is not None or not held or len(node.inputs) != 1 or node.inputs[0].uid not in held:
         return None
     partials = node.partials_arrow(held[node.inputs[0].uid])
     return partials if partials is not None and hashable(partials, node.keys) else None
