@@ -23,6 +23,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -195,12 +196,15 @@ class TransactionalSink(Sink):
         """Refuse a target this sink must not write (e.g. not its format), before the claim touches it."""
 
     def stage(self, ctx: StepContext, data: DataFrame | LazyFrame) -> list[JsonDict]:
-        """Check the target, claim it, stage ``data``: rows its source read on the driver (:class:`SourceRows`)
-        go as they are to a sink that takes them (:meth:`takes_source_rows`; marked with soft deletes as
-        :meth:`written_input` marks a DataFrame: :meth:`.SoftDelete.marked`), and an upsert without soft deletes
-        takes a :class:`LazyFrame` as it is (:class:`UpsertRows`), so a writer merging the rows the driver holds
-        (:meth:`UpsertRows.held`) never makes its DataFrame; otherwise the DataFrame is made and staged."""
+        """Check the target, claim it, stage ``data``. A sink taking rows on the driver (:meth:`takes_source_rows`)
+        gets them as they are: a source's read there (:class:`SourceRows`; soft deletes marked as :meth:`written_input`
+        marks a DataFrame: :meth:`.SoftDelete.marked`) or an append's input merged there (:meth:`held_input`). An
+        upsert without soft deletes takes a :class:`LazyFrame` as it is (:class:`UpsertRows`), so a writer merging the
+        rows the driver holds (:meth:`UpsertRows.held`) never makes its DataFrame; otherwise the DataFrame is made."""
         self.check_target()
+        held = self.held_input(ctx) if self.mode == "append" and self.takes_source_rows() else None
+        if held is not None:  # taken as a source's rows read on the driver, their DataFrame made only if asked for
+            data = SourceRows(held, data.schema, partial(frame_of, data))
         read = data if isinstance(data, SourceRows) and self.takes_source_rows() else None
         if read is not None and self.soft_delete is not None:  # its refusals before the claim
             read = self.soft_delete.marked(self.uid, read)
@@ -212,9 +216,8 @@ class TransactionalSink(Sink):
         return self.write(ctx, frame_of(data)) if read is None else self.write_source_rows(ctx, read)
 
     def _upsert_rows(self, ctx: StepContext, data: DataFrame | LazyFrame, read: SourceRows | None) -> UpsertRows:
-        """The input of :meth:`write_upsert`: ``data`` with the rows the driver holds of it (unless soft deletes
-        marked ``data``: those are held unmarked) and its row count where the step knows them, or the rows
-        ``read`` on the driver."""
+        """The input of :meth:`write_upsert`: ``data`` with the rows the driver holds of it (unless soft deletes marked
+        it: those are held unmarked) and its row count where the step knows them, or the rows ``read`` on the driver."""
         upstream = self.inputs[0].uid
         held = None if self.soft_delete or read is not None else ctx.in_driver.get(upstream)
         count = read.rows.num_rows if read is not None else ctx.output_rows.get(upstream)
@@ -222,15 +225,13 @@ class TransactionalSink(Sink):
         return UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order(), held, count, read)
 
     def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
-        """Stage an append whose rows its source read on the driver (:meth:`takes_source_rows`); by default
-        :meth:`write` of the DataFrame of them."""
+        """Stage an append of rows on the driver (:meth:`stage`); by default :meth:`write` of their DataFrame."""
         return self.write(ctx, read.frame())
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
-        """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
-        them as they are, for a write from the driver: in append mode, or in upsert mode when they are
-        one row per key already (:meth:`needs_source_order` false). A sink that stages upserts by
-        bucket takes them through :class:`UpsertRows` instead. None with soft deletes (held unmarked)."""
+        """The input's rows the driver holds already (merged there), for a write from there: in append mode, or in
+        upsert mode when they are one row per key (:meth:`needs_source_order` false; a sink staging upserts by bucket
+        takes them through :class:`UpsertRows` instead). None with soft deletes (held unmarked)."""
         if self.needs_source_order() or self.soft_delete:
             return None
         held = ctx.in_driver.get(self.inputs[0].uid)
