@@ -51,6 +51,16 @@ def estimated_bytes(df: DataFrame) -> int | None:
     return None if explain is None else explained_bytes(explain(mode="cost"))
 
 
+def rows_then_bytes_within(rows: int | None, max_rows: int, size: Callable[[], int | None], max_bytes: int) -> bool:
+    """Whether an input may be taken into the driver by two bounds, checked in turn: ``rows`` known (``None``: not)
+    and at most ``max_rows``, then (asked only then) ``size`` known and at most ``max_bytes``, e.g. Spark's estimate
+    (:func:`estimated_bytes`, which may cost a call to the server). A bound of 0: never."""
+    if not max_rows or not max_bytes or rows is None or rows > max_rows:
+        return False
+    estimate = size()
+    return estimate is not None and estimate <= max_bytes
+
+
 _RANGE_SPLITS = re.compile(r"\bRange \(0, 1, step=1, splits=([0-9]+)\)")
 
 
@@ -139,6 +149,11 @@ class LazyFrame:
         if self._frame is None:
             self._frame = self.build()
         return self._frame
+
+
+def frame_of(data: DataFrame | LazyFrame) -> DataFrame:
+    """``data``'s DataFrame: a :class:`LazyFrame`'s made now (:meth:`LazyFrame.frame`)."""
+    return data.frame() if isinstance(data, LazyFrame) else data
 
 
 class SourceRows(LazyFrame):

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame
     from airflow_provider_checkpoint.storage import JobStorage
 
 Housekeeping = Callable[[], None]
@@ -121,18 +121,12 @@ class Sink(StepOutput):
         can be told (a missing bucket, denied access) becomes one naming the target and the fix. No-op here."""
         yield
 
-    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+    def stage(self, ctx: StepContext, data: DataFrame | LazyFrame) -> list[JsonDict]:
+        """Stage the checkpoint's output ``data`` and return the committables. ``data`` is the input's DataFrame, or
+        a :class:`~.driver_rows.LazyFrame` whose DataFrame is made only if the sink asks for it
+        (:func:`~.driver_rows.frame_of`): the rows its source read on the driver (:class:`~.driver_rows.SourceRows`,
+        when :meth:`takes_source_rows`), an operator's output merged on the driver (:attr:`StepContext.in_driver`)."""
         raise NotImplementedError
-
-    def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
-        """:meth:`stage` of the rows its source read on the driver (when :meth:`takes_source_rows`); here
-        their DataFrame staged."""
-        return self.stage(ctx, read.frame())
-
-    def stage_output(self, ctx: StepContext, output: LazyFrame) -> list[JsonDict]:
-        """:meth:`stage` of an input whose DataFrame is made only if asked for (an operator merged on the driver,
-        whose rows the driver holds: :attr:`StepContext.in_driver`); here made and staged."""
-        return self.stage(ctx, output.frame())
 
     def commit(self, checkpoint_id: int, committables: list[JsonDict]) -> None:
         raise NotImplementedError

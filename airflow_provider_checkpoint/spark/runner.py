@@ -17,7 +17,7 @@ from airflow_provider_checkpoint.core.model import Ack, CheckpointPlan, JsonDict
 from airflow_provider_checkpoint.core.settings import CheckpointSettings
 from airflow_provider_checkpoint.dataflow.channel import Channel
 from airflow_provider_checkpoint.dataflow.context import StepContext
-from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
+from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows, frame_of
 from airflow_provider_checkpoint.dataflow.graph import (
     Node,
     Sink,
@@ -260,7 +260,14 @@ class _StepRun(StepWalk):
 
     def output(self, uid: str) -> DataFrame:
         """Node ``uid``'s output DataFrame, made now if it was lazy (:class:`LazyFrame`)."""
-        return self.lazy[uid].frame() if uid in self.lazy else self.outputs[uid]
+        return frame_of(self.given(uid))
+
+    def given(self, uid: str) -> DataFrame | LazyFrame:
+        """Node ``uid``'s output as the step has it, for a sink to take as it can (:meth:`Sink.stage`): the rows
+        its source read on the driver, an output whose DataFrame is made only if asked for, or its DataFrame."""
+        if uid in self.read_on_driver:
+            return self.read_on_driver[uid]
+        return self.lazy[uid] if uid in self.lazy else self.outputs[uid]
 
     def _counted(self, consumer: str) -> None:
         """After ``consumer``'s one pass over a source read once: that source counted and checked."""
@@ -291,15 +298,7 @@ class _StepRun(StepWalk):
         before = _counts(self.ctx.metrics)
         try:
             with node.storage_errors():
-                upstream = node.inputs[0].uid
-                read, lazy = self.read_on_driver.get(upstream), self.lazy.get(upstream)
-                if read is not None:
-                    staged = node.stage_source_rows(self.ctx, read)
-                elif lazy is not None:  # the sink makes its DataFrame only if it does not take the driver's rows
-                    staged = node.stage_output(self.ctx, lazy)
-                else:
-                    staged = node.stage(self.ctx, self.input_of(node))
-                self.committables[node.uid] = staged
+                self.committables[node.uid] = node.stage(self.ctx, self.given(node.inputs[0].uid))
         except SinkSchemaError as e:  # the other sinks are still checked, so one message names every misfit
             self.refused.append(e)
             return

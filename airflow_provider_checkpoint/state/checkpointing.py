@@ -159,11 +159,10 @@ def _checkpoint_operator(
     incremental = settings.incremental_state and settings.max_inline_state is None and node.one_row_per_key
     layout = StateLayout.of(restored) if restored is not None and own and incremental else None
     closing = None if watermarks is None else closing_column(node, watermarks[1])
+    before = None if watermarks is None else watermarks[0]
     if layout is not None and restored is not None and not layout.wants_more_ranges(restored.rows):
         # a small state merges on the driver, compacting every range that is due (all of them too)
-        before = None if watermarks is None else watermarks[0]
-        computed = held_partials(node, held) if watermarks is None else None
-        partials = driver_partials(node, inputs, restored, settings, before, computed)
+        partials = driver_partials(node, inputs, restored, settings, before, held_partials(node, held, before))
         if partials is not None:  # only then the operator's closing (a KeyedProcess has none to merge at)
             closes = None if watermarks is None else Closing.of(node, watermarks[1])
             operator = _OperatorState(storage, directory, checkpoint_id, node, restored, where, closing)
@@ -191,8 +190,8 @@ def _checkpoint_operator(
         if merged is not None:
             return OperatorCheckpoint(*merged)
     if restored is None and forms:
-        at = {**where, "checkpoint": checkpoint_id}
-        first = first_version_on_driver(storage, directory, node, inputs, settings, at, held_partials(node, held))
+        at, computed = {**where, "checkpoint": checkpoint_id}, held_partials(node, held, before)
+        first = first_version_on_driver(storage, directory, node, inputs, settings, at, computed)
         first = first or first_full_version(storage, directory, node, inputs, settings, at)
         if first is not None:
             return first

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from airflow_provider_checkpoint.dataflow.driver_rows import KEY_HASH, DriverRows, LazyFrame, estimated_bytes, key_hash
+from airflow_provider_checkpoint.dataflow.driver_rows import (
+    KEY_HASH,
+    DriverRows,
+    LazyFrame,
+    estimated_bytes,
+    key_hash,
+    rows_then_bytes_within,
+)
 from airflow_provider_checkpoint.dataflow.operator import NEW, Ranges, StatefulOperator
 from airflow_provider_checkpoint.fileio.frames import arrow_frame
 from airflow_provider_checkpoint.fileio.scans import as_nullable
@@ -75,14 +82,13 @@ def within_driver_bounds(
     ``driver_merge_rows`` rows. Never with ``driver_merge_rows`` 0, without incremental state or with inline state."""
     if not settings.driver_merge_rows or not settings.incremental_state or settings.max_inline_state is not None:
         return False
-    if not first and (state_rows is None or state_rows > settings.driver_merge_rows):
-        return False
+    if not first:
+        return rows_then_bytes_within(state_rows, settings.driver_merge_rows, input_bytes, DRIVER_INPUT_BYTES)
     size = input_bytes()
     if size is None:
         return False
-    if size <= DRIVER_INPUT_BYTES or not first:
-        return size <= DRIVER_INPUT_BYTES
-    return size <= FIRST_STATE_INPUT_BYTES and (state_rows is None or state_rows <= settings.driver_merge_rows)
+    rows_within = state_rows is None or state_rows <= settings.driver_merge_rows
+    return size <= DRIVER_INPUT_BYTES or (size <= FIRST_STATE_INPUT_BYTES and rows_within)
 
 
 def input_size(inputs: Iterable[DataFrame]) -> int | None:
@@ -232,11 +238,15 @@ def merge_on_driver(
     return snapshot, output, metrics, held
 
 
-def held_partials(node: StatefulOperator, held: Mapping[str, pa.Table] | None) -> pa.Table | None:
+def held_partials(
+    node: StatefulOperator, held: Mapping[str, pa.Table] | None, before: WatermarkProgress | None
+) -> pa.Table | None:
     """The per-key partials of ``node``'s one input computed by the driver (:meth:`StatefulOperator.partials_arrow`)
     from the rows its source read there (``held``, by source uid), when the driver hashes its keys as Spark does
-    (:func:`~airflow_provider_checkpoint.state.spark_hash.hashable`); ``None``: Spark computes them."""
-    if not held or len(node.inputs) != 1 or node.inputs[0].uid not in held:
+    (:func:`~airflow_provider_checkpoint.state.spark_hash.hashable`); ``None``: Spark computes them, as it does for an
+    operator with event time (``before``: the watermark before this checkpoint), whose partials leave out the rows late
+    by it (:meth:`StatefulOperator.partials_at`)."""
+    if before is not None or not held or len(node.inputs) != 1 or node.inputs[0].uid not in held:
         return None
     partials = node.partials_arrow(held[node.inputs[0].uid])
     return partials if partials is not None and hashable(partials, node.keys) else None

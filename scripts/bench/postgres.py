@@ -122,7 +122,7 @@ def _load(
     """One checkpoint through the sink as a step and finalize run it: ``prepare`` + ``stage`` (the step),
     ``verify_staged`` (finalize, before ``_metadata``), ``commit``; seconds of each. The step has the rows as
     ``feed`` (:data:`FEEDS`) gives them: with :data:`DRIVER`, as a source read on the driver hands them
-    (``stage_source_rows``, ``df.toArrow()``, made before the clock starts)."""
+    (``stage`` of ``SourceRows``, ``df.toArrow()``, made before the clock starts)."""
     from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
     from tests.spark.helpers import step_context  # the step context the Spark tests build
 
@@ -139,7 +139,7 @@ def _load(
     spark._jvm.System.gc()  # type: ignore[union-attr]  # not the previous load's garbage in this one's time
     started = time.perf_counter()
     sink.prepare(ctx)
-    committables = sink.stage(ctx, df) if read is None else sink.stage_source_rows(ctx, read)
+    committables = sink.stage(ctx, df if read is None else read)
     figures = {"rows": len(batch), "stage_s": elapsed(started), **({"to_arrow_s": to_arrow} if driver else {})}
     started = time.perf_counter()
     sink.verify_staged(checkpoint_id, committables)

@@ -204,7 +204,7 @@ class Harness:
         if self.config.driver:
             from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 
-            return self.sink.stage_source_rows(ctx, SourceRows(df.toArrow(), df.schema, lambda: df))
+            return self.sink.stage(ctx, SourceRows(df.toArrow(), df.schema, lambda: df))
         if self.config.collected:  # as a stateful operator's output: its count known, Spark's estimate of its size
             df = df.cache()
             ctx.output_rows["src"] = df.count()

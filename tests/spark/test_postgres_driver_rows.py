@@ -8,7 +8,8 @@ ties in ``sequence_by``, deletes and one checkpoint above a sink's ``driver_rows
 that bound is for rows collected out of Spark). After every
 checkpoint each table, read with psycopg, equals a plain-Python model of the rule. Then Hypothesis feeds the same
 random rows to a sink through the driver path and to a twin through Spark: the two tables are equal, and equal
-to the model.
+to the model. An append of a keyed aggregate merged on the driver stages the merged rows from there too, with no
+DataFrame made of them, and equals the same pipeline merged by Spark.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_checkpoint.connectors.postgres import staging
 from airflow_provider_checkpoint.connectors.postgres.sink import PostgresTableSink
-from airflow_provider_checkpoint.dataflow import FileSource
+from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate
 from airflow_provider_checkpoint.dataflow.driver_rows import SourceRows
 from airflow_provider_checkpoint.dataflow.graph import Source
 from airflow_provider_checkpoint.exceptions import SinkValueError
@@ -218,7 +219,7 @@ def test_the_driver_path_stages_what_spark_stages(
         ctx = step_context(spark, storage, 1)
         sink.prepare(ctx)
         read = SourceRows(df.toArrow(), df.schema, lambda: df)
-        sink.commit(1, sink.stage_source_rows(ctx, read) if path == "driver" else sink.stage(ctx, df))
+        sink.commit(1, sink.stage(ctx, read if path == "driver" else df))
         with postgres_server.connect() as db:
             cursor = db.execute(f"SELECT * FROM {pg_schema}.{name}")
             tables[path] = Counter(cursor.fetchall())
@@ -332,3 +333,43 @@ def test_a_dataframe_collected_into_the_driver_stages_what_its_executors_stage(
             with pytest.raises(SinkValueError, match="staged twice"):
                 sink.stage(ctx, df)
         assert from_driver == ["driver"], from_driver
+
+
+def test_an_append_of_an_operator_merged_on_the_driver_is_staged_from_there_with_no_dataframe(
+    spark, postgres_server, pg_schema, tmp_path, from_driver, monkeypatch
+) -> None:
+    """A keyed aggregate merged on the driver feeding a PostgreSQL append: the sink ``COPY``s the merged rows the
+    driver holds, as it does a source's rows read there, and no Arrow rows reach the JVM (``createDataFrame``, as
+    tests/spark/test_step_jobs.py checks for an upsert). Over a first checkpoint and a merge (null key parts, keys
+    repeated across checkpoints) its table, read with psycopg, equals that of the same pipeline merged by Spark
+    (``driver_merge_rows=0``) and staged by its executors (``driver_rows=0``)."""
+    sent: list[int] = []  # rows of every Arrow table handed to the JVM
+    create = spark.createDataFrame
+
+    def counted(data: object, *args: object, **kwargs: object) -> object:
+        sent.extend([data.num_rows] if isinstance(data, pa.Table) else [])
+        return create(data, *args, **kwargs)
+
+    monkeypatch.setattr(spark, "createDataFrame", counted)
+
+    def declare(base: Path) -> None:
+        events = FileSource("events", f"{base}/landing", "parquet", SCHEMA)
+        totals = KeyedAggregate("totals", events, keys=KEYS, aggs={"n": "count", "top": "max(v)"})
+        driver_rows = 10**6 if base.name == "driver" else 0  # the twin: its executors COPY the rows
+        PostgresTableSink("appended", totals, "pg_test", f"{pg_schema}.{base.name}", driver_rows=driver_rows)
+
+    jobs = {
+        path: make_job(spark, tmp_path / path, declare, inline_state_threshold=0, driver_merge_rows=m)
+        for path, m in [("driver", 10**6), ("spark", 0)]
+    }
+    columns = [*KEYS, "n", "top", "_checkpoint_id"]
+    for checkpoint_id, n in enumerate([60, 40], start=1):
+        for path, job in jobs.items():
+            _land(tmp_path / path / "landing", n, seed=checkpoint_id)
+            from_driver.clear()
+            completed = job.checkpoint()
+            merged = any(m.get("state_merged_on_driver") for m in completed.stats["steps"].values())
+            assert merged is (path == "driver") and (from_driver == ["appended"]) is merged, (checkpoint_id, path)
+        assert not sent, (checkpoint_id, sent)
+        tables = {path: _select(postgres_server, f"{pg_schema}.{path}", columns) for path in jobs}
+        assert tables["driver"] == tables["spark"] and len(tables["driver"]) > 0, checkpoint_id

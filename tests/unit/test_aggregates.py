@@ -7,9 +7,11 @@ import random
 import pyarrow as pa
 import pytest
 
+from airflow_provider_checkpoint.core.event_time import WatermarkProgress
 from airflow_provider_checkpoint.dataflow import FileSource, KeyedAggregate
 from airflow_provider_checkpoint.dataflow.operator import NEW
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
+from airflow_provider_checkpoint.state.driver_merge import held_partials
 
 AGGS = {
     "n": "count",
@@ -167,3 +169,18 @@ def test_sketches_and_sets_are_merged_by_spark_only():
     assert node.partials({}) is None
     node = aggregate({"users": "approx_count_distinct(user)"})
     assert node.partials({}) is None
+
+
+def test_the_driver_reduces_held_rows_only_for_an_operator_without_event_time():
+    """:func:`held_partials` of rows a source read on the driver: the partials without a watermark; none with one
+    (``before``: an operator with event time, whose partials leave late rows out), so Spark computes those."""
+    node = aggregate({"n": "count", "last": "max(ts)"})
+    rows = pa.Table.from_pylist(
+        [{"user": "a", "page": "p", "amount": 1, "ts": 5}, {"user": "a", "page": "q", "amount": 2, "ts": 7}],
+        pa.schema([("user", pa.string()), ("page", pa.string()), ("amount", pa.int64()), ("ts", pa.int64())]),
+    )
+    partials = held_partials(node, {"events": rows}, None)
+    assert partials is not None and partials.select(["user", "n", "last"]).to_pylist() == [
+        {"user": "a", "n": 2, "last": 7}
+    ]
+    assert held_partials(node, {"events": rows}, WatermarkProgress()) is None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_checkpoint.state import incremental
+from airflow_provider_checkpoint.core.settings import CheckpointSettings
+from airflow_provider_checkpoint.state import driver_merge, incremental
 from airflow_provider_checkpoint.state.handles import InlineState, OperatorSnapshot, StateHandle
 from airflow_provider_checkpoint.state.incremental import StateLayout, merge_order, ranges_for
 from airflow_provider_checkpoint.state.keygroups import range_for_index
@@ -105,3 +106,26 @@ def test_merge_order_reads_full_versions_then_deltas_by_checkpoint() -> None:
     files = (handle(5, 0, 1, delta=True), handle(1, 0, 1), handle(3, 0, 1, delta=True))
     base, deltas = merge_order(files)
     assert [h.delta for h in base] == [None] and [c for c, _ in deltas] == [3, 5]
+
+
+def test_a_merge_on_the_driver_is_bounded_by_the_state_s_rows_then_the_input_s_bytes():
+    """:func:`~.driver_merge.within_driver_bounds`: a later merge needs the restored state's rows known and at most
+    ``driver_merge_rows``, then (the input's size asked only then) an input of at most ``DRIVER_INPUT_BYTES``; a first
+    state an input of at most that, or of at most ``FIRST_STATE_INPUT_BYTES`` into rows estimated (or not yet known)
+    at most ``driver_merge_rows``; never with ``driver_merge_rows`` 0."""
+    small, large = driver_merge.DRIVER_INPUT_BYTES, driver_merge.FIRST_STATE_INPUT_BYTES
+    settings, asked = CheckpointSettings(driver_merge_rows=10), list[int | None]()
+
+    def within(rows: int | None, size: int | None, first: bool, config: CheckpointSettings = settings) -> bool:
+        return driver_merge.within_driver_bounds(config, rows, lambda: asked.append(size) or size, first)
+
+    assert within(10, small, False) and within(0, 0, False)
+    assert not within(10, small + 1, False) and not within(10, None, False)
+    asked.clear()
+    assert not within(11, 1, False) and not within(None, 1, False) and asked == []
+    assert (
+        within(None, small, True) and within(11, small, True) and within(None, large, True) and within(10, large, True)
+    )
+    assert not within(11, large, True) and not within(None, large + 1, True) and not within(None, None, True)
+    assert not within(0, 0, False, CheckpointSettings(driver_merge_rows=0))
+    assert not within(None, 0, True, CheckpointSettings(driver_merge_rows=0))

@@ -23,6 +23,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -34,6 +35,7 @@ from airflow_provider_checkpoint.connectors.base.table_urls import table_url, ur
 from airflow_provider_checkpoint.connectors.base.upsert_rule import UpsertRows, check_delete_when, check_key_columns
 from airflow_provider_checkpoint.core.documents import load_json
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows, frame_of
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
 from airflow_provider_checkpoint.dataflow.sink import Housekeeping
 from airflow_provider_checkpoint.exceptions import (
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
 
     from airflow_provider_checkpoint.connectors.base.bucketed import BucketedUpsert
     from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
 
 log = logging.getLogger(__name__)
 
@@ -194,59 +195,43 @@ class TransactionalSink(Sink):
     def check_target(self) -> None:
         """Refuse a target this sink must not write (e.g. not its format), before the claim touches it."""
 
-    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+    def stage(self, ctx: StepContext, data: DataFrame | LazyFrame) -> list[JsonDict]:
+        """Check the target, claim it, stage ``data``. A sink taking rows on the driver (:meth:`takes_source_rows`)
+        gets them as they are: a source's read there (:class:`SourceRows`; soft deletes marked as :meth:`written_input`
+        marks a DataFrame: :meth:`.SoftDelete.marked`) or an append's input merged there (:meth:`held_input`). An
+        upsert without soft deletes takes a :class:`LazyFrame` as it is (:class:`UpsertRows`), so a writer merging the
+        rows the driver holds (:meth:`UpsertRows.held`) never makes its DataFrame; otherwise the DataFrame is made."""
         self.check_target()
-        df = self.written_input(df)  # its refusals before the claim
+        held = self.held_input(ctx) if self.mode == "append" and self.takes_source_rows() else None
+        if held is not None:  # taken as a source's rows read on the driver, their DataFrame made only if asked for
+            data = SourceRows(held, data.schema, partial(frame_of, data))
+        read = data if isinstance(data, SourceRows) and self.takes_source_rows() else None
+        if read is not None and self.soft_delete is not None:  # its refusals before the claim
+            read = self.soft_delete.marked(self.uid, read)
+        elif read is None and (self.mode != "upsert" or self.soft_delete is not None):
+            data = self.written_input(frame_of(data))  # its refusals before the claim
         self.claim(ctx.plan.job_id)
         if self.mode == "upsert":
-            return self.write_upsert(ctx, self._upsert_rows(ctx, df))
-        return self.write(ctx, df)
+            return self.write_upsert(ctx, self._upsert_rows(ctx, data, read))
+        return self.write(ctx, frame_of(data)) if read is None else self.write_source_rows(ctx, read)
 
-    def stage_output(self, ctx: StepContext, output: LazyFrame) -> list[JsonDict]:
-        """:meth:`stage` of an input whose DataFrame is made only if asked for: an upsert without soft deletes
-        takes it as it is (:class:`UpsertRows`), so a writer that merges the rows the driver holds
-        (:meth:`UpsertRows.held`) never makes it; otherwise the DataFrame is made and staged."""
-        if self.mode != "upsert" or self.soft_delete is not None:
-            return self.stage(ctx, output.frame())
-        self.check_target()
-        self.claim(ctx.plan.job_id)
-        return self.write_upsert(ctx, self._upsert_rows(ctx, output))
-
-    def _upsert_rows(
-        self, ctx: StepContext, df: DataFrame | LazyFrame | None, read: SourceRows | None = None
-    ) -> UpsertRows:
-        """The input of :meth:`write_upsert`: ``df`` with the rows the driver holds of it (unless soft deletes
-        marked ``df``: those are held unmarked) and its row count where the step knows them, or the rows
-        ``read`` on the driver."""
+    def _upsert_rows(self, ctx: StepContext, data: DataFrame | LazyFrame, read: SourceRows | None) -> UpsertRows:
+        """The input of :meth:`write_upsert`: ``data`` with the rows the driver holds of it (unless soft deletes marked
+        it: those are held unmarked) and its row count where the step knows them, or the rows ``read`` on the driver."""
         upstream = self.inputs[0].uid
         held = None if self.soft_delete or read is not None else ctx.in_driver.get(upstream)
         count = read.rows.num_rows if read is not None else ctx.output_rows.get(upstream)
+        df = None if read is not None else data
         return UpsertRows(self.uid, df, self.keys, self.sequence_by, self.needs_source_order(), held, count, read)
 
-    def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
-        """:meth:`stage` of the rows the source read on the driver: a sink that takes them there
-        (:meth:`takes_source_rows`) gets them as they are (marked with soft deletes as :meth:`written_input`
-        marks a DataFrame: :meth:`.SoftDelete.marked`), their DataFrame made only if it falls back to Spark."""
-        if not self.takes_source_rows():
-            return self.stage(ctx, read.frame())
-        self.check_target()
-        if self.soft_delete is not None:  # its refusals before the claim
-            read = self.soft_delete.marked(self.uid, read)
-        self.claim(ctx.plan.job_id)
-        if self.mode != "upsert":
-            return self.write_source_rows(ctx, read)
-        return self.write_upsert(ctx, self._upsert_rows(ctx, None, read))
-
     def write_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
-        """Stage an append whose rows its source read on the driver (:meth:`takes_source_rows`); by default
-        :meth:`write` of the DataFrame of them."""
+        """Stage an append of rows on the driver (:meth:`stage`); by default :meth:`write` of their DataFrame."""
         return self.write(ctx, read.frame())
 
     def held_input(self, ctx: StepContext) -> pa.Table | None:
-        """The input's rows when the driver holds them already (merged there) and :meth:`write` takes
-        them as they are, for a write from the driver: in append mode, or in upsert mode when they are
-        one row per key already (:meth:`needs_source_order` false). A sink that stages upserts by
-        bucket takes them through :class:`UpsertRows` instead. None with soft deletes (held unmarked)."""
+        """The input's rows the driver holds already (merged there), for a write from there: in append mode, or in
+        upsert mode when they are one row per key (:meth:`needs_source_order` false; a sink staging upserts by bucket
+        takes them through :class:`UpsertRows` instead). None with soft deletes (held unmarked)."""
         if self.needs_source_order() or self.soft_delete:
             return None
         held = ctx.in_driver.get(self.inputs[0].uid)

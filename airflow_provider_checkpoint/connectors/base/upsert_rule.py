@@ -167,10 +167,10 @@ class UpsertRows:
         return None if self.read is None else self.read.rows
 
     def _df(self) -> DataFrame:
-        from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame
+        from airflow_provider_checkpoint.dataflow.driver_rows import frame_of
 
         assert self.df is not None  # __post_init__: one of the two
-        return self.df.frame() if isinstance(self.df, LazyFrame) else self.df
+        return frame_of(self.df)
 
     def data(self) -> DataFrame:
         """The input as a DataFrame Spark reads (made now from rows read on the driver)."""

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
-    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame, SourceRows
+    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame
 
 FORMAT = "delta_table"
 _DV_PROPERTY = "delta.enableDeletionVectors"
@@ -175,21 +175,10 @@ class DeltaTableSink(DeltaCommitter):
         with self.opened(delta_prepared.take(self, ctx)):
             yield
 
-    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+    def stage(self, ctx: StepContext, data: DataFrame | LazyFrame) -> list[JsonDict]:
         """Check the target, claim it, stage the checkpoint's files: the table opened once (:mod:`.opened`)."""
         with self._staging(ctx):
-            return super().stage(ctx, df)
-
-    def stage_source_rows(self, ctx: StepContext, read: SourceRows) -> list[JsonDict]:
-        """:meth:`stage` of rows read on the driver: the table opened once (:mod:`.opened`)."""
-        with self._staging(ctx):
-            return super().stage_source_rows(ctx, read)
-
-    def stage_output(self, ctx: StepContext, output: LazyFrame) -> list[JsonDict]:
-        """:meth:`stage` of an input whose DataFrame is made only if asked for: the table opened once
-        (:mod:`.opened`)."""
-        with self._staging(ctx):
-            return super().stage_output(ctx, output)
+            return super().stage(ctx, data)
 
     @in_call
     def check_input(self, df: DataFrame) -> None:

@@ -37,6 +37,7 @@ from airflow_provider_checkpoint.connectors.kafka.sizes import check_sizes
 from airflow_provider_checkpoint.core.checksums import checksum_of
 from airflow_provider_checkpoint.core.documents import Fields
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.driver_rows import frame_of
 from airflow_provider_checkpoint.dataflow.graph import Node, Sink
 from airflow_provider_checkpoint.exceptions import (
     DocumentError,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
     from airflow_provider_checkpoint.dataflow.context import StepContext
+    from airflow_provider_checkpoint.dataflow.driver_rows import LazyFrame
     from airflow_provider_checkpoint.storage import JobStorage
 
 log = logging.getLogger(__name__)
@@ -253,27 +255,27 @@ class KafkaSink(Sink):
     def staged_file(self, ctx: StepContext) -> str:
         return f"{ctx.attempt_dir}/kafka-{self.uid}.parquet"
 
-    def stage(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
+    def stage(self, ctx: StepContext, data: DataFrame | LazyFrame) -> list[JsonDict]:
         """Stage the records in the checkpoint's attempt directory; they pass through the driver (as they do
         at the commit, where one producer sends them)."""
         import pyarrow.parquet as pq
 
         self.bind_job(ctx.plan.job_id)
-        rows = self.records(df).toArrow().cast(staged_schema())
+        rows = self.records(frame_of(data)).toArrow().cast(staged_schema())
         if rows.num_rows:
             partitions, limit = self._step_facts(ctx)
             self._check_partitions(rows, partitions)
             check_sizes(self.uid, self.topic, rows, limit, self.config(), self.kafka_config_id)
         buffer = io.BytesIO()
         pq.write_table(rows, buffer)
-        data = buffer.getvalue()
+        staged = buffer.getvalue()
         relative = self.staged_file(ctx)
-        ctx.storage.write_atomic(relative, data)
+        ctx.storage.write_atomic(relative, staged)
         ctx.add_metric("sink_rows", rows.num_rows)
         ctx.add_metric("sink_files_staged", 1)
-        ctx.add_metric("sink_bytes_staged", len(data))
+        ctx.add_metric("sink_bytes_staged", len(staged))
         committable = {"checkpoint_id": ctx.checkpoint_id, "file": relative, "records": rows.num_rows}
-        return [{**committable, "checksum": checksum_of([data]), "token": new_token(time.time())}]
+        return [{**committable, "checksum": checksum_of([staged]), "token": new_token(time.time())}]
 
     def _check_partitions(self, rows: pa.Table, count: int) -> None:
         """A partition column's values must be partitions of the topic: refused in the step, not at the commit

@@ -40,6 +40,7 @@ from airflow_provider_checkpoint.connectors.postgres import sql as pg
 from airflow_provider_checkpoint.connectors.postgres import staging, target
 from airflow_provider_checkpoint.connectors.postgres.committer import PostgresCommitter
 from airflow_provider_checkpoint.core.model import JsonDict
+from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes, rows_then_bytes_within
 from airflow_provider_checkpoint.dataflow.graph import Node
 from airflow_provider_checkpoint.exceptions import PipelineDefinitionError
 
@@ -202,8 +203,6 @@ class PostgresTableSink(PostgresCommitter):
     def write(self, ctx: StepContext, df: DataFrame) -> list[JsonDict]:
         """Stage ``df`` by its executors' ``COPY``, or from the driver: the rows it holds (:meth:`held_input`), or,
         an append of a small input (:meth:`_collects`), ``df`` collected there."""
-        from airflow_provider_checkpoint.dataflow.driver_rows import estimated_bytes
-
         held = self.held_input(ctx)
         count = ctx.output_rows.get(self.inputs[0].uid)
         if held is None and self.mode == "append" and self._collects(count, lambda: estimated_bytes(df)):
@@ -217,10 +216,7 @@ class PostgresTableSink(PostgresCommitter):
         ``toArrow()`` then one ``COPY`` stream per driver thread cost less than the executors' ``COPY``, whose
         Python workers take the rows in Arrow batches from the JVM too and each open a connection
         (docs/benchmarks.md)."""
-        if not self.driver_rows or not self.driver_bytes or count is None or count > self.driver_rows:
-            return False
-        estimate = size()
-        return estimate is not None and estimate <= self.driver_bytes
+        return rows_then_bytes_within(count, self.driver_rows, size, self.driver_bytes)
 
     def _collected(self, collect: Callable[[], pa.Table | None]) -> pa.Table | None:
         """The rows of a DataFrame input in the driver, in its order, by ``collect`` (one Spark job, ``toArrow()``),
