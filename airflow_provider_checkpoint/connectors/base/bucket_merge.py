@@ -216,8 +216,8 @@ DENSE_KEY_SPAN = 1 << 24
 @dataclass(frozen=True)
 class IntKeys:
     """One integer key column's non-null values, indexed for lookups: a bitmap over their span (``bitmap[v -
-    lowest]`` tells whether ``v`` is one) when it is at most :data:`DENSE_KEY_SPAN`, made without a sort; else the
-    values sorted."""
+    lowest]`` tells whether ``v`` is one; one ``False`` after the span, which every value outside it looks up) when
+    the span is at most :data:`DENSE_KEY_SPAN`, made without a sort; else the values sorted."""
 
     nulls: int
     repeats: bool
@@ -231,7 +231,7 @@ class IntKeys:
         import numpy as np
 
         if self.bitmap is not None:
-            return _in_dense(values, self.lowest, self.bitmap)
+            return self.bitmap[np.minimum(_offsets(values, self.lowest), np.uint64(len(self.bitmap) - 1))]
         assert self.ordered is not None  # one of the two
         if not len(self.ordered):
             return np.zeros(len(values), dtype=bool)
@@ -260,7 +260,7 @@ def int_keys(table: pa.Table, keys: Sequence[str]) -> IntKeys | None:
     values = numpy_of(column.drop_null())
     lowest, highest = (int(values.min()), int(values.max())) if len(values) else (0, -1)
     if len(values) and highest - lowest < DENSE_KEY_SPAN:
-        bitmap = np.zeros(highest - lowest + 1, dtype=bool)
+        bitmap = np.zeros(highest - lowest + 2, dtype=bool)
         bitmap[_offsets(values, lowest)] = True
         index = IntKeys(column.null_count, int(np.count_nonzero(bitmap)) < len(values), lowest, bitmap, None)
     else:
@@ -271,23 +271,13 @@ def int_keys(table: pa.Table, keys: Sequence[str]) -> IntKeys | None:
 
 
 def _offsets(values: np.ndarray, lowest: int) -> np.ndarray:
-    """``values - lowest`` for integer ``values`` at least ``lowest`` and less than :data:`DENSE_KEY_SPAN` above
-    it, without overflow: in 64 bits of the values' signedness."""
+    """``values - lowest`` of integer ``values`` as unsigned 64-bit integers, modulo 2**64 (no overflow): a value at
+    least ``lowest`` and less than ``n`` above it gives its offset, below or above that one at least ``n`` (``n``
+    up to 2**63)."""
     import numpy as np
 
-    wide = np.uint64 if values.dtype.kind == "u" else np.int64
-    return (values.astype(wide) - wide(lowest)).astype(np.int64)
-
-
-def _in_dense(values: np.ndarray, lowest: int, bitmap: np.ndarray) -> np.ndarray:
-    """Per value of ``values`` (integers of the keys' type): whether ``bitmap`` (an :class:`IntKeys`') holds it."""
-    import numpy as np
-
-    inside = (values >= lowest) & (values <= lowest + len(bitmap) - 1)
-    out = np.zeros(len(values), dtype=bool)
-    at = np.flatnonzero(inside)
-    out[at] = bitmap[_offsets(values[at], lowest)]
-    return out
+    wide = values.astype(np.uint64 if values.dtype.kind == "u" else np.int64, copy=False)
+    return wide.view(np.uint64) - np.uint64(lowest % (1 << 64))
 
 
 def _memory(column: pa.ChunkedArray) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
