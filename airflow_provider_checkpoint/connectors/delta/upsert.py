@@ -23,6 +23,7 @@ requests of a checkpoint on an object store, stay bounded however old the table 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -108,10 +109,10 @@ def stage(
     adds: list[tuple[str, int | None]] = []
     writing: Future[list[tuple[str, int | None]]] | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="update-file") as writer:
-        if small is not None:  # the update file is written beside the lookups below
+        if small is not None:  # the update file (the rows kept, then written) is made beside the lookups below
             keys = small.select([*upsert.keys, _BUCKET])
-            kept = kept_rows(small, upsert.delete_when).drop_columns([_BUCKET])
-            writing = writer.submit(_write_rows, ctx.checkpoint_id, kept, fs, staging)
+            kept = functools.partial(kept_rows, small.drop_columns([_BUCKET]), upsert.delete_when)
+            writing = writer.submit(lambda: _write_rows(ctx.checkpoint_id, kept(), fs, staging))
         else:
             df = rows.frame().cache()  # read twice: its keys, then its rows
             try:
