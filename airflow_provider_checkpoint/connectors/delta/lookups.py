@@ -136,8 +136,12 @@ def _found(file: DataFile, rows: int, old: np.ndarray, new: np.ndarray, keys: Ca
     keys: ``keys()``); ``None`` without such rows."""
     if not len(new):
         return None
-    # both sorted, none in both (the hits are live rows): their union sorted
-    return Found(file, rows, np.sort(np.concatenate([old, new])), old, keys())
+    if len(old) and int(old[-1]) >= rows:  # a DV past the file's rows: kept for the commit's checks to refuse
+        return Found(file, rows, np.sort(np.concatenate([old, new])), old, keys())
+    deleted = np.zeros(rows, dtype=bool)  # both sorted, none in both (the hits are live rows): their union sorted
+    deleted[old] = True
+    deleted[new] = True
+    return Found(file, rows, np.flatnonzero(deleted).astype(np.uint64), old, keys())
 
 
 def among(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
