@@ -55,6 +55,11 @@ longest groups first, the many short modules after them. The chaos test leaves a
 two cores idle (it waits for its scheduler), which the other worker's tests use."""
 
 
+FIRST_IN_LIVE = "tests/live/test_ui_savepoint.py"
+"""Run first in the live group: the savepoint its run takes is one of the rows the Checkpoints views
+(``test_ui_checkpoints_views.py``) need, which they would otherwise make with one more pipeline run."""
+
+
 def worker_group(nodeid: str) -> str:
     """What one worker runs whole: a test module (module fixtures set up once), or every live test
     but those of :data:`OWN_SERVICES` (they share the live Airflow services, started once; the
@@ -70,7 +75,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("full")]
     rank = {group: i for i, group in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))
+    items.sort(
+        key=lambda item: (rank.get(worker_group(item.nodeid), len(rank)), not item.nodeid.startswith(FIRST_IN_LIVE))
+    )
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
