@@ -23,7 +23,6 @@ requests of a checkpoint on an object store, stay bounded however old the table 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -111,8 +110,10 @@ def stage(
     with ThreadPoolExecutor(1, thread_name_prefix="update-file") as writer:
         if small is not None:  # the update file (the rows kept, then written) is made beside the lookups below
             keys = small.select([*upsert.keys, _BUCKET])
-            kept = functools.partial(kept_rows, small.drop_columns([_BUCKET]), upsert.delete_when)
-            writing = writer.submit(lambda: _write_rows(ctx.checkpoint_id, kept(), fs, staging))
+            upserted = small.drop_columns([_BUCKET])  # a name no later line rebinds: the thread reads it
+            writing = writer.submit(
+                lambda: _write_rows(ctx.checkpoint_id, kept_rows(upserted, upsert.delete_when), fs, staging)
+            )
         else:
             df = rows.frame().cache()  # read twice: its keys, then its rows
             try:
